@@ -1,0 +1,67 @@
+"""Build script: cythonizes ``specdec_np/_core.pyx`` (everything else is in pyproject.toml).
+
+Environment switches
+--------------------
+SPECDEC_DEBUG=1
+    Turn Cython's ``boundscheck``, ``wraparound`` and ``initializedcheck`` back on, so an
+    out-of-bounds access inside a kernel raises ``IndexError`` instead of corrupting memory.
+SPECDEC_NO_OPENMP=1
+    Build without OpenMP; ``prange`` loops then run serially.
+"""
+
+import os
+import sys
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+debug = _flag("SPECDEC_DEBUG")
+use_openmp = not _flag("SPECDEC_NO_OPENMP")
+
+compile_args = ["-O3"] if not debug else ["-O1", "-g"]
+link_args = []
+if sys.platform != "win32":
+    # The kernels never rely on errno from libm, and the fast log is our own code.
+    compile_args += ["-fno-math-errno", "-std=c11"]
+if use_openmp:
+    if sys.platform == "win32":
+        compile_args.append("/openmp")
+    else:
+        compile_args.append("-fopenmp")
+        link_args.append("-fopenmp")
+
+extension = Extension(
+    "specdec_np._core",
+    sources=["specdec_np/_core.pyx"],
+    include_dirs=[numpy.get_include(), "specdec_np"],
+    define_macros=[
+        ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+        ("SPECDEC_OPENMP", "1" if use_openmp else "0"),
+    ],
+    extra_compile_args=compile_args,
+    extra_link_args=link_args,
+)
+
+directives = {
+    "language_level": 3,
+    "boundscheck": debug,
+    "wraparound": debug,
+    "initializedcheck": debug,
+    "cdivision": True,
+    "nonecheck": False,
+    "embedsignature": True,
+}
+
+setup(
+    ext_modules=cythonize(
+        [extension],
+        compiler_directives=directives,
+        compile_time_env={"SPECDEC_DEBUG": debug},
+    ),
+)

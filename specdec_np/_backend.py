@@ -1,0 +1,251 @@
+"""Array intake, device and dtype policy, and the choice of kernels.
+
+* NumPy arrays are used as they are; CuPy arrays too (recognised by their type's module, so
+  that ``import specdec_np`` never imports cupy).  Any other object that exports DLPack is
+  taken zero-copy with ``numpy.from_dlpack`` (CPU) or ``cupy.from_dlpack`` (CUDA).
+* Probabilities: float32 and float64 are kept, float16 and bfloat16 upcast to float32.
+  Token ids: int64 and int32 (both id arrays end up with one dtype).  Output: int64.
+* Non-contiguous, read-only and broadcast inputs work; they are copied only when they are
+  not already C-contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+
+__all__ = [
+    "PreparedBatch",
+    "array_namespace",
+    "check_one_device",
+    "cuda_module",
+    "device_of",
+    "intake",
+    "kernels_for",
+    "prepare_batch",
+    "thread_count",
+]
+
+_DLPACK_CPU = 1
+_DLPACK_CUDA = 2
+# Below this many probabilities per call, starting OpenMP threads costs more than it saves.
+_PARALLEL_MIN_WORK = 1 << 16
+
+
+def _is_cupy_array(x: Any) -> bool:
+    return type(x).__module__.split(".", 1)[0] == "cupy"
+
+
+def cuda_module() -> Any:
+    """Import and return cupy (only ever called on the GPU path)."""
+    try:
+        import cupy
+    except ImportError as error:  # pragma: no cover - depends on the installation
+        raise TypeError(
+            "a CUDA array was given but CuPy is not installed; install specdec_np[cuda12] "
+            "or specdec_np[cuda13]"
+        ) from error
+    return cupy
+
+
+def intake(x: Any, name: str) -> Any:
+    """Return ``x`` as a NumPy or CuPy array without copying.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, cupy.ndarray or DLPack producer
+    name : str
+        Argument name for the error messages.
+
+    Raises
+    ------
+    TypeError
+        For anything that is not an array (lists, scalars, strings, None), a torch tensor
+        that requires grad, or a DLPack device other than CPU and CUDA.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if _is_cupy_array(x):
+        return x
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        if getattr(x, "requires_grad", False):
+            raise TypeError(
+                f"{name} requires grad; call .detach() before passing it to the verifier"
+            )
+        device_type = int(x.__dlpack_device__()[0])
+        try:
+            if device_type == _DLPACK_CPU:
+                return np.from_dlpack(x)
+            if device_type == _DLPACK_CUDA:
+                return cuda_module().from_dlpack(x)
+        except (BufferError, TypeError, RuntimeError) as error:
+            raise TypeError(
+                f"{name} could not be taken through DLPack ({error}); bfloat16 tensors must "
+                "be converted to float32 by the caller"
+            ) from error
+        raise TypeError(
+            f"{name} is on DLPack device type {device_type}; only CPU (1) and CUDA (2) "
+            "arrays are supported"
+        )
+    raise TypeError(
+        f"{name} must be a NumPy array, a CuPy array or an array that exports DLPack; "
+        f"found {type(x).__name__}"
+    )
+
+
+def array_namespace(x: Any) -> Any:
+    """``numpy`` or ``cupy``: the module that owns an array returned by :func:`intake`."""
+    if isinstance(x, np.ndarray):
+        return np
+    return cuda_module()
+
+
+def device_of(x: Any) -> int | None:
+    """None for a NumPy array, the CUDA device id for a CuPy array."""
+    return None if isinstance(x, np.ndarray) else int(x.device.id)
+
+
+def _device_text(device: Any) -> str:
+    return "cpu" if device is None else f"cuda:{device}"
+
+
+def check_one_device(named: dict[str, Any]) -> int | None:
+    """Raise ``ValueError`` unless all the non-None arrays share one device; return it.
+
+    Parameters
+    ----------
+    named : dict[str, array or None]
+        Argument name → array (NumPy or CuPy; None entries are skipped).
+    """
+    devices = {name: device_of(array) for name, array in named.items() if array is not None}
+    if len(set(devices.values())) > 1:
+        found = ", ".join(f"{name} on {_device_text(device)}" for name, device in devices.items())
+        raise ValueError(f"all inputs must be on one device; found {found}")
+    return next(iter(devices.values()), None)
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """Validated, kernel-ready inputs of one verification call.
+
+    Attributes
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``.
+    device : int or None
+        CUDA device id, None on the CPU.
+    target_with_bonus_probs : float32 or float64 [B, k+1, V], C-contiguous
+    draft_probs : same dtype [B, k, V] or None
+    draft_token_ids : int32 or int64 [B, k], C-contiguous
+    bonus_token_ids : same dtype [B], C-contiguous
+    batch_size, k, vocab_size : int
+    """
+
+    xp: Any
+    device: Any
+    target_with_bonus_probs: Any
+    draft_probs: Any
+    draft_token_ids: Any
+    bonus_token_ids: Any
+    batch_size: int
+    k: int
+    vocab_size: int
+
+
+def _probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
+    _validate.check_probability_dtype(name, x.dtype, strict=strict)
+    if x.dtype == np.float16 or str(x.dtype) == "bfloat16":
+        return xp.ascontiguousarray(x.astype(np.float32))
+    return xp.ascontiguousarray(x)
+
+
+def prepare_batch(
+    target_with_bonus_probs: Any,
+    bonus_token_ids: Any,
+    draft_probs: Any,
+    draft_token_ids: Any,
+    *,
+    strict: bool,
+    needs_draft_probs: bool,
+) -> PreparedBatch:
+    """Take the four verifier arguments in, check them and make them kernel-ready.
+
+    Always: array types, one backend and device, shapes, dtype families.  In strict mode
+    also: exact dtypes (float32, int64) and finite, non-negative probabilities.  Token ids
+    are range-checked by the kernels themselves.
+
+    Parameters
+    ----------
+    target_with_bonus_probs : array [B, k+1, V]
+    bonus_token_ids : array [B, 1] or [B]
+    draft_probs : array [B, k, V] or None
+    draft_token_ids : array [B, k]
+    strict : bool
+    needs_draft_probs : bool
+        False for the deterministic verifiers, which ignore ``draft_probs`` entirely.
+
+    Returns
+    -------
+    PreparedBatch
+    """
+    target = intake(target_with_bonus_probs, "target_with_bonus_probs")
+    bonus = intake(bonus_token_ids, "bonus_token_ids")
+    draft_ids = intake(draft_token_ids, "draft_token_ids")
+    probs = intake(draft_probs, "draft_probs") if needs_draft_probs and draft_probs is not None else None
+    device = check_one_device(
+        {
+            "target_with_bonus_probs": target,
+            "bonus_token_ids": bonus,
+            "draft_token_ids": draft_ids,
+            "draft_probs": probs,
+        }
+    )
+    batch_size, k, vocab_size = _validate.check_shapes(target, bonus, probs, draft_ids)
+    xp = array_namespace(target)
+    for name, ids in (("draft_token_ids", draft_ids), ("bonus_token_ids", bonus)):
+        _validate.check_token_id_dtype(name, ids.dtype, strict=strict)
+    target = _probabilities(target, "target_with_bonus_probs", xp, strict)
+    if probs is not None:
+        probs = _probabilities(probs, "draft_probs", xp, strict)
+        _validate.check_same_float_dtype(target.dtype, probs.dtype)
+    if draft_ids.dtype != bonus.dtype:
+        draft_ids = draft_ids.astype(np.int64)
+        bonus = bonus.astype(np.int64)
+    if strict:
+        _validate.check_probability_values("target_with_bonus_probs", target, xp)
+        _validate.check_probability_values("draft_probs", probs, xp)
+    return PreparedBatch(
+        xp=xp,
+        device=device,
+        target_with_bonus_probs=target,
+        draft_probs=probs,
+        draft_token_ids=xp.ascontiguousarray(draft_ids),
+        bonus_token_ids=xp.ascontiguousarray(bonus.reshape(batch_size)),
+        batch_size=batch_size,
+        k=k,
+        vocab_size=vocab_size,
+    )
+
+
+def thread_count(batch_size: int, positions: int, vocab_size: int) -> int:
+    """OpenMP threads for a kernel call: 1 for small work or one row, else up to B."""
+    from . import _core
+
+    if batch_size < 2 or batch_size * positions * vocab_size < _PARALLEL_MIN_WORK:
+        return 1
+    return max(1, min(batch_size, _core.openmp_max_threads()))
+
+
+def kernels_for(device: int | None) -> Any:
+    """The kernel module for a device: ``_core`` (NumPy, CPU) or ``_cuda`` (CuPy)."""
+    if device is None:
+        from . import _core
+
+        return _core
+    from . import _cuda
+
+    return _cuda

@@ -1,0 +1,292 @@
+"""Input checks of SPEC section 6: one place for every message.
+
+Every check raises (``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong
+shape, value or device) with a message that names the argument, what was expected and
+what was found.  None of them uses ``assert``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+PROBABILITY_ARGUMENTS = ("target_with_bonus_probs", "draft_probs")
+TOKEN_ID_ARGUMENTS = ("draft_token_ids", "bonus_token_ids")
+# Tolerance on the row sums that the greedy shortcut relies on (twice its margin).
+ROW_SUM_TOLERANCE = 1e-3
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """``(2, 3)`` → ``'[2, 3]'``, the notation of the messages."""
+    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
+
+
+def check_shapes(
+    target_with_bonus_probs: Any,
+    bonus_token_ids: Any,
+    draft_probs: Any | None,
+    draft_token_ids: Any,
+) -> tuple[int, int, int]:
+    """Check the four shapes against each other (SPEC 3) and return ``(B, k, V)``.
+
+    Parameters
+    ----------
+    target_with_bonus_probs : array [B, k+1, V]
+    bonus_token_ids : array [B, 1] or [B]
+    draft_probs : array [B, k, V] or None
+    draft_token_ids : array [B, k]
+
+    Returns
+    -------
+    tuple of int
+        Batch size ``B``, number of draft tokens ``k`` and vocabulary size ``V``.
+
+    Raises
+    ------
+    ValueError
+        On any rank or size mismatch, ``k < 1`` or ``V < 1``.
+    """
+    target_shape = tuple(target_with_bonus_probs.shape)
+    if len(target_shape) != 3:
+        raise ValueError(
+            "target_with_bonus_probs must have shape [B, k+1, V] (3 dimensions); "
+            f"found shape {shape_text(target_shape)}"
+        )
+    batch_size, positions, vocab_size = target_shape
+    if positions < 2:
+        raise ValueError(
+            "target_with_bonus_probs must have at least 2 positions (k >= 1 draft tokens plus "
+            f"the bonus position); found shape {shape_text(target_shape)}"
+        )
+    if vocab_size < 1:
+        raise ValueError(
+            "target_with_bonus_probs must have a vocabulary of at least 1 token; "
+            f"found shape {shape_text(target_shape)}"
+        )
+    k = positions - 1
+    draft_shape = tuple(draft_token_ids.shape)
+    if draft_shape != (batch_size, k):
+        raise ValueError(
+            f"draft_token_ids must have shape [B, k] = {shape_text((batch_size, k))} to match "
+            f"target_with_bonus_probs {shape_text(target_shape)}; found shape "
+            f"{shape_text(draft_shape)}"
+        )
+    bonus_shape = tuple(bonus_token_ids.shape)
+    if bonus_shape not in ((batch_size, 1), (batch_size,)):
+        raise ValueError(
+            f"bonus_token_ids must have shape [B, 1] = {shape_text((batch_size, 1))}; "
+            f"found shape {shape_text(bonus_shape)}"
+        )
+    if draft_probs is not None:
+        probs_shape = tuple(draft_probs.shape)
+        if probs_shape != (batch_size, k, vocab_size):
+            raise ValueError(
+                "draft_probs must have shape [B, k, V] = "
+                f"{shape_text((batch_size, k, vocab_size))} to match target_with_bonus_probs "
+                f"{shape_text(target_shape)}; found shape {shape_text(probs_shape)}"
+            )
+    return batch_size, k, vocab_size
+
+
+def check_output_shapes(
+    accepted: Any, substitute_token_ids: Any, draft_token_ids: Any, bonus_token_ids: Any
+) -> tuple[int, int]:
+    """Shapes of ``_create_output``'s arguments: ``[B, k]`` three times and ``[B, 1]``.
+
+    Returns
+    -------
+    tuple of int
+        ``(B, k)``.
+    """
+    draft_shape = tuple(draft_token_ids.shape)
+    if len(draft_shape) != 2 or draft_shape[1] < 1:
+        raise ValueError(
+            f"draft_token_ids must have shape [B, k] with k >= 1; found {shape_text(draft_shape)}"
+        )
+    for name, array in (("accepted", accepted), ("substitute_token_ids", substitute_token_ids)):
+        if tuple(array.shape) != draft_shape:
+            raise ValueError(
+                f"{name} must have the shape of draft_token_ids {shape_text(draft_shape)}; "
+                f"found {shape_text(tuple(array.shape))}"
+            )
+    batch_size = draft_shape[0]
+    if tuple(bonus_token_ids.shape) not in ((batch_size, 1), (batch_size,)):
+        raise ValueError(
+            f"bonus_token_ids must have shape [B, 1] = {shape_text((batch_size, 1))}; "
+            f"found shape {shape_text(tuple(bonus_token_ids.shape))}"
+        )
+    return draft_shape
+
+
+def check_token_id_range(vocab_size: int, draft_token_ids: Any, bonus_token_ids: Any) -> None:
+    """``ValueError`` naming the first (row, position) whose id is outside ``[0, V)``.
+
+    Parameters
+    ----------
+    vocab_size : int
+    draft_token_ids : int [B, k]
+    bonus_token_ids : int [B, 1] or [B]
+    """
+    for name, ids in (("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids)):
+        xp = ids.__array_namespace__()
+        outside = xp.logical_or(ids < 0, ids >= vocab_size)
+        if bool(xp.any(outside)):
+            index = first_index(outside, xp)
+            raise ValueError(
+                f"{name} must lie in [0, {vocab_size}) (the vocabulary of "
+                f"target_with_bonus_probs); found {int(ids[index])} at (row, position) = "
+                f"{index if len(index) == 2 else (index[0], 0)}"
+            )
+
+
+def check_probability_dtype(name: str, dtype: Any, *, strict: bool) -> None:
+    """Check a probability array's dtype.
+
+    Non-strict: any real floating dtype (float16 and bfloat16 are upcast by the caller).
+    Strict: exactly float32, the sampler's ``probs_dtype``, as in vLLM's strict mode.
+    """
+    if strict:
+        if dtype != np.float32:
+            raise TypeError(f"{name} must have dtype float32 in strict mode; found {dtype}")
+        return
+    kind = getattr(dtype, "kind", None)
+    if kind != "f" and str(dtype) != "bfloat16":
+        raise TypeError(
+            f"{name} must have a floating dtype (float32 or float64; float16 and bfloat16 "
+            f"are upcast); found {dtype}"
+        )
+
+
+def check_token_id_dtype(name: str, dtype: Any, *, strict: bool) -> None:
+    """Check a token-id array's dtype: int64, or int32 outside strict mode."""
+    allowed = (np.int64,) if strict else (np.int64, np.int32)
+    if dtype not in allowed:
+        expected = "int64" if strict else "int64 or int32"
+        mode = " in strict mode" if strict else ""
+        raise TypeError(f"{name} must have dtype {expected}{mode}; found {dtype}")
+
+
+def check_same_float_dtype(target_dtype: Any, draft_dtype: Any) -> None:
+    """``draft_probs`` must have the target's floating dtype (SPEC 3)."""
+    if target_dtype != draft_dtype:
+        raise TypeError(
+            f"draft_probs must have the same dtype as target_with_bonus_probs ({target_dtype}); "
+            f"found {draft_dtype}"
+        )
+
+
+def check_probability_values(name: str, array: Any, xp: Any) -> None:
+    """Strict mode: every probability finite and non-negative (a full pass)."""
+    if array is None:
+        return
+    finite = xp.isfinite(array)
+    if not bool(xp.all(finite)):
+        index = first_index(xp.logical_not(finite), xp)
+        raise ValueError(
+            f"{name} must be finite; found {float(array[index])} at index {list(index)}"
+        )
+    negative = array < 0
+    if bool(xp.any(negative)):
+        index = first_index(negative, xp)
+        raise ValueError(
+            f"{name} must be non-negative; found {float(array[index])} at index {list(index)}"
+        )
+
+
+def check_row_sums(name: str, array: Any, xp: Any) -> None:
+    """Strict mode for the greedy verifier: each row sums to one within ROW_SUM_TOLERANCE."""
+    sums = xp.sum(xp.astype(array, xp.float64), axis=-1)
+    bad = xp.abs(sums - 1.0) > ROW_SUM_TOLERANCE
+    if bool(xp.any(bad)):
+        index = first_index(bad, xp)
+        raise ValueError(
+            f"{name} rows must sum to 1 (within {ROW_SUM_TOLERANCE}) for greedy verification; "
+            f"row {list(index)} sums to {float(sums[index])}"
+        )
+
+
+def first_index(mask: Any, xp: Any) -> tuple[int, ...]:
+    """Index tuple of the first true entry of a boolean array (row-major order)."""
+    flat = xp.reshape(mask, (-1,))
+    position = int(xp.argmax(xp.astype(flat, xp.int8)))
+    index = []
+    for size in reversed(tuple(mask.shape)):
+        index.append(position % size)
+        position //= size
+    return tuple(reversed(index))
+
+
+def raise_for_row_status(
+    row_status: np.ndarray,
+    draft_token_ids: Any,
+    bonus_token_ids: Any,
+    vocab_size: int,
+    substitute_token_ids: Any = None,
+) -> None:
+    """Turn the kernels' row status (see ``specdec_np._core``) into an exception.
+
+    Parameters
+    ----------
+    row_status : int64 [B]
+        Kernel status per row; all zero means success and nothing is raised.
+    draft_token_ids : int [B, k]
+    bonus_token_ids : int [B]
+    vocab_size : int
+    substitute_token_ids : int [B, k], optional
+        Only for ``_create_output``, whose status may point at a substitute id.
+
+    Raises
+    ------
+    ValueError
+        Naming the first offending row and position.
+    """
+    bad_rows = np.flatnonzero(row_status)
+    if bad_rows.size == 0:
+        return
+    row = int(bad_rows[0])
+    code = int(row_status[row])
+    k = int(draft_token_ids.shape[1])
+    if code < 0:
+        position = -code - 1
+        raise ValueError(
+            f"target_with_bonus_probs[{row}, {position}] has no positive probability, so no "
+            "token can be drawn there; the target rows must be probability distributions"
+        )
+    column = code - 1
+    if column < k:
+        name, index, value = "draft_token_ids", (row, column), draft_token_ids[row, column]
+    elif column == k:
+        name, index, value = "bonus_token_ids", (row, 0), bonus_token_ids[row]
+    else:
+        position = column - k - 1
+        name, index = "substitute_token_ids", (row, position)
+        value = substitute_token_ids[row, position]
+    raise ValueError(
+        f"{name} must lie in [0, {vocab_size}) (the vocabulary of target_with_bonus_probs); "
+        f"found {int(value)} at (row, position) = {index}"
+    )
+
+
+def check_uniforms(uniforms: np.ndarray, batch_size: int, k: int) -> None:
+    """Explicit uniforms: float64 ``[B, k+1]`` in ``[0, 1)`` (cheap, always checked)."""
+    if uniforms.shape != (batch_size, k + 1):
+        raise ValueError(
+            f"uniforms must have shape [B, k+1] = {shape_text((batch_size, k + 1))}; "
+            f"found shape {shape_text(uniforms.shape)}"
+        )
+    if uniforms.size and not bool(((uniforms >= 0.0) & (uniforms < 1.0)).all()):
+        bad = (uniforms >= 0.0) & (uniforms < 1.0)
+        index = first_index(~bad, np) if isinstance(uniforms, np.ndarray) else None
+        found = float(uniforms[index]) if index is not None else "a value outside"
+        raise ValueError(f"uniforms must lie in [0, 1); found {found} at index {index}")
+
+
+def check_posterior(name: str, value: Any) -> float:
+    """Typical-acceptance constructor arguments: finite, non-negative real numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number; found {type(value).__name__}")
+    number = float(value)
+    if not np.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be finite and non-negative; found {number}")
+    return number

@@ -1,0 +1,481 @@
+"""The sampler classes: vLLM's names and semantics, counters and derived metrics.
+
+The work is done by the stateless functions of :mod:`specdec_np.verify`; a sampler adds
+vLLM's counters (``num_accepted_tokens``, ``num_emitted_tokens`` as 0-d int64 arrays on the
+sampler's device, ``num_draft_tokens`` as an int), its own random generator, and the
+``_raise_if_*`` checks and ``_create_output`` that vLLM's tests call.
+
+Thread safety: a sampler instance is not meant to be shared between threads that call it
+at the same time (its counters and generator are plain state); give each thread its own.
+Separate instances run concurrently and release the GIL inside the kernels.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _backend, _validate, verify
+
+__all__ = [
+    "GreedySampler",
+    "RejectionSampler",
+    "SpecDecodeBaseSampler",
+    "SpecDecodeDeterministicBaseSampler",
+    "SpecDecodeStochasticBaseSampler",
+    "TypicalAcceptanceSampler",
+]
+
+
+def _parse_device(device: Any, device_type: Any = "cuda") -> int | None:
+    """``"cpu"`` → None (NumPy); an int or ``"cuda:N"`` → CUDA device N (CuPy)."""
+    device_type = getattr(device_type, "type", device_type)
+    if isinstance(device, bool) or not isinstance(device, (int, str)):
+        raise TypeError(f"device must be an int or a str; found {type(device).__name__}")
+    if isinstance(device, int):
+        if device_type == "cpu":
+            return None
+        if device_type != "cuda":
+            raise ValueError(f"device_type must be 'cuda' or 'cpu'; found {device_type!r}")
+        if device < 0:
+            raise ValueError(f"device must be a non-negative CUDA device index; found {device}")
+        return device
+    if device == "cpu":
+        return None
+    if device == "cuda":
+        return 0
+    prefix, _, index = device.partition(":")
+    if prefix == "cuda" and index.isdigit():
+        return int(index)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N'; found {device!r}")
+
+
+class SpecDecodeBaseSampler:
+    """Base class of the speculative-decoding verifiers (vLLM-compatible).
+
+    Parameters
+    ----------
+    strict_mode : bool, default False
+        Also run the full-array checks (exact dtypes, one device, finite and non-negative
+        probabilities).  Shapes and token-id ranges are always checked.
+
+    Attributes
+    ----------
+    num_accepted_tokens : 0-d int64 array or None
+        Positions whose acceptance test passed, over all calls (after a first rejection
+        too, as in vLLM).  None until ``init_tensors`` or the first call.
+    num_emitted_tokens : 0-d int64 array or None
+        Tokens emitted (non ``-1`` outputs).
+    num_draft_tokens : int
+        ``B * k`` summed over the calls.
+    """
+
+    def __init__(self, strict_mode: bool = False) -> None:
+        self._strict_mode = bool(strict_mode)
+        self._num_bonus_tokens = 1
+        self.num_accepted_tokens: Any = None
+        self.num_emitted_tokens: Any = None
+        self.num_draft_tokens: int = 0
+        self._num_verified_rows = 0
+        self._num_possible_tokens = 0
+        self._device: int | None = None
+
+    # -- counters ------------------------------------------------------------------------
+
+    def init_gpu_tensors(self, device: int | str) -> None:
+        """Create the counters on CUDA device ``device`` (an int or ``"cuda:N"``).
+
+        Raises
+        ------
+        RuntimeError
+            If the counters already exist.
+        """
+        self.init_tensors(device, device_type="cuda")
+
+    def init_tensors(self, device: int | str, device_type: Any = "cuda") -> None:
+        """Create the counters: ``"cpu"`` (or ``device_type="cpu"``) selects NumPy; an int
+        or ``"cuda:N"`` selects CuPy device N.
+
+        Raises
+        ------
+        RuntimeError
+            If the counters already exist (a second call is an error, as in vLLM).
+        """
+        if self.num_accepted_tokens is not None:
+            raise RuntimeError("the counters already exist: init_tensors was called before")
+        self._create_counters(_parse_device(device, device_type))
+
+    def _create_counters(self, device: int | None) -> None:
+        if device is None:
+            xp = np
+            self.num_accepted_tokens = np.zeros((), dtype=np.int64)
+            self.num_emitted_tokens = np.zeros((), dtype=np.int64)
+        else:
+            xp = _backend.cuda_module()
+            with xp.cuda.Device(device):
+                self.num_accepted_tokens = xp.zeros((), dtype=xp.int64)
+                self.num_emitted_tokens = xp.zeros((), dtype=xp.int64)
+        self._device = device
+
+    def _record(self, result: verify.VerificationResult, device: int | None) -> None:
+        """Add one call's statistics to the counters (created on ``device`` if needed)."""
+        if self.num_accepted_tokens is None:
+            self._create_counters(device)
+        elif device != self._device:
+            raise ValueError(
+                f"the inputs are on {_device_name(device)} but this sampler's counters are on "
+                f"{_device_name(self._device)}"
+            )
+        batch_size, width = result.output_token_ids.shape
+        if batch_size == 0:
+            return
+        self.num_accepted_tokens += result.num_accepted.sum()
+        self.num_emitted_tokens += result.accepted_lengths.sum() + batch_size
+        self.num_draft_tokens += batch_size * (width - 1)
+        self._num_verified_rows += batch_size
+        self._num_possible_tokens += batch_size * width
+
+    @property
+    def probs_dtype(self) -> np.dtype:
+        """The probability dtype of strict mode: float32."""
+        return np.dtype(np.float32)
+
+    @property
+    def token_id_dtype(self) -> np.dtype:
+        """The token-id dtype of strict mode and of the output: int64."""
+        return np.dtype(np.int64)
+
+    # -- derived metrics ------------------------------------------------------------------
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """``num_accepted_tokens / num_draft_tokens``; NaN before any draft."""
+        if not self.num_draft_tokens:
+            return math.nan
+        return int(self.num_accepted_tokens) / self.num_draft_tokens
+
+    @property
+    def system_efficiency(self) -> float:
+        """Emitted tokens over the most that could have been emitted (``k + 1`` per row)."""
+        if not self.num_draft_tokens:
+            return math.nan
+        return int(self.num_emitted_tokens) / self._num_possible_tokens
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens emitted per verified row (per target call of a sequence)."""
+        if not self.num_draft_tokens:
+            return math.nan
+        return int(self.num_emitted_tokens) / self._num_verified_rows
+
+    # -- vLLM's helpers --------------------------------------------------------------------
+
+    def _create_output(
+        self,
+        accepted: Any,
+        substitute_token_ids: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        *,
+        vocab_size: int | None = None,
+    ) -> Any:
+        """Format output rows and update the counters, exactly as vLLM's method.
+
+        Parameters
+        ----------
+        accepted : bool [B, k]
+            Acceptance test results (need not be causal).
+        substitute_token_ids : int [B, k]
+            Token emitted at the first rejected position.
+        draft_token_ids : int [B, k]
+        bonus_token_ids : int [B, 1] or [B]
+        vocab_size : int, optional
+            If given, ids must lie in ``[0, vocab_size)``; otherwise they must be >= 0.
+
+        Returns
+        -------
+        int64 [B, k+1]
+        """
+        result = verify.create_output(
+            accepted, substitute_token_ids, draft_token_ids, bonus_token_ids,
+            vocab_size=vocab_size,
+        )
+        self._record(result, _backend.device_of(result.output_token_ids))
+        return result.output_token_ids
+
+    def _raise_if_incorrect_input(
+        self,
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any = None,
+    ) -> None:
+        """Run the four checks below (vLLM's order and arguments); raise on the first."""
+        self._raise_if_incorrect_shape(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
+        self._raise_if_incorrect_dtype(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
+        self._raise_if_inconsistent_device(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
+        self._raise_if_out_of_bounds_vocab(
+            target_with_bonus_probs.shape[-1], draft_token_ids, bonus_token_ids
+        )
+
+    def _raise_if_incorrect_shape(
+        self,
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any = None,
+    ) -> None:
+        """``ValueError`` unless the shapes are ``[B, k+1, V]``, ``[B, k]``, ``[B, 1]`` and
+        ``[B, k, V]``."""
+        _validate.check_shapes(target_with_bonus_probs, bonus_token_ids, draft_probs,
+                               draft_token_ids)
+
+    def _raise_if_incorrect_dtype(
+        self,
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any = None,
+    ) -> None:
+        """``TypeError`` unless the dtypes are exactly ``probs_dtype`` and ``token_id_dtype``."""
+        _validate.check_probability_dtype(
+            "target_with_bonus_probs", target_with_bonus_probs.dtype, strict=True
+        )
+        _validate.check_token_id_dtype("draft_token_ids", draft_token_ids.dtype, strict=True)
+        _validate.check_token_id_dtype("bonus_token_ids", bonus_token_ids.dtype, strict=True)
+        if draft_probs is not None:
+            _validate.check_probability_dtype("draft_probs", draft_probs.dtype, strict=True)
+
+    def _raise_if_inconsistent_device(
+        self,
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any = None,
+    ) -> None:
+        """``ValueError`` unless every array lives on one device."""
+        _backend.check_one_device(
+            {
+                "target_with_bonus_probs": target_with_bonus_probs,
+                "bonus_token_ids": bonus_token_ids,
+                "draft_probs": draft_probs,
+                "draft_token_ids": draft_token_ids,
+            }
+        )
+
+    def _raise_if_out_of_bounds_vocab(
+        self, vocab_size: int, draft_token_ids: Any, bonus_token_ids: Any
+    ) -> None:
+        """``ValueError`` naming the first (row, position) whose id is outside ``[0, V)``."""
+        _validate.check_token_id_range(vocab_size, draft_token_ids, bonus_token_ids)
+
+
+def _device_name(device: int | None) -> str:
+    return "cpu" if device is None else f"cuda:{device}"
+
+
+class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
+    """Base class of the deterministic verifiers (no randomness)."""
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+    ) -> Any:
+        """Verify a batch; returns int64 ``[B, k+1]`` (SPEC 3)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call :meth:`forward`, as a torch module would."""
+        return self.forward(*args, **kwargs)
+
+
+class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
+    """Base class of the stochastic verifiers (uniforms from SPEC 5's sources)."""
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+        seeded_seqs: Mapping[int, Any] | None = None,
+    ) -> Any:
+        """Verify a batch; returns int64 ``[B, k+1]`` (SPEC 3)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call :meth:`forward`, as a torch module would."""
+        return self.forward(*args, **kwargs)
+
+
+class RejectionSampler(SpecDecodeStochasticBaseSampler):
+    """Lossless rejection-sampling verifier (SPEC 4.1; Leviathan et al., Chen et al. 2023).
+
+    Parameters
+    ----------
+    strict_mode : bool, default False
+    seed : int, optional
+        Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of the
+        uniforms of unseeded rows.  None seeds it from the OS.
+    """
+
+    def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
+        super().__init__(strict_mode)
+        self._generator = np.random.default_rng(seed)
+        self._cuda_generators: dict[int, Any] = {}
+
+    def forward(
+        self,
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+        seeded_seqs: Mapping[int, Any] | None = None,
+        *,
+        counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+        uniforms: Any = None,
+    ) -> Any:
+        """Verify a batch of drafts by rejection sampling.
+
+        Parameters
+        ----------
+        target_with_bonus_probs : float32 or float64 [B, k+1, V]
+        bonus_token_ids : int64 or int32 [B, 1]
+        draft_probs : same float dtype [B, k, V] or None (point-mass drafts)
+        draft_token_ids : int64 or int32 [B, k]
+        seeded_seqs : dict[int, numpy.random.Generator], optional
+            Row index → that row's generator (consumed by one ``random(k + 1)`` per call).
+        counter_seeds : dict[int, tuple[int, int]], optional
+            Row index → ``(seed, position)`` for counter-based uniforms.
+        uniforms : float64 [B, k+1], optional
+            Explicit uniforms (acceptance columns, then the residual column).
+
+        Returns
+        -------
+        int64 [B, k+1]
+        """
+        result = verify.rejection_sample(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            uniforms=uniforms, generator=self._generator_for(target_with_bonus_probs),
+            seeded_seqs=seeded_seqs, counter_seeds=counter_seeds, strict_mode=self._strict_mode,
+        )
+        self._record(result, _backend.device_of(result.output_token_ids))
+        return result.output_token_ids
+
+    def _generator_for(self, target_with_bonus_probs: Any) -> Any:
+        """The sampler's generator for the inputs' device (a CuPy one, seeded from the
+        NumPy one, the first time a device is used)."""
+        device = _backend.device_of(target_with_bonus_probs)
+        if device is None:
+            return self._generator
+        if device not in self._cuda_generators:
+            cupy = _backend.cuda_module()
+            with cupy.cuda.Device(device):
+                seed = int(self._generator.integers(2**63))
+                self._cuda_generators[device] = cupy.random.default_rng(seed)
+        return self._cuda_generators[device]
+
+
+class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
+    """Typical acceptance verifier (Medusa; lossy by design, SPEC 4.3).
+
+    Parameters
+    ----------
+    posterior_threshold : float, default 0.09
+        Upper bound of the acceptance threshold; finite, non-negative.
+    posterior_alpha : float, default 0.3
+        Scale of ``exp(-entropy)`` in the threshold; finite, non-negative.
+    strict_mode : bool, default False
+    """
+
+    def __init__(
+        self,
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+        strict_mode: bool = False,
+    ) -> None:
+        super().__init__(strict_mode)
+        self._posterior_threshold = _validate.check_posterior(
+            "posterior_threshold", posterior_threshold
+        )
+        self._posterior_alpha = _validate.check_posterior("posterior_alpha", posterior_alpha)
+
+    def forward(
+        self,
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+    ) -> Any:
+        """Verify a batch; ``draft_probs`` is ignored (may be None).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : float32 or float64 [B, k+1, V]
+        bonus_token_ids : int64 or int32 [B, 1]
+        draft_probs : ignored
+        draft_token_ids : int64 or int32 [B, k]
+
+        Returns
+        -------
+        int64 [B, k+1]
+        """
+        result = verify.typical_acceptance_sample(
+            target_with_bonus_probs, bonus_token_ids, draft_token_ids,
+            posterior_threshold=self._posterior_threshold,
+            posterior_alpha=self._posterior_alpha, strict_mode=self._strict_mode,
+        )
+        self._record(result, _backend.device_of(result.output_token_ids))
+        return result.output_token_ids
+
+
+class GreedySampler(SpecDecodeDeterministicBaseSampler):
+    """Greedy (temperature 0) verifier (SPEC 4.2): accept while the draft is the argmax.
+
+    Parameters
+    ----------
+    strict_mode : bool, default False
+        Also checks that each target row sums to one (within 1e-3), the input contract
+        that lets a draft with ``p(x) > 0.5005`` be accepted without reading its row.
+    """
+
+    def forward(
+        self,
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+    ) -> Any:
+        """Verify a batch; ``draft_probs`` is ignored (may be None).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : float32 or float64 [B, k+1, V]
+            Probability rows.
+        bonus_token_ids : int64 or int32 [B, 1]
+        draft_probs : ignored
+        draft_token_ids : int64 or int32 [B, k]
+
+        Returns
+        -------
+        int64 [B, k+1]
+        """
+        result = verify.greedy_sample(
+            target_with_bonus_probs, bonus_token_ids, draft_token_ids,
+            strict_mode=self._strict_mode,
+        )
+        self._record(result, _backend.device_of(result.output_token_ids))
+        return result.output_token_ids
