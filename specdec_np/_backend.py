@@ -25,6 +25,7 @@ __all__ = [
     "cuda_module",
     "device_of",
     "intake",
+    "is_cupy_array",
     "kernels_for",
     "prepare_batch",
     "thread_count",
@@ -36,7 +37,8 @@ _DLPACK_CUDA = 2
 _PARALLEL_MIN_WORK = 1 << 16
 
 
-def _is_cupy_array(x: Any) -> bool:
+def is_cupy_array(x: Any) -> bool:
+    """Whether ``x`` is a CuPy array (checked without importing cupy)."""
     return type(x).__module__.split(".", 1)[0] == "cupy"
 
 
@@ -69,7 +71,7 @@ def intake(x: Any, name: str) -> Any:
     """
     if isinstance(x, np.ndarray):
         return x
-    if _is_cupy_array(x):
+    if is_cupy_array(x):
         return x
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         if getattr(x, "requires_grad", False):
@@ -195,7 +197,11 @@ def prepare_batch(
     target = intake(target_with_bonus_probs, "target_with_bonus_probs")
     bonus = intake(bonus_token_ids, "bonus_token_ids")
     draft_ids = intake(draft_token_ids, "draft_token_ids")
-    probs = intake(draft_probs, "draft_probs") if needs_draft_probs and draft_probs is not None else None
+    probs = (
+        intake(draft_probs, "draft_probs")
+        if needs_draft_probs and draft_probs is not None
+        else None
+    )
     device = check_one_device(
         {
             "target_with_bonus_probs": target,

@@ -201,7 +201,10 @@ class SpecDecodeBaseSampler:
         int64 [B, k+1]
         """
         result = verify.create_output(
-            accepted, substitute_token_ids, draft_token_ids, bonus_token_ids,
+            accepted,
+            substitute_token_ids,
+            draft_token_ids,
+            bonus_token_ids,
             vocab_size=vocab_size,
         )
         self._record(result, _backend.device_of(result.output_token_ids))
@@ -237,8 +240,9 @@ class SpecDecodeBaseSampler:
     ) -> None:
         """``ValueError`` unless the shapes are ``[B, k+1, V]``, ``[B, k]``, ``[B, 1]`` and
         ``[B, k, V]``."""
-        _validate.check_shapes(target_with_bonus_probs, bonus_token_ids, draft_probs,
-                               draft_token_ids)
+        _validate.check_shapes(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids
+        )
 
     def _raise_if_incorrect_dtype(
         self,
@@ -368,16 +372,25 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         int64 [B, k+1]
         """
         result = verify.rejection_sample(
-            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
-            uniforms=uniforms, generator=self._generator_for(target_with_bonus_probs),
-            seeded_seqs=seeded_seqs, counter_seeds=counter_seeds, strict_mode=self._strict_mode,
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            uniforms=uniforms,
+            generator=self._generator_for(target_with_bonus_probs),
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            strict_mode=self._strict_mode,
         )
         self._record(result, _backend.device_of(result.output_token_ids))
         return result.output_token_ids
 
     def _generator_for(self, target_with_bonus_probs: Any) -> Any:
         """The sampler's generator for the inputs' device (a CuPy one, seeded from the
-        NumPy one, the first time a device is used)."""
+        NumPy one, the first time a device is used).  Inputs that are not CuPy arrays use
+        the NumPy generator; intake errors are left to the verifier."""
+        if not _backend.is_cupy_array(target_with_bonus_probs):
+            return self._generator
         device = _backend.device_of(target_with_bonus_probs)
         if device is None:
             return self._generator
@@ -434,9 +447,12 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         int64 [B, k+1]
         """
         result = verify.typical_acceptance_sample(
-            target_with_bonus_probs, bonus_token_ids, draft_token_ids,
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_token_ids,
             posterior_threshold=self._posterior_threshold,
-            posterior_alpha=self._posterior_alpha, strict_mode=self._strict_mode,
+            posterior_alpha=self._posterior_alpha,
+            strict_mode=self._strict_mode,
         )
         self._record(result, _backend.device_of(result.output_token_ids))
         return result.output_token_ids
@@ -474,7 +490,9 @@ class GreedySampler(SpecDecodeDeterministicBaseSampler):
         int64 [B, k+1]
         """
         result = verify.greedy_sample(
-            target_with_bonus_probs, bonus_token_ids, draft_token_ids,
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_token_ids,
             strict_mode=self._strict_mode,
         )
         self._record(result, _backend.device_of(result.output_token_ids))

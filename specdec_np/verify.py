@@ -50,7 +50,9 @@ def _buffers(batch: _backend.PreparedBatch) -> tuple[Any, Any, Any, Any]:
     )
 
 
-def _finish(batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any]) -> VerificationResult:
+def _finish(
+    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any]
+) -> VerificationResult:
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(
         row_status, batch.draft_token_ids, batch.bonus_token_ids, batch.vocab_size
@@ -112,15 +114,24 @@ def rejection_sample(
         On bad input (SPEC 6).  A failed call leaves every generator as it was.
     """
     batch = _backend.prepare_batch(
-        target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
-        strict=strict_mode, needs_draft_probs=True,
+        target_with_bonus_probs,
+        bonus_token_ids,
+        draft_probs,
+        draft_token_ids,
+        strict=strict_mode,
+        needs_draft_probs=True,
     )
     snapshot = _random.GeneratorSnapshot(
         [generator, *(seeded_seqs or {}).values()] if uniforms is None else []
     )
     draws = _random.rejection_uniforms(
-        batch.batch_size, batch.k, batch.xp, uniforms=uniforms, generator=generator,
-        seeded_seqs=seeded_seqs, counter_seeds=counter_seeds,
+        batch.batch_size,
+        batch.k,
+        batch.xp,
+        uniforms=uniforms,
+        generator=generator,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
     )
     buffers = _buffers(batch)
     point_mass = batch.draft_probs is None
@@ -128,8 +139,12 @@ def rejection_sample(
         _backend.kernels_for(batch.device).rejection_sample(
             batch.target_with_bonus_probs,
             batch.target_with_bonus_probs if point_mass else batch.draft_probs,
-            point_mass, batch.draft_token_ids, batch.bonus_token_ids, draws,
-            *buffers, _threads(batch),
+            point_mass,
+            batch.draft_token_ids,
+            batch.bonus_token_ids,
+            draws,
+            *buffers,
+            _threads(batch),
         )
         return _finish(batch, buffers)
     except BaseException:
@@ -169,13 +184,22 @@ def typical_acceptance_sample(
     threshold = _validate.check_posterior("posterior_threshold", posterior_threshold)
     alpha = _validate.check_posterior("posterior_alpha", posterior_alpha)
     batch = _backend.prepare_batch(
-        target_with_bonus_probs, bonus_token_ids, None, draft_token_ids,
-        strict=strict_mode, needs_draft_probs=False,
+        target_with_bonus_probs,
+        bonus_token_ids,
+        None,
+        draft_token_ids,
+        strict=strict_mode,
+        needs_draft_probs=False,
     )
     buffers = _buffers(batch)
     _backend.kernels_for(batch.device).typical_acceptance_sample(
-        batch.target_with_bonus_probs, batch.draft_token_ids, batch.bonus_token_ids,
-        threshold, alpha, *buffers, _threads(batch),
+        batch.target_with_bonus_probs,
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        threshold,
+        alpha,
+        *buffers,
+        _threads(batch),
     )
     return _finish(batch, buffers)
 
@@ -206,8 +230,12 @@ def greedy_sample(
     VerificationResult
     """
     batch = _backend.prepare_batch(
-        target_with_bonus_probs, bonus_token_ids, None, draft_token_ids,
-        strict=strict_mode, needs_draft_probs=False,
+        target_with_bonus_probs,
+        bonus_token_ids,
+        None,
+        draft_token_ids,
+        strict=strict_mode,
+        needs_draft_probs=False,
     )
     if strict_mode:
         _validate.check_row_sums(
@@ -215,8 +243,11 @@ def greedy_sample(
         )
     buffers = _buffers(batch)
     _backend.kernels_for(batch.device).greedy_sample(
-        batch.target_with_bonus_probs, batch.draft_token_ids, batch.bonus_token_ids,
-        *buffers, _threads(batch),
+        batch.target_with_bonus_probs,
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        *buffers,
+        _threads(batch),
     )
     return _finish(batch, buffers)
 
@@ -263,22 +294,34 @@ def create_output(
     batch_size, k = _validate.check_output_shapes(accepted, substitute, draft, bonus)
     if accepted.dtype != xp.bool_:
         raise TypeError(f"accepted must have dtype bool; found {accepted.dtype}")
-    for name, ids in (("substitute_token_ids", substitute), ("draft_token_ids", draft),
-                      ("bonus_token_ids", bonus)):
+    for name, ids in (
+        ("substitute_token_ids", substitute),
+        ("draft_token_ids", draft),
+        ("bonus_token_ids", bonus),
+    ):
         _validate.check_token_id_dtype(name, ids.dtype, strict=False)
     if not substitute.dtype == draft.dtype == bonus.dtype:
         substitute, draft, bonus = (ids.astype(xp.int64) for ids in (substitute, draft, bonus))
     limit = 2**63 - 1 if vocab_size is None else int(vocab_size)
     batch = _backend.PreparedBatch(
-        xp=xp, device=device, target_with_bonus_probs=None, draft_probs=None,
+        xp=xp,
+        device=device,
+        target_with_bonus_probs=None,
+        draft_probs=None,
         draft_token_ids=xp.ascontiguousarray(draft),
         bonus_token_ids=xp.ascontiguousarray(bonus.reshape(batch_size)),
-        batch_size=batch_size, k=k, vocab_size=limit,
+        batch_size=batch_size,
+        k=k,
+        vocab_size=limit,
     )
     buffers = _buffers(batch)
     _backend.kernels_for(device).create_output(
-        xp.ascontiguousarray(accepted).view(xp.uint8), xp.ascontiguousarray(substitute),
-        batch.draft_token_ids, batch.bonus_token_ids, limit, *buffers,
+        xp.ascontiguousarray(accepted).view(xp.uint8),
+        xp.ascontiguousarray(substitute),
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        limit,
+        *buffers,
     )
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(

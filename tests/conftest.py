@@ -1,0 +1,37 @@
+"""Shared test configuration: the ``gpu`` marker and the NumPy/CuPy backend fixtures.
+
+Tests marked ``gpu`` run only where CuPy is importable and ``cupy.is_available()``; they are
+skipped otherwise, unless ``SPECDEC_REQUIRE_GPU=1``, which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def cuda_available() -> bool:
+    """Whether a usable CuPy device exists (never raises)."""
+    try:
+        import cupy
+    except Exception:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "gpu" not in item.keywords or cuda_available():
+        return
+    reason = "needs CuPy and a usable CUDA device"
+    if os.environ.get("SPECDEC_REQUIRE_GPU", "") == "1":
+        pytest.fail(f"SPECDEC_REQUIRE_GPU=1 but this test {reason}", pytrace=False)
+    pytest.skip(reason)

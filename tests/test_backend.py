@@ -1,0 +1,153 @@
+"""Array intake: layouts, dtypes, DLPack producers, and what ``import specdec_np`` loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import specdec_np
+
+B, K, V = 4, 3, 11
+
+
+def inputs(dtype=np.float32):
+    rng = np.random.default_rng(7)
+    return (
+        rng.dirichlet(np.ones(V), size=(B, K + 1)).astype(dtype),
+        rng.integers(0, V, (B, 1)),
+        rng.dirichlet(np.ones(V), size=(B, K)).astype(dtype),
+        rng.integers(0, V, (B, K)),
+    )
+
+
+UNIFORMS = np.random.default_rng(8).random((B, K + 1))
+
+
+def verify_all(target, bonus, draft_probs, draft_ids):
+    return (
+        specdec_np.rejection_sample(target, bonus, draft_probs, draft_ids, uniforms=UNIFORMS),
+        specdec_np.typical_acceptance_sample(target, bonus, draft_ids),
+        specdec_np.greedy_sample(target, bonus, draft_ids),
+    )
+
+
+def assert_same(results, expected):
+    for got, want in zip(results, expected):
+        for got_array, want_array in zip(got, want):
+            assert isinstance(got_array, np.ndarray)
+            np.testing.assert_array_equal(got_array, want_array)
+
+
+def test_layouts_give_identical_results():
+    target, bonus, draft_probs, draft_ids = inputs()
+    expected = verify_all(target, bonus, draft_probs, draft_ids)
+    # Non-contiguous views over larger buffers.
+    wide = np.zeros((B, K + 1, 2 * V), np.float32)
+    wide[:, :, ::2] = target
+    assert_same(verify_all(wide[:, :, ::2], bonus, draft_probs, draft_ids), expected)
+    # Fortran order and read-only arrays.
+    fortran = [np.asfortranarray(a) for a in (target, bonus, draft_probs, draft_ids)]
+    assert_same(verify_all(*fortran), expected)
+    frozen = [a.copy() for a in (target, bonus, draft_probs, draft_ids)]
+    for array in frozen:
+        array.flags.writeable = False
+    assert_same(verify_all(*frozen), expected)
+    # int32 ids, and ids of mixed widths.
+    assert_same(
+        verify_all(target, bonus.astype(np.int32), draft_probs, draft_ids.astype(np.int32)),
+        expected,
+    )
+    assert_same(verify_all(target, bonus.astype(np.int32), draft_probs, draft_ids), expected)
+
+
+def test_broadcast_inputs():
+    target, bonus, draft_probs, draft_ids = inputs()
+    row = np.broadcast_to(target[:1], target.shape)
+    ids = np.broadcast_to(draft_ids[:1], draft_ids.shape)
+    result = specdec_np.greedy_sample(row, bonus, ids)
+    expected = specdec_np.greedy_sample(
+        np.ascontiguousarray(row), bonus, np.ascontiguousarray(ids)
+    )
+    np.testing.assert_array_equal(result.output_token_ids, expected.output_token_ids)
+
+
+def test_float16_is_upcast_to_float32():
+    target, bonus, draft_probs, draft_ids = inputs(np.float16)
+    expected = verify_all(
+        target.astype(np.float32), bonus, draft_probs.astype(np.float32), draft_ids
+    )
+    assert_same(verify_all(target, bonus, draft_probs, draft_ids), expected)
+
+
+def test_bfloat16_is_upcast_to_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    target, bonus, draft_probs, draft_ids = inputs()
+    half = [a.astype(ml_dtypes.bfloat16) for a in (target, draft_probs)]
+    expected = verify_all(half[0].astype(np.float32), bonus, half[1].astype(np.float32), draft_ids)
+    assert_same(verify_all(half[0], bonus, half[1], draft_ids), expected)
+
+
+def test_dlpack_torch_cpu_tensors_match_numpy():
+    torch = pytest.importorskip("torch")
+    arrays = inputs()
+    expected = verify_all(*arrays)
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    assert_same(verify_all(*tensors), expected)
+
+
+def test_dlpack_requires_grad_asks_for_detach():
+    torch = pytest.importorskip("torch")
+    target, bonus, draft_probs, draft_ids = inputs()
+    grad = torch.from_numpy(target).requires_grad_(True)
+    with pytest.raises(TypeError, match=r"target_with_bonus_probs requires grad.*detach"):
+        specdec_np.greedy_sample(grad, bonus, draft_ids)
+
+
+class _DLPackOnly:
+    """A minimal DLPack producer that is not a NumPy array."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+class _OtherDevice(_DLPackOnly):
+    def __dlpack_device__(self):
+        return (4, 0)
+
+
+def test_generic_dlpack_producer():
+    arrays = inputs()
+    expected = verify_all(*arrays)
+    assert_same(verify_all(*[_DLPackOnly(a) for a in arrays]), expected)
+
+
+def test_unsupported_dlpack_device():
+    target, bonus, _, draft_ids = inputs()
+    with pytest.raises(TypeError, match="target_with_bonus_probs is on DLPack device type 4"):
+        specdec_np.greedy_sample(_OtherDevice(target), bonus, draft_ids)
+
+
+def test_import_loads_neither_torch_nor_cupy():
+    code = (
+        "import sys, specdec_np\n"
+        "specdec_np.greedy_sample\n"
+        "bad = [m for m in ('torch', 'cupy', 'jax') if m in sys.modules]\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_public_names():
+    for name in specdec_np.__all__:
+        assert getattr(specdec_np, name).__doc__, name
