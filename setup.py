@@ -43,6 +43,7 @@ extension = Extension(
     define_macros=[
         ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
         ("SPECDEC_OPENMP", "1" if use_openmp else "0"),
+        ("SPECDEC_DEBUG_BUILD", "1" if debug else "0"),
     ],
     extra_compile_args=compile_args,
     extra_link_args=link_args,
@@ -62,6 +63,8 @@ setup(
     ext_modules=cythonize(
         [extension],
         compiler_directives=directives,
-        compile_time_env={"SPECDEC_DEBUG": debug},
+        # Cython decides what to regenerate from timestamps, not directives: keep the C
+        # of the debug build apart so that switching modes always recompiles.
+        build_dir="build/cython-debug" if debug else "build/cython",
     ),
 )

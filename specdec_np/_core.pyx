@@ -17,11 +17,32 @@ an index, and reports a bad id through ``row_status`` instead of reading out of 
 """
 
 from cython.parallel cimport prange
-from libc.math cimport exp, log
+from libc.math cimport exp
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-cdef extern from "_fastmath.h" nogil:
-    float specdec_fast_logf(float x)
+cdef extern from "_rowscan.h" nogil:
+    double specdec_residual_sum_f(
+        const float* p, const float* q, Py_ssize_t point_mass, Py_ssize_t start,
+        Py_ssize_t stop,
+    )
+    double specdec_residual_sum_d(
+        const double* p, const double* q, Py_ssize_t point_mass, Py_ssize_t start,
+        Py_ssize_t stop,
+    )
+    double specdec_entropy_max_f(
+        const float* row, Py_ssize_t start, Py_ssize_t stop, bint want_entropy,
+        float* maximum,
+    )
+    double specdec_entropy_max_d(
+        const double* row, Py_ssize_t start, Py_ssize_t stop, bint want_entropy,
+        double* maximum,
+    )
+    Py_ssize_t specdec_count_beating_f(
+        const float* row, Py_ssize_t start, Py_ssize_t stop, float p_x, Py_ssize_t x
+    )
+    Py_ssize_t specdec_count_beating_d(
+        const double* row, Py_ssize_t start, Py_ssize_t stop, double p_x, Py_ssize_t x
+    )
 
 cdef extern from *:
     """
@@ -33,6 +54,7 @@ cdef extern from *:
     #endif
     """
     int SPECDEC_OPENMP
+    int SPECDEC_DEBUG_BUILD
     int specdec_openmp_max_threads() nogil
 
 ctypedef fused probability_t:
@@ -43,9 +65,6 @@ ctypedef fused token_id_t:
     int32_t
     int64_t
 
-# Lanes of independent accumulators: lets the compiler vectorise float64 sums without
-# -ffast-math, because the summation order is fixed by the code, not by the optimiser.
-DEF LANES = 8
 # Two-level inverse CDF: at most this many block sums are kept on the stack.
 DEF MAX_BLOCKS = 512
 DEF MIN_BLOCK = 2048
@@ -62,6 +81,11 @@ DEF GREEDY_MARGIN_C = 5e-4
 def openmp_enabled() -> bool:
     """Whether this build of the kernels was compiled with OpenMP."""
     return bool(SPECDEC_OPENMP)
+
+
+def debug_build() -> bool:
+    """Whether this build has Cython's bounds, wraparound and initialized checks on."""
+    return bool(SPECDEC_DEBUG_BUILD)
 
 
 def openmp_max_threads() -> int:
@@ -87,26 +111,14 @@ cdef inline double residual_weight(
     return w if w > 0.0 else 0.0
 
 
-cdef double weight_sum(
+cdef inline double weight_sum(
     const probability_t* p, const probability_t* q, Py_ssize_t point_mass,
     Py_ssize_t start, Py_ssize_t stop
 ) noexcept nogil:
-    cdef double acc[LANES]
-    cdef Py_ssize_t y, lane
-    cdef Py_ssize_t aligned_stop = start + ((stop - start) // LANES) * LANES
-    cdef double total = 0.0
-    for lane in range(LANES):
-        acc[lane] = 0.0
-    y = start
-    while y < aligned_stop:
-        for lane in range(LANES):
-            acc[lane] += residual_weight(p, q, point_mass, y + lane)
-        y += LANES
-    for lane in range(LANES):
-        total += acc[lane]
-    for y in range(aligned_stop, stop):
-        total += residual_weight(p, q, point_mass, y)
-    return total
+    if probability_t is float:
+        return specdec_residual_sum_f(p, q, point_mass, start, stop)
+    else:
+        return specdec_residual_sum_d(p, q, point_mass, start, stop)
 
 
 cdef Py_ssize_t draw_inverse_cdf(
@@ -123,7 +135,7 @@ cdef Py_ssize_t draw_inverse_cdf(
     cdef Py_ssize_t num_blocks, j, y, start, stop
     cdef double total = 0.0, threshold, running = 0.0, w
     if V > block * MAX_BLOCKS:
-        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + LANES - 1) // LANES * LANES
+        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
     num_blocks = (V + block - 1) // block
     for j in range(num_blocks):
         start = j * block
@@ -279,13 +291,6 @@ def rejection_sample(
 # Entropy and argmax for the deterministic verifiers
 # --------------------------------------------------------------------------------------
 
-cdef inline double entropy_term(probability_t p) noexcept nogil:
-    if probability_t is float:
-        return <double>(p * specdec_fast_logf(p + 1e-5))
-    else:
-        return p * log(p + 1e-5)
-
-
 cdef Py_ssize_t locate_first(
     const probability_t* row, Py_ssize_t start, Py_ssize_t stop, probability_t value
 ) noexcept nogil:
@@ -299,38 +304,19 @@ cdef Py_ssize_t locate_first(
 cdef double entropy_and_argmax(
     const probability_t* row, Py_ssize_t V, bint want_entropy, Py_ssize_t* argmax
 ) noexcept nogil:
-    """Entropy -sum p ln(p + 1e-5) (float64) and, if ``argmax`` is not NULL, the first index
-    of the maximum, both in one pass.  NaN entries never win the argmax; a row with no
-    entry above -inf has argmax 0."""
-    cdef double acc[LANES]
-    cdef probability_t lane_max[LANES]
-    cdef probability_t best, block_best, value
-    cdef Py_ssize_t start, stop, aligned_stop, y, lane, best_block_start = 0
+    """Entropy -sum p ln(p + 1e-5) (float64, if ``want_entropy``) and, if ``argmax`` is not
+    NULL, the first index of the maximum, both in one pass.  NaN entries never win the
+    argmax; a row with no entry above -inf has argmax 0."""
+    cdef probability_t best = -1.0 / 0.0
+    cdef probability_t block_best
+    cdef Py_ssize_t start, stop, best_block_start = 0
     cdef double total = 0.0
-    best = -1.0 / 0.0
-    for lane in range(LANES):
-        acc[lane] = 0.0
     for start in range(0, V, SCAN_BLOCK):
         stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
-        aligned_stop = start + ((stop - start) // LANES) * LANES
-        for lane in range(LANES):
-            lane_max[lane] = best
-        y = start
-        while y < aligned_stop:
-            for lane in range(LANES):
-                value = row[y + lane]
-                if want_entropy:
-                    acc[lane] += entropy_term(value)
-                lane_max[lane] = value if value > lane_max[lane] else lane_max[lane]
-            y += LANES
-        block_best = best
-        for lane in range(LANES):
-            block_best = lane_max[lane] if lane_max[lane] > block_best else block_best
-        for y in range(aligned_stop, stop):
-            value = row[y]
-            if want_entropy:
-                total += entropy_term(value)
-            block_best = value if value > block_best else block_best
+        if probability_t is float:
+            total += specdec_entropy_max_f(row, start, stop, want_entropy, &block_best)
+        else:
+            total += specdec_entropy_max_d(row, start, stop, want_entropy, &block_best)
         if block_best > best:
             best = block_best
             best_block_start = start
@@ -340,8 +326,6 @@ cdef double entropy_and_argmax(
             argmax[0] = locate_first(row, best_block_start, stop, best)
         else:
             argmax[0] = 0
-    for lane in range(LANES):
-        total += acc[lane]
     return -total
 
 
@@ -419,19 +403,20 @@ def typical_acceptance_sample(
 
 
 cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) noexcept nogil:
-    """Whether x is the first index of the maximum: stops at the first entry that beats
-    row[x] (or ties it at a lower index), block by block."""
+    """Whether x is the first index of the maximum: stops at the first block with an entry
+    that beats row[x] (larger, or equal at a lower index)."""
     cdef probability_t p_x = row[x]
-    cdef Py_ssize_t start, stop, y, beaten
+    cdef Py_ssize_t start, stop, beaten
     cdef Py_ssize_t argmax = 0
     if p_x != p_x:
         entropy_and_argmax(row, V, False, &argmax)
         return argmax == x
     for start in range(0, V, SCAN_BLOCK):
         stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
-        beaten = 0
-        for y in range(start, stop):
-            beaten += (row[y] > p_x) | ((row[y] == p_x) & (y < x))
+        if probability_t is float:
+            beaten = specdec_count_beating_f(row, start, stop, p_x, x)
+        else:
+            beaten = specdec_count_beating_d(row, start, stop, p_x, x)
         if beaten:
             return False
     return True
