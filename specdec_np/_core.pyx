@@ -348,7 +348,8 @@ cdef int64_t typical_acceptance_row(
             continue
         # The argmax is only needed at the first rejection, so only while none was seen.
         entropy = entropy_and_argmax(target + i * V, V, True, &argmax if r == k else NULL)
-        threshold = posterior_alpha * exp(-entropy)
+        # alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
+        threshold = posterior_alpha * exp(-entropy) if posterior_alpha > 0.0 else 0.0
         if threshold > posterior_threshold:
             threshold = posterior_threshold
         if p_x > threshold:

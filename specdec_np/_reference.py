@@ -199,9 +199,9 @@ def typical_acceptance_sample(
     k = draft_token_ids.shape[1]
     probs = xp.astype(target_with_bonus_probs[:, :k, :], xp.float64)
     entropy = -xp.sum(probs * xp.log(probs + 1e-5), axis=-1)
-    threshold = xp.minimum(
-        xp.asarray(posterior_threshold, dtype=xp.float64), posterior_alpha * xp.exp(-entropy)
-    )
+    # alpha = 0 gives a zero threshold, also where exp(-H) overflows (0 * inf is NaN).
+    scaled = posterior_alpha * xp.exp(-entropy) if posterior_alpha > 0 else xp.zeros_like(entropy)
+    threshold = xp.minimum(xp.asarray(posterior_threshold, dtype=xp.float64), scaled)
     p_x = _gather_draft_probabilities(xp, target_with_bonus_probs, draft_token_ids)
     accepted = p_x > threshold
     recovered = xp.argmax(probs, axis=-1)
