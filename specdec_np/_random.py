@@ -110,13 +110,23 @@ def rejection_uniforms(
         return explicit
     seeded_seqs = seeded_seqs or {}
     counter_seeds = counter_seeds or {}
+    # Everything is checked before the first draw, so a bad argument moves no generator.
     _check_row_keys("seeded_seqs", seeded_seqs, batch_size)
     _check_row_keys("counter_seeds", counter_seeds, batch_size)
+    for row, row_generator in seeded_seqs.items():
+        if not callable(getattr(row_generator, "random", None)):
+            raise TypeError(
+                f"seeded_seqs[{row}] must be a numpy.random.Generator (or cupy's); found "
+                f"{type(row_generator).__name__}"
+            )
     both = set(seeded_seqs).intersection(counter_seeds)
     if both:
         raise ValueError(
             f"row {min(both)} is in both seeded_seqs and counter_seeds; give each row one source"
         )
+    counter_rows = sorted(counter_seeds)
+    seeds = _uint64_column("seed", counter_seeds, counter_rows, 0)
+    positions = _uint64_column("position", counter_seeds, counter_rows, 1)
     if generator is None:
         generator = np.random.default_rng()
     width = k + 1
@@ -128,18 +138,32 @@ def rejection_uniforms(
         result[own_rows] = xp.asarray(generator.random((len(own_rows), width)))
     for row, row_generator in seeded_seqs.items():
         result[row] = xp.asarray(row_generator.random(width))
-    if counter_seeds:
-        rows = sorted(counter_seeds)
-        seeds = np.array([int(counter_seeds[b][0]) for b in rows], dtype=object)
-        positions = np.array([int(counter_seeds[b][1]) for b in rows], dtype=object)
-        seeds_array = xp.asarray(_to_uint64("counter_seeds seed", seeds))
-        positions_array = xp.asarray(_to_uint64("counter_seeds position", positions))
-        result[rows] = counter_uniforms(seeds_array, positions_array, width, xp=xp)
+    if counter_rows:
+        result[counter_rows] = counter_uniforms(
+            xp.asarray(seeds), xp.asarray(positions), width, xp=xp
+        )
     return result
 
 
-def _to_uint64(name: str, values: np.ndarray) -> np.ndarray:
-    for value in values:
-        if not 0 <= value < 2**64:
-            raise ValueError(f"{name} must lie in [0, 2**64); found {value}")
-    return values.astype(np.uint64)
+def _uint64_column(
+    field: str, counter_seeds: Mapping[int, Any], rows: list[int], index: int
+) -> np.ndarray:
+    """One field of the ``(seed, position)`` pairs as uint64, checked."""
+    values = np.empty(len(rows), dtype=np.uint64)
+    for slot, row in enumerate(rows):
+        pair = counter_seeds[row]
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"counter_seeds[{row}] must be a (seed, position) pair of ints; found {pair!r}"
+            )
+        value = pair[index]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"counter_seeds[{row}] {field} must be an int; found {type(value).__name__}"
+            )
+        if not 0 <= int(value) < 2**64:
+            raise ValueError(
+                f"counter_seeds[{row}] {field} must lie in [0, 2**64); found {int(value)}"
+            )
+        values[slot] = int(value)
+    return values
