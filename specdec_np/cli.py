@@ -1,0 +1,528 @@
+"""The ``specdec-np`` command line (also ``python -m specdec_np``).
+
+Subcommands
+-----------
+``demo`` (the default when no subcommand is given)
+    An end-to-end speculative-decoding session: an n-gram draft and target trained on the
+    standard library's docstrings, verified by this package's samplers.  Prints generated
+    text and a summary (``--json``: the summary only, as JSON).
+``check``
+    The conformance self-test of this installation on every available backend; exit
+    status 1 if any check fails.
+``info``
+    Versions and build facts: specdec_np, numpy, Python, Cython, OpenMP, CuPy and CUDA.
+
+Results go to stdout, progress and diagnostics to stderr (progress only when stderr is a
+terminal); usage errors exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["build_parser", "main"]
+
+_SUBCOMMANDS = ("demo", "check", "info")
+_TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (otherwise a usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}; found {text!r}"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}; found {value}")
+        return value
+
+    return parse
+
+
+def _json_ready(value: Any) -> Any:
+    """Replace NaN and infinities (not valid JSON) by None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(item) for item in value]
+    return value
+
+
+def _print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(_json_ready(data), indent=2, allow_nan=False) + "\n")
+
+
+def _number(value: float, digits: int = 4) -> str:
+    return "nan" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+class _Progress:
+    """A one-line progress display on stderr, active only when stderr is a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self._last = 0.0
+        self._dirty = False
+
+    def message(self, text: str) -> None:
+        """Show ``text`` (replacing the previous progress line)."""
+        if not self.enabled:
+            return
+        self._stream.write("\r\033[K" + text)
+        self._stream.flush()
+        self._dirty = True
+
+    def tokens(self, done: int, total: int) -> None:
+        """Progress callback of the demo loop (at most ~10 updates a second)."""
+        now = time.perf_counter()
+        if self.enabled and (now - self._last > 0.1 or done >= total):
+            self._last = now
+            self.message(f"decoding: {done}/{total} tokens")
+
+    def clear(self) -> None:
+        """Erase the progress line."""
+        if self.enabled and self._dirty:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+            self._dirty = False
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from . import _demo
+
+    config = _demo.DemoConfig(
+        verifier=args.verifier,
+        k=args.k,
+        batch=args.batch,
+        tokens=args.tokens,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+    )
+    progress = _Progress(sys.stderr)
+    progress.message("building the corpus and the n-gram models...")
+    try:
+        result = _demo.run_demo(config, progress=progress.tokens)
+    except RuntimeError as error:
+        progress.clear()
+        print(f"specdec-np demo: error: {error}", file=sys.stderr)
+        return 1
+    progress.clear()
+    summary = result.summary()
+    if args.json:
+        _print_json(summary, sys.stdout)
+        return 0
+    out = sys.stdout
+    for line in _demo_header(summary):
+        print(line, file=out)
+    print(file=out)
+    for line in _demo.format_text(result, samples=args.samples):
+        print(line, file=out)
+    for line in _demo_summary(summary):
+        print(line, file=out)
+    return 0
+
+
+def _demo_header(s: dict[str, Any]) -> list[str]:
+    return [
+        "specdec-np demo: speculative decoding with n-gram models of the stdlib docstrings",
+        f"  corpus   {s['corpus_documents']:,} docstrings from {s['corpus_modules']} modules, "
+        f"{s['corpus_tokens']:,} tokens; vocabulary {s['vocab_size']:,} "
+        "(with <unk>, <eos>)",
+        f"  target   {s['target']}",
+        f"  draft    {s['draft']}",
+        f"  verifier {s['verifier']}, k={s['k']}, batch={s['batch']}, "
+        f"{s['tokens_per_sequence']} new tokens per sequence, seed={s['seed']}",
+    ]
+
+
+def _demo_summary(s: dict[str, Any]) -> list[str]:
+    c = s["counters"]
+    expected = s["expected_position_acceptance"]
+    expected_text = (
+        f"   (expected mean sum(min(p, q)) = {_number(expected)})"
+        if math.isfinite(expected)
+        else ""
+    )
+    rows = [
+        (
+            "acceptance rate",
+            f"{_number(s['acceptance_rate'])}   "
+            f"({s['accepted_tokens']} of {s['drafted_tokens']} draft tokens kept)",
+        ),
+        (
+            "mean tokens per target call",
+            f"{_number(s['mean_tokens_per_target_call'], 3)}   "
+            f"({s['generated_tokens']} tokens in {s['verified_rows']} sequence-steps)",
+        ),
+        (
+            "verifier time per call",
+            f"{_number(s['verifier_ms_per_call'], 3)} ms mean, "
+            f"{_number(s['verifier_ms_median'], 3)} ms median over {s['target_calls']} calls",
+        ),
+        ("target calls", f"{s['target_calls']} batched passes of k+1 = {s['k'] + 1} positions"),
+        ("wall time", f"{s['build_seconds']:.2f} s build, {s['decode_seconds']:.2f} s decode"),
+    ]
+    counters = [
+        ("num_accepted_tokens", str(c["num_accepted_tokens"])),
+        ("num_emitted_tokens", str(c["num_emitted_tokens"])),
+        ("num_draft_tokens", str(c["num_draft_tokens"])),
+        ("draft_acceptance_rate", _number(c["draft_acceptance_rate"]) + expected_text),
+        ("system_efficiency", _number(c["system_efficiency"])),
+        ("mean_accepted_length", _number(c["mean_accepted_length"])),
+    ]
+    width = max(len(name) for name, _ in rows + counters) + 4
+    lines = ["summary"]
+    lines += [f"  {name:<{width}}{value}" for name, value in rows]
+    lines.append("  sampler counters")
+    lines += [f"    {name:<{width - 2}}{value}" for name, value in counters]
+    return lines
+
+
+# -- check -----------------------------------------------------------------------------------
+
+
+def _cupy_usable() -> bool:
+    """Whether CuPy imports and has a usable device (never raises)."""
+    try:
+        import cupy
+    except Exception:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    try:
+        from . import _conformance
+    except ImportError as error:
+        print(
+            f"specdec-np check: error: the conformance checks cannot be imported: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    if args.backend == "all":
+        backends = ["numpy"] + (["cupy"] if _cupy_usable() else [])
+    elif args.backend == "cupy" and not _cupy_usable():
+        print(
+            "specdec-np check: error: CuPy is not installed or has no usable CUDA device",
+            file=sys.stderr,
+        )
+        return 1
+    else:
+        backends = [args.backend]
+
+    progress = _Progress(sys.stderr)
+    rows: list[tuple[str, str, bool, str]] = []
+    for backend in backends:
+        progress.message(f"running the conformance checks on {backend}...")
+        try:
+            results = _conformance.run_checks(backend)
+        except Exception as error:  # a crashed run is a failed check, with its reason
+            rows.append(("run_checks", backend, False, f"raised {type(error).__name__}: {error}"))
+            continue
+        if not results:
+            rows.append(("run_checks", backend, False, "no check was run"))
+        rows.extend((r.name, backend, bool(r.passed), str(r.detail)) for r in results)
+    progress.clear()
+
+    failures = sum(not passed for _, _, passed, _ in rows)
+    if args.json:
+        _print_json(
+            {
+                "backends": backends,
+                "passed": failures == 0,
+                "checks": [
+                    {"name": name, "backend": backend, "passed": passed, "detail": detail}
+                    for name, backend, passed, detail in rows
+                ],
+            },
+            sys.stdout,
+        )
+    else:
+        for line in _check_table(rows):
+            print(line)
+        print()
+        verdict = "all passed" if failures == 0 else f"{failures} FAILED"
+        print(f"{len(rows)} checks on {', '.join(backends)}: {verdict}")
+    return 1 if failures else 0
+
+
+def _check_table(rows: Sequence[tuple[str, str, bool, str]]) -> list[str]:
+    header = ("check", "backend", "result", "detail")
+    table = [
+        (name, backend, "PASS" if passed else "FAIL", detail)
+        for name, backend, passed, detail in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(3)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)) + "  " + cells[3]
+
+    return [
+        line(header),
+        line(["-" * w for w in widths] + ["-" * len(header[3])]),
+        *(line(row) for row in table),
+    ]
+
+
+# -- info ------------------------------------------------------------------------------------
+
+
+def _cython_build_version(core_file: str | None) -> str:
+    """The Cython version that generated ``_core``, read from the compiled module (its
+    shared type names embed it, e.g. ``_cython_3_0_11``) or the generated C file next to
+    it; ``"unknown"`` otherwise."""
+    if not core_file:
+        return "unknown"
+    try:
+        match = re.search(rb"_cython_(\d+(?:_\d+)+(?:[a-z]+\d*)?)", Path(core_file).read_bytes())
+        if match:
+            return match.group(1).decode("ascii").replace("_", ".")
+    except OSError:
+        pass
+    c_file = Path(core_file).with_name("_core.c")
+    try:
+        with c_file.open(encoding="utf-8", errors="replace") as handle:
+            match = re.search(r"Generated by Cython (\S+)", handle.readline())
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _cuda_facts() -> Iterator[tuple[str, str]]:
+    """CuPy and CUDA facts; never raises (absence and errors are reported as text)."""
+    try:
+        import cupy
+    except Exception as error:
+        reason = (
+            "not installed"
+            if isinstance(error, ModuleNotFoundError)
+            else f"not importable ({type(error).__name__}: {error})"
+        )
+        yield "cupy", reason
+        return
+    yield "cupy", str(getattr(cupy, "__version__", "unknown"))
+    try:
+        runtime = cupy.cuda.runtime
+        version = int(runtime.runtimeGetVersion())
+        yield "CUDA runtime", f"{version // 1000}.{version % 1000 // 10}"
+        driver = int(runtime.driverGetVersion())
+        yield "CUDA driver", f"{driver // 1000}.{driver % 1000 // 10}"
+        count = int(runtime.getDeviceCount())
+        if count == 0:
+            yield "CUDA devices", "none"
+        for index in range(count):
+            name = runtime.getDeviceProperties(index)["name"]
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", errors="replace")
+            yield f"CUDA device {index}", str(name)
+    except Exception as error:
+        yield "CUDA", f"unavailable ({type(error).__name__}: {error})"
+
+
+def _info_facts() -> list[tuple[str, str]]:
+    import numpy
+
+    import specdec_np
+
+    facts = [
+        ("specdec_np", f"{specdec_np.__version__} ({Path(specdec_np.__file__).parent})"),
+        ("numpy", numpy.__version__),
+        (
+            "Python",
+            f"{platform.python_version()} ({platform.python_implementation()}, "
+            f"{platform.system()} {platform.machine()})",
+        ),
+    ]
+    try:
+        from . import _core
+    except ImportError as error:
+        facts += [
+            ("Cython (build)", "unknown"),
+            ("OpenMP", f"unknown: the compiled module cannot be imported ({error})"),
+        ]
+    else:
+        facts.append(("Cython (build)", _cython_build_version(getattr(_core, "__file__", None))))
+        try:
+            enabled = bool(_core.openmp_enabled())
+            threads = int(_core.openmp_max_threads())
+            facts.append(("OpenMP", f"{'on' if enabled else 'off'}, {threads} threads"))
+        except Exception as error:
+            facts.append(("OpenMP", f"unknown ({type(error).__name__}: {error})"))
+    if "OMP_NUM_THREADS" in os.environ:
+        facts.append(("OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"]))
+    facts.extend(_cuda_facts())
+    return facts
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    facts = _info_facts()
+    if args.json:
+        _print_json(dict(facts), sys.stdout)
+        return 0
+    width = max(len(key) for key, _ in facts) + 2
+    for key, value in facts:
+        print(f"{key + ':':<{width}}{value}")
+    return 0
+
+
+# -- parser and entry point --------------------------------------------------------------
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``specdec-np`` (subcommands ``demo``, ``check``, ``info``).
+
+    Parameters
+    ----------
+    prog : str, optional
+        Program name shown in usage messages (default ``"specdec-np"``).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=prog or "specdec-np",
+        description="Speculative-decoding verifiers for NumPy and CuPy. Without a "
+        "subcommand, runs the demo.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,check,info}")
+
+    demo = sub.add_parser(
+        "demo",
+        help="end-to-end speculative decoding with n-gram models (the default)",
+        description="Train an interpolated Kneser-Ney trigram target and an interpolated "
+        "bigram draft on the standard library's docstrings, then decode a batch of prompts "
+        "speculatively: the draft proposes k tokens, the target scores k+1 positions, the "
+        "verifier decides. Prints sample text and a summary.",
+    )
+    demo.add_argument(
+        "--verifier",
+        choices=("rejection", "typical", "greedy"),
+        default="rejection",
+        help="RejectionSampler (lossless, default), TypicalAcceptanceSampler, "
+        "or GreedySampler (argmax drafts and bonus tokens)",
+    )
+    demo.add_argument(
+        "--k", type=_int_at_least(1), default=4, help="draft tokens per step (default 4)"
+    )
+    demo.add_argument(
+        "--batch", type=_int_at_least(1), default=8, help="sequences decoded together (default 8)"
+    )
+    demo.add_argument(
+        "--tokens",
+        type=_int_at_least(1),
+        default=300,
+        help="new tokens per sequence (default 300)",
+    )
+    demo.add_argument(
+        "--seed",
+        type=_int_at_least(0),
+        default=0,
+        help="seed of the draft and bonus sampling and the verifier (default 0)",
+    )
+    demo.add_argument(
+        "--vocab-size",
+        type=_int_at_least(2),
+        default=4000,
+        help="most frequent words kept, plus <unk> and <eos> (default 4000)",
+    )
+    demo.add_argument(
+        "--samples", type=_int_at_least(0), default=3, help="generated texts to print (default 3)"
+    )
+    demo.add_argument(
+        "--json", action="store_true", help="print the summary as JSON (and no text)"
+    )
+    demo.set_defaults(handler=_run_demo)
+
+    check = sub.add_parser(
+        "check",
+        help="conformance self-test on every available backend",
+        description="Run the exact-oracle, stratified-grid and chi-square checks of the "
+        "verifiers on NumPy (and CuPy when usable); print a pass/fail table. Exit status "
+        "1 if any check fails.",
+    )
+    check.add_argument(
+        "--backend",
+        choices=("all", "numpy", "cupy"),
+        default="all",
+        help="where to run the kernels (default: every available backend)",
+    )
+    check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.set_defaults(handler=_run_check)
+
+    info = sub.add_parser(
+        "info",
+        help="versions and build facts",
+        description="Print the versions of specdec_np, numpy, Python and Cython (build), "
+        "OpenMP on/off and thread count, and CuPy/CUDA when present.",
+    )
+    info.add_argument("--json", action="store_true", help="print the facts as JSON")
+    info.set_defaults(handler=_run_info)
+    return parser
+
+
+def _normalise_argv(argv: Sequence[str]) -> list[str]:
+    """No arguments, or options only (``specdec-np --json``), mean the demo."""
+    argv = list(argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in _TOP_LEVEL_FLAGS):
+        return ["demo", *argv]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments without the program name; ``sys.argv[1:]`` if None.
+    prog : str, optional
+        Program name for usage messages.
+
+    Returns
+    -------
+    int
+        Exit status: 0 on success, 1 when a check fails or the demo cannot run.  Usage
+        errors raise ``SystemExit(2)`` (argparse).
+    """
+    parser = build_parser(prog)
+    args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # stdout was closed early (``specdec-np | head``): stop quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -1,0 +1,386 @@
+"""The ``specdec-np`` command line: demo, check, info, usage errors, ``python -m``.
+
+In-process runs go through ``cli.main([...])`` with small demo settings; the default demo
+runs once in a subprocess, with ``--json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specdec_np import _demo, cli
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_CONFORMANCE = importlib.util.find_spec("specdec_np._conformance") is not None
+SMALL = ["--tokens", "40", "--batch", "2"]
+
+
+def _strict_json(text: str) -> Any:
+    """Parse JSON, rejecting NaN and Infinity (not valid JSON)."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _run_module(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "specdec_np", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def _check_summary(summary: dict[str, Any], batch: int, tokens: int, k: int) -> None:
+    """Invariants every demo summary must satisfy."""
+    counters = summary["counters"]
+    assert 0.0 <= summary["acceptance_rate"] <= 1.0
+    assert 0.0 <= counters["draft_acceptance_rate"] <= 1.0
+    assert 0.0 < counters["system_efficiency"] <= 1.0
+    assert 1.0 <= summary["mean_tokens_per_target_call"] <= k + 1
+    assert summary["verifier_ms_per_call"] > 0.0
+    assert summary["target_calls"] > 0
+    # Every sequence reaches its goal and overshoots by at most k.
+    assert batch * tokens <= summary["generated_tokens"] <= batch * (tokens + k)
+    # The sampler's counters agree with the loop's own bookkeeping.
+    assert counters["num_emitted_tokens"] == summary["generated_tokens"]
+    assert counters["num_draft_tokens"] == summary["drafted_tokens"]
+    assert counters["num_draft_tokens"] == summary["verified_rows"] * k
+    assert summary["accepted_tokens"] == summary["generated_tokens"] - summary["verified_rows"]
+    # The vLLM counter also counts positions after the first rejection.
+    assert counters["num_accepted_tokens"] >= summary["accepted_tokens"]
+    assert math.isclose(counters["mean_accepted_length"], summary["mean_tokens_per_target_call"])
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verifier", ["rejection", "typical", "greedy"])
+def test_demo_json_for_each_verifier(verifier: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--verifier", verifier, *SMALL, "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = _strict_json(captured.out)
+    assert summary["verifier"] == verifier
+    assert (summary["batch"], summary["tokens_per_sequence"], summary["k"]) == (2, 40, 4)
+    _check_summary(summary, batch=2, tokens=40, k=4)
+    if verifier == "rejection":
+        assert 0.0 < summary["expected_position_acceptance"] <= 1.0
+    else:
+        assert summary["expected_position_acceptance"] is None
+    assert captured.err == ""  # no progress: stderr is not a terminal
+
+
+def test_demo_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--tokens", "30", "--batch", "3", "--samples", "2"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "[0] prompt:" in out and "[1] prompt:" in out and "[2] prompt:" not in out
+    for label in (
+        "acceptance rate",
+        "mean tokens per target call",
+        "verifier time per call",
+        "num_accepted_tokens",
+        "num_emitted_tokens",
+        "num_draft_tokens",
+        "draft_acceptance_rate",
+        "system_efficiency",
+        "mean_accepted_length",
+    ):
+        assert label in out
+    assert captured.err == ""
+
+
+def test_demo_is_reproducible(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["demo", "--tokens", "25", "--batch", "2", "--seed", "7", "--k", "3"]
+    runs = []
+    for _ in range(2):
+        assert cli.main(args) == 0
+        text = capsys.readouterr().out
+        runs.append(text.split("summary")[0])  # the text, before any timing
+    assert runs[0] == runs[1]
+    assert cli.main([*args[:-4], "--seed", "8", "--k", "3"]) == 0
+    assert capsys.readouterr().out.split("summary")[0] != runs[0]
+
+
+def test_options_without_subcommand_run_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli._normalise_argv([]) == ["demo"]
+    assert cli._normalise_argv(["--json"]) == ["demo", "--json"]
+    assert cli._normalise_argv(["--help"]) == ["--help"]
+    assert cli.main(["--tokens", "10", "--batch", "1", "--json"]) == 0
+    _check_summary(_strict_json(capsys.readouterr().out), batch=1, tokens=10, k=4)
+
+
+def test_demo_progress_only_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["demo", "--tokens", "10", "--batch", "1", "--json"]) == 0
+    assert "decoding: 10/10 tokens" in terminal.getvalue()
+    _strict_json(capsys.readouterr().out)  # stdout holds the JSON only
+
+
+def test_default_demo_in_a_subprocess() -> None:
+    """The default demo (rejection, k=4, batch 8, 300 tokens) gains more than one token per
+    target call and fits in the time budget."""
+    result = _run_module("--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = _strict_json(result.stdout)
+    assert (
+        summary["verifier"],
+        summary["k"],
+        summary["batch"],
+        summary["tokens_per_sequence"],
+    ) == ("rejection", 4, 8, 300)
+    _check_summary(summary, batch=8, tokens=300, k=4)
+    assert summary["mean_tokens_per_target_call"] > 1.0
+    # Lossless verification: the per-position acceptance rate estimates sum(min(p, q)).
+    expected = summary["expected_position_acceptance"]
+    assert abs(summary["counters"]["draft_acceptance_rate"] - expected) < 0.05
+
+
+# -- the n-gram models -----------------------------------------------------------------------
+
+
+def test_ngram_models_give_probability_rows() -> None:
+    corpus = _demo.build_corpus(vocab_size=500)
+    assert corpus.words[:2] == ("<unk>", "<eos>") and corpus.vocab_size == 502
+    target, draft = _demo.build_models(corpus)
+    rng = np.random.default_rng(0)
+    seen = np.stack([corpus.stream[10:20], corpus.stream[11:21]], axis=1)
+    unseen = rng.integers(0, corpus.vocab_size, size=(10, 2))
+    for history in (seen, unseen):
+        p = target.probs(history)
+        q = draft.probs(history[:, 1:])
+        for rows in (p, q):
+            assert rows.dtype == np.float32 and rows.shape == (10, corpus.vocab_size)
+            assert np.all(rows > 0)
+            np.testing.assert_allclose(rows.sum(axis=1, dtype=np.float64), 1.0, atol=1e-5)
+    # The target has learned something the draft has not: a seen trigram is likelier.
+    w = corpus.stream[12:22]
+    assert np.mean(np.log(target.probs(seen)[np.arange(10), w])) > np.mean(
+        np.log(draft.probs(seen[:, 1:])[np.arange(10), w])
+    )
+
+
+def test_corpus_is_deterministic() -> None:
+    first = _demo.build_corpus(vocab_size=300)
+    second = _demo.build_corpus(vocab_size=300)
+    assert first.words == second.words
+    np.testing.assert_array_equal(first.stream, second.stream)
+    assert (
+        _demo.detokenize(["return", "a", "list", ",", "or", "none", "."])
+        == "return a list, or none."
+    )
+
+
+# -- usage -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bogus"],
+        ["demo", "--k", "0"],
+        ["demo", "--batch", "-1"],
+        ["demo", "--tokens", "many"],
+        ["demo", "--verifier", "medusa"],
+        ["demo", "--vocab-size", "1"],
+        ["demo", "--seed", "-3"],
+        ["check", "--backend", "tpu"],
+        ["info", "--extra"],
+        ["--no-such-option"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "usage:" in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["demo", "--help"], ["check", "--help"], ["info", "--help"]]
+)
+def test_help_on_every_subcommand(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 0
+    assert "usage: specdec-np" in capsys.readouterr().out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import specdec_np
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"specdec-np {specdec_np.__version__}"
+
+
+# -- check -----------------------------------------------------------------------------------
+
+
+def _fake_checks(outcomes: dict[str, bool]) -> Any:
+    """A ``run_checks`` stand-in returning results with ``name``, ``passed``, ``detail``."""
+
+    def run_checks(backend: str = "numpy") -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(name=name, passed=passed, detail=f"detail of {name} on {backend}")
+            for name, passed in outcomes.items()
+        ]
+
+    return run_checks
+
+
+def _use_checks(monkeypatch: pytest.MonkeyPatch, run_checks: Any) -> None:
+    """Make ``specdec_np._conformance`` a stand-in module with this ``run_checks`` (works
+    whether or not the real module exists or was imported)."""
+    import specdec_np
+
+    fake = SimpleNamespace(run_checks=run_checks)
+    monkeypatch.setitem(sys.modules, "specdec_np._conformance", fake)
+    monkeypatch.setattr(specdec_np, "_conformance", fake, raising=False)
+
+
+@pytest.fixture
+def numpy_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "_cupy_usable", lambda: False)
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_check_all_pass(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _use_checks(monkeypatch, _fake_checks({"oracle": True, "grid": True}))
+    assert cli.main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 2 and "FAIL" not in out
+    assert "detail of grid on numpy" in out and "all passed" in out
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_check_failure_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _use_checks(monkeypatch, _fake_checks({"oracle": True, "chi-square": False}))
+    assert cli.main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL" in out and "1 FAILED" in out
+
+    assert cli.main(["check", "--json"]) == 1
+    report = _strict_json(capsys.readouterr().out)
+    assert report["passed"] is False and report["backends"] == ["numpy"]
+    assert [c["passed"] for c in report["checks"]] == [True, False]
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_check_crash_and_empty_run_fail(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def crash(backend: str = "numpy") -> list[SimpleNamespace]:
+        raise RuntimeError("kernel exploded")
+
+    _use_checks(monkeypatch, crash)
+    assert cli.main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "run_checks" in out and "kernel exploded" in out
+
+    _use_checks(monkeypatch, _fake_checks({}))
+    assert cli.main(["check"]) == 1
+    assert "no check was run" in capsys.readouterr().out
+
+
+def test_check_runs_every_usable_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_cupy_usable", lambda: True)
+    _use_checks(monkeypatch, _fake_checks({"oracle": True}))
+    assert cli.main(["check", "--json"]) == 0
+    report = _strict_json(capsys.readouterr().out)
+    assert report["backends"] == ["numpy", "cupy"]
+    assert [c["backend"] for c in report["checks"]] == ["numpy", "cupy"]
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_check_cupy_requested_but_unusable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "cupy"]) == 1
+    assert "CuPy" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_CONFORMANCE, reason="specdec_np._conformance is not there yet")
+def test_check_real_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL" not in out
+
+
+# -- info ------------------------------------------------------------------------------------
+
+
+def test_info(capsys: pytest.CaptureFixture[str]) -> None:
+    import specdec_np
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    for key in ("specdec_np:", "numpy:", "Python:", "Cython (build):", "OpenMP:", "cupy:"):
+        assert key in out
+    assert specdec_np.__version__ in out and np.__version__ in out
+
+    assert cli.main(["info", "--json"]) == 0
+    facts = _strict_json(capsys.readouterr().out)
+    assert facts["numpy"] == np.__version__
+    assert facts["OpenMP"].startswith(("on", "off"))
+    assert facts["Cython (build)"] == "unknown" or facts["Cython (build)"][0].isdigit()
+
+
+def test_cython_build_version_is_read_from_the_module(tmp_path: Path) -> None:
+    module = tmp_path / "_core.so"
+    module.write_bytes(b"\x00junk_cython_3_0_11.cython_function_or_method\x00")
+    assert cli._cython_build_version(str(module)) == "3.0.11"
+    module.write_bytes(b"nothing here")
+    (tmp_path / "_core.c").write_text("/* Generated by Cython 3.1.2 */\n")
+    assert cli._cython_build_version(str(module)) == "3.1.2"
+    assert cli._cython_build_version(str(tmp_path / "missing.so")) == "3.1.2"
+    (tmp_path / "_core.c").unlink()
+    assert cli._cython_build_version(str(module)) == "unknown"
+    assert cli._cython_build_version(None) == "unknown"
+
+
+# -- python -m specdec_np --------------------------------------------------------------------
+
+
+def test_python_m_help_and_info() -> None:
+    help_run = _run_module("--help")
+    assert help_run.returncode == 0, help_run.stderr
+    assert "usage: python -m specdec_np" in help_run.stdout
+    for command in ("demo", "check", "info"):
+        assert command in help_run.stdout
+    info_run = _run_module("info")
+    assert info_run.returncode == 0, info_run.stderr
+    assert "numpy:" in info_run.stdout and info_run.stderr == ""
+    usage_run = _run_module("demo", "--k", "zero")
+    assert usage_run.returncode == 2 and "usage:" in usage_run.stderr
