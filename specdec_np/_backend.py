@@ -33,8 +33,8 @@ __all__ = [
 
 _DLPACK_CPU = 1
 _DLPACK_CUDA = 2
-# Below this many probabilities per call, starting OpenMP threads costs more than it saves.
-_PARALLEL_MIN_WORK = 1 << 16
+# Below this many probabilities read per call, starting OpenMP threads costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 20
 
 
 def is_cupy_array(x: Any) -> bool:
@@ -237,11 +237,21 @@ def prepare_batch(
     )
 
 
-def thread_count(batch_size: int, positions: int, vocab_size: int) -> int:
-    """OpenMP threads for a kernel call: 1 for small work or one row, else up to B."""
+def thread_count(batch_size: int, elements_per_row: int) -> int:
+    """OpenMP threads for a kernel call over ``batch_size`` rows.
+
+    Parameters
+    ----------
+    batch_size : int
+    elements_per_row : int
+        Probabilities the kernel may read per row (``2 V`` for rejection sampling, ``k V``
+        for the deterministic verifiers).  Threads pay off only when the call reads several
+        megabytes; below that, waking them costs more than the split saves, and far more
+        on a loaded machine.
+    """
     from . import _core
 
-    if batch_size < 2 or batch_size * positions * vocab_size < _PARALLEL_MIN_WORK:
+    if batch_size < 2 or batch_size * elements_per_row < PARALLEL_MIN_ELEMENTS:
         return 1
     return max(1, min(batch_size, _core.openmp_max_threads()))
 

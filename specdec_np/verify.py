@@ -60,10 +60,6 @@ def _finish(
     return VerificationResult(output, accepted_lengths, num_accepted)
 
 
-def _threads(batch: _backend.PreparedBatch) -> int:
-    return _backend.thread_count(batch.batch_size, batch.k + 1, batch.vocab_size)
-
-
 def rejection_sample(
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
@@ -144,7 +140,7 @@ def rejection_sample(
             batch.bonus_token_ids,
             draws,
             *buffers,
-            _threads(batch),
+            _backend.thread_count(batch.batch_size, 2 * batch.vocab_size),
         )
         return _finish(batch, buffers)
     except BaseException:
@@ -199,7 +195,7 @@ def typical_acceptance_sample(
         threshold,
         alpha,
         *buffers,
-        _threads(batch),
+        _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
     )
     return _finish(batch, buffers)
 
@@ -247,7 +243,7 @@ def greedy_sample(
         batch.draft_token_ids,
         batch.bonus_token_ids,
         *buffers,
-        _threads(batch),
+        _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
     )
     return _finish(batch, buffers)
 

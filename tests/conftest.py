@@ -35,3 +35,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("SPECDEC_REQUIRE_GPU", "") == "1":
         pytest.fail(f"SPECDEC_REQUIRE_GPU=1 but this test {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture
+def threaded(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Force the OpenMP row loop for every batch of two or more rows; returns the thread
+    count the kernels will use (1 on a build without OpenMP)."""
+    from specdec_np import _backend, _core
+
+    monkeypatch.setattr(_backend, "PARALLEL_MIN_ELEMENTS", 0)
+    return _core.openmp_max_threads()

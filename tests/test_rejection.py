@@ -257,8 +257,8 @@ def test_kernel_matches_reference_on_large_vocabularies(vocab_size):
 
 
 @pytest.mark.parametrize("point_mass", [False, True])
-def test_kernel_matches_reference_on_the_threaded_path(point_mass):
-    """Batches big enough for the OpenMP row loop (B * (k+1) * V >= 2**16)."""
+def test_kernel_matches_reference_on_the_threaded_path(point_mass, threaded):
+    """The OpenMP row loop (forced by the ``threaded`` fixture)."""
     rng = np.random.default_rng(17)
     batch_size, k, vocab_size = 400, 4, 64
     target = random_rows(rng, (batch_size, k + 1, vocab_size)).astype(np.float32)

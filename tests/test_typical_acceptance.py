@@ -332,7 +332,7 @@ def test_kernel_matches_reference_large_vocab(
 
 
 @pytest.mark.parametrize("float_dtype", [np.float32, np.float64])
-def test_kernel_matches_reference_threaded_batch(float_dtype):
+def test_kernel_matches_reference_threaded_batch(float_dtype, threaded):
     """A batch big enough for the OpenMP path (B * (k+1) * V well above 65536)."""
     target, bonus, draft = build_case(11, 24, 4, 3000, float_dtype, np.int64)
     check_kernel_and_reference(target, bonus, draft, 0.09, 0.3)
