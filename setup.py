@@ -28,7 +28,7 @@ compile_args = ["-O3"] if not debug else ["-O1", "-g"]
 link_args = []
 if sys.platform != "win32":
     # The kernels never rely on errno from libm, and the fast log is our own code.
-    compile_args += ["-fno-math-errno", "-std=c11"]
+    compile_args += ["-fno-math-errno", "-std=c11", "-Wno-psabi"]
 if use_openmp:
     if sys.platform == "win32":
         compile_args.append("/openmp")

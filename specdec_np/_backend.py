@@ -11,8 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -123,6 +122,9 @@ def check_one_device(named: dict[str, Any]) -> int | None:
     named : dict[str, array or None]
         Argument name → array (NumPy or CuPy; None entries are skipped).
     """
+    arrays = [array for array in named.values() if array is not None]
+    if all(isinstance(array, np.ndarray) for array in arrays):
+        return None
     devices = {name: device_of(array) for name, array in named.items() if array is not None}
     if len(set(devices.values())) > 1:
         found = ", ".join(f"{name} on {_device_text(device)}" for name, device in devices.items())
@@ -130,8 +132,7 @@ def check_one_device(named: dict[str, Any]) -> int | None:
     return next(iter(devices.values()), None)
 
 
-@dataclass(frozen=True)
-class PreparedBatch:
+class PreparedBatch(NamedTuple):
     """Validated, kernel-ready inputs of one verification call.
 
     Attributes
@@ -158,10 +159,15 @@ class PreparedBatch:
     vocab_size: int
 
 
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
-    _validate.check_probability_dtype(name, x.dtype, strict=strict)
-    if x.dtype == np.float16 or str(x.dtype) == "bfloat16":
-        return xp.ascontiguousarray(x.astype(np.float32))
+    if x.dtype not in _KERNEL_FLOATS or strict:
+        _validate.check_probability_dtype(name, x.dtype, strict=strict)
+        if x.dtype not in _KERNEL_FLOATS:
+            # float16 and bfloat16 (the only other dtypes the check lets through).
+            x = x.astype(np.float32)
     return xp.ascontiguousarray(x)
 
 

@@ -29,7 +29,7 @@ def rejection_sample(
     num_accepted: Int64Array,
     row_status: Int64Array,
     num_threads: int,
-) -> None: ...
+) -> int: ...
 def typical_acceptance_sample(
     target_with_bonus_probs: FloatArray,
     draft_token_ids: IdArray,
@@ -41,7 +41,7 @@ def typical_acceptance_sample(
     num_accepted: Int64Array,
     row_status: Int64Array,
     num_threads: int,
-) -> None: ...
+) -> int: ...
 def greedy_sample(
     target_with_bonus_probs: FloatArray,
     draft_token_ids: IdArray,
@@ -51,7 +51,7 @@ def greedy_sample(
     num_accepted: Int64Array,
     row_status: Int64Array,
     num_threads: int,
-) -> None: ...
+) -> int: ...
 def create_output(
     accepted: npt.NDArray[np.uint8],
     substitute_token_ids: IdArray,
@@ -62,4 +62,4 @@ def create_output(
     accepted_lengths: Int64Array,
     num_accepted: Int64Array,
     row_status: Int64Array,
-) -> None: ...
+) -> int: ...

@@ -177,6 +177,14 @@ cdef inline Py_ssize_t invalid_id_column(
     return -1
 
 
+cdef Py_ssize_t first_failed_row(const int64_t[::1] row_status) noexcept nogil:
+    cdef Py_ssize_t b
+    for b in range(row_status.shape[0]):
+        if row_status[b] != 0:
+            return b
+    return -1
+
+
 cdef inline void write_output_row(
     const token_id_t* draft_ids, Py_ssize_t accepted_length, int64_t last_token,
     Py_ssize_t k, int64_t* out
@@ -259,6 +267,11 @@ def rejection_sample(
         row status of the module docstring.
     num_threads : int
         Threads for the loop over rows (1 runs it serially, without OpenMP).
+
+    Returns
+    -------
+    int
+        The first row whose ``row_status`` is not 0, or -1 if every row verified.
     """
     cdef Py_ssize_t B = target_with_bonus_probs.shape[0]
     cdef Py_ssize_t k = draft_token_ids.shape[1]
@@ -266,7 +279,7 @@ def rejection_sample(
     cdef Py_ssize_t b
     cdef const probability_t* draft_base
     if B == 0:
-        return
+        return -1
     draft_base = NULL if point_mass_drafts else &draft_probs[0, 0, 0]
     if num_threads > 1:
         for b in prange(B, nogil=True, num_threads=num_threads, schedule="dynamic"):
@@ -285,6 +298,7 @@ def rejection_sample(
                     &draft_token_ids[b, 0], bonus_token_ids[b], &uniforms[b, 0], k, V,
                     &output[b, 0], &accepted_lengths[b], &num_accepted[b],
                 )
+    return first_failed_row(row_status)
 
 
 # --------------------------------------------------------------------------------------
@@ -378,14 +392,15 @@ def typical_acceptance_sample(
     """Fused typical-acceptance verification of a batch (SPEC 4.3).
 
     Parameters as :func:`rejection_sample`, without draft probabilities and uniforms, plus
-    ``posterior_threshold`` and ``posterior_alpha`` (finite, non-negative).
+    ``posterior_threshold`` and ``posterior_alpha`` (finite, non-negative).  Returns the
+    first failed row or -1.
     """
     cdef Py_ssize_t B = target_with_bonus_probs.shape[0]
     cdef Py_ssize_t k = draft_token_ids.shape[1]
     cdef Py_ssize_t V = target_with_bonus_probs.shape[2]
     cdef Py_ssize_t b
     if B == 0:
-        return
+        return -1
     if num_threads > 1:
         for b in prange(B, nogil=True, num_threads=num_threads, schedule="dynamic"):
             row_status[b] = typical_acceptance_row(
@@ -401,6 +416,7 @@ def typical_acceptance_sample(
                     bonus_token_ids[b], k, V, posterior_threshold, posterior_alpha,
                     &output[b, 0], &accepted_lengths[b], &num_accepted[b],
                 )
+    return first_failed_row(row_status)
 
 
 cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) noexcept nogil:
@@ -466,14 +482,15 @@ def greedy_sample(
 ):
     """Fused greedy (temperature 0) verification of a batch (SPEC 4.2).
 
-    Parameters as :func:`typical_acceptance_sample`, without the posteriors.
+    Parameters as :func:`typical_acceptance_sample`, without the posteriors.  Returns the
+    first failed row or -1.
     """
     cdef Py_ssize_t B = target_with_bonus_probs.shape[0]
     cdef Py_ssize_t k = draft_token_ids.shape[1]
     cdef Py_ssize_t V = target_with_bonus_probs.shape[2]
     cdef Py_ssize_t b
     if B == 0:
-        return
+        return -1
     if num_threads > 1:
         for b in prange(B, nogil=True, num_threads=num_threads, schedule="dynamic"):
             row_status[b] = greedy_row(
@@ -489,6 +506,7 @@ def greedy_sample(
                     bonus_token_ids[b], k, V,
                     &output[b, 0], &accepted_lengths[b], &num_accepted[b],
                 )
+    return first_failed_row(row_status)
 
 
 # --------------------------------------------------------------------------------------
@@ -521,6 +539,11 @@ def create_output(
     accepted_lengths, num_accepted, row_status : int64 [B]
         As in :func:`rejection_sample`; a bad emitted substitute id reports column
         ``k + 1 + r`` (``r`` its position).
+
+    Returns
+    -------
+    int
+        The first failed row, or -1.
     """
     cdef Py_ssize_t B = accepted.shape[0]
     cdef Py_ssize_t k = accepted.shape[1]
@@ -551,3 +574,4 @@ def create_output(
             accepted_lengths[b] = r
             num_accepted[b] = passed
             row_status[b] = 0
+    return first_failed_row(row_status)

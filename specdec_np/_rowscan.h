@@ -21,12 +21,7 @@
 
 #if defined(__GNUC__) && !defined(SPECDEC_NO_VECTOR_EXTENSIONS)
 #define SPECDEC_HAVE_VECTORS 1
-/* 16-byte vectors map one to one onto SSE2/NEON registers; wider generic vectors get
- * split, and some of their operations scalarised, on a baseline x86-64 build. */
 typedef float specdec_v4f __attribute__((vector_size(16)));
-typedef double specdec_v2d __attribute__((vector_size(16)));
-typedef int32_t specdec_v4i __attribute__((vector_size(16)));
-typedef int64_t specdec_v2l __attribute__((vector_size(16)));
 #else
 #define SPECDEC_HAVE_VECTORS 0
 #endif
@@ -49,25 +44,36 @@ static inline double specdec_residual_weight(double p, double q)
 
 #if SPECDEC_HAVE_VECTORS
 
-static inline specdec_v2d specdec_positive_part(specdec_v2d w)
+typedef double specdec_v4d __attribute__((vector_size(32)));
+typedef int64_t specdec_v4l __attribute__((vector_size(32)));
+
+/* x86-64 builds carry an AVX2 clone of the hot loops, picked when the module loads; both
+ * clones do the same operations in the same order, so they return identical bits. */
+#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#define SPECDEC_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SPECDEC_CLONES
+#endif
+
+static inline specdec_v4d specdec_positive_part(specdec_v4d w)
 {
-    const specdec_v2d zero = {0.0, 0.0};
-    return (specdec_v2d)((specdec_v2l)w & (specdec_v2l)(w > zero));
+    const specdec_v4d zero = {0.0, 0.0, 0.0, 0.0};
+    return (specdec_v4d)((specdec_v4l)w & (specdec_v4l)(w > zero));
 }
 
-/* q of a point-mass draft for indices first, first + 1. */
-static inline specdec_v2d specdec_one_hot(ptrdiff_t first, ptrdiff_t point_mass)
+/* q of a point-mass draft for indices first .. first + 3. */
+static inline specdec_v4d specdec_one_hot(ptrdiff_t first, ptrdiff_t point_mass)
 {
-    const specdec_v2d one = {1.0, 1.0};
-    specdec_v2l index = {first, first + 1};
-    specdec_v2l target = {point_mass, point_mass};
-    return (specdec_v2d)((specdec_v2l)one & (specdec_v2l)(index == target));
+    const specdec_v4d one = {1.0, 1.0, 1.0, 1.0};
+    specdec_v4l index = {first, first + 1, first + 2, first + 3};
+    specdec_v4l target = {point_mass, point_mass, point_mass, point_mass};
+    return (specdec_v4d)((specdec_v4l)one & (specdec_v4l)(index == target));
 }
 
-/* Eight values as four float64 pairs, zero-filled past `left` (a full group when >= 8). */
-static inline void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v2d out[4])
+/* Eight values as two float64 quadruples, zero-filled past `left` (full group if >= 8). */
+static inline void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v4d out[2])
 {
-    specdec_v4f low = {0.0f, 0.0f, 0.0f, 0.0f}, high = low;
+    specdec_v4f low, high;
     if (left >= 8) {
         memcpy(&low, x, sizeof low);
         memcpy(&high, x + 4, sizeof high);
@@ -77,47 +83,43 @@ static inline void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v2d o
         memcpy(&low, padded, sizeof low);
         memcpy(&high, padded + 4, sizeof high);
     }
-    specdec_v2d a = {low[0], low[1]}, b = {low[2], low[3]};
-    specdec_v2d c = {high[0], high[1]}, d = {high[2], high[3]};
-    out[0] = a;
-    out[1] = b;
-    out[2] = c;
-    out[3] = d;
+    out[0] = __builtin_convertvector(low, specdec_v4d);
+    out[1] = __builtin_convertvector(high, specdec_v4d);
 }
 
-static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v2d out[4])
+static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d out[2])
 {
-    double padded[8] = {0.0};
-    const double *source = x;
-    if (left < 8) {
+    if (left >= 8) {
+        memcpy(out, x, 2 * sizeof(specdec_v4d));
+    } else {
+        double padded[8] = {0.0};
         memcpy(padded, x, (size_t)left * sizeof(double));
-        source = padded;
+        memcpy(out, padded, 2 * sizeof(specdec_v4d));
     }
-    memcpy(out, source, 4 * sizeof(specdec_v2d));
 }
 
 #define SPECDEC_DEFINE_RESIDUAL_SUM(NAME, T, LOAD8)                                         \
     static inline void NAME##_group(const T *p, const T *q, ptrdiff_t point_mass,          \
-                                    ptrdiff_t y, ptrdiff_t left, specdec_v2d acc[4])       \
+                                    ptrdiff_t y, ptrdiff_t left, specdec_v4d acc[2])       \
     {                                                                                      \
-        specdec_v2d p8[4], q8[4];                                                          \
+        specdec_v4d p8[2], q8[2];                                                          \
         LOAD8(p + y, left, p8);                                                            \
         if (q) {                                                                           \
             LOAD8(q + y, left, q8);                                                        \
         } else if (point_mass < 0) {                                                       \
-            for (int pair = 0; pair < 4; ++pair)                                           \
-                q8[pair] = (specdec_v2d){0.0, 0.0};                                        \
+            q8[0] = q8[1] = (specdec_v4d){0.0, 0.0, 0.0, 0.0};                             \
         } else {                                                                           \
-            for (int pair = 0; pair < 4; ++pair)                                           \
-                q8[pair] = specdec_one_hot(y + 2 * pair, point_mass);                      \
+            q8[0] = specdec_one_hot(y, point_mass);                                        \
+            q8[1] = specdec_one_hot(y + 4, point_mass);                                    \
         }                                                                                  \
-        for (int pair = 0; pair < 4; ++pair)                                               \
-            acc[pair] += specdec_positive_part(p8[pair] - q8[pair]);                       \
+        acc[0] += specdec_positive_part(p8[0] - q8[0]);                                    \
+        acc[1] += specdec_positive_part(p8[1] - q8[1]);                                    \
     }                                                                                      \
+    SPECDEC_CLONES                                                                         \
     static double NAME(const T *p, const T *q, ptrdiff_t point_mass, ptrdiff_t start,      \
                        ptrdiff_t stop)                                                     \
     {                                                                                      \
-        specdec_v2d acc[4] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};             \
+        specdec_v4d acc[2] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};                 \
         ptrdiff_t y = start;                                                               \
         if (q) {                                                                           \
             for (; y + 8 <= stop; y += 8)                                                  \
@@ -133,8 +135,8 @@ static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v2d 
         }                                                                                  \
         if (y < stop)                                                                      \
             NAME##_group(p, q, point_mass, y, stop - y, acc);                              \
-        double lanes[8] = {acc[0][0], acc[0][1], acc[1][0], acc[1][1],                     \
-                           acc[2][0], acc[2][1], acc[3][0], acc[3][1]};                    \
+        double lanes[8] = {acc[0][0], acc[0][1], acc[0][2], acc[0][3],                     \
+                           acc[1][0], acc[1][1], acc[1][2], acc[1][3]};                    \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
@@ -182,78 +184,93 @@ static double specdec_entropy_max_d(const double *row, ptrdiff_t start, ptrdiff_
 
 #if SPECDEC_HAVE_VECTORS
 
-static inline specdec_v4f specdec_fast_logf4(specdec_v4f x)
+typedef float specdec_v8f __attribute__((vector_size(32)));
+typedef int32_t specdec_v8i __attribute__((vector_size(32)));
+
+/* The float32-accurate log of _fastmath.h, eight lanes at a time (same operations, so the
+ * same result as the scalar version in every lane). */
+static inline specdec_v8f specdec_fast_logf8(specdec_v8f x)
 {
-    specdec_v4i bits;
+    specdec_v8i bits;
     memcpy(&bits, &x, sizeof bits);
-    specdec_v4i exponent = ((bits >> 23) & 0xff) - 127;
-    specdec_v4i mantissa_bits = (bits & 0x007fffff) | 0x3f800000;
-    specdec_v4i above_sqrt2 = -(mantissa_bits > 0x3fb504f3); /* 0 or 1 per lane */
+    specdec_v8i exponent = ((bits >> 23) & 0xff) - 127;
+    specdec_v8i mantissa_bits = (bits & 0x007fffff) | 0x3f800000;
+    specdec_v8i above_sqrt2 = -(mantissa_bits > 0x3fb504f3); /* 0 or 1 per lane */
     mantissa_bits -= above_sqrt2 << 23;
     exponent += above_sqrt2;
-    specdec_v4f mantissa;
+    specdec_v8f mantissa;
     memcpy(&mantissa, &mantissa_bits, sizeof mantissa);
-    specdec_v4f f = mantissa - 1.0f;
-    specdec_v4f polynomial = f * -0.0810227021574974f + 0.1271267831325531f;
+    specdec_v8f f = mantissa - 1.0f;
+    specdec_v8f polynomial = f * -0.0810227021574974f + 0.1271267831325531f;
     polynomial = polynomial * f - 0.12972144782543182f;
     polynomial = polynomial * f + 0.14202114939689636f;
     polynomial = polynomial * f - 0.166422501206398f;
     polynomial = polynomial * f + 0.20001471042633057f;
     polynomial = polynomial * f - 0.2500029504299164f;
     polynomial = polynomial * f + 0.333333283662796f;
-    specdec_v4f f2 = f * f;
-    specdec_v4f log1p_f = f - 0.5f * f2 + f2 * f * polynomial;
-    specdec_v4f e = __builtin_convertvector(exponent, specdec_v4f);
+    specdec_v8f f2 = f * f;
+    specdec_v8f log1p_f = f - 0.5f * f2 + f2 * f * polynomial;
+    specdec_v8f e = __builtin_convertvector(exponent, specdec_v8f);
     return e * 0.693359375f + (e * -2.12194440e-4f + log1p_f);
 }
 
-static inline specdec_v4f specdec_max4(specdec_v4f candidates, specdec_v4f best)
+static inline specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best)
 {
-    specdec_v4i wins = candidates > best; /* NaN candidates never win */
-    return (specdec_v4f)(((specdec_v4i)candidates & wins) | ((specdec_v4i)best & ~wins));
+    specdec_v8i wins = candidates > best; /* NaN candidates never win */
+    return (specdec_v8f)(((specdec_v8i)candidates & wins) | ((specdec_v8i)best & ~wins));
 }
 
+static inline void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
+{
+    specdec_v8f term = p * specdec_fast_logf8(p + 1e-5f);
+    specdec_v4f term_low = {term[0], term[1], term[2], term[3]};
+    specdec_v4f term_high = {term[4], term[5], term[6], term[7]};
+    *low += __builtin_convertvector(term_low, specdec_v4d);
+    *high += __builtin_convertvector(term_high, specdec_v4d);
+}
+
+SPECDEC_CLONES
 static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t stop,
                                     int want_entropy, float *maximum)
 {
-    const specdec_v4f minus_infinity = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    specdec_v2d acc[4] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
-    specdec_v4f best_low = minus_infinity, best_high = minus_infinity;
-    for (ptrdiff_t y = start; y < stop; y += 8) {
-        ptrdiff_t left = stop - y;
+    const specdec_v8f minus_infinity = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                                        -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
+    specdec_v8f best = minus_infinity;
+    ptrdiff_t y = start;
+    if (want_entropy) {
+        for (; y + 8 <= stop; y += 8) {
+            specdec_v8f p;
+            memcpy(&p, row + y, sizeof p);
+            best = specdec_max8(p, best);
+            specdec_entropy_group(p, &low, &high);
+        }
+    } else {
+        for (; y + 8 <= stop; y += 8) {
+            specdec_v8f p;
+            memcpy(&p, row + y, sizeof p);
+            best = specdec_max8(p, best);
+        }
+    }
+    if (y < stop) {
+        /* Padding: p = 0 adds 0 * ln(1e-5) = 0 to the entropy; -inf never wins the max. */
         float values[8] = {0.0f}, candidates[8];
-        specdec_v4f p[2], c[2];
-        if (left >= 8) {
-            memcpy(p, row + y, sizeof p);
-            memcpy(c, row + y, sizeof c);
-        } else {
-            for (int lane = 0; lane < 8; ++lane)
-                candidates[lane] = -INFINITY;
-            memcpy(values, row + y, (size_t)left * sizeof(float));
-            memcpy(candidates, row + y, (size_t)left * sizeof(float));
-            memcpy(p, values, sizeof p);
-            memcpy(c, candidates, sizeof c);
-        }
-        best_low = specdec_max4(c[0], best_low);
-        best_high = specdec_max4(c[1], best_high);
-        if (want_entropy) {
-            /* Padding lanes hold p = 0 and add 0 * ln(1e-5) = 0. */
-            for (int half = 0; half < 2; ++half) {
-                specdec_v4f term = p[half] * specdec_fast_logf4(p[half] + 1e-5f);
-                specdec_v2d first = {term[0], term[1]}, second = {term[2], term[3]};
-                acc[2 * half] += first;
-                acc[2 * half + 1] += second;
-            }
-        }
+        specdec_v8f p, c;
+        for (int lane = 0; lane < 8; ++lane)
+            candidates[lane] = -INFINITY;
+        memcpy(values, row + y, (size_t)(stop - y) * sizeof(float));
+        memcpy(candidates, row + y, (size_t)(stop - y) * sizeof(float));
+        memcpy(&p, values, sizeof p);
+        memcpy(&c, candidates, sizeof c);
+        best = specdec_max8(c, best);
+        if (want_entropy)
+            specdec_entropy_group(p, &low, &high);
     }
     float result = -INFINITY;
-    for (int lane = 0; lane < 4; ++lane) {
-        result = best_low[lane] > result ? best_low[lane] : result;
-        result = best_high[lane] > result ? best_high[lane] : result;
-    }
+    for (int lane = 0; lane < 8; ++lane)
+        result = best[lane] > result ? best[lane] : result;
     *maximum = result;
-    double lanes[8] = {acc[0][0], acc[0][1], acc[1][0], acc[1][1],
-                       acc[2][0], acc[2][1], acc[3][0], acc[3][1]};
+    double lanes[8] = {low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3]};
     return SPECDEC_COMBINE_LANES(lanes);
 }
 

@@ -218,7 +218,8 @@ def first_index(mask: Any, xp: Any) -> tuple[int, ...]:
 
 
 def raise_for_row_status(
-    row_status: np.ndarray,
+    first_bad_row: int,
+    row_status: Any,
     draft_token_ids: Any,
     bonus_token_ids: Any,
     vocab_size: int,
@@ -228,8 +229,10 @@ def raise_for_row_status(
 
     Parameters
     ----------
+    first_bad_row : int
+        What the kernel returned: the first row with a non-zero status, or -1 (nothing to
+        raise).
     row_status : int64 [B]
-        Kernel status per row; all zero means success and nothing is raised.
     draft_token_ids : int [B, k]
     bonus_token_ids : int [B]
     vocab_size : int
@@ -241,10 +244,9 @@ def raise_for_row_status(
     ValueError
         Naming the first offending row and position.
     """
-    bad_rows = np.flatnonzero(row_status)
-    if bad_rows.size == 0:
+    if first_bad_row < 0:
         return
-    row = int(bad_rows[0])
+    row = int(first_bad_row)
     code = int(row_status[row])
     k = int(draft_token_ids.shape[1])
     if code < 0:

@@ -51,11 +51,15 @@ def _buffers(batch: _backend.PreparedBatch) -> tuple[Any, Any, Any, Any]:
 
 
 def _finish(
-    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any]
+    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any], first_bad_row: int
 ) -> VerificationResult:
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(
-        row_status, batch.draft_token_ids, batch.bonus_token_ids, batch.vocab_size
+        first_bad_row,
+        row_status,
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        batch.vocab_size,
     )
     return VerificationResult(output, accepted_lengths, num_accepted)
 
@@ -132,7 +136,7 @@ def rejection_sample(
     buffers = _buffers(batch)
     point_mass = batch.draft_probs is None
     try:
-        _backend.kernels_for(batch.device).rejection_sample(
+        first_bad_row = _backend.kernels_for(batch.device).rejection_sample(
             batch.target_with_bonus_probs,
             batch.target_with_bonus_probs if point_mass else batch.draft_probs,
             point_mass,
@@ -142,7 +146,7 @@ def rejection_sample(
             *buffers,
             _backend.thread_count(batch.batch_size, 2 * batch.vocab_size),
         )
-        return _finish(batch, buffers)
+        return _finish(batch, buffers, first_bad_row)
     except BaseException:
         snapshot.restore()
         raise
@@ -188,7 +192,7 @@ def typical_acceptance_sample(
         needs_draft_probs=False,
     )
     buffers = _buffers(batch)
-    _backend.kernels_for(batch.device).typical_acceptance_sample(
+    first_bad_row = _backend.kernels_for(batch.device).typical_acceptance_sample(
         batch.target_with_bonus_probs,
         batch.draft_token_ids,
         batch.bonus_token_ids,
@@ -197,7 +201,7 @@ def typical_acceptance_sample(
         *buffers,
         _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
     )
-    return _finish(batch, buffers)
+    return _finish(batch, buffers, first_bad_row)
 
 
 def greedy_sample(
@@ -238,14 +242,14 @@ def greedy_sample(
             "target_with_bonus_probs", batch.target_with_bonus_probs[:, : batch.k], batch.xp
         )
     buffers = _buffers(batch)
-    _backend.kernels_for(batch.device).greedy_sample(
+    first_bad_row = _backend.kernels_for(batch.device).greedy_sample(
         batch.target_with_bonus_probs,
         batch.draft_token_ids,
         batch.bonus_token_ids,
         *buffers,
         _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
     )
-    return _finish(batch, buffers)
+    return _finish(batch, buffers, first_bad_row)
 
 
 def create_output(
@@ -311,7 +315,7 @@ def create_output(
         vocab_size=limit,
     )
     buffers = _buffers(batch)
-    _backend.kernels_for(device).create_output(
+    first_bad_row = _backend.kernels_for(device).create_output(
         xp.ascontiguousarray(accepted).view(xp.uint8),
         xp.ascontiguousarray(substitute),
         batch.draft_token_ids,
@@ -321,6 +325,11 @@ def create_output(
     )
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(
-        row_status, batch.draft_token_ids, batch.bonus_token_ids, limit, substitute
+        first_bad_row,
+        row_status,
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        limit,
+        substitute,
     )
     return VerificationResult(output, accepted_lengths, num_accepted)
