@@ -25,6 +25,7 @@ __all__ = [
     "device_of",
     "intake",
     "is_cupy_array",
+    "first_failed_row",
     "kernels_for",
     "prepare_batch",
     "thread_count",
@@ -263,11 +264,28 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
 
 
 def kernels_for(device: int | None) -> Any:
-    """The kernel module for a device: ``_core`` (NumPy, CPU) or ``_cuda`` (CuPy)."""
+    """The kernels for a device, all with the signatures of ``_core.pyi``: ``_core`` (NumPy,
+    CPU) or ``_cuda.core_like`` (CuPy; its kernels return None, see :func:`first_failed_row`).
+    """
     if device is None:
         from . import _core
 
         return _core
     from . import _cuda
 
-    return _cuda
+    return _cuda.core_like
+
+
+def first_failed_row(reported: int | None, row_status: Any) -> int:
+    """The first row whose kernel status is not 0, or -1.
+
+    The CPU kernels report it (``reported``); the CUDA kernels leave it in ``row_status`` on
+    the device, and reading it here is the GPU path's one host synchronisation per call,
+    the documented point where an input error found on the device (an out-of-range token
+    id, a target row without mass) becomes an exception.
+    """
+    if reported is not None:
+        return int(reported)
+    failed = row_status != 0
+    first = int(failed.argmax())
+    return first if bool(failed[first]) else -1

@@ -12,25 +12,30 @@ lazily, so ``import specdec_np._cuda`` works (and :func:`cuda_sources` can be co
 
 Kernels and launch configurations
 ---------------------------------
-``create_output_kernel<IdT>``
-    One thread per row, ``CREATE_OUTPUT_BLOCK`` (256) threads per block,
-    ``ceil(B / 256)`` blocks.
 ``rejection_sample_kernel<ProbT, IdT>``, ``typical_acceptance_kernel<ProbT, IdT>``,
 ``greedy_kernel<ProbT, IdT>``
-    One thread block of ``BLOCK_SIZE`` (512) threads per row, ``B`` blocks, no dynamic
-    shared memory. The typical-acceptance and greedy kernels loop over the ``k`` positions
-    inside the block.
-``commit_counters_kernel``
-    One thread; adds the call's pending counter increments to the caller's counters.
+    One thread block of ``BLOCK_SIZE`` (512) threads per row, grid ``B``, no dynamic shared
+    memory (static shared memory: about 8 KiB for the rejection kernel, 12 KiB for the other
+    two). The typical-acceptance and greedy kernels loop over the ``k`` positions inside the
+    block, one coalesced pass over a vocabulary row per position that needs one. The
+    rejection kernel tests the ``k`` positions in parallel, then reads only row ``r`` (the
+    first rejection) to draw the recovered token (reduction + scan over the vocabulary).
+``init_call_state_kernel``
+    One block of one thread, launched right before a verifier on the same stream.
+``create_output_kernel<IdT>``
+    One thread per row, ``CREATE_OUTPUT_BLOCK`` (256) threads per block, grid
+    ``ceil(B / 256)``.
 
 Device-side error flag protocol
 -------------------------------
 Some input errors can only be seen on the device without a host synchronisation: a token id
 outside ``[0, V)``, and (rejection sampler only) a row whose residual *and* target have no
-positive mass. The verifier launchers therefore allocate an ``int64`` array ``error_flag`` of
-shape ``(1,)`` initialised to :data:`NO_ERROR` (``2**63 - 1``) and every kernel block that
-finds a problem stores a code into it with ``atomicMin``. The codes index a virtual
-``[2, B, k + 1]`` array, so the smallest code is the first problem in row-major order:
+positive mass. Each verifier call therefore gets a 4-slot ``int64`` call state
+``{pending accepted, pending emitted, error flag, blocks done}``, set to
+``{0, 0, NO_ERROR, 0}`` by ``init_call_state_kernel`` (:data:`NO_ERROR` is ``2**63 - 1``).
+A block that finds a problem stores a code into the flag with ``atomicMin``. The codes index
+a virtual ``[2, B, k + 1]`` array, so the smallest code is the first problem in row-major
+order:
 
 * ``code = b * (k + 1) + i`` with ``0 <= code < B * (k + 1)``: an out-of-range token id at
   row ``b``; column ``i < k`` is ``draft_token_ids[b, i]``, column ``i == k`` is
@@ -45,14 +50,19 @@ finds a problem stores a code into it with ``atomicMin``. The codes index a virt
 Out-of-range ids always take precedence over zero-mass rows. No kernel ever reads or writes
 outside its arrays whatever the ids hold.
 
-The kernels add their counter increments (accepted, emitted) to a per-call ``pending`` pair
-with ``atomicAdd``; a one-thread ``commit_counters_kernel`` launched right after adds the pair
-to the caller's counters **only if the flag is still** :data:`NO_ERROR`, so a failed call
-changes no counter, without any host synchronisation.
+Thread 0 of each block adds its row's counter increments (accepted tests, emitted tokens) to
+the pending slots with ``atomicAdd``, then takes a ticket; the last block of the grid adds the
+pending totals to the caller's ``counters`` **only if the flag is still** :data:`NO_ERROR`.
+So a failed call changes no counter, without any host synchronisation, in two launches.
 
-The launchers return the flag without looking at it (looking would synchronise). The caller
-checks it at the point it documents, with :func:`check_error_flag` (which synchronises and
-raises ``ValueError``) or :func:`decode_error_flag` on a value it already copied to the host.
+The launchers return the flag (a ``(1,)`` view of the call state) without looking at it:
+looking would synchronise. The caller checks it at the point it documents, with
+:func:`check_error_flag` (which synchronises and raises ``ValueError``) or
+:func:`decode_error_flag` on a value it already copied to the host.
+
+The same kernels also write the CPU kernels' per-row ``row_status`` (``0`` verified,
+``1 + column`` for an out-of-range id, ``-(1 + r)`` for a zero-mass row) when given one:
+:data:`core_like` exposes them with ``specdec_np._core``'s calling convention.
 """
 
 from __future__ import annotations
@@ -66,7 +76,9 @@ __all__ = [
     "BLOCK_SIZE",
     "CREATE_OUTPUT_BLOCK",
     "NO_ERROR",
+    "GREEDY_MARGIN",
     "check_error_flag",
+    "core_like",
     "create_output",
     "cuda_sources",
     "decode_error_flag",
@@ -80,6 +92,9 @@ __all__ = [
 BLOCK_SIZE = 512
 #: Threads per block of ``create_output_kernel`` (one thread per row).
 CREATE_OUTPUT_BLOCK = 256
+#: Greedy shortcut, as in the CPU kernel: ``p(x) > 0.5 + GREEDY_MARGIN`` accepts ``x`` without
+#: reading its row (the unique argmax of any row that sums to 1 within ``2 * GREEDY_MARGIN``).
+GREEDY_MARGIN = 5e-4
 #: Value of the device error flag when no error was found (``LLONG_MAX``).
 NO_ERROR = int(np.iinfo(np.int64).max)
 
@@ -93,13 +108,17 @@ _COMMON_HEADER = (
     "// ---- specdec_np: shared device helpers ----\n"
     "// No #include: NVRTC (cupy.RawModule) and nvcc both provide everything used here.\n"
     "namespace specdec {\n"
-    f"constexpr int kBlock = {BLOCK_SIZE};  // threads per block of the per-row kernels\n"
-    f"constexpr int kRowsPerBlock = {CREATE_OUTPUT_BLOCK};  // create_output_kernel block\n"
-    + r"""constexpr int kWarp = 32;
-constexpr int kWarps = kBlock / kWarp;        // segments of the first draw level
-constexpr int kUnroll = 4;                    // independent loads in flight per thread
-constexpr long long kNoError = 0x7fffffffffffffffLL;  // error flag value: no error
-constexpr long long kNone = 0x7fffffffffffffffLL;     // "no index yet" in reductions
+    "// Not every source uses every constant, hence [[maybe_unused]].\n"
+    "// Threads per block of the per-row kernels, and of create_output_kernel.\n"
+    f"[[maybe_unused]] constexpr int kBlock = {BLOCK_SIZE};\n"
+    f"[[maybe_unused]] constexpr int kRowsPerBlock = {CREATE_OUTPUT_BLOCK};\n"
+    "// Greedy shortcut: p(x) > 0.5 + kGreedyMargin makes x the argmax of a probability row.\n"
+    f"[[maybe_unused]] constexpr double kGreedyMargin = {GREEDY_MARGIN!r};\n"
+    + r"""[[maybe_unused]] constexpr int kWarp = 32;
+[[maybe_unused]] constexpr int kWarps = kBlock / kWarp;  // segments of the first draw level
+[[maybe_unused]] constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
+[[maybe_unused]] constexpr long long kNoError = 0x7fffffffffffffffLL;  // flag value: no error
+[[maybe_unused]] constexpr long long kNone = 0x7fffffffffffffffLL;  // "no index" in reductions
 
 static_assert(kBlock % kWarp == 0 && (kBlock & (kBlock - 1)) == 0,
               "kBlock must be a power of two and a multiple of the warp size");
@@ -117,10 +136,10 @@ __device__ __forceinline__ void add_counter(long long* counter, long long value)
               static_cast<unsigned long long>(value));
 }
 
-// p * ln(p + 1e-5): the per-element entropy term. float rows use the float32 logf (the
-// accuracy the CPU kernel uses), double rows the double log. Accumulated in double.
+// p * ln(p + 1e-5): the per-element entropy term. float rows use float32 logf and a float32
+// product (the accuracy of the CPU kernel), double rows double log. Accumulated in double.
 __device__ __forceinline__ double entropy_term(float p) {
-    return static_cast<double>(p) * static_cast<double>(logf(p + 1e-5f));
+    return static_cast<double>(p * logf(p + 1e-5f));
 }
 __device__ __forceinline__ double entropy_term(double p) { return p * log(p + 1e-5); }
 
@@ -153,49 +172,143 @@ __device__ void block_argmax_and_sum(double& value, long long& index, double& su
     __syncthreads();  // the buffers may be reused as soon as this returns
 }
 
-// One pass over a probability row: argmax (first index on ties; NaN entries ignored; kNone if
-// every entry is NaN) and, when WithEntropy, sum_y p(y) * ln(p(y) + 1e-5). Reads are coalesced
-// (thread t reads t, t + kBlock, ...), kUnroll loads in flight per thread.
+// 16 bytes of probabilities, loaded with one vector instruction (float4 / double2 width).
+template <typename ProbT>
+struct alignas(16) Pack {
+    static constexpr int kSize = 16 / sizeof(ProbT);
+    ProbT v[kSize];
+};
+
+__device__ __forceinline__ bool aligned16(const void* ptr) {
+    return (reinterpret_cast<unsigned long long>(ptr) & 15ULL) == 0ULL;
+}
+
+// Calls f(y, p[y], q[y]) (q[y] read only when HasQ, else ProbT(0)) for the elements of
+// [lo, hi) that belong to `worker` of `workers` cooperating threads, in increasing y for each
+// worker. Consecutive workers read consecutive 16-byte packs (coalesced, kUnroll packs in
+// flight per thread) when p + lo (and q + lo) are 16-byte aligned; otherwise, and for the
+// tail, consecutive workers read consecutive elements.
+template <bool HasQ, typename ProbT, typename F>
+__device__ __forceinline__ void visit_range(const ProbT* __restrict__ p,
+                                            const ProbT* __restrict__ q, long long lo,
+                                            long long hi, int worker, int workers, F& f) {
+    constexpr int kVec = Pack<ProbT>::kSize;
+    long long scalar_lo = lo;
+    if (lo < hi && aligned16(p + lo) && (!HasQ || aligned16(q + lo))) {
+        const long long packs = (hi - lo) / kVec;
+        const Pack<ProbT>* pp = reinterpret_cast<const Pack<ProbT>*>(p + lo);
+        const Pack<ProbT>* qp = HasQ ? reinterpret_cast<const Pack<ProbT>*>(q + lo) : nullptr;
+        for (long long j = worker; j < packs; j += (long long)workers * kUnroll) {
+            Pack<ProbT> pv[kUnroll];
+            Pack<ProbT> qv[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const long long jj = j + (long long)u * workers;
+                if (jj < packs) {
+                    pv[u] = pp[jj];
+                    if (HasQ) qv[u] = qp[jj];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const long long jj = j + (long long)u * workers;
+                if (jj < packs) {
+#pragma unroll
+                    for (int e = 0; e < kVec; ++e) {
+                        f(lo + jj * kVec + e, pv[u].v[e], HasQ ? qv[u].v[e] : ProbT(0));
+                    }
+                }
+            }
+        }
+        scalar_lo = lo + packs * kVec;
+    }
+    for (long long base = scalar_lo + worker; base < hi; base += (long long)workers * kUnroll) {
+        ProbT pv[kUnroll];
+        ProbT qv[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const long long y = base + (long long)u * workers;
+            pv[u] = y < hi ? p[y] : ProbT(0);
+            qv[u] = (HasQ && y < hi) ? q[y] : ProbT(0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const long long y = base + (long long)u * workers;
+            if (y < hi) f(y, pv[u], qv[u]);
+        }
+    }
+}
+
+// One pass over a probability row by the whole block: argmax (first index on ties; NaN entries
+// ignored; kNone if every entry is NaN) and, when WithEntropy, sum_y p(y) * ln(p(y) + 1e-5).
+// Every thread receives the results.
 template <bool WithEntropy, typename ProbT>
 __device__ void row_argmax_entropy(const ProbT* __restrict__ row, long long vocab,
                                    double& best, long long& best_index, double& plogp,
                                    double* value_buf, long long* index_buf, double* sum_buf) {
-    best = negative_infinity();
-    best_index = kNone;
-    plogp = 0.0;
-    for (long long base = threadIdx.x; base < vocab; base += (long long)kBlock * kUnroll) {
-        ProbT vals[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const long long y = base + (long long)u * kBlock;
-            vals[u] = y < vocab ? row[y] : ProbT(0);
+    double my_best = negative_infinity();
+    long long my_index = kNone;
+    double my_sum = 0.0;
+    auto visit = [&](long long y, ProbT value, ProbT) {
+        const double p = static_cast<double>(value);
+        if (p > my_best || (p == my_best && y < my_index)) {
+            my_best = p;
+            my_index = y;
         }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const long long y = base + (long long)u * kBlock;
-            if (y < vocab) {
-                const double p = static_cast<double>(vals[u]);
-                if (p > best || (p == best && y < best_index)) {
-                    best = p;
-                    best_index = y;
-                }
-                if (WithEntropy) plogp += entropy_term(vals[u]);
-            }
-        }
-    }
-    block_argmax_and_sum(best, best_index, plogp, value_buf, index_buf, sum_buf);
+        if (WithEntropy) my_sum += entropy_term(value);
+    };
+    visit_range<false>(row, static_cast<const ProbT*>(nullptr), 0, vocab, (int)threadIdx.x,
+                       kBlock, visit);
+    block_argmax_and_sum(my_best, my_index, my_sum, value_buf, index_buf, sum_buf);
+    best = my_best;
+    best_index = my_index;
+    plogp = my_sum;
+}
+
+// The argmax reported for a row: 0 when no entry is above -inf (all NaN or -inf), as the CPU
+// kernel does; otherwise the first index of the maximum.
+__device__ __forceinline__ long long argmax_or_zero(double best, long long best_index) {
+    return (best_index == kNone || !(best > negative_infinity())) ? 0 : best_index;
+}
+
+// Per-call state of the verifier kernels (module docstring of specdec_np._cuda): the pending
+// counter increments, the error flag and the number of blocks done, set to {0, 0, kNoError, 0}
+// by init_call_state_kernel before the verifier is launched.
+enum CallState { kPendingAccepted = 0, kPendingEmitted = 1, kErrorFlag = 2, kBlocksDone = 3 };
+
+__device__ __forceinline__ long long atomic_read(long long* address) {
+    return static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(address), 0ULL));
+}
+
+// Thread 0 of every block calls this exactly once, after the block's last write to `state`.
+// The last block to finish adds the pending increments to `counters` unless the error flag
+// is set (the threadfence-reduction pattern: all of the call's state updates are atomics made
+// visible by the fence before the block takes its ticket). No-op when state is nullptr.
+__device__ void finish_block(long long* state, long long* counters) {
+    if (threadIdx.x != 0 || state == nullptr) return;
+    __threadfence();
+    const unsigned long long done =
+        atomicAdd(reinterpret_cast<unsigned long long*>(state + kBlocksDone), 1ULL);
+    if (done + 1ULL != static_cast<unsigned long long>(gridDim.x)) return;
+    __threadfence();
+    if (counters == nullptr || atomic_read(state + kErrorFlag) != kNoError) return;
+    add_counter(counters + 0, atomic_read(state + kPendingAccepted));
+    add_counter(counters + 1, atomic_read(state + kPendingEmitted));
 }
 
 // Checks every id of row b (draft ids and the bonus id) against [0, vocab). On failure the
-// row's output becomes -1, its statistics 0, the flag gets the first bad column, and false is
-// returned to every thread (the caller returns; no id of the row is ever used as an index).
+// row's output becomes -1, its statistics 0, row_status[b] (if given) 1 + the first bad
+// column, the error flag (if state is given) b * (k + 1) + that column, the block is finished,
+// and false is returned to every thread (the caller returns: no id of the row is ever used as
+// an index).
 template <typename IdT>
 __device__ bool validate_row_ids(const IdT* __restrict__ draft_ids,
                                  const IdT* __restrict__ bonus_ids, long long b, long long k,
                                  long long vocab, long long* __restrict__ out_row,
                                  long long* __restrict__ accepted_lengths,
                                  long long* __restrict__ num_accepted_per_row,
-                                 long long* __restrict__ error_flag, long long* first_bad) {
+                                 long long* counters, long long* state,
+                                 long long* __restrict__ row_status, long long* first_bad) {
     const int t = threadIdx.x;
     if (t == 0) *first_bad = kNone;
     __syncthreads();
@@ -211,7 +324,9 @@ __device__ bool validate_row_ids(const IdT* __restrict__ draft_ids,
     if (t == 0) {
         accepted_lengths[b] = 0;
         num_accepted_per_row[b] = 0;
-        atomicMin(error_flag, b * (k + 1) + bad);
+        if (row_status != nullptr) row_status[b] = 1 + bad;
+        if (state != nullptr) atomicMin(state + kErrorFlag, b * (k + 1) + bad);
+        finish_block(state, counters);
     }
     return false;
 }
@@ -225,29 +340,35 @@ __device__ void write_row(long long* __restrict__ out_row, const IdT* __restrict
     }
 }
 
-// Thread 0: per-row statistics and this block's contribution to the pending counters.
+// Thread 0: per-row statistics, row status (0, or `status` for a zero-mass row, whose flag the
+// caller already raised), this block's pending counter increments (none for a failed row),
+// then finish_block.
 __device__ __forceinline__ void finish_row(long long b, long long r, long long num_accepted,
+                                           long long status,
                                            long long* __restrict__ accepted_lengths,
                                            long long* __restrict__ num_accepted_per_row,
-                                           long long* counters, bool count) {
+                                           long long* counters, long long* state,
+                                           long long* row_status) {
     if (threadIdx.x != 0) return;
     accepted_lengths[b] = r;
     num_accepted_per_row[b] = num_accepted;
-    if (count) {
-        add_counter(counters + 0, num_accepted);
-        add_counter(counters + 1, r + 1);
+    if (row_status != nullptr) row_status[b] = status;
+    if (status == 0 && state != nullptr) {
+        add_counter(state + kPendingAccepted, num_accepted);
+        add_counter(state + kPendingEmitted, r + 1);
     }
+    finish_block(state, counters);
 }
 }  // namespace specdec
 
-// Adds the pending counter increments of one call to the caller's counters, unless the call
-// raised the error flag. Launch: 1 block of 1 thread.
-__global__ void commit_counters_kernel(const long long* __restrict__ pending,
-                                       const long long* __restrict__ error_flag,
-                                       long long* __restrict__ counters) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && *error_flag == specdec::kNoError) {
-        counters[0] += pending[0];
-        counters[1] += pending[1];
+// Sets a verifier call's state to {0, 0, kNoError, 0}. Launch: 1 block of 1 thread, on the
+// verifier's stream, right before it.
+__global__ void init_call_state_kernel(long long* __restrict__ state) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        state[specdec::kPendingAccepted] = 0;
+        state[specdec::kPendingEmitted] = 0;
+        state[specdec::kErrorFlag] = specdec::kNoError;
+        state[specdec::kBlocksDone] = 0;
     }
 }
 """
@@ -258,6 +379,11 @@ _CREATE_OUTPUT_SOURCE = r"""
 // out[b, :r] = draft ids, out[b, r] = substitute[b, r] if r < k else bonus[b], rest -1.
 // counters[0] += number of true entries of accepted[b] (all positions, also after r),
 // counters[1] += r + 1 (atomicAdd on device).
+// With vocab >= 0 the ids are checked as the CPU kernel does: draft and bonus ids all, the
+// substitute id where it is emitted, against [0, vocab); a bad row gets row_status[b] =
+// 1 + column (draft column i < k, bonus k, substitute at r: k + 1 + r), output -1, statistics
+// 0, and adds nothing to the counters. vocab < 0 copies ids verbatim (they are never used as
+// indices). accepted_lengths, num_accepted_per_row, counters and row_status may be nullptr.
 // Launch: grid ceil(B / kRowsPerBlock), block kRowsPerBlock; one thread per row.
 template <typename IdT>
 __global__ void __launch_bounds__(specdec::kRowsPerBlock)
@@ -265,12 +391,19 @@ create_output_kernel(const unsigned char* __restrict__ accepted,
                      const IdT* __restrict__ substitute_token_ids,
                      const IdT* __restrict__ draft_token_ids,
                      const IdT* __restrict__ bonus_token_ids, long long batch, long long k,
-                     long long* __restrict__ out, long long* __restrict__ counters) {
+                     long long vocab, long long* __restrict__ out,
+                     long long* __restrict__ accepted_lengths,
+                     long long* __restrict__ num_accepted_per_row,
+                     long long* __restrict__ counters, long long* __restrict__ row_status) {
     const long long b = (long long)blockIdx.x * specdec::kRowsPerBlock + threadIdx.x;
     if (b >= batch) return;
+    const bool check = vocab >= 0;
     const unsigned char* acc = accepted + b * k;
+    const IdT* draft = draft_token_ids + b * k;
+    long long* row = out + b * (k + 1);
     long long r = k;
     long long num_accepted = 0;
+    long long bad = -1;
     for (long long i = 0; i < k; ++i) {
         if (acc[i] != 0) {
             ++num_accepted;
@@ -278,56 +411,62 @@ create_output_kernel(const unsigned char* __restrict__ accepted,
             r = i;
         }
     }
-    long long* row = out + b * (k + 1);
-    for (long long j = 0; j <= k; ++j) {
-        long long value = -1;
-        if (j < r) {
-            value = static_cast<long long>(draft_token_ids[b * k + j]);
-        } else if (j == r) {
-            value = r < k ? static_cast<long long>(substitute_token_ids[b * k + r])
-                          : static_cast<long long>(bonus_token_ids[b]);
+    if (check) {
+        for (long long j = 0; j <= k && bad < 0; ++j) {
+            const long long id = j < k ? static_cast<long long>(draft[j])
+                                       : static_cast<long long>(bonus_token_ids[b]);
+            if (id < 0 || id >= vocab) bad = j;
         }
-        row[j] = value;
     }
-    specdec::add_counter(counters + 0, num_accepted);
-    specdec::add_counter(counters + 1, r + 1);
+    const long long last = r < k ? static_cast<long long>(substitute_token_ids[b * k + r])
+                                 : static_cast<long long>(bonus_token_ids[b]);
+    if (check && bad < 0 && r < k && (last < 0 || last >= vocab)) bad = k + 1 + r;
+    if (bad >= 0) {
+        for (long long j = 0; j <= k; ++j) row[j] = -1;
+        if (accepted_lengths != nullptr) accepted_lengths[b] = 0;
+        if (num_accepted_per_row != nullptr) num_accepted_per_row[b] = 0;
+        if (row_status != nullptr) row_status[b] = 1 + bad;
+        return;
+    }
+    for (long long j = 0; j <= k; ++j) {
+        row[j] = j < r ? static_cast<long long>(draft[j]) : (j == r ? last : -1LL);
+    }
+    if (accepted_lengths != nullptr) accepted_lengths[b] = r;
+    if (num_accepted_per_row != nullptr) num_accepted_per_row[b] = num_accepted;
+    if (row_status != nullptr) row_status[b] = 0;
+    if (counters != nullptr) {
+        specdec::add_counter(counters + 0, num_accepted);
+        specdec::add_counter(counters + 1, r + 1);
+    }
 }
 """
 
 _REJECTION_SOURCE = r"""
 namespace specdec {
 
-// Non-negative draw weights of one vocabulary row (w > 0 ? w : 0, so NaN contributes 0).
-// Residual with a dense draft row: max(p - q, 0).
-template <typename ProbT>
-struct DenseResidual {
+// Non-negative draw weights of one vocabulary row, w > 0 ? w : 0 in double (so NaN contributes
+// nothing and never enters a sum):
+//   kDenseResidual  max(p - q, 0)                       (draft probabilities given)
+//   kPointResidual  max(p - [y == x], 0)                (point-mass draft at x: identical to a
+//                                                        one-hot q row)
+//   kTargetOnly     max(p, 0)                           (fallback when the residual is empty)
+enum WeightMode { kDenseResidual, kPointResidual, kTargetOnly };
+
+template <typename ProbT, int Mode>
+struct Weight {
+    using Prob = ProbT;
+    static constexpr bool kHasQ = Mode == kDenseResidual;
     const ProbT* __restrict__ p;
-    const ProbT* __restrict__ q;
-    __device__ __forceinline__ double operator()(long long y) const {
-        const double w = static_cast<double>(p[y]) - static_cast<double>(q[y]);
+    const ProbT* __restrict__ q;  // kDenseResidual only
+    long long x;                  // kPointResidual only
+    __device__ __forceinline__ double at(long long y, ProbT pv, ProbT qv) const {
+        double w = static_cast<double>(pv);
+        if (Mode == kDenseResidual) w -= static_cast<double>(qv);
+        if (Mode == kPointResidual && y == x) w -= 1.0;
         return w > 0.0 ? w : 0.0;
     }
-};
-
-// Residual with a point-mass draft at x (q = 1 at x, 0 elsewhere): identical to DenseResidual
-// with a one-hot q row.
-template <typename ProbT>
-struct PointResidual {
-    const ProbT* __restrict__ p;
-    long long x;
     __device__ __forceinline__ double operator()(long long y) const {
-        const double w = static_cast<double>(p[y]) - (y == x ? 1.0 : 0.0);
-        return w > 0.0 ? w : 0.0;
-    }
-};
-
-// The target row itself: fallback when the residual has no mass.
-template <typename ProbT>
-struct TargetWeight {
-    const ProbT* __restrict__ p;
-    __device__ __forceinline__ double operator()(long long y) const {
-        const double w = static_cast<double>(p[y]);
-        return w > 0.0 ? w : 0.0;
+        return at(y, p[y], kHasQ ? q[y] : ProbT(0));
     }
 };
 
@@ -356,8 +495,8 @@ struct DrawScratch {
 // exceeds v * Z, else (rounding made the scan miss) the last one with positive weight. So the
 // token drawn always has w > 0, and it is the exact inverse CDF wherever v * Z is not within
 // rounding of a CDF boundary.
-template <typename Weight>
-__device__ long long block_inverse_cdf(const Weight& weight, long long vocab, double v,
+template <typename W>
+__device__ long long block_inverse_cdf(const W& weight, long long vocab, double v,
                                        DrawScratch& s) {
     const int t = threadIdx.x;
     const int warp = t / kWarp;
@@ -366,22 +505,18 @@ __device__ long long block_inverse_cdf(const Weight& weight, long long vocab, do
         s.first_thread = kBlock;
         s.last_thread = -1;
     }
-    // Level 1: segment sums.
-    const long long segment_length = (vocab + kWarps - 1) / kWarps;
+    // Level 1: segment sums. Segment starts are multiples of the 16-byte pack size, so the
+    // segments of an aligned row are aligned too.
+    constexpr long long kVec = Pack<typename W::Prob>::kSize;
+    const long long segment_length = ((vocab + kWarps - 1) / kWarps + kVec - 1) / kVec * kVec;
     {
-        const long long lo = (long long)warp * segment_length;
+        const long long lo = min_ll((long long)warp * segment_length, vocab);
         const long long hi = min_ll(lo + segment_length, vocab);
         double acc = 0.0;
-        for (long long base = lo + lane; base < hi; base += (long long)kWarp * kUnroll) {
-            double w[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const long long y = base + (long long)u * kWarp;
-                w[u] = y < hi ? weight(y) : 0.0;
-            }
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) acc += w[u];
-        }
+        auto add = [&](long long y, typename W::Prob pv, typename W::Prob qv) {
+            acc += weight.at(y, pv, qv);
+        };
+        visit_range<W::kHasQ>(weight.p, weight.q, lo, hi, lane, kWarp, add);
         s.a[t] = acc;
     }
     __syncthreads();
@@ -430,12 +565,13 @@ __device__ long long block_inverse_cdf(const Weight& weight, long long vocab, do
     const double threshold = s.threshold;
 
     // Level 2: chunk sums inside the chosen segment, block inclusive scan (Hillis-Steele).
-    const long long seg_lo = (long long)segment * segment_length;
+    const long long seg_lo = min_ll((long long)segment * segment_length, vocab);
     const long long seg_hi = min_ll(seg_lo + segment_length, vocab);
     const long long chunk = (seg_hi - seg_lo + kBlock - 1) / kBlock;
     const long long my_lo = seg_lo + (long long)t * chunk;
     const long long my_hi = min_ll(my_lo + chunk, seg_hi);
     double mine = 0.0;
+#pragma unroll 4
     for (long long y = my_lo; y < my_hi; ++y) mine += weight(y);
     s.a[t] = mine;
     __syncthreads();
@@ -487,26 +623,33 @@ __device__ long long block_inverse_cdf(const Weight& weight, long long vocab, do
 // target [B, k+1, V], draft_probs [B, k, V] or nullptr (point-mass drafts), draft_ids [B, k],
 // bonus_ids [B], uniforms [B, k+1] (columns 0..k-1 acceptance, column k residual), all
 // C-contiguous. Outputs out [B, k+1], accepted_lengths [B] (r_b), num_accepted_per_row [B];
-// counters[0..1] += (accepted tests, emitted tokens); error_flag: see the module docstring.
+// state (or nullptr): the per-call state {pending accepted, pending emitted, error flag, blocks
+// done}; the last block adds the pending increments to counters[0..1] (accepted tests, emitted
+// tokens) if no error was flagged. row_status (or nullptr): the CPU kernels' per-row protocol.
 template <typename ProbT, typename IdT>
-__global__ void __launch_bounds__(specdec::kBlock)
+__global__ void __launch_bounds__(specdec::kBlock, 1)
 rejection_sample_kernel(const ProbT* __restrict__ target, const ProbT* __restrict__ draft_probs,
                         const IdT* __restrict__ draft_ids, const IdT* __restrict__ bonus_ids,
                         const double* __restrict__ uniforms, long long batch, long long k,
                         long long vocab, long long* __restrict__ out,
                         long long* __restrict__ accepted_lengths,
                         long long* __restrict__ num_accepted_per_row,
-                        long long* __restrict__ counters, long long* __restrict__ error_flag) {
+                        long long* counters, long long* state,
+                        long long* __restrict__ row_status) {
     __shared__ long long first_bad;
     __shared__ long long first_reject;
     __shared__ unsigned long long num_accepted;
     __shared__ specdec::DrawScratch scratch;
     const long long b = blockIdx.x;
-    if (b >= batch) return;
+    if (b >= batch) {  // never launched so (grid = B), but every block must finish
+        specdec::finish_block(state, counters);
+        return;
+    }
     const int t = threadIdx.x;
     long long* out_row = out + b * (k + 1);
     if (!specdec::validate_row_ids(draft_ids, bonus_ids, b, k, vocab, out_row, accepted_lengths,
-                                   num_accepted_per_row, error_flag, &first_bad)) {
+                                   num_accepted_per_row, counters, state, row_status,
+                                   &first_bad)) {
         return;
     }
     if (t == 0) {
@@ -532,7 +675,7 @@ rejection_sample_kernel(const ProbT* __restrict__ target, const ProbT* __restric
     const long long r = first_reject;
     const long long accepted_count = static_cast<long long>(num_accepted);
     long long token;
-    bool valid = true;
+    long long status = 0;
     if (r == k) {
         token = static_cast<long long>(bonus_ids[b]);
     } else {
@@ -540,26 +683,29 @@ rejection_sample_kernel(const ProbT* __restrict__ target, const ProbT* __restric
         const ProbT* p_row = target + (b * (k + 1) + r) * vocab;
         const double v = u_row[k];
         if (draft_probs != nullptr) {
-            const specdec::DenseResidual<ProbT> w{p_row, draft_probs + (b * k + r) * vocab};
+            const specdec::Weight<ProbT, specdec::kDenseResidual> w{
+                p_row, draft_probs + (b * k + r) * vocab, -1};
             token = specdec::block_inverse_cdf(w, vocab, v, scratch);
         } else {
-            const specdec::PointResidual<ProbT> w{p_row,
-                                                  static_cast<long long>(draft_ids[b * k + r])};
+            const specdec::Weight<ProbT, specdec::kPointResidual> w{
+                p_row, nullptr, static_cast<long long>(draft_ids[b * k + r])};
             token = specdec::block_inverse_cdf(w, vocab, v, scratch);
         }
         if (token < 0) {
-            const specdec::TargetWeight<ProbT> w{p_row};
+            const specdec::Weight<ProbT, specdec::kTargetOnly> w{p_row, nullptr, -1};
             token = specdec::block_inverse_cdf(w, vocab, v, scratch);
         }
         if (token < 0) {  // zero-mass row: invalid input, reported through the flag
-            valid = false;
+            status = -(1 + r);
             token = 0;
-            if (t == 0) atomicMin(error_flag, batch * (k + 1) + b * (k + 1) + r);
+            if (t == 0 && state != nullptr) {
+                atomicMin(state + specdec::kErrorFlag, batch * (k + 1) + b * (k + 1) + r);
+            }
         }
     }
     specdec::write_row(out_row, draft_ids + b * k, k, r, token);
-    specdec::finish_row(b, r, accepted_count, accepted_lengths, num_accepted_per_row, counters,
-                        valid);
+    specdec::finish_row(b, r, accepted_count, status, accepted_lengths, num_accepted_per_row,
+                        counters, state, row_status);
 }
 """
 
@@ -568,27 +714,32 @@ _TYPICAL_SOURCE = r"""
 // looping over the k positions. Position i is accepted iff
 //     p_i(x_i) > min(posterior_threshold, posterior_alpha * exp(-H_i)),
 //     H_i = -sum_y p_i(y) * ln(p_i(y) + 1e-5)   (double accumulation),
-// evaluated as "p > posterior_threshold (shortcut: the row is not read) or p > alpha*exp(-H)",
-// so a NaN entropy never accepts. The recovered token at the first rejection r is argmax p_r
-// (first index on ties, NaN entries ignored, 0 if the row is all NaN), computed in the same
-// pass as the entropy; the bonus id if all k are accepted. Inputs need not be normalised.
+// with the shortcut p > posterior_threshold => accepted without reading the row; a NaN entropy
+// never accepts. The recovered token at the first rejection r is argmax p_r (first index on
+// ties, NaN entries ignored, 0 if no entry is above -inf), computed in the same pass as the
+// entropy; the bonus id if all k are accepted. Inputs need not be normalised.
 template <typename ProbT, typename IdT>
-__global__ void __launch_bounds__(specdec::kBlock)
+__global__ void __launch_bounds__(specdec::kBlock, 1)
 typical_acceptance_kernel(const ProbT* __restrict__ target, const IdT* __restrict__ draft_ids,
                           const IdT* __restrict__ bonus_ids, double posterior_threshold,
                           double posterior_alpha, long long batch, long long k, long long vocab,
                           long long* __restrict__ out, long long* __restrict__ accepted_lengths,
                           long long* __restrict__ num_accepted_per_row,
-                          long long* __restrict__ counters, long long* __restrict__ error_flag) {
+                          long long* counters, long long* state,
+                          long long* __restrict__ row_status) {
     __shared__ long long first_bad;
     __shared__ double value_buf[specdec::kBlock];
     __shared__ long long index_buf[specdec::kBlock];
     __shared__ double sum_buf[specdec::kBlock];
     const long long b = blockIdx.x;
-    if (b >= batch) return;
+    if (b >= batch) {  // never launched so (grid = B), but every block must finish
+        specdec::finish_block(state, counters);
+        return;
+    }
     long long* out_row = out + b * (k + 1);
     if (!specdec::validate_row_ids(draft_ids, bonus_ids, b, k, vocab, out_row, accepted_lengths,
-                                   num_accepted_per_row, error_flag, &first_bad)) {
+                                   num_accepted_per_row, counters, state, row_status,
+                                   &first_bad)) {
         return;
     }
     long long r = k;
@@ -607,43 +758,52 @@ typical_acceptance_kernel(const ProbT* __restrict__ target, const IdT* __restric
         double plogp;
         specdec::row_argmax_entropy<true>(row, vocab, best, best_index, plogp, value_buf,
                                           index_buf, sum_buf);
-        const double threshold = posterior_alpha * exp(plogp);  // exp(-H), H = -plogp
+        // min(posterior_threshold, alpha * exp(-H)), H = -plogp, written as the CPU kernel
+        // does: alpha = 0 gives 0 even where exp overflows, and a NaN entropy never accepts.
+        double threshold = posterior_alpha > 0.0 ? posterior_alpha * exp(plogp) : 0.0;
+        if (threshold > posterior_threshold) threshold = posterior_threshold;
         if (px > threshold) {
             ++accepted_count;
         } else if (r == k) {
             r = i;
-            recovered = best_index == specdec::kNone ? 0 : best_index;
+            recovered = specdec::argmax_or_zero(best, best_index);
         }
     }
     const long long token = r == k ? static_cast<long long>(bonus_ids[b]) : recovered;
     specdec::write_row(out_row, draft_ids + b * k, k, r, token);
-    specdec::finish_row(b, r, accepted_count, accepted_lengths, num_accepted_per_row, counters,
-                        true);
+    specdec::finish_row(b, r, accepted_count, 0, accepted_lengths, num_accepted_per_row, counters,
+                        state, row_status);
 }
 """
 
 _GREEDY_SOURCE = r"""
 // Greedy verification (SPEC 4.2). Launch: grid B, block specdec::kBlock; one block per row,
 // looping over the k positions. Position i is accepted iff x_i == argmax p_i (first index on
-// ties, NaN entries ignored, 0 if the row is all NaN); every position is tested (the counter
-// needs all of them) with one coalesced pass over its row. The token after the accepted prefix
-// is argmax p_r at the first mismatch r, or the bonus id if all k match.
+// ties, NaN entries ignored, 0 if no entry is above -inf). As in the CPU kernel,
+// p_i(x_i) > 0.5 + kGreedyMargin accepts without reading the row (exact for rows that are
+// probability distributions, the documented input contract); every other position is tested
+// (the counter needs all of them) with one coalesced pass over its row. The token after the
+// accepted prefix is argmax p_r at the first mismatch r, or the bonus id if all k match.
 template <typename ProbT, typename IdT>
-__global__ void __launch_bounds__(specdec::kBlock)
+__global__ void __launch_bounds__(specdec::kBlock, 1)
 greedy_kernel(const ProbT* __restrict__ target, const IdT* __restrict__ draft_ids,
               const IdT* __restrict__ bonus_ids, long long batch, long long k, long long vocab,
               long long* __restrict__ out, long long* __restrict__ accepted_lengths,
-              long long* __restrict__ num_accepted_per_row, long long* __restrict__ counters,
-              long long* __restrict__ error_flag) {
+              long long* __restrict__ num_accepted_per_row, long long* counters,
+              long long* state, long long* __restrict__ row_status) {
     __shared__ long long first_bad;
     __shared__ double value_buf[specdec::kBlock];
     __shared__ long long index_buf[specdec::kBlock];
     __shared__ double sum_buf[specdec::kBlock];
     const long long b = blockIdx.x;
-    if (b >= batch) return;
+    if (b >= batch) {  // never launched so (grid = B), but every block must finish
+        specdec::finish_block(state, counters);
+        return;
+    }
     long long* out_row = out + b * (k + 1);
     if (!specdec::validate_row_ids(draft_ids, bonus_ids, b, k, vocab, out_row, accepted_lengths,
-                                   num_accepted_per_row, error_flag, &first_bad)) {
+                                   num_accepted_per_row, counters, state, row_status,
+                                   &first_bad)) {
         return;
     }
     long long r = k;
@@ -651,13 +811,18 @@ greedy_kernel(const ProbT* __restrict__ target, const IdT* __restrict__ draft_id
     long long accepted_count = 0;
     for (long long i = 0; i < k; ++i) {  // uniform loop
         const ProbT* row = target + (b * (k + 1) + i) * vocab;
+        const long long x = static_cast<long long>(draft_ids[b * k + i]);
+        if (static_cast<double>(row[x]) > 0.5 + specdec::kGreedyMargin) {
+            ++accepted_count;  // the unique argmax of a probability row: row not read
+            continue;
+        }
         double best;
         long long best_index;
         double unused;
         specdec::row_argmax_entropy<false>(row, vocab, best, best_index, unused, value_buf,
                                            index_buf, sum_buf);
-        const long long argmax = best_index == specdec::kNone ? 0 : best_index;
-        if (static_cast<long long>(draft_ids[b * k + i]) == argmax) {
+        const long long argmax = specdec::argmax_or_zero(best, best_index);
+        if (x == argmax) {
             ++accepted_count;
         } else if (r == k) {
             r = i;
@@ -666,8 +831,8 @@ greedy_kernel(const ProbT* __restrict__ target, const IdT* __restrict__ draft_id
     }
     const long long token = r == k ? static_cast<long long>(bonus_ids[b]) : recovered;
     specdec::write_row(out_row, draft_ids + b * k, k, r, token);
-    specdec::finish_row(b, r, accepted_count, accepted_lengths, num_accepted_per_row, counters,
-                        true);
+    specdec::finish_row(b, r, accepted_count, 0, accepted_lengths, num_accepted_per_row, counters,
+                        state, row_status);
 }
 """
 
@@ -687,7 +852,10 @@ _KERNEL_TEMPLATES: dict[str, str] = {
 
 _PROB_CTYPES: dict[str, str] = {"float32": "float", "float64": "double"}
 _ID_CTYPES: dict[str, str] = {"int32": "int", "int64": "long long"}
-_COMMIT_KERNEL = "commit_counters_kernel"
+_INIT_KERNEL = "init_call_state_kernel"
+
+_STATE_SIZE = 4  # pending accepted, pending emitted, error flag, blocks done
+_ERROR_FLAG_SLOT = 2
 
 
 def _name_expression(source: str, prob_dtype: Any = None, id_dtype: Any = None) -> str:
@@ -725,7 +893,7 @@ def instantiation_names(source: str | None = None) -> list[str]:
     list of str
         Name expressions such as ``"rejection_sample_kernel<float, long long>"``, exactly as
         passed to ``cupy.RawModule(name_expressions=...)`` and to ``get_function``. Every
-        source also contains the non-template ``"commit_counters_kernel"``, listed once per
+        source also contains the non-template ``"init_call_state_kernel"``, listed once per
         source.
 
     Raises
@@ -747,7 +915,7 @@ def instantiation_names(source: str | None = None) -> list[str]:
             names.extend(
                 _name_expression(name, pdt, idt) for pdt in _PROB_CTYPES for idt in _ID_CTYPES
             )
-        names.append(_COMMIT_KERNEL)
+        names.append(_INIT_KERNEL)
     return names
 
 
@@ -817,26 +985,22 @@ def _require_bonus(bonus_ids: Any, batch: int, id_dtype: Any) -> None:
         raise ValueError("bonus_token_ids: expected a C-contiguous array")
 
 
-def _require_counters(counters: Any) -> None:
-    if tuple(counters.shape) != (2,) or np.dtype(counters.dtype) != np.int64:
+def _require_int64(array: Any, name: str, shape: tuple[int, ...]) -> None:
+    if tuple(array.shape) != shape or np.dtype(array.dtype) != np.int64:
         raise ValueError(
-            "counters: expected an int64 array of shape (2,), "
-            f"found {counters.dtype} {tuple(counters.shape)}"
+            f"{name}: expected an int64 array of shape {shape}, "
+            f"found {array.dtype} {tuple(array.shape)}"
         )
-    if not counters.flags.c_contiguous:
-        raise ValueError("counters: expected a C-contiguous array")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
 
 
-def _verifier_outputs(cupy: Any, batch: int, k: int) -> tuple[Any, Any, Any, Any]:
-    out = cupy.empty((batch, k + 1), dtype=cupy.int64)
-    accepted_lengths = cupy.empty((batch,), dtype=cupy.int64)
-    num_accepted_per_row = cupy.empty((batch,), dtype=cupy.int64)
-    error_flag = cupy.full((1,), NO_ERROR, dtype=cupy.int64)
-    return out, accepted_lengths, num_accepted_per_row, error_flag
-
-
-def _commit(source: str, pending: Any, error_flag: Any, counters: Any) -> None:
-    _kernel(source, _COMMIT_KERNEL)((1,), (1,), (pending, error_flag, counters))
+def _require_one_device(**named: Any) -> None:
+    """All CuPy arrays on one device (``None`` entries skipped); O(1), no synchronisation."""
+    devices = {name: array.device.id for name, array in named.items() if array is not None}
+    if len(set(devices.values())) > 1:
+        found = ", ".join(f"{name} on device {device}" for name, device in devices.items())
+        raise ValueError(f"expected every array on one CUDA device, found {found}")
 
 
 def _check_target_and_ids(target: Any, draft_ids: Any, bonus_ids: Any) -> tuple[int, int, int]:
@@ -849,6 +1013,65 @@ def _check_target_and_ids(target: Any, draft_ids: Any, bonus_ids: Any) -> tuple[
     _require_shape(draft_ids, "draft_token_ids", (batch, k))
     _require_bonus(bonus_ids, batch, draft_ids.dtype)
     return batch, k, vocab
+
+
+def _check_draft_probs(draft_probs: Any, target: Any, batch: int, k: int, vocab: int) -> None:
+    _require(draft_probs, "draft_probs", 3, tuple(_PROB_CTYPES))
+    _require_shape(draft_probs, "draft_probs", (batch, k, vocab))
+    if draft_probs.dtype != target.dtype:
+        raise TypeError(
+            f"draft_probs: expected dtype {target.dtype} (as the target), "
+            f"found {draft_probs.dtype}"
+        )
+
+
+def _check_row_buffers(
+    batch: int, k: int, output: Any, accepted_lengths: Any, num_accepted: Any, row_status: Any
+) -> None:
+    _require_int64(output, "output", (batch, k + 1))
+    _require_int64(accepted_lengths, "accepted_lengths", (batch,))
+    _require_int64(num_accepted, "num_accepted", (batch,))
+    _require_int64(row_status, "row_status", (batch,))
+
+
+def _launch_verifier(
+    source: str, target: Any, draft_ids: Any, args: tuple[Any, ...], tail: tuple[Any, ...]
+) -> None:
+    """Launch ``source``'s verifier kernel: one block of ``BLOCK_SIZE`` threads per row."""
+    batch = int(target.shape[0])
+    kernel = _kernel(source, _name_expression(source, target.dtype, draft_ids.dtype))
+    kernel((batch,), (BLOCK_SIZE,), (*args, *tail))
+
+
+def _run_verifier(
+    source: str, target: Any, draft_ids: Any, args: tuple[Any, ...], counters: Any
+) -> tuple[Any, Any, Any, Any]:
+    """Allocate the outputs, initialise the call state, launch the verifier (module doc).
+
+    One ``int64`` allocation holds ``out``, ``accepted_lengths``, ``num_accepted_per_row`` and
+    the 4-slot call state, whose slot 2 is the returned ``error_flag``: two launches per call
+    (``init_call_state_kernel``, then the verifier, whose last block commits the counters).
+    """
+    import cupy
+
+    batch, k = int(target.shape[0]), int(draft_ids.shape[1])
+    cells = batch * (k + 1)
+    buffer = cupy.empty((cells + 2 * batch + _STATE_SIZE,), dtype=cupy.int64)
+    out = buffer[:cells].reshape(batch, k + 1)
+    accepted_lengths = buffer[cells : cells + batch]
+    num_accepted_per_row = buffer[cells + batch : cells + 2 * batch]
+    state = buffer[cells + 2 * batch :]
+    if batch == 0:  # no kernel of ours runs: the flag is filled by CuPy
+        return out, accepted_lengths, num_accepted_per_row, cupy.full((1,), NO_ERROR, cupy.int64)
+    _kernel(source, _INIT_KERNEL)((1,), (1,), (state,))
+    tail = (out, accepted_lengths, num_accepted_per_row, counters, state, None)
+    _launch_verifier(source, target, draft_ids, args, tail)
+    return (
+        out,
+        accepted_lengths,
+        num_accepted_per_row,
+        state[_ERROR_FLAG_SLOT : _ERROR_FLAG_SLOT + 1],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -872,7 +1095,7 @@ def create_output(
     substitute_token_ids : cupy.ndarray
         ``[B, k]`` int32/int64: token emitted at the first rejected position.
     draft_token_ids : cupy.ndarray
-        ``[B, k]`` int32/int64: the draft tokens.
+        ``[B, k]`` int32/int64, C-contiguous: the draft tokens.
     bonus_token_ids : cupy.ndarray
         ``[B]`` or ``[B, 1]``: token emitted when all ``k`` are accepted.
     counters : cupy.ndarray
@@ -893,31 +1116,28 @@ def create_output(
     batch, k = (int(n) for n in accepted.shape)
     _require(draft_token_ids, "draft_token_ids", 2, tuple(_ID_CTYPES))
     _require_shape(draft_token_ids, "draft_token_ids", (batch, k))
+    _require_int64(counters, "counters", (2,))
+    _require_one_device(
+        accepted=accepted,
+        substitute_token_ids=substitute_token_ids,
+        draft_token_ids=draft_token_ids,
+        bonus_token_ids=bonus_token_ids,
+        counters=counters,
+    )
     id_dtype = draft_token_ids.dtype
-    substitute = cupy.ascontiguousarray(substitute_token_ids.astype(id_dtype, copy=False))
-    _require_shape(substitute, "substitute_token_ids", (batch, k))
-    bonus = cupy.ascontiguousarray(bonus_token_ids.astype(id_dtype, copy=False))
-    _require_bonus(bonus, batch, id_dtype)
-    _require_counters(counters)
     with accepted.device:
+        substitute = cupy.ascontiguousarray(substitute_token_ids.astype(id_dtype, copy=False))
+        _require_shape(substitute, "substitute_token_ids", (batch, k))
+        bonus = cupy.ascontiguousarray(bonus_token_ids.astype(id_dtype, copy=False))
+        _require_bonus(bonus, batch, id_dtype)
         out = cupy.empty((batch, k + 1), dtype=cupy.int64)
         if batch == 0:
             return out
         kernel = _kernel("create_output", _name_expression("create_output", None, id_dtype))
         grid = (batch + CREATE_OUTPUT_BLOCK - 1) // CREATE_OUTPUT_BLOCK
+        args = (accepted, substitute, draft_token_ids, bonus, np.int64(batch), np.int64(k))
         kernel(
-            (grid,),
-            (CREATE_OUTPUT_BLOCK,),
-            (
-                accepted,
-                substitute,
-                draft_token_ids,
-                bonus,
-                np.int64(batch),
-                np.int64(k),
-                out,
-                counters,
-            ),
+            (grid,), (CREATE_OUTPUT_BLOCK,), (*args, np.int64(-1), out, None, None, counters, None)
         )
     return out
 
@@ -965,53 +1185,28 @@ def rejection_sample(
 
     Notes
     -----
-    Asynchronous (no host synchronisation). ``B == 0`` returns empty arrays and launches
-    nothing.
+    Asynchronous (no host synchronisation): a one-thread state initialisation, then the
+    verifier, whose last block commits the counters. ``B == 0`` returns empty arrays and
+    launches no kernel of this module.
     """
-    import cupy
-
     batch, k, vocab = _check_target_and_ids(target, draft_ids, bonus_ids)
     if draft_probs is not None:
-        _require(draft_probs, "draft_probs", 3, tuple(_PROB_CTYPES))
-        _require_shape(draft_probs, "draft_probs", (batch, k, vocab))
-        if draft_probs.dtype != target.dtype:
-            raise TypeError(
-                f"draft_probs: expected dtype {target.dtype} (as the target), "
-                f"found {draft_probs.dtype}"
-            )
+        _check_draft_probs(draft_probs, target, batch, k, vocab)
     _require(uniforms, "uniforms", 2, ("float64",))
     _require_shape(uniforms, "uniforms", (batch, k + 1))
-    _require_counters(counters)
+    _require_int64(counters, "counters", (2,))
+    args = (target, draft_probs, draft_ids, bonus_ids, uniforms)
+    _require_one_device(
+        target_with_bonus_probs=target,
+        draft_probs=draft_probs,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus_ids,
+        uniforms=uniforms,
+        counters=counters,
+    )
+    sizes = (np.int64(batch), np.int64(k), np.int64(vocab))
     with target.device:
-        out, accepted_lengths, num_accepted_per_row, error_flag = _verifier_outputs(cupy, batch, k)
-        if batch == 0:
-            return out, accepted_lengths, num_accepted_per_row, error_flag
-        pending = cupy.zeros((2,), dtype=cupy.int64)
-        kernel = _kernel(
-            "rejection_sample",
-            _name_expression("rejection_sample", target.dtype, draft_ids.dtype),
-        )
-        kernel(
-            (batch,),
-            (BLOCK_SIZE,),
-            (
-                target,
-                draft_probs,
-                draft_ids,
-                bonus_ids,
-                uniforms,
-                np.int64(batch),
-                np.int64(k),
-                np.int64(vocab),
-                out,
-                accepted_lengths,
-                num_accepted_per_row,
-                pending,
-                error_flag,
-            ),
-        )
-        _commit("rejection_sample", pending, error_flag, counters)
-    return out, accepted_lengths, num_accepted_per_row, error_flag
+        return _run_verifier("rejection_sample", target, draft_ids, (*args, *sizes), counters)
 
 
 def typical_acceptance_sample(
@@ -1044,42 +1239,28 @@ def typical_acceptance_sample(
     tuple of cupy.ndarray
         ``(out, accepted_lengths, num_accepted_per_row, error_flag)`` as in
         :func:`rejection_sample`. The recovered token is ``argmax p_r`` (first index on ties,
-        NaN entries ignored, ``0`` for an all-NaN row).
+        NaN entries ignored, ``0`` when no entry is above ``-inf``).
     """
-    import cupy
-
     batch, k, vocab = _check_target_and_ids(target, draft_ids, bonus_ids)
-    _require_counters(counters)
+    _require_int64(counters, "counters", (2,))
+    _require_one_device(
+        target_with_bonus_probs=target,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus_ids,
+        counters=counters,
+    )
+    args = (
+        target,
+        draft_ids,
+        bonus_ids,
+        np.float64(posterior_threshold),
+        np.float64(posterior_alpha),
+        np.int64(batch),
+        np.int64(k),
+        np.int64(vocab),
+    )
     with target.device:
-        out, accepted_lengths, num_accepted_per_row, error_flag = _verifier_outputs(cupy, batch, k)
-        if batch == 0:
-            return out, accepted_lengths, num_accepted_per_row, error_flag
-        pending = cupy.zeros((2,), dtype=cupy.int64)
-        kernel = _kernel(
-            "typical_acceptance",
-            _name_expression("typical_acceptance", target.dtype, draft_ids.dtype),
-        )
-        kernel(
-            (batch,),
-            (BLOCK_SIZE,),
-            (
-                target,
-                draft_ids,
-                bonus_ids,
-                np.float64(posterior_threshold),
-                np.float64(posterior_alpha),
-                np.int64(batch),
-                np.int64(k),
-                np.int64(vocab),
-                out,
-                accepted_lengths,
-                num_accepted_per_row,
-                pending,
-                error_flag,
-            ),
-        )
-        _commit("typical_acceptance", pending, error_flag, counters)
-    return out, accepted_lengths, num_accepted_per_row, error_flag
+        return _run_verifier("typical_acceptance", target, draft_ids, args, counters)
 
 
 def greedy_sample(
@@ -1090,7 +1271,8 @@ def greedy_sample(
     Parameters
     ----------
     target : cupy.ndarray
-        ``[B, k+1, V]`` float32/float64, C-contiguous.
+        ``[B, k+1, V]`` float32/float64, C-contiguous; rows are probability distributions
+        (``p(x) > 0.5 + GREEDY_MARGIN`` accepts ``x`` without reading its row).
     draft_ids : cupy.ndarray
         ``[B, k]`` int32/int64.
     bonus_ids : cupy.ndarray
@@ -1102,38 +1284,200 @@ def greedy_sample(
     -------
     tuple of cupy.ndarray
         ``(out, accepted_lengths, num_accepted_per_row, error_flag)`` as in
-        :func:`rejection_sample`. Argmax: first index on ties, NaN entries ignored, ``0`` for
-        an all-NaN row.
+        :func:`rejection_sample`. Argmax: first index on ties, NaN entries ignored, ``0`` when
+        no entry is above ``-inf``.
     """
-    import cupy
-
     batch, k, vocab = _check_target_and_ids(target, draft_ids, bonus_ids)
-    _require_counters(counters)
+    _require_int64(counters, "counters", (2,))
+    _require_one_device(
+        target_with_bonus_probs=target,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus_ids,
+        counters=counters,
+    )
+    args = (target, draft_ids, bonus_ids, np.int64(batch), np.int64(k), np.int64(vocab))
     with target.device:
-        out, accepted_lengths, num_accepted_per_row, error_flag = _verifier_outputs(cupy, batch, k)
-        if batch == 0:
-            return out, accepted_lengths, num_accepted_per_row, error_flag
-        pending = cupy.zeros((2,), dtype=cupy.int64)
-        kernel = _kernel("greedy", _name_expression("greedy", target.dtype, draft_ids.dtype))
-        kernel(
-            (batch,),
-            (BLOCK_SIZE,),
-            (
-                target,
-                draft_ids,
-                bonus_ids,
-                np.int64(batch),
-                np.int64(k),
-                np.int64(vocab),
-                out,
-                accepted_lengths,
-                num_accepted_per_row,
-                pending,
-                error_flag,
-            ),
+        return _run_verifier("greedy", target, draft_ids, args, counters)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU kernels' calling convention (``specdec_np._core``), for ``_backend.kernels_for``
+# ---------------------------------------------------------------------------------------------
+
+
+class _CoreLikeKernels:
+    """The kernels behind the signatures of ``specdec_np/_core.pyi``, on CuPy arrays.
+
+    The caller allocates every output; the kernels fill ``row_status`` with the CPU protocol
+    (``0`` verified, ``1 + column`` for an out-of-range id, ``-(1 + r)`` for a zero-mass row)
+    and update no counter (the caller sums the per-row arrays). ``num_threads`` is accepted
+    and ignored. Asynchronous: nothing here waits for the device; reading ``row_status``
+    does.
+    """
+
+    @staticmethod
+    def rejection_sample(
+        target_with_bonus_probs: Any,
+        draft_probs: Any,
+        point_mass_drafts: bool,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        uniforms: Any,
+        output: Any,
+        accepted_lengths: Any,
+        num_accepted: Any,
+        row_status: Any,
+        num_threads: int = 1,
+    ) -> None:
+        """Rejection sampling into caller buffers (``_core.rejection_sample``'s signature)."""
+        target = target_with_bonus_probs
+        batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
+        probs = None if point_mass_drafts else draft_probs
+        if probs is not None:
+            _check_draft_probs(probs, target, batch, k, vocab)
+        _require(uniforms, "uniforms", 2, ("float64",))
+        _require_shape(uniforms, "uniforms", (batch, k + 1))
+        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
+        _require_one_device(
+            target_with_bonus_probs=target,
+            draft_probs=probs,
+            draft_token_ids=draft_token_ids,
+            bonus_token_ids=bonus_token_ids,
+            uniforms=uniforms,
+            output=output,
+            row_status=row_status,
         )
-        _commit("greedy", pending, error_flag, counters)
-    return out, accepted_lengths, num_accepted_per_row, error_flag
+        if batch == 0:
+            return
+        args = (target, probs, draft_token_ids, bonus_token_ids, uniforms)
+        sizes = (np.int64(batch), np.int64(k), np.int64(vocab))
+        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
+        with target.device:
+            _launch_verifier("rejection_sample", target, draft_token_ids, (*args, *sizes), tail)
+
+    @staticmethod
+    def typical_acceptance_sample(
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        posterior_threshold: float,
+        posterior_alpha: float,
+        output: Any,
+        accepted_lengths: Any,
+        num_accepted: Any,
+        row_status: Any,
+        num_threads: int = 1,
+    ) -> None:
+        """Typical acceptance into caller buffers (``_core``'s signature)."""
+        target = target_with_bonus_probs
+        batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
+        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
+        _require_one_device(
+            target_with_bonus_probs=target,
+            draft_token_ids=draft_token_ids,
+            bonus_token_ids=bonus_token_ids,
+            output=output,
+            row_status=row_status,
+        )
+        if batch == 0:
+            return
+        args = (
+            target,
+            draft_token_ids,
+            bonus_token_ids,
+            np.float64(posterior_threshold),
+            np.float64(posterior_alpha),
+            np.int64(batch),
+            np.int64(k),
+            np.int64(vocab),
+        )
+        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
+        with target.device:
+            _launch_verifier("typical_acceptance", target, draft_token_ids, args, tail)
+
+    @staticmethod
+    def greedy_sample(
+        target_with_bonus_probs: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        output: Any,
+        accepted_lengths: Any,
+        num_accepted: Any,
+        row_status: Any,
+        num_threads: int = 1,
+    ) -> None:
+        """Greedy verification into caller buffers (``_core``'s signature)."""
+        target = target_with_bonus_probs
+        batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
+        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
+        _require_one_device(
+            target_with_bonus_probs=target,
+            draft_token_ids=draft_token_ids,
+            bonus_token_ids=bonus_token_ids,
+            output=output,
+            row_status=row_status,
+        )
+        if batch == 0:
+            return
+        args = (
+            target,
+            draft_token_ids,
+            bonus_token_ids,
+            np.int64(batch),
+            np.int64(k),
+            np.int64(vocab),
+        )
+        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
+        with target.device:
+            _launch_verifier("greedy", target, draft_token_ids, args, tail)
+
+    @staticmethod
+    def create_output(
+        accepted: Any,
+        substitute_token_ids: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        vocab_size: int,
+        output: Any,
+        accepted_lengths: Any,
+        num_accepted: Any,
+        row_status: Any,
+    ) -> None:
+        """``_create_output`` into caller buffers, ids checked against ``vocab_size``."""
+        _require(accepted, "accepted", 2, ("bool", "uint8"))
+        batch, k = (int(n) for n in accepted.shape)
+        _require(draft_token_ids, "draft_token_ids", 2, tuple(_ID_CTYPES))
+        _require_shape(draft_token_ids, "draft_token_ids", (batch, k))
+        _require(substitute_token_ids, "substitute_token_ids", 2, tuple(_ID_CTYPES))
+        _require_shape(substitute_token_ids, "substitute_token_ids", (batch, k))
+        if substitute_token_ids.dtype != draft_token_ids.dtype:
+            raise TypeError("substitute_token_ids: expected the dtype of draft_token_ids")
+        _require_bonus(bonus_token_ids, batch, draft_token_ids.dtype)
+        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
+        _require_one_device(
+            accepted=accepted,
+            substitute_token_ids=substitute_token_ids,
+            draft_token_ids=draft_token_ids,
+            output=output,
+            row_status=row_status,
+        )
+        if batch == 0:
+            return
+        if vocab_size < 0:
+            raise ValueError(f"vocab_size: expected a non-negative int, found {vocab_size}")
+        id_dtype = draft_token_ids.dtype
+        args = (accepted, substitute_token_ids, draft_token_ids, bonus_token_ids)
+        sizes = (np.int64(batch), np.int64(k), np.int64(vocab_size))
+        tail = (output, accepted_lengths, num_accepted, None, row_status)
+        grid = (batch + CREATE_OUTPUT_BLOCK - 1) // CREATE_OUTPUT_BLOCK
+        with accepted.device:
+            kernel = _kernel("create_output", _name_expression("create_output", None, id_dtype))
+            kernel((grid,), (CREATE_OUTPUT_BLOCK,), (*args, *sizes, *tail))
+
+
+#: The kernels with ``specdec_np._core``'s calling convention (caller-allocated outputs and
+#: ``row_status``, no counters), so that code written against ``_core`` runs on CuPy arrays.
+core_like = _CoreLikeKernels()
 
 
 # ---------------------------------------------------------------------------------------------

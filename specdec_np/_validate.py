@@ -196,7 +196,7 @@ def check_probability_values(name: str, array: Any, xp: Any) -> None:
 
 def check_row_sums(name: str, array: Any, xp: Any) -> None:
     """Strict mode for the greedy verifier: each row sums to one within ROW_SUM_TOLERANCE."""
-    sums = xp.sum(xp.astype(array, xp.float64), axis=-1)
+    sums = array.astype(xp.float64).sum(axis=-1)
     bad = xp.abs(sums - 1.0) > ROW_SUM_TOLERANCE
     if bool(xp.any(bad)):
         index = first_index(bad, xp)
@@ -208,8 +208,7 @@ def check_row_sums(name: str, array: Any, xp: Any) -> None:
 
 def first_index(mask: Any, xp: Any) -> tuple[int, ...]:
     """Index tuple of the first true entry of a boolean array (row-major order)."""
-    flat = xp.reshape(mask, (-1,))
-    position = int(xp.argmax(xp.astype(flat, xp.int8)))
+    position = int(mask.reshape(-1).astype(xp.int8).argmax())
     index = []
     for size in reversed(tuple(mask.shape)):
         index.append(position % size)
@@ -230,8 +229,7 @@ def raise_for_row_status(
     Parameters
     ----------
     first_bad_row : int
-        What the kernel returned: the first row with a non-zero status, or -1 (nothing to
-        raise).
+        The first row with a non-zero status, or -1 (nothing to raise).
     row_status : int64 [B]
     draft_token_ids : int [B, k]
     bonus_token_ids : int [B]

@@ -51,11 +51,11 @@ def _buffers(batch: _backend.PreparedBatch) -> tuple[Any, Any, Any, Any]:
 
 
 def _finish(
-    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any], first_bad_row: int
+    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any], reported: int | None
 ) -> VerificationResult:
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(
-        first_bad_row,
+        _backend.first_failed_row(reported, row_status),
         row_status,
         batch.draft_token_ids,
         batch.bonus_token_ids,
@@ -325,7 +325,7 @@ def create_output(
     )
     output, accepted_lengths, num_accepted, row_status = buffers
     _validate.raise_for_row_status(
-        first_bad_row,
+        _backend.first_failed_row(first_bad_row, row_status),
         row_status,
         batch.draft_token_ids,
         batch.bonus_token_ids,
