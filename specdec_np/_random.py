@@ -1,7 +1,7 @@
 """Every source of uniforms of SPEC section 5.
 
-Kernels never own a random generator: the verifiers call :func:`rejection_uniforms`, which
-returns float64 ``[B, k+1]`` uniforms in ``[0, 1)`` (columns ``0 .. k-1`` for the acceptance
+Kernels never own a random generator: the verifiers use :class:`RejectionUniforms`, which
+gives float64 ``[B, k+1]`` uniforms in ``[0, 1)`` (columns ``0 .. k-1`` for the acceptance
 tests, column ``k`` for the residual draw), taken row by row from one of four sources:
 
 1. explicit uniforms given by the caller (validated, used as they are);
@@ -28,10 +28,16 @@ import numpy as np
 from ._philox import counter_uniforms
 from ._validate import check_uniforms
 
-__all__ = ["GeneratorSnapshot", "counter_uniforms", "rejection_uniforms"]
+__all__ = ["GeneratorSnapshot", "RejectionUniforms", "counter_uniforms"]
 
 
-def _check_row_keys(name: str, rows: Mapping[Any, Any], batch_size: int) -> None:
+def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
+    if rows is None:
+        return {}
+    if not isinstance(rows, Mapping):
+        raise TypeError(
+            f"{name} must be a dict of row index -> value; found {type(rows).__name__}"
+        )
     for row in rows:
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise TypeError(f"{name} keys must be int row indices; found {type(row).__name__}")
@@ -39,6 +45,24 @@ def _check_row_keys(name: str, rows: Mapping[Any, Any], batch_size: int) -> None
             raise ValueError(
                 f"{name} keys must be row indices in [0, {batch_size}); found {int(row)}"
             )
+    return rows
+
+
+def _is_generator(generator: Any) -> bool:
+    """A ``numpy.random.Generator`` or a ``cupy.random.Generator``: the only generators
+    whose ``random(shape)`` is trusted to return float64 uniforms of that shape."""
+    if isinstance(generator, np.random.Generator):
+        return True
+    kind = type(generator)
+    return kind.__name__ == "Generator" and kind.__module__.split(".", 1)[0] == "cupy"
+
+
+def _check_generator(name: str, generator: Any) -> None:
+    if not _is_generator(generator):
+        raise TypeError(
+            f"{name} must be a numpy.random.Generator (or a cupy.random.Generator); found "
+            f"{type(generator).__name__}"
+        )
 
 
 class GeneratorSnapshot:
@@ -46,8 +70,8 @@ class GeneratorSnapshot:
 
     Parameters
     ----------
-    generators : iterable of numpy.random.Generator or None
-        ``None`` entries and generators without a ``bit_generator`` (CuPy's) are skipped.
+    generators : iterable of numpy.random.Generator or cupy.random.Generator
+        CuPy's generators cannot be saved cheaply and are skipped.
     """
 
     __slots__ = ("_saved",)
@@ -56,7 +80,7 @@ class GeneratorSnapshot:
         self._saved = [
             (generator.bit_generator, generator.bit_generator.state)
             for generator in generators
-            if generator is not None and hasattr(generator, "bit_generator")
+            if isinstance(generator, np.random.Generator)
         ]
 
     def restore(self) -> None:
@@ -65,24 +89,18 @@ class GeneratorSnapshot:
             bit_generator.state = state
 
 
-def rejection_uniforms(
-    batch_size: int,
-    k: int,
-    xp: Any,
-    *,
-    uniforms: Any = None,
-    generator: Any = None,
-    seeded_seqs: Mapping[int, Any] | None = None,
-    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
-) -> Any:
-    """Uniforms for one rejection-sampling call, from the sources in the module docstring.
+class RejectionUniforms:
+    """The checked uniform sources of one rejection-sampling call.
+
+    The constructor checks every source, so that a bad argument raises before any generator
+    has moved; :meth:`snapshot` saves the generators that :meth:`draw` will consume.
 
     Parameters
     ----------
     batch_size, k : int
         ``B`` and the number of draft tokens.
     xp : module
-        ``numpy`` or ``cupy``: the namespace of the result.
+        ``numpy`` or ``cupy``: the namespace of the uniforms.
     uniforms : float64 array [B, k+1], optional
         Explicit uniforms; excludes ``seeded_seqs`` and ``counter_seeds``.
     generator : numpy.random.Generator or cupy.random.Generator, optional
@@ -91,58 +109,78 @@ def rejection_uniforms(
     seeded_seqs : dict[int, Generator], optional
     counter_seeds : dict[int, tuple[int, int]], optional
         Row index → ``(seed, position)`` with both in ``[0, 2**64)``.
-
-    Returns
-    -------
-    float64 array [B, k+1] of namespace ``xp``.
     """
-    if uniforms is not None:
-        if seeded_seqs or counter_seeds:
+
+    def __init__(
+        self,
+        batch_size: int,
+        k: int,
+        xp: Any,
+        *,
+        uniforms: Any = None,
+        generator: Any = None,
+        seeded_seqs: Any = None,
+        counter_seeds: Any = None,
+    ) -> None:
+        self._shape = (batch_size, k + 1)
+        self._xp = xp
+        self._explicit = None
+        self._seeded = _check_rows("seeded_seqs", seeded_seqs, batch_size)
+        counter_rows = _check_rows("counter_seeds", counter_seeds, batch_size)
+        if uniforms is not None:
+            if self._seeded or counter_rows:
+                raise ValueError(
+                    "uniforms cannot be combined with seeded_seqs or counter_seeds: explicit "
+                    "uniforms already fix every row"
+                )
+            if not hasattr(uniforms, "dtype") or uniforms.dtype != np.float64:
+                found = getattr(uniforms, "dtype", type(uniforms).__name__)
+                raise TypeError(f"uniforms must be a float64 array; found {found}")
+            self._explicit = xp.ascontiguousarray(uniforms)
+            check_uniforms(self._explicit, batch_size, k)
+        for row, row_generator in self._seeded.items():
+            _check_generator(f"seeded_seqs[{row}]", row_generator)
+        both = set(self._seeded).intersection(counter_rows)
+        if both:
             raise ValueError(
-                "uniforms cannot be combined with seeded_seqs or counter_seeds: explicit "
-                "uniforms already fix every row"
+                f"row {min(both)} is in both seeded_seqs and counter_seeds; give each row one "
+                "source"
             )
-        if not hasattr(uniforms, "dtype") or uniforms.dtype != np.float64:
-            found = getattr(uniforms, "dtype", type(uniforms).__name__)
-            raise TypeError(f"uniforms must be a float64 array; found {found}")
-        explicit = xp.ascontiguousarray(uniforms)
-        check_uniforms(explicit, batch_size, k)
-        return explicit
-    seeded_seqs = seeded_seqs or {}
-    counter_seeds = counter_seeds or {}
-    # Everything is checked before the first draw, so a bad argument moves no generator.
-    _check_row_keys("seeded_seqs", seeded_seqs, batch_size)
-    _check_row_keys("counter_seeds", counter_seeds, batch_size)
-    for row, row_generator in seeded_seqs.items():
-        if not callable(getattr(row_generator, "random", None)):
-            raise TypeError(
-                f"seeded_seqs[{row}] must be a numpy.random.Generator (or cupy's); found "
-                f"{type(row_generator).__name__}"
+        self._counter_rows = sorted(counter_rows)
+        self._seeds = _uint64_column("seed", counter_rows, self._counter_rows, 0)
+        self._positions = _uint64_column("position", counter_rows, self._counter_rows, 1)
+        if generator is None:
+            generator = np.random.default_rng()
+        else:
+            _check_generator("generator", generator)
+        self._generator = generator
+
+    def snapshot(self) -> GeneratorSnapshot:
+        """The states of the generators :meth:`draw` consumes."""
+        if self._explicit is not None:
+            return GeneratorSnapshot(())
+        return GeneratorSnapshot((self._generator, *self._seeded.values()))
+
+    def draw(self) -> Any:
+        """The float64 ``[B, k+1]`` uniforms (explicit, or drawn from the sources)."""
+        if self._explicit is not None:
+            return self._explicit
+        xp = self._xp
+        batch_size, width = self._shape
+        if not self._seeded and not self._counter_rows:
+            return xp.asarray(self._generator.random(self._shape))
+        result = xp.empty(self._shape, dtype=xp.float64)
+        taken = set(self._seeded).union(self._counter_rows)
+        own_rows = [b for b in range(batch_size) if b not in taken]
+        if own_rows:
+            result[own_rows] = xp.asarray(self._generator.random((len(own_rows), width)))
+        for row, row_generator in self._seeded.items():
+            result[row] = xp.asarray(row_generator.random(width))
+        if self._counter_rows:
+            result[self._counter_rows] = counter_uniforms(
+                xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp
             )
-    both = set(seeded_seqs).intersection(counter_seeds)
-    if both:
-        raise ValueError(
-            f"row {min(both)} is in both seeded_seqs and counter_seeds; give each row one source"
-        )
-    counter_rows = sorted(counter_seeds)
-    seeds = _uint64_column("seed", counter_seeds, counter_rows, 0)
-    positions = _uint64_column("position", counter_seeds, counter_rows, 1)
-    if generator is None:
-        generator = np.random.default_rng()
-    width = k + 1
-    if not seeded_seqs and not counter_seeds:
-        return xp.asarray(generator.random((batch_size, width)))
-    result = xp.empty((batch_size, width), dtype=xp.float64)
-    own_rows = [b for b in range(batch_size) if b not in seeded_seqs and b not in counter_seeds]
-    if own_rows:
-        result[own_rows] = xp.asarray(generator.random((len(own_rows), width)))
-    for row, row_generator in seeded_seqs.items():
-        result[row] = xp.asarray(row_generator.random(width))
-    if counter_rows:
-        result[counter_rows] = counter_uniforms(
-            xp.asarray(seeds), xp.asarray(positions), width, xp=xp
-        )
-    return result
+        return result
 
 
 def _uint64_column(

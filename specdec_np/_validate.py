@@ -286,7 +286,33 @@ def check_posterior(name: str, value: Any) -> float:
     """Typical-acceptance constructor arguments: finite, non-negative real numbers."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number; found {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float("inf")
     if not np.isfinite(number) or number < 0:
         raise ValueError(f"{name} must be finite and non-negative; found {number}")
     return number
+
+
+def check_vocab_size(vocab_size: Any) -> int:
+    """``_create_output``'s optional vocabulary size: an int in ``[1, 2**63)``; None gives
+    ``2**63 - 1`` (ids then only have to be non-negative)."""
+    if vocab_size is None:
+        return 2**63 - 1
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+        raise TypeError(f"vocab_size must be an int or None; found {type(vocab_size).__name__}")
+    if not 1 <= int(vocab_size) < 2**63:
+        raise ValueError(f"vocab_size must lie in [1, 2**63); found {int(vocab_size)}")
+    return int(vocab_size)
+
+
+def check_seed(seed: Any) -> Any:
+    """A sampler seed: None or a non-negative int (what ``numpy.random.default_rng`` takes)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative int or None; found {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative int or None; found {int(seed)}")
+    return int(seed)

@@ -338,7 +338,7 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
 
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
         super().__init__(strict_mode)
-        self._generator = np.random.default_rng(seed)
+        self._generator = np.random.default_rng(_validate.check_seed(seed))
         self._cuda_generators: dict[int, Any] = {}
 
     def forward(

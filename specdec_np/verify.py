@@ -121,10 +121,7 @@ def rejection_sample(
         strict=strict_mode,
         needs_draft_probs=True,
     )
-    snapshot = _random.GeneratorSnapshot(
-        [generator, *(seeded_seqs or {}).values()] if uniforms is None else []
-    )
-    draws = _random.rejection_uniforms(
+    sources = _random.RejectionUniforms(
         batch.batch_size,
         batch.k,
         batch.xp,
@@ -133,9 +130,11 @@ def rejection_sample(
         seeded_seqs=seeded_seqs,
         counter_seeds=counter_seeds,
     )
+    snapshot = sources.snapshot()
     buffers = _buffers(batch)
     point_mass = batch.draft_probs is None
     try:
+        draws = sources.draw()
         first_bad_row = _backend.kernels_for(batch.device).rejection_sample(
             batch.target_with_bonus_probs,
             batch.target_with_bonus_probs if point_mass else batch.draft_probs,
@@ -302,7 +301,7 @@ def create_output(
         _validate.check_token_id_dtype(name, ids.dtype, strict=False)
     if not substitute.dtype == draft.dtype == bonus.dtype:
         substitute, draft, bonus = (ids.astype(xp.int64) for ids in (substitute, draft, bonus))
-    limit = 2**63 - 1 if vocab_size is None else int(vocab_size)
+    limit = _validate.check_vocab_size(vocab_size)
     batch = _backend.PreparedBatch(
         xp=xp,
         device=device,

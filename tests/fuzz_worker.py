@@ -1,0 +1,1232 @@
+"""Fuzz worker of ``tests/test_fuzz.py``: corrupted inputs for every public entry point.
+
+Run by the test in a subprocess, so that a crash inside a kernel (segfault, abort) ends
+this process and not the test run::
+
+    python tests/fuzz_worker.py --family arrays --group rejection --seed 1 --calls 2000 \
+        --log /tmp/last_call.txt
+
+Each call is generated from ``numpy.random.default_rng([seed, family, group, index])``, so
+one case can be replayed alone with ``--only INDEX`` (its full description and outcome are
+printed).  Before each call the worker writes the call's description to ``--log``
+(overwritten in place, flushed to the OS), so that the parent can show the call that was
+running when the process died.
+
+Outcome of a call: it returned a valid output, or raised ``TypeError`` or ``ValueError``
+whose message names one of the call's arguments.  Anything else is a failure: another
+exception type, an invalid output (dtype, shape, id out of ``[-1, V)``, not a prefix, not
+the drafts, counters inconsistent with the output), an exception message that names no
+argument, or a failed call that changed a counter or a generator.  The last line of
+stdout is a JSON summary: counts per outcome and the distinct failures.
+
+Families:
+
+* ``arrays``: the array arguments are corrupted (ids, dtypes, ranks, shapes, empty
+  dimensions, non-finite values, layouts, containers) — the memory-safety fuzz;
+* ``arguments``: the other arguments (uniforms with seeds, ``seeded_seqs``,
+  ``counter_seeds``, ``generator``, posteriors, ``vocab_size``, ``strict_mode``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import random
+import re
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import specdec_np
+
+try:  # optional: foreign arrays that come in through DLPack
+    import array_api_strict
+except ImportError:  # pragma: no cover - depends on the installation
+    array_api_strict = None
+
+try:  # optional: bfloat16 NumPy arrays
+    import ml_dtypes
+except ImportError:  # pragma: no cover - depends on the installation
+    ml_dtypes = None
+
+FAMILIES = ("arrays", "arguments")
+GROUPS = ("rejection", "typical", "greedy", "output")
+
+ENTRIES = {
+    "rejection": ("RejectionSampler", "rejection_sample"),
+    "typical": ("TypicalAcceptanceSampler", "typical_acceptance_sample"),
+    "greedy": ("GreedySampler", "greedy_sample"),
+    "output": ("create_output", "_create_output"),
+}
+
+# Names an exception message may use to say which argument is wrong.
+ARGUMENT_NAMES = (
+    "target_with_bonus_probs",
+    "bonus_token_ids",
+    "draft_probs",
+    "draft_token_ids",
+    "uniforms",
+    "seeded_seqs",
+    "counter_seeds",
+    "generator",
+    "posterior_threshold",
+    "posterior_alpha",
+    "accepted",
+    "substitute_token_ids",
+    "vocab_size",
+    "strict_mode",
+)
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MISSING = object()  # an argument that is not passed at all
+MAX_FAILURES = 40  # distinct failure signatures kept in the summary
+WORKER_FILE = os.path.relpath(__file__)
+
+
+def bad_ids(vocab_size: int) -> list[int]:
+    """Token ids outside ``[0, vocab_size)``."""
+    return [
+        vocab_size,
+        vocab_size + 1,
+        -1,
+        -2,
+        2**31 - 1,
+        2**31,
+        -(2**31),
+        2**40,
+        -(2**40),
+        INT64_MIN,
+        INT64_MAX,
+    ]
+
+
+def corrupt_dtypes() -> list[Any]:
+    """Every dtype an argument may be cast to (valid ones included)."""
+    dtypes: list[Any] = [
+        np.float16,
+        np.float32,
+        np.float64,
+        np.longdouble,
+        np.complex64,
+        np.complex128,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+        object,
+        np.dtype(">f4"),
+        np.dtype(">f8"),
+        np.dtype(">i8"),
+        np.dtype(">i4"),
+        "U3",
+        "datetime64[s]",
+    ]
+    if ml_dtypes is not None:
+        dtypes += [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn]
+    return dtypes
+
+
+# --------------------------------------------------------------------------------------
+# Descriptions
+# --------------------------------------------------------------------------------------
+
+
+def describe(value: Any) -> str:
+    """A short, exact description of an argument (values of small arrays included)."""
+    if value is MISSING:
+        return "<not passed>"
+    if isinstance(value, np.ndarray):
+        flags = "".join(
+            letter
+            for letter, on in (
+                ("C", value.flags.c_contiguous),
+                ("F", value.flags.f_contiguous),
+                ("W", value.flags.writeable),
+            )
+            if on
+        )
+        text = (
+            f"{type(value).__name__}(shape={value.shape}, dtype={value.dtype}, "
+            f"strides={value.strides}, flags={flags or '-'}"
+        )
+        if value.size <= 24:
+            try:
+                text += f", values={value.ravel().tolist()!r}"
+            except Exception:  # exotic dtypes
+                pass
+        return text + ")"
+    if isinstance(value, dict):
+        items = ", ".join(f"{describe(key)}: {describe(item)}" for key, item in value.items())
+        return "{" + items + "}"
+    if isinstance(value, np.random.Generator):
+        return f"Generator({type(value.bit_generator).__name__})"
+    text = repr(value)
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return f"{type(value).__name__}: {text}"
+
+
+# --------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One call: the entry point, its arguments and how they were corrupted."""
+
+    index: int
+    family: str
+    group: str
+    entry: str
+    strict: Any
+    args: dict[str, Any]
+    batch: int = 0
+    k: int = 1
+    vocab: int = 1
+    mutations: list[str] = field(default_factory=list)
+    constructor: dict[str, Any] = field(default_factory=dict)
+
+    def description(self, seed: int) -> str:
+        lines = [
+            f"case {self.index} (--family {self.family} --group {self.group} --seed {seed} "
+            f"--only {self.index}): {self.entry}, strict_mode={self.strict!r}",
+            f"  mutations: {', '.join(self.mutations) or 'none'}",
+        ]
+        for name, value in self.constructor.items():
+            lines.append(f"  constructor {name} = {describe(value)}")
+        for name, value in self.args.items():
+            lines.append(f"  {name} = {describe(value)}")
+        return "\n".join(lines)
+
+
+def probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Random probability rows in several styles (some unnormalised, some with zeros)."""
+    style = rng.choice(
+        ["random", "peaked", "sparse", "uniform", "unnormalised", "zeros"],
+        p=[0.35, 0.2, 0.15, 0.1, 0.15, 0.05],
+    )
+    if style == "uniform":
+        x = np.ones(shape)
+    elif style == "zeros":
+        x = np.zeros(shape)
+    else:
+        x = rng.random(shape) ** rng.choice([1.0, 4.0])
+        if style == "peaked" and shape[-1] > 0:
+            x[..., rng.integers(shape[-1])] += 50.0
+        if style == "sparse":
+            x *= rng.random(shape) < 0.3
+    if style != "unnormalised":
+        sums = x.sum(axis=-1, keepdims=True)
+        x = np.divide(x, sums, out=np.zeros_like(x), where=sums > 0)
+    return x.astype(dtype)
+
+
+def pick(rng: np.random.Generator, options: list[Any] | tuple[Any, ...]) -> Any:
+    """One element of a list (``rng.choice`` would turn mixed objects into an array)."""
+    return options[int(rng.integers(len(options)))]
+
+
+def dimensions(rng: np.random.Generator) -> tuple[int, int, int]:
+    """``(B, k, V)``: mostly tiny; now and then a vocabulary over one scan block."""
+    batch = pick(rng, [0, 1, 1, 2, 2, 3, 4, 7])
+    k = pick(rng, [1, 1, 2, 3, 5])
+    vocab = pick(rng, [1, 1, 2, 3, 4, 5, 8, 16, 33, 64])
+    if rng.random() < 0.02:
+        batch, k, vocab = min(batch, 2), 1, pick(rng, [1025, 2049, 2500])
+    return batch, k, vocab
+
+
+def base_case(rng: np.random.Generator, index: int, family: str, group: str) -> Case:
+    """A valid call of one of the group's entry points."""
+    entry = pick(rng, ENTRIES[group])
+    strict = bool(rng.random() < 0.4)
+    batch, k, vocab = dimensions(rng)
+    if strict:
+        float_dtype, id_dtype = np.float32, np.int64
+    else:
+        float_dtype = pick(rng, [np.float32, np.float32, np.float64, np.float16])
+        id_dtype = pick(rng, [np.int64, np.int64, np.int32])
+    target = probabilities(rng, (batch, k + 1, vocab), float_dtype)
+    draft_ids = rng.integers(0, vocab, (batch, k)).astype(id_dtype)
+    if rng.random() < 0.4 and batch:
+        draft_ids = target[:, :k].astype(np.float64).argmax(axis=-1).astype(id_dtype)
+    bonus = rng.integers(0, vocab, (batch, 1)).astype(id_dtype)
+    if rng.random() < 0.2:
+        bonus = bonus.reshape(batch)
+    case = Case(index, family, group, entry, strict, {}, batch, k, vocab)
+    if group == "output":
+        accepted = rng.random((batch, k)) < pick(rng, [0.2, 0.7, 1.0])
+        case.args = {
+            "accepted": accepted,
+            "substitute_token_ids": rng.integers(0, vocab, (batch, k)).astype(id_dtype),
+            "draft_token_ids": draft_ids,
+            "bonus_token_ids": bonus,
+            "vocab_size": pick(rng, [vocab, vocab, None, MISSING, np.int64(vocab)]),
+        }
+        return case
+    case.args = {"target_with_bonus_probs": target, "bonus_token_ids": bonus}
+    if group == "rejection":
+        draft_probs = None
+        if rng.random() < 0.75:
+            draft_probs = probabilities(rng, (batch, k, vocab), float_dtype)
+        case.args["draft_probs"] = draft_probs
+        case.args["draft_token_ids"] = draft_ids
+        rejection_sources(rng, case, batch, k)
+    else:
+        if entry[0].isupper():  # the samplers take (and ignore) draft_probs
+            case.args["draft_probs"] = pick(rng, [None, target[:, :k]])
+        case.args["draft_token_ids"] = draft_ids
+    if group == "typical":
+        posteriors = {
+            "posterior_threshold": pick(rng, [0.09, 0.0, 1e-3, 0.5, 1.0, 10]),
+            "posterior_alpha": pick(rng, [0.3, 0.0, 0.9, 1, 100.0]),
+        }
+        if entry.startswith("Typical"):
+            case.constructor = posteriors
+        else:
+            case.args.update(posteriors)
+    return case
+
+
+def rejection_sources(rng: np.random.Generator, case: Case, batch: int, k: int) -> None:
+    """Valid uniforms sources of a rejection call (SPEC 5), chosen at random."""
+    source = pick(rng, ["none", "uniforms", "seeded", "counter", "mixed"])
+    rows = [b for b in range(batch) if rng.random() < 0.5]
+    if source == "uniforms":
+        uniforms = rng.random((batch, k + 1))
+        if uniforms.size and rng.random() < 0.3:
+            uniforms.flat[rng.integers(uniforms.size)] = pick(rng, [0.0, np.nextafter(1.0, 0.0)])
+        case.args["uniforms"] = uniforms
+    if source in ("seeded", "mixed"):
+        case.args["seeded_seqs"] = {b: np.random.default_rng([case.index, b]) for b in rows}
+    if source in ("counter", "mixed"):
+        others = [b for b in range(batch) if source == "counter" or b not in rows]
+        case.args["counter_seeds"] = {
+            b: (int(rng.integers(2**63)) * 2 + 1, int(rng.integers(2**40))) for b in others
+        }
+    if case.entry == "rejection_sample":
+        case.args["generator"] = pick(rng, [None, MISSING, np.random.default_rng(case.index)])
+
+
+# --------------------------------------------------------------------------------------
+# Array mutations
+# --------------------------------------------------------------------------------------
+
+ID_ARGUMENTS = ("bonus_token_ids", "draft_token_ids", "substitute_token_ids")
+PROBABILITY_ARGUMENTS = ("target_with_bonus_probs", "draft_probs", "uniforms")
+
+
+def array_arguments(case: Case) -> list[str]:
+    names = [
+        name
+        for name in (*ID_ARGUMENTS, *PROBABILITY_ARGUMENTS, "accepted")
+        if name in case.args and isinstance(case.args[name], np.ndarray)
+    ]
+    if case.group == "rejection" and "uniforms" not in case.args:
+        names.append("uniforms")  # adds explicit (possibly bad) uniforms
+    return names
+
+
+def set_bad_ids(rng: np.random.Generator, x: np.ndarray, vocab: int) -> tuple[np.ndarray, str]:
+    if x.size == 0 or x.dtype.kind not in "iu":
+        return x, "bad_id skipped"
+    x = x.copy()
+    values = []
+    for _ in range(int(rng.integers(1, 4))):
+        value = pick(rng, bad_ids(vocab))
+        if not np.can_cast(np.min_scalar_type(value), x.dtype):
+            x = x.astype(np.int64)
+        x.flat[int(rng.integers(x.size))] = value
+        values.append(value)
+    return x, f"bad_id{values}"
+
+
+def set_bad_probabilities(rng: np.random.Generator, x: np.ndarray) -> tuple[np.ndarray, str]:
+    if x.size == 0 or x.dtype.kind != "f":
+        return x, "bad_probability skipped"
+    value = pick(rng, [np.nan, np.inf, -np.inf, -1.0, -1e-30, 1e30, 1e308, -0.0, 5e-324, 1.0, 2.0])
+    with np.errstate(over="ignore"):
+        x = x.astype(x.dtype, copy=True)
+        where = pick(rng, ["one", "some", "row", "all"])
+        if where == "all":
+            x[...] = value
+        elif where == "row" and x.ndim >= 2:
+            x[tuple(rng.integers(n) for n in x.shape[:-1])] = value
+        else:
+            for _ in range(1 if where == "one" else int(rng.integers(2, 6))):
+                x.flat[int(rng.integers(x.size))] = value
+    return x, f"probability={value} ({where})"
+
+
+def change_shape(rng: np.random.Generator, x: np.ndarray) -> tuple[np.ndarray, str]:
+    how = pick(rng, ["rank_up", "rank_down", "reshape", "shrink", "grow", "empty", "zero_d"])
+    axis = int(rng.integers(x.ndim)) if x.ndim else 0
+    if how == "rank_up":
+        return np.expand_dims(x, int(rng.integers(x.ndim + 1))), how
+    if how == "rank_down" and x.ndim:
+        return (x[0] if x.shape[0] else x.reshape(-1)), how
+    if how == "reshape" and x.ndim:
+        shape = pick(rng, [(-1,), x.shape[::-1], (1, *x.shape), (*x.shape[:-1], 1, -1)])
+        try:
+            return x.reshape(shape), "reshape"
+        except ValueError:
+            return x.reshape(-1), "reshape(-1)"
+    if how == "shrink" and x.ndim and x.shape[axis]:
+        return np.take(x, range(x.shape[axis] - 1), axis=axis), f"shrink axis {axis}"
+    if how == "grow" and x.ndim:
+        return np.concatenate([x, x], axis=axis), f"grow axis {axis}"
+    if how == "empty" and x.ndim:
+        return np.take(x, [], axis=axis).astype(x.dtype), f"empty axis {axis}"
+    if x.size:
+        return np.asarray(x.ravel()[0]), "zero_d"
+    return np.zeros((), dtype=x.dtype), "zero_d"
+
+
+def change_layout(rng: np.random.Generator, x: np.ndarray) -> tuple[Any, str]:
+    """Same values (or the same shape and dtype), unusual memory layout or array type."""
+    how = pick(
+        rng,
+        ["strided", "reversed", "broadcast", "readonly", "fortran", "masked", "foreign", "swap"],
+    )
+    if how == "strided" and x.ndim:
+        wide = np.repeat(x, 2, axis=-1)
+        return wide[..., ::2], how
+    if how == "reversed" and x.ndim:
+        return x[::-1], how
+    if how == "broadcast" and x.ndim and x.shape[0]:
+        return np.broadcast_to(x[:1], x.shape), how
+    if how == "readonly":
+        x = x.copy()
+        x.flags.writeable = False
+        return x, how
+    if how == "masked":
+        return np.ma.masked_array(x), how
+    if how == "foreign" and array_api_strict is not None:
+        try:
+            return array_api_strict.asarray(x), how
+        except Exception:  # dtypes the array API does not have
+            return x, "foreign skipped"
+    if how == "swap":
+        try:
+            return x.astype(x.dtype.newbyteorder()), "byteswapped dtype"
+        except (TypeError, ValueError):
+            return x, "swap skipped"
+    return np.asfortranarray(x), "fortran"
+
+
+def replace_container(rng: np.random.Generator, x: np.ndarray) -> tuple[Any, str]:
+    how = pick(rng, ["list", "tuple", "str", "None", "int", "float", "bytes", "dict", "memory"])
+    value: Any = {
+        "list": x.tolist,
+        "tuple": lambda: tuple(x.tolist()) if x.ndim else x.tolist(),
+        "str": lambda: "abc",
+        "None": lambda: None,
+        "int": lambda: 3,
+        "float": lambda: 0.5,
+        "bytes": lambda: b"\x00" * 8,
+        "dict": lambda: {"shape": x.shape},
+        "memory": lambda: memoryview(np.ascontiguousarray(x)),
+    }[how]
+    try:
+        value = value()
+    except (TypeError, ValueError):
+        value, how = x.tolist(), "list"
+    return value, f"container {how}"
+
+
+def mutate_array(rng: np.random.Generator, case: Case, name: str, vocab: int) -> str:
+    """Corrupt one array argument in place in ``case.args``; returns a label."""
+    x = case.args.get(name)
+    if name == "uniforms" and not isinstance(x, np.ndarray):
+        x = rng.random((case.batch, case.k + 1))
+        case.args["uniforms"] = x
+        if "seeded_seqs" in case.args or "counter_seeds" in case.args:
+            case.args.pop("seeded_seqs", None)
+            case.args.pop("counter_seeds", None)
+    kinds = ["dtype", "shape", "layout", "container"]
+    if name in ID_ARGUMENTS:
+        kinds += ["bad_id"] * 4
+    if name in PROBABILITY_ARGUMENTS:
+        kinds += ["bad_probability"] * 3
+    kind = pick(rng, kinds)
+    try:
+        value, label = apply_mutation(rng, kind, x, vocab)
+    except Exception as error:  # NumPy cannot build this input (e.g. a datetime cast)
+        value, label = x, f"{kind} skipped ({type(error).__name__})"
+    case.args[name] = value
+    return f"{name}: {label}"
+
+
+def apply_mutation(rng: np.random.Generator, kind: str, x: Any, vocab: int) -> tuple[Any, str]:
+    if kind == "bad_id":
+        return set_bad_ids(rng, x, vocab)
+    if kind == "bad_probability":
+        return set_bad_probabilities(rng, x)
+    if kind == "dtype":
+        dtype = pick(rng, corrupt_dtypes())
+        with np.errstate(all="ignore"):
+            return x.astype(dtype), f"dtype {np.dtype(dtype)}"
+    if kind == "shape":
+        return change_shape(rng, x)
+    if kind == "layout":
+        return change_layout(rng, x)
+    return replace_container(rng, x)
+
+
+def mutate_dimensions(rng: np.random.Generator, case: Case) -> str:
+    """Consistent but invalid dimensions: k = 0 or V = 0 in every argument."""
+    which = pick(rng, ["k=0", "V=0"])
+    for name, x in list(case.args.items()):
+        if not isinstance(x, np.ndarray) or x.ndim < 2:
+            continue
+        if which == "k=0" and name in ("target_with_bonus_probs",):
+            case.args[name] = x[:, :1]
+        elif which == "k=0" and name != "bonus_token_ids":
+            case.args[name] = x[:, :0]
+        elif which == "V=0" and name in ("target_with_bonus_probs", "draft_probs"):
+            case.args[name] = x[..., :0]
+    return f"dimensions {which}"
+
+
+def mutate_arrays(rng: np.random.Generator, case: Case, vocab: int) -> None:
+    count = pick(rng, [0, 1, 1, 1, 1, 2, 2, 3])
+    for _ in range(count):
+        if rng.random() < 0.05:
+            case.mutations.append(mutate_dimensions(rng, case))
+            continue
+        names = array_arguments(case)
+        if not names:
+            break
+        case.mutations.append(mutate_array(rng, case, pick(rng, names), vocab))
+
+
+# --------------------------------------------------------------------------------------
+# Argument mutations
+# --------------------------------------------------------------------------------------
+
+
+class WeirdGenerator:
+    """Has a callable ``random`` that returns something unusual.
+
+    ``mismatch`` records a draw whose shape was not the requested one.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.mismatch: tuple[Any, tuple[int, ...]] | None = None
+
+    def random(self, size: Any = None) -> Any:
+        requested = np.zeros(size).shape
+        values = self.draw(size)
+        shape = np.shape(values)
+        if shape != requested:
+            self.mismatch = (requested, shape)
+        return values
+
+    def draw(self, size: Any) -> Any:
+        if self.kind == "nan":
+            return np.full(size, np.nan)
+        if self.kind == "big":
+            return np.full(size, 7.5)
+        if self.kind == "short":
+            return np.zeros(1)
+        if self.kind == "small2d":
+            return np.full((1, 1), 0.5)
+        if self.kind == "float32":
+            return np.full(size, 0.5, dtype=np.float32)
+        if self.kind == "fortran":
+            return np.asfortranarray(np.full(size, 0.5))
+        if self.kind == "text":
+            return "abc"
+        raise ValueError("WeirdGenerator refuses to draw")
+
+    def __repr__(self) -> str:
+        return f"WeirdGenerator({self.kind!r})"
+
+
+def weird_generators(index: int) -> list[Any]:
+    return [
+        None,
+        0,
+        "generator",
+        [0.5],
+        np.random.default_rng(index),
+        np.random.Generator(np.random.Philox(index)),
+        np.random.RandomState(index),  # a legacy generator on purpose
+        random.Random(index),
+        np.random.PCG64(index),
+        WeirdGenerator("nan"),
+        WeirdGenerator("big"),
+        WeirdGenerator("short"),
+        WeirdGenerator("small2d"),
+        WeirdGenerator("float32"),
+        WeirdGenerator("fortran"),
+        WeirdGenerator("text"),
+        WeirdGenerator("raise"),
+    ]
+
+
+def weird_keys(batch: int) -> list[Any]:
+    return [
+        0,
+        batch - 1,
+        -1,
+        batch,
+        batch + 3,
+        2**63,
+        -(2**70),
+        1.0,
+        "0",
+        None,
+        True,
+        np.bool_(False),
+        np.int64(0),
+        np.uint64(0),
+        (0,),
+    ]
+
+
+def weird_seed_pairs() -> list[Any]:
+    values = [0, 1, -1, 2**64 - 1, 2**64, -(2**70), 1.5, "1", None, True, np.uint64(2**64 - 1)]
+    values += [np.int64(-5), np.float64(2.0)]
+    pairs: list[Any] = [(a, b) for a in values[:4] for b in values[:4]]
+    pairs += [(value, 0) for value in values] + [(0, value) for value in values]
+    pairs += [[1, 2], np.array([1, 2]), (1,), (1, 2, 3), 5, None, "12", {0: 1}]
+    return pairs
+
+
+def weird_posteriors() -> list[Any]:
+    return [
+        0.0,
+        0.09,
+        1,
+        -1.0,
+        -0.0,
+        np.nan,
+        np.inf,
+        -np.inf,
+        1e308,
+        10**400,
+        -(10**400),
+        2**1030,
+        True,
+        "0.1",
+        None,
+        1j,
+        [0.1],
+        np.float32(0.3),
+        np.float16(np.inf),
+        np.int64(2),
+        np.uint64(2**64 - 1),
+        np.longdouble("1e4000"),
+        np.array(0.1),
+        np.array([0.1]),
+    ]
+
+
+def weird_vocab_sizes(vocab: int) -> list[Any]:
+    return [
+        None,
+        vocab,
+        vocab - 1,
+        0,
+        -1,
+        INT64_MAX,
+        2**63,
+        2**64,
+        -(2**70),
+        float(vocab),
+        float(vocab) + 0.5,
+        np.inf,
+        np.nan,
+        str(vocab),
+        "abc",
+        True,
+        [vocab],
+        np.int32(vocab),
+        np.uint64(2**64 - 1),
+        np.float64(vocab),
+        np.array(vocab),
+        np.array([vocab]),
+    ]
+
+
+def weird_strict() -> list[Any]:
+    return [False, True, 0, 1, None, "", "yes", np.bool_(True), np.float64(0.0)]
+
+
+def mutate_rejection_arguments(rng: np.random.Generator, case: Case, batch: int) -> str:
+    what = pick(
+        rng,
+        [
+            "seeded_value",
+            "seeded_key",
+            "seeded_container",
+            "counter_value",
+            "counter_key",
+            "counter_container",
+            "overlap",
+            "uniforms_and_seeds",
+            "generator",
+            "strict",
+        ],
+    )
+    if what == "generator" and case.entry != "rejection_sample":
+        what = "seeded_value"
+    if what == "seeded_value":
+        seeded = dict(case.args.get("seeded_seqs") or {})
+        seeded[int(rng.integers(batch)) if batch else 0] = pick(rng, weird_generators(case.index))
+        case.args["seeded_seqs"] = seeded
+    elif what == "seeded_key":
+        seeded = dict(case.args.get("seeded_seqs") or {})
+        seeded[pick(rng, weird_keys(batch))] = np.random.default_rng(case.index)
+        case.args["seeded_seqs"] = seeded
+    elif what == "seeded_container":
+        generator = np.random.default_rng(case.index)
+        case.args["seeded_seqs"] = pick(
+            rng, [[], (), "", 0, [generator], [0], "abc", 7, np.array([0]), {generator}]
+        )
+    elif what == "counter_value":
+        seeds = dict(case.args.get("counter_seeds") or {})
+        seeds[int(rng.integers(batch)) if batch else 0] = pick(rng, weird_seed_pairs())
+        case.args["counter_seeds"] = seeds
+    elif what == "counter_key":
+        seeds = dict(case.args.get("counter_seeds") or {})
+        seeds[pick(rng, weird_keys(batch))] = (1, 2)
+        case.args["counter_seeds"] = seeds
+    elif what == "counter_container":
+        case.args["counter_seeds"] = pick(
+            rng, [[], (), "", 0, [(1, 2)], [0], [1, 0], "abc", 7, np.array([0]), {(1, 2)}]
+        )
+    elif what == "overlap":
+        case.args["seeded_seqs"] = {0: np.random.default_rng(case.index)}
+        case.args["counter_seeds"] = {0: (1, 2)}
+    elif what == "uniforms_and_seeds":
+        case.args["uniforms"] = rng.random((batch, case.k + 1))
+        if rng.random() < 0.5:
+            case.args["seeded_seqs"] = {0: np.random.default_rng(case.index)}
+        else:
+            case.args["counter_seeds"] = {0: (1, 2)}
+    elif what == "generator":
+        case.args["generator"] = pick(rng, weird_generators(case.index))
+    else:
+        case.strict = pick(rng, weird_strict())
+        return f"strict_mode={case.strict!r}"
+    return what
+
+
+def mutate_arguments(rng: np.random.Generator, case: Case, batch: int, vocab: int) -> None:
+    if case.group == "rejection":
+        case.mutations.append(mutate_rejection_arguments(rng, case, batch))
+    elif case.group == "typical":
+        target = case.constructor if case.entry.startswith("Typical") else case.args
+        for name in ("posterior_threshold", "posterior_alpha"):
+            if rng.random() < 0.6:
+                target[name] = pick(rng, weird_posteriors())
+                case.mutations.append(f"{name}")
+        if rng.random() < 0.3:
+            case.strict = pick(rng, weird_strict())
+            case.mutations.append("strict_mode")
+    elif case.group == "output":
+        case.args["vocab_size"] = pick(rng, weird_vocab_sizes(vocab))
+        case.mutations.append("vocab_size")
+    else:
+        case.strict = pick(rng, weird_strict())
+        case.mutations.append("strict_mode")
+        if "draft_probs" in case.args and rng.random() < 0.5:
+            case.args["draft_probs"] = pick(rng, ["abc", 3, [1.0], np.zeros((1, 2, 3, 4))])
+            case.mutations.append("draft_probs (ignored)")
+    if rng.random() < 0.1:  # now and then an array is wrong as well
+        mutate_arrays(rng, case, vocab)
+
+
+def make_case(seed: int, family: str, group: str, index: int) -> Case:
+    """The case of ``index`` (a pure function of its four arguments)."""
+    rng = np.random.default_rng([seed, FAMILIES.index(family), GROUPS.index(group), index])
+    case = base_case(rng, index, family, group)
+    if family == "arrays":
+        mutate_arrays(rng, case, case.vocab)
+    else:
+        mutate_arguments(rng, case, case.batch, case.vocab)
+    return case
+
+
+# --------------------------------------------------------------------------------------
+# Calls and their checks
+# --------------------------------------------------------------------------------------
+
+
+class Samplers:
+    """Sampler instances shared by the calls of one worker, so that counters accumulate."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.pool: dict[tuple[str, bool], Any] = {}
+
+    def get(self, case: Case) -> Any:
+        cls_name = case.entry if case.entry[0].isupper() else None
+        if case.entry == "_create_output":
+            cls_name = ("RejectionSampler", "TypicalAcceptanceSampler", "GreedySampler")[
+                case.index % 3
+            ]
+        posteriors = case.constructor if cls_name == "TypicalAcceptanceSampler" else {}
+        if posteriors and case.family == "arguments":
+            # A fresh instance: the constructor's arguments are fuzzed.
+            return specdec_np.TypicalAcceptanceSampler(
+                posteriors["posterior_threshold"],
+                posteriors["posterior_alpha"],
+                strict_mode=case.strict,
+            )
+        key = (cls_name, bool(case.strict), *posteriors.values())
+        if key not in self.pool:
+            cls = getattr(specdec_np, cls_name)
+            if cls_name == "RejectionSampler":
+                self.pool[key] = cls(case.strict, seed=self.seed)
+            elif posteriors:
+                self.pool[key] = cls(*posteriors.values(), strict_mode=case.strict)
+            else:
+                self.pool[key] = cls(strict_mode=case.strict)
+        return self.pool[key]
+
+
+def keyword_arguments(case: Case, names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        name: case.args[name]
+        for name in names
+        if name in case.args and case.args[name] is not MISSING
+    }
+
+
+def invoke(case: Case, samplers: Samplers, sampler: Any) -> Any:
+    """Make the call that ``case`` describes (constructors included)."""
+    a = case.args
+    entry = case.entry
+    if entry == "rejection_sample":
+        return specdec_np.rejection_sample(
+            a["target_with_bonus_probs"],
+            a["bonus_token_ids"],
+            a["draft_probs"],
+            a["draft_token_ids"],
+            strict_mode=case.strict,
+            **keyword_arguments(case, ("uniforms", "generator", "seeded_seqs", "counter_seeds")),
+        )
+    if entry == "typical_acceptance_sample":
+        return specdec_np.typical_acceptance_sample(
+            a["target_with_bonus_probs"],
+            a["bonus_token_ids"],
+            a["draft_token_ids"],
+            strict_mode=case.strict,
+            **keyword_arguments(case, ("posterior_threshold", "posterior_alpha")),
+        )
+    if entry == "greedy_sample":
+        return specdec_np.greedy_sample(
+            a["target_with_bonus_probs"],
+            a["bonus_token_ids"],
+            a["draft_token_ids"],
+            strict_mode=case.strict,
+        )
+    if entry == "create_output":
+        return specdec_np.create_output(
+            a["accepted"],
+            a["substitute_token_ids"],
+            a["draft_token_ids"],
+            a["bonus_token_ids"],
+            **keyword_arguments(case, ("vocab_size",)),
+        )
+    if sampler is None:
+        sampler = samplers.get(case)
+    if entry == "_create_output":
+        return sampler._create_output(
+            a["accepted"],
+            a["substitute_token_ids"],
+            a["draft_token_ids"],
+            a["bonus_token_ids"],
+            **keyword_arguments(case, ("vocab_size",)),
+        )
+    positional = [
+        a["target_with_bonus_probs"],
+        a["bonus_token_ids"],
+        a.get("draft_probs"),
+        a["draft_token_ids"],
+    ]
+    if entry == "RejectionSampler":
+        if "seeded_seqs" in a:
+            positional.append(a["seeded_seqs"])
+        return sampler(*positional, **keyword_arguments(case, ("counter_seeds", "uniforms")))
+    return sampler(*positional)
+
+
+def as_numpy(x: Any) -> np.ndarray | None:
+    """The values the library saw, for the semantic checks (None if unknown)."""
+    if isinstance(x, np.ndarray):
+        return np.asarray(x)
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except Exception:
+            return None
+    return None
+
+
+def vocabulary_limit(case: Case) -> int | None:
+    """The ``V`` that output ids must stay below, or None if it cannot be known."""
+    if case.group != "output":
+        target = as_numpy(case.args["target_with_bonus_probs"])
+        return None if target is None or target.ndim != 3 else int(target.shape[-1])
+    vocab_size = case.args.get("vocab_size")
+    if vocab_size is None or vocab_size is MISSING:
+        return INT64_MAX
+    try:
+        return int(vocab_size)
+    except Exception:
+        return None
+
+
+def output_problems(case: Case, result: Any) -> list[str]:
+    """Everything wrong with a returned value (SPEC 3's output format)."""
+    stateless = not (case.entry[0].isupper() or case.entry == "_create_output")
+    if stateless:
+        if not isinstance(result, specdec_np.VerificationResult):
+            return [f"returned {type(result).__name__}, not a VerificationResult"]
+        output = result.output_token_ids
+    else:
+        output = result
+    if type(output) is not np.ndarray:
+        return [f"output is a {type(output).__name__}, not a numpy.ndarray"]
+    if output.dtype != np.int64:
+        return [f"output dtype is {output.dtype}, not int64"]
+    draft = as_numpy(case.args["draft_token_ids"])
+    bonus = as_numpy(case.args["bonus_token_ids"])
+    if draft is None or bonus is None or draft.ndim != 2:
+        return ["returned although draft_token_ids or bonus_token_ids is not an array [B, k]"]
+    batch, k = draft.shape
+    if output.shape != (batch, k + 1):
+        return [f"output shape {output.shape}, expected {(batch, k + 1)}"]
+    vocab = vocabulary_limit(case)
+    problems = []
+    if vocab is None:
+        problems.append("returned although the vocabulary size is not an integer")
+        vocab = INT64_MAX
+    if output.size and (output.min() < -1 or output.max() >= vocab):
+        problems.append(f"id outside [-1, {vocab}): min {output.min()}, max {output.max()}")
+    emitted = (output != -1).sum(axis=1)
+    bonus = bonus.reshape(-1)
+    for b in range(batch):
+        m = int(emitted[b])
+        row = output[b]
+        if m < 1 or not (row[:m] != -1).all() or not (row[m:] == -1).all():
+            problems.append(f"row {b} is not an emitted prefix followed by -1: {row.tolist()}")
+            continue
+        r = m - 1
+        if not np.array_equal(row[:r], draft[b, :r].astype(np.int64)):
+            problems.append(f"row {b}: accepted prefix {row[:r].tolist()} is not the drafts")
+        if r == k and row[k] != bonus[b]:
+            problems.append(f"row {b}: all drafts accepted but last id {row[k]} != bonus")
+    generator = case.args.get("generator")
+    if isinstance(generator, WeirdGenerator) and generator.mismatch is not None:
+        requested, shape = generator.mismatch
+        if not case.args.get("seeded_seqs") and not case.args.get("counter_seeds"):
+            # Nothing between the generator and the kernel checked the shape: the kernel
+            # (bounds checks off) read uniforms[b, i] for every row from a smaller array.
+            problems.append(
+                f"returned after generator.random({requested}) gave shape {shape}: the "
+                "kernel read uniforms outside the generator's array"
+            )
+    if problems:
+        return problems
+    r = emitted - 1
+    if case.group == "output":
+        accepted = as_numpy(case.args["accepted"])
+        substitute = as_numpy(case.args["substitute_token_ids"])
+        if accepted is not None and accepted.dtype == np.bool_:
+            first_false = np.where(accepted.all(axis=1), k, (~accepted).argmax(axis=1))
+            if not np.array_equal(first_false, r):
+                problems.append(f"accepted lengths {r.tolist()} != {first_false.tolist()}")
+            elif substitute is not None:
+                for b in np.flatnonzero(r < k):
+                    if output[b, r[b]] != substitute[b, r[b]]:
+                        problems.append(f"row {b}: emitted id is not the substitute id")
+    if stateless:
+        lengths, passed = result.accepted_lengths, result.num_accepted
+        if not np.array_equal(lengths, r) or lengths.dtype != np.int64:
+            problems.append(f"accepted_lengths {lengths!r} != {r.tolist()}")
+        if passed.shape != (batch,) or (passed < r).any() or (passed > k).any():
+            problems.append(f"num_accepted {passed!r} outside [accepted_lengths, k]")
+        if ((r == k) & (passed != k)).any():
+            problems.append(f"num_accepted {passed!r} != k in a fully accepted row")
+    return problems
+
+
+def generator_states(case: Case, sampler: Any) -> list[tuple[str, Any, Any]]:
+    """(name, bit generator, state) of every NumPy generator the call may consume."""
+    found: list[tuple[str, Any, Any]] = []
+    if sampler is not None and hasattr(sampler, "_generator"):
+        found.append(("sampler._generator", sampler._generator.bit_generator, None))
+    generator = case.args.get("generator")
+    if isinstance(generator, np.random.Generator):
+        found.append(("generator", generator.bit_generator, None))
+    seeded = case.args.get("seeded_seqs")
+    if isinstance(seeded, dict):
+        for row, value in seeded.items():
+            if isinstance(value, np.random.Generator):
+                found.append((f"seeded_seqs[{row!r}]", value.bit_generator, None))
+    return [(name, bit, bit.state) for name, bit, _ in found]
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Equality of two bit-generator states (dicts that may hold arrays)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_state(a[key], b[key]) for key in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b)
+    return bool(a == b)
+
+
+def counters(sampler: Any) -> tuple[Any, Any, int]:
+    if sampler is None:
+        return (None, None, 0)
+    accepted, emitted = sampler.num_accepted_tokens, sampler.num_emitted_tokens
+    return (
+        None if accepted is None else int(accepted),
+        None if emitted is None else int(emitted),
+        sampler.num_draft_tokens,
+    )
+
+
+def counter_problems(case: Case, output: np.ndarray, before: tuple, after: tuple) -> list[str]:
+    """Counters after a successful sampler call, against the output."""
+    batch, width = output.shape
+    accepted0, emitted0, drafts0 = (0 if v is None else v for v in before)
+    accepted1, emitted1, drafts1 = after
+    problems = []
+    if not isinstance(accepted1, int) or not isinstance(emitted1, int):
+        return ["counters missing after a successful call"]
+    emitted = int((output != -1).sum())
+    if emitted1 - emitted0 != emitted:
+        problems.append(f"num_emitted_tokens grew by {emitted1 - emitted0}, emitted {emitted}")
+    if drafts1 - drafts0 != batch * (width - 1):
+        problems.append(f"num_draft_tokens grew by {drafts1 - drafts0}, not B*k")
+    lengths = int(emitted - batch)
+    if not lengths <= accepted1 - accepted0 <= batch * (width - 1):
+        problems.append(f"num_accepted_tokens grew by {accepted1 - accepted0}")
+    if case.entry == "_create_output":
+        accepted = as_numpy(case.args["accepted"])
+        if accepted is not None and accepted1 - accepted0 != int(accepted.sum()):
+            problems.append("num_accepted_tokens did not grow by accepted.sum()")
+    return problems
+
+
+def consumption_problems(case: Case, states: list, output: np.ndarray) -> list[str]:
+    """SPEC 5: a seeded row's generator is consumed by exactly one ``random(k + 1)``."""
+    problems = []
+    width = output.shape[1]
+    for name, bit, state in states:
+        if not name.startswith("seeded_seqs") or "uniforms" in case.args:
+            continue
+        clone = np.random.Generator(type(bit)())
+        clone.bit_generator.state = state
+        clone.random(width)
+        if not same_state(clone.bit_generator.state, bit.state):
+            problems.append(f"{name} was not consumed by exactly one random(k + 1)")
+    return problems
+
+
+def innermost_frame(error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{os.path.relpath(frame.filename)}:{frame.lineno}"
+
+
+@dataclass
+class Tally:
+    calls: int = 0
+    returned: int = 0
+    type_error: int = 0
+    value_error: int = 0
+    failed: int = 0
+    failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def fail(self, signature: str, case: Case, seed: int, detail: str) -> None:
+        self.failed += 1
+        if signature not in self.failures and len(self.failures) >= MAX_FAILURES:
+            signature = "(more distinct failures)"
+        entry = self.failures.setdefault(
+            signature,
+            {"count": 0, "detail": detail, "case": case.description(seed)},
+        )
+        entry["count"] += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "returned": self.returned,
+            "TypeError": self.type_error,
+            "ValueError": self.value_error,
+            "failed": self.failed,
+            "failures": [{"signature": key, **value} for key, value in self.failures.items()],
+        }
+
+
+def run_case(case: Case, samplers: Samplers, tally: Tally, seed: int, log: Any) -> str:
+    """Make one call and classify it; returns the outcome's name."""
+    log(case)
+    tally.calls += 1
+    sampler = None
+    uses_sampler = case.entry[0].isupper() or case.entry == "_create_output"
+    if uses_sampler:
+        try:
+            sampler = samplers.get(case)
+        except (TypeError, ValueError) as error:
+            # A fuzzed constructor argument: the constructor is the call.
+            return classify_error(case, error, tally, seed)
+        except Exception as error:  # any other type is a failure
+            tally.fail(
+                f"exception {type(error).__name__} at {innermost_frame(error)}",
+                case,
+                seed,
+                f"{type(error).__name__}: {error}",
+            )
+            return "failed"
+    states = generator_states(case, sampler)
+    before = counters(sampler)
+    try:
+        result = invoke(case, samplers, sampler)
+    except (TypeError, ValueError) as error:
+        changed = [name for name, bit, state in states if not same_state(bit.state, state)]
+        if counters(sampler) != before:
+            changed.append("counters")
+        if changed:
+            tally.fail(
+                f"state changed by a failed call ({type(error).__name__} at "
+                f"{innermost_frame(error)})",
+                case,
+                seed,
+                f"changed: {', '.join(changed)}; {type(error).__name__}: {error}",
+            )
+            return "failed"
+        return classify_error(case, error, tally, seed)
+    except Exception as error:  # any other type is a failure
+        tally.fail(
+            f"exception {type(error).__name__} at {innermost_frame(error)}",
+            case,
+            seed,
+            f"{type(error).__name__}: {error}",
+        )
+        return "failed"
+    problems = output_problems(case, result)
+    if not problems and uses_sampler:
+        problems = counter_problems(case, result, before, counters(sampler))
+    if not problems and isinstance(result, np.ndarray | specdec_np.VerificationResult):
+        output = result if isinstance(result, np.ndarray) else result.output_token_ids
+        problems = consumption_problems(case, states, output)
+    if problems:
+        # Numbers (rows, shapes, ids) vary between calls of one bug: not in the signature.
+        signature = f"invalid output of {case.entry}: {re.sub(r'-?[0-9]+', 'N', problems[0])[:70]}"
+        tally.fail(signature, case, seed, "; ".join(problems))
+        return "failed"
+    tally.returned += 1
+    return "returned"
+
+
+def classify_error(case: Case, error: Exception, tally: Tally, seed: int) -> str:
+    message = str(error)
+    raised_by_caller_object = innermost_frame(error).startswith(WORKER_FILE)
+    if not raised_by_caller_object and not any(name in message for name in ARGUMENT_NAMES):
+        tally.fail(
+            f"message names no argument: {type(error).__name__} at {innermost_frame(error)}",
+            case,
+            seed,
+            f"{type(error).__name__}: {message}",
+        )
+        return "failed"
+    if isinstance(error, TypeError):
+        tally.type_error += 1
+        return "TypeError"
+    tally.value_error += 1
+    return "ValueError"
+
+
+# --------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------
+
+
+def call_logger(path: str | None, seed: int) -> Callable[[Case], None]:
+    """Writes a call's description over the log file before the call (unbuffered)."""
+    if path is None:
+        return lambda case: None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def log(case: Case) -> None:
+        data = (case.description(seed) + "\n").encode("utf-8", "backslashreplace")
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, data)
+        os.ftruncate(fd, len(data))
+
+    return log
+
+
+def self_test_crash(kind: str, path: str | None) -> None:
+    """Die the way a kernel bug would, after logging a recognisable call."""
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(f"self-test crash ({kind})\n")
+    if kind == "segv":
+        faulthandler._sigsegv()
+    os.abort()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=FAMILIES, default="arrays")
+    parser.add_argument("--group", choices=GROUPS, default="rejection")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--start", type=int, default=0, help="index of the first case")
+    parser.add_argument("--only", type=int, help="replay one case and print it")
+    parser.add_argument("--log", help="file that holds the description of the running call")
+    parser.add_argument("--self-test-crash", nargs="?", const="abort", choices=("abort", "segv"))
+    options = parser.parse_args(argv)
+    faulthandler.enable()
+    # Warnings (complex casts, array_api_strict dtype comparisons) are not outcomes.
+    warnings.simplefilter("ignore")
+    if options.self_test_crash:
+        self_test_crash(options.self_test_crash, options.log)
+    log = call_logger(options.log, options.seed)
+    samplers = Samplers(options.seed)
+    tally = Tally()
+    if options.only is not None:
+        case = make_case(options.seed, options.family, options.group, options.only)
+        print(case.description(options.seed))
+        outcome = run_case(case, samplers, tally, options.seed, log)
+        print("outcome:", outcome)
+        for failure in tally.failures.values():
+            print(failure["detail"])
+        print(json.dumps(tally.summary(), default=str))
+        return 0
+    with np.errstate(all="ignore"):
+        for index in range(options.start, options.start + options.calls):
+            case = make_case(options.seed, options.family, options.group, index)
+            run_case(case, samplers, tally, options.seed, log)
+    sys.stdout.write(json.dumps(tally.summary(), default=str) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Threads: separate sampler instances called concurrently give the sequential results.
+
+The kernels release the GIL (and may run their row loop with OpenMP), so several Python
+threads can verify batches at the same time.  The contract, stated in the module
+docstring of ``specdec_np.samplers``: a sampler instance is *not* meant to be shared
+between threads that call it at the same time (its counters and generator are plain
+state); each thread gets its own instance, and the stateless functions of
+``specdec_np.verify`` may be called from any number of threads.  These tests check that
+contract: every concurrent task must produce exactly the outputs and counters of the same
+task run alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import specdec_np
+from specdec_np import _backend, samplers
+
+THREADS = 4
+
+# (B, k, V): "big" is over the size at which the kernels use OpenMP by themselves
+# (B * 2V and B * k * V >= PARALLEL_MIN_ELEMENTS); "small" runs serially unless forced.
+SIZES = {"big": (64, 2, 8192), "small": (3, 2, 16)}
+# Calls per task: the big batches are few, to keep the file fast on two loaded cores
+# (OpenMP teams of several Python threads oversubscribe them).
+CALLS = {"big": 8, "small": 50}
+
+
+def make_batches(size: str, count: int = 3, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """A few different valid batches (float32 probabilities, int64 ids)."""
+    batch_size, k, vocab = SIZES[size]
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        target = rng.random((batch_size, k + 1, vocab), dtype=np.float32) ** 8
+        target /= target.sum(axis=-1, keepdims=True)
+        draft = rng.random((batch_size, k, vocab), dtype=np.float32) ** 8
+        draft /= draft.sum(axis=-1, keepdims=True)
+        draft_ids = rng.integers(0, vocab, (batch_size, k))
+        # Some rows draft the target's argmax, so that prefixes of every length occur.
+        agree = rng.random((batch_size, k)) < 0.7
+        draft_ids = np.where(agree, target[:, :k].argmax(axis=-1), draft_ids)
+        batches.append(
+            {
+                "target": target,
+                "draft_probs": draft,
+                "draft_ids": draft_ids.astype(np.int64),
+                "bonus": rng.integers(0, vocab, (batch_size, 1)),
+                "accepted": rng.random((batch_size, k)) < 0.8,
+                "substitute": rng.integers(0, vocab, (batch_size, k)),
+            }
+        )
+    return batches
+
+
+def counters(sampler: Any) -> tuple[int, int, int]:
+    return (
+        int(sampler.num_accepted_tokens),
+        int(sampler.num_emitted_tokens),
+        sampler.num_draft_tokens,
+    )
+
+
+# Each task builds its own sampler and makes `calls` calls; it returns the outputs
+# and the sampler's final counters.  The result depends only on the task's arguments.
+Task = Callable[[], tuple[list[np.ndarray], tuple[int, int, int] | None]]
+
+
+def rejection_with_uniforms(batches: list[dict], seed: int, calls: int) -> Task:
+    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
+        sampler = specdec_np.RejectionSampler()
+        rng = np.random.default_rng(seed)
+        outputs = []
+        for call in range(calls):
+            batch = batches[call % len(batches)]
+            uniforms = rng.random((batch["draft_ids"].shape[0], batch["draft_ids"].shape[1] + 1))
+            draft_probs = batch["draft_probs"] if call % 2 else None
+            outputs.append(
+                sampler(
+                    batch["target"],
+                    batch["bonus"],
+                    draft_probs,
+                    batch["draft_ids"],
+                    uniforms=uniforms,
+                )
+            )
+        return outputs, counters(sampler)
+
+    return task
+
+
+def rejection_with_generators(batches: list[dict], seed: int, calls: int) -> Task:
+    """The sampler's own seeded generator, plus seeded_seqs and counter_seeds rows."""
+
+    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
+        sampler = specdec_np.RejectionSampler(seed=seed)
+        row_generator = np.random.default_rng(seed + 1000)
+        outputs = []
+        for call in range(calls):
+            batch = batches[call % len(batches)]
+            seeded = {0: row_generator} if call % 3 == 0 else None
+            counter_seeds = {1: (seed, call)} if call % 4 == 1 else None
+            outputs.append(
+                sampler(
+                    batch["target"],
+                    batch["bonus"],
+                    batch["draft_probs"],
+                    batch["draft_ids"],
+                    seeded,
+                    counter_seeds=counter_seeds,
+                )
+            )
+        return outputs, counters(sampler)
+
+    return task
+
+
+def typical(batches: list[dict], seed: int, calls: int) -> Task:
+    threshold, alpha = (0.09, 0.3) if seed % 2 else (0.3, 0.9)
+
+    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
+        sampler = specdec_np.TypicalAcceptanceSampler(threshold, alpha)
+        outputs = [
+            sampler(batch["target"], batch["bonus"], None, batch["draft_ids"])
+            for batch in (batches[call % len(batches)] for call in range(calls))
+        ]
+        return outputs, counters(sampler)
+
+    return task
+
+
+def greedy(batches: list[dict], seed: int, calls: int) -> Task:
+    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
+        sampler = specdec_np.GreedySampler(strict_mode=bool(seed % 2))
+        outputs = [
+            sampler(batch["target"], batch["bonus"], None, batch["draft_ids"])
+            for batch in (batches[(call + seed) % len(batches)] for call in range(calls))
+        ]
+        return outputs, counters(sampler)
+
+    return task
+
+
+def create_output(batches: list[dict], seed: int, calls: int) -> Task:
+    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
+        sampler = specdec_np.GreedySampler()
+        outputs = []
+        for call in range(calls):
+            batch = batches[(call + seed) % len(batches)]
+            outputs.append(
+                sampler._create_output(
+                    batch["accepted"], batch["substitute"], batch["draft_ids"], batch["bonus"]
+                )
+            )
+        return outputs, counters(sampler)
+
+    return task
+
+
+def stateless(batches: list[dict], seed: int, calls: int) -> Task:
+    """The stateless functions, each result flattened into one output array."""
+
+    def task() -> tuple[list[np.ndarray], None]:
+        rng = np.random.default_rng(seed)
+        outputs = []
+        for call in range(calls):
+            batch = batches[call % len(batches)]
+            shape = (batch["draft_ids"].shape[0], batch["draft_ids"].shape[1] + 1)
+            results = [
+                specdec_np.rejection_sample(
+                    batch["target"],
+                    batch["bonus"],
+                    batch["draft_probs"],
+                    batch["draft_ids"],
+                    uniforms=rng.random(shape),
+                ),
+                specdec_np.rejection_sample(
+                    batch["target"],
+                    batch["bonus"],
+                    None,
+                    batch["draft_ids"],
+                    generator=np.random.default_rng([seed, call]),
+                ),
+                specdec_np.typical_acceptance_sample(
+                    batch["target"], batch["bonus"], batch["draft_ids"]
+                ),
+                specdec_np.greedy_sample(batch["target"], batch["bonus"], batch["draft_ids"]),
+                specdec_np.create_output(
+                    batch["accepted"], batch["substitute"], batch["draft_ids"], batch["bonus"]
+                ),
+            ]
+            outputs.append(
+                np.concatenate(
+                    [
+                        np.column_stack([r.output_token_ids, r.accepted_lengths, r.num_accepted])
+                        for r in results
+                    ],
+                    axis=1,
+                )
+            )
+        return outputs, None
+
+    return task
+
+
+def tasks_for(size: str, seeds: tuple[int, ...]) -> list[tuple[str, Task]]:
+    batches = make_batches(size)
+    factories = (
+        rejection_with_uniforms,
+        rejection_with_generators,
+        typical,
+        greedy,
+        create_output,
+        stateless,
+    )
+    return [
+        (f"{factory.__name__}[{seed}]", factory(batches, seed, CALLS[size]))
+        for factory in factories
+        for seed in seeds
+    ]
+
+
+def check_concurrent_equals_sequential(size: str, seeds: tuple[int, ...], repeats: int) -> None:
+    """Run every task alone, then all of them ``repeats`` times over on THREADS threads
+    (each run of a task builds its own sampler); compare outputs and counters."""
+    tasks = tasks_for(size, seeds)
+    sequential = [task() for _, task in tasks]
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        futures = [pool.submit(task) for _ in range(repeats) for _, task in tasks]
+        concurrent = [future.result() for future in futures]
+    for repeat in range(repeats):
+        for (name, _), expected, found in zip(
+            tasks, sequential, concurrent[repeat * len(tasks) :]
+        ):
+            expected_outputs, expected_counters = expected
+            found_outputs, found_counters = found
+            assert len(found_outputs) == len(expected_outputs) == CALLS[size]
+            for call, (want, got) in enumerate(zip(expected_outputs, found_outputs)):
+                np.testing.assert_array_equal(got, want, err_msg=f"{name}, call {call}")
+            assert found_counters == expected_counters, name
+
+
+@pytest.mark.parametrize("size", ["small", "big"])
+def test_separate_instances_concurrently_match_sequential_calls(size: str) -> None:
+    """Default thread policy: the big batches use OpenMP inside each call as well."""
+    batch_size, k, vocab = SIZES[size]
+    # The sizes cover both kernel paths (rejection reads 2V per row, the others kV).
+    for per_row in (2 * vocab, k * vocab):
+        big_enough = batch_size * per_row >= _backend.PARALLEL_MIN_ELEMENTS
+        assert big_enough == (size == "big")
+    # Twice over, so that every kind of task overlaps with every other.
+    check_concurrent_equals_sequential(size, (1, 2) if size == "small" else (1,), repeats=2)
+
+
+@pytest.mark.parametrize("size", ["small", "big"])
+def test_separate_instances_concurrently_with_openmp_forced(size: str, threaded: int) -> None:
+    """The ``threaded`` fixture forces the OpenMP row loop for every batch of two or more
+    rows, so OpenMP teams of several Python threads run at once."""
+    assert _backend.thread_count(SIZES[size][0], 1) == min(SIZES[size][0], threaded)
+    # Fewer runs: waking OpenMP teams for tiny batches is slow on a loaded machine.
+    check_concurrent_equals_sequential(size, (1,), repeats=1)
+
+
+def test_the_contract_is_documented() -> None:
+    """One instance is not to be shared between concurrently calling threads; separate
+    instances (and the stateless functions) are what the tests above check."""
+    text = " ".join((samplers.__doc__ or "").split())
+    assert "not meant to be shared between threads" in text
+    assert "give each thread its own" in text
+    assert "release the GIL" in text
