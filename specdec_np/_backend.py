@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _validate
+from . import _core, _validate
 
 __all__ = [
     "PreparedBatch",
@@ -256,8 +256,6 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
         megabytes; below that, waking them costs more than the split saves, and far more
         on a loaded machine.
     """
-    from . import _core
-
     if batch_size < 2 or batch_size * elements_per_row < PARALLEL_MIN_ELEMENTS:
         return 1
     return max(1, min(batch_size, _core.openmp_max_threads()))
@@ -268,8 +266,6 @@ def kernels_for(device: int | None) -> Any:
     CPU) or ``_cuda.core_like`` (CuPy; its kernels return None, see :func:`first_failed_row`).
     """
     if device is None:
-        from . import _core
-
         return _core
     from . import _cuda
 

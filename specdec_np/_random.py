@@ -147,8 +147,9 @@ class RejectionUniforms:
                 "source"
             )
         self._counter_rows = sorted(counter_rows)
-        self._seeds = _uint64_column("seed", counter_rows, self._counter_rows, 0)
-        self._positions = _uint64_column("position", counter_rows, self._counter_rows, 1)
+        if self._counter_rows:
+            self._seeds = _uint64_column("seed", counter_rows, self._counter_rows, 0)
+            self._positions = _uint64_column("position", counter_rows, self._counter_rows, 1)
         if generator is None:
             generator = np.random.default_rng()
         else:
