@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,6 +29,7 @@ __all__ = [
     "is_cupy_array",
     "first_failed_row",
     "kernels_for",
+    "on_inputs_device",
     "prepare_batch",
     "thread_count",
 ]
@@ -272,6 +275,31 @@ def kernels_for(device: int | None) -> Any:
     return _cuda.core_like
 
 
+def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``function`` with the CUDA device of its first argument current (CuPy arrays and
+    CUDA DLPack producers), so that copies, buffers and uniforms are made on the inputs'
+    device and not on whichever device happened to be current.  NumPy inputs pass straight
+    through."""
+
+    @functools.wraps(function)
+    def wrapper(first: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(first, np.ndarray):
+            return function(first, *args, **kwargs)
+        if is_cupy_array(first):
+            device = int(first.device.id)
+        else:
+            try:
+                device_type, device = first.__dlpack_device__()
+            except Exception:  # not an array: the function's own checks will say so
+                return function(first, *args, **kwargs)
+            if int(device_type) != _DLPACK_CUDA:
+                return function(first, *args, **kwargs)
+        with cuda_module().cuda.Device(int(device)):
+            return function(first, *args, **kwargs)
+
+    return wrapper
+
+
 def first_failed_row(reported: int | None, row_status: Any) -> int:
     """The first row whose kernel status is not 0, or -1.
 
@@ -282,6 +310,8 @@ def first_failed_row(reported: int | None, row_status: Any) -> int:
     """
     if reported is not None:
         return int(reported)
+    if row_status.size == 0:
+        return -1
     failed = row_status != 0
     first = int(failed.argmax())
     return first if bool(failed[first]) else -1

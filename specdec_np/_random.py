@@ -28,7 +28,7 @@ import numpy as np
 from ._philox import counter_uniforms
 from ._validate import check_uniforms
 
-__all__ = ["GeneratorSnapshot", "RejectionUniforms", "counter_uniforms"]
+__all__ = ["CounterStream", "GeneratorSnapshot", "RejectionUniforms", "counter_uniforms"]
 
 
 def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
@@ -48,10 +48,39 @@ def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
     return rows
 
 
+class CounterStream:
+    """The sampler's own uniforms on a GPU: row ``n`` of the stream is
+    ``counter_uniforms(key, n, width)``, so the stream is computed on the device, with no
+    host transfer, and can be rewound (its state is one integer), unlike a CuPy generator.
+
+    Parameters
+    ----------
+    key : int
+        Philox key in ``[0, 2**64)``.
+    xp : module
+        ``cupy`` (or ``numpy``): where the uniforms are made.
+    """
+
+    def __init__(self, key: int, xp: Any) -> None:
+        self._key = int(key)
+        self._xp = xp
+        self.state = 0
+
+    def random(self, size: tuple[int, int]) -> Any:
+        """The next ``size[0]`` rows of the stream, float64 ``[rows, width]``."""
+        rows, width = size
+        xp = self._xp
+        seeds = xp.full(rows, self._key, dtype=xp.uint64)
+        positions = xp.arange(self.state, self.state + rows, dtype=xp.uint64)
+        self.state += rows
+        return counter_uniforms(seeds, positions, width, xp=xp)
+
+
 def _is_generator(generator: Any) -> bool:
-    """A ``numpy.random.Generator`` or a ``cupy.random.Generator``: the only generators
-    whose ``random(shape)`` is trusted to return float64 uniforms of that shape."""
-    if isinstance(generator, np.random.Generator):
+    """A ``numpy.random.Generator``, a ``cupy.random.Generator`` or a :class:`CounterStream`:
+    the only sources whose ``random(shape)`` is trusted to return float64 uniforms of that
+    shape."""
+    if isinstance(generator, (np.random.Generator, CounterStream)):
         return True
     kind = type(generator)
     return kind.__name__ == "Generator" and kind.__module__.split(".", 1)[0] == "cupy"
@@ -70,8 +99,9 @@ class GeneratorSnapshot:
 
     Parameters
     ----------
-    generators : iterable of numpy.random.Generator or cupy.random.Generator
-        CuPy's generators cannot be saved cheaply and are skipped.
+    generators : iterable of numpy.random.Generator, CounterStream or cupy.random.Generator
+        CuPy's generators cannot be saved cheaply and are skipped: a caller's CuPy generator
+        in ``seeded_seqs`` may have moved after a call that failed on the device.
     """
 
     __slots__ = ("_saved",)
@@ -79,8 +109,10 @@ class GeneratorSnapshot:
     def __init__(self, generators: Any) -> None:
         self._saved = [
             (generator.bit_generator, generator.bit_generator.state)
-            for generator in generators
             if isinstance(generator, np.random.Generator)
+            else (generator, generator.state)
+            for generator in generators
+            if isinstance(generator, (np.random.Generator, CounterStream))
         ]
 
     def restore(self) -> None:

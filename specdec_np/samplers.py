@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _validate, verify
+from . import _backend, _random, _validate, verify
 
 __all__ = [
     "GreedySampler",
@@ -333,13 +333,14 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
     strict_mode : bool, default False
     seed : int, optional
         Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of the
-        uniforms of unseeded rows.  None seeds it from the OS.
+        uniforms of unseeded rows (on a GPU: of the key of a counter-based Philox stream
+        made on the device).  None seeds it from the OS.
     """
 
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
         super().__init__(strict_mode)
         self._generator = np.random.default_rng(_validate.check_seed(seed))
-        self._cuda_generators: dict[int, Any] = {}
+        self._cuda_stream: _random.CounterStream | None = None
 
     def forward(
         self,
@@ -386,20 +387,15 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         return result.output_token_ids
 
     def _generator_for(self, target_with_bonus_probs: Any) -> Any:
-        """The sampler's generator for the inputs' device (a CuPy one, seeded from the
-        NumPy one, the first time a device is used).  Inputs that are not CuPy arrays use
-        the NumPy generator; intake errors are left to the verifier."""
+        """The sampler's source of uniforms for the inputs' backend: its NumPy generator,
+        or for CuPy inputs a counter-based stream keyed from that generator the first time
+        (made on the device, and rewound like the NumPy one when a call fails)."""
         if not _backend.is_cupy_array(target_with_bonus_probs):
             return self._generator
-        device = _backend.device_of(target_with_bonus_probs)
-        if device is None:
-            return self._generator
-        if device not in self._cuda_generators:
-            cupy = _backend.cuda_module()
-            with cupy.cuda.Device(device):
-                seed = int(self._generator.integers(2**63))
-                self._cuda_generators[device] = cupy.random.default_rng(seed)
-        return self._cuda_generators[device]
+        if self._cuda_stream is None:
+            key = int(self._generator.integers(2**63))
+            self._cuda_stream = _random.CounterStream(key, _backend.cuda_module())
+        return self._cuda_stream
 
 
 class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):

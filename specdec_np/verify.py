@@ -64,6 +64,7 @@ def _finish(
     return VerificationResult(output, accepted_lengths, num_accepted)
 
 
+@_backend.on_inputs_device
 def rejection_sample(
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
@@ -151,6 +152,7 @@ def rejection_sample(
         raise
 
 
+@_backend.on_inputs_device
 def typical_acceptance_sample(
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
@@ -203,6 +205,7 @@ def typical_acceptance_sample(
     return _finish(batch, buffers, first_bad_row)
 
 
+@_backend.on_inputs_device
 def greedy_sample(
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
@@ -251,6 +254,7 @@ def greedy_sample(
     return _finish(batch, buffers, first_bad_row)
 
 
+@_backend.on_inputs_device
 def create_output(
     accepted: Any,
     substitute_token_ids: Any,

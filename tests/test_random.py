@@ -313,3 +313,21 @@ def test_conflicting_sources_raise():
             specdec_np.rejection_sample(*inputs, seeded_seqs={key: np.random.default_rng(0)})
         with pytest.raises(ValueError, match="counter_seeds"):
             specdec_np.rejection_sample(*inputs, counter_seeds={key: (1, 2)})
+
+
+def test_counter_stream_rows_are_counter_uniforms_and_rewind():
+    """The sampler's GPU source: row n of the stream is counter_uniforms(key, n), and a
+    snapshot rewinds it (checked here on NumPy; the GPU tests run it on CuPy)."""
+    from specdec_np import _random
+
+    stream = _random.CounterStream(12345, np)
+    first = stream.random((3, 5))
+    expected = specdec_np.counter_uniforms(
+        np.full(3, 12345, np.uint64), np.arange(3, dtype=np.uint64), 5
+    )
+    np.testing.assert_array_equal(first, expected)
+    snapshot = _random.GeneratorSnapshot([stream])
+    second = stream.random((2, 5))
+    snapshot.restore()
+    np.testing.assert_array_equal(stream.random((2, 5)), second)
+    assert stream.state == 5

@@ -1,0 +1,1328 @@
+"""GPU backend (CuPy): the fused CUDA kernels against the CPU kernels, counters on the device,
+errors, randomness, DLPack and the import rule (issue 5; SPEC 1, 5, 7).
+
+Every test is marked ``gpu``: ``tests/conftest.py`` skips them unless ``cupy.is_available()``
+(``SPECDEC_REQUIRE_GPU=1`` turns the skip into a failure), and cupy is imported lazily by the
+``cp`` fixture, so collecting this file never needs CuPy.
+
+How the GPU may differ from the CPU, and why only there
+--------------------------------------------------------
+* Rejection sampling, same explicit uniforms: the acceptance test ``u * q(x) < p(x)`` is a
+  float64 comparison of stored values, so ``accepted_lengths``, ``num_accepted`` and every
+  accepted prefix must be identical.  The recovered token is an inverse-CDF draw whose float64
+  sums are taken in another order on the GPU (segments, chunks, scan) than on the CPU; the two
+  tokens may differ only where ``v * Z`` lies within float rounding of the CDF boundary between
+  them (:func:`assert_draw_consistent`, the check of ``tests/test_rejection.py``).
+* Greedy: comparisons of stored values only, identical on both backends.
+* Typical acceptance: both backends use the same float32 entropy term ``p * ln(p + 1e-5)``
+  accumulated in float64, but another log implementation (CUDA ``logf``/``log``, both within
+  one ulp) and another summation order.  The error bound of ``tests/test_typical_acceptance.py``
+  holds for both, so a decision may differ only where ``p(x)`` lies inside that rounding band
+  around the float64 threshold (``typical_expectation``); everywhere else GPU, CPU and the
+  float64 formula agree exactly, and the recovered argmax is identical.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specdec_np
+from specdec_np import _backend, _cuda, _philox
+from specdec_np import _conformance as conf
+
+pytestmark = pytest.mark.gpu
+
+LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
+FLOAT_DTYPES = (np.float32, np.float64)
+ID_DTYPES = (np.int32, np.int64)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    """The cupy module (imported lazily: collecting this file never needs CuPy)."""
+    return pytest.importorskip("cupy")
+
+
+def dtype_id(value):
+    return np.dtype(value).name
+
+
+def stable_seed(*parts):
+    """A seed fixed by the test parameters (``hash`` of a str changes between runs)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+# --------------------------------------------------------------------------------------
+# Moving arrays and checking where results live
+# --------------------------------------------------------------------------------------
+
+
+def on_device(cp, device, *arrays):
+    """Copies of NumPy arrays on CUDA device ``device`` (``None`` stays ``None``)."""
+    with cp.cuda.Device(device):
+        return tuple(None if a is None else cp.asarray(a) for a in arrays)
+
+
+def to_host(cp, result):
+    """A verifier result (or any tuple of CuPy arrays) as NumPy arrays."""
+    return tuple(cp.asnumpy(a) for a in result)
+
+
+def assert_on_device(cp, array, device, shape=None, dtype=np.int64):
+    assert isinstance(array, cp.ndarray), f"expected a cupy.ndarray, found {type(array)}"
+    assert array.device.id == device, f"array on device {array.device.id}, expected {device}"
+    assert array.dtype == dtype
+    if shape is not None:
+        assert tuple(array.shape) == tuple(shape)
+
+
+def assert_gpu_result(cp, result, device, batch_size, k):
+    """A :class:`VerificationResult` of CuPy int64 arrays on ``device`` with SPEC 3 shapes."""
+    output, lengths, passes = result
+    assert_on_device(cp, output, device, (batch_size, k + 1))
+    assert_on_device(cp, lengths, device, (batch_size,))
+    assert_on_device(cp, passes, device, (batch_size,))
+
+
+def synchronize(cp, device=0):
+    """Wait for the device: a sticky CUDA error (an out-of-bounds access) surfaces here."""
+    cp.cuda.Device(device).synchronize()
+
+
+# --------------------------------------------------------------------------------------
+# Rejection sampling: inputs and the GPU-versus-CPU comparison
+# --------------------------------------------------------------------------------------
+
+
+def random_rows(rng, shape, sparsity=0.3):
+    """Normalised non-negative rows with some exact zeros; every row keeps some mass."""
+    rows = rng.dirichlet(np.ones(shape[-1]), size=shape[:-1])
+    rows = rows * (rng.random(shape) >= sparsity)
+    empty = rows.sum(axis=-1) == 0
+    keep = rng.integers(0, shape[-1], size=empty.shape)
+    rows[empty, keep[empty]] = 1.0
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_draft_probs):
+    """A batch mixing the edge cases of SPEC 4.1 position by position: ``p(x) = 0``,
+    ``q(x) = 0``, ``p == q``, an empty residual (``q = 2p``), one-hot targets, uniforms 0 and
+    the largest double below 1, drafts drawn from ``q`` and rows that accept often.  Every
+    target row keeps positive mass, so no call fails."""
+    rng = np.random.default_rng(seed)
+    target = random_rows(rng, (batch_size, k + 1, vocab_size))
+    draft = random_rows(rng, (batch_size, k, vocab_size))
+    draft_ids = rng.integers(0, vocab_size, (batch_size, k))
+    for b, i in zip(*np.nonzero(rng.random((batch_size, k)) < 0.5)):
+        draft_ids[b, i] = conf.draw_from(draft[b, i], 1, rng)[0]
+    uniforms = rng.random((batch_size, k + 1))
+    uniforms[:, :k] *= rng.choice([0.05, 0.3, 1.0], size=(batch_size, 1))
+    edge = rng.integers(0 if vocab_size > 1 else 1, 9, (batch_size, k))
+    rows, cols = np.nonzero(edge == 0)  # p(x) = 0 (never accepted)
+    target[rows, cols, draft_ids[rows, cols]] = 0.0
+    for b, i in zip(rows, cols):
+        if target[b, i].sum() == 0:
+            target[b, i, (draft_ids[b, i] + 1) % vocab_size] = 1.0
+        target[b, i] /= target[b, i].sum()
+    rows, cols = np.nonzero(edge == 1)  # q(x) = 0 < p(x) (always accepted)
+    draft[rows, cols, draft_ids[rows, cols]] = 0.0
+    rows, cols = np.nonzero(edge == 3)  # q = 2p >= p: empty residual, draw from p
+    draft[rows, cols] = 2.0 * target[rows, cols]
+    rows, cols = np.nonzero(edge == 4)  # one-hot target at the draft token
+    target[rows, cols] = 0.0
+    target[rows, cols, draft_ids[rows, cols]] = 1.0
+    rows, cols = np.nonzero(edge == 5)  # extreme acceptance uniforms
+    uniforms[rows, cols] = rng.choice([0.0, LARGEST_BELOW_ONE], size=rows.size)
+    extreme = rng.random(batch_size) < 0.2  # extreme residual uniforms
+    uniforms[extreme, k] = rng.choice([0.0, LARGEST_BELOW_ONE], size=int(extreme.sum()))
+    target = target.astype(dtype)
+    draft = draft.astype(dtype)
+    rows, cols = np.nonzero(edge == 2)  # p == q exactly, after rounding to dtype
+    draft[rows, cols] = target[rows, cols]
+    bonus = rng.integers(0, vocab_size, (batch_size, 1)).astype(id_dtype)
+    return (
+        target,
+        bonus,
+        draft if with_draft_probs else None,
+        draft_ids.astype(id_dtype),
+        uniforms,
+    )
+
+
+def boundary_tolerance(vocab_size):
+    """Largest rounding of a float64 CDF value or of ``v * Z`` relative to ``Z``: any
+    summation order of V non-negative terms is within ``(V - 1) * 2**-53 * Z`` of the exact
+    sum (so is every partial sum); four times that, and never below 1e-12."""
+    return max(1e-12, 4.0 * vocab_size * 2.0**-53)
+
+
+def residual_weights(p_row, q_row):
+    """float64 draw weights of SPEC 4.1 (the target itself when the residual is empty)."""
+    weights = np.maximum(p_row - q_row, 0.0)
+    if not np.any(weights > 0):
+        weights = np.maximum(p_row, 0.0)
+    return weights
+
+
+def assert_draw_consistent(gpu_token, cpu_token, weights, v):
+    """Two inverse-CDF draws at ``v`` may differ only at a CDF boundary.
+
+    Both tokens must have positive weight.  If they differ (``lo < hi``), the exact CDF
+    ``C_y = fsum(weights[:y + 1])`` must satisfy ``C_{hi-1} - tol <= v * Z <= C_lo + tol``.
+    """
+    gpu_token, cpu_token = int(gpu_token), int(cpu_token)
+    assert 0 <= gpu_token < weights.size, f"GPU emitted token {gpu_token} outside the vocabulary"
+    assert weights[gpu_token] > 0, f"GPU emitted token {gpu_token} of weight 0"
+    assert weights[cpu_token] > 0, f"CPU emitted token {cpu_token} of weight 0"
+    if gpu_token == cpu_token:
+        return
+    total = math.fsum(weights.tolist())
+    lo, hi = sorted((gpu_token, cpu_token))
+    cdf_lo = math.fsum(weights[: lo + 1].tolist())
+    cdf_before_hi = math.fsum(weights[:hi].tolist())
+    tol = boundary_tolerance(weights.size) * total
+    threshold = v * total
+    assert cdf_before_hi - tol <= threshold <= cdf_lo + tol, (
+        f"tokens {gpu_token} (GPU) and {cpu_token} (CPU) differ but v * Z = {threshold!r} is "
+        f"not within {tol:.3g} of the CDF boundary [{cdf_lo!r}, {cdf_before_hi!r}]"
+    )
+
+
+def acceptance_passes(target, draft_probs, draft_ids, uniforms):
+    """SPEC 4.1's acceptance test restated: ``u * q(x) < p(x)`` in float64, ``[B, k]``."""
+    k = draft_ids.shape[1]
+    ids = draft_ids.astype(np.int64)[:, :, None]
+    p_x = np.take_along_axis(target[:, :k], ids, 2)[..., 0].astype(np.float64)
+    if draft_probs is None:
+        q_x = np.ones_like(p_x)
+    else:
+        q_x = np.take_along_axis(draft_probs, ids, 2)[..., 0].astype(np.float64)
+    return uniforms[:, :k] * q_x < p_x
+
+
+def compare_rejection(case, cpu, gpu):
+    """GPU and CPU results (NumPy) of the same inputs and uniforms: decisions, counters and
+    prefixes identical; the recovered token equal except at a CDF boundary."""
+    target, bonus, draft_probs, draft_ids, uniforms = case
+    batch_size, k = draft_ids.shape
+    cpu_output, cpu_lengths, cpu_passes = cpu
+    output, lengths, passes = gpu
+    np.testing.assert_array_equal(lengths, cpu_lengths)
+    np.testing.assert_array_equal(passes, cpu_passes)
+    accepted = acceptance_passes(target, draft_probs, draft_ids, uniforms)
+    np.testing.assert_array_equal(passes, accepted.sum(axis=1))
+    first_fail = np.where(accepted.all(axis=1), k, np.argmin(accepted, axis=1))
+    np.testing.assert_array_equal(lengths, first_fail)
+    for b in range(batch_size):
+        r = int(lengths[b])
+        np.testing.assert_array_equal(output[b, :r], draft_ids[b, :r])
+        np.testing.assert_array_equal(output[b, r + 1 :], -1)
+        if r == k:
+            assert output[b, k] == bonus[b, 0] == cpu_output[b, k]
+            continue
+        p_row = target[b, r].astype(np.float64)
+        if draft_probs is None:
+            q_row = np.zeros_like(p_row)
+            q_row[int(draft_ids[b, r])] = 1.0
+        else:
+            q_row = draft_probs[b, r].astype(np.float64)
+        weights = residual_weights(p_row, q_row)
+        assert_draw_consistent(output[b, r], cpu_output[b, r], weights, uniforms[b, k])
+
+
+def check_rejection(cp, case, device=0):
+    """Run the case on the CPU and on ``device`` with the same explicit uniforms; compare."""
+    target, bonus, draft_probs, draft_ids, uniforms = case
+    cpu = specdec_np.rejection_sample(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+    g_target, g_bonus, g_draft, g_ids, g_uniforms = on_device(cp, device, *case)
+    gpu = specdec_np.rejection_sample(g_target, g_bonus, g_draft, g_ids, uniforms=g_uniforms)
+    assert_gpu_result(cp, gpu, device, *draft_ids.shape)
+    compare_rejection(case, cpu, to_host(cp, gpu))
+    return cpu, gpu
+
+
+# (B, k, V): V = 1, k = 1, more rows than one block handles at once, vocabularies around the
+# 16-byte pack and segment sizes, and Llama 3's 128256 for a few rows.  B = 0 has its own test.
+REJECTION_SHAPES = [
+    (1, 1, 1),
+    (6, 4, 1),
+    (9, 1, 13),
+    (16, 4, 40),
+    (300, 2, 64),
+    (8, 5, 515),
+    (24, 3, 2049),
+    (3, 2, 128256),
+]
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "point_mass"])
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", REJECTION_SHAPES, ids=lambda s: "B{}-k{}-V{}".format(*s))
+def test_rejection_gpu_matches_cpu(cp, shape, dtype, id_dtype, with_draft_probs):
+    batch_size, k, vocab_size = shape
+    seed = stable_seed(shape, dtype_id(dtype), dtype_id(id_dtype), with_draft_probs)
+    case = make_rejection_case(seed, *shape, dtype, id_dtype, with_draft_probs)
+    check_rejection(cp, case)
+
+
+def test_point_mass_equals_one_hot_on_gpu(cp):
+    """``draft_probs=None`` and one-hot ``draft_probs`` give identical GPU outputs."""
+    target, bonus, _, draft_ids, uniforms = make_rejection_case(
+        5, 40, 3, 300, np.float32, np.int64, True
+    )
+    one_hot = np.zeros((40, 3, 300), dtype=np.float32)
+    np.put_along_axis(one_hot, draft_ids[:, :, None], 1.0, axis=2)
+    g_target, g_bonus, g_one_hot, g_ids, g_uniforms = on_device(
+        cp, 0, target, bonus, one_hot, draft_ids, uniforms
+    )
+    point = specdec_np.rejection_sample(g_target, g_bonus, None, g_ids, uniforms=g_uniforms)
+    dense = specdec_np.rejection_sample(g_target, g_bonus, g_one_hot, g_ids, uniforms=g_uniforms)
+    for got, expected in zip(to_host(cp, point), to_host(cp, dense)):
+        np.testing.assert_array_equal(got, expected)
+
+
+def cdf_boundary_values(weights, picks):
+    """Uniforms exactly on, and one ulp either side of, the CDF boundaries after ``picks``."""
+    cdf = np.cumsum(weights) / weights.sum()
+    values = [0.0, LARGEST_BELOW_ONE]
+    for y in picks:
+        values += [cdf[y], np.nextafter(cdf[y], 0.0), np.nextafter(cdf[y], 1.0)]
+    return np.clip(np.array(values, dtype=np.float64), 0.0, LARGEST_BELOW_ONE)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("vocab_size", [37, 2049, 128256])
+def test_rejection_gpu_at_cdf_boundaries(cp, vocab_size, dtype):
+    """The residual uniform placed on and next to CDF boundaries, where the GPU's blocked
+    sums and the CPU's may legitimately pick neighbouring tokens: every difference must be
+    explained by rounding at that boundary.  The picks include the ends of the GPU's
+    first-level segments (16 per row) and random tokens; every boundary for small V."""
+    rng = np.random.default_rng(vocab_size)
+    target = random_rows(rng, (1, 2, vocab_size), sparsity=0.5)
+    draft = random_rows(rng, (1, 1, vocab_size), sparsity=0.5)
+    # p(x) = 0 at the draft token: position 0 is always rejected and the residual drawn.
+    draft_id = int(rng.integers(vocab_size))
+    target[0, 0, draft_id] = 0.0
+    target[0, 0] /= target[0, 0].sum()
+    target, draft = target.astype(dtype), draft.astype(dtype)
+    weights = residual_weights(target[0, 0].astype(np.float64), draft[0, 0].astype(np.float64))
+    if vocab_size <= 64:
+        picks = np.arange(vocab_size)
+    else:
+        kvec = 16 // np.dtype(dtype).itemsize
+        segment = ((vocab_size + 15) // 16 + kvec - 1) // kvec * kvec
+        ends = np.arange(segment, vocab_size, segment) - 1
+        picks = np.r_[ends, ends + 1, rng.integers(0, vocab_size, 8)]
+        picks = picks[picks < vocab_size]
+    values = cdf_boundary_values(weights, picks)
+    batch_size = values.size
+    case = (
+        np.repeat(target, batch_size, 0),
+        np.zeros((batch_size, 1), np.int64),
+        np.repeat(draft, batch_size, 0),
+        np.full((batch_size, 1), draft_id, np.int64),
+        np.column_stack([np.full(batch_size, 0.5), values]),
+    )
+    check_rejection(cp, case)
+
+
+# --------------------------------------------------------------------------------------
+# Typical acceptance and greedy: inputs and comparisons
+# --------------------------------------------------------------------------------------
+
+TYPICAL_KINDS = ("dirichlet", "noise", "counts", "tied_max", "onehot", "floored_onehot", "zeros")
+GREEDY_KINDS = ("dirichlet", "counts", "tied_max", "peaked", "halves", "onehot", "small_noise")
+
+
+def make_row(rng, vocab_size, kind):
+    """One target row of a named kind (the kinds of the CPU tests of both verifiers)."""
+    if kind == "dirichlet":
+        row = rng.dirichlet(np.full(vocab_size, rng.choice([0.05, 0.5, 5.0])))
+        if np.isfinite(row).all() and row.sum() > 0:
+            return row
+        kind = "onehot"
+    if kind == "noise":  # unnormalised (as vLLM's tests feed); entries > 1 only for small V
+        scale = rng.choice([0.1, 1.0, 3.0]) if vocab_size <= 64 else rng.choice([0.1, 1.0])
+        return rng.random(vocab_size) * scale
+    if kind == "small_noise":  # unnormalised, every entry <= 1/2 (valid greedy input)
+        return rng.random(vocab_size) * 0.5
+    if kind == "counts":  # small integers, normalised: many exact ties
+        row = rng.integers(0, 4, vocab_size).astype(np.float64)
+        row[rng.integers(vocab_size)] += 1
+        return row / row.sum()
+    if kind == "tied_max":  # the maximum copied to 1-3 places
+        row = rng.dirichlet(np.full(vocab_size, 0.5))
+        if not np.isfinite(row).all():
+            row = np.ones(vocab_size)
+        row[rng.integers(0, vocab_size, size=rng.integers(1, 4))] = row.max()
+        return row / row.sum()
+    if kind == "peaked":  # one token above 1/2 (the greedy shortcut)
+        top = rng.choice([0.5006, 0.51, 0.6, 0.9, 0.999])
+        row = rng.dirichlet(np.ones(vocab_size)) * (1 - top)
+        row[rng.integers(vocab_size)] = top
+        return row / row.sum()
+    if kind == "halves":  # two tokens at exactly 1/2: a tie the shortcut must not take
+        row = np.zeros(vocab_size)
+        row[rng.integers(0, vocab_size, size=2)] = 0.5
+        return row if row.sum() == 1.0 else np.ones(vocab_size) / vocab_size
+    row = np.zeros(vocab_size)
+    if kind == "floored_onehot":
+        row[:] = 1e-5
+    if kind != "zeros":
+        row[rng.integers(vocab_size)] = 1.0
+    return row
+
+
+def make_deterministic_case(seed, batch_size, k, vocab_size, dtype, id_dtype, kinds):
+    """Target rows of mixed kinds and drafts that hit the argmax, a tied maximum, the
+    runner-up, the minimum or a random token."""
+    rng = np.random.default_rng(seed)
+    target = np.empty((batch_size, k + 1, vocab_size))
+    for b, i in itertools.product(range(batch_size), range(k + 1)):
+        target[b, i] = make_row(rng, vocab_size, kinds[rng.integers(len(kinds))])
+    target = target.astype(dtype)
+    draft = np.empty((batch_size, k), dtype=np.int64)
+    for b, i in itertools.product(range(batch_size), range(k)):
+        row = target[b, i]
+        maxima = np.flatnonzero(row == row.max())
+        choice = rng.integers(5)
+        if choice <= 1:
+            draft[b, i] = maxima[0]
+        elif choice == 2:
+            draft[b, i] = maxima[-1]
+        elif choice == 3:
+            draft[b, i] = np.argsort(row, kind="stable")[-2] if vocab_size > 1 else 0
+        else:
+            draft[b, i] = rng.integers(vocab_size)
+    bonus = rng.integers(0, vocab_size, (batch_size, 1))
+    return target, bonus.astype(id_dtype), draft.astype(id_dtype)
+
+
+def expected_row(accepted, recovered, draft, bonus):
+    """SPEC 3 row ``(tokens, accepted_length, num_accepted)`` from per-position decisions."""
+    k = accepted.shape[0]
+    r = k if accepted.all() else int(np.argmin(accepted))
+    row = np.full(k + 1, -1, dtype=np.int64)
+    row[:r] = draft[:r]
+    row[r] = bonus if r == k else recovered[r]
+    return tuple(int(v) for v in row), r, int(accepted.sum())
+
+
+def result_row(result, b):
+    output, lengths, passes = result
+    return tuple(int(v) for v in output[b]), int(lengths[b]), int(passes[b])
+
+
+def typical_expectation(target, draft, threshold_arg, alpha):
+    """The float64 decisions of SPEC 4.3 and the band where a kernel may flip them.
+
+    The entropy error of either kernel is at most ``delta = c * (sum p + sum |p ln(p+1e-5)|)``
+    with ``c = 1e-6`` for float32 rows (four float32 roundings per element, times a safety
+    factor of four) and ``c = (V + 8) * 2.3e-16`` for float64 rows (the bound derived in
+    ``tests/test_typical_acceptance.py``).  A decision may then differ from the float64 one
+    only where ``p(x)`` lies in ``(min(t, e exp(-2 delta)), min(t, e exp(2 delta))]``,
+    ``e = alpha exp(-H)``: about 1e-5 relative for large normalised rows, empty where the
+    posterior threshold is the minimum with room to spare.
+    """
+    k = draft.shape[1]
+    vocab_size = target.shape[2]
+    p = target[:, :k].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        terms = p * np.log(p + 1e-5)
+        mass = p.sum(axis=-1) + np.abs(terms).sum(axis=-1)
+        per_unit = 1e-6 if target.dtype == np.float32 else (vocab_size + 8) * 2.3e-16
+        delta = per_unit * mass
+        entropy_factor = np.exp(terms.sum(axis=-1))  # exp(-H)
+        # alpha = 0 gives a zero threshold even where exp(-H) overflows (as both kernels do).
+        scaled = alpha * entropy_factor if alpha > 0 else np.zeros_like(entropy_factor)
+        threshold = np.minimum(threshold_arg, scaled)
+        low = np.minimum(threshold_arg, scaled * np.exp(-2.0 * delta))
+        high = np.minimum(threshold_arg, scaled * np.exp(2.0 * delta))
+    p_x = np.take_along_axis(p, draft.astype(np.int64)[:, :, None], axis=2)[..., 0]
+    return p_x > threshold, (low < p_x) & (p_x <= high), p.argmax(axis=-1)
+
+
+def compare_typical(case, threshold_arg, alpha, cpu, gpu):
+    """Rows without an ambiguous position: GPU == CPU == the float64 formula.  Rows with one:
+    both equal the formula's row with some of the ambiguous decisions flipped."""
+    target, bonus, draft = case
+    accepted, ambiguous, argmax = typical_expectation(target, draft, threshold_arg, alpha)
+    for b in range(draft.shape[0]):
+        got, cpu_row = result_row(gpu, b), result_row(cpu, b)
+        exact = expected_row(accepted[b], argmax[b], draft[b], int(bonus[b, 0]))
+        if not ambiguous[b].any():
+            assert got == exact == cpu_row, f"row {b}: GPU {got}, CPU {cpu_row}, exact {exact}"
+            continue
+        flexible = np.flatnonzero(ambiguous[b])
+        allowed = []
+        for flips in itertools.product((False, True), repeat=flexible.size):
+            decisions = accepted[b].copy()
+            decisions[flexible] = flips
+            allowed.append(expected_row(decisions, argmax[b], draft[b], int(bonus[b, 0])))
+        assert got in allowed, f"row {b}: GPU {got} not in {allowed}"
+        assert cpu_row in allowed, f"row {b}: CPU {cpu_row} not in {allowed}"
+
+
+DETERMINISTIC_SHAPES = [
+    (1, 1, 1),
+    (5, 3, 1),
+    (12, 1, 7),
+    (40, 4, 50),
+    (200, 2, 33),
+    (6, 3, 2051),
+    (3, 2, 128256),
+]
+POSTERIORS = [(0.09, 0.3), (0.3, 0.9), (0.0, 0.0), (1.0, 5.0)]
+
+
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES, ids=lambda s: "B{}-k{}-V{}".format(*s))
+def test_typical_gpu_matches_cpu(cp, shape, dtype, id_dtype):
+    seed = stable_seed("typical", shape, dtype_id(dtype), dtype_id(id_dtype))
+    case = make_deterministic_case(seed, *shape, dtype, id_dtype, TYPICAL_KINDS)
+    g_target, g_bonus, g_draft = on_device(cp, 0, *case)
+    for threshold_arg, alpha in POSTERIORS:
+        options = {"posterior_threshold": threshold_arg, "posterior_alpha": alpha}
+        cpu = specdec_np.typical_acceptance_sample(*case, **options)
+        gpu = specdec_np.typical_acceptance_sample(g_target, g_bonus, g_draft, **options)
+        assert_gpu_result(cp, gpu, 0, *case[2].shape)
+        compare_typical(case, threshold_arg, alpha, cpu, to_host(cp, gpu))
+
+
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES, ids=lambda s: "B{}-k{}-V{}".format(*s))
+def test_greedy_gpu_matches_cpu(cp, shape, dtype, id_dtype):
+    seed = stable_seed("greedy", shape, dtype_id(dtype), dtype_id(id_dtype))
+    case = make_deterministic_case(seed, *shape, dtype, id_dtype, GREEDY_KINDS)
+    target, bonus, draft = case
+    cpu = specdec_np.greedy_sample(*case)
+    gpu = specdec_np.greedy_sample(*on_device(cp, 0, *case))
+    assert_gpu_result(cp, gpu, 0, *draft.shape)
+    # The rows are probability rows (or every entry <= 1/2): plain argmax decisions.
+    argmax = target[:, : draft.shape[1]].argmax(axis=-1)
+    accepted = draft.astype(np.int64) == argmax
+    for got, want in zip(to_host(cp, gpu), cpu):
+        np.testing.assert_array_equal(got, want)
+    for b in range(draft.shape[0]):
+        exact = expected_row(accepted[b], argmax[b], draft[b], int(bonus[b, 0]))
+        assert result_row(cpu, b) == exact
+
+
+def test_create_output_gpu_matches_cpu(cp):
+    rng = np.random.default_rng(12)
+    batch_size, k, vocab_size = 600, 5, 1000
+    accepted = rng.random((batch_size, k)) < 0.7
+    substitute = rng.integers(0, vocab_size, (batch_size, k))
+    draft = rng.integers(0, vocab_size, (batch_size, k)).astype(np.int32)
+    bonus = rng.integers(0, vocab_size, (batch_size, 1))
+    args = (accepted, substitute, draft, bonus)
+    cpu = specdec_np.create_output(*args, vocab_size=vocab_size)
+    gpu = specdec_np.create_output(*on_device(cp, 0, *args), vocab_size=vocab_size)
+    assert_gpu_result(cp, gpu, 0, batch_size, k)
+    for got, want in zip(to_host(cp, gpu), cpu):
+        np.testing.assert_array_equal(got, want)
+    cpu_sampler, gpu_sampler = specdec_np.GreedySampler(), specdec_np.GreedySampler()
+    cpu_out = cpu_sampler._create_output(*args)
+    gpu_out = gpu_sampler._create_output(*on_device(cp, 0, *args))
+    assert_on_device(cp, gpu_out, 0, (batch_size, k + 1))
+    np.testing.assert_array_equal(cp.asnumpy(gpu_out), cpu_out)
+    assert_on_device(cp, gpu_sampler.num_accepted_tokens, 0, ())
+    assert int(gpu_sampler.num_accepted_tokens) == int(cpu_sampler.num_accepted_tokens)
+    assert int(gpu_sampler.num_emitted_tokens) == int(cpu_sampler.num_emitted_tokens)
+    bad = substitute.copy()
+    row = int(np.flatnonzero(~accepted.all(axis=1))[0])
+    bad[row, int(np.argmin(accepted[row]))] = vocab_size
+    with pytest.raises(ValueError, match=rf"substitute_token_ids.*\({row}, "):
+        specdec_np.create_output(*on_device(cp, 0, accepted, bad, draft, bonus), vocab_size=1000)
+
+
+def test_empty_batch_on_gpu(cp):
+    """B = 0: empty CuPy results on the device, counters untouched (SPEC 3)."""
+    k, vocab_size = 3, 11
+    target, draft = on_device(
+        cp,
+        0,
+        np.zeros((0, k + 1, vocab_size), np.float32),
+        np.zeros((0, k, vocab_size), np.float32),
+    )
+    bonus, ids, uniforms = on_device(
+        cp, 0, np.zeros((0, 1), np.int64), np.zeros((0, k), np.int64), np.zeros((0, k + 1))
+    )
+    for result in (
+        specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms),
+        specdec_np.rejection_sample(target, bonus, None, ids),
+        specdec_np.typical_acceptance_sample(target, bonus, ids),
+        specdec_np.greedy_sample(target, bonus, ids),
+    ):
+        assert_gpu_result(cp, result, 0, 0, k)
+    accepted = cp.zeros((0, k), dtype=cp.bool_)
+    assert_gpu_result(cp, specdec_np.create_output(accepted, ids, ids, bonus), 0, 0, k)
+    samplers = [
+        specdec_np.RejectionSampler(seed=0),
+        specdec_np.TypicalAcceptanceSampler(),
+        specdec_np.GreedySampler(),
+    ]
+    for sampler in samplers:
+        sampler.init_tensors(0)
+        output = sampler(target, bonus, draft, ids)
+        assert_on_device(cp, output, 0, (0, k + 1))
+        assert int(sampler.num_accepted_tokens) == int(sampler.num_emitted_tokens) == 0
+        assert sampler.num_draft_tokens == 0
+
+
+def test_strict_mode_checks_gpu_arrays(cp):
+    target, bonus, draft, ids, uniforms = make_rejection_case(
+        3, 4, 2, 20, np.float32, np.int64, True
+    )
+    bad_target = target.copy()
+    bad_target[1, 0, 3] = np.nan
+    g = on_device(cp, 0, bad_target, bonus, draft, ids, uniforms)
+    with pytest.raises(ValueError, match="finite"):
+        specdec_np.RejectionSampler(strict_mode=True)(g[0], g[1], g[2], g[3], uniforms=g[4])
+    g64 = on_device(cp, 0, target.astype(np.float64), bonus, ids)
+    with pytest.raises(TypeError):
+        specdec_np.GreedySampler(strict_mode=True)(g64[0], g64[1], None, g64[2])
+
+
+# --------------------------------------------------------------------------------------
+# Chi-square on the GPU rejection kernel (fixed seeds)
+# --------------------------------------------------------------------------------------
+
+MC_P = np.array(
+    [
+        [0.02, 0.08, 0.30, 0.05, 0.25, 0.05, 0.15, 0.10],
+        [0.30, 0.05, 0.05, 0.10, 0.10, 0.20, 0.15, 0.05],
+        [0.125] * 8,
+    ]
+)
+MC_Q = np.array(
+    [
+        [0.25, 0.05, 0.10, 0.15, 0.10, 0.20, 0.05, 0.10],
+        [0.10, 0.20, 0.10, 0.10, 0.20, 0.10, 0.10, 0.10],
+    ]
+)
+
+
+def _wide_case():
+    rng = np.random.default_rng(1027)
+    p = random_rows(rng, (2, 1027), sparsity=0.25)
+    q = random_rows(rng, (1, 1027), sparsity=0.25)
+    return p, q
+
+
+CHI_SQUARE_CASES = {
+    "dense-float64-V8-k2": (MC_P, MC_Q, np.float64, 200_000),
+    "dense-float32-V1027-k1": (*_wide_case(), np.float32, 100_000),
+    "point-mass-float32-V8-k2": (MC_P, [4, 0], np.float32, 200_000),
+}
+
+
+def gpu_first_tokens(cp, p, q, num_rows, rng, dtype, *, reuse_uniform=False):
+    """Run the GPU kernel on ``num_rows`` copies of ``p`` with drafts drawn from ``q`` (or
+    the point-mass tokens ``q``); return the NumPy output and the acceptance rate expected.
+    ``reuse_uniform`` feeds the acceptance uniform of position 0 as the residual uniform
+    too: a broken sampler for the negative control."""
+    p = np.asarray(p, dtype=dtype)
+    k = p.shape[0] - 1
+    vocab_size = p.shape[1]
+    point_mass = isinstance(q, list)
+    if point_mass:
+        draft_ids = np.tile(np.asarray(q, dtype=np.int64), (num_rows, 1))
+        draft_probs = None
+    else:
+        draft_probs = np.asarray(q, dtype=dtype)
+        q64 = draft_probs.astype(np.float64)
+        draft_ids = np.stack([conf.draw_from(q64[i], num_rows, rng) for i in range(k)], axis=1)
+    uniforms = rng.random((num_rows, k + 1))
+    if reuse_uniform:
+        uniforms[:, k] = uniforms[:, 0]
+    with cp.cuda.Device(0):
+        target = cp.ascontiguousarray(
+            cp.broadcast_to(cp.asarray(p), (num_rows, k + 1, vocab_size))
+        )
+        probs = None
+        if draft_probs is not None:
+            shape = (num_rows, k, vocab_size)
+            probs = cp.ascontiguousarray(cp.broadcast_to(cp.asarray(draft_probs), shape))
+        bonus = cp.full((num_rows, 1), vocab_size - 1, dtype=cp.int64)
+        result = specdec_np.rejection_sample(
+            target, bonus, probs, cp.asarray(draft_ids), uniforms=cp.asarray(uniforms)
+        )
+    assert_gpu_result(cp, result, 0, num_rows, k)
+    return cp.asnumpy(result.output_token_ids), draft_ids
+
+
+def first_token_p_value(output, p, q):
+    """Chi-square p-value of the first emitted tokens against the exact oracle, which must
+    equal the target (to 1e-9; to float32 rounding for float32 rows, which do not sum to 1
+    exactly and make the oracle differ from ``p / sum(p)`` by about 1e-8)."""
+    p64 = np.asarray(p, dtype=np.float64)
+    q0 = q[0] if isinstance(q, list) else np.asarray(q, dtype=np.float64)[0]
+    oracle = conf.exact_first_token_distribution(p64[0], q0)
+    atol = 1e-9 if np.asarray(p).dtype == np.float64 else 1e-6
+    np.testing.assert_allclose(oracle, p64[0] / p64[0].sum(), rtol=0, atol=atol)
+    first = output[:, 0]
+    assert np.all((first >= 0) & (first < p64.shape[1]))
+    counts = np.bincount(first, minlength=p64.shape[1])
+    statistic, dof = conf.chi_square_statistic(counts, oracle)
+    return conf.chi_square_p_value(statistic, dof)
+
+
+@pytest.mark.parametrize("name", CHI_SQUARE_CASES)
+def test_gpu_rejection_chi_square(cp, name):
+    p, q, dtype, num_rows = CHI_SQUARE_CASES[name]
+    p = np.asarray(p, dtype=dtype)  # the oracle uses the rounded values the kernel sees
+    rng = np.random.default_rng(20240611)
+    output, draft_ids = gpu_first_tokens(cp, p, q, num_rows, rng, dtype)
+    p_value = first_token_p_value(output, p, q)
+    assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
+    # Format: accepted prefix, one token, then -1; the acceptance rate is sum(min(p, q)).
+    emitted = output >= 0
+    lengths = emitted.sum(axis=1) - 1
+    k = draft_ids.shape[1]
+    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
+    prefix = np.arange(k)[None, :] < lengths[:, None]
+    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    p64 = p.astype(np.float64)
+    q0 = np.eye(p.shape[1])[q[0]] if isinstance(q, list) else np.asarray(q, np.float64)[0]
+    expected = math.fsum((q0 * conf.acceptance_probabilities(p64[0], q0)).tolist())
+    rate = float((output[:, 1] >= 0).mean())
+    sigma = math.sqrt(expected * (1 - expected) / num_rows)
+    assert abs(rate - expected) <= 5 * sigma + 1e-12, (rate, expected)
+
+
+def test_gpu_chi_square_rejects_a_reused_uniform(cp):
+    """Negative control: the same check fails when the GPU kernel is fed the acceptance
+    uniform again as the residual uniform (the residual draw is then biased)."""
+    rng = np.random.default_rng(20240611)
+    output, _ = gpu_first_tokens(cp, MC_P, MC_Q, 200_000, rng, np.float64, reuse_uniform=True)
+    p_value = first_token_p_value(output, MC_P, MC_Q)
+    assert p_value < 1e-12, p_value
+
+
+def test_conformance_checks_pass_on_cupy(cp):
+    results = conf.run_checks(backend="cupy")
+    assert results
+    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+
+
+# --------------------------------------------------------------------------------------
+# Counters on the device
+# --------------------------------------------------------------------------------------
+
+SAMPLER_KINDS = ("rejection", "typical", "greedy")
+
+
+def make_sampler(kind, **options):
+    if kind == "rejection":
+        return specdec_np.RejectionSampler(**options)
+    if kind == "typical":
+        return specdec_np.TypicalAcceptanceSampler(**options)
+    return specdec_np.GreedySampler(**options)
+
+
+def sampler_inputs(kind, seed, batch_size=32, k=4, vocab_size=50, id_dtype=np.int64):
+    """``(args, kwargs)`` of one sampler call (``target, bonus, draft_probs, draft_ids``),
+    NumPy; explicit uniforms for rejection."""
+    if kind == "rejection":
+        target, bonus, draft, ids, uniforms = make_rejection_case(
+            seed, batch_size, k, vocab_size, np.float32, id_dtype, True
+        )
+        return (target, bonus, draft, ids), {"uniforms": uniforms}
+    kinds = TYPICAL_KINDS if kind == "typical" else GREEDY_KINDS
+    target, bonus, ids = make_deterministic_case(
+        seed, batch_size, k, vocab_size, np.float32, id_dtype, kinds
+    )
+    # draft_probs is ignored by the deterministic verifiers; give one anyway.
+    draft = random_rows(np.random.default_rng(seed), (batch_size, k, vocab_size))
+    return (target, bonus, draft.astype(np.float32), ids), {}
+
+
+def gpu_call(cp, sampler, args, kwargs, device=0):
+    g_args = on_device(cp, device, *args)
+    g_kwargs = {name: on_device(cp, device, value)[0] for name, value in kwargs.items()}
+    return sampler(*g_args, **g_kwargs)
+
+
+def stateless_gpu_call(cp, kind, args, kwargs, device=0):
+    """The stateless verifier of ``kind`` on copies of ``args`` on ``device``."""
+    target, bonus, draft, ids = on_device(cp, device, *args)
+    if kind == "rejection":
+        uniforms = on_device(cp, device, kwargs["uniforms"])[0]
+        return specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms)
+    if kind == "typical":
+        return specdec_np.typical_acceptance_sample(target, bonus, ids)
+    return specdec_np.greedy_sample(target, bonus, ids)
+
+
+def counter_values(sampler):
+    return (
+        int(sampler.num_accepted_tokens),
+        int(sampler.num_emitted_tokens),
+        sampler.num_draft_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        lambda s: s.init_tensors(0),
+        lambda s: s.init_gpu_tensors(0),
+        lambda s: s.init_tensors("cuda:0"),
+        lambda s: s.init_gpu_tensors("cuda:0"),
+    ],
+    ids=["init_tensors(0)", "init_gpu_tensors(0)", "init_tensors(cuda:0)", "init_gpu(cuda:0)"],
+)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_init_tensors_put_counters_on_the_device(cp, kind, init):
+    sampler = make_sampler(kind)
+    init(sampler)
+    for counter in (sampler.num_accepted_tokens, sampler.num_emitted_tokens):
+        assert_on_device(cp, counter, 0, ())
+        assert int(counter) == 0
+    assert sampler.num_draft_tokens == 0
+    with pytest.raises(RuntimeError):
+        sampler.init_tensors(0)
+
+
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_gpu_counters_equal_cpu_counters(cp, kind):
+    gpu_sampler, cpu_sampler = make_sampler(kind), make_sampler(kind)
+    gpu_sampler.init_tensors(0)
+    cpu_sampler.init_tensors("cpu")
+    for seed in range(4):
+        args, kwargs = sampler_inputs(kind, seed, batch_size=8 + 7 * seed)
+        if kind == "typical":  # precondition: no decision inside the rounding band
+            _, ambiguous, _ = typical_expectation(args[0], args[3], 0.09, 0.3)
+            assert not ambiguous.any()
+        cpu_out = cpu_sampler(*args, **kwargs)
+        gpu_out = gpu_call(cp, gpu_sampler, args, kwargs)
+        assert_on_device(cp, gpu_out, 0, cpu_out.shape)
+        if kind == "rejection":  # recovered tokens may differ at a CDF boundary
+            lengths = (cpu_out >= 0).sum(axis=1)
+            np.testing.assert_array_equal((cp.asnumpy(gpu_out) >= 0).sum(axis=1), lengths)
+        else:
+            np.testing.assert_array_equal(cp.asnumpy(gpu_out), cpu_out)
+        for counter in (gpu_sampler.num_accepted_tokens, gpu_sampler.num_emitted_tokens):
+            assert_on_device(cp, counter, 0, ())
+        assert counter_values(gpu_sampler) == counter_values(cpu_sampler)
+    assert gpu_sampler.draft_acceptance_rate == cpu_sampler.draft_acceptance_rate
+    assert gpu_sampler.system_efficiency == cpu_sampler.system_efficiency
+    assert gpu_sampler.mean_accepted_length == cpu_sampler.mean_accepted_length
+
+
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_lazy_counters_land_on_the_inputs_device(cp, kind):
+    sampler = make_sampler(kind)
+    assert sampler.num_accepted_tokens is None
+    args, kwargs = sampler_inputs(kind, 1)
+    gpu_call(cp, sampler, args, kwargs)
+    assert_on_device(cp, sampler.num_accepted_tokens, 0, ())
+    assert_on_device(cp, sampler.num_emitted_tokens, 0, ())
+    assert sampler.num_draft_tokens == args[3].size
+
+
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_counters_and_inputs_on_different_devices_raise(cp, kind):
+    args, kwargs = sampler_inputs(kind, 2)
+    cpu_counters = make_sampler(kind)
+    cpu_counters.init_tensors("cpu")
+    with pytest.raises(ValueError, match="cuda:0.*cpu"):
+        gpu_call(cp, cpu_counters, args, kwargs)
+    assert counter_values(cpu_counters) == (0, 0, 0)
+    assert isinstance(cpu_counters.num_accepted_tokens, np.ndarray)
+    gpu_counters = make_sampler(kind)
+    gpu_counters.init_tensors(0)
+    with pytest.raises(ValueError, match="cpu.*cuda:0"):
+        gpu_counters(*args, **kwargs)
+    assert counter_values(gpu_counters) == (0, 0, 0)
+
+
+# --------------------------------------------------------------------------------------
+# Errors: out-of-range ids, zero-mass rows, mixed devices
+# --------------------------------------------------------------------------------------
+
+
+def bad_id_values(id_dtype, vocab_size):
+    return [vocab_size, -1, int(np.iinfo(id_dtype).max), int(np.iinfo(id_dtype).min)]
+
+
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_out_of_range_ids_raise_on_gpu(cp, kind, id_dtype):
+    """Every bad id raises ValueError naming the argument and the first offending (row,
+    position) in row-major order; counters stay as they were; the device stays healthy."""
+    batch_size, k, vocab_size = 6, 4, 50
+    args, kwargs = sampler_inputs(kind, 3, batch_size, k, vocab_size, id_dtype)
+    target, bonus, draft, ids = args
+    sampler = make_sampler(kind)
+    sampler.init_tensors(0)
+    gpu_call(cp, sampler, args, kwargs)
+    before = counter_values(sampler)
+    for value in bad_id_values(id_dtype, vocab_size):
+        bad_ids = ids.copy()
+        bad_ids[2, 3] = value
+        bad_ids[4, 0] = value  # a later row: not the one reported
+        bad_bonus = bonus.copy()
+        bad_bonus[2, 0] = value  # same row, later column: not the one reported
+        with pytest.raises(ValueError, match=rf"draft_token_ids.*{value}.*\(2, 3\)"):
+            gpu_call(cp, sampler, (target, bad_bonus, draft, bad_ids), kwargs)
+        assert counter_values(sampler) == before
+        only_bonus = bonus.copy()
+        only_bonus[5, 0] = value
+        only_bonus[1, 0] = value
+        with pytest.raises(ValueError, match=rf"bonus_token_ids.*{value}.*\(1, 0\)"):
+            gpu_call(cp, sampler, (target, only_bonus, draft, ids), kwargs)
+        assert counter_values(sampler) == before
+    synchronize(cp)
+    # The device is still usable and the next call counts exactly what it verified.
+    output = gpu_call(cp, sampler, args, kwargs)
+    emitted = int((cp.asnumpy(output) >= 0).sum())
+    passes = stateless_gpu_call(cp, kind, args, kwargs).num_accepted
+    after = (before[0] + int(cp.asnumpy(passes).sum()), before[1] + emitted, before[2] + ids.size)
+    assert counter_values(sampler) == after
+
+
+def test_zero_mass_row_raises_on_gpu(cp):
+    """A rejected position whose residual and target have no mass: ValueError naming the
+    target row; counters untouched."""
+    target, bonus, draft, ids, uniforms = make_rejection_case(
+        4, 5, 3, 30, np.float32, np.int64, True
+    )
+    target[3, 1] = 0.0  # p(x) = 0: position 1 of row 3 is rejected whatever u is
+    uniforms[3, 0] = 0.0  # position 0 of row 3 is accepted unless p(x_0) = 0
+    target[3, 0, ids[3, 0]] = max(target[3, 0, ids[3, 0]], np.float32(0.5))
+    sampler = specdec_np.RejectionSampler()
+    sampler.init_tensors(0)
+    g = on_device(cp, 0, target, bonus, draft, ids, uniforms)
+    with pytest.raises(ValueError, match=r"target_with_bonus_probs\[3, 1\].*no positive"):
+        sampler(g[0], g[1], g[2], g[3], uniforms=g[4])
+    assert counter_values(sampler) == (0, 0, 0)
+    synchronize(cp)
+
+
+LAUNCHERS = {
+    "rejection": lambda g, uniforms, counters: _cuda.rejection_sample(
+        g[0], g[2], g[3], g[1], uniforms, counters
+    ),
+    "rejection_point_mass": lambda g, uniforms, counters: _cuda.rejection_sample(
+        g[0], None, g[3], g[1], uniforms, counters
+    ),
+    "typical": lambda g, uniforms, counters: _cuda.typical_acceptance_sample(
+        g[0], g[3], g[1], 0.09, 0.3, counters
+    ),
+    "greedy": lambda g, uniforms, counters: _cuda.greedy_sample(g[0], g[3], g[1], counters),
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_device_counters_and_error_flag_of_the_launchers(cp, name):
+    """The asynchronous launchers of ``specdec_np._cuda``: counters accumulate on the device,
+    the error flag decodes to the first bad id, and a flagged call adds nothing."""
+    kind = name.split("_")[0]
+    batch_size, k, vocab_size = 20, 4, 300
+    args, kwargs = sampler_inputs(kind, 9, batch_size, k, vocab_size)
+    target, bonus, draft, ids = args
+    if kind == "greedy":  # probability rows: the greedy input contract
+        target = np.ascontiguousarray(target / target.sum(axis=-1, keepdims=True))
+    uniforms = kwargs.get("uniforms", np.zeros((batch_size, k + 1)))
+    g = on_device(cp, 0, target, bonus.reshape(-1), draft, ids)
+    g_uniforms = on_device(cp, 0, uniforms)[0]
+    with cp.cuda.Device(0):
+        counters = cp.zeros(2, dtype=cp.int64)
+    out, lengths, passes, flag = LAUNCHERS[name](g, g_uniforms, counters)
+    _cuda.check_error_flag(flag, g[3], g[1], vocab_size)
+    assert _cuda.decode_error_flag(int(flag[0]), batch_size, k) is None
+    assert_gpu_result(cp, (out, lengths, passes), 0, batch_size, k)
+    assert_on_device(cp, counters, 0, (2,))
+    lengths_h, passes_h = cp.asnumpy(lengths), cp.asnumpy(passes)
+    np.testing.assert_array_equal(cp.asnumpy(counters), [passes_h.sum(), (lengths_h + 1).sum()])
+    if kind != "typical":
+        draft_probs = None if name.endswith("point_mass") or kind != "rejection" else draft
+        cpu = (
+            specdec_np.rejection_sample(target, bonus, draft_probs, ids, uniforms=uniforms)
+            if kind == "rejection"
+            else specdec_np.greedy_sample(target, bonus, ids)
+        )
+        np.testing.assert_array_equal(lengths_h, cpu.accepted_lengths)
+        np.testing.assert_array_equal(passes_h, cpu.num_accepted)
+    before = cp.asnumpy(counters)
+    bad_ids = ids.copy()
+    bad_ids[7, 2] = vocab_size
+    bad_ids[11, 0] = -5
+    g_bad = on_device(cp, 0, target, bonus.reshape(-1), draft, bad_ids)
+    out, _, _, flag = LAUNCHERS[name](g_bad, g_uniforms, counters)
+    assert _cuda.decode_error_flag(int(flag[0]), batch_size, k) == ("draft_token_ids", 7, 2)
+    with pytest.raises(ValueError, match=r"draft_token_ids.*\(7, 2\)"):
+        _cuda.check_error_flag(flag, g_bad[3], g_bad[1], vocab_size)
+    np.testing.assert_array_equal(cp.asnumpy(counters), before)
+    np.testing.assert_array_equal(cp.asnumpy(out)[7], -1)
+    synchronize(cp)
+
+
+def test_zero_mass_flag_of_the_rejection_launcher(cp):
+    target = np.zeros((2, 2, 8), np.float32)
+    target[:, 1] = 1 / 8
+    target[0, 0] = 1 / 8  # row 0 is fine; row 1 has no mass at its rejected position 0
+    g = on_device(cp, 0, target, np.zeros(2, np.int64), np.zeros((2, 1), np.int64))
+    uniforms = on_device(cp, 0, np.full((2, 2), 0.5))[0]
+    with cp.cuda.Device(0):
+        counters = cp.zeros(2, dtype=cp.int64)
+    _, _, _, flag = _cuda.rejection_sample(g[0], None, g[2], g[1], uniforms, counters)
+    assert _cuda.decode_error_flag(int(flag[0]), 2, 1) == ("zero_mass", 1, 0)
+    with pytest.raises(ValueError, match="positive probability"):
+        _cuda.check_error_flag(flag, g[2], g[1], 8)
+    np.testing.assert_array_equal(cp.asnumpy(counters), [0, 0])
+
+
+MIXED_ARGUMENTS = ("target_with_bonus_probs", "bonus_token_ids", "draft_probs", "draft_token_ids")
+
+
+@pytest.mark.parametrize("host_argument", range(4), ids=MIXED_ARGUMENTS)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_mixed_numpy_and_cupy_inputs_raise(cp, kind, host_argument):
+    args, _ = sampler_inputs("rejection", 4)
+    mixed = list(on_device(cp, 0, *args))
+    mixed[host_argument] = args[host_argument]  # this one stays a NumPy array
+    if kind == "rejection":
+        with pytest.raises(ValueError, match="one device"):
+            specdec_np.rejection_sample(*mixed)
+        return
+    if host_argument == 2:
+        pytest.skip("the deterministic verifiers ignore draft_probs")
+    target, bonus, _, ids = mixed
+    verify = (
+        specdec_np.typical_acceptance_sample if kind == "typical" else specdec_np.greedy_sample
+    )
+    with pytest.raises(ValueError, match="one device"):
+        verify(target, bonus, ids)
+
+
+@pytest.fixture
+def two_devices(cp):
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA devices")
+    return cp
+
+
+def test_inputs_on_two_devices_raise(two_devices):
+    cp = two_devices
+    args, kwargs = sampler_inputs("rejection", 5)
+    on0 = on_device(cp, 0, *args, kwargs["uniforms"])
+    on1 = on_device(cp, 1, *args, kwargs["uniforms"])
+    for moved in range(4):
+        mixed = list(on0[:4])
+        mixed[moved] = on1[moved]
+        with pytest.raises(ValueError, match="one device"):
+            specdec_np.rejection_sample(*mixed, uniforms=on0[4])
+        if moved == 2:
+            continue
+        with pytest.raises(ValueError, match="one device"):
+            specdec_np.greedy_sample(mixed[0], mixed[1], mixed[3])
+        with pytest.raises(ValueError, match="one device"):
+            specdec_np.typical_acceptance_sample(mixed[0], mixed[1], mixed[3])
+
+
+def test_second_device_results_and_counters(two_devices):
+    """Inputs on device 1 while device 0 is current: results and counters on device 1."""
+    cp = two_devices
+    case = make_rejection_case(6, 12, 3, 70, np.float32, np.int64, True)
+    with cp.cuda.Device(0):
+        cpu, gpu = check_rejection(cp, case, device=1)
+        g_target, g_bonus, _, g_ids = on_device(cp, 1, *case[:4])
+        for result in (
+            specdec_np.greedy_sample(g_target, g_bonus, g_ids),
+            specdec_np.typical_acceptance_sample(g_target, g_bonus, g_ids),
+            specdec_np.rejection_sample(g_target, g_bonus, None, g_ids, counter_seeds={0: (1, 2)}),
+        ):
+            assert_gpu_result(cp, result, 1, 12, 3)
+        for kind in SAMPLER_KINDS:
+            for init in (None, "cuda:1"):
+                sampler = make_sampler(kind)
+                if init is not None:
+                    sampler.init_tensors(init)
+                args, kwargs = sampler_inputs(kind, 7)
+                output = gpu_call(cp, sampler, args, kwargs, device=1)
+                assert_on_device(cp, output, 1)
+                assert_on_device(cp, sampler.num_accepted_tokens, 1, ())
+                assert_on_device(cp, sampler.num_emitted_tokens, 1, ())
+                with pytest.raises(ValueError):
+                    gpu_call(cp, sampler, args, kwargs, device=0)
+
+
+# --------------------------------------------------------------------------------------
+# Randomness (SPEC 5)
+# --------------------------------------------------------------------------------------
+
+EDGE_SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 0x0123456789ABCDEF]
+
+
+@pytest.mark.parametrize("num_draws", [0, 1, 2, 5, 8, 33])
+def test_counter_uniforms_bit_identical_on_cupy(cp, num_draws):
+    rng = np.random.default_rng(num_draws)
+    seeds = np.array(EDGE_SEEDS + list(rng.integers(0, 2**63, 24)), dtype=np.uint64)
+    positions = np.array(EDGE_SEEDS[::-1] + list(rng.integers(0, 2**40, 24)), dtype=np.uint64)
+    signed_seeds = (seeds >> np.uint64(1)).astype(np.int64)  # non-negative int64
+    g_seeds, g_positions, g_signed = on_device(cp, 0, seeds, positions, signed_seeds)
+    variants = {
+        "uint64 cupy arrays": (
+            specdec_np.counter_uniforms(g_seeds, g_positions, num_draws),
+            specdec_np.counter_uniforms(seeds, positions, num_draws),
+        ),
+        "lists, xp=cupy": (
+            specdec_np.counter_uniforms(seeds.tolist(), positions.tolist(), num_draws, xp=cp),
+            specdec_np.counter_uniforms(seeds.tolist(), positions.tolist(), num_draws),
+        ),
+        "int64 cupy arrays": (
+            specdec_np.counter_uniforms(g_signed, g_positions, num_draws),
+            specdec_np.counter_uniforms(signed_seeds, positions, num_draws),
+        ),
+    }
+    for name, (got, want) in variants.items():
+        assert isinstance(want, np.ndarray)
+        assert want.shape == (seeds.size, num_draws) and want.dtype == np.float64
+        assert_on_device(cp, got, 0, want.shape, np.float64)
+        bits = cp.asnumpy(got).view(np.uint64)
+        np.testing.assert_array_equal(bits, want.view(np.uint64), err_msg=name)
+
+
+def test_philox_block_bit_identical_on_cupy(cp):
+    rng = np.random.default_rng(3)
+    counter = rng.integers(0, 2**32, (257, 4), dtype=np.uint64).astype(np.uint32)
+    key = rng.integers(0, 2**32, (257, 2), dtype=np.uint64).astype(np.uint32)
+    counter[0], key[0] = 0, 0
+    counter[1], key[1] = 2**32 - 1, 2**32 - 1
+    expected = _philox.philox4x32_10(counter, key)
+    got = _philox.philox4x32_10(*on_device(cp, 0, counter, key))
+    assert_on_device(cp, got, 0, expected.shape, np.uint32)
+    np.testing.assert_array_equal(cp.asnumpy(got), expected)
+
+
+def flat_inputs(batch_size, seed=0, k=4, vocab_size=50):
+    """Flat targets and unrelated drafts: a row's output changes with almost any change of
+    its uniforms (the inputs of ``tests/test_random.py``)."""
+    rng = np.random.default_rng(seed)
+    target = rng.dirichlet(np.ones(vocab_size), size=(batch_size, k + 1)).astype(np.float32)
+    draft = rng.dirichlet(np.ones(vocab_size), size=(batch_size, k)).astype(np.float32)
+    ids = rng.integers(0, vocab_size, (batch_size, k))
+    bonus = rng.integers(0, vocab_size, (batch_size, 1))
+    return target, bonus, draft, ids
+
+
+def test_counter_seeds_give_the_cpu_result_on_gpu(cp):
+    batch_size, k = 10, 4
+    inputs = flat_inputs(batch_size, seed=1, k=k)
+    counter_seeds = {b: (EDGE_SEEDS[b % len(EDGE_SEEDS)], 1000 * b + 7) for b in range(0, 10, 2)}
+    gpu_inputs = on_device(cp, 0, *inputs)
+    cpu = specdec_np.rejection_sample(
+        *inputs, counter_seeds=counter_seeds, generator=np.random.default_rng(5)
+    )
+    gpu = specdec_np.rejection_sample(
+        *gpu_inputs, counter_seeds=counter_seeds, generator=np.random.default_rng(5)
+    )
+    assert_gpu_result(cp, gpu, 0, batch_size, k)
+    # The uniforms both used: counter rows from Philox, the others from the NumPy generator.
+    uniforms = np.empty((batch_size, k + 1))
+    others = [b for b in range(batch_size) if b not in counter_seeds]
+    uniforms[others] = np.random.default_rng(5).random((len(others), k + 1))
+    rows = sorted(counter_seeds)
+    uniforms[rows] = specdec_np.counter_uniforms(
+        [counter_seeds[b][0] for b in rows], [counter_seeds[b][1] for b in rows], k + 1
+    )
+    compare_rejection((*inputs, uniforms), cpu, to_host(cp, gpu))
+    again = specdec_np.rejection_sample(*gpu_inputs, counter_seeds=counter_seeds)
+    for b in rows:
+        np.testing.assert_array_equal(
+            cp.asnumpy(again.output_token_ids[b]), cp.asnumpy(gpu.output_token_ids[b])
+        )
+
+
+def test_seeded_seqs_with_numpy_generators_on_gpu(cp):
+    batch_size, k = 8, 4
+    inputs = flat_inputs(batch_size, seed=2, k=k)
+    gpu_inputs = on_device(cp, 0, *inputs)
+    seeds = {1: 11, 4: 44, 7: 77}
+    results = []
+    for _ in range(3):
+        generators = {b: np.random.default_rng(s) for b, s in seeds.items()}
+        results.append(specdec_np.rejection_sample(*gpu_inputs, seeded_seqs=generators))
+        for b, s in seeds.items():  # exactly k + 1 draws were taken from each
+            fresh = np.random.default_rng(s)
+            fresh.random(k + 1)
+            assert generators[b].random() == fresh.random()
+    for result in results:
+        assert_gpu_result(cp, result, 0, batch_size, k)
+    host = [to_host(cp, result) for result in results]
+    for b, s in seeds.items():
+        for other in host[1:]:
+            for got, want in zip(other, host[0]):
+                np.testing.assert_array_equal(got[b], want[b])
+        # The seeded row equals the CPU verifier given that generator's k + 1 uniforms.
+        row_uniforms = np.random.default_rng(s).random(k + 1)[None, :]
+        row = tuple(a[b : b + 1] for a in inputs)
+        cpu = specdec_np.rejection_sample(*row, uniforms=row_uniforms)
+        compare_rejection((*row, row_uniforms), cpu, tuple(a[b : b + 1] for a in host[0]))
+
+
+def test_seeded_seqs_with_cupy_generators_are_reproducible(cp):
+    inputs = on_device(cp, 0, *flat_inputs(6, seed=3))
+    outputs = []
+    for _ in range(2):
+        with cp.cuda.Device(0):
+            generators = {0: cp.random.default_rng(123), 5: cp.random.default_rng(456)}
+        result = specdec_np.rejection_sample(*inputs, seeded_seqs=generators)
+        outputs.append(cp.asnumpy(result.output_token_ids))
+    for b in (0, 5):
+        np.testing.assert_array_equal(outputs[0][b], outputs[1][b])
+
+
+def test_seeded_gpu_sampler_is_reproducible(cp):
+    inputs = on_device(cp, 0, *flat_inputs(16, seed=4))
+    a = specdec_np.RejectionSampler(seed=123)
+    b = specdec_np.RejectionSampler(seed=123)
+    outputs_a = [cp.asnumpy(a(*inputs)) for _ in range(3)]
+    outputs_b = [cp.asnumpy(b(*inputs)) for _ in range(3)]
+    for x, y in zip(outputs_a, outputs_b):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(outputs_a[0], outputs_a[1])  # the generator moves on
+    other = cp.asnumpy(specdec_np.RejectionSampler(seed=124)(*inputs))
+    assert not np.array_equal(outputs_a[0], other)
+    assert counter_values(a) == counter_values(b)
+    assert_on_device(cp, a.num_accepted_tokens, 0, ())
+
+
+def test_failed_gpu_call_leaves_generators_alone(cp):
+    """SPEC 6: a failed call changes no counter and no generator state that a later call
+    depends on; on the GPU the error is found after the uniforms were drawn."""
+    good = on_device(cp, 0, *flat_inputs(3, seed=5))
+    target, bonus, draft, ids = flat_inputs(3, seed=5)
+    bad_ids = ids.copy()
+    bad_ids[2, 3] = 50
+    bad = on_device(cp, 0, target, bonus, draft, bad_ids)
+    sampler = specdec_np.RejectionSampler(seed=77)
+    twin = specdec_np.RejectionSampler(seed=77)
+    sampler(*good)
+    twin(*good)
+    counters = counter_values(sampler)
+    seeded = np.random.default_rng(8)
+    with pytest.raises(ValueError, match=r"draft_token_ids.*\(2, 3\)"):
+        sampler(*bad, {0: seeded})
+    assert counter_values(sampler) == counters
+    assert seeded.random() == np.random.default_rng(8).random()
+    np.testing.assert_array_equal(cp.asnumpy(sampler(*good)), cp.asnumpy(twin(*good)))
+
+
+# --------------------------------------------------------------------------------------
+# DLPack (torch CUDA tensors)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def torch_cuda(cp):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no usable CUDA device")
+    return torch
+
+
+def test_torch_cuda_tensors_are_taken_zero_copy(cp, torch_cuda):
+    torch = torch_cuda
+    target, bonus, draft, ids, uniforms = make_rejection_case(
+        8, 16, 3, 200, np.float32, np.int64, True
+    )
+    tensors = [torch.from_numpy(a).to("cuda:0") for a in (target, bonus, draft, ids)]
+    for tensor, name in zip(tensors, MIXED_ARGUMENTS):
+        taken = _backend.intake(tensor, name)
+        assert isinstance(taken, cp.ndarray)
+        assert taken.data.ptr == tensor.data_ptr(), f"{name} was copied"
+        assert taken.device.id == 0
+    t_target, t_bonus, t_draft, t_ids = tensors
+    c_target, c_bonus, c_draft, c_ids, c_uniforms = on_device(
+        cp, 0, target, bonus, draft, ids, uniforms
+    )
+    pairs = [
+        (
+            specdec_np.rejection_sample(t_target, t_bonus, t_draft, t_ids, uniforms=c_uniforms),
+            specdec_np.rejection_sample(c_target, c_bonus, c_draft, c_ids, uniforms=c_uniforms),
+        ),
+        (
+            specdec_np.typical_acceptance_sample(t_target, t_bonus, t_ids),
+            specdec_np.typical_acceptance_sample(c_target, c_bonus, c_ids),
+        ),
+        (
+            specdec_np.greedy_sample(t_target, t_bonus, t_ids),
+            specdec_np.greedy_sample(c_target, c_bonus, c_ids),
+        ),
+    ]
+    for from_torch, from_cupy in pairs:
+        assert_gpu_result(cp, from_torch, 0, 16, 3)
+        for got, want in zip(to_host(cp, from_torch), to_host(cp, from_cupy)):
+            np.testing.assert_array_equal(got, want)
+    sampler = specdec_np.GreedySampler()
+    output = sampler(t_target, t_bonus, None, t_ids)
+    assert_on_device(cp, output, 0, (16, 4))
+    assert_on_device(cp, sampler.num_accepted_tokens, 0, ())
+
+
+def test_torch_tensor_requiring_grad_raises(cp, torch_cuda):
+    torch = torch_cuda
+    target = torch.rand((2, 3, 5), device="cuda:0", requires_grad=True)
+    bonus = torch.zeros((2, 1), dtype=torch.int64, device="cuda:0")
+    ids = torch.zeros((2, 2), dtype=torch.int64, device="cuda:0")
+    with pytest.raises(TypeError, match="detach"):
+        specdec_np.greedy_sample(target, bonus, ids)
+    with pytest.raises(TypeError, match="detach"):
+        specdec_np.RejectionSampler()(target, bonus, None, ids)
+    result = specdec_np.greedy_sample(target.detach(), bonus, ids)
+    assert_gpu_result(cp, result, 0, 2, 2)
+
+
+# --------------------------------------------------------------------------------------
+# The import rule (SPEC 1)
+# --------------------------------------------------------------------------------------
+
+
+def test_import_does_not_import_cupy(cp):
+    """``import specdec_np`` (and NumPy use of it) never imports cupy, although cupy is
+    installed and importable in the same interpreter."""
+    code = "\n".join(
+        [
+            "import sys",
+            "import numpy as np",
+            "import specdec_np, specdec_np._cuda, specdec_np.verify, specdec_np.samplers",
+            "target = np.full((2, 3, 4), 0.25, dtype=np.float32)",
+            "ids = np.zeros((2, 2), dtype=np.int64)",
+            "specdec_np.RejectionSampler(seed=0)(target, ids[:, :1], None, ids)",
+            "specdec_np.greedy_sample(target, ids[:, :1], ids)",
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'cupy')",
+            "assert not loaded, loaded",
+            "import cupy",
+            "print('cupy importable, not imported by specdec_np')",
+        ]
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "not imported by specdec_np" in completed.stdout
