@@ -177,6 +177,29 @@ cdef inline Py_ssize_t invalid_id_column(
     return -1
 
 
+cdef inline int require(bint condition, str what) except -1:
+    # O(1) guard: the kernels index with bounds checks off, so mismatched shapes from a
+    # direct caller must stop here rather than in an out-of-bounds read.
+    if not condition:
+        raise ValueError(f"kernel arguments have inconsistent shapes: {what}")
+    return 0
+
+
+cdef inline int require_rows(
+    Py_ssize_t B, Py_ssize_t k, Py_ssize_t V, Py_ssize_t positions,
+    Py_ssize_t ids_rows, Py_ssize_t bonus_rows, const int64_t[:, ::1] output,
+    Py_ssize_t lengths_rows, Py_ssize_t accepted_rows, Py_ssize_t status_rows,
+) except -1:
+    require(k >= 1 and V >= 1 and positions == k + 1, "target must be [B, k+1, V], k, V >= 1")
+    require(ids_rows == B and bonus_rows == B, "token ids must have B rows")
+    require(
+        output.shape[0] == B and output.shape[1] == k + 1 and lengths_rows == B
+        and accepted_rows == B and status_rows == B,
+        "outputs must be [B, k+1] and [B]",
+    )
+    return 0
+
+
 cdef Py_ssize_t first_failed_row(const int64_t[::1] row_status) noexcept nogil:
     cdef Py_ssize_t b
     for b in range(row_status.shape[0]):
@@ -278,6 +301,18 @@ def rejection_sample(
     cdef Py_ssize_t V = target_with_bonus_probs.shape[2]
     cdef Py_ssize_t b
     cdef const probability_t* draft_base
+    require_rows(
+        B, k, V, target_with_bonus_probs.shape[1], draft_token_ids.shape[0],
+        bonus_token_ids.shape[0], output, accepted_lengths.shape[0], num_accepted.shape[0],
+        row_status.shape[0],
+    )
+    require(uniforms.shape[0] == B and uniforms.shape[1] == k + 1, "uniforms must be [B, k+1]")
+    require(
+        point_mass_drafts or (
+            draft_probs.shape[0] == B and draft_probs.shape[1] == k and draft_probs.shape[2] == V
+        ),
+        "draft_probs must be [B, k, V]",
+    )
     if B == 0:
         return -1
     draft_base = NULL if point_mass_drafts else &draft_probs[0, 0, 0]
@@ -393,6 +428,11 @@ def typical_acceptance_sample(
     cdef Py_ssize_t k = draft_token_ids.shape[1]
     cdef Py_ssize_t V = target_with_bonus_probs.shape[2]
     cdef Py_ssize_t b
+    require_rows(
+        B, k, V, target_with_bonus_probs.shape[1], draft_token_ids.shape[0],
+        bonus_token_ids.shape[0], output, accepted_lengths.shape[0], num_accepted.shape[0],
+        row_status.shape[0],
+    )
     if B == 0:
         return -1
     for b in prange(
@@ -477,6 +517,11 @@ def greedy_sample(
     cdef Py_ssize_t k = draft_token_ids.shape[1]
     cdef Py_ssize_t V = target_with_bonus_probs.shape[2]
     cdef Py_ssize_t b
+    require_rows(
+        B, k, V, target_with_bonus_probs.shape[1], draft_token_ids.shape[0],
+        bonus_token_ids.shape[0], output, accepted_lengths.shape[0], num_accepted.shape[0],
+        row_status.shape[0],
+    )
     if B == 0:
         return -1
     for b in prange(
@@ -532,6 +577,14 @@ def create_output(
     cdef Py_ssize_t b, i, r, bad
     cdef int64_t passed
     cdef int64_t last
+    require(
+        k >= 1 and substitute_token_ids.shape[0] == B and substitute_token_ids.shape[1] == k
+        and draft_token_ids.shape[0] == B and draft_token_ids.shape[1] == k
+        and bonus_token_ids.shape[0] == B and output.shape[0] == B and output.shape[1] == k + 1
+        and accepted_lengths.shape[0] == B and num_accepted.shape[0] == B
+        and row_status.shape[0] == B,
+        "ids must be [B, k] (k >= 1) and [B], outputs [B, k+1] and [B]",
+    )
     with nogil:
         for b in range(B):
             bad = invalid_id_column(&draft_token_ids[b, 0], bonus_token_ids[b], k, vocab_size)

@@ -491,7 +491,7 @@ def _residual(t: np.ndarray, q: Any, d: np.ndarray, b: int, r: int) -> np.ndarra
 
 
 def _case(rng: np.random.Generator) -> dict[str, Any]:
-    batch, k = int(rng.integers(1, 4)), int(rng.integers(0, 5))
+    batch, k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
     vocab = int(rng.choice([1, 2, 7, 33, 512, 513, 1000, 9000, 20001]))
     pdt = (np.float32, np.float64)[int(rng.integers(2))]
     idt = (np.int32, np.int64)[int(rng.integers(2))]
@@ -616,7 +616,7 @@ def test_emulated_create_output_matches_cpu_kernel(emulated: Any, core: Any) -> 
     rng = np.random.default_rng(7)
     ptr = _Kernels._ptr
     for _ in range(30):
-        batch, k, vocab = int(rng.integers(0, 300)), int(rng.integers(0, 5)), 50
+        batch, k, vocab = int(rng.integers(0, 300)), int(rng.integers(1, 5)), 50
         idt = (np.int32, np.int64)[int(rng.integers(2))]
         accepted = (rng.random((batch, k)) < 0.6).view(np.uint8)
         low = -1 if rng.random() < 0.3 else 0
