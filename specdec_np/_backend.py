@@ -23,6 +23,7 @@ __all__ = [
     "PreparedBatch",
     "array_namespace",
     "check_one_device",
+    "cuda_available",
     "cuda_module",
     "device_of",
     "intake",
@@ -55,6 +56,18 @@ def cuda_module() -> Any:
             "or specdec_np[cuda13]"
         ) from error
     return cupy
+
+
+def cuda_available() -> bool:
+    """Whether CuPy imports and has a usable CUDA device (never raises)."""
+    try:
+        import cupy
+    except Exception:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:
+        return False
 
 
 def intake(x: Any, name: str) -> Any:

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import _backend
+
 __all__ = ["build_parser", "main"]
 
 _SUBCOMMANDS = ("demo", "check", "info")
@@ -204,18 +206,6 @@ def _demo_summary(s: dict[str, Any]) -> list[str]:
 # -- check -----------------------------------------------------------------------------------
 
 
-def _cupy_usable() -> bool:
-    """Whether CuPy imports and has a usable device (never raises)."""
-    try:
-        import cupy
-    except Exception:
-        return False
-    try:
-        return bool(cupy.is_available())
-    except Exception:
-        return False
-
-
 def _run_check(args: argparse.Namespace) -> int:
     try:
         from . import _conformance
@@ -226,8 +216,8 @@ def _run_check(args: argparse.Namespace) -> int:
         )
         return 1
     if args.backend == "all":
-        backends = ["numpy"] + (["cupy"] if _cupy_usable() else [])
-    elif args.backend == "cupy" and not _cupy_usable():
+        backends = ["numpy"] + (["cupy"] if _backend.cuda_available() else [])
+    elif args.backend == "cupy" and not _backend.cuda_available():
         print(
             "specdec-np check: error: CuPy is not installed or has no usable CUDA device",
             file=sys.stderr,

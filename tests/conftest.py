@@ -11,21 +11,11 @@ import os
 import pytest
 from hypothesis import settings
 
+from specdec_np._backend import cuda_available
+
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
-
-
-def cuda_available() -> bool:
-    """Whether a usable CuPy device exists (never raises)."""
-    try:
-        import cupy
-    except Exception:
-        return False
-    try:
-        return bool(cupy.is_available())
-    except Exception:
-        return False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

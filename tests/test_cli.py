@@ -268,7 +268,7 @@ def _use_checks(monkeypatch: pytest.MonkeyPatch, run_checks: Any) -> None:
 
 @pytest.fixture
 def numpy_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_cupy_usable", lambda: False)
+    monkeypatch.setattr(cli._backend, "cuda_available", lambda: False)
 
 
 @pytest.mark.usefixtures("numpy_only")
@@ -317,7 +317,7 @@ def test_check_crash_and_empty_run_fail(
 def test_check_runs_every_usable_backend(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "_cupy_usable", lambda: True)
+    monkeypatch.setattr(cli._backend, "cuda_available", lambda: True)
     _use_checks(monkeypatch, _fake_checks({"oracle": True}))
     assert cli.main(["check", "--json"]) == 0
     report = _strict_json(capsys.readouterr().out)
