@@ -74,8 +74,8 @@ DEF SCAN_BLOCK = 1024
 
 # Greedy shortcut: a draft token with p(x) above 1/2 + GREEDY_MARGIN is the unique argmax of
 # any row whose sum is within 2 * GREEDY_MARGIN of one (checked in strict mode).
-GREEDY_MARGIN = 5e-4
 DEF GREEDY_MARGIN_C = 5e-4
+GREEDY_MARGIN = GREEDY_MARGIN_C
 
 
 def openmp_enabled() -> bool:

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-PROBABILITY_ARGUMENTS = ("target_with_bonus_probs", "draft_probs")
-TOKEN_ID_ARGUMENTS = ("draft_token_ids", "bonus_token_ids")
+from ._core import GREEDY_MARGIN
+
 # Tolerance on the row sums that the greedy shortcut relies on (twice its margin).
-ROW_SUM_TOLERANCE = 1e-3
+ROW_SUM_TOLERANCE = 2 * GREEDY_MARGIN
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
