@@ -453,7 +453,9 @@ cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) 
     cdef probability_t p_x = row[x]
     cdef Py_ssize_t start, stop, beaten
     cdef Py_ssize_t argmax = 0
-    if p_x != p_x:
+    if p_x != p_x or p_x == -1.0 / 0.0:
+        # NaN and -inf never win the scan's comparisons; the argmax rule decides for them
+        # (a row with nothing above -inf has argmax 0), as at the first rejection.
         entropy_and_argmax(row, V, False, &argmax)
         return argmax == x
     for start in range(0, V, SCAN_BLOCK):
