@@ -52,7 +52,7 @@ def cuda_module() -> Any:
         import cupy
     except ImportError as error:  # pragma: no cover - depends on the installation
         raise TypeError(
-            "a CUDA array was given but CuPy is not installed; install specdec_np[cuda12] "
+            "the CUDA path needs CuPy, which is not installed; install specdec_np[cuda12] "
             "or specdec_np[cuda13]"
         ) from error
     return cupy

@@ -116,6 +116,10 @@ class SpecDecodeBaseSampler:
             self.num_emitted_tokens = np.zeros((), dtype=np.int64)
         else:
             xp = _backend.cuda_module()
+            if not _backend.cuda_available():
+                raise ValueError(
+                    f"device cuda:{device} was requested but CuPy has no usable CUDA device"
+                )
             with xp.cuda.Device(device):
                 self.num_accepted_tokens = xp.zeros((), dtype=xp.int64)
                 self.num_emitted_tokens = xp.zeros((), dtype=xp.int64)
