@@ -90,9 +90,9 @@ static inline double specdec_residual_weight(double p, double q)
 typedef double specdec_v4d __attribute__((vector_size(32)));
 typedef int64_t specdec_v4l __attribute__((vector_size(32)));
 
-/* x86-64 builds carry an AVX2 clone of the hot loops, picked when the module loads; both
+/* x86-64 glibc builds carry an AVX2 clone of the hot loops (an ifunc picks it at load); both
  * clones do the same operations in the same order, so they return identical bits. */
-#if defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__clang__)
 #define SPECDEC_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SPECDEC_CLONES
