@@ -34,6 +34,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from draw_checks import (
+    LARGEST_BELOW_ONE,
+    MC_P,
+    MC_Q,
+    assert_draw_consistent,
+    random_rows,
+    residual_weights,
+)
 
 import specdec_np
 from specdec_np import _backend, _cuda, _philox
@@ -41,7 +49,6 @@ from specdec_np import _conformance as conf
 
 pytestmark = pytest.mark.gpu
 
-LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
 FLOAT_DTYPES = (np.float32, np.float64)
 ID_DTYPES = (np.int32, np.int64)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -104,16 +111,6 @@ def synchronize(cp, device=0):
 # --------------------------------------------------------------------------------------
 
 
-def random_rows(rng, shape, sparsity=0.3):
-    """Normalised non-negative rows with some exact zeros; every row keeps some mass."""
-    rows = rng.dirichlet(np.ones(shape[-1]), size=shape[:-1])
-    rows = rows * (rng.random(shape) >= sparsity)
-    empty = rows.sum(axis=-1) == 0
-    keep = rng.integers(0, shape[-1], size=empty.shape)
-    rows[empty, keep[empty]] = 1.0
-    return rows / rows.sum(axis=-1, keepdims=True)
-
-
 def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_draft_probs):
     """A batch mixing the edge cases of SPEC 4.1 position by position: ``p(x) = 0``,
     ``q(x) = 0``, ``p == q``, an empty residual (``q = 2p``), one-hot targets, uniforms 0 and
@@ -159,45 +156,6 @@ def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_d
     )
 
 
-def boundary_tolerance(vocab_size):
-    """Largest rounding of a float64 CDF value or of ``v * Z`` relative to ``Z``: any
-    summation order of V non-negative terms is within ``(V - 1) * 2**-53 * Z`` of the exact
-    sum (so is every partial sum); four times that, and never below 1e-12."""
-    return max(1e-12, 4.0 * vocab_size * 2.0**-53)
-
-
-def residual_weights(p_row, q_row):
-    """float64 draw weights of SPEC 4.1 (the target itself when the residual is empty)."""
-    weights = np.maximum(p_row - q_row, 0.0)
-    if not np.any(weights > 0):
-        weights = np.maximum(p_row, 0.0)
-    return weights
-
-
-def assert_draw_consistent(gpu_token, cpu_token, weights, v):
-    """Two inverse-CDF draws at ``v`` may differ only at a CDF boundary.
-
-    Both tokens must have positive weight.  If they differ (``lo < hi``), the exact CDF
-    ``C_y = fsum(weights[:y + 1])`` must satisfy ``C_{hi-1} - tol <= v * Z <= C_lo + tol``.
-    """
-    gpu_token, cpu_token = int(gpu_token), int(cpu_token)
-    assert 0 <= gpu_token < weights.size, f"GPU emitted token {gpu_token} outside the vocabulary"
-    assert weights[gpu_token] > 0, f"GPU emitted token {gpu_token} of weight 0"
-    assert weights[cpu_token] > 0, f"CPU emitted token {cpu_token} of weight 0"
-    if gpu_token == cpu_token:
-        return
-    total = math.fsum(weights.tolist())
-    lo, hi = sorted((gpu_token, cpu_token))
-    cdf_lo = math.fsum(weights[: lo + 1].tolist())
-    cdf_before_hi = math.fsum(weights[:hi].tolist())
-    tol = boundary_tolerance(weights.size) * total
-    threshold = v * total
-    assert cdf_before_hi - tol <= threshold <= cdf_lo + tol, (
-        f"tokens {gpu_token} (GPU) and {cpu_token} (CPU) differ but v * Z = {threshold!r} is "
-        f"not within {tol:.3g} of the CDF boundary [{cdf_lo!r}, {cdf_before_hi!r}]"
-    )
-
-
 def acceptance_passes(target, draft_probs, draft_ids, uniforms):
     """SPEC 4.1's acceptance test restated: ``u * q(x) < p(x)`` in float64, ``[B, k]``."""
     k = draft_ids.shape[1]
@@ -237,7 +195,9 @@ def compare_rejection(case, cpu, gpu):
         else:
             q_row = draft_probs[b, r].astype(np.float64)
         weights = residual_weights(p_row, q_row)
-        assert_draw_consistent(output[b, r], cpu_output[b, r], weights, uniforms[b, k])
+        assert_draw_consistent(
+            output[b, r], cpu_output[b, r], weights, uniforms[b, k], names=("GPU", "CPU")
+        )
 
 
 def check_rejection(cp, case, device=0):
@@ -600,20 +560,6 @@ def test_strict_mode_checks_gpu_arrays(cp):
 # --------------------------------------------------------------------------------------
 # Chi-square on the GPU rejection kernel (fixed seeds)
 # --------------------------------------------------------------------------------------
-
-MC_P = np.array(
-    [
-        [0.02, 0.08, 0.30, 0.05, 0.25, 0.05, 0.15, 0.10],
-        [0.30, 0.05, 0.05, 0.10, 0.10, 0.20, 0.15, 0.05],
-        [0.125] * 8,
-    ]
-)
-MC_Q = np.array(
-    [
-        [0.25, 0.05, 0.10, 0.15, 0.10, 0.20, 0.05, 0.10],
-        [0.10, 0.20, 0.10, 0.10, 0.20, 0.10, 0.10, 0.10],
-    ]
-)
 
 
 def _wide_case():

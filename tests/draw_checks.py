@@ -1,0 +1,88 @@
+"""Helpers shared by the CPU and GPU rejection-sampler tests (a module, not a test file).
+
+The residual draw of two implementations may differ only where ``v * Z`` lies within
+rounding of a CDF boundary (SPEC 7); :func:`assert_draw_consistent` checks exactly that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
+
+# Fixed Monte-Carlo case: V = 8, k = 2 (the third target row is the bonus position).
+MC_P = np.array(
+    [
+        [0.02, 0.08, 0.30, 0.05, 0.25, 0.05, 0.15, 0.10],
+        [0.30, 0.05, 0.05, 0.10, 0.10, 0.20, 0.15, 0.05],
+        [0.125] * 8,
+    ]
+)
+MC_Q = np.array(
+    [
+        [0.25, 0.05, 0.10, 0.15, 0.10, 0.20, 0.05, 0.10],
+        [0.10, 0.20, 0.10, 0.10, 0.20, 0.10, 0.10, 0.10],
+    ]
+)
+
+
+def boundary_tolerance(vocab_size: int) -> float:
+    """Largest rounding of a CDF value or of ``v * Z``, relative to the residual mass Z.
+
+    Any float64 summation (sequential, blocked or multi-lane) of V non-negative terms is
+    within ``(V - 1) * 2**-53 * Z`` of the exact sum, and so is each partial sum; the product
+    ``v * Z`` adds one more rounding.  Four times that bound, and never less than 1e-12
+    (far below any probability the tests use), covers every summation order and nothing
+    more: for V <= 40 it is 1e-12 * Z.
+    """
+    return max(1e-12, 4.0 * vocab_size * 2.0**-53)
+
+
+def random_rows(rng: np.random.Generator, shape: tuple[int, ...], sparsity: float = 0.3):
+    """Normalised non-negative rows with some exact zeros; every row keeps some mass."""
+    rows = rng.dirichlet(np.ones(shape[-1]), size=shape[:-1])
+    rows = rows * (rng.random(shape) >= sparsity)
+    empty = rows.sum(axis=-1) == 0
+    keep = rng.integers(0, shape[-1], size=empty.shape)
+    rows[empty, keep[empty]] = 1.0
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+def residual_weights(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:
+    """float64 residual weights of SPEC 4.1 (the fallback to p when they have no mass)."""
+    weights = np.maximum(p_row - q_row, 0.0)
+    if not np.any(weights > 0):  # non-negative terms: the sum is zero iff all are
+        weights = np.maximum(p_row, 0.0)
+    return weights
+
+
+def assert_draw_consistent(
+    token: int, expected: int, weights: np.ndarray, v: float, names=("kernel", "reference")
+) -> None:
+    """Two inverse-CDF draws at v from ``weights`` may differ only at a CDF boundary.
+
+    Both tokens must have positive weight.  If they differ (lo < hi), the exact CDF
+    ``C_y = fsum(weights[:y + 1])`` must satisfy ``C_{hi-1} - tol <= v * Z <= C_lo + tol``:
+    v * Z sits within rounding of the boundary between them and every token in between
+    carries no more than rounding-level mass.
+    """
+    token, expected = int(token), int(expected)
+    first, second = names
+    assert 0 <= token < weights.size, f"{first} emitted token {token} outside the vocabulary"
+    assert weights[token] > 0, f"{first} emitted token {token} of weight 0"
+    assert weights[expected] > 0, f"{second} emitted token {expected} of weight 0"
+    if token == expected:
+        return
+    total = math.fsum(weights.tolist())
+    lo, hi = sorted((token, expected))
+    cdf_lo = math.fsum(weights[: lo + 1].tolist())
+    cdf_before_hi = math.fsum(weights[:hi].tolist())
+    tol = boundary_tolerance(weights.size) * total
+    threshold = v * total
+    assert cdf_before_hi - tol <= threshold <= cdf_lo + tol, (
+        f"tokens {token} ({first}) and {expected} ({second}) differ but v * Z = "
+        f"{threshold!r} is not within {tol:.3g} of the CDF boundary "
+        f"[{cdf_lo!r}, {cdf_before_hi!r}]"
+    )
