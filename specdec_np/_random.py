@@ -201,7 +201,9 @@ class RejectionUniforms:
         xp = self._xp
         batch_size, width = self._shape
         if not self._seeded and not self._counter_rows:
-            return xp.asarray(self._generator.random(self._shape))
+            # The kernels read [B, k+1] row-major; a counter stream with an odd width
+            # returns a column slice.
+            return xp.ascontiguousarray(xp.asarray(self._generator.random(self._shape)))
         result = xp.empty(self._shape, dtype=xp.float64)
         taken = set(self._seeded).union(self._counter_rows)
         own_rows = [b for b in range(batch_size) if b not in taken]

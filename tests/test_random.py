@@ -331,3 +331,13 @@ def test_counter_stream_rows_are_counter_uniforms_and_rewind():
     snapshot.restore()
     np.testing.assert_array_equal(stream.random((2, 5)), second)
     assert stream.state == 5
+
+
+def test_counter_stream_uniforms_reach_the_kernel_contiguous():
+    """An odd k + 1 makes the counter stream return a column slice; the verifier must hand
+    the kernel a row-major array all the same (the GPU launchers insist on it)."""
+    from specdec_np import _random
+
+    sources = _random.RejectionUniforms(3, 4, np, generator=_random.CounterStream(7, np))
+    draws = sources.draw()
+    assert draws.shape == (3, 5) and draws.flags["C_CONTIGUOUS"]
