@@ -1307,6 +1307,37 @@ def greedy_sample(
 # ---------------------------------------------------------------------------------------------
 
 
+def _launch_into_buffers(
+    kernel: str,
+    leading_args: tuple[Any, ...],
+    target: Any,
+    draft_token_ids: Any,
+    bonus_token_ids: Any,
+    buffers: tuple[Any, Any, Any, Any],
+    **also_on_device: Any,
+) -> None:
+    """Check the shared arguments of a verifier, then launch ``kernel`` with
+    ``leading_args``, the sizes ``B, k, V`` and the caller's ``(output, accepted_lengths,
+    num_accepted, row_status)`` buffers (no device counters, no error flag)."""
+    batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
+    output, accepted_lengths, num_accepted, row_status = buffers
+    _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
+    _require_one_device(
+        target_with_bonus_probs=target,
+        draft_token_ids=draft_token_ids,
+        bonus_token_ids=bonus_token_ids,
+        output=output,
+        row_status=row_status,
+        **also_on_device,
+    )
+    if batch == 0:
+        return
+    sizes = (np.int64(batch), np.int64(k), np.int64(vocab))
+    tail = (output, accepted_lengths, num_accepted, None, None, row_status)
+    with target.device:
+        _launch_verifier(kernel, target, draft_token_ids, (*leading_args, *sizes), tail)
+
+
 class _CoreLikeKernels:
     """The kernels behind the signatures of ``specdec_np/_core.pyi``, on CuPy arrays.
 
@@ -1339,23 +1370,16 @@ class _CoreLikeKernels:
             _check_draft_probs(probs, target, batch, k, vocab)
         _require(uniforms, "uniforms", 2, ("float64",))
         _require_shape(uniforms, "uniforms", (batch, k + 1))
-        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
-        _require_one_device(
-            target_with_bonus_probs=target,
+        _launch_into_buffers(
+            "rejection_sample",
+            (target, probs, draft_token_ids, bonus_token_ids, uniforms),
+            target,
+            draft_token_ids,
+            bonus_token_ids,
+            (output, accepted_lengths, num_accepted, row_status),
             draft_probs=probs,
-            draft_token_ids=draft_token_ids,
-            bonus_token_ids=bonus_token_ids,
             uniforms=uniforms,
-            output=output,
-            row_status=row_status,
         )
-        if batch == 0:
-            return
-        args = (target, probs, draft_token_ids, bonus_token_ids, uniforms)
-        sizes = (np.int64(batch), np.int64(k), np.int64(vocab))
-        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
-        with target.device:
-            _launch_verifier("rejection_sample", target, draft_token_ids, (*args, *sizes), tail)
 
     @staticmethod
     def typical_acceptance_sample(
@@ -1372,30 +1396,20 @@ class _CoreLikeKernels:
     ) -> None:
         """Typical acceptance into caller buffers (``_core``'s signature)."""
         target = target_with_bonus_probs
-        batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
-        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
-        _require_one_device(
-            target_with_bonus_probs=target,
-            draft_token_ids=draft_token_ids,
-            bonus_token_ids=bonus_token_ids,
-            output=output,
-            row_status=row_status,
-        )
-        if batch == 0:
-            return
-        args = (
+        _launch_into_buffers(
+            "typical_acceptance",
+            (
+                target,
+                draft_token_ids,
+                bonus_token_ids,
+                np.float64(posterior_threshold),
+                np.float64(posterior_alpha),
+            ),
             target,
             draft_token_ids,
             bonus_token_ids,
-            np.float64(posterior_threshold),
-            np.float64(posterior_alpha),
-            np.int64(batch),
-            np.int64(k),
-            np.int64(vocab),
+            (output, accepted_lengths, num_accepted, row_status),
         )
-        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
-        with target.device:
-            _launch_verifier("typical_acceptance", target, draft_token_ids, args, tail)
 
     @staticmethod
     def greedy_sample(
@@ -1410,28 +1424,14 @@ class _CoreLikeKernels:
     ) -> None:
         """Greedy verification into caller buffers (``_core``'s signature)."""
         target = target_with_bonus_probs
-        batch, k, vocab = _check_target_and_ids(target, draft_token_ids, bonus_token_ids)
-        _check_row_buffers(batch, k, output, accepted_lengths, num_accepted, row_status)
-        _require_one_device(
-            target_with_bonus_probs=target,
-            draft_token_ids=draft_token_ids,
-            bonus_token_ids=bonus_token_ids,
-            output=output,
-            row_status=row_status,
-        )
-        if batch == 0:
-            return
-        args = (
+        _launch_into_buffers(
+            "greedy",
+            (target, draft_token_ids, bonus_token_ids),
             target,
             draft_token_ids,
             bonus_token_ids,
-            np.int64(batch),
-            np.int64(k),
-            np.int64(vocab),
+            (output, accepted_lengths, num_accepted, row_status),
         )
-        tail = (output, accepted_lengths, num_accepted, None, None, row_status)
-        with target.device:
-            _launch_verifier("greedy", target, draft_token_ids, args, tail)
 
     @staticmethod
     def create_output(
