@@ -915,8 +915,18 @@ def render(path: str, args: argparse.Namespace) -> int:
     with open(path, encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     meta = next(r for r in records if r["kind"] == "meta")
-    rows = [r for r in records if r["kind"] == "cell"]
-    profiles = [r for r in records if r["kind"] == "profile"]
+    def selected(record: dict) -> bool:
+        # The grid options select rows of the saved run (all of them when not given).
+        return (
+            (args.batch is None or record["B"] in args.batch)
+            and (args.k is None or record["k"] in args.k)
+            and (args.vocab is None or record["V"] in args.vocab)
+            and record["verifier"] in args.verifiers
+            and record["regime"] in args.regimes
+        )
+
+    rows = [r for r in records if r["kind"] == "cell" and selected(r)]
+    profiles = [r for r in records if r["kind"] == "profile" and selected(r)]
     report(meta, rows, profiles, args.markdown)
     if args.plot:
         plot(rows, args.plot, meta)
@@ -985,7 +995,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--render",
         metavar="FILE",
-        help="print (and --plot) an earlier --json file; measure nothing",
+        help="print (and --plot) an earlier --json file, restricted by the grid options; "
+        "measure nothing",
     )
     args = parser.parse_args(argv)
     if args.quick:
