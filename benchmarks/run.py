@@ -915,6 +915,7 @@ def render(path: str, args: argparse.Namespace) -> int:
     with open(path, encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     meta = next(r for r in records if r["kind"] == "meta")
+
     def selected(record: dict) -> bool:
         # The grid options select rows of the saved run (all of them when not given).
         return (
@@ -999,6 +1000,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "measure nothing",
     )
     args = parser.parse_args(argv)
+    if args.render:
+        return args  # the grid options only select rows of the saved run
     if args.quick:
         args.batch = args.batch or list(QUICK_BATCH)
         args.k = args.k or list(QUICK_K)
