@@ -383,6 +383,353 @@ def grid_output_distribution(
 
 
 # --------------------------------------------------------------------------------------
+# Exact laws of whole chains (block verification and token-wise rejection, any k)
+# --------------------------------------------------------------------------------------
+
+
+class ChainLaw(NamedTuple):
+    """Exact law of a verifier's output continued by the target.
+
+    Attributes
+    ----------
+    law : numpy.ndarray, float64 [V] * (k + 1)
+        ``law[a_0, ..., a_k]``: probability that the first ``k + 1`` tokens are
+        ``a_0 .. a_k`` when the tokens after the emitted ones are drawn from the target
+        rows of their positions (the bonus token from ``p_k``).  A lossless verifier gives
+        the product of the target rows.
+    expected_accepted_length : float
+        Expected number of accepted draft tokens.
+    """
+
+    law: np.ndarray
+    expected_accepted_length: float
+
+
+def _chain_inputs(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Target rows float64 ``[k+1, V]`` and draft rows float64 ``[k, V]`` (one-hot rows
+    for the point-mass tokens of an int ``q``)."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] < 2:
+        raise ValueError(f"p must have shape [k+1, V] with k >= 1; found {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("p must be finite and non-negative")
+    k, vocab_size = p.shape[0] - 1, p.shape[1]
+    q_array = np.asarray(q)
+    if q_array.dtype.kind in "iu":
+        if q_array.shape != (k,):
+            raise ValueError(f"point-mass q must have shape [{k}]; found {q_array.shape}")
+        if np.any(q_array < 0) or np.any(q_array >= vocab_size):
+            raise ValueError(f"point-mass q must hold tokens in [0, {vocab_size})")
+        one_hot = np.zeros((k, vocab_size), dtype=np.float64)
+        one_hot[np.arange(k), q_array.astype(np.int64)] = 1.0
+        return p, one_hot
+    q_array = np.asarray(q, dtype=np.float64)
+    if q_array.shape != (k, vocab_size):
+        raise ValueError(f"q must have shape [{k}, {vocab_size}]; found {q_array.shape}")
+    for i in range(k):
+        _as_distribution(q_array[i], vocab_size, f"q[{i}]")
+    return p, q_array
+
+
+def _normalised_residual(weights: np.ndarray, p_row: np.ndarray) -> np.ndarray:
+    """``weights / Z``, or ``p_row`` normalised when ``Z == 0``."""
+    total = math.fsum(weights.tolist())
+    if total > 0:
+        return weights / total
+    total = math.fsum(p_row.tolist())
+    if not total > 0:
+        raise ValueError("neither the residual nor the target row has positive mass")
+    return p_row / total
+
+
+# For one tuple of drafts: P(tau = t) for t = 0..k and the recovery law at each t < k (None
+# where that t has probability zero).
+_ChainRule = Callable[[np.ndarray, np.ndarray, tuple[int, ...]], tuple[list[float], list[Any]]]
+
+
+def _block_terms(
+    p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+) -> tuple[list[float], list[np.ndarray]]:
+    """``h_1 .. h_k`` and the weighted residuals ``R_0 .. R_{k-1}`` of block verification."""
+    k = q.shape[0]
+    rho = [1.0]
+    for i, x in enumerate(drafts):
+        weighted = rho[i] * float(p[i, x])
+        q_x = float(q[i, x])
+        rho.append(0.0 if weighted == 0 else 1.0 if weighted >= q_x else weighted / q_x)
+    residuals = [np.maximum(rho[i] * p[i] - q[i], 0.0) for i in range(k)]
+    h = []
+    for i in range(1, k):
+        total = math.fsum(residuals[i].tolist())
+        denominator = total + (1.0 - rho[i])
+        h.append(total / denominator if denominator > 0 else 1.0)
+    h.append(rho[k])
+    return h, residuals
+
+
+def _block_rule(first_failure: bool) -> _ChainRule:
+    def rule(
+        p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+    ) -> tuple[list[float], list[Any]]:
+        k = q.shape[0]
+        h, residuals = _block_terms(p, q, drafts)
+        if first_failure:
+            # Accept 1, 2, ... while eta_i < h_i; tau is the last success before a failure.
+            tau = [math.prod(h[:t]) * (1.0 - h[t]) for t in range(k)] + [math.prod(h)]
+        else:
+            # tau = t: eta_t < h_t (t >= 1) and eta_i >= h_i for every i > t.
+            above = [math.prod(1.0 - h_i for h_i in h[t:]) for t in range(k + 1)]
+            tau = [above[0]] + [h[t - 1] * above[t] for t in range(1, k + 1)]
+        recovery = [
+            _normalised_residual(residuals[t], p[t]) if tau[t] > 0 else None for t in range(k)
+        ]
+        return tau, recovery
+
+    return rule
+
+
+def _rejection_rule(
+    p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+) -> tuple[list[float], list[Any]]:
+    k = q.shape[0]
+    accept = [float(acceptance_probabilities(p[i], q[i])[x]) for i, x in enumerate(drafts)]
+    tau = [math.prod(accept[:t]) * (1.0 - accept[t]) for t in range(k)] + [math.prod(accept)]
+    recovery = [residual_distribution(p[t], q[t]) if tau[t] > 0 else None for t in range(k)]
+    return tau, recovery
+
+
+def _chain_law(p: Any, q: Any, rule: _ChainRule) -> ChainLaw:
+    p, q = _chain_inputs(p, q)
+    k, vocab_size = q.shape
+    supports = [_draft_support(row) for row in q]
+    law = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    # continuation[t]: law of tokens t .. k drawn from the target, shape [V] * (k + 1 - t).
+    continuation: list[Any] = [None] * (k + 2)
+    continuation[k + 1] = np.ones(())
+    for t in range(k, -1, -1):
+        continuation[t] = np.multiply.outer(p[t], continuation[t + 1])
+    expected_length = 0.0
+    for choice in itertools.product(*(range(s.size) for s, _ in supports)):
+        drafts = tuple(int(supports[i][0][c]) for i, c in enumerate(choice))
+        weight = math.prod(float(supports[i][1][c]) for i, c in enumerate(choice))
+        tau, recovery = rule(p, q, drafts)
+        for t in range(k + 1):
+            mass = weight * tau[t]
+            if mass == 0:
+                continue
+            expected_length += mass * t
+            if t == k:
+                law[drafts] += mass * continuation[k]
+            else:
+                law[drafts[:t]] += mass * np.multiply.outer(recovery[t], continuation[t + 1])
+    return ChainLaw(law, expected_length)
+
+
+def block_verification_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of block verification, from the algorithm.
+
+    Every tuple of drafts ``x_i ~ q_i`` is enumerated with its weight; the uniforms enter
+    only through thresholds, so ``P(tau = t | x) = h_t * prod_{i > t} (1 - h_i)`` for
+    ``t >= 1`` and ``prod_{i = 1..k} (1 - h_i)`` for ``t = 0``; the token after the
+    accepted prefix is drawn from ``R_t / Z_t`` (``p_t`` when ``Z_t == 0``) or is the bonus
+    token.  The target rows enter only through these steps, so comparing the result with
+    the product of the rows proves the algorithm lossless.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _block_rule(first_failure=False))
+
+
+def block_first_failure_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of the classic wrong block verifier (a negative control).
+
+    It accepts positions 1, 2, ... while ``eta_i < h_i`` and stops at the first failed
+    check, with the same thresholds and residuals as :func:`block_verification_law`.  For
+    k = 1 it equals block verification; for larger k it is not lossless.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _block_rule(first_failure=True))
+
+
+def rejection_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of token-wise rejection sampling, for any k.
+
+    Position ``i`` is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))`` (see
+    :func:`acceptance_probabilities`), the first rejected position ``r`` emits a draw from
+    :func:`residual_distribution`, and all positions accepted emit the bonus token.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _rejection_rule)
+
+
+def target_chain_law(p: Any) -> np.ndarray:
+    """The target's law of the first ``k + 1`` tokens: the outer product of its rows.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+    """
+    p = np.asarray(p, dtype=np.float64)
+    law = np.ones(())
+    for row in p[::-1]:
+        law = np.multiply.outer(row, law)
+    return law
+
+
+def prefix_laws(law: Any) -> list[np.ndarray]:
+    """The marginal laws of the first 1, 2, ..., k + 1 tokens of a chain law.
+
+    Parameters
+    ----------
+    law : array_like, float [V] * (k + 1)
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Entry ``j`` has shape ``[V] * (j + 1)``.
+    """
+    law = np.asarray(law, dtype=np.float64)
+    return [law.sum(axis=tuple(range(j + 1, law.ndim))) for j in range(law.ndim)]
+
+
+def grid_chain_law(output_token_ids: Any, weights: Any, p: Any) -> np.ndarray:
+    """Weighted law of a batch's outputs continued by the target (see :class:`ChainLaw`).
+
+    A row that accepted ``tau < k`` drafts keeps its ``tau + 1`` emitted tokens and is
+    continued by ``p_{tau+1} .. p_k``; a row that accepted all ``k`` keeps its drafts and
+    its bonus token is replaced by ``p_k`` (the batch's bonus ids are placeholders).
+
+    Parameters
+    ----------
+    output_token_ids : int [N, k+1]
+    weights : float [N]
+    p : array_like, float [k+1, V]
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+
+    Raises
+    ------
+    ValueError
+        If a row is not an emitted prefix followed by -1.
+    """
+    output = np.asarray(output_token_ids, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
+    k, vocab_size = p.shape[0] - 1, p.shape[1]
+    if output.ndim != 2 or output.shape[1] != k + 1:
+        raise ValueError(f"output_token_ids must have shape [N, {k + 1}]; found {output.shape}")
+    emitted = output >= 0
+    lengths = emitted.sum(axis=1)
+    positions = np.arange(k + 1)[None, :]
+    if (
+        np.any(lengths < 1)
+        or np.any(output >= vocab_size)
+        or np.any(output < -1)
+        or not np.array_equal(emitted, positions < lengths[:, None])
+    ):
+        raise ValueError("every output row must be emitted tokens in [0, V), then -1")
+    tau = lengths - 1
+    law = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    for t in range(k + 1):
+        rows = tau == t
+        kept = t + 1 if t < k else k
+        flat = np.zeros(rows.sum(), dtype=np.int64)
+        for j in range(kept):
+            flat = flat * vocab_size + output[rows, j]
+        prefix = np.bincount(flat, weights=weights[rows], minlength=vocab_size**kept)
+        law += np.multiply.outer(prefix.reshape((vocab_size,) * kept), target_chain_law(p[kept:]))
+    return law
+
+
+def chain_grid_error_bound(p: Any, q: Any, num_strata: int) -> np.ndarray:
+    """Cell-wise bound on ``|grid_chain_law - exact law|`` for a stratified grid.
+
+    For fixed drafts, each outcome of token-wise rejection or block verification
+    (accepted length ``t`` and, for ``t < k``, the recovered token) is a box in the
+    uniforms: at most ``k`` sides of the form ``[0, a)`` or ``[a, 1)``, counted by the
+    midpoints with error at most ``1 / (2n)`` each, and for ``t < k`` one interval
+    ``[c, d)`` of the residual uniform, error at most ``1 / n``; the errors of the sides of
+    a box add.  Summed over the drafts that share the emitted prefix ``a_0 .. a_{t-1}``
+    the error is at most that box bound times the draft probability ``Q_t`` of the
+    prefix.  A cell of the continued law is ``sum_t P(outcome t) * prod_{j > t} p_j(a_j)``
+    (the bonus counted as ``p_k``), so its error is at most ``sum_{t < k} (k / (2n) +
+    1 / n) * Q_t * prod_{j > t} p_j(a_j) + k / (2n) * Q_k * p_k(a_k)``, plus a little for
+    float rounding.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+    q : array_like, float [k, V], or int [k]
+        Draft rows or point-mass draft tokens, as for :func:`block_verification_law`.
+    num_strata : int
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+    """
+    p, q = _chain_inputs(p, q)
+    k, vocab_size = q.shape
+    if num_strata < 1:
+        raise ValueError(f"num_strata must be positive; found {num_strata}")
+    q = q / q.sum(axis=1, keepdims=True)
+    inner = k / (2.0 * num_strata) + 1.0 / num_strata
+    bound = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    for t in range(k + 1):
+        kept = t if t < k else k
+        factor = inner if t < k else k / (2.0 * num_strata)
+        prefix = target_chain_law(q[:kept])
+        tail = target_chain_law(p[kept + 1 :] if t < k else p[k:])
+        if t < k:
+            tail = np.ones(vocab_size)[(slice(None),) + (None,) * tail.ndim] * tail
+        bound += factor * np.multiply.outer(prefix, tail)
+    return bound + 1e-12
+
+
+# --------------------------------------------------------------------------------------
 # Chi-square test
 # --------------------------------------------------------------------------------------
 
