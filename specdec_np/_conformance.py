@@ -10,13 +10,19 @@ each verifier as a black box that maps inputs and uniforms to output token ids:
   ``max(p - q, 0) / Z`` (``p`` itself when ``Z == 0``) by the rejection mass.  The
   oracle uses ``p`` only through these steps, so comparing it with ``p`` proves that the
   *algorithm* is lossless.
+* **Exact chain laws.**  For any k and a small vocabulary, :func:`block_verification_law`
+  and :func:`rejection_law` enumerate every tuple of drafts and integrate the uniforms
+  exactly, giving the law of the first ``k + 1`` tokens when the verifier's output is
+  continued by the target; a lossless verifier gives the product of the target rows.
+  :func:`block_first_failure_law` is the classic wrong block verifier, a negative control.
 * **Stratified grids.**  Midpoint grids of uniforms (one stratum per cell of a regular
   grid in every uniform, every draft token in the support of ``q`` enumerated with its
   weight) fed to a real sampler reproduce the oracle up to an explicit quadrature bound.
 * **Monte-Carlo chi-square.**  Many rows with draft tokens drawn from ``q`` and random
   uniforms; the emitted tokens are compared with the target by Pearson's chi-square test
   (p-value from the regularised upper incomplete gamma function implemented here, so the
-  package needs no scipy), and the acceptance rate with ``sum(min(p, q))``.
+  package needs no scipy), and the acceptance rate with ``sum(min(p, q))``;
+  :func:`monte_carlo_chain` tests a whole chain continued by the target.
 
 :func:`run_checks` bundles these checks (and kernel-versus-reference checks of the
 deterministic verifiers) for the ``specdec-np check`` command.  Pure NumPy.
@@ -34,24 +40,34 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
+    "ChainLaw",
+    "ChainMonteCarloReport",
     "CheckResult",
     "MonteCarloReport",
     "StratifiedBatch",
     "acceptance_probabilities",
+    "block_first_failure_law",
+    "block_verification_law",
+    "chain_grid_error_bound",
     "chi_square_p_value",
     "chi_square_statistic",
     "draw_from",
     "exact_first_token_distribution",
     "exact_first_two_tokens_distribution",
+    "grid_chain_law",
     "grid_error_bound",
     "grid_output_distribution",
     "kernel_sampler",
+    "monte_carlo_chain",
     "monte_carlo_rejection",
+    "prefix_laws",
     "regularized_upper_gamma",
+    "rejection_law",
     "residual_distribution",
     "run_checks",
     "stratified_rejection_batch",
     "stratified_uniform_grid",
+    "target_chain_law",
 ]
 
 #: A rejection sampler seen as a black box: ``sampler(target_with_bonus_probs,
@@ -1033,6 +1049,125 @@ def monte_carlo_rejection(
     )
 
 
+@dataclass(frozen=True)
+class ChainMonteCarloReport:
+    """What :func:`monte_carlo_chain` measured.
+
+    Attributes
+    ----------
+    num_rows : int
+    p_value : float
+        Chi-square p-value of the first ``k + 1`` tokens (the output continued by the
+        target) against the product of the target rows, over all ``V ** (k + 1)`` cells.
+    mean_accepted_length : float
+        Mean number of accepted drafts (emitted tokens minus one).
+    expected_accepted_length : float or None
+        The exact expectation, when one was given.
+    accepted_length_z : float
+        ``(mean - expected) / standard error`` with the sample standard deviation; 0 when
+        no expectation was given.
+    format_ok : bool
+        Every row holds an accepted draft prefix, one token, then -1.
+    """
+
+    num_rows: int
+    p_value: float
+    mean_accepted_length: float
+    expected_accepted_length: float | None
+    accepted_length_z: float
+    format_ok: bool
+
+    def passed(self, alpha: float = 1e-4, max_sigma: float = 5.0) -> bool:
+        """All sub-checks pass at significance ``alpha`` and ``max_sigma`` sigmas."""
+        return self.format_ok and self.p_value > alpha and abs(self.accepted_length_z) <= max_sigma
+
+
+def monte_carlo_chain(
+    sampler: Sampler,
+    p: Any,
+    q: Any,
+    num_rows: int,
+    rng: np.random.Generator,
+    *,
+    expected_accepted_length: float | None = None,
+    dtype: Any = np.float64,
+) -> ChainMonteCarloReport:
+    """Run a lossless verifier on ``num_rows`` identical rows and test the whole chain.
+
+    The drafts are drawn from ``q`` and the bonus tokens from ``p_k``; the positions after
+    each row's emitted tokens are filled with draws from the target rows, so the first
+    ``k + 1`` tokens of a lossless verifier follow the product of the target rows.
+
+    Parameters
+    ----------
+    sampler : callable
+        ``sampler(target, bonus, draft_probs, draft_ids, uniforms) -> output`` (NumPy).
+    p : array_like, float [k+1, V]
+        Target rows; ``V ** (k + 1)`` should stay small next to ``num_rows``.
+    q : array_like, float [k, V], or sequence of int
+        Draft rows, or point-mass draft tokens (``draft_probs=None``).
+    num_rows : int
+    rng : numpy.random.Generator
+        Source of the drafts, bonus tokens, uniforms and continuations.
+    expected_accepted_length : float, optional
+        For example ``block_verification_law(p, q).expected_accepted_length``.
+    dtype : numpy dtype
+        Probability dtype fed to the sampler; the tests use the rounded values.
+
+    Returns
+    -------
+    ChainMonteCarloReport
+    """
+    p = np.asarray(p, dtype=dtype)
+    k_plus_1, vocab_size = p.shape
+    k = k_plus_1 - 1
+    p64 = p.astype(np.float64)
+    point_mass = isinstance(q, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in q)
+    if point_mass:
+        draft_ids = np.tile(np.asarray(q, dtype=np.int64), (num_rows, 1))
+        draft_probs = None
+    else:
+        q = np.asarray(q, dtype=dtype)
+        q64 = q.astype(np.float64)
+        draft_ids = np.stack([draw_from(q64[i], num_rows, rng) for i in range(k)], axis=1)
+        draft_probs = np.ascontiguousarray(np.broadcast_to(q, (num_rows, k, vocab_size)))
+    target = np.ascontiguousarray(np.broadcast_to(p, (num_rows, k + 1, vocab_size)))
+    bonus = draw_from(p64[k], num_rows, rng)[:, None]
+    uniforms = rng.random((num_rows, k + 1))
+    output = np.asarray(sampler(target, bonus, draft_probs, draft_ids, uniforms))
+    format_ok = _format_ok(output, draft_ids, vocab_size)
+    if not format_ok:
+        return ChainMonteCarloReport(
+            num_rows, 0.0, math.nan, expected_accepted_length, math.inf, False
+        )
+    completed = output.astype(np.int64)
+    flat = np.zeros(num_rows, dtype=np.int64)
+    for j in range(k + 1):
+        missing = completed[:, j] < 0
+        completed[missing, j] = draw_from(p64[j], int(missing.sum()), rng)
+        flat = flat * vocab_size + completed[:, j]
+    counts = np.bincount(flat, minlength=vocab_size ** (k + 1))
+    p_value = _chi_square_p(counts, target_chain_law(p64).reshape(-1))
+    lengths = (output >= 0).sum(axis=1) - 1
+    mean = float(lengths.mean())
+    z = 0.0
+    if expected_accepted_length is not None:
+        error = math.sqrt(float(lengths.var()) / num_rows)
+        difference = mean - expected_accepted_length
+        if error > 0:
+            z = difference / error
+        elif abs(difference) > 1e-9:
+            z = math.inf
+    return ChainMonteCarloReport(
+        num_rows=num_rows,
+        p_value=p_value,
+        mean_accepted_length=mean,
+        expected_accepted_length=expected_accepted_length,
+        accepted_length_z=z,
+        format_ok=True,
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The real kernels as black boxes
 # --------------------------------------------------------------------------------------
@@ -1052,8 +1187,10 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
-def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampler:
-    """:func:`specdec_np.rejection_sample` as a NumPy-in, NumPy-out black box.
+def kernel_sampler(
+    backend: str = "numpy", *, point_mass: bool = False, verifier: Callable[..., Any] | None = None
+) -> Sampler:
+    """A verifier as a NumPy-in, NumPy-out black box.
 
     Parameters
     ----------
@@ -1061,6 +1198,10 @@ def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampl
         Where the kernel runs (inputs are copied to the device and the output back).
     point_mass : bool
         Call with ``draft_probs=None`` (the draft rows are then ignored).
+    verifier : callable, optional
+        A function with the signature of :func:`specdec_np.rejection_sample` returning a
+        ``VerificationResult``; by default :func:`specdec_np.verify.rejection_sample`,
+        looked up at each call.
 
     Returns
     -------
@@ -1079,7 +1220,8 @@ def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampl
         uniforms: np.ndarray,
     ) -> np.ndarray:
         probs = None if point_mass or draft_probs is None else xp.asarray(draft_probs)
-        result = verify.rejection_sample(
+        function = verify.rejection_sample if verifier is None else verifier
+        result = function(
             xp.asarray(target),
             xp.asarray(bonus),
             probs,
@@ -1226,6 +1368,92 @@ def _check_monte_carlo(backend: str) -> list[CheckResult]:
     ]
 
 
+# Fixed (p, q) cases of the exact block-verification check: k in {1, 2, 3}, V in {3, 4};
+# an int tuple is a point-mass draft.
+_BLOCK_CASES: tuple[tuple[str, Any, Any], ...] = (
+    ("k = 1", ((0.1, 0.2, 0.3, 0.4), (0.25,) * 4), ((0.4, 0.3, 0.2, 0.1),)),
+    (
+        "k = 2, q = 0 < p and p = 0 < q",
+        ((0.6, 0.2, 0.2), (0.5, 0.0, 0.5), (0.4, 0.3, 0.3)),
+        ((0.7, 0.3, 0.0), (0.4, 0.0, 0.6)),
+    ),
+    ("k = 2, point mass", ((0.2, 0.5, 0.3), (0.6, 0.1, 0.3), (0.3, 0.3, 0.4)), (1, 0)),
+    (
+        "k = 3",
+        ((0.1, 0.2, 0.3, 0.4), (0.4, 0.1, 0.1, 0.4), (0.0, 0.5, 0.5, 0.0), (0.25,) * 4),
+        ((0.3, 0.3, 0.2, 0.2), (0.1, 0.6, 0.2, 0.1), (0.5, 0.0, 0.25, 0.25)),
+    ),
+    (
+        "k = 3, point mass",
+        ((0.0, 0.1, 0.9), (0.3, 0.7, 0.0), (0.1, 0.8, 0.1), (0.2, 0.3, 0.5)),
+        (2, 1, 1),
+    ),
+)
+
+# The Monte-Carlo case of the block kernel: V = 4, k = 2, 64 cells of the chain law.
+_BLOCK_MC_P = ((0.1, 0.2, 0.3, 0.4), (0.4, 0.1, 0.1, 0.4), (0.25, 0.25, 0.25, 0.25))
+_BLOCK_MC_Q = ((0.3, 0.3, 0.2, 0.2), (0.1, 0.6, 0.2, 0.1))
+
+
+def _check_block_law() -> list[CheckResult]:
+    worst = 0.0
+    smallest_gain = math.inf
+    largest_gain = -math.inf
+    control = 0.0
+    for _, p, q in _BLOCK_CASES:
+        block = block_verification_law(p, q)
+        target = target_chain_law(p)
+        worst = max(worst, float(np.max(np.abs(block.law - target))))
+        gain = block.expected_accepted_length - rejection_law(p, q).expected_accepted_length
+        smallest_gain, largest_gain = min(smallest_gain, gain), max(largest_gain, gain)
+        control = max(control, float(np.max(np.abs(block_first_failure_law(p, q).law - target))))
+    return [
+        CheckResult(
+            "block verification: exact law equals the target",
+            worst <= 1e-9,
+            f"{len(_BLOCK_CASES)} cases, k = 1..3, point masses included; "
+            f"max |law - prod p| over k + 1 tokens = {worst:.3g} (limit 1e-9)",
+        ),
+        CheckResult(
+            "block verification: accepts at least as many drafts as token-wise rejection",
+            smallest_gain >= -1e-12 and largest_gain > 1e-3,
+            f"E[accepted] gain over token-wise: smallest {smallest_gain:.3g} (limit -1e-12), "
+            f"largest {largest_gain:.4f} (must exceed 1e-3)",
+        ),
+        CheckResult(
+            "block verification: the exact check catches a first-failure stop",
+            control > 1e-3,
+            f"max |law - prod p| of the first-failure stop = {control:.3g} (must exceed 1e-3)",
+        ),
+    ]
+
+
+def _check_block_monte_carlo(backend: str) -> CheckResult:
+    name = "block verification: chi-square of the kernel's chain"
+    import specdec_np
+
+    function = getattr(specdec_np, "block_verification_sample", None)
+    if function is None:
+        return CheckResult(name, False, "specdec_np.block_verification_sample is missing")
+    num_rows = 200_000
+    expected = block_verification_law(_BLOCK_MC_P, _BLOCK_MC_Q).expected_accepted_length
+    report = monte_carlo_chain(
+        kernel_sampler(backend, verifier=function),
+        _BLOCK_MC_P,
+        _BLOCK_MC_Q,
+        num_rows,
+        np.random.default_rng(54321),
+        expected_accepted_length=expected,
+    )
+    return CheckResult(
+        name,
+        report.passed(),
+        f"{num_rows} rows, V = 4, k = 2; p-value = {report.p_value:.3g} (must exceed 1e-4); "
+        f"accepted length {report.mean_accepted_length:.4f}, exact {expected:.4f}, "
+        f"z = {report.accepted_length_z:.2f} (limit 5); output format ok: {report.format_ok}",
+    )
+
+
 def _deterministic_batch(
     rng: np.random.Generator, dtype: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1301,6 +1529,11 @@ def run_checks(backend: str = "numpy") -> list[CheckResult]:
     on a stratified grid reproduces the oracle; a seeded Monte-Carlo run (2e5 rows) passes
     chi-square tests (p-value > 1e-4) on the first output and on the second given
     acceptance, and its acceptance rate is within 5 sigma of ``sum(min(p, q))``.
+    Block verification: its exact law of the first ``k + 1`` tokens (continued by the
+    target) equals the target's on fixed cases (k = 1..3, point masses included), its
+    expected accepted length is never below token-wise rejection's and above it somewhere,
+    a first-failure stop is caught by the same check, and the kernel passes a seeded
+    chi-square test of the chain (1e5 rows) with its accepted length within 5 sigma.
     Typical acceptance and greedy: the kernels equal the array-API reference on fixed
     random batches (float32 and float64).
 
@@ -1320,6 +1553,8 @@ def run_checks(backend: str = "numpy") -> list[CheckResult]:
         ("rejection: exact joint of the first two outputs (k = 2)", _check_joint_oracle),
         ("rejection: kernel on a stratified grid", lambda: _check_grid(backend)),
         ("rejection: Monte-Carlo checks", lambda: _check_monte_carlo(backend)),
+        ("block verification: exact laws", _check_block_law),
+        ("block verification: Monte-Carlo check", lambda: _check_block_monte_carlo(backend)),
         ("typical acceptance and greedy", lambda: _check_deterministic(backend)),
     ]
     results: list[CheckResult] = []

@@ -258,6 +258,57 @@ def _path_weights(xp: Any, p_x: Any, q_x: Any) -> Any:
     return xp.stack(rho, axis=1)
 
 
+def _block_thresholds(
+    xp: Any, target_with_bonus_probs: Any, draft_probs: Any, draft_token_ids: Any
+) -> tuple[Any, Any]:
+    """The weighted residuals ``R_0 .. R_{k-1}`` float64 ``[B, k, V]`` and the thresholds
+    ``h_1 .. h_k`` float64 ``[B, k]`` of block verification."""
+    k = draft_token_ids.shape[1]
+    vocab_size = target_with_bonus_probs.shape[2]
+    ids = xp.astype(draft_token_ids, xp.int64)
+    p = xp.astype(target_with_bonus_probs[:, :k, :], xp.float64)
+    p_x = _gather_draft_probabilities(xp, target_with_bonus_probs, draft_token_ids)
+    if draft_probs is None:
+        vocabulary = xp.arange(vocab_size, dtype=xp.int64)[None, None, :]
+        q = xp.astype(vocabulary == ids[:, :, None], xp.float64)
+    else:
+        q = _clean_draft(xp, draft_probs)
+    q_x = xp.take_along_axis(q, ids[:, :, None], axis=2)[:, :, 0]
+    rho = _path_weights(xp, p_x, q_x)
+    residual = xp.maximum(rho[:, :k, None] * p - q, 0.0)
+    total = xp.sum(residual, axis=2)
+    slack = total[:, 1:] + (1.0 - rho[:, 1:k])
+    safe = xp.where(slack > 0, slack, 1.0)
+    h = xp.concat([xp.where(slack > 0, total[:, 1:] / safe, 1.0), rho[:, k:]], axis=1)
+    return residual, h
+
+
+def _block_emit(
+    xp: Any,
+    target_with_bonus_probs: Any,
+    bonus_token_ids: Any,
+    draft_token_ids: Any,
+    residual: Any,
+    tau: Any,
+    v: Any,
+) -> tuple[Any, Any, Any]:
+    """Emit the first ``tau`` drafts, then a draw from ``R_tau`` (or ``p_tau``) at ``v``
+    or the bonus token; ``tau`` int64 ``[B]``."""
+    batch_size, k = draft_token_ids.shape
+    vocab_size = target_with_bonus_probs.shape[2]
+    position = xp.where(tau < k, tau, 0)
+    indices = xp.broadcast_to(position[:, None, None], (batch_size, 1, vocab_size))
+    residual_row = xp.take_along_axis(residual, indices, axis=1)[:, 0, :]
+    recovered = residual_draw(residual_row, v)
+    fallback = residual_draw(_rows_at(xp, target_with_bonus_probs, position), v)
+    recovered = xp.where(recovered >= 0, recovered, fallback)
+    if bool(xp.any(xp.logical_and(tau < k, recovered < 0))):
+        raise ValueError("target_with_bonus_probs has a row with no positive probability")
+    accepted = xp.arange(k, dtype=xp.int64)[None, :] < tau[:, None]
+    substitute = xp.broadcast_to(recovered[:, None], (batch_size, k))
+    return create_output(accepted, substitute, draft_token_ids, bonus_token_ids)
+
+
 def block_verification_sample(
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
@@ -299,36 +350,17 @@ def block_verification_sample(
         If a draw is needed from a target row without positive probability.
     """
     xp = _namespace(target_with_bonus_probs)
-    batch_size, k = draft_token_ids.shape
-    vocab_size = target_with_bonus_probs.shape[2]
-    ids = xp.astype(draft_token_ids, xp.int64)
-    p = xp.astype(target_with_bonus_probs[:, :k, :], xp.float64)
-    p_x = _gather_draft_probabilities(xp, target_with_bonus_probs, draft_token_ids)
-    if draft_probs is None:
-        vocabulary = xp.arange(vocab_size, dtype=xp.int64)[None, None, :]
-        q = xp.astype(vocabulary == ids[:, :, None], xp.float64)
-    else:
-        q = _clean_draft(xp, draft_probs)
-    q_x = xp.take_along_axis(q, ids[:, :, None], axis=2)[:, :, 0]
-    rho = _path_weights(xp, p_x, q_x)
-    residual = xp.maximum(rho[:, :k, None] * p - q, 0.0)
-    total = xp.sum(residual, axis=2)
-    slack = total[:, 1:] + (1.0 - rho[:, 1:k])
-    safe = xp.where(slack > 0, slack, 1.0)
-    h = xp.concat([xp.where(slack > 0, total[:, 1:] / safe, 1.0), rho[:, k:]], axis=1)
+    k = draft_token_ids.shape[1]
+    residual, h = _block_thresholds(xp, target_with_bonus_probs, draft_probs, draft_token_ids)
     passes = uniforms[:, :k] < h
     # The largest passing i: the first passing entry counted from the end.
-    from_end = _first_index(xp, xp.flip(passes, axis=1), k)
-    tau = k - from_end
-    position = xp.where(tau < k, tau, 0)
-    indices = xp.broadcast_to(position[:, None, None], (batch_size, 1, vocab_size))
-    residual_row = xp.take_along_axis(residual, indices, axis=1)[:, 0, :]
-    v = uniforms[:, k]
-    recovered = residual_draw(residual_row, v)
-    fallback = residual_draw(_rows_at(xp, target_with_bonus_probs, position), v)
-    recovered = xp.where(recovered >= 0, recovered, fallback)
-    if bool(xp.any(xp.logical_and(tau < k, recovered < 0))):
-        raise ValueError("target_with_bonus_probs has a row with no positive probability")
-    accepted = xp.arange(k, dtype=xp.int64)[None, :] < tau[:, None]
-    substitute = xp.broadcast_to(recovered[:, None], (batch_size, k))
-    return create_output(accepted, substitute, draft_token_ids, bonus_token_ids)
+    tau = k - _first_index(xp, xp.flip(passes, axis=1), k)
+    return _block_emit(
+        xp,
+        target_with_bonus_probs,
+        bonus_token_ids,
+        draft_token_ids,
+        residual,
+        tau,
+        uniforms[:, k],
+    )
