@@ -1368,7 +1368,7 @@ def _check_monte_carlo(backend: str) -> list[CheckResult]:
     ]
 
 
-# Fixed (p, q) cases of the exact block-verification check: k in {1, 2, 3}, V in {3, 4};
+# Fixed (p, q) cases of the exact block-verification check: k in {1, 2, 3}, V in {2, 3, 4};
 # an int tuple is a point-mass draft.
 _BLOCK_CASES: tuple[tuple[str, Any, Any], ...] = (
     ("k = 1", ((0.1, 0.2, 0.3, 0.4), (0.25,) * 4), ((0.4, 0.3, 0.2, 0.1),)),
@@ -1387,6 +1387,11 @@ _BLOCK_CASES: tuple[tuple[str, Any, Any], ...] = (
         "k = 3, point mass",
         ((0.0, 0.1, 0.9), (0.3, 0.7, 0.0), (0.1, 0.8, 0.1), (0.2, 0.3, 0.5)),
         (2, 1, 1),
+    ),
+    (
+        "k = 3, V = 2, an over-confident first draft",
+        ((0.5, 0.5), (0.0, 1.0), (0.5, 0.5), (0.5, 0.5)),
+        ((1.0, 0.0), (0.5, 0.5), (0.5, 0.5)),
     ),
 )
 
