@@ -40,20 +40,16 @@ from specdec_np.verify import VerificationResult
 # --------------------------------------------------------------------------------------
 
 
-def _normalised(rng, shape, sparsity):
-    return random_rows(rng, shape, sparsity=sparsity)
-
-
 @st.composite
 def chain_cases(draw, max_k=3, max_vocab=5):
     """``(p [k+1, V], q [k, V] or int [k])`` with exact zeros and point masses."""
     k = draw(st.integers(1, max_k))
     vocab_size = draw(st.integers(2, max_vocab))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    p = _normalised(rng, (k + 1, vocab_size), draw(st.sampled_from([0.0, 0.3, 0.6])))
+    p = random_rows(rng, (k + 1, vocab_size), draw(st.sampled_from([0.0, 0.3, 0.6])))
     if draw(st.booleans()):
         return p, rng.integers(0, vocab_size, k)
-    q = _normalised(rng, (k, vocab_size), draw(st.sampled_from([0.0, 0.3, 0.6])))
+    q = random_rows(rng, (k, vocab_size), draw(st.sampled_from([0.0, 0.3, 0.6])))
     if draw(st.booleans()):
         # Close drafts: most checks pass, so deep accepted lengths carry the mass.
         q = 0.8 * p[:k] + 0.2 * q
