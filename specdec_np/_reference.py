@@ -246,7 +246,7 @@ def _path_weights(xp: Any, p_x: Any, q_x: Any) -> Any:
     path through a token the target gives probability zero keeps weight zero even where
     ``q`` is zero too: ``0 >= 0`` must not revive it, or a later check could emit that
     token (and for k = 1 the decision would differ from token-wise rejection, which never
-    accepts ``p = 0``).
+    accepts ``p = 0``).  A negative or NaN target entry counts as probability zero.
     """
     batch_size, k = p_x.shape
     rho = [xp.ones((batch_size,), dtype=xp.float64)]
@@ -254,7 +254,7 @@ def _path_weights(xp: Any, p_x: Any, q_x: Any) -> Any:
         weighted = rho[i] * p_x[:, i]
         q = q_x[:, i]
         ratio = weighted / xp.where(q > weighted, q, 1.0)
-        rho.append(xp.where(weighted == 0, 0.0, xp.where(weighted >= q, 1.0, ratio)))
+        rho.append(xp.where(weighted > 0, xp.where(weighted >= q, 1.0, ratio), 0.0))
     return xp.stack(rho, axis=1)
 
 

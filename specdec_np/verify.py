@@ -69,6 +69,11 @@ class VerificationResult(_Outputs):
         result.num_draft_tokens = int(num_draft_tokens)
         return result
 
+    @classmethod
+    def _make(cls, iterable: Any) -> VerificationResult:
+        # _replace goes through _make; keep the draft count of a padded batch.
+        return cls(*iterable)
+
 
 _EMPTY_UNIFORMS = np.empty((0, 0), dtype=np.float64)
 

@@ -350,13 +350,10 @@ def reference_block_verification_sample(
 
 @pytest.fixture(scope="module", params=["reference", "kernel"])
 def block_sample(request):
-    """The implementation under test: the reference wrapper now, the kernel once merged."""
+    """The implementation under test: the reference (as a wrapper) and the kernel."""
     if request.param == "reference":
         return reference_block_verification_sample
-    function = getattr(specdec_np, "block_verification_sample", None)
-    if function is None:
-        pytest.skip("block kernel not merged yet")
-    return function
+    return specdec_np.block_verification_sample
 
 
 def restated_thresholds(p_rows, q_rows, draft_ids):
