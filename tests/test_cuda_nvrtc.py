@@ -73,9 +73,7 @@ def nvrtc_compile(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, list[str], 
     module (``.cubin``: the bytes NVRTC produced, ``.mapping``: name expression to symbol)."""
     cupy = _private("cupy")
     get_raw_module = _private("cupy._core.raw", "_get_raw_module", "__wrapped__")
-    arch_options = _private(
-        "cupy.cuda.compiler", "_get_arch_for_options_for_nvrtc", "__wrapped__"
-    )
+    arch_options = _private("cupy.cuda.compiler", "_get_arch_for_options_for_nvrtc", "__wrapped__")
     _private("cupy.cuda.compiler", "_get_arch")
     module_type = _private("cupy.cuda.compiler", "function", "Module")
     _private("cupy.cuda.compiler", "CompileException")
@@ -200,9 +198,7 @@ def test_unknown_name_expression_fails_through_raw_module(
 def test_toolkit_headers_resolve(nvrtc_compile: Callable[[str, list[str], str], Any]) -> None:
     """CuPy's include path reaches the CUDA headers (toolkit or the ``nvidia-cuda-runtime``
     wheel), so a source that includes one compiles; a missing header must fail."""
-    kernel = (
-        "extern \"C\" __global__ void halve(__half* x) { x[threadIdx.x] = __hmul(x[0], x[0]); }"
-    )
+    kernel = 'extern "C" __global__ void halve(__half* x) { x[threadIdx.x] = __hmul(x[0], x[0]); }'
     module = nvrtc_compile(f"#include <cuda_fp16.h>\n{kernel}\n", ["halve"], TARGET_ARCHS[0])
     assert module.cubin[:4] == ELF_MAGIC
     with pytest.raises(_private("cupy.cuda.compiler", "CompileException"), match="no_such"):
