@@ -177,6 +177,8 @@ def check_parameters(verifier: registry.Verifier, given: Mapping[str, Any]) -> t
     ValueError
         For a parameter that is negative or not finite.
     """
+    if not given and not verifier.parameters:
+        return ()
     unknown = set(given).difference(verifier.parameter_names)
     if unknown:
         expected = ", ".join(verifier.parameter_names) or "none"
