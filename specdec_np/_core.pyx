@@ -19,7 +19,7 @@ The ``row_status`` codes are those of ``specdec_np._contract``.
 
 from cython.parallel cimport prange
 from libc.math cimport exp, isinf, ldexp
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 cdef extern from "_rowscan.h" nogil:
     double specdec_residual_sum_f(
@@ -228,12 +228,25 @@ cdef inline double draft_probability(
 # and the per-request acceptance count, and returns a row status.
 # --------------------------------------------------------------------------------------
 
+cdef struct Request:
+    # What a row function needs besides its rows and ids: the request's k_b and V, its
+    # uniforms (acceptance ones, then the residual one), the verifier's parameters, and
+    # whether acceptance stops at the first rejection (causal counting) or tests every
+    # position (vLLM's counters).
+    Py_ssize_t k
+    Py_ssize_t V
+    const double* uniforms
+    const double* parameters
+    bint causal
+
+
 cdef int64_t rejection_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const double* uniforms, Py_ssize_t k, Py_ssize_t V,
-    const double* parameters, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
+    cdef Py_ssize_t k = request.k, V = request.V
+    cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, r = k, token
     cdef int64_t passed = 0
     cdef double p_x
@@ -244,6 +257,8 @@ cdef int64_t rejection_row(
             passed += 1
         elif r == k:
             r = i
+            if request.causal:
+                break
     num_accepted[0] = passed
     accepted_length[0] = r
     if r == k:
@@ -285,10 +300,11 @@ cdef double block_weight(
 
 cdef int64_t block_verification_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const double* uniforms, Py_ssize_t k, Py_ssize_t V,
-    const double* parameters, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
+    cdef Py_ssize_t k = request.k, V = request.V
+    cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, tau = 0, token
     cdef double rho, h, total, denominator
     cdef const probability_t* draft_row
@@ -368,14 +384,15 @@ cdef double entropy_and_argmax(
 
 cdef int64_t typical_acceptance_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const double* uniforms, Py_ssize_t k, Py_ssize_t V,
-    const double* parameters, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
+    cdef Py_ssize_t k = request.k, V = request.V
     cdef Py_ssize_t i, r = k, recovered = 0, argmax = 0
     cdef int64_t passed = 0
     cdef double p_x, entropy, threshold
-    cdef double posterior_threshold = parameters[0], posterior_alpha = parameters[1]
+    cdef double posterior_threshold = request.parameters[0]
+    cdef double posterior_alpha = request.parameters[1]
     for i in range(k):
         p_x = target[i * V + draft_ids[i]]
         # The threshold never exceeds posterior_threshold: above it, no entropy is needed.
@@ -393,6 +410,8 @@ cdef int64_t typical_acceptance_row(
         elif r == k:
             r = i
             recovered = argmax
+            if request.causal:
+                break
     num_accepted[0] = passed
     accepted_length[0] = r
     last_token[0] = bonus_id if r == k else recovered
@@ -423,10 +442,10 @@ cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) 
 
 cdef int64_t greedy_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const double* uniforms, Py_ssize_t k, Py_ssize_t V,
-    const double* parameters, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
+    cdef Py_ssize_t k = request.k, V = request.V
     cdef Py_ssize_t i, x, r = k, recovered = 0, argmax = 0
     cdef int64_t passed = 0
     cdef bint accepted
@@ -444,6 +463,8 @@ cdef int64_t greedy_row(
         elif r == k:
             r = i
             recovered = argmax
+            if request.causal:
+                break
     num_accepted[0] = passed
     accepted_length[0] = r
     last_token[0] = bonus_id if r == k else recovered
@@ -508,37 +529,61 @@ cdef inline void write_output_row(
         out[i] = -1
 
 
+cdef inline Py_ssize_t first_argmax(const probability_t* row, Py_ssize_t V) noexcept nogil:
+    cdef Py_ssize_t argmax = 0
+    entropy_and_argmax(row, V, False, &argmax)
+    return argmax
+
+
 cdef inline int64_t verify_request(
     int method, const probability_t* target, const probability_t* draft,
-    const token_id_t* draft_ids, int64_t bonus_id, const double* uniforms, Py_ssize_t k,
-    Py_ssize_t V, const double* parameters, Py_ssize_t width, int64_t* out,
-    int64_t* accepted_length, int64_t* num_accepted
+    const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
+    Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
+    Py_ssize_t width, int64_t* out, int64_t* accepted_length, int64_t* num_accepted
 ) noexcept nogil:
-    """The skeleton every verifier shares: id check, row function, output row."""
+    """The skeleton every verifier shares: id check, row function, bonus, output row."""
     cdef int64_t status, last_token = 0
-    cdef Py_ssize_t bad = invalid_id_column(draft_ids, bonus_id, k, V)
+    cdef Request request_fields
+    cdef const Request* request = &request_fields
+    cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
     if bad >= 0:
         return 1 + bad
+    request_fields.k = k
+    request_fields.V = V
+    request_fields.uniforms = uniforms
+    request_fields.parameters = parameters
+    request_fields.causal = causal
     if method == ROW_REJECTION:
         status = rejection_row(
-            target, draft, draft_ids, bonus_id, uniforms, k, V, parameters, &last_token,
-            accepted_length, num_accepted,
+            target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
+            num_accepted,
         )
     elif method == ROW_BLOCK:
         status = block_verification_row(
-            target, draft, draft_ids, bonus_id, uniforms, k, V, parameters, &last_token,
-            accepted_length, num_accepted,
+            target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
+            num_accepted,
         )
     elif method == ROW_TYPICAL:
         status = typical_acceptance_row(
-            target, draft, draft_ids, bonus_id, uniforms, k, V, parameters, &last_token,
-            accepted_length, num_accepted,
+            target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
+            num_accepted,
         )
     else:
         status = greedy_row(
-            target, draft, draft_ids, bonus_id, uniforms, k, V, parameters, &last_token,
-            accepted_length, num_accepted,
+            target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
+            num_accepted,
         )
+    if status == 0 and draw_bonus and accepted_length[0] == k:
+        # The bonus row is read only now that every draft was accepted: its argmax for a
+        # greedy request, otherwise a draw from it with the request's last uniform.
+        if method == ROW_GREEDY:
+            last_token = first_argmax(target + k * V, V)
+        else:
+            last_token = draw_inverse_cdf(
+                target + k * V, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[k + 1]
+            )
+            if last_token < 0:
+                status = -(1 + k)
     if status == 0:
         write_output_row(draft_ids, accepted_length[0], last_token, width, out)
     return status
@@ -559,13 +604,17 @@ def verify_chains(
     int64_t[::1] num_accepted,
     int64_t[::1] row_status,
     int num_threads,
+    const int8_t[::1] request_methods=None,
+    bint causal=False,
+    bint draw_bonus=False,
 ):
-    """Verify a batch of draft chains with the row function ``ROW_FUNCTIONS[method]``.
+    """Verify a batch of draft chains with the row functions of ``ROW_FUNCTIONS``.
 
     Parameters
     ----------
     method : int
-        Index into ``ROW_FUNCTIONS``.
+        Index into ``ROW_FUNCTIONS``: the verifier of every request (unless
+        ``request_methods`` is given).
     target_rows : float32 or float64 [T + B, V], C-contiguous
         Request ``b`` owns the ``k_b + 1`` rows from ``draft_offsets[b] + b`` on: its draft
         positions, then its bonus position.
@@ -575,36 +624,52 @@ def verify_chains(
         Drafts are point masses at their token ids.
     draft_token_ids : int32 or int64 [T]
     bonus_token_ids : same dtype [B]
+        Ignored (pass any ``[B]`` array) when ``draw_bonus``.
     draft_offsets : int64 [B + 1]
         ``0 = draft_offsets[0] <= ... <= draft_offsets[B] = T``; ``k_b`` is the difference.
     uniforms : float64 [B, W]
         Request ``b`` reads columns ``0 .. k_b``: acceptance uniforms, then the residual
-        one.  ``W >= max k_b + 1`` for the stochastic verifiers; ``[B, 0]`` for the others.
+        one, then (``draw_bonus``) the bonus one.  ``W >= max k_b + 1 + draw_bonus`` when
+        any request is stochastic or draws its bonus; ``[B, 0]`` otherwise.
     parameters : float64 [P]
-        The verifier's parameters (typical acceptance: threshold, alpha).
+        The verifiers' parameters (typical acceptance: threshold, alpha).
     output : int64 [B, width], ``width >= max k_b + 1``
     accepted_lengths, num_accepted, row_status : int64 [B]
         Accepted prefix length, acceptance count and row status (``specdec_np._contract``).
     num_threads : int
         Threads for the loop over requests.
+    request_methods : int8 [B], optional
+        Per-request index into ``ROW_FUNCTIONS`` (mixed greedy and sampled batches).
+    causal : bool
+        Stop at the first rejection (``num_accepted`` = accepted prefix; later rows are
+        never read) instead of testing every position as vLLM counts them.
+    draw_bonus : bool
+        Draw each fully accepted request's bonus token from its bonus row instead of
+        taking ``bonus_token_ids``.
 
     Returns
     -------
     int
         The first request whose ``row_status`` is not 0, or -1 if every request verified.
     """
-    cdef Py_ssize_t B = bonus_token_ids.shape[0]
+    cdef Py_ssize_t B = draft_offsets.shape[0] - 1
     cdef Py_ssize_t V = target_rows.shape[1]
     cdef Py_ssize_t T = draft_token_ids.shape[0]
     cdef Py_ssize_t width = output.shape[1]
     cdef Py_ssize_t b, max_k, start
-    cdef bint stochastic = method == ROW_REJECTION or method == ROW_BLOCK
+    cdef int request_method
+    cdef bint stochastic = draw_bonus or method == ROW_REJECTION or method == ROW_BLOCK
+    cdef bint per_request = request_methods is not None
     cdef const probability_t* draft_base
     cdef const token_id_t* ids_base
     cdef const double* uniform_base
+    cdef const double* parameter_base
+    cdef bint typical = method == ROW_TYPICAL
+    require(B >= 0, "draft_offsets must have B + 1 entries")
     require(0 <= method < len(ROW_FUNCTIONS), "unknown row function")
     require(V >= 1, "the vocabulary must not be empty")
     max_k = require_offsets(draft_offsets, B, T)
+    require(bonus_token_ids.shape[0] == B, "bonus_token_ids must have B entries")
     require(target_rows.shape[0] == T + B, "target_rows must have T + B rows")
     require(
         point_mass_drafts or (draft_rows.shape[0] == T and draft_rows.shape[1] == V),
@@ -615,32 +680,45 @@ def verify_chains(
         and num_accepted.shape[0] == B and row_status.shape[0] == B,
         "outputs must be [B, >= max k + 1] and [B]",
     )
+    if per_request:
+        require(request_methods.shape[0] == B, "request_methods must have B entries")
+        for b in range(B):
+            require(
+                0 <= request_methods[b] < len(ROW_FUNCTIONS), "unknown row function"
+            )
+            stochastic = stochastic or request_methods[b] == ROW_REJECTION
+            stochastic = stochastic or request_methods[b] == ROW_BLOCK
+            typical = typical or request_methods[b] == ROW_TYPICAL
     require(
-        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_k + 1),
-        "uniforms must be [B, >= max k + 1]",
+        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_k + 1 + draw_bonus),
+        "uniforms must be [B, >= max k + 1 (+ 1 to draw the bonus)]",
     )
-    require(method != ROW_TYPICAL or parameters.shape[0] >= 2, "typical needs 2 parameters")
+    require(
+        not typical or parameters.shape[0] >= 2,
+        "parameters must hold the 2 typical-acceptance values",
+    )
     if B == 0:
         return -1
     draft_base = NULL if point_mass_drafts or T == 0 else &draft_rows[0, 0]
     # Pointer arithmetic, not indexing: a last request with k_b = 0 starts at T.
     ids_base = &draft_token_ids[0] if T > 0 else NULL
     uniform_base = &uniforms[0, 0] if stochastic else NULL
+    parameter_base = &parameters[0] if parameters.shape[0] > 0 else NULL
     # use_threads_if: a one-thread call skips the OpenMP team (about half a microsecond).
     for b in prange(
         B, nogil=True, num_threads=num_threads, schedule="dynamic",
         use_threads_if=num_threads > 1,
     ):
         start = draft_offsets[b]
+        request_method = request_methods[b] if per_request else method
         row_status[b] = verify_request(
-            method,
+            request_method,
             &target_rows[start + b, 0],
             NULL if draft_base == NULL else draft_base + start * V,
             ids_base + start if ids_base != NULL else ids_base,
-            bonus_token_ids[b],
+            bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
             NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-            draft_offsets[b + 1] - start, V,
-            &parameters[0] if parameters.shape[0] > 0 else NULL,
+            parameter_base, causal,
             width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
         )
     return first_failed_row(row_status)
