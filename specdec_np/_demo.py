@@ -39,12 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from .samplers import (
-    GreedySampler,
-    RejectionSampler,
-    SpecDecodeBaseSampler,
-    TypicalAcceptanceSampler,
-)
+import specdec_np
+
+from . import registry
+from .samplers import SpecDecodeBaseSampler
 
 __all__ = [
     "CORPUS_MODULES",
@@ -85,8 +83,12 @@ CORPUS_MODULES: tuple[str, ...] = tuple(
     )
 )
 
-#: The verifiers the demo can run.
-VERIFIERS: tuple[str, ...] = ("rejection", "typical", "greedy")
+#: The verifiers the demo can run: every registered one.
+VERIFIERS: tuple[str, ...] = registry.names()
+# The temperature-0 verifier accepts only the target's argmax, so with it the demo drafts
+# argmax tokens and takes the argmax as bonus token.  The registry has no flag for this
+# (yet), so the name is compared here, in this one place.
+_ARGMAX_DECODING = "greedy"
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -399,7 +401,8 @@ class DemoConfig:
 
     Attributes
     ----------
-    verifier : {"rejection", "typical", "greedy"}
+    verifier : str
+        A name of :func:`specdec_np.registry.names`.
     k : int
         Draft tokens per step.
     batch : int
@@ -407,7 +410,7 @@ class DemoConfig:
     tokens : int
         Tokens to generate per sequence (a sequence may overshoot by up to ``k``).
     seed : int
-        Seeds the draft and bonus sampling and the RejectionSampler.
+        Seeds the draft and bonus sampling and the stochastic verifiers' samplers.
     vocab_size : int
         Words in the vocabulary (before ``<unk>`` and ``<eos>``).
     prompt_length : int
@@ -424,8 +427,10 @@ class DemoConfig:
     prompt_length: int = 8
 
     def __post_init__(self) -> None:
-        if self.verifier not in VERIFIERS:
-            raise ValueError(f"verifier must be one of {VERIFIERS}; found {self.verifier!r}")
+        if self.verifier not in registry.names():
+            raise ValueError(
+                f"verifier must be one of {registry.names()}; found {self.verifier!r}"
+            )
         for name, minimum in (("k", 1), ("batch", 1), ("tokens", 1), ("prompt_length", 2)):
             if getattr(self, name) < minimum:
                 raise ValueError(f"{name} must be at least {minimum}; found {getattr(self, name)}")
@@ -452,8 +457,9 @@ class DemoResult:
         Draft tokens proposed; those kept (the accepted prefixes); tokens appended.
     expected_acceptance : float
         Mean over drafted positions of ``sum_y min(p(y), q(y))``: the expected value of
-        the rejection sampler's ``draft_acceptance_rate`` (NaN for the other verifiers,
-        whose acceptance rule is different).
+        ``draft_acceptance_rate`` for token-wise rejection sampling, whose counter tests
+        every position independently (NaN for the other verifiers, whose acceptance rule
+        or count is different).
     verifier_seconds : list of float
         Wall time of each verifier call.
     corpus_tokens, corpus_documents, corpus_modules, vocab_size : int
@@ -539,12 +545,21 @@ class DemoResult:
         }
 
 
-def _make_sampler(name: str, seed: np.random.SeedSequence) -> SpecDecodeBaseSampler:
-    if name == "rejection":
-        return RejectionSampler(seed=int(seed.generate_state(1, np.uint64)[0]))
-    if name == "typical":
-        return TypicalAcceptanceSampler()
-    return GreedySampler()
+def _make_sampler(
+    verifier: registry.Verifier, seed: np.random.SeedSequence
+) -> SpecDecodeBaseSampler:
+    """The verifier's sampler: stochastic ones seeded, deterministic ones with their
+    registry defaults."""
+    sampler_class = getattr(specdec_np, verifier.sampler_name)
+    if verifier.stochastic:
+        return sampler_class(seed=int(seed.generate_state(1, np.uint64)[0]))
+    return sampler_class()
+
+
+def _counts_like_token_wise_rejection(verifier: registry.Verifier) -> bool:
+    """Whether ``draft_acceptance_rate`` has expectation ``sum_y min(p, q)`` per position:
+    a lossless stochastic verifier that tests every position independently."""
+    return verifier.stochastic and verifier.lossless and not verifier.causal_counts
 
 
 def _sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -596,8 +611,10 @@ def run_demo(
 
     draft_seed, sampler_seed = np.random.SeedSequence(config.seed).spawn(2)
     rng = np.random.default_rng(draft_seed)
-    sampler = _make_sampler(config.verifier, sampler_seed)
-    greedy = config.verifier == "greedy"
+    verifier = registry.get(config.verifier)
+    sampler = _make_sampler(verifier, sampler_seed)
+    greedy = verifier.name == _ARGMAX_DECODING
+    with_overlap = _counts_like_token_wise_rejection(verifier)
     k, B, N = config.k, config.batch, config.tokens
     V = corpus.vocab_size
     context = target.context_length
@@ -646,7 +663,7 @@ def run_demo(
         bonus = (
             target_probs[:, k].argmax(axis=1) if greedy else _sample_rows(target_probs[:, k], rng)
         )
-        if config.verifier == "rejection":
+        if with_overlap:
             overlap = np.minimum(target_probs[:, :k], draft_probs).sum(axis=2, dtype=np.float64)
             overlap_sum += float(overlap.sum())
 
@@ -673,7 +690,7 @@ def run_demo(
         if progress is not None:
             progress(int(np.minimum(lengths - P, N).sum()), B * N)
     result.decode_seconds = time.perf_counter() - decode_start
-    if config.verifier == "rejection" and result.drafted_tokens:
+    if with_overlap and result.drafted_tokens:
         result.expected_acceptance = overlap_sum / result.drafted_tokens
 
     words = corpus.words

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _backend
+from . import _backend, registry
 
 __all__ = ["build_parser", "main"]
 
@@ -418,10 +418,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--verifier",
-        choices=("rejection", "typical", "greedy"),
+        choices=registry.names(),
         default="rejection",
-        help="RejectionSampler (lossless, default), TypicalAcceptanceSampler, "
-        "or GreedySampler (argmax drafts and bonus tokens)",
+        help="the registered verifier to run: "
+        + ", ".join(f"{v.name} ({v.sampler_name})" for v in registry.VERIFIERS)
+        + "; default rejection. The temperature-0 verifier (greedy) gets argmax drafts and "
+        "bonus tokens",
     )
     demo.add_argument(
         "--k", type=_int_at_least(1), default=4, help="draft tokens per step (default 4)"

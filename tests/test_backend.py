@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import specdec_np
+from specdec_np import registry
 
 B, K, V = 4, 3, 11
 
@@ -26,15 +27,24 @@ def inputs(dtype=np.float32):
 UNIFORMS = np.random.default_rng(8).random((B, K + 1))
 
 
+def verify_one(entry, target, bonus, draft_probs, draft_ids):
+    """One registered verifier's stateless function: stochastic ones with UNIFORMS and the
+    draft rows, deterministic ones with their registry parameters."""
+    function = getattr(specdec_np, entry.function_name)
+    if entry.stochastic:
+        return function(target, bonus, draft_probs, draft_ids, uniforms=UNIFORMS)
+    parameters = {p.name: p.default for p in entry.parameters}
+    return function(target, bonus, draft_ids, **parameters)
+
+
 def verify_all(target, bonus, draft_probs, draft_ids):
-    return (
-        specdec_np.rejection_sample(target, bonus, draft_probs, draft_ids, uniforms=UNIFORMS),
-        specdec_np.typical_acceptance_sample(target, bonus, draft_ids),
-        specdec_np.greedy_sample(target, bonus, draft_ids),
-    )
+    return [
+        verify_one(entry, target, bonus, draft_probs, draft_ids) for entry in registry.VERIFIERS
+    ]
 
 
 def assert_same(results, expected):
+    assert len(results) == len(expected) == len(registry.VERIFIERS)
     for got, want in zip(results, expected):
         for got_array, want_array in zip(got, want):
             assert isinstance(got_array, np.ndarray)
@@ -66,12 +76,12 @@ def test_layouts_give_identical_results():
 def test_broadcast_inputs():
     target, bonus, draft_probs, draft_ids = inputs()
     row = np.broadcast_to(target[:1], target.shape)
+    probs = np.broadcast_to(draft_probs[:1], draft_probs.shape)
     ids = np.broadcast_to(draft_ids[:1], draft_ids.shape)
-    result = specdec_np.greedy_sample(row, bonus, ids)
-    expected = specdec_np.greedy_sample(
-        np.ascontiguousarray(row), bonus, np.ascontiguousarray(ids)
+    expected = verify_all(
+        np.ascontiguousarray(row), bonus, np.ascontiguousarray(probs), np.ascontiguousarray(ids)
     )
-    np.testing.assert_array_equal(result.output_token_ids, expected.output_token_ids)
+    assert_same(verify_all(row, bonus, probs, ids), expected)
 
 
 def test_float16_is_upcast_to_float32():
@@ -98,12 +108,13 @@ def test_dlpack_torch_cpu_tensors_match_numpy():
     assert_same(verify_all(*tensors), expected)
 
 
-def test_dlpack_requires_grad_asks_for_detach():
+@pytest.mark.parametrize("name", registry.names())
+def test_dlpack_requires_grad_asks_for_detach(name):
     torch = pytest.importorskip("torch")
     target, bonus, draft_probs, draft_ids = inputs()
     grad = torch.from_numpy(target).requires_grad_(True)
     with pytest.raises(TypeError, match=r"target_with_bonus_probs requires grad.*detach"):
-        specdec_np.greedy_sample(grad, bonus, draft_ids)
+        verify_one(registry.get(name), grad, bonus, draft_probs, draft_ids)
 
 
 class _DLPackOnly:
@@ -130,16 +141,18 @@ def test_generic_dlpack_producer():
     assert_same(verify_all(*[_DLPackOnly(a) for a in arrays]), expected)
 
 
-def test_unsupported_dlpack_device():
-    target, bonus, _, draft_ids = inputs()
+@pytest.mark.parametrize("name", registry.names())
+def test_unsupported_dlpack_device(name):
+    target, bonus, draft_probs, draft_ids = inputs()
     with pytest.raises(TypeError, match="target_with_bonus_probs is on DLPack device type 4"):
-        specdec_np.greedy_sample(_OtherDevice(target), bonus, draft_ids)
+        verify_one(registry.get(name), _OtherDevice(target), bonus, draft_probs, draft_ids)
 
 
 def test_import_loads_neither_torch_nor_cupy():
     code = (
         "import sys, specdec_np\n"
-        "specdec_np.greedy_sample\n"
+        "for v in specdec_np.registry.VERIFIERS:\n"
+        "    getattr(specdec_np, v.function_name), getattr(specdec_np, v.sampler_name)\n"
         "bad = [m for m in ('torch', 'cupy', 'jax') if m in sys.modules]\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
@@ -151,3 +164,5 @@ def test_import_loads_neither_torch_nor_cupy():
 def test_public_names():
     for name in specdec_np.__all__:
         assert getattr(specdec_np, name).__doc__, name
+    for entry in registry.VERIFIERS:
+        assert {entry.function_name, entry.sampler_name} <= set(specdec_np.__all__), entry.name

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _backend, samplers
+from specdec_np import _backend, registry, samplers
+from specdec_np.registry import Verifier
 
 THREADS = 4
 
@@ -72,9 +73,9 @@ def counters(sampler: Any) -> tuple[int, int, int]:
 Task = Callable[[], tuple[list[np.ndarray], tuple[int, int, int] | None]]
 
 
-def rejection_with_uniforms(batches: list[dict], seed: int, calls: int) -> Task:
+def stochastic_with_uniforms(entry: Verifier, batches: list[dict], seed: int, calls: int) -> Task:
     def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
-        sampler = specdec_np.RejectionSampler()
+        sampler = getattr(specdec_np, entry.sampler_name)()
         rng = np.random.default_rng(seed)
         outputs = []
         for call in range(calls):
@@ -95,11 +96,13 @@ def rejection_with_uniforms(batches: list[dict], seed: int, calls: int) -> Task:
     return task
 
 
-def rejection_with_generators(batches: list[dict], seed: int, calls: int) -> Task:
+def stochastic_with_generators(
+    entry: Verifier, batches: list[dict], seed: int, calls: int
+) -> Task:
     """The sampler's own seeded generator, plus seeded_seqs and counter_seeds rows."""
 
     def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
-        sampler = specdec_np.RejectionSampler(seed=seed)
+        sampler = getattr(specdec_np, entry.sampler_name)(seed=seed)
         row_generator = np.random.default_rng(seed + 1000)
         outputs = []
         for call in range(calls):
@@ -121,23 +124,17 @@ def rejection_with_generators(batches: list[dict], seed: int, calls: int) -> Tas
     return task
 
 
-def typical(batches: list[dict], seed: int, calls: int) -> Task:
-    threshold, alpha = (0.09, 0.3) if seed % 2 else (0.3, 0.9)
+def parameters_for(entry: Verifier, seed: int) -> dict[str, float]:
+    """The registry defaults for odd seeds, three times them for even ones, so that tasks
+    with different parameters overlap."""
+    scale = 1.0 if seed % 2 else 3.0
+    return {p.name: scale * p.default for p in entry.parameters}
 
+
+def deterministic(entry: Verifier, batches: list[dict], seed: int, calls: int) -> Task:
     def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
-        sampler = specdec_np.TypicalAcceptanceSampler(threshold, alpha)
-        outputs = [
-            sampler(batch["target"], batch["bonus"], None, batch["draft_ids"])
-            for batch in (batches[call % len(batches)] for call in range(calls))
-        ]
-        return outputs, counters(sampler)
-
-    return task
-
-
-def greedy(batches: list[dict], seed: int, calls: int) -> Task:
-    def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
-        sampler = specdec_np.GreedySampler(strict_mode=bool(seed % 2))
+        sampler_class = getattr(specdec_np, entry.sampler_name)
+        sampler = sampler_class(**parameters_for(entry, seed), strict_mode=bool(seed % 2))
         outputs = [
             sampler(batch["target"], batch["bonus"], None, batch["draft_ids"])
             for batch in (batches[(call + seed) % len(batches)] for call in range(calls))
@@ -149,7 +146,7 @@ def greedy(batches: list[dict], seed: int, calls: int) -> Task:
 
 def create_output(batches: list[dict], seed: int, calls: int) -> Task:
     def task() -> tuple[list[np.ndarray], tuple[int, int, int]]:
-        sampler = specdec_np.GreedySampler()
+        sampler = specdec_np.SpecDecodeBaseSampler()
         outputs = []
         for call in range(calls):
             batch = batches[(call + seed) % len(batches)]
@@ -164,7 +161,9 @@ def create_output(batches: list[dict], seed: int, calls: int) -> Task:
 
 
 def stateless(batches: list[dict], seed: int, calls: int) -> Task:
-    """The stateless functions, each result flattened into one output array."""
+    """The stateless functions of every registered verifier (stochastic ones with explicit
+    uniforms and with a generator) and ``create_output``, each result flattened into one
+    output array."""
 
     def task() -> tuple[list[np.ndarray], None]:
         rng = np.random.default_rng(seed)
@@ -172,29 +171,42 @@ def stateless(batches: list[dict], seed: int, calls: int) -> Task:
         for call in range(calls):
             batch = batches[call % len(batches)]
             shape = (batch["draft_ids"].shape[0], batch["draft_ids"].shape[1] + 1)
-            results = [
-                specdec_np.rejection_sample(
-                    batch["target"],
-                    batch["bonus"],
-                    batch["draft_probs"],
-                    batch["draft_ids"],
-                    uniforms=rng.random(shape),
-                ),
-                specdec_np.rejection_sample(
-                    batch["target"],
-                    batch["bonus"],
-                    None,
-                    batch["draft_ids"],
-                    generator=np.random.default_rng([seed, call]),
-                ),
-                specdec_np.typical_acceptance_sample(
-                    batch["target"], batch["bonus"], batch["draft_ids"]
-                ),
-                specdec_np.greedy_sample(batch["target"], batch["bonus"], batch["draft_ids"]),
+            results = []
+            for entry in registry.VERIFIERS:
+                function = getattr(specdec_np, entry.function_name)
+                if entry.stochastic:
+                    results.append(
+                        function(
+                            batch["target"],
+                            batch["bonus"],
+                            batch["draft_probs"],
+                            batch["draft_ids"],
+                            uniforms=rng.random(shape),
+                        )
+                    )
+                    results.append(
+                        function(
+                            batch["target"],
+                            batch["bonus"],
+                            None,
+                            batch["draft_ids"],
+                            generator=np.random.default_rng([seed, call]),
+                        )
+                    )
+                else:
+                    results.append(
+                        function(
+                            batch["target"],
+                            batch["bonus"],
+                            batch["draft_ids"],
+                            **parameters_for(entry, seed),
+                        )
+                    )
+            results.append(
                 specdec_np.create_output(
                     batch["accepted"], batch["substitute"], batch["draft_ids"], batch["bonus"]
-                ),
-            ]
+                )
+            )
             outputs.append(
                 np.concatenate(
                     [
@@ -210,20 +222,31 @@ def stateless(batches: list[dict], seed: int, calls: int) -> Task:
 
 
 def tasks_for(size: str, seeds: tuple[int, ...]) -> list[tuple[str, Task]]:
+    """Per registered verifier: its sampler with explicit uniforms and with generators
+    (stochastic) or with parameters (deterministic); then ``_create_output`` and the
+    stateless functions."""
     batches = make_batches(size)
-    factories = (
-        rejection_with_uniforms,
-        rejection_with_generators,
-        typical,
-        greedy,
-        create_output,
-        stateless,
-    )
-    return [
+    tasks = []
+    for entry in registry.VERIFIERS:
+        factories = (
+            (stochastic_with_uniforms, stochastic_with_generators)
+            if entry.stochastic
+            else (deterministic,)
+        )
+        tasks += [
+            (
+                f"{factory.__name__}[{entry.name}][{seed}]",
+                factory(entry, batches, seed, CALLS[size]),
+            )
+            for factory in factories
+            for seed in seeds
+        ]
+    tasks += [
         (f"{factory.__name__}[{seed}]", factory(batches, seed, CALLS[size]))
-        for factory in factories
+        for factory in (create_output, stateless)
         for seed in seeds
     ]
+    return tasks
 
 
 def check_concurrent_equals_sequential(size: str, seeds: tuple[int, ...], repeats: int) -> None:
@@ -250,8 +273,9 @@ def check_concurrent_equals_sequential(size: str, seeds: tuple[int, ...], repeat
 def test_separate_instances_concurrently_match_sequential_calls(size: str) -> None:
     """Default thread policy: the big batches use OpenMP inside each call as well."""
     batch_size, k, vocab = SIZES[size]
-    # The sizes cover both kernel paths (rejection reads 2V per row, the others kV).
-    for per_row in (2 * vocab, k * vocab):
+    # The sizes cover both kernel paths (the stochastic verifiers read at most 2V per row,
+    # the deterministic ones kV).
+    for per_row in {2 * vocab if entry.stochastic else k * vocab for entry in registry.VERIFIERS}:
         big_enough = batch_size * per_row >= _backend.PARALLEL_MIN_ELEMENTS
         assert big_enough == (size == "big")
     # Twice over, so that every kind of task overlaps with every other.

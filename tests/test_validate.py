@@ -6,13 +6,24 @@ import numpy as np
 import pytest
 
 import specdec_np
+from specdec_np import registry
 
 B, K, V = 3, 2, 7
-SAMPLERS = {
-    "rejection": lambda strict: specdec_np.RejectionSampler(strict, seed=0),
-    "typical": lambda strict: specdec_np.TypicalAcceptanceSampler(strict_mode=strict),
-    "greedy": lambda strict: specdec_np.GreedySampler(strict_mode=strict),
-}
+ALL = registry.names()
+STOCHASTIC = registry.names(stochastic=True)
+READS_DRAFT_PROBS = tuple(v.name for v in registry.VERIFIERS if v.reads_draft_probs)
+WITH_PARAMETERS = [(v.name, p.name) for v in registry.VERIFIERS for p in v.parameters]
+
+
+def make_sampler(name: str, strict: bool):
+    """The registered verifier's sampler: stochastic ones seeded, deterministic ones with
+    their registry parameters."""
+    entry = registry.get(name)
+    sampler_class = getattr(specdec_np, entry.sampler_name)
+    if entry.stochastic:
+        return sampler_class(strict, seed=0)
+    parameters = {p.name: p.default for p in entry.parameters}
+    return sampler_class(**parameters, strict_mode=strict)
 
 
 def valid_inputs() -> dict[str, np.ndarray]:
@@ -44,12 +55,18 @@ def counters(sampler):
     )
 
 
+def generator_state(sampler):
+    """The sampler's own generator state (None for the deterministic samplers)."""
+    generator = getattr(sampler, "_generator", None)
+    return None if generator is None else generator.bit_generator.state
+
+
 def assert_raises_untouched(sampler, inputs, error, pattern):
     call(sampler, valid_inputs())
-    before = counters(sampler)
+    before = counters(sampler), generator_state(sampler)
     with pytest.raises(error, match=pattern):
         call(sampler, inputs)
-    assert counters(sampler) == before
+    assert (counters(sampler), generator_state(sampler)) == before
 
 
 SHAPE_CASES = [
@@ -64,19 +81,20 @@ SHAPE_CASES = [
 
 
 @pytest.mark.parametrize("strict", [False, True])
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize(("argument", "value", "named"), SHAPE_CASES)
 def test_shapes_always_checked(kind, strict, argument, value, named):
     inputs = valid_inputs()
     inputs[argument] = value
-    assert_raises_untouched(SAMPLERS[kind](strict), inputs, ValueError, named)
+    assert_raises_untouched(make_sampler(kind, strict), inputs, ValueError, named)
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_draft_probs_shape_checked(strict):
+@pytest.mark.parametrize("kind", READS_DRAFT_PROBS)
+def test_draft_probs_shape_checked(kind, strict):
     inputs = valid_inputs()
     inputs["draft_probs"] = np.zeros((B, K, V + 1), np.float32)
-    sampler = SAMPLERS["rejection"](strict)
+    sampler = make_sampler(kind, strict)
     assert_raises_untouched(sampler, inputs, ValueError, r"draft_probs.*\[3, 2, 7\].*\[3, 2, 8\]")
 
 
@@ -90,15 +108,15 @@ DTYPE_ALWAYS = [
 
 
 @pytest.mark.parametrize("strict", [False, True])
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize(("argument", "dtype", "named"), DTYPE_ALWAYS)
 def test_wrong_dtype_families_always_raise(kind, strict, argument, dtype, named):
     inputs = valid_inputs()
     inputs[argument] = inputs[argument].astype(dtype)
-    assert_raises_untouched(SAMPLERS[kind](strict), inputs, TypeError, f"{named}.*found")
+    assert_raises_untouched(make_sampler(kind, strict), inputs, TypeError, f"{named}.*found")
 
 
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize(
     ("argument", "dtype"),
     [
@@ -113,20 +131,21 @@ def test_exact_dtypes_only_in_strict_mode(kind, argument, dtype):
     if argument == "target_with_bonus_probs":
         inputs["draft_probs"] = inputs["draft_probs"].astype(dtype)
     inputs[argument] = inputs[argument].astype(dtype)
-    output = call(SAMPLERS[kind](False), inputs)
+    output = call(make_sampler(kind, False), inputs)
     assert output.shape == (B, K + 1) and output.dtype == np.int64
-    assert_raises_untouched(SAMPLERS[kind](True), inputs, TypeError, f"{argument}.*strict")
+    assert_raises_untouched(make_sampler(kind, True), inputs, TypeError, f"{argument}.*strict")
 
 
-def test_draft_probs_must_match_target_dtype():
+@pytest.mark.parametrize("kind", READS_DRAFT_PROBS)
+def test_draft_probs_must_match_target_dtype(kind):
     inputs = valid_inputs()
     inputs["draft_probs"] = inputs["draft_probs"].astype(np.float64)
     with pytest.raises(TypeError, match="draft_probs.*same dtype"):
-        call(SAMPLERS["rejection"](False), inputs)
+        call(make_sampler(kind, False), inputs)
 
 
 @pytest.mark.parametrize("strict", [False, True])
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize("argument", ["draft_token_ids", "bonus_token_ids"])
 @pytest.mark.parametrize("bad", [V, -1, 2**31, 2**40, -(2**40)])
 def test_out_of_range_ids_always_raise(kind, strict, argument, bad):
@@ -134,10 +153,10 @@ def test_out_of_range_ids_always_raise(kind, strict, argument, bad):
     inputs[argument][1, -1] = bad
     position = K - 1 if argument == "draft_token_ids" else 0
     pattern = rf"{argument}.*\[0, {V}\).*found {bad} at \(row, position\) = \(1, {position}\)"
-    assert_raises_untouched(SAMPLERS[kind](strict), inputs, ValueError, pattern)
+    assert_raises_untouched(make_sampler(kind, strict), inputs, ValueError, pattern)
 
 
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize(
     ("value", "message"), [(np.nan, "finite"), (np.inf, "finite"), (-0.25, "non-negative")]
 )
@@ -145,31 +164,37 @@ def test_probability_values_checked_in_strict_mode(kind, value, message):
     inputs = valid_inputs()
     inputs["target_with_bonus_probs"][2, 1, 3] = value
     assert_raises_untouched(
-        SAMPLERS[kind](True),
+        make_sampler(kind, True),
         inputs,
         ValueError,
         rf"target_with_bonus_probs must be {message}.*\[2, 1, 3\]",
     )
-    output = call(SAMPLERS[kind](False), inputs)
+    output = call(make_sampler(kind, False), inputs)
     assert output.shape == (B, K + 1)
     assert ((output >= -1) & (output < V)).all()
 
 
-def test_draft_probs_values_checked_in_strict_mode():
+@pytest.mark.parametrize("kind", READS_DRAFT_PROBS)
+def test_draft_probs_values_checked_in_strict_mode(kind):
     inputs = valid_inputs()
     inputs["draft_probs"][0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="draft_probs must be finite"):
-        call(SAMPLERS["rejection"](True), inputs)
+        call(make_sampler(kind, True), inputs)
 
 
-def test_greedy_strict_mode_checks_row_sums():
+@pytest.mark.parametrize("kind", ALL)
+def test_strict_mode_checks_row_sums_where_the_verifier_needs_them(kind):
     inputs = valid_inputs()
     inputs["target_with_bonus_probs"][1, 0] *= 1.5
-    with pytest.raises(ValueError, match=r"target_with_bonus_probs rows must sum to 1"):
-        call(SAMPLERS["greedy"](True), inputs)
+    if registry.get(kind).requires_normalised_rows:
+        with pytest.raises(ValueError, match=r"target_with_bonus_probs rows must sum to 1"):
+            call(make_sampler(kind, True), inputs)
+    else:
+        # The other verifiers take unnormalised rows, in strict mode too.
+        assert call(make_sampler(kind, True), inputs).shape == (B, K + 1)
 
 
-@pytest.mark.parametrize("kind", SAMPLERS)
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize(
     "argument", ["target_with_bonus_probs", "draft_token_ids", "bonus_token_ids"]
 )
@@ -178,11 +203,12 @@ def test_non_arrays_raise_type_error(kind, argument, value):
     inputs = valid_inputs()
     inputs[argument] = value
     with pytest.raises(TypeError, match=argument):
-        call(SAMPLERS[kind](False), inputs)
+        call(make_sampler(kind, False), inputs)
 
 
-def test_vllm_raise_methods():
-    sampler = specdec_np.RejectionSampler()
+@pytest.mark.parametrize("kind", ALL)
+def test_vllm_raise_methods(kind):
+    sampler = make_sampler(kind, False)
     inputs = valid_inputs()
     args = (
         inputs["target_with_bonus_probs"],
@@ -206,24 +232,36 @@ def test_vllm_raise_methods():
     sampler._raise_if_inconsistent_device(*args)
 
 
+@pytest.mark.parametrize(("kind", "name"), WITH_PARAMETERS)
 @pytest.mark.parametrize(
-    ("name", "value", "error"),
+    ("value", "error"),
     [
-        ("posterior_threshold", -0.1, ValueError),
-        ("posterior_alpha", float("nan"), ValueError),
-        ("posterior_threshold", float("inf"), ValueError),
-        ("posterior_alpha", "0.3", TypeError),
-        ("posterior_alpha", None, TypeError),
+        (-0.1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("0.3", TypeError),
+        (None, TypeError),
     ],
 )
-def test_typical_constructor_validation(name, value, error):
+def test_parameter_validation(kind, name, value, error):
+    sampler_class = getattr(specdec_np, registry.get(kind).sampler_name)
     with pytest.raises(error, match=name):
-        specdec_np.TypicalAcceptanceSampler(**{name: value})
-
-
-def test_explicit_uniforms_validated():
+        sampler_class(**{name: value})
+    function = getattr(specdec_np, registry.get(kind).function_name)
     inputs = valid_inputs()
-    sampler = SAMPLERS["rejection"](False)
+    with pytest.raises(error, match=name):
+        function(
+            inputs["target_with_bonus_probs"],
+            inputs["bonus_token_ids"],
+            inputs["draft_token_ids"],
+            **{name: value},
+        )
+
+
+@pytest.mark.parametrize("kind", STOCHASTIC)
+def test_explicit_uniforms_validated(kind):
+    inputs = valid_inputs()
+    sampler = make_sampler(kind, False)
     with pytest.raises(ValueError, match=r"uniforms must have shape \[B, k\+1\]"):
         sampler(*call_args(inputs), uniforms=np.zeros((B, K)))
     with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
