@@ -8,6 +8,8 @@ work and can be used on their own.  :mod:`specdec_np.registry` lists every verif
 
 from . import registry, samplers, verify
 from ._philox import counter_uniforms
+from .engine import EngineVerifier, output_buffers, verify_ragged
+from .metrics import VerificationMetrics
 from .samplers import (
     SpecDecodeBaseSampler,
     SpecDecodeDeterministicBaseSampler,
@@ -27,11 +29,15 @@ __all__ = [
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",
+    "EngineVerifier",
+    "VerificationMetrics",
     "VerificationResult",
     "__version__",
     "counter_uniforms",
     "create_output",
+    "output_buffers",
     "registry",
+    "verify_ragged",
     *(verifier.function_name for verifier in registry.VERIFIERS),
     *(verifier.sampler_name for verifier in registry.VERIFIERS),
 ]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "check_one_device",
     "cuda_available",
     "cuda_module",
+    "device_context",
     "device_of",
     "intake",
     "is_cupy_array",
@@ -219,26 +221,34 @@ def kernels_for(device: int | None) -> Any:
     return _cuda.core_like
 
 
+def device_context(first: Any) -> Any:
+    """A context that makes the CUDA device of ``first`` current (CuPy arrays and CUDA
+    DLPack producers), so that copies, buffers and uniforms are made on the inputs' device
+    and not on whichever device happened to be current; a null context otherwise (NumPy
+    inputs, or anything that is not an array: the checks will say so)."""
+    if isinstance(first, np.ndarray):
+        return contextlib.nullcontext()
+    if is_cupy_array(first):
+        device = int(first.device.id)
+    else:
+        try:
+            device_type, device = first.__dlpack_device__()
+            device_type = int(device_type)
+        except Exception:  # not an array: the function's own checks will say so
+            return contextlib.nullcontext()
+        if device_type != _DLPACK_CUDA:
+            return contextlib.nullcontext()
+    return cuda_module().cuda.Device(int(device))
+
+
 def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``function`` with the CUDA device of its first argument current (CuPy arrays and
-    CUDA DLPack producers), so that copies, buffers and uniforms are made on the inputs'
-    device and not on whichever device happened to be current.  NumPy inputs pass straight
-    through."""
+    """Run ``function`` in the :func:`device_context` of its first argument."""
 
     @functools.wraps(function)
     def wrapper(first: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(first, np.ndarray):
             return function(first, *args, **kwargs)
-        if is_cupy_array(first):
-            device = int(first.device.id)
-        else:
-            try:
-                device_type, device = first.__dlpack_device__()
-            except Exception:  # not an array: the function's own checks will say so
-                return function(first, *args, **kwargs)
-            if int(device_type) != _DLPACK_CUDA:
-                return function(first, *args, **kwargs)
-        with cuda_module().cuda.Device(int(device)):
+        with device_context(first):
             return function(first, *args, **kwargs)
 
     return wrapper

@@ -7,7 +7,8 @@ chain drivers of both backends read: flat target rows ``[T + B, V]``, flat draft
 draft_offsets[b + 1]`` and the ``k_b + 1`` target rows from ``draft_offsets[b] + b``).
 The verifiers never see the caller's layout; the layout never sees the verifier.
 
-:func:`padded_chain` is the vLLM layout ``[B, k+1, V]``.
+:func:`padded_chain` is the vLLM layout ``[B, k+1, V]``; :func:`ragged_chain` is the flat
+layout engines use (``num_draft_tokens [B]``, ``k_b >= 0``, rows ``[T + B, V]``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import _backend, _validate
 
-__all__ = ["ChainBatch", "padded_chain"]
+__all__ = ["ChainBatch", "padded_chain", "ragged_chain"]
 
 
 class ChainBatch(NamedTuple):
@@ -160,4 +161,137 @@ def padded_chain(
         vocab_size=vocab_size,
         num_draft_tokens=batch_size * k,
         padded_k=k,
+    )
+
+
+def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any]:
+    """``num_draft_tokens`` checked: host int64 counts and the offsets on the device."""
+    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
+    if counts.ndim != 1:
+        raise ValueError(
+            "num_draft_tokens must have shape [B] (1 dimension); found shape "
+            f"{_validate.shape_text(counts.shape)}"
+        )
+    if getattr(counts.dtype, "kind", None) not in ("i", "u"):
+        raise TypeError(f"num_draft_tokens must have an integer dtype; found {counts.dtype}")
+    host = np.asarray(counts.get() if hasattr(counts, "get") else counts).astype(np.int64)
+    negative = np.flatnonzero(host < 0)
+    if negative.size:
+        request = int(negative[0])
+        raise ValueError(
+            f"num_draft_tokens must be >= 0 for every request; found {int(host[request])} "
+            f"for request {request}"
+        )
+    offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
+    np.cumsum(host, out=offsets[1:])
+    return host, offsets if xp is np else xp.asarray(offsets)
+
+
+def ragged_chain(
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any,
+    bonus_token_ids: Any,
+    *,
+    strict: bool,
+    reads_draft_probs: bool,
+    target_name: str = "target_probs",
+    draft_name: str = "draft_probs",
+) -> ChainBatch:
+    """Take a flat engine batch in, check it and make it kernel-ready.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request.
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        Request by request.
+    target_rows : float32 or float64 [T + B, V]
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.
+    draft_rows : same dtype [T, V] or None
+        None for point-mass drafts.
+    bonus_token_ids : int [B] or None
+        None: each fully accepted request draws its bonus from its bonus row.
+    strict : bool
+        Also exact dtypes (float32 rows, int64 ids) and finite, non-negative values.
+    reads_draft_probs : bool
+    target_name, draft_name : str
+        The arguments' names in messages (``target_probs`` or ``target_logits``).
+
+    Returns
+    -------
+    ChainBatch
+        With ``padded_k`` None and, when ``bonus_token_ids`` is None, zeros as bonus ids.
+    """
+    target = _backend.intake(target_rows, target_name)
+    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    drafts = (
+        _backend.intake(draft_rows, draft_name)
+        if reads_draft_probs and draft_rows is not None
+        else None
+    )
+    bonus = None
+    if bonus_token_ids is not None:
+        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids")
+    device = _backend.check_one_device(
+        {target_name: target, "draft_token_ids": draft_ids, draft_name: drafts,
+         "bonus_token_ids": bonus}
+    )
+    xp = _backend.array_namespace(target)
+    counts, offsets = _draft_counts(num_draft_tokens, xp)
+    batch_size = int(counts.shape[0])
+    total = int(counts.sum())
+    if tuple(draft_ids.shape) != (total,):
+        raise ValueError(
+            f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
+            f"found shape {_validate.shape_text(draft_ids.shape)}"
+        )
+    if target.ndim != 2 or target.shape[0] != total + batch_size or target.shape[1] < 1:
+        raise ValueError(
+            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with V >= 1; "
+            f"found shape {_validate.shape_text(target.shape)}"
+        )
+    vocab_size = int(target.shape[1])
+    if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
+        raise ValueError(
+            f"{draft_name} must have shape [T, V] = [{total}, {vocab_size}]; found shape "
+            f"{_validate.shape_text(drafts.shape)}"
+        )
+    if bonus is not None and tuple(bonus.shape) not in ((batch_size,), (batch_size, 1)):
+        raise ValueError(
+            f"bonus_token_ids must have shape [B] = [{batch_size}]; found shape "
+            f"{_validate.shape_text(bonus.shape)}"
+        )
+    named = {"draft_token_ids": draft_ids}
+    if bonus is not None:
+        named["bonus_token_ids"] = bonus
+    ids = _backend.token_ids(named, xp, strict)
+    draft_ids = ids[0]
+    if bonus is not None:
+        bonus = ids[1].reshape(batch_size)
+    else:
+        bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
+    target = _backend.probabilities(target, target_name, xp, strict)
+    if drafts is not None:
+        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
+        if drafts.dtype != target.dtype:
+            raise TypeError(
+                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
+                f"found {drafts.dtype}"
+            )
+    return ChainBatch(
+        xp=xp,
+        device=device,
+        target_rows=target,
+        draft_rows=drafts,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus,
+        draft_offsets=offsets,
+        batch_size=batch_size,
+        max_k=int(counts.max()) if batch_size else 0,
+        vocab_size=vocab_size,
+        num_draft_tokens=total,
+        padded_k=None,
     )

@@ -28,7 +28,13 @@ import numpy as np
 from ._philox import counter_uniforms
 from ._validate import check_uniforms
 
-__all__ = ["CounterStream", "GeneratorSnapshot", "RejectionUniforms", "counter_uniforms"]
+__all__ = [
+    "CounterStream",
+    "GeneratorSnapshot",
+    "OwnGenerator",
+    "RejectionUniforms",
+    "counter_uniforms",
+]
 
 
 def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
@@ -74,6 +80,38 @@ class CounterStream:
         positions = xp.arange(self.state, self.state + rows, dtype=xp.uint64)
         self.state += rows
         return counter_uniforms(seeds, positions, width, xp=xp)
+
+
+class OwnGenerator:
+    """A sampler's own source of uniforms, on any device.
+
+    On the CPU, a ``numpy.random.Generator`` (PCG64) seeded with ``seed``; for CuPy inputs,
+    a :class:`CounterStream` made on the device the first time it is needed.  The stream's
+    key is fixed at construction from a child of the seed, so that no call draws it (a call
+    that then failed would have moved the generator).
+
+    Parameters
+    ----------
+    seed : int or None
+        None seeds from the OS.
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        seed_sequence = np.random.SeedSequence(seed)
+        self.numpy = np.random.Generator(np.random.PCG64(seed_sequence))
+        (child,) = seed_sequence.spawn(1)
+        self._cuda_key = int(child.generate_state(1, np.uint64)[0])
+        self._cuda_stream: CounterStream | None = None
+
+    def for_device(self, device: int | None) -> Any:
+        """The generator for inputs on ``device`` (None: the CPU)."""
+        if device is None:
+            return self.numpy
+        if self._cuda_stream is None:
+            from ._backend import cuda_module
+
+            self._cuda_stream = CounterStream(self._cuda_key, cuda_module())
+        return self._cuda_stream
 
 
 def _is_generator(generator: Any) -> bool:
@@ -146,6 +184,10 @@ class RejectionUniforms:
         after every other source has been checked (a sampler's own generator).
     device : int or None
         The inputs' device, handed to ``generator_for``.
+    row_widths : int64 numpy array [B], optional
+        Draws per row, at most ``k + 1`` (a ragged batch: ``k_b + 2`` for a sampled
+        request, 0 for a greedy one).  A row's source is consumed by exactly that many
+        draws; the columns past them are left undefined.  None: every row ``k + 1``.
     """
 
     def __init__(
@@ -160,8 +202,10 @@ class RejectionUniforms:
         counter_seeds: Any = None,
         generator_for: Any = None,
         device: Any = None,
+        row_widths: Any = None,
     ) -> None:
         self._shape = (batch_size, k + 1)
+        self._row_widths = row_widths
         self._xp = xp
         self._explicit = None
         self._seeded = _check_rows("seeded_seqs", seeded_seqs, batch_size)
@@ -210,17 +254,29 @@ class RejectionUniforms:
             return self._explicit
         xp = self._xp
         batch_size, width = self._shape
-        if not self._seeded and not self._counter_rows:
+        widths = self._row_widths
+        if widths is None and not self._seeded and not self._counter_rows:
             # The kernels read [B, k+1] row-major; a counter stream with an odd width
             # returns a column slice.
             return xp.ascontiguousarray(xp.asarray(self._generator.random(self._shape)))
         result = xp.empty(self._shape, dtype=xp.float64)
         taken = set(self._seeded).union(self._counter_rows)
         own_rows = [b for b in range(batch_size) if b not in taken]
-        if own_rows:
+        if own_rows and widths is None:
             result[own_rows] = xp.asarray(self._generator.random((len(own_rows), width)))
+        elif own_rows:
+            # One flat draw of exactly the rows' counts, laid out row by row: a boolean
+            # mask assigns in row-major order.
+            own = np.zeros(batch_size, dtype=bool)
+            own[own_rows] = True
+            mask = own[:, None] & (np.arange(width)[None, :] < widths[:, None])
+            count = int(widths[own].sum())
+            if count:
+                result[xp.asarray(mask)] = xp.asarray(self._generator.random(count))
         for row, row_generator in self._seeded.items():
-            result[row] = xp.asarray(row_generator.random(width))
+            row_width = width if widths is None else int(widths[row])
+            if row_width:
+                result[row, :row_width] = xp.asarray(row_generator.random(row_width))
         if self._counter_rows:
             result[self._counter_rows] = counter_uniforms(
                 xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp

@@ -268,3 +268,97 @@ def check_strict_mode(strict_mode: Any) -> bool:
     if not isinstance(strict_mode, (bool, np.bool_)):
         raise TypeError(f"strict_mode must be a bool; found {type(strict_mode).__name__}")
     return bool(strict_mode)
+
+
+def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarray:
+    """A scalar or a ``[B]`` array of one sampling parameter, as a host array."""
+    if hasattr(value, "get") and not isinstance(value, np.ndarray):
+        value = value.get()  # CuPy: the parameters are O(B) host work
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a real number or a [B] array; found {array.dtype}")
+    if array.ndim == 0:
+        array = np.full(batch_size, array)
+    if array.shape != (batch_size,):
+        raise ValueError(
+            f"{name} must be a scalar or have shape [B] = [{batch_size}]; found shape "
+            f"{shape_text(array.shape)}"
+        )
+    return array.astype(dtype)
+
+
+def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, expected: str) -> None:
+    where = np.flatnonzero(bad)
+    if where.size:
+        request = int(where[0])
+        raise ValueError(
+            f"{name} must be {expected}; found {values[request]} for request {request}"
+        )
+
+
+def check_sampling_parameters(
+    batch_size: int,
+    vocab_size: int,
+    *,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    from_logits: bool,
+) -> dict[str, np.ndarray | None]:
+    """The per-request sampling parameters of the engine layout, checked.
+
+    Parameters
+    ----------
+    batch_size, vocab_size : int
+    temperature, top_k, top_p, min_p : scalar, array [B] or None
+        ``temperature >= 0`` (0: greedy); ``top_k >= 0`` (0 or >= V: off);
+        ``0 < top_p <= 1`` (1: off); ``0 <= min_p <= 1`` (0: off).  None: off.
+    from_logits : bool
+        With probabilities only ``temperature`` may be given, and only to say which
+        requests are greedy; the filters must be None.
+
+    Returns
+    -------
+    dict
+        Host arrays ``temperature`` float64, ``top_k`` int64 (0 where off), ``top_p`` and
+        ``min_p`` float64, each ``[B]`` or None when not given.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument and the first bad request.
+    """
+    if not from_logits:
+        for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+            if value is not None:
+                raise ValueError(
+                    f"{name} needs target_logits: probabilities given directly are taken as "
+                    "already processed, so a filter would be silently ignored"
+                )
+    result: dict[str, np.ndarray | None] = {}
+    if temperature is None:
+        result["temperature"] = None
+    else:
+        values = _per_request("temperature", temperature, batch_size, np.float64)
+        _first_bad(
+            "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
+        )
+        result["temperature"] = values
+    if top_k is None:
+        result["top_k"] = None
+    else:
+        raw = _per_request("top_k", top_k, batch_size, np.float64)
+        _first_bad("top_k", raw, ~((raw >= 0) & (raw == np.floor(raw))), "an integer >= 0")
+        values = np.minimum(raw, vocab_size).astype(np.int64)
+        result["top_k"] = np.where(values >= vocab_size, 0, values)
+    for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
+        if value is None:
+            result[name] = None
+            continue
+        values = _per_request(name, value, batch_size, np.float64)
+        low_ok = values > 0 if low_open else values >= 0
+        expected = "in (0, 1]" if low_open else "in [0, 1]"
+        _first_bad(name, values, ~(low_ok & (values <= 1)), expected)
+        result[name] = values
+    return result

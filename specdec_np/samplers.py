@@ -375,13 +375,8 @@ class _StochasticSampler(_RegisteredSampler):
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
         super().__init__(_validate.check_strict_mode(strict_mode))  # type: ignore[call-arg]
         self._parameters = {}
-        seed_sequence = np.random.SeedSequence(_validate.check_seed(seed))
-        self._generator = np.random.Generator(np.random.PCG64(seed_sequence))
-        # The key of the GPU stream is fixed here, so that no call draws it from the
-        # generator (a call that then failed would have moved the generator).
-        (child,) = seed_sequence.spawn(1)
-        self._cuda_key = int(child.generate_state(1, np.uint64)[0])
-        self._cuda_stream: _random.CounterStream | None = None
+        self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
+        self._generator = self._own_generator.numpy
 
     def forward(
         self,
@@ -424,15 +419,10 @@ class _StochasticSampler(_RegisteredSampler):
         )
 
     def _generator_for(self, device: int | None) -> Any:
-        """The sampler's source of uniforms for the inputs' device: its NumPy generator, or
-        for CuPy inputs a counter-based stream made on the device with the key fixed at
-        construction (rewound like the NumPy one when a call fails in the kernel)."""
+        """The sampler's own source of uniforms for the inputs' device (see
+        :class:`specdec_np._random.OwnGenerator`), once the device matches the counters'."""
         self._check_device(device)
-        if device is None:
-            return self._generator
-        if self._cuda_stream is None:
-            self._cuda_stream = _random.CounterStream(self._cuda_key, _backend.cuda_module())
-        return self._cuda_stream
+        return self._own_generator.for_device(device)
 
 
 class _DeterministicSampler(_RegisteredSampler):

@@ -84,6 +84,11 @@ def verify_chain_batch(
     parameters: tuple[float, ...] = (),
     sources: _random.RejectionUniforms | None = None,
     on_success: Callable[[VerificationResult], None] | None = None,
+    *,
+    request_methods: Any = None,
+    causal: bool = False,
+    draw_bonus: bool = False,
+    block: _contract.OutputBlock | None = None,
 ) -> VerificationResult:
     """Run a verifier's row function over a validated chain batch.
 
@@ -99,6 +104,12 @@ def verify_chain_batch(
     on_success : callable, optional
         Called with the result before the call counts as done (a sampler's counters), so
         that an interrupt leaves the generators and the counters both updated or both not.
+    request_methods : int8 array [B], optional
+        Per-request row functions (indices into ``_core.ROW_FUNCTIONS``).
+    causal, draw_bonus : bool
+        As the chain driver takes them (the engine layout sets both).
+    block : OutputBlock, optional
+        Output buffers to fill (``[B, max_k + 1]`` and ``[B]``); allocated when None.
 
     Returns
     -------
@@ -112,7 +123,8 @@ def verify_chain_batch(
         )
         if bad is not None:
             _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
-    block = _contract.allocate_output_block(xp, batch.batch_size, batch.max_k + 1)
+    if block is None:
+        block = _contract.allocate_output_block(xp, batch.batch_size, batch.max_k + 1)
     snapshot = sources.snapshot() if sources is not None else None
     point_mass = batch.draft_rows is None
     try:
@@ -121,7 +133,7 @@ def verify_chain_batch(
         else:
             uniforms = _EMPTY_UNIFORMS if xp is np else xp.empty((0, 0), dtype=xp.float64)
         first_bad_row = _backend.kernels_for(batch.device).verify_chains(
-            _row_index(verifier),
+            row_index(verifier),
             batch.target_rows,
             batch.target_rows if point_mass else batch.draft_rows,
             point_mass,
@@ -135,6 +147,8 @@ def verify_chain_batch(
                 batch.batch_size,
                 (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size,
             ),
+            # The engine layout's options, passed only when used.
+            **_driver_options(request_methods, causal, draw_bonus),
         )
         first = _backend.first_failed_row(first_bad_row, block.row_status)
         if first >= 0:
@@ -156,10 +170,22 @@ def verify_chain_batch(
         raise
 
 
+def _driver_options(request_methods: Any, causal: bool, draw_bonus: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if request_methods is not None:
+        options["request_methods"] = request_methods
+    if causal:
+        options["causal"] = True
+    if draw_bonus:
+        options["draw_bonus"] = True
+    return options
+
+
 _ROW_INDEX: dict[str, int] = {}
 
 
-def _row_index(verifier: registry.Verifier) -> int:
+def row_index(verifier: registry.Verifier) -> int:
+    """The verifier's row function as an index into ``_core.ROW_FUNCTIONS``."""
     index = _ROW_INDEX.get(verifier.name)
     if index is None:
         index = _core.ROW_FUNCTIONS.index(verifier.row_function)

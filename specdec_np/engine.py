@@ -1,0 +1,380 @@
+"""The engine layout: ragged batches, per-request sampling parameters, mixed methods.
+
+:func:`verify_ragged` verifies the flat batch that vLLM v1, SGLang and the llama.cpp server
+hand a verifier: request ``b`` proposes ``k_b >= 0`` drafts, the target rows of all
+requests are stacked ``[T + B, V]`` (request ``b``'s ``k_b`` draft positions, then its
+bonus position), and greedy (``temperature == 0``) and sampled requests share one call and
+one kernel launch.  :class:`EngineVerifier` wraps it with running
+:class:`~specdec_np.metrics.VerificationMetrics`.  ``docs/semantics.md`` states the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _backend, _contract, _layout, _random, _validate, registry, verify
+from .metrics import VerificationMetrics
+
+__all__ = ["EngineVerifier", "output_buffers", "verify_ragged"]
+
+_GREEDY = registry.get("greedy")
+
+
+def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _contract.OutputBlock:
+    """Buffers for ``verify_ragged(..., out=...)``, so that a steady-state engine allocates
+    nothing per call.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``.
+    max_draft_tokens : int
+        The largest ``k_b`` the buffers must hold (output width ``max_draft_tokens + 1``).
+    xp : module
+        ``numpy`` or ``cupy`` (on the current device).
+
+    Returns
+    -------
+    OutputBlock
+        ``output_token_ids`` int64 ``[B, max_draft_tokens + 1]`` and three int64 ``[B]``
+        arrays (accepted lengths, acceptance counts, row status).
+    """
+    return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
+
+
+def _check_out(out: Any, batch: _layout.ChainBatch) -> _contract.OutputBlock:
+    if not isinstance(out, _contract.OutputBlock):
+        raise TypeError(
+            "out must be the OutputBlock of specdec_np.output_buffers(B, max_k); found "
+            f"{type(out).__name__}"
+        )
+    xp = batch.xp
+    rows, width = (int(n) for n in out.output_token_ids.shape)
+    if rows != batch.batch_size or width < batch.max_k + 1:
+        raise ValueError(
+            f"out must hold [B, >= max k + 1] = [{batch.batch_size}, {batch.max_k + 1}] "
+            f"outputs; found {_validate.shape_text(out.output_token_ids.shape)}"
+        )
+    for name, array in zip(out._fields, out):
+        if _backend.array_namespace(array) is not xp or array.dtype != np.int64:
+            raise TypeError(f"out.{name} must be an int64 array of the inputs' backend")
+        if array.ndim == 1 and array.shape[0] != batch.batch_size:
+            raise ValueError(f"out.{name} must have shape [B] = [{batch.batch_size}]")
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise ValueError(f"out.{name} must be C-contiguous and writeable")
+    if _backend.device_of(out.output_token_ids) != batch.device:
+        raise ValueError("out must be on the inputs' device")
+    if width > batch.max_k + 1:
+        # The kernels write exactly the batch's width: use the leading columns.
+        return out._replace(output_token_ids=out.output_token_ids[:, : batch.max_k + 1])
+    return out
+
+
+def verify_ragged(
+    *,
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_logits: Any = None,
+    target_probs: Any = None,
+    draft_logits: Any = None,
+    draft_probs: Any = None,
+    method: str = "rejection",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    bonus_token_ids: Any = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    strict_mode: bool = False,
+    out: _contract.OutputBlock | None = None,
+    **method_parameters: float,
+) -> verify.VerificationResult:
+    """Verify a flat engine batch: ragged drafts, per-request parameters, mixed methods.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request (0: the request only gets its bonus token).
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        The drafts, request by request.
+    target_probs : float32 or float64 [T + B, V], optional
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.  Taken as already processed (exactly one of ``target_logits`` and
+        ``target_probs``).
+    target_logits : float32 or float64 [T + B, V], optional
+        Not available in this release: give ``target_probs``.
+    draft_probs : same dtype [T, V] or None
+        The distributions the drafts were drawn from; None for point-mass drafts.
+    draft_logits : None
+        Not available in this release.
+    method : str
+        A registry name (``specdec_np.registry.names()``): the verifier of the requests
+        with ``temperature != 0``.
+    temperature : scalar or array [B], optional
+        With probabilities it only says which requests are greedy (``0``): those are
+        verified greedily on their raw rows (accept while the draft is the argmax), the
+        others by ``method``.  None: every request uses ``method``.
+    top_k, top_p, min_p : None
+        Sampling filters; they need logits (a ValueError with probabilities).
+    bonus_token_ids : int [B], optional
+        None: a request whose drafts are all accepted draws its bonus token from its
+        processed bonus row (the argmax for a greedy request), reading that row only then.
+    uniforms : float64 [B, max_k + 2], optional
+        Explicit uniforms in ``[0, 1)``: request ``b`` uses columns ``0 .. k_b - 1``
+        (acceptance), ``k_b`` (residual) and ``k_b + 1`` (bonus).  Every entry is checked.
+    generator, seeded_seqs, counter_seeds
+        The other sources of uniforms, keyed by request: a sampled request consumes
+        exactly ``k_b + 2`` draws from its source whatever the outcome, a greedy one none.
+    strict_mode : bool
+        Also check exact dtypes and finite, non-negative probabilities.
+    out : OutputBlock, optional
+        Buffers from :func:`output_buffers` to write into.
+    **method_parameters : float
+        The method's parameters (typical acceptance: ``posterior_threshold``,
+        ``posterior_alpha``).
+
+    Returns
+    -------
+    VerificationResult
+        ``output_token_ids`` int64 ``[B, max_k + 1]`` (-1 padded), ``accepted_lengths``
+        int64 ``[B]`` (causal), ``num_accepted`` (equal to ``accepted_lengths``: every
+        request stops at its first rejection and the rows after it are never read), and
+        ``num_draft_tokens`` ``T``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument and the request, before any uniform is drawn.
+    """
+    with _backend.device_context(target_probs if target_probs is not None else target_logits):
+        return _verify_ragged(
+            num_draft_tokens=num_draft_tokens,
+            draft_token_ids=draft_token_ids,
+            target_logits=target_logits,
+            target_probs=target_probs,
+            draft_logits=draft_logits,
+            draft_probs=draft_probs,
+            method=method,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            bonus_token_ids=bonus_token_ids,
+            uniforms=uniforms,
+            generator=generator,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            strict_mode=strict_mode,
+            out=out,
+            method_parameters=method_parameters,
+        )
+
+
+def _verify_ragged(
+    *,
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_logits: Any,
+    target_probs: Any,
+    draft_logits: Any,
+    draft_probs: Any,
+    method: str,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    bonus_token_ids: Any,
+    uniforms: Any,
+    generator: Any,
+    seeded_seqs: Any,
+    counter_seeds: Any,
+    strict_mode: bool,
+    out: Any,
+    method_parameters: Mapping[str, Any],
+    generator_for: Any = None,
+    on_success: Any = None,
+) -> verify.VerificationResult:
+    strict = _validate.check_strict_mode(strict_mode)
+    verifier = registry.get(method)
+    parameters = verify.check_parameters(verifier, method_parameters)
+    if (target_logits is None) == (target_probs is None):
+        raise ValueError("give exactly one of target_logits and target_probs")
+    if draft_logits is not None and draft_probs is not None:
+        raise ValueError("give at most one of draft_logits and draft_probs")
+    if target_logits is not None or draft_logits is not None:
+        raise NotImplementedError(
+            "target_logits and draft_logits are not available in this release; give "
+            "target_probs (and draft_probs)"
+        )
+    batch = _layout.ragged_chain(
+        num_draft_tokens,
+        draft_token_ids,
+        target_probs,
+        draft_probs,
+        bonus_token_ids,
+        strict=strict,
+        reads_draft_probs=verifier.reads_draft_probs,
+    )
+    sampling = _validate.check_sampling_parameters(
+        batch.batch_size,
+        batch.vocab_size,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        from_logits=False,
+    )
+    if strict:
+        _validate.check_probability_values("target_probs", batch.target_rows, batch.xp)
+        _validate.check_probability_values("draft_probs", batch.draft_rows, batch.xp)
+    counts = np.diff(np.asarray(_host(batch.draft_offsets)))
+    greedy = (
+        np.zeros(batch.batch_size, dtype=bool)
+        if sampling["temperature"] is None or verifier is _GREEDY
+        else sampling["temperature"] == 0
+    )
+    if verifier is _GREEDY:
+        greedy[:] = True
+    request_methods = None
+    if greedy.any() and not greedy.all():
+        codes = np.where(greedy, verify.row_index(_GREEDY), verify.row_index(verifier))
+        request_methods = batch.xp.asarray(codes.astype(np.int8))
+    chosen = _GREEDY if greedy.all() and batch.batch_size else verifier
+    sampled = ~greedy
+    draw_bonus = bonus_token_ids is None
+    sources = None
+    if sampled.any() or uniforms is not None:
+        sources = _random.RejectionUniforms(
+            batch.batch_size,
+            batch.max_k + 1,
+            batch.xp,
+            uniforms=uniforms,
+            generator=generator,
+            generator_for=generator_for,
+            device=batch.device,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            row_widths=np.where(sampled, counts + 2, 0),
+        )
+    elif draw_bonus:
+        # Greedy requests draw nothing; the driver still wants a [B, max_k + 2] array.
+        sources = _NoDraws(batch.xp, batch.batch_size, batch.max_k + 2)
+    block = None if out is None else _check_out(out, batch)
+    return verify.verify_chain_batch(
+        chosen,
+        batch,
+        parameters if chosen is verifier else (),
+        sources,
+        None if on_success is None else lambda result: on_success(counts, result.accepted_lengths),
+        request_methods=request_methods,
+        causal=True,
+        draw_bonus=draw_bonus,
+        block=block,
+    )
+
+
+class _NoDraws:
+    """A uniform source for a batch in which no request draws anything."""
+
+    def __init__(self, xp: Any, batch_size: int, width: int) -> None:
+        self._uniforms = xp.zeros((batch_size, width), dtype=xp.float64)
+
+    def snapshot(self) -> _random.GeneratorSnapshot:
+        return _random.GeneratorSnapshot(())
+
+    def draw(self) -> Any:
+        return self._uniforms
+
+
+def _host(array: Any) -> np.ndarray:
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else array
+
+
+class EngineVerifier:
+    """:func:`verify_ragged` with a method, its parameters, a generator and running metrics.
+
+    Parameters
+    ----------
+    method : str, default "rejection"
+        A registry name.
+    seed : int, optional
+        Seed of the verifier's own ``numpy.random.Generator``, the source of the uniforms
+        of requests without a seed of their own.
+    strict_mode : bool, default False
+    **method_parameters : float
+        The method's parameters (typical acceptance: ``posterior_threshold``,
+        ``posterior_alpha``).
+
+    Attributes
+    ----------
+    metrics : VerificationMetrics
+        Sums over every successful call; merge across workers with ``+``.
+    """
+
+    def __init__(
+        self,
+        method: str = "rejection",
+        *,
+        seed: int | None = None,
+        strict_mode: bool = False,
+        **method_parameters: float,
+    ) -> None:
+        self._verifier = registry.get(method)
+        verify.check_parameters(self._verifier, method_parameters)
+        self._method_parameters = dict(method_parameters)
+        self._strict_mode = _validate.check_strict_mode(strict_mode)
+        self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
+        self.metrics = VerificationMetrics()
+
+    @property
+    def method(self) -> str:
+        """The registry name of the verifier of sampled requests."""
+        return self._verifier.name
+
+    def __call__(self, **arrays: Any) -> verify.VerificationResult:
+        """Verify a batch: the keyword arguments of :func:`verify_ragged` other than
+        ``method``, ``strict_mode``, ``generator`` and the method's parameters, which are
+        set at construction.  The metrics are updated only by a call that succeeds."""
+        unknown = set(arrays).difference(_ARRAY_ARGUMENTS)
+        if unknown:
+            raise TypeError(
+                "EngineVerifier() got unexpected keyword argument(s) "
+                f"{', '.join(sorted(unknown))}; method, strict_mode, generator and the "
+                "method's parameters are set at construction"
+            )
+        target = arrays.get("target_probs", arrays.get("target_logits"))
+        with _backend.device_context(target):
+            return _verify_ragged(
+                **{name: arrays.get(name) for name in _ARRAY_ARGUMENTS},
+                method=self._verifier.name,
+                strict_mode=self._strict_mode,
+                generator=None,
+                generator_for=self._own_generator.for_device,
+                method_parameters=self._method_parameters,
+                on_success=self.metrics.record,
+            )
+
+
+_ARRAY_ARGUMENTS = (
+    "num_draft_tokens",
+    "draft_token_ids",
+    "target_logits",
+    "target_probs",
+    "draft_logits",
+    "draft_probs",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "bonus_token_ids",
+    "uniforms",
+    "seeded_seqs",
+    "counter_seeds",
+    "out",
+)

@@ -1,0 +1,117 @@
+"""Running acceptance metrics of an engine's verifier, mergeable across workers.
+
+Every field is a sum, so the metrics of several workers (or of several windows) merge by
+addition (``a + b``, or :meth:`VerificationMetrics.merge`), and every derived figure is
+computed from the sums.  The one acceptance figure is the *causal* one: drafts in the
+accepted prefix, over drafts proposed (``acceptance_rate``), which is what decides how
+many tokens a target call yields.  See ``docs/semantics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["VerificationMetrics"]
+
+
+@dataclass
+class VerificationMetrics:
+    """Sums over verified requests.
+
+    Attributes
+    ----------
+    requests : int
+        Requests verified (one target call each).
+    drafted : int
+        Draft tokens proposed.
+    accepted : int
+        Draft tokens in the accepted prefixes (causal).
+    emitted : int
+        Tokens emitted: the accepted prefixes plus one token per request.
+    accepted_at : numpy.ndarray, int64 [n]
+        ``accepted_at[j]``: requests whose draft at position ``j`` was accepted (so
+        ``accepted_at[0] >= accepted_at[1] >= ...``); grows as longer drafts arrive.
+    drafted_at : numpy.ndarray, int64 [n]
+        ``drafted_at[j]``: requests that proposed a draft at position ``j``.
+    """
+
+    requests: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    drafted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def record(self, num_draft_tokens: Any, accepted_lengths: Any) -> None:
+        """Add one verification call.
+
+        Parameters
+        ----------
+        num_draft_tokens : int [B]
+            ``k_b`` per request.
+        accepted_lengths : int [B]
+            Causal accepted length per request (NumPy or CuPy; read once).
+        """
+        drafted = _host(num_draft_tokens)
+        accepted = _host(accepted_lengths)
+        width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
+        self._grow(width)
+        positions = np.arange(width)
+        self.accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
+        self.drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
+        self.requests += int(drafted.shape[0])
+        self.drafted += int(drafted.sum())
+        self.accepted += int(accepted.sum())
+        self.emitted += int(accepted.sum()) + int(drafted.shape[0])
+
+    def _grow(self, width: int) -> None:
+        if width > self.accepted_at.shape[0]:
+            extra = width - self.accepted_at.shape[0]
+            self.accepted_at = np.concatenate([self.accepted_at, np.zeros(extra, np.int64)])
+            self.drafted_at = np.concatenate([self.drafted_at, np.zeros(extra, np.int64)])
+
+    def merge(self, other: VerificationMetrics) -> VerificationMetrics:
+        """The metrics of both (a new object); the same as ``self + other``."""
+        width = max(self.accepted_at.shape[0], other.accepted_at.shape[0])
+        merged = VerificationMetrics(
+            self.requests + other.requests,
+            self.drafted + other.drafted,
+            self.accepted + other.accepted,
+            self.emitted + other.emitted,
+        )
+        merged._grow(width)
+        for part in (self, other):
+            merged.accepted_at[: part.accepted_at.shape[0]] += part.accepted_at
+            merged.drafted_at[: part.drafted_at.shape[0]] += part.drafted_at
+        return merged
+
+    __add__ = merge
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over drafted ones (causal); NaN before any draft."""
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per request (per target call); NaN before any request."""
+        return self.emitted / self.requests if self.requests else math.nan
+
+    @property
+    def acceptance_by_position(self) -> np.ndarray:
+        """float64 [n]: of the requests that drafted position ``j``, the share that
+        accepted it (the per-position acceptance histogram)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(
+                self.drafted_at > 0, self.accepted_at / np.maximum(self.drafted_at, 1), np.nan
+            )
+
+
+def _host(values: Any) -> np.ndarray:
+    if hasattr(values, "get") and not isinstance(values, np.ndarray):
+        values = values.get()
+    return np.asarray(values, dtype=np.int64).reshape(-1)
