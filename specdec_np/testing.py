@@ -305,6 +305,7 @@ class _Target:
         self.takes_generator = _has_keyword(verifier, "generator")
         self.three_arguments = kind == "greedy" and _positional_count(verifier) == 3
         self.raw_dtypes: set[str] = set()
+        self.format_errors: list[str] = []
 
     def __call__(
         self,
@@ -323,12 +324,15 @@ class _Target:
             result = self.verifier(target, bonus, draft_probs, draft_ids, **keywords)
         output = _to_numpy(getattr(result, "output_token_ids", result))
         self.raw_dtypes.add(str(output.dtype))
-        if output.dtype.kind not in "iu":
-            raise TypeError(f"the output must have an integer dtype; found {output.dtype}")
         expected = (draft_ids.shape[0], draft_ids.shape[1] + 1)
-        if output.shape != expected:
-            raise ValueError(f"the output must have shape {list(expected)}; found "
-                             f"{list(output.shape)}")
+        problem = ""
+        if output.dtype.kind not in "iu":
+            problem = f"the output must have an integer dtype; found {output.dtype}"
+        elif output.shape != expected:
+            problem = f"the output must have shape {list(expected)}; found {list(output.shape)}"
+        if problem:
+            self.format_errors.append(problem)
+            raise TypeError(problem)
         return output.astype(np.int64)
 
 
@@ -931,7 +935,9 @@ def _check_batch_invariance(target: _Target, kind: str, k: int, vocab_size: int,
 
 
 def _check_format(target: _Target, vocab_size_of: dict, outputs: list) -> PropertyResult:
-    problems = []
+    problems = sorted(set(target.format_errors))
+    if not outputs and not problems:
+        problems.append("no call returned an output to check")
     rows = 0
     for output, ids, label in outputs:
         rows += output.shape[0]
