@@ -797,10 +797,11 @@ def _run_case(target: _Target, case: _Case, copies: int) -> tuple[np.ndarray, np
 def _check_catalogue(target: _Target, kind: str, outputs: list) -> list[PropertyResult]:
     results = []
     for name, cases in _catalogue(kind).items():
-        rows, problems, skipped = 0, [], []
+        rows, problems, skipped, ran = 0, [], [], []
         for case in cases:
             if not target.takes_uniforms and case.loose is None:
                 continue
+            ran.append(case.what)
             try:
                 output, ids = _run_case(target, case, copies=2000)
             except Exception as error:  # a crash on a regression input is a finding
@@ -818,9 +819,13 @@ def _check_catalogue(target: _Target, kind: str, outputs: list) -> list[Property
                          if target.takes_uniforms else "")
                 problems.append(f"{case.what}: {len(bad)}/{output.shape[0]} rows wrong, e.g. "
                                 f"{output[bad[0]].tolist()}{where}")
+        if not ran:
+            results.append(PropertyResult(name, True, "skipped",
+                                          "needs explicit uniforms (uniforms= keyword)"))
+            continue
         mode = "explicit uniforms" if target.takes_uniforms else "own randomness, 2000 copies"
         detail = "; ".join(problems) if problems else (
-            f"{rows} rows ({mode}): " + "; ".join(c.what for c in cases))
+            f"{rows} rows ({mode}): " + "; ".join(ran))
         if skipped:
             detail += "; " + "; ".join(sorted(set(skipped)))
         results.append(PropertyResult(name, not problems, f"{len(problems)} bad cases", detail))
