@@ -828,7 +828,8 @@ def _check_catalogue(target: _Target, kind: str, outputs: list) -> list[Property
             f"{rows} rows ({mode}): " + "; ".join(ran))
         if skipped:
             detail += "; " + "; ".join(sorted(set(skipped)))
-        results.append(PropertyResult(name, not problems, f"{len(problems)} bad cases", detail))
+        results.append(PropertyResult(name, not problems,
+                                      f"{len(problems)}/{len(ran)} cases fail", detail))
     if target.takes_uniforms:
         results.append(_check_reused_uniform(target))
     else:
@@ -951,7 +952,7 @@ def _check_format(target: _Target, vocab_size_of: dict, outputs: list) -> Proper
             problems.append(f"{label}: {problem}")
     dtypes = ", ".join(sorted(target.raw_dtypes))
     return PropertyResult(
-        "output format", not problems, f"{len(problems)} bad batches",
+        "output format", not problems, f"{len(problems)}/{len(outputs)} batches bad",
         "; ".join(problems) if problems else
         f"{rows} rows: integer dtype ({dtypes}), [B, k+1], accepted draft prefix, one token, "
         f"-1 padding")

@@ -8,6 +8,7 @@ algorithm and of vLLM v0's are checked where torch is installed.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,28 @@ def test_torch_vllm_v0_algorithm(torch_baselines: Any) -> None:
 def test_torch_adapter_declares_keywords(torch_baselines: Any) -> None:
     adapter = testing.TorchAdapter(torch_baselines.rejection_sample)
     assert adapter.takes_generator and not adapter.takes_uniforms
+
+
+# -- the documentation shows real output --------------------------------------------------
+
+
+def _without_timing(text: str) -> list[str]:
+    return [re.sub(r"\[\d+\.\d s\]$", "[t]", line.rstrip()) for line in text.splitlines()]
+
+
+def test_docs_example_is_the_real_report() -> None:
+    page = (ROOT / "docs" / "testing.md").read_text()
+    block = re.search(r"```console\n\$ cd tests && specdec-np check --verifier "
+                      r"broken_verifiers:wrong_row\n(.*?)\n\$ echo", page, re.S)
+    assert block is not None
+    assert _without_timing(block.group(1)) == _without_timing(
+        str(testing.check_verifier(bv.wrong_row)))
+
+
+def test_readme_excerpt_is_from_the_real_report() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Testing your own verifier", 1)[1].split("## Performance", 1)[0]
+    excerpt = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    real = _without_timing(str(testing.check_verifier(bv.token0_fallback)))
+    for line in _without_timing(excerpt):
+        assert line == "..." or line in real, line
