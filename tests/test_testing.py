@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import broken_verifiers as bv
@@ -363,3 +364,42 @@ def test_readme_excerpt_is_from_the_real_report() -> None:
     real = _without_timing(str(testing.check_verifier(bv.token0_fallback)))
     for line in _without_timing(excerpt):
         assert line == "..." or line in real, line
+
+
+def _grid_law(verifier: Any) -> Any:
+    """An exact law ``{emitted tuple: probability}`` of a verifier, by the kit's exact grid,
+    standing in for the private module's oracle of the same shape."""
+
+    def law(p: np.ndarray, q: np.ndarray) -> Any:
+        batch = testing._law_batch(p, q, refine=8)
+        n = batch["weights"].size
+        output = verifier(np.broadcast_to(p, (n, *p.shape)), np.zeros((n, 1), dtype=np.int64),
+                          np.broadcast_to(q, (n, *q.shape)), batch["ids"],
+                          uniforms=batch["uniforms"])
+        table: dict[tuple, float] = {}
+        for row, weight in zip(output, batch["weights"]):
+            key = tuple(int(t) for t in row if t >= 0)
+            table[key] = table.get(key, 0.0) + float(weight)
+        length = float(np.dot((output != -1).sum(axis=1) - 1, batch["weights"]))
+        return SimpleNamespace(law=table, expected_accepted_length=length)
+
+    return law
+
+
+def test_block_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(testing._conformance, "block_verification_law", _grid_law(bv.block),
+                        raising=False)
+    report = testing.check_verifier(bv.block, "block")
+    assert report.passed, str(report)
+    oracle = next(row for row in report.rows if row.name == "exact law equals the oracle")
+    assert oracle.figure != "skipped"
+    # Token-wise rejection is lossless (the target check passes) but is not block's law.
+    failed = testing.check_verifier(bv.correct, "block").failed()
+    assert failed == ["exact law equals the oracle"]
+
+
+def test_rejection_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(testing._conformance, "rejection_law", _grid_law(bv.correct),
+                        raising=False)
+    assert testing.check_verifier(specdec_np.rejection_sample).passed
+    assert "exact law equals the oracle" in testing.check_verifier(bv.block).failed()
