@@ -297,9 +297,9 @@ def _to_numpy(value: Any) -> np.ndarray:
 class _Target:
     """The verifier under test, called with NumPy inputs, returning int64 NumPy outputs."""
 
-    def __init__(self, verifier: Callable[..., Any], kind: str) -> None:
+    def __init__(self, verifier: Callable[..., Any], kind: str, probs_dtype: Any) -> None:
         self.verifier = verifier
-        self.kind = kind
+        self.probs_dtype = probs_dtype
         self.takes_uniforms = _has_keyword(verifier, "uniforms")
         self.takes_seeded_seqs = _has_keyword(verifier, "seeded_seqs")
         self.takes_generator = _has_keyword(verifier, "generator")
@@ -318,6 +318,9 @@ class _Target:
     ) -> np.ndarray:
         if uniforms is not None:
             keywords["uniforms"] = np.ascontiguousarray(uniforms, dtype=np.float64)
+        target = np.ascontiguousarray(target, dtype=self.probs_dtype)
+        if draft_probs is not None:
+            draft_probs = np.ascontiguousarray(draft_probs, dtype=self.probs_dtype)
         if self.three_arguments:
             result = self.verifier(target, bonus, draft_ids, **keywords)
         else:
@@ -486,22 +489,27 @@ def _law_cases(vocab_size: int, rng: np.random.Generator) -> list[tuple]:
     """(label, p [k+1, V], q [k, V]) cases of the exact-law check."""
 
     def sparse(size: int) -> np.ndarray:
+        # Multiples of 1/1024 summing to exactly 1: the same numbers in float32 and float64,
+        # so the law of a lossless verifier is the target's to rounding in either dtype.
         row = rng.dirichlet(np.ones(size))
         row[rng.integers(size)] = 0.0
-        return row / row.sum()
+        counts = np.floor(row / row.sum() * 1024)
+        counts[np.argmax(counts)] += 1024 - counts.sum()
+        return counts / 1024
 
     size = max(3, min(vocab_size, 4))
     cases = [
         ("random k = 2", np.stack([sparse(size) for _ in range(3)]),
          np.stack([sparse(size) for _ in range(2)])),
-        ("q = 0 < p", np.array([[0.25, 0.25, 0.5], [0.2, 0.3, 0.5]]),
+        ("q = 0 < p", np.array([[0.25, 0.25, 0.5], [0.125, 0.375, 0.5]]),
          np.array([[0.0, 0.5, 0.5]])),
-        ("p = 0 < q", np.array([[0.0, 0.6, 0.4], [0.2, 0.3, 0.5]]),
+        ("p = 0 < q", np.array([[0.0, 0.625, 0.375], [0.125, 0.375, 0.5]]),
          np.array([[0.5, 0.25, 0.25]])),
-        ("disjoint supports", np.array([[0.0, 0.0, 0.7, 0.3], [0.25] * 4]),
+        ("disjoint supports", np.array([[0.0, 0.0, 0.75, 0.25], [0.25] * 4]),
          np.array([[0.5, 0.5, 0.0, 0.0]])),
-        ("p == q, k = 2", np.array([[0.2, 0.3, 0.5], [0.6, 0.4, 0.0], [0.3, 0.3, 0.4]]),
-         np.array([[0.2, 0.3, 0.5], [0.6, 0.4, 0.0]])),
+        ("p == q, k = 2",
+         np.array([[0.25, 0.25, 0.5], [0.625, 0.375, 0.0], [0.25, 0.375, 0.375]]),
+         np.array([[0.25, 0.25, 0.5], [0.625, 0.375, 0.0]])),
     ]
     return cases
 
@@ -581,7 +589,8 @@ def _check_exact_law(target: _Target, kind: str, vocab_size: int,
 # --------------------------------------------------------------------------------------
 
 
-def _random_rows(rng: np.random.Generator, k: int, vocab_size: int) -> tuple[np.ndarray, ...]:
+def _random_rows(rng: np.random.Generator, k: int, vocab_size: int,
+                 dtype: Any) -> tuple[np.ndarray, ...]:
     """One target [k+1, V] and draft [k, V] with zeros, overlapping but not equal."""
     p = rng.dirichlet(np.full(vocab_size, 0.8), size=k + 1)
     p[:, 0] = 0.0  # a zero-probability target token in every row
@@ -589,7 +598,11 @@ def _random_rows(rng: np.random.Generator, k: int, vocab_size: int) -> tuple[np.
     # Close to the target, as real drafts are, so that later positions are reached often.
     q = 0.6 * p[:k] + 0.4 * rng.dirichlet(np.full(vocab_size, 0.8), size=k)
     q[:, -1] = 0.0  # and a token the draft never proposes
-    return p / p.sum(axis=1, keepdims=True), q / q.sum(axis=1, keepdims=True)
+    q /= q.sum(axis=1, keepdims=True)
+    # The expectations use the values the verifier sees, rounded to its dtype.
+    p = p.astype(dtype).astype(np.float64)
+    q = q.astype(dtype).astype(np.float64)
+    return p, q
 
 
 def _monte_carlo_inputs(rng: np.random.Generator, p: np.ndarray, q: np.ndarray,
@@ -637,7 +650,7 @@ def _completed_counts(output: np.ndarray, p: np.ndarray, rng: np.random.Generato
 
 def _check_monte_carlo(target: _Target, kind: str, k: int, vocab_size: int, num_rows: int,
                        rng: np.random.Generator, outputs: list) -> list[PropertyResult]:
-    p, q = _random_rows(rng, k, vocab_size)
+    p, q = _random_rows(rng, k, vocab_size, target.probs_dtype)
     inputs = _monte_carlo_inputs(rng, p, q, num_rows)
     output = target(inputs["target"], inputs["bonus"], inputs["draft_probs"], inputs["ids"],
                     inputs["uniforms"] if target.takes_uniforms else None)
@@ -1059,6 +1072,7 @@ def check_verifier(
     k: int = 3,
     seed: int = 0,
     num_rows: int = 100_000,
+    probs_dtype: Any = np.float64,
 ) -> ConformanceReport:
     """Run the conformance kit on a verifier and report every property.
 
@@ -1079,6 +1093,9 @@ def check_verifier(
         Seed of every random input; the same seed gives the same report.
     num_rows : int
         Rows of the Monte Carlo batch; at least 1000.
+    probs_dtype : {numpy.float64, numpy.float32}
+        dtype of the probability arrays fed to the verifier (uniforms are always float64).
+        The exact-law inputs are multiples of 1/1024, the same in both dtypes.
 
     Returns
     -------
@@ -1101,8 +1118,10 @@ def check_verifier(
                                  ("num_rows", num_rows, 1000)):
         if not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
+    if np.dtype(probs_dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"probs_dtype must be float32 or float64; found {probs_dtype!r}")
     start = time.perf_counter()
-    target = _Target(verifier, kind)
+    target = _Target(verifier, kind, np.dtype(probs_dtype))
     name = getattr(verifier, "__qualname__", None) or getattr(verifier, "__name__", None)
     report = ConformanceReport(kind, str(name or type(verifier).__name__))
     rng = np.random.default_rng(seed)

@@ -403,3 +403,23 @@ def test_rejection_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch
                         raising=False)
     assert testing.check_verifier(specdec_np.rejection_sample).passed
     assert "exact law equals the oracle" in testing.check_verifier(bv.block).failed()
+
+
+def float32_only(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                 uniforms: Any) -> Any:
+    """A verifier that, like many engines, takes float32 probabilities only."""
+    if target.dtype != np.float32 or (draft_probs is not None and draft_probs.dtype != np.float32):
+        raise TypeError(f"float32 probabilities expected; found {target.dtype}")
+    return bv.correct(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+
+
+def test_float32_probabilities() -> None:
+    for verifier in (float32_only, specdec_np.rejection_sample):
+        report = testing.check_verifier(verifier, probs_dtype=np.float32)
+        assert report.passed, str(report)
+    assert not testing.check_verifier(float32_only).passed
+    assert "exact law equals the target" in testing.check_verifier(
+        bv.wrong_row, probs_dtype=np.float32).failed()
+    assert testing.check_verifier(bv.block, "block", probs_dtype=np.float32).passed
+    with pytest.raises(ValueError, match="probs_dtype"):
+        testing.check_verifier(bv.correct, probs_dtype=np.float16)
