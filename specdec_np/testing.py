@@ -7,9 +7,9 @@ It needs only NumPy; torch, JAX or CuPy verifiers are checked through
 
 The verifier's calling convention (the stateless chain form)::
 
-    verifier(target_with_bonus_probs,  # float64 [B, k+1, V]
+    verifier(target_with_bonus_probs,  # float64 (or probs_dtype) [B, k+1, V]
              bonus_token_ids,          # int64 [B, 1]
-             draft_probs,              # float64 [B, k, V], or None (point-mass drafts)
+             draft_probs,              # same dtype [B, k, V], or None (point-mass drafts)
              draft_token_ids,          # int64 [B, k]
              *, uniforms=...)          # float64 [B, k+1]: columns 0..k-1 accept, k residual
 
