@@ -367,21 +367,19 @@ def test_readme_excerpt_is_from_the_real_report() -> None:
 
 
 def _grid_law(verifier: Any) -> Any:
-    """An exact law ``{emitted tuple: probability}`` of a verifier, by the kit's exact grid,
-    standing in for the private module's oracle of the same shape."""
+    """A ``ChainLaw``-shaped exact law of a verifier, by the kit's exact grid, standing in
+    for the private module's oracle (to test the hook, not the laws)."""
 
     def law(p: np.ndarray, q: np.ndarray) -> Any:
         batch = testing._law_batch(p, q, refine=8)
-        n = batch["weights"].size
+        n, k = batch["ids"].shape
         output = verifier(np.broadcast_to(p, (n, *p.shape)), np.zeros((n, 1), dtype=np.int64),
                           np.broadcast_to(q, (n, *q.shape)), batch["ids"],
                           uniforms=batch["uniforms"])
-        table: dict[tuple, float] = {}
-        for row, weight in zip(output, batch["weights"]):
-            key = tuple(int(t) for t in row if t >= 0)
-            table[key] = table.get(key, 0.0) + float(weight)
         length = float(np.dot((output != -1).sum(axis=1) - 1, batch["weights"]))
-        return SimpleNamespace(law=table, expected_accepted_length=length)
+        output[:, k] = -1  # the bonus: continued by p_k, as the oracle does
+        return SimpleNamespace(law=testing._completed_law(output, batch["weights"], p),
+                               expected_accepted_length=length)
 
     return law
 
