@@ -10,6 +10,7 @@ SPECDEC_NO_OPENMP=1
 """
 
 import os
+import runpy
 import sys
 
 import numpy
@@ -20,6 +21,10 @@ from setuptools import Extension, setup
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
+
+# The kernel contract's constants, loaded by path (the package itself is not importable
+# before it is built) and handed to the C compiler, so that every backend compiles them.
+contract = runpy.run_path(os.path.join(os.path.dirname(__file__), "specdec_np", "_contract.py"))
 
 debug = _flag("SPECDEC_DEBUG")
 use_openmp = not _flag("SPECDEC_NO_OPENMP")
@@ -44,6 +49,7 @@ extension = Extension(
         ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
         ("SPECDEC_OPENMP", "1" if use_openmp else "0"),
         ("SPECDEC_DEBUG_BUILD", "1" if debug else "0"),
+        *contract["compile_time_macros"](),
     ],
     extra_compile_args=compile_args,
     extra_link_args=link_args,

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _core, _validate
 
 __all__ = [
-    "PreparedBatch",
     "array_namespace",
     "check_one_device",
     "cuda_available",
@@ -31,8 +30,9 @@ __all__ = [
     "first_failed_row",
     "kernels_for",
     "on_inputs_device",
-    "prepare_batch",
+    "probabilities",
     "thread_count",
+    "token_ids",
 ]
 
 _DLPACK_CPU = 1
@@ -149,37 +149,14 @@ def check_one_device(named: dict[str, Any]) -> int | None:
     return next(iter(devices.values()), None)
 
 
-class PreparedBatch(NamedTuple):
-    """Validated, kernel-ready inputs of one verification call.
-
-    Attributes
-    ----------
-    xp : module
-        ``numpy`` or ``cupy``.
-    device : int or None
-        CUDA device id, None on the CPU.
-    target_with_bonus_probs : float32 or float64 [B, k+1, V], C-contiguous
-    draft_probs : same dtype [B, k, V] or None
-    draft_token_ids : int32 or int64 [B, k], C-contiguous
-    bonus_token_ids : same dtype [B], C-contiguous
-    batch_size, k, vocab_size : int
-    """
-
-    xp: Any
-    device: Any
-    target_with_bonus_probs: Any
-    draft_probs: Any
-    draft_token_ids: Any
-    bonus_token_ids: Any
-    batch_size: int
-    k: int
-    vocab_size: int
-
-
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
+def probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
+    """A probability array in a kernel dtype (float32 or float64), C-contiguous.
+
+    float16 and bfloat16 are upcast to float32; strict mode accepts float32 only.
+    """
     if x.dtype not in _KERNEL_FLOATS or strict:
         _validate.check_probability_dtype(name, x.dtype, strict=strict)
         if x.dtype not in _KERNEL_FLOATS:
@@ -188,76 +165,30 @@ def _probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
     return xp.ascontiguousarray(x)
 
 
-def prepare_batch(
-    target_with_bonus_probs: Any,
-    bonus_token_ids: Any,
-    draft_probs: Any,
-    draft_token_ids: Any,
-    *,
-    strict: bool,
-    needs_draft_probs: bool,
-) -> PreparedBatch:
-    """Take the four verifier arguments in, check them and make them kernel-ready.
+def token_ids(named: dict[str, Any], xp: Any, strict: bool) -> list[Any]:
+    """Private, C-contiguous copies of token-id arrays, all of one dtype.
 
-    Always: array types, one backend and device, shapes, dtype families.  In strict mode
-    also: exact dtypes (float32, int64) and finite, non-negative probabilities.  Token ids
-    are range-checked by the kernels themselves.
+    The copy is what makes the ids read once: a caller's thread that writes its own array
+    during the call cannot change what the kernels check and then index with.  Copying
+    ``O(B * k)`` ids costs nothing next to the rows the kernels read.
 
     Parameters
     ----------
-    target_with_bonus_probs : array [B, k+1, V]
-    bonus_token_ids : array [B, 1] or [B]
-    draft_probs : array [B, k, V] or None
-    draft_token_ids : array [B, k]
+    named : dict[str, array]
+        Argument name -> id array (int64, or int32 outside strict mode).
+    xp : module
     strict : bool
-    needs_draft_probs : bool
-        False for the deterministic verifiers, which ignore ``draft_probs`` entirely.
 
     Returns
     -------
-    PreparedBatch
+    list of arrays
+        In the order of ``named``; int64 unless every array is int32.
     """
-    target = intake(target_with_bonus_probs, "target_with_bonus_probs")
-    bonus = intake(bonus_token_ids, "bonus_token_ids")
-    draft_ids = intake(draft_token_ids, "draft_token_ids")
-    probs = (
-        intake(draft_probs, "draft_probs")
-        if needs_draft_probs and draft_probs is not None
-        else None
-    )
-    device = check_one_device(
-        {
-            "target_with_bonus_probs": target,
-            "bonus_token_ids": bonus,
-            "draft_token_ids": draft_ids,
-            "draft_probs": probs,
-        }
-    )
-    batch_size, k, vocab_size = _validate.check_shapes(target, bonus, probs, draft_ids)
-    xp = array_namespace(target)
-    for name, ids in (("draft_token_ids", draft_ids), ("bonus_token_ids", bonus)):
+    for name, ids in named.items():
         _validate.check_token_id_dtype(name, ids.dtype, strict=strict)
-    target = _probabilities(target, "target_with_bonus_probs", xp, strict)
-    if probs is not None:
-        probs = _probabilities(probs, "draft_probs", xp, strict)
-        _validate.check_same_float_dtype(target.dtype, probs.dtype)
-    if draft_ids.dtype != bonus.dtype:
-        draft_ids = draft_ids.astype(np.int64)
-        bonus = bonus.astype(np.int64)
-    if strict:
-        _validate.check_probability_values("target_with_bonus_probs", target, xp)
-        _validate.check_probability_values("draft_probs", probs, xp)
-    return PreparedBatch(
-        xp=xp,
-        device=device,
-        target_with_bonus_probs=target,
-        draft_probs=probs,
-        draft_token_ids=xp.ascontiguousarray(draft_ids),
-        bonus_token_ids=xp.ascontiguousarray(bonus.reshape(batch_size)),
-        batch_size=batch_size,
-        k=k,
-        vocab_size=vocab_size,
-    )
+    dtypes = {ids.dtype for ids in named.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int64)
+    return [xp.array(ids, dtype=dtype, order="C", copy=True) for ids in named.values()]
 
 
 def thread_count(batch_size: int, elements_per_row: int) -> int:
@@ -278,7 +209,7 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
 
 
 def kernels_for(device: int | None) -> Any:
-    """The kernels for a device, all with the signatures of ``_core.pyi``: ``_core`` (NumPy,
+    """The kernels for a device, with the signatures of ``_core.pyi``: ``_core`` (NumPy,
     CPU) or ``_cuda.core_like`` (CuPy; its kernels return None, see :func:`first_failed_row`).
     """
     if device is None:

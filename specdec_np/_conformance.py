@@ -10,13 +10,19 @@ each verifier as a black box that maps inputs and uniforms to output token ids:
   ``max(p - q, 0) / Z`` (``p`` itself when ``Z == 0``) by the rejection mass.  The
   oracle uses ``p`` only through these steps, so comparing it with ``p`` proves that the
   *algorithm* is lossless.
+* **Exact chain laws.**  For any k and a small vocabulary, :func:`block_verification_law`
+  and :func:`rejection_law` enumerate every tuple of drafts and integrate the uniforms
+  exactly, giving the law of the first ``k + 1`` tokens when the verifier's output is
+  continued by the target; a lossless verifier gives the product of the target rows.
+  :func:`block_first_failure_law` is the classic wrong block verifier, a negative control.
 * **Stratified grids.**  Midpoint grids of uniforms (one stratum per cell of a regular
   grid in every uniform, every draft token in the support of ``q`` enumerated with its
   weight) fed to a real sampler reproduce the oracle up to an explicit quadrature bound.
 * **Monte-Carlo chi-square.**  Many rows with draft tokens drawn from ``q`` and random
   uniforms; the emitted tokens are compared with the target by Pearson's chi-square test
   (p-value from the regularised upper incomplete gamma function implemented here, so the
-  package needs no scipy), and the acceptance rate with ``sum(min(p, q))``.
+  package needs no scipy), and the acceptance rate with ``sum(min(p, q))``;
+  :func:`monte_carlo_chain` tests a whole chain continued by the target.
 
 :func:`run_checks` bundles these checks (and kernel-versus-reference checks of the
 deterministic verifiers) for the ``specdec-np check`` command.  Pure NumPy.
@@ -34,24 +40,34 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
+    "ChainLaw",
+    "ChainMonteCarloReport",
     "CheckResult",
     "MonteCarloReport",
     "StratifiedBatch",
     "acceptance_probabilities",
+    "block_first_failure_law",
+    "block_verification_law",
+    "chain_grid_error_bound",
     "chi_square_p_value",
     "chi_square_statistic",
     "draw_from",
     "exact_first_token_distribution",
     "exact_first_two_tokens_distribution",
+    "grid_chain_law",
     "grid_error_bound",
     "grid_output_distribution",
     "kernel_sampler",
+    "monte_carlo_chain",
     "monte_carlo_rejection",
+    "prefix_laws",
     "regularized_upper_gamma",
+    "rejection_law",
     "residual_distribution",
     "run_checks",
     "stratified_rejection_batch",
     "stratified_uniform_grid",
+    "target_chain_law",
 ]
 
 #: A rejection sampler seen as a black box: ``sampler(target_with_bonus_probs,
@@ -383,6 +399,353 @@ def grid_output_distribution(
 
 
 # --------------------------------------------------------------------------------------
+# Exact laws of whole chains (block verification and token-wise rejection, any k)
+# --------------------------------------------------------------------------------------
+
+
+class ChainLaw(NamedTuple):
+    """Exact law of a verifier's output continued by the target.
+
+    Attributes
+    ----------
+    law : numpy.ndarray, float64 [V] * (k + 1)
+        ``law[a_0, ..., a_k]``: probability that the first ``k + 1`` tokens are
+        ``a_0 .. a_k`` when the tokens after the emitted ones are drawn from the target
+        rows of their positions (the bonus token from ``p_k``).  A lossless verifier gives
+        the product of the target rows.
+    expected_accepted_length : float
+        Expected number of accepted draft tokens.
+    """
+
+    law: np.ndarray
+    expected_accepted_length: float
+
+
+def _chain_inputs(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Target rows float64 ``[k+1, V]`` and draft rows float64 ``[k, V]`` (one-hot rows
+    for the point-mass tokens of an int ``q``)."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] < 2:
+        raise ValueError(f"p must have shape [k+1, V] with k >= 1; found {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("p must be finite and non-negative")
+    k, vocab_size = p.shape[0] - 1, p.shape[1]
+    q_array = np.asarray(q)
+    if q_array.dtype.kind in "iu":
+        if q_array.shape != (k,):
+            raise ValueError(f"point-mass q must have shape [{k}]; found {q_array.shape}")
+        if np.any(q_array < 0) or np.any(q_array >= vocab_size):
+            raise ValueError(f"point-mass q must hold tokens in [0, {vocab_size})")
+        one_hot = np.zeros((k, vocab_size), dtype=np.float64)
+        one_hot[np.arange(k), q_array.astype(np.int64)] = 1.0
+        return p, one_hot
+    q_array = np.asarray(q, dtype=np.float64)
+    if q_array.shape != (k, vocab_size):
+        raise ValueError(f"q must have shape [{k}, {vocab_size}]; found {q_array.shape}")
+    for i in range(k):
+        _as_distribution(q_array[i], vocab_size, f"q[{i}]")
+    return p, q_array
+
+
+def _normalised_residual(weights: np.ndarray, p_row: np.ndarray) -> np.ndarray:
+    """``weights / Z``, or ``p_row`` normalised when ``Z == 0``."""
+    total = math.fsum(weights.tolist())
+    if total > 0:
+        return weights / total
+    total = math.fsum(p_row.tolist())
+    if not total > 0:
+        raise ValueError("neither the residual nor the target row has positive mass")
+    return p_row / total
+
+
+# For one tuple of drafts: P(tau = t) for t = 0..k and the recovery law at each t < k (None
+# where that t has probability zero).
+_ChainRule = Callable[[np.ndarray, np.ndarray, tuple[int, ...]], tuple[list[float], list[Any]]]
+
+
+def _block_terms(
+    p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+) -> tuple[list[float], list[np.ndarray]]:
+    """``h_1 .. h_k`` and the weighted residuals ``R_0 .. R_{k-1}`` of block verification."""
+    k = q.shape[0]
+    rho = [1.0]
+    for i, x in enumerate(drafts):
+        weighted = rho[i] * float(p[i, x])
+        q_x = float(q[i, x])
+        rho.append(0.0 if weighted == 0 else 1.0 if weighted >= q_x else weighted / q_x)
+    residuals = [np.maximum(rho[i] * p[i] - q[i], 0.0) for i in range(k)]
+    h = []
+    for i in range(1, k):
+        total = math.fsum(residuals[i].tolist())
+        denominator = total + (1.0 - rho[i])
+        h.append(total / denominator if denominator > 0 else 1.0)
+    h.append(rho[k])
+    return h, residuals
+
+
+def _block_rule(first_failure: bool) -> _ChainRule:
+    def rule(
+        p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+    ) -> tuple[list[float], list[Any]]:
+        k = q.shape[0]
+        h, residuals = _block_terms(p, q, drafts)
+        if first_failure:
+            # Accept 1, 2, ... while eta_i < h_i; tau is the last success before a failure.
+            tau = [math.prod(h[:t]) * (1.0 - h[t]) for t in range(k)] + [math.prod(h)]
+        else:
+            # tau = t: eta_t < h_t (t >= 1) and eta_i >= h_i for every i > t.
+            above = [math.prod(1.0 - h_i for h_i in h[t:]) for t in range(k + 1)]
+            tau = [above[0]] + [h[t - 1] * above[t] for t in range(1, k + 1)]
+        recovery = [
+            _normalised_residual(residuals[t], p[t]) if tau[t] > 0 else None for t in range(k)
+        ]
+        return tau, recovery
+
+    return rule
+
+
+def _rejection_rule(
+    p: np.ndarray, q: np.ndarray, drafts: tuple[int, ...]
+) -> tuple[list[float], list[Any]]:
+    k = q.shape[0]
+    accept = [float(acceptance_probabilities(p[i], q[i])[x]) for i, x in enumerate(drafts)]
+    tau = [math.prod(accept[:t]) * (1.0 - accept[t]) for t in range(k)] + [math.prod(accept)]
+    recovery = [residual_distribution(p[t], q[t]) if tau[t] > 0 else None for t in range(k)]
+    return tau, recovery
+
+
+def _chain_law(p: Any, q: Any, rule: _ChainRule) -> ChainLaw:
+    p, q = _chain_inputs(p, q)
+    k, vocab_size = q.shape
+    supports = [_draft_support(row) for row in q]
+    law = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    # continuation[t]: law of tokens t .. k drawn from the target, shape [V] * (k + 1 - t).
+    continuation: list[Any] = [None] * (k + 2)
+    continuation[k + 1] = np.ones(())
+    for t in range(k, -1, -1):
+        continuation[t] = np.multiply.outer(p[t], continuation[t + 1])
+    expected_length = 0.0
+    for choice in itertools.product(*(range(s.size) for s, _ in supports)):
+        drafts = tuple(int(supports[i][0][c]) for i, c in enumerate(choice))
+        weight = math.prod(float(supports[i][1][c]) for i, c in enumerate(choice))
+        tau, recovery = rule(p, q, drafts)
+        for t in range(k + 1):
+            mass = weight * tau[t]
+            if mass == 0:
+                continue
+            expected_length += mass * t
+            if t == k:
+                law[drafts] += mass * continuation[k]
+            else:
+                law[drafts[:t]] += mass * np.multiply.outer(recovery[t], continuation[t + 1])
+    return ChainLaw(law, expected_length)
+
+
+def block_verification_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of block verification, from the algorithm.
+
+    Every tuple of drafts ``x_i ~ q_i`` is enumerated with its weight; the uniforms enter
+    only through thresholds, so ``P(tau = t | x) = h_t * prod_{i > t} (1 - h_i)`` for
+    ``t >= 1`` and ``prod_{i = 1..k} (1 - h_i)`` for ``t = 0``; the token after the
+    accepted prefix is drawn from ``R_t / Z_t`` (``p_t`` when ``Z_t == 0``) or is the bonus
+    token.  The target rows enter only through these steps, so comparing the result with
+    the product of the rows proves the algorithm lossless.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _block_rule(first_failure=False))
+
+
+def block_first_failure_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of the classic wrong block verifier (a negative control).
+
+    It accepts positions 1, 2, ... while ``eta_i < h_i`` and stops at the first failed
+    check, with the same thresholds and residuals as :func:`block_verification_law`.  For
+    k = 1 it equals block verification; for larger k it is not lossless.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _block_rule(first_failure=True))
+
+
+def rejection_law(p: Any, q: Any) -> ChainLaw:
+    """Exact output law of token-wise rejection sampling, for any k.
+
+    Position ``i`` is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))`` (see
+    :func:`acceptance_probabilities`), the first rejected position ``r`` emits a draw from
+    :func:`residual_distribution`, and all positions accepted emit the bonus token.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+        Target rows, the same at every context (the target's law of a sequence is the
+        product of its rows); row ``k`` is the bonus position.
+    q : array_like, float [k, V], or int [k]
+        Draft rows (each normalised for the enumeration weights; the verifier sees them as
+        given), or the tokens of point-mass drafts (``draft_probs=None``).
+
+    Returns
+    -------
+    ChainLaw
+        The law of the first ``k + 1`` tokens and the expected accepted length.
+    """
+    return _chain_law(p, q, _rejection_rule)
+
+
+def target_chain_law(p: Any) -> np.ndarray:
+    """The target's law of the first ``k + 1`` tokens: the outer product of its rows.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+    """
+    p = np.asarray(p, dtype=np.float64)
+    law = np.ones(())
+    for row in p[::-1]:
+        law = np.multiply.outer(row, law)
+    return law
+
+
+def prefix_laws(law: Any) -> list[np.ndarray]:
+    """The marginal laws of the first 1, 2, ..., k + 1 tokens of a chain law.
+
+    Parameters
+    ----------
+    law : array_like, float [V] * (k + 1)
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Entry ``j`` has shape ``[V] * (j + 1)``.
+    """
+    law = np.asarray(law, dtype=np.float64)
+    return [law.sum(axis=tuple(range(j + 1, law.ndim))) for j in range(law.ndim)]
+
+
+def grid_chain_law(output_token_ids: Any, weights: Any, p: Any) -> np.ndarray:
+    """Weighted law of a batch's outputs continued by the target (see :class:`ChainLaw`).
+
+    A row that accepted ``tau < k`` drafts keeps its ``tau + 1`` emitted tokens and is
+    continued by ``p_{tau+1} .. p_k``; a row that accepted all ``k`` keeps its drafts and
+    its bonus token is replaced by ``p_k`` (the batch's bonus ids are placeholders).
+
+    Parameters
+    ----------
+    output_token_ids : int [N, k+1]
+    weights : float [N]
+    p : array_like, float [k+1, V]
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+
+    Raises
+    ------
+    ValueError
+        If a row is not an emitted prefix followed by -1.
+    """
+    output = np.asarray(output_token_ids, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
+    k, vocab_size = p.shape[0] - 1, p.shape[1]
+    if output.ndim != 2 or output.shape[1] != k + 1:
+        raise ValueError(f"output_token_ids must have shape [N, {k + 1}]; found {output.shape}")
+    emitted = output >= 0
+    lengths = emitted.sum(axis=1)
+    positions = np.arange(k + 1)[None, :]
+    if (
+        np.any(lengths < 1)
+        or np.any(output >= vocab_size)
+        or np.any(output < -1)
+        or not np.array_equal(emitted, positions < lengths[:, None])
+    ):
+        raise ValueError("every output row must be emitted tokens in [0, V), then -1")
+    tau = lengths - 1
+    law = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    for t in range(k + 1):
+        rows = tau == t
+        kept = t + 1 if t < k else k
+        flat = np.zeros(rows.sum(), dtype=np.int64)
+        for j in range(kept):
+            flat = flat * vocab_size + output[rows, j]
+        prefix = np.bincount(flat, weights=weights[rows], minlength=vocab_size**kept)
+        law += np.multiply.outer(prefix.reshape((vocab_size,) * kept), target_chain_law(p[kept:]))
+    return law
+
+
+def chain_grid_error_bound(p: Any, q: Any, num_strata: int) -> np.ndarray:
+    """Cell-wise bound on ``|grid_chain_law - exact law|`` for a stratified grid.
+
+    For fixed drafts, each outcome of token-wise rejection or block verification
+    (accepted length ``t`` and, for ``t < k``, the recovered token) is a box in the
+    uniforms: at most ``k`` sides of the form ``[0, a)`` or ``[a, 1)``, counted by the
+    midpoints with error at most ``1 / (2n)`` each, and for ``t < k`` one interval
+    ``[c, d)`` of the residual uniform, error at most ``1 / n``; the errors of the sides of
+    a box add.  Summed over the drafts that share the emitted prefix ``a_0 .. a_{t-1}``
+    the error is at most that box bound times the draft probability ``Q_t`` of the
+    prefix.  A cell of the continued law is ``sum_t P(outcome t) * prod_{j > t} p_j(a_j)``
+    (the bonus counted as ``p_k``), so its error is at most ``sum_{t < k} (k / (2n) +
+    1 / n) * Q_t * prod_{j > t} p_j(a_j) + k / (2n) * Q_k * p_k(a_k)``, plus a little for
+    float rounding.
+
+    Parameters
+    ----------
+    p : array_like, float [k+1, V]
+    q : array_like, float [k, V], or int [k]
+        Draft rows or point-mass draft tokens, as for :func:`block_verification_law`.
+    num_strata : int
+
+    Returns
+    -------
+    numpy.ndarray, float64 [V] * (k + 1)
+    """
+    p, q = _chain_inputs(p, q)
+    k, vocab_size = q.shape
+    if num_strata < 1:
+        raise ValueError(f"num_strata must be positive; found {num_strata}")
+    q = q / q.sum(axis=1, keepdims=True)
+    inner = k / (2.0 * num_strata) + 1.0 / num_strata
+    bound = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
+    for t in range(k + 1):
+        kept = t if t < k else k
+        factor = inner if t < k else k / (2.0 * num_strata)
+        prefix = target_chain_law(q[:kept])
+        tail = target_chain_law(p[kept + 1 :] if t < k else p[k:])
+        if t < k:
+            tail = np.ones(vocab_size)[(slice(None),) + (None,) * tail.ndim] * tail
+        bound += factor * np.multiply.outer(prefix, tail)
+    return bound + 1e-12
+
+
+# --------------------------------------------------------------------------------------
 # Chi-square test
 # --------------------------------------------------------------------------------------
 
@@ -686,6 +1049,125 @@ def monte_carlo_rejection(
     )
 
 
+@dataclass(frozen=True)
+class ChainMonteCarloReport:
+    """What :func:`monte_carlo_chain` measured.
+
+    Attributes
+    ----------
+    num_rows : int
+    p_value : float
+        Chi-square p-value of the first ``k + 1`` tokens (the output continued by the
+        target) against the product of the target rows, over all ``V ** (k + 1)`` cells.
+    mean_accepted_length : float
+        Mean number of accepted drafts (emitted tokens minus one).
+    expected_accepted_length : float or None
+        The exact expectation, when one was given.
+    accepted_length_z : float
+        ``(mean - expected) / standard error`` with the sample standard deviation; 0 when
+        no expectation was given.
+    format_ok : bool
+        Every row holds an accepted draft prefix, one token, then -1.
+    """
+
+    num_rows: int
+    p_value: float
+    mean_accepted_length: float
+    expected_accepted_length: float | None
+    accepted_length_z: float
+    format_ok: bool
+
+    def passed(self, alpha: float = 1e-4, max_sigma: float = 5.0) -> bool:
+        """All sub-checks pass at significance ``alpha`` and ``max_sigma`` sigmas."""
+        return self.format_ok and self.p_value > alpha and abs(self.accepted_length_z) <= max_sigma
+
+
+def monte_carlo_chain(
+    sampler: Sampler,
+    p: Any,
+    q: Any,
+    num_rows: int,
+    rng: np.random.Generator,
+    *,
+    expected_accepted_length: float | None = None,
+    dtype: Any = np.float64,
+) -> ChainMonteCarloReport:
+    """Run a lossless verifier on ``num_rows`` identical rows and test the whole chain.
+
+    The drafts are drawn from ``q`` and the bonus tokens from ``p_k``; the positions after
+    each row's emitted tokens are filled with draws from the target rows, so the first
+    ``k + 1`` tokens of a lossless verifier follow the product of the target rows.
+
+    Parameters
+    ----------
+    sampler : callable
+        ``sampler(target, bonus, draft_probs, draft_ids, uniforms) -> output`` (NumPy).
+    p : array_like, float [k+1, V]
+        Target rows; ``V ** (k + 1)`` should stay small next to ``num_rows``.
+    q : array_like, float [k, V], or sequence of int
+        Draft rows, or point-mass draft tokens (``draft_probs=None``).
+    num_rows : int
+    rng : numpy.random.Generator
+        Source of the drafts, bonus tokens, uniforms and continuations.
+    expected_accepted_length : float, optional
+        For example ``block_verification_law(p, q).expected_accepted_length``.
+    dtype : numpy dtype
+        Probability dtype fed to the sampler; the tests use the rounded values.
+
+    Returns
+    -------
+    ChainMonteCarloReport
+    """
+    p = np.asarray(p, dtype=dtype)
+    k_plus_1, vocab_size = p.shape
+    k = k_plus_1 - 1
+    p64 = p.astype(np.float64)
+    point_mass = isinstance(q, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in q)
+    if point_mass:
+        draft_ids = np.tile(np.asarray(q, dtype=np.int64), (num_rows, 1))
+        draft_probs = None
+    else:
+        q = np.asarray(q, dtype=dtype)
+        q64 = q.astype(np.float64)
+        draft_ids = np.stack([draw_from(q64[i], num_rows, rng) for i in range(k)], axis=1)
+        draft_probs = np.ascontiguousarray(np.broadcast_to(q, (num_rows, k, vocab_size)))
+    target = np.ascontiguousarray(np.broadcast_to(p, (num_rows, k + 1, vocab_size)))
+    bonus = draw_from(p64[k], num_rows, rng)[:, None]
+    uniforms = rng.random((num_rows, k + 1))
+    output = np.asarray(sampler(target, bonus, draft_probs, draft_ids, uniforms))
+    format_ok = _format_ok(output, draft_ids, vocab_size)
+    if not format_ok:
+        return ChainMonteCarloReport(
+            num_rows, 0.0, math.nan, expected_accepted_length, math.inf, False
+        )
+    completed = output.astype(np.int64)
+    flat = np.zeros(num_rows, dtype=np.int64)
+    for j in range(k + 1):
+        missing = completed[:, j] < 0
+        completed[missing, j] = draw_from(p64[j], int(missing.sum()), rng)
+        flat = flat * vocab_size + completed[:, j]
+    counts = np.bincount(flat, minlength=vocab_size ** (k + 1))
+    p_value = _chi_square_p(counts, target_chain_law(p64).reshape(-1))
+    lengths = (output >= 0).sum(axis=1) - 1
+    mean = float(lengths.mean())
+    z = 0.0
+    if expected_accepted_length is not None:
+        error = math.sqrt(float(lengths.var()) / num_rows)
+        difference = mean - expected_accepted_length
+        if error > 0:
+            z = difference / error
+        elif abs(difference) > 1e-9:
+            z = math.inf
+    return ChainMonteCarloReport(
+        num_rows=num_rows,
+        p_value=p_value,
+        mean_accepted_length=mean,
+        expected_accepted_length=expected_accepted_length,
+        accepted_length_z=z,
+        format_ok=True,
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The real kernels as black boxes
 # --------------------------------------------------------------------------------------
@@ -705,8 +1187,10 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
-def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampler:
-    """:func:`specdec_np.rejection_sample` as a NumPy-in, NumPy-out black box.
+def kernel_sampler(
+    backend: str = "numpy", *, point_mass: bool = False, verifier: Callable[..., Any] | None = None
+) -> Sampler:
+    """A verifier as a NumPy-in, NumPy-out black box.
 
     Parameters
     ----------
@@ -714,6 +1198,10 @@ def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampl
         Where the kernel runs (inputs are copied to the device and the output back).
     point_mass : bool
         Call with ``draft_probs=None`` (the draft rows are then ignored).
+    verifier : callable, optional
+        A function with the signature of :func:`specdec_np.rejection_sample` returning a
+        ``VerificationResult``; by default :func:`specdec_np.verify.rejection_sample`,
+        looked up at each call.
 
     Returns
     -------
@@ -732,7 +1220,8 @@ def kernel_sampler(backend: str = "numpy", *, point_mass: bool = False) -> Sampl
         uniforms: np.ndarray,
     ) -> np.ndarray:
         probs = None if point_mass or draft_probs is None else xp.asarray(draft_probs)
-        result = verify.rejection_sample(
+        function = verify.rejection_sample if verifier is None else verifier
+        result = function(
             xp.asarray(target),
             xp.asarray(bonus),
             probs,
@@ -879,6 +1368,97 @@ def _check_monte_carlo(backend: str) -> list[CheckResult]:
     ]
 
 
+# Fixed (p, q) cases of the exact block-verification check: k in {1, 2, 3}, V in {2, 3, 4};
+# an int tuple is a point-mass draft.
+_BLOCK_CASES: tuple[tuple[str, Any, Any], ...] = (
+    ("k = 1", ((0.1, 0.2, 0.3, 0.4), (0.25,) * 4), ((0.4, 0.3, 0.2, 0.1),)),
+    (
+        "k = 2, q = 0 < p and p = 0 < q",
+        ((0.6, 0.2, 0.2), (0.5, 0.0, 0.5), (0.4, 0.3, 0.3)),
+        ((0.7, 0.3, 0.0), (0.4, 0.0, 0.6)),
+    ),
+    ("k = 2, point mass", ((0.2, 0.5, 0.3), (0.6, 0.1, 0.3), (0.3, 0.3, 0.4)), (1, 0)),
+    (
+        "k = 3",
+        ((0.1, 0.2, 0.3, 0.4), (0.4, 0.1, 0.1, 0.4), (0.0, 0.5, 0.5, 0.0), (0.25,) * 4),
+        ((0.3, 0.3, 0.2, 0.2), (0.1, 0.6, 0.2, 0.1), (0.5, 0.0, 0.25, 0.25)),
+    ),
+    (
+        "k = 3, point mass",
+        ((0.0, 0.1, 0.9), (0.3, 0.7, 0.0), (0.1, 0.8, 0.1), (0.2, 0.3, 0.5)),
+        (2, 1, 1),
+    ),
+    (
+        "k = 3, V = 2, an over-confident first draft",
+        ((0.5, 0.5), (0.0, 1.0), (0.5, 0.5), (0.5, 0.5)),
+        ((1.0, 0.0), (0.5, 0.5), (0.5, 0.5)),
+    ),
+)
+
+# The Monte-Carlo case of the block kernel: V = 4, k = 2, 64 cells of the chain law.
+_BLOCK_MC_P = ((0.1, 0.2, 0.3, 0.4), (0.4, 0.1, 0.1, 0.4), (0.25, 0.25, 0.25, 0.25))
+_BLOCK_MC_Q = ((0.3, 0.3, 0.2, 0.2), (0.1, 0.6, 0.2, 0.1))
+
+
+def _check_block_law() -> list[CheckResult]:
+    worst = 0.0
+    smallest_gain = math.inf
+    largest_gain = -math.inf
+    control = 0.0
+    for _, p, q in _BLOCK_CASES:
+        block = block_verification_law(p, q)
+        target = target_chain_law(p)
+        worst = max(worst, float(np.max(np.abs(block.law - target))))
+        gain = block.expected_accepted_length - rejection_law(p, q).expected_accepted_length
+        smallest_gain, largest_gain = min(smallest_gain, gain), max(largest_gain, gain)
+        control = max(control, float(np.max(np.abs(block_first_failure_law(p, q).law - target))))
+    return [
+        CheckResult(
+            "block verification: exact law equals the target",
+            worst <= 1e-9,
+            f"{len(_BLOCK_CASES)} cases, k = 1..3, point masses included; "
+            f"max |law - prod p| over k + 1 tokens = {worst:.3g} (limit 1e-9)",
+        ),
+        CheckResult(
+            "block verification: accepts at least as many drafts as token-wise rejection",
+            smallest_gain >= -1e-12 and largest_gain > 1e-3,
+            f"E[accepted] gain over token-wise: smallest {smallest_gain:.3g} (limit -1e-12), "
+            f"largest {largest_gain:.4f} (must exceed 1e-3)",
+        ),
+        CheckResult(
+            "block verification: the exact check catches a first-failure stop",
+            control > 1e-3,
+            f"max |law - prod p| of the first-failure stop = {control:.3g} (must exceed 1e-3)",
+        ),
+    ]
+
+
+def _check_block_monte_carlo(backend: str) -> CheckResult:
+    name = "block verification: chi-square of the kernel's chain"
+    import specdec_np
+
+    function = getattr(specdec_np, "block_verification_sample", None)
+    if function is None:
+        return CheckResult(name, False, "specdec_np.block_verification_sample is missing")
+    num_rows = 200_000
+    expected = block_verification_law(_BLOCK_MC_P, _BLOCK_MC_Q).expected_accepted_length
+    report = monte_carlo_chain(
+        kernel_sampler(backend, verifier=function),
+        _BLOCK_MC_P,
+        _BLOCK_MC_Q,
+        num_rows,
+        np.random.default_rng(54321),
+        expected_accepted_length=expected,
+    )
+    return CheckResult(
+        name,
+        report.passed(),
+        f"{num_rows} rows, V = 4, k = 2; p-value = {report.p_value:.3g} (must exceed 1e-4); "
+        f"accepted length {report.mean_accepted_length:.4f}, exact {expected:.4f}, "
+        f"z = {report.accepted_length_z:.2f} (limit 5); output format ok: {report.format_ok}",
+    )
+
+
 def _deterministic_batch(
     rng: np.random.Generator, dtype: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -954,6 +1534,11 @@ def run_checks(backend: str = "numpy") -> list[CheckResult]:
     on a stratified grid reproduces the oracle; a seeded Monte-Carlo run (2e5 rows) passes
     chi-square tests (p-value > 1e-4) on the first output and on the second given
     acceptance, and its acceptance rate is within 5 sigma of ``sum(min(p, q))``.
+    Block verification: its exact law of the first ``k + 1`` tokens (continued by the
+    target) equals the target's on fixed cases (k = 1..3, point masses included), its
+    expected accepted length is never below token-wise rejection's and above it somewhere,
+    a first-failure stop is caught by the same check, and the kernel passes a seeded
+    chi-square test of the chain (1e5 rows) with its accepted length within 5 sigma.
     Typical acceptance and greedy: the kernels equal the array-API reference on fixed
     random batches (float32 and float64).
 
@@ -973,6 +1558,8 @@ def run_checks(backend: str = "numpy") -> list[CheckResult]:
         ("rejection: exact joint of the first two outputs (k = 2)", _check_joint_oracle),
         ("rejection: kernel on a stratified grid", lambda: _check_grid(backend)),
         ("rejection: Monte-Carlo checks", lambda: _check_monte_carlo(backend)),
+        ("block verification: exact laws", _check_block_law),
+        ("block verification: Monte-Carlo check", lambda: _check_block_monte_carlo(backend)),
         ("typical acceptance and greedy", lambda: _check_deterministic(backend)),
     ]
     results: list[CheckResult] = []

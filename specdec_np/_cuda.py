@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _contract
 
 __all__ = [
     "BLOCK_SIZE",
@@ -96,7 +96,7 @@ BLOCK_SIZE = 512
 CREATE_OUTPUT_BLOCK = 256
 #: Greedy shortcut, as in the CPU kernel: ``p(x) > 0.5 + GREEDY_MARGIN`` accepts ``x`` without
 #: reading its row (the unique argmax of any row that sums to 1 within ``2 * GREEDY_MARGIN``).
-GREEDY_MARGIN = _core.GREEDY_MARGIN
+GREEDY_MARGIN = _contract.GREEDY_MARGIN
 #: Value of the device error flag when no error was found (``LLONG_MAX``).
 NO_ERROR = int(np.iinfo(np.int64).max)
 

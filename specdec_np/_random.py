@@ -141,6 +141,11 @@ class RejectionUniforms:
     seeded_seqs : dict[int, Generator], optional
     counter_seeds : dict[int, tuple[int, int]], optional
         Row index → ``(seed, position)`` with both in ``[0, 2**64)``.
+    generator_for : callable, optional
+        ``generator_for(device)`` gives the generator when ``generator`` is None; called
+        after every other source has been checked (a sampler's own generator).
+    device : int or None
+        The inputs' device, handed to ``generator_for``.
     """
 
     def __init__(
@@ -153,6 +158,8 @@ class RejectionUniforms:
         generator: Any = None,
         seeded_seqs: Any = None,
         counter_seeds: Any = None,
+        generator_for: Any = None,
+        device: Any = None,
     ) -> None:
         self._shape = (batch_size, k + 1)
         self._xp = xp
@@ -182,6 +189,9 @@ class RejectionUniforms:
         if self._counter_rows:
             self._seeds = _uint64_column("seed", counter_rows, self._counter_rows, 0)
             self._positions = _uint64_column("position", counter_rows, self._counter_rows, 1)
+        if generator is None and generator_for is not None:
+            # A sampler's own source, asked for only now that every argument is checked.
+            generator = generator_for(device)
         if generator is None:
             generator = np.random.default_rng()
         else:

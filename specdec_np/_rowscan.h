@@ -17,6 +17,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The kernel contract's constants come from specdec_np/_contract.py through setup.py. */
+#ifndef SPECDEC_ENTROPY_EPSILON
+#error "SPECDEC_ENTROPY_EPSILON must be defined by the build (see setup.py)"
+#endif
+
 
 #if defined(__GNUC__) && !defined(SPECDEC_NO_VECTOR_EXTENSIONS)
 #define SPECDEC_HAVE_VECTORS 1
@@ -74,15 +79,21 @@ typedef float specdec_v4f __attribute__((vector_size(16)));
 
 SPECDEC_DEFINE_FAST_LOG(specdec_fast_logf, float, int32_t, SPECDEC_TO_FLOAT)
 
-/* ---- residual mass: sum of max(p - q, 0) in float64 ---------------------------------- */
+/* ---- residual mass: sum of max(rho p - q, 0) * scale in float64 ---------------------- */
 
 /* q == NULL stands for a point-mass draft: q = 1 at index point_mass, 0 elsewhere (and 0
  * everywhere for point_mass = -1).  Both forms go through the same arithmetic, so a
- * point-mass draft and its one-hot draft row give bit-identical sums. */
-static inline double specdec_residual_weight(double p, double q)
+ * point-mass draft and its one-hot draft row give bit-identical sums.
+ *
+ * rho scales the target (block verification's weighted residual; 1 for token-wise
+ * rejection, where multiplying by it is exact).  Negative and NaN draft entries count as 0,
+ * so a weight is positive only where p is.  scale (a power of two, 1 unless the float64
+ * sum would overflow) is applied last, so it changes no decision between weights. */
+static inline double specdec_residual_weight(double p, double q, double rho, double scale)
 {
-    double w = p - q;
-    return w > 0.0 ? w : 0.0;
+    double q_clean = q > 0.0 ? q : 0.0;
+    double w = rho * p - q_clean;
+    return (w > 0.0 ? w : 0.0) * scale;
 }
 
 #if SPECDEC_HAVE_VECTORS
@@ -143,41 +154,46 @@ static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d 
 
 #define SPECDEC_DEFINE_RESIDUAL_SUM(NAME, T, LOAD8)                                         \
     static inline void NAME##_group(const T *p, const T *q, ptrdiff_t point_mass,          \
-                                    ptrdiff_t y, ptrdiff_t left, specdec_v4d acc[2])       \
+                                    specdec_v4d rho, specdec_v4d scale, ptrdiff_t y,       \
+                                    ptrdiff_t left, specdec_v4d acc[2])                    \
     {                                                                                      \
         specdec_v4d p8[2], q8[2];                                                          \
         LOAD8(p + y, left, p8);                                                            \
         if (q) {                                                                           \
             LOAD8(q + y, left, q8);                                                        \
+            q8[0] = specdec_positive_part(q8[0]);                                          \
+            q8[1] = specdec_positive_part(q8[1]);                                          \
         } else if (point_mass < 0) {                                                       \
             q8[0] = q8[1] = (specdec_v4d){0.0, 0.0, 0.0, 0.0};                             \
         } else {                                                                           \
             q8[0] = specdec_one_hot(y, point_mass);                                        \
             q8[1] = specdec_one_hot(y + 4, point_mass);                                    \
         }                                                                                  \
-        acc[0] += specdec_positive_part(p8[0] - q8[0]);                                    \
-        acc[1] += specdec_positive_part(p8[1] - q8[1]);                                    \
+        acc[0] += specdec_positive_part(rho * p8[0] - q8[0]) * scale;                      \
+        acc[1] += specdec_positive_part(rho * p8[1] - q8[1]) * scale;                      \
     }                                                                                      \
     SPECDEC_CLONES                                                                         \
-    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, ptrdiff_t start,      \
-                       ptrdiff_t stop)                                                     \
+    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
+                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
     {                                                                                      \
         specdec_v4d acc[2] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};                 \
+        const specdec_v4d rho4 = {rho, rho, rho, rho};                                     \
+        const specdec_v4d scale4 = {scale, scale, scale, scale};                           \
         ptrdiff_t y = start;                                                               \
         if (q) {                                                                           \
             for (; y + 8 <= stop; y += 8)                                                  \
-                NAME##_group(p, q, point_mass, y, 8, acc);                                 \
+                NAME##_group(p, q, point_mass, rho4, scale4, y, 8, acc);                   \
         } else {                                                                           \
-            /* q is zero outside the group holding point_mass: p - 0 is p exactly. */      \
+            /* q is zero outside the group holding point_mass: rho p - 0 is rho p. */      \
             for (; y + 8 <= stop; y += 8) {                                                \
                 if (point_mass >= y && point_mass < y + 8)                                 \
-                    NAME##_group(p, NULL, point_mass, y, 8, acc);                          \
+                    NAME##_group(p, NULL, point_mass, rho4, scale4, y, 8, acc);            \
                 else                                                                       \
-                    NAME##_group(p, NULL, -1, y, 8, acc);                                  \
+                    NAME##_group(p, NULL, -1, rho4, scale4, y, 8, acc);                    \
             }                                                                              \
         }                                                                                  \
         if (y < stop)                                                                      \
-            NAME##_group(p, q, point_mass, y, stop - y, acc);                              \
+            NAME##_group(p, q, point_mass, rho4, scale4, y, stop - y, acc);                \
         double lanes[8] = {acc[0][0], acc[0][1], acc[0][2], acc[0][3],                     \
                            acc[1][0], acc[1][1], acc[1][2], acc[1][3]};                    \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
@@ -189,13 +205,13 @@ SPECDEC_DEFINE_RESIDUAL_SUM(specdec_residual_sum_d, double, specdec_load8_d)
 #else
 
 #define SPECDEC_DEFINE_RESIDUAL_SUM(NAME, T)                                                \
-    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, ptrdiff_t start,      \
-                       ptrdiff_t stop)                                                     \
+    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
+                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
         for (ptrdiff_t y = start; y < stop; ++y) {                                         \
             double q_y = q ? (double)q[y] : (y == point_mass ? 1.0 : 0.0);                 \
-            lanes[(y - start) % 8] += specdec_residual_weight((double)p[y], q_y);          \
+            lanes[(y - start) % 8] += specdec_residual_weight((double)p[y], q_y, rho, scale); \
         }                                                                                  \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
@@ -218,7 +234,7 @@ static double specdec_entropy_max_d(const double *row, ptrdiff_t start, ptrdiff_
     for (ptrdiff_t y = start; y < stop; ++y) {
         double p = row[y];
         if (want_entropy)
-            lanes[(y - start) % 8] += p * log(p + 1e-5);
+            lanes[(y - start) % 8] += p * log(p + SPECDEC_ENTROPY_EPSILON);
         best = p > best ? p : best;
     }
     *maximum = best;
@@ -240,7 +256,7 @@ static inline specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best)
 
 static inline void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
 {
-    specdec_v8f term = p * specdec_fast_logf8(p + 1e-5f);
+    specdec_v8f term = p * specdec_fast_logf8(p + (float)SPECDEC_ENTROPY_EPSILON);
     specdec_v4f term_low = {term[0], term[1], term[2], term[3]};
     specdec_v4f term_high = {term[4], term[5], term[6], term[7]};
     *low += __builtin_convertvector(term_low, specdec_v4d);
@@ -302,7 +318,7 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
     for (ptrdiff_t y = start; y < stop; ++y) {
         float p = row[y];
         if (want_entropy)
-            lanes[(y - start) % 8] += (double)(p * specdec_fast_logf(p + 1e-5f));
+            lanes[(y - start) % 8] += (double)(p * specdec_fast_logf(p + (float)SPECDEC_ENTROPY_EPSILON));
         best = p > best ? p : best;
     }
     *maximum = best;

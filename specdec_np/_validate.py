@@ -11,10 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._core import GREEDY_MARGIN
-
-# Tolerance on the row sums that the greedy shortcut relies on (twice its margin).
-ROW_SUM_TOLERANCE = 2 * GREEDY_MARGIN
+from ._contract import ROW_SUM_TOLERANCE
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
@@ -216,58 +213,6 @@ def first_index(mask: Any, xp: Any) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-def raise_for_row_status(
-    first_bad_row: int,
-    row_status: Any,
-    draft_token_ids: Any,
-    bonus_token_ids: Any,
-    vocab_size: int,
-    substitute_token_ids: Any = None,
-) -> None:
-    """Turn the kernels' row status (see ``specdec_np._core``) into an exception.
-
-    Parameters
-    ----------
-    first_bad_row : int
-        The first row with a non-zero status, or -1 (nothing to raise).
-    row_status : int64 [B]
-    draft_token_ids : int [B, k]
-    bonus_token_ids : int [B]
-    vocab_size : int
-    substitute_token_ids : int [B, k], optional
-        Only for ``_create_output``, whose status may point at a substitute id.
-
-    Raises
-    ------
-    ValueError
-        Naming the first offending row and position.
-    """
-    if first_bad_row < 0:
-        return
-    row = int(first_bad_row)
-    code = int(row_status[row])
-    k = int(draft_token_ids.shape[1])
-    if code < 0:
-        position = -code - 1
-        raise ValueError(
-            f"target_with_bonus_probs[{row}, {position}] has no positive probability, so no "
-            "token can be drawn there; the target rows must be probability distributions"
-        )
-    column = code - 1
-    if column < k:
-        name, index, value = "draft_token_ids", (row, column), draft_token_ids[row, column]
-    elif column == k:
-        name, index, value = "bonus_token_ids", (row, 0), bonus_token_ids[row]
-    else:
-        position = column - k - 1
-        name, index = "substitute_token_ids", (row, position)
-        value = substitute_token_ids[row, position]
-    raise ValueError(
-        f"{name} must lie in [0, {vocab_size}) (the vocabulary of target_with_bonus_probs); "
-        f"found {int(value)} at (row, position) = {index}"
-    )
-
-
 def check_uniforms(uniforms: np.ndarray, batch_size: int, k: int) -> None:
     """Explicit uniforms: float64 ``[B, k+1]`` in ``[0, 1)`` (cheap, always checked)."""
     if uniforms.shape != (batch_size, k + 1):
@@ -316,3 +261,10 @@ def check_seed(seed: Any) -> Any:
     if seed < 0:
         raise ValueError(f"seed must be a non-negative int or None; found {int(seed)}")
     return int(seed)
+
+
+def check_strict_mode(strict_mode: Any) -> bool:
+    """``strict_mode`` must be a bool (an array's truth value would be ambiguous)."""
+    if not isinstance(strict_mode, (bool, np.bool_)):
+        raise TypeError(f"strict_mode must be a bool; found {type(strict_mode).__name__}")
+    return bool(strict_mode)

@@ -1,6 +1,9 @@
 """The sampler classes: vLLM's names and semantics, counters and derived metrics.
 
-The work is done by the stateless functions of :mod:`specdec_np.verify`; a sampler adds
+One class per verifier of :mod:`specdec_np.registry` (``RejectionSampler``,
+``BlockVerificationSampler``, ``TypicalAcceptanceSampler``, ``GreedySampler``), made here
+from its registry entry on one ``forward`` template.  The work is done by the verifiers of
+:mod:`specdec_np.verify`; a sampler adds
 vLLM's counters (``num_accepted_tokens``, ``num_emitted_tokens`` as 0-d int64 arrays on the
 sampler's device, ``num_draft_tokens`` as an int), its own random generator, and the
 ``_raise_if_*`` checks and ``_create_output`` that vLLM's tests call.
@@ -13,21 +16,20 @@ Separate instances run concurrently and release the GIL inside the kernels.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from . import _backend, _random, _validate, verify
+from . import _backend, _random, _validate, registry, verify
 
 __all__ = [
-    "GreedySampler",
-    "RejectionSampler",
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",
-    "TypicalAcceptanceSampler",
+    *(verifier.sampler_name for verifier in registry.VERIFIERS),
 ]
 
 
@@ -125,16 +127,20 @@ class SpecDecodeBaseSampler:
                 self.num_emitted_tokens = xp.zeros((), dtype=xp.int64)
         self._device = device
 
-    def _record(self, result: verify.VerificationResult, device: int | None) -> None:
-        """Add one call's statistics to the counters (created on ``device`` if needed)."""
-        if self.num_accepted_tokens is None:
-            self._create_counters(device)
-        elif device != self._device:
+    def _check_device(self, device: int | None) -> None:
+        """``ValueError`` if the counters exist on another device than the inputs'."""
+        if self.num_accepted_tokens is not None and device != self._device:
             raise ValueError(
                 f"the inputs are on {_device_name(device)} but this sampler's counters are on "
                 f"{_device_name(self._device)}"
             )
-        batch_size, width = result.output_token_ids.shape
+
+    def _record(self, result: verify.VerificationResult, device: int | None) -> None:
+        """Add one call's statistics to the counters (created on ``device`` if needed)."""
+        self._check_device(device)
+        if self.num_accepted_tokens is None:
+            self._create_counters(device)
+        batch_size = result.output_token_ids.shape[0]
         if batch_size == 0:
             return
         if isinstance(result.num_accepted, np.ndarray):
@@ -146,9 +152,9 @@ class SpecDecodeBaseSampler:
             # CuPy: sums and updates stay on the device (no synchronisation).
             self.num_accepted_tokens += result.num_accepted.sum()
             self.num_emitted_tokens += result.accepted_lengths.sum() + batch_size
-        self.num_draft_tokens += batch_size * (width - 1)
+        self.num_draft_tokens += result.num_draft_tokens
         self._num_verified_rows += batch_size
-        self._num_possible_tokens += batch_size * width
+        self._num_possible_tokens += result.num_draft_tokens + batch_size
 
     @property
     def probs_dtype(self) -> np.dtype:
@@ -336,21 +342,45 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         return self.forward(*args, **kwargs)
 
 
-class RejectionSampler(SpecDecodeStochasticBaseSampler):
-    """Lossless rejection-sampling verifier (SPEC 4.1; Leviathan et al., Chen et al. 2023).
+class _RegisteredSampler:
+    """The ``forward`` template shared by every registered verifier's sampler class."""
 
-    Parameters
-    ----------
-    strict_mode : bool, default False
-    seed : int, optional
-        Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of the
-        uniforms of unseeded rows (on a GPU: of the key of a counter-based Philox stream
-        made on the device).  None seeds it from the OS.
-    """
+    _verifier: registry.Verifier
+    _parameters: dict[str, float]
+
+    def _verify(self, *arrays: Any, **sources: Any) -> Any:
+        result = verify.run_padded(
+            self._verifier,
+            *arrays,
+            parameters=self._parameters,
+            strict_mode=self._strict_mode,
+            generator_for=self._generator_for,
+            on_success=self._record_result,
+            **sources,
+        )
+        return result.output_token_ids
+
+    def _generator_for(self, device: int | None) -> Any:
+        """Check the inputs' device against the counters' before anything is drawn."""
+        self._check_device(device)
+        return None
+
+    def _record_result(self, result: verify.VerificationResult) -> None:
+        self._record(result, _backend.device_of(result.output_token_ids))
+
+
+class _StochasticSampler(_RegisteredSampler):
+    """Constructor and ``forward`` of a stochastic verifier's sampler."""
 
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
-        super().__init__(strict_mode)
-        self._generator = np.random.default_rng(_validate.check_seed(seed))
+        super().__init__(_validate.check_strict_mode(strict_mode))  # type: ignore[call-arg]
+        self._parameters = {}
+        seed_sequence = np.random.SeedSequence(_validate.check_seed(seed))
+        self._generator = np.random.Generator(np.random.PCG64(seed_sequence))
+        # The key of the GPU stream is fixed here, so that no call draws it from the
+        # generator (a call that then failed would have moved the generator).
+        (child,) = seed_sequence.spawn(1)
+        self._cuda_key = int(child.generate_state(1, np.uint64)[0])
         self._cuda_stream: _random.CounterStream | None = None
 
     def forward(
@@ -364,7 +394,7 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         counter_seeds: Mapping[int, tuple[int, int]] | None = None,
         uniforms: Any = None,
     ) -> Any:
-        """Verify a batch of drafts by rejection sampling.
+        """Verify a batch of drafts.
 
         Parameters
         ----------
@@ -373,9 +403,9 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         draft_probs : same float dtype [B, k, V] or None (point-mass drafts)
         draft_token_ids : int64 or int32 [B, k]
         seeded_seqs : dict[int, numpy.random.Generator], optional
-            Row index → that row's generator (consumed by one ``random(k + 1)`` per call).
+            Row index -> that row's generator (consumed by one ``random(k + 1)`` per call).
         counter_seeds : dict[int, tuple[int, int]], optional
-            Row index → ``(seed, position)`` for counter-based uniforms.
+            Row index -> ``(seed, position)`` for counter-based uniforms.
         uniforms : float64 [B, k+1], optional
             Explicit uniforms (acceptance columns, then the residual column).
 
@@ -383,55 +413,49 @@ class RejectionSampler(SpecDecodeStochasticBaseSampler):
         -------
         int64 [B, k+1]
         """
-        result = verify.rejection_sample(
+        return self._verify(
             target_with_bonus_probs,
             bonus_token_ids,
             draft_probs,
             draft_token_ids,
             uniforms=uniforms,
-            generator=self._generator_for(target_with_bonus_probs),
             seeded_seqs=seeded_seqs,
             counter_seeds=counter_seeds,
-            strict_mode=self._strict_mode,
         )
-        self._record(result, _backend.device_of(result.output_token_ids))
-        return result.output_token_ids
 
-    def _generator_for(self, target_with_bonus_probs: Any) -> Any:
-        """The sampler's source of uniforms for the inputs' backend: its NumPy generator,
-        or for CuPy inputs a counter-based stream keyed from that generator the first time
-        (made on the device, and rewound like the NumPy one when a call fails)."""
-        if not _backend.is_cupy_array(target_with_bonus_probs):
+    def _generator_for(self, device: int | None) -> Any:
+        """The sampler's source of uniforms for the inputs' device: its NumPy generator, or
+        for CuPy inputs a counter-based stream made on the device with the key fixed at
+        construction (rewound like the NumPy one when a call fails in the kernel)."""
+        self._check_device(device)
+        if device is None:
             return self._generator
         if self._cuda_stream is None:
-            key = int(self._generator.integers(2**63))
-            self._cuda_stream = _random.CounterStream(key, _backend.cuda_module())
+            self._cuda_stream = _random.CounterStream(self._cuda_key, _backend.cuda_module())
         return self._cuda_stream
 
 
-class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
-    """Typical acceptance verifier (Medusa; lossy by design, SPEC 4.3).
+class _DeterministicSampler(_RegisteredSampler):
+    """Constructor and ``forward`` of a deterministic verifier's sampler: the verifier's
+    parameters (positional or keyword, in registry order), then ``strict_mode``."""
 
-    Parameters
-    ----------
-    posterior_threshold : float, default 0.09
-        Upper bound of the acceptance threshold; finite, non-negative.
-    posterior_alpha : float, default 0.3
-        Scale of ``exp(-entropy)`` in the threshold; finite, non-negative.
-    strict_mode : bool, default False
-    """
-
-    def __init__(
-        self,
-        posterior_threshold: float = 0.09,
-        posterior_alpha: float = 0.3,
-        strict_mode: bool = False,
-    ) -> None:
-        super().__init__(strict_mode)
-        self._posterior_threshold = _validate.check_posterior(
-            "posterior_threshold", posterior_threshold
-        )
-        self._posterior_alpha = _validate.check_posterior("posterior_alpha", posterior_alpha)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = (*self._verifier.parameter_names, "strict_mode")
+        if len(args) > len(names):
+            raise TypeError(
+                f"{type(self).__name__}() takes at most {len(names)} arguments "
+                f"({', '.join(names)}); found {len(args)}"
+            )
+        given = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name in given or name not in names:
+                raise TypeError(f"{type(self).__name__}() got an unexpected or repeated "
+                                f"argument {name!r}")
+            given[name] = value
+        strict_mode = given.pop("strict_mode", False)
+        super().__init__(_validate.check_strict_mode(strict_mode))  # type: ignore[call-arg]
+        values = verify.check_parameters(self._verifier, given)
+        self._parameters = dict(zip(self._verifier.parameter_names, values))
 
     def forward(
         self,
@@ -453,54 +477,70 @@ class TypicalAcceptanceSampler(SpecDecodeDeterministicBaseSampler):
         -------
         int64 [B, k+1]
         """
-        result = verify.typical_acceptance_sample(
-            target_with_bonus_probs,
-            bonus_token_ids,
-            draft_token_ids,
-            posterior_threshold=self._posterior_threshold,
-            posterior_alpha=self._posterior_alpha,
-            strict_mode=self._strict_mode,
-        )
-        self._record(result, _backend.device_of(result.output_token_ids))
-        return result.output_token_ids
+        return self._verify(target_with_bonus_probs, bonus_token_ids, None, draft_token_ids)
 
 
-class GreedySampler(SpecDecodeDeterministicBaseSampler):
-    """Greedy (temperature 0) verifier (SPEC 4.2): accept while the draft is the argmax.
+def _constructor_signature(verifier: registry.Verifier) -> inspect.Signature:
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    listed = [inspect.Parameter("self", positional)]
+    if verifier.stochastic:
+        listed.append(inspect.Parameter("strict_mode", positional, default=False))
+        listed.append(inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=None))
+    else:
+        listed += [inspect.Parameter(p.name, positional, default=p.default)
+                   for p in verifier.parameters]
+        listed.append(inspect.Parameter("strict_mode", positional, default=False))
+    return inspect.Signature(listed)
 
-    Parameters
-    ----------
-    strict_mode : bool, default False
-        Also checks that each target row sums to one (within 1e-3), the input contract
-        that lets a draft with ``p(x) > 0.5005`` be accepted without reading its row.
-    """
 
-    def forward(
-        self,
-        target_with_bonus_probs: Any,
-        bonus_token_ids: Any,
-        draft_probs: Any,
-        draft_token_ids: Any,
-    ) -> Any:
-        """Verify a batch; ``draft_probs`` is ignored (may be None).
+def _class_doc(verifier: registry.Verifier) -> str:
+    lines = [
+        f"{verifier.summary}",
+        "",
+        f"The sampler form of :func:`specdec_np.{verifier.function_name}`, with vLLM's "
+        "counters.",
+        "",
+        "Parameters",
+        "----------",
+    ]
+    for parameter in () if verifier.stochastic else verifier.parameters:
+        lines += [
+            f"{parameter.name} : float, default {parameter.default}",
+            f"    {parameter.description.capitalize()}; finite, non-negative.",
+        ]
+    lines += ["strict_mode : bool, default False"]
+    if verifier.stochastic:
+        lines += [
+            "seed : int, optional",
+            "    Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of",
+            "    the uniforms of unseeded rows (on a GPU: of the key of a counter-based Philox",
+            "    stream made on the device).  None seeds it from the OS.",
+        ]
+    return "\n".join(lines) + "\n"
 
-        Parameters
-        ----------
-        target_with_bonus_probs : float32 or float64 [B, k+1, V]
-            Probability rows.
-        bonus_token_ids : int64 or int32 [B, 1]
-        draft_probs : ignored
-        draft_token_ids : int64 or int32 [B, k]
 
-        Returns
-        -------
-        int64 [B, k+1]
-        """
-        result = verify.greedy_sample(
-            target_with_bonus_probs,
-            bonus_token_ids,
-            draft_token_ids,
-            strict_mode=self._strict_mode,
-        )
-        self._record(result, _backend.device_of(result.output_token_ids))
-        return result.output_token_ids
+def _sampler_class(verifier: registry.Verifier) -> type:
+    if verifier.stochastic:
+        bases: tuple[type, ...] = (_StochasticSampler, SpecDecodeStochasticBaseSampler)
+    else:
+        bases = (_DeterministicSampler, SpecDecodeDeterministicBaseSampler)
+    namespace = {
+        "__doc__": _class_doc(verifier),
+        "__module__": __name__,
+        "__qualname__": verifier.sampler_name,
+        "_verifier": verifier,
+    }
+    base_init = bases[0].__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        base_init(self, *args, **kwargs)
+
+    __init__.__signature__ = _constructor_signature(verifier)  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{verifier.sampler_name}.__init__"
+    namespace["__init__"] = __init__
+    return type(verifier.sampler_name, bases, namespace)
+
+
+for _verifier in registry.VERIFIERS:
+    globals()[_verifier.sampler_name] = _sampler_class(_verifier)
+del _verifier

@@ -1,257 +1,398 @@
 """Stateless verifiers: the functions the sampler classes wrap.
 
-Each takes the vLLM arguments, validates them (SPEC 6), runs the fused kernel of the
-inputs' backend and returns a :class:`VerificationResult`.  They keep no counters, so an
-engine with its own metrics can call them directly.
+One function per verifier of :mod:`specdec_np.registry` (``rejection_sample``,
+``block_verification_sample``, ``typical_acceptance_sample``, ``greedy_sample``), made here
+from its registry entry.  Each takes the vLLM arguments, validates them, runs the chain
+driver of the inputs' backend and returns a :class:`VerificationResult`.  They keep no
+counters, so an engine with its own metrics can call them directly.  ``docs/semantics.md``
+states the rules they implement.
+
+Order of work in every call: every argument is checked (shapes, dtypes, the token-id
+range, the uniform sources) before any uniform is drawn, so a bad call moves no
+generator.  Only two failures come later: a target row without mass at a position where a
+token must be drawn (only the kernel sees it) and an interrupt; then the generators the
+call consumed are put back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from . import _backend, _random, _validate
+import numpy as np
+
+from . import _backend, _contract, _core, _layout, _random, _validate, registry
 
 __all__ = [
     "VerificationResult",
     "create_output",
-    "greedy_sample",
-    "rejection_sample",
-    "typical_acceptance_sample",
+    *(verifier.function_name for verifier in registry.VERIFIERS),
 ]
 
 
-class VerificationResult(NamedTuple):
-    """What a verifier returns.
-
-    Attributes
-    ----------
-    output_token_ids : int64 [B, k+1]
-        Accepted draft prefix, then the recovered or bonus token, then -1 (SPEC 3).
-    accepted_lengths : int64 [B]
-        Length ``r_b`` of the accepted prefix; row ``b`` emits ``r_b + 1`` tokens.
-    num_accepted : int64 [B]
-        Positions whose acceptance test passed, counting those after the first rejection
-        (vLLM's counter semantics).
-    """
-
+class _Outputs(NamedTuple):
     output_token_ids: Any
     accepted_lengths: Any
     num_accepted: Any
 
 
-def _buffers(batch: _backend.PreparedBatch) -> tuple[Any, Any, Any, Any]:
-    xp = batch.xp
-    return (
-        xp.empty((batch.batch_size, batch.k + 1), dtype=xp.int64),
-        xp.empty(batch.batch_size, dtype=xp.int64),
-        xp.empty(batch.batch_size, dtype=xp.int64),
-        xp.zeros(batch.batch_size, dtype=xp.int64),
-    )
+class VerificationResult(_Outputs):
+    """What a verifier returns: a named triple, plus the number of drafts it verified.
+
+    Attributes
+    ----------
+    output_token_ids : int64 [B, k+1]
+        Accepted draft prefix, then the recovered or bonus token, then -1.
+    accepted_lengths : int64 [B]
+        Length ``r_b`` of the accepted prefix; row ``b`` emits ``r_b + 1`` tokens.
+    num_accepted : int64 [B]
+        Acceptance count per row: positions whose test passed, after the first rejection
+        too (vLLM's semantics), or the accepted prefix for causal verifiers (block).
+    num_draft_tokens : int
+        Draft tokens verified by the call (``B * k`` for a padded batch; the default when
+        it is not given).  Not part of the triple, so ``output, lengths, accepted =
+        result`` keeps working.
+    """
+
+    def __new__(
+        cls,
+        output_token_ids: Any,
+        accepted_lengths: Any,
+        num_accepted: Any,
+        num_draft_tokens: int | None = None,
+    ) -> VerificationResult:
+        result = super().__new__(cls, output_token_ids, accepted_lengths, num_accepted)
+        if num_draft_tokens is None:
+            rows, width = output_token_ids.shape
+            num_draft_tokens = rows * (width - 1)
+        result.num_draft_tokens = int(num_draft_tokens)
+        return result
+
+    @classmethod
+    def _make(cls, iterable: Any) -> VerificationResult:
+        # _replace goes through _make; keep the draft count of a padded batch.
+        return cls(*iterable)
 
 
-def _finish(
-    batch: _backend.PreparedBatch, buffers: tuple[Any, Any, Any, Any], reported: int | None
+_EMPTY_UNIFORMS = np.empty((0, 0), dtype=np.float64)
+
+
+def verify_chain_batch(
+    verifier: registry.Verifier,
+    batch: _layout.ChainBatch,
+    parameters: tuple[float, ...] = (),
+    sources: _random.RejectionUniforms | None = None,
+    on_success: Callable[[VerificationResult], None] | None = None,
 ) -> VerificationResult:
-    output, accepted_lengths, num_accepted, row_status = buffers
-    _validate.raise_for_row_status(
-        _backend.first_failed_row(reported, row_status),
-        row_status,
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
-        batch.vocab_size,
-    )
-    return VerificationResult(output, accepted_lengths, num_accepted)
-
-
-@_backend.on_inputs_device
-def rejection_sample(
-    target_with_bonus_probs: Any,
-    bonus_token_ids: Any,
-    draft_probs: Any,
-    draft_token_ids: Any,
-    *,
-    uniforms: Any = None,
-    generator: Any = None,
-    seeded_seqs: Mapping[int, Any] | None = None,
-    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
-    strict_mode: bool = False,
-) -> VerificationResult:
-    """Lossless speculative-decoding verification by rejection sampling (SPEC 4.1).
-
-    Position ``i`` is accepted iff ``u_i * q_i(x_i) < p_i(x_i)`` (float64).  At the first
-    rejected position ``r`` a token is drawn from ``max(p_r - q_r, 0)`` by inverse CDF (from
-    ``p_r`` if that has no mass); if none is rejected the bonus token follows the drafts.
-    Every emitted token is distributed exactly as the target.
+    """Run a verifier's row function over a validated chain batch.
 
     Parameters
     ----------
-    target_with_bonus_probs : float32 or float64 [B, k+1, V]
-        Target probabilities; position ``k`` (the bonus position) is only shape-checked.
-    bonus_token_ids : int64 or int32 [B, 1]
-    draft_probs : same float dtype [B, k, V] or None
-        None means point-mass drafts (n-gram, prompt lookup, argmax drafters).
-    draft_token_ids : int64 or int32 [B, k]
-    uniforms : float64 [B, k+1], optional
-        Explicit uniforms in ``[0, 1)``: columns ``0 .. k-1`` for the acceptance tests,
-        column ``k`` for the residual draw.  Excludes the three options below.
-    generator : numpy.random.Generator, optional
-        Source of the uniforms of rows without a seed; a fresh unseeded generator if None.
-    seeded_seqs : dict[int, numpy.random.Generator], optional
-        Per-row generators (row index → generator), each consumed by one ``random(k + 1)``.
-    counter_seeds : dict[int, tuple[int, int]], optional
-        Row index → ``(seed, position)``: counter-based Philox4x32-10 uniforms, a pure
-        function of seed, position and draw index (see ``specdec_np.counter_uniforms``).
-    strict_mode : bool
-        Also check exact dtypes and that every probability is finite and non-negative.
+    verifier : registry.Verifier
+    batch : ChainBatch
+        From a layout of :mod:`specdec_np._layout`.
+    parameters : tuple of float
+        The verifier's parameters, checked, in registry order.
+    sources : RejectionUniforms, optional
+        The checked uniform sources (stochastic verifiers).
+    on_success : callable, optional
+        Called with the result before the call counts as done (a sampler's counters), so
+        that an interrupt leaves the generators and the counters both updated or both not.
 
     Returns
     -------
     VerificationResult
+    """
+    xp = batch.xp
+    if batch.device is None:
+        # Ids are checked before any draw: a bad id must not move a generator.
+        bad = _core.first_invalid_id(
+            batch.draft_token_ids, batch.bonus_token_ids, batch.draft_offsets, batch.vocab_size
+        )
+        if bad is not None:
+            _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
+    block = _contract.allocate_output_block(xp, batch.batch_size, batch.max_k + 1)
+    snapshot = sources.snapshot() if sources is not None else None
+    point_mass = batch.draft_rows is None
+    try:
+        if sources is not None:
+            uniforms = sources.draw()
+        else:
+            uniforms = _EMPTY_UNIFORMS if xp is np else xp.empty((0, 0), dtype=xp.float64)
+        first_bad_row = _backend.kernels_for(batch.device).verify_chains(
+            _row_index(verifier),
+            batch.target_rows,
+            batch.target_rows if point_mass else batch.draft_rows,
+            point_mass,
+            batch.draft_token_ids,
+            batch.bonus_token_ids,
+            batch.draft_offsets,
+            uniforms,
+            xp.asarray(parameters, dtype=xp.float64),
+            *block,
+            _backend.thread_count(
+                batch.batch_size,
+                (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size,
+            ),
+        )
+        first = _backend.first_failed_row(first_bad_row, block.row_status)
+        if first >= 0:
+            _contract.raise_for_row_status(
+                first, block.row_status, batch.id_of, batch.vocab_size
+            )
+        result = VerificationResult(
+            block.output_token_ids,
+            block.accepted_lengths,
+            block.num_accepted,
+            batch.num_draft_tokens,
+        )
+        if on_success is not None:
+            on_success(result)
+        return result
+    except BaseException:
+        if snapshot is not None:
+            snapshot.restore()
+        raise
+
+
+_ROW_INDEX: dict[str, int] = {}
+
+
+def _row_index(verifier: registry.Verifier) -> int:
+    index = _ROW_INDEX.get(verifier.name)
+    if index is None:
+        index = _core.ROW_FUNCTIONS.index(verifier.row_function)
+        _ROW_INDEX[verifier.name] = index
+    return index
+
+
+def check_parameters(verifier: registry.Verifier, given: Mapping[str, Any]) -> tuple[float, ...]:
+    """A verifier's parameters from keyword arguments, checked, in registry order.
 
     Raises
     ------
-    TypeError, ValueError
-        On bad input (SPEC 6).  A failed call leaves every generator as it was.
+    TypeError
+        For an unknown keyword or a parameter that is not a real number.
+    ValueError
+        For a parameter that is negative or not finite.
     """
-    batch = _backend.prepare_batch(
+    if not given and not verifier.parameters:
+        return ()
+    unknown = set(given).difference(verifier.parameter_names)
+    if unknown:
+        expected = ", ".join(verifier.parameter_names) or "none"
+        raise TypeError(
+            f"{verifier.function_name}() got unexpected keyword argument(s) "
+            f"{', '.join(sorted(unknown))}; its parameters are: {expected}"
+        )
+    return tuple(
+        _validate.check_posterior(p.name, given.get(p.name, p.default))
+        for p in verifier.parameters
+    )
+
+
+def _chain_batch(
+    verifier: registry.Verifier,
+    target_with_bonus_probs: Any,
+    bonus_token_ids: Any,
+    draft_probs: Any,
+    draft_token_ids: Any,
+    strict_mode: bool,
+) -> _layout.ChainBatch:
+    batch = _layout.padded_chain(
         target_with_bonus_probs,
         bonus_token_ids,
         draft_probs,
         draft_token_ids,
         strict=strict_mode,
-        needs_draft_probs=True,
+        reads_draft_probs=verifier.reads_draft_probs,
     )
-    sources = _random.RejectionUniforms(
-        batch.batch_size,
-        batch.k,
-        batch.xp,
-        uniforms=uniforms,
-        generator=generator,
-        seeded_seqs=seeded_seqs,
-        counter_seeds=counter_seeds,
-    )
-    snapshot = sources.snapshot()
-    buffers = _buffers(batch)
-    point_mass = batch.draft_probs is None
-    try:
-        draws = sources.draw()
-        first_bad_row = _backend.kernels_for(batch.device).rejection_sample(
-            batch.target_with_bonus_probs,
-            batch.target_with_bonus_probs if point_mass else batch.draft_probs,
-            point_mass,
-            batch.draft_token_ids,
-            batch.bonus_token_ids,
-            draws,
-            *buffers,
-            _backend.thread_count(batch.batch_size, 2 * batch.vocab_size),
-        )
-        return _finish(batch, buffers, first_bad_row)
-    except BaseException:
-        snapshot.restore()
-        raise
+    if strict_mode and verifier.requires_normalised_rows:
+        _validate.check_row_sums("target_with_bonus_probs", batch.draft_position_rows(), batch.xp)
+    return batch
 
 
-@_backend.on_inputs_device
-def typical_acceptance_sample(
+def run_padded(
+    verifier: registry.Verifier,
     target_with_bonus_probs: Any,
     bonus_token_ids: Any,
+    draft_probs: Any,
     draft_token_ids: Any,
     *,
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
+    parameters: Mapping[str, Any] | None = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    generator_for: Callable[[Any], Any] | None = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
+    on_success: Callable[[VerificationResult], None] | None = None,
 ) -> VerificationResult:
-    """Typical acceptance (Medusa; lossy by design, SPEC 4.3).
+    """Verify a padded ``[B, k+1, V]`` batch with any registered verifier.
 
-    Position ``i`` is accepted iff ``p_i(x_i) > min(posterior_threshold,
-    posterior_alpha * exp(-H_i))`` with ``H_i = -sum_y p_i(y) ln(p_i(y) + 1e-5)``.  At the
-    first rejection the target's argmax (first index on ties) is emitted; the bonus token
-    if every draft is accepted.  No randomness; inputs need not be normalised.
-
-    Parameters
-    ----------
-    target_with_bonus_probs : float32 or float64 [B, k+1, V]
-    bonus_token_ids : int64 or int32 [B, 1]
-    draft_token_ids : int64 or int32 [B, k]
-    posterior_threshold, posterior_alpha : float
-        Finite and non-negative.
-    strict_mode : bool
-
-    Returns
-    -------
-    VerificationResult
+    The stateless functions and the samplers are thin fronts of this.  ``generator_for``
+    (a sampler's) is asked for the generator only after every argument has been checked,
+    with the inputs' device; ``generator`` is the stateless functions' argument.
     """
-    threshold = _validate.check_posterior("posterior_threshold", posterior_threshold)
-    alpha = _validate.check_posterior("posterior_alpha", posterior_alpha)
-    batch = _backend.prepare_batch(
-        target_with_bonus_probs,
-        bonus_token_ids,
-        None,
-        draft_token_ids,
-        strict=strict_mode,
-        needs_draft_probs=False,
+    strict = _validate.check_strict_mode(strict_mode)
+    values = check_parameters(verifier, parameters or {})
+    batch = _chain_batch(
+        verifier, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids, strict
     )
-    buffers = _buffers(batch)
-    first_bad_row = _backend.kernels_for(batch.device).typical_acceptance_sample(
-        batch.target_with_bonus_probs,
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
-        threshold,
-        alpha,
-        *buffers,
-        _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
-    )
-    return _finish(batch, buffers, first_bad_row)
-
-
-@_backend.on_inputs_device
-def greedy_sample(
-    target_with_bonus_probs: Any,
-    bonus_token_ids: Any,
-    draft_token_ids: Any,
-    *,
-    strict_mode: bool = False,
-) -> VerificationResult:
-    """Greedy (temperature 0) verification (SPEC 4.2).
-
-    Position ``i`` is accepted iff ``x_i`` is the first index of the maximum of ``p_i``; at
-    the first mismatch the argmax is emitted, the bonus token if all drafts match.  The
-    rows must be probability distributions (sum 1 within 1e-3, checked in strict mode):
-    a draft with ``p(x) > 0.5005`` is accepted without reading its row.
-
-    Parameters
-    ----------
-    target_with_bonus_probs : float32 or float64 [B, k+1, V]
-    bonus_token_ids : int64 or int32 [B, 1]
-    draft_token_ids : int64 or int32 [B, k]
-    strict_mode : bool
-
-    Returns
-    -------
-    VerificationResult
-    """
-    batch = _backend.prepare_batch(
-        target_with_bonus_probs,
-        bonus_token_ids,
-        None,
-        draft_token_ids,
-        strict=strict_mode,
-        needs_draft_probs=False,
-    )
-    if strict_mode:
-        _validate.check_row_sums(
-            "target_with_bonus_probs", batch.target_with_bonus_probs[:, : batch.k], batch.xp
+    sources = None
+    if verifier.stochastic:
+        sources = _random.RejectionUniforms(
+            batch.batch_size,
+            batch.max_k,
+            batch.xp,
+            uniforms=uniforms,
+            generator=generator,
+            generator_for=generator_for,
+            device=batch.device,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
         )
-    buffers = _buffers(batch)
-    first_bad_row = _backend.kernels_for(batch.device).greedy_sample(
-        batch.target_with_bonus_probs,
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
-        *buffers,
-        _backend.thread_count(batch.batch_size, batch.k * batch.vocab_size),
+    elif generator_for is not None:
+        generator_for(batch.device)
+    return verify_chain_batch(verifier, batch, values, sources, on_success)
+
+
+_STOCHASTIC_DOC = """{summary}
+
+Parameters
+----------
+target_with_bonus_probs : float32 or float64 [B, k+1, V]
+    Target probabilities; position ``k`` (the bonus position) is only shape-checked.
+bonus_token_ids : int64 or int32 [B, 1]
+draft_probs : same float dtype [B, k, V] or None
+    None means point-mass drafts (n-gram, prompt lookup, argmax drafters).
+draft_token_ids : int64 or int32 [B, k]
+uniforms : float64 [B, k+1], optional
+    Explicit uniforms in ``[0, 1)``: columns ``0 .. k-1`` for the acceptance tests,
+    column ``k`` for the residual draw.  Excludes the three options below.
+generator : numpy.random.Generator, optional
+    Source of the uniforms of rows without a seed; a fresh unseeded generator if None.
+seeded_seqs : dict[int, numpy.random.Generator], optional
+    Per-row generators (row index -> generator), each consumed by one ``random(k + 1)``.
+counter_seeds : dict[int, tuple[int, int]], optional
+    Row index -> ``(seed, position)``: counter-based Philox4x32-10 uniforms, a pure
+    function of seed, position and draw index (see ``specdec_np.counter_uniforms``).
+strict_mode : bool
+    Also check exact dtypes and that every probability is finite and non-negative.
+
+Returns
+-------
+VerificationResult
+
+Raises
+------
+TypeError, ValueError
+    On bad input, before any uniform is drawn (see ``docs/semantics.md``).
+"""
+
+_DETERMINISTIC_DOC = """{summary}
+
+Parameters
+----------
+target_with_bonus_probs : float32 or float64 [B, k+1, V]
+bonus_token_ids : int64 or int32 [B, 1]
+draft_token_ids : int64 or int32 [B, k]
+{parameters}strict_mode : bool
+    Also check exact dtypes and finite, non-negative probabilities{rows}.
+
+Returns
+-------
+VerificationResult
+"""
+
+
+def _parameter_doc(verifier: registry.Verifier) -> str:
+    return "".join(
+        f"{p.name} : float, default {p.default}\n    {p.description.capitalize()}; finite, "
+        "non-negative.\n"
+        for p in verifier.parameters
     )
-    return _finish(batch, buffers, first_bad_row)
+
+
+def _make_stochastic(verifier: registry.Verifier) -> Callable[..., VerificationResult]:
+    def function(
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_probs: Any,
+        draft_token_ids: Any,
+        *,
+        uniforms: Any = None,
+        generator: Any = None,
+        seeded_seqs: Mapping[int, Any] | None = None,
+        counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+        strict_mode: bool = False,
+    ) -> VerificationResult:
+        return run_padded(
+            verifier,
+            target_with_bonus_probs,
+            bonus_token_ids,
+            draft_probs,
+            draft_token_ids,
+            uniforms=uniforms,
+            generator=generator,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            strict_mode=strict_mode,
+        )
+
+    function.__doc__ = _STOCHASTIC_DOC.format(summary=verifier.summary)
+    return function
+
+
+def _make_deterministic(verifier: registry.Verifier) -> Callable[..., VerificationResult]:
+    def function(
+        target_with_bonus_probs: Any,
+        bonus_token_ids: Any,
+        draft_token_ids: Any,
+        *,
+        strict_mode: bool = False,
+        **parameters: float,
+    ) -> VerificationResult:
+        return run_padded(
+            verifier,
+            target_with_bonus_probs,
+            bonus_token_ids,
+            None,
+            draft_token_ids,
+            parameters=parameters,
+            strict_mode=strict_mode,
+        )
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    signature = inspect.signature(function)
+    listed = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+    listed[3:3] = [
+        inspect.Parameter(p.name, keyword, default=p.default, annotation=float)
+        for p in verifier.parameters
+    ]
+    function.__signature__ = signature.replace(parameters=listed)  # type: ignore[attr-defined]
+    function.__doc__ = _DETERMINISTIC_DOC.format(
+        summary=verifier.summary,
+        parameters=_parameter_doc(verifier),
+        rows=", and that each row sums to one" if verifier.requires_normalised_rows else "",
+    )
+    return function
+
+
+def _publish(verifier: registry.Verifier) -> Callable[..., VerificationResult]:
+    make = _make_stochastic if verifier.stochastic else _make_deterministic
+    function = make(verifier)
+    function.__name__ = function.__qualname__ = verifier.function_name
+    function.__module__ = __name__
+    wrapped = _backend.on_inputs_device(function)
+    globals()[verifier.function_name] = wrapped
+    return wrapped
+
+
+for _verifier in registry.VERIFIERS:
+    _publish(_verifier)
+del _verifier
 
 
 @_backend.on_inputs_device
@@ -306,33 +447,31 @@ def create_output(
     if not substitute.dtype == draft.dtype == bonus.dtype:
         substitute, draft, bonus = (ids.astype(xp.int64) for ids in (substitute, draft, bonus))
     limit = _validate.check_vocab_size(vocab_size)
-    batch = _backend.PreparedBatch(
-        xp=xp,
-        device=device,
-        target_with_bonus_probs=None,
-        draft_probs=None,
-        draft_token_ids=xp.ascontiguousarray(draft),
-        bonus_token_ids=xp.ascontiguousarray(bonus.reshape(batch_size)),
-        batch_size=batch_size,
-        k=k,
-        vocab_size=limit,
-    )
-    buffers = _buffers(batch)
+    draft = xp.ascontiguousarray(draft)
+    bonus = xp.ascontiguousarray(bonus.reshape(batch_size))
+    block = _contract.allocate_output_block(xp, batch_size, k + 1)
     first_bad_row = _backend.kernels_for(device).create_output(
         xp.ascontiguousarray(accepted).view(xp.uint8),
         xp.ascontiguousarray(substitute),
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
+        draft,
+        bonus,
         limit,
-        *buffers,
+        *block,
     )
-    output, accepted_lengths, num_accepted, row_status = buffers
-    _validate.raise_for_row_status(
-        _backend.first_failed_row(first_bad_row, row_status),
-        row_status,
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
+
+    def id_of(row: int, column: int) -> tuple[str, tuple[int, int], int]:
+        if column < k:
+            return "draft_token_ids", (row, column), int(draft[row, column])
+        if column == k:
+            return "bonus_token_ids", (row, 0), int(bonus[row])
+        return "substitute_token_ids", (row, column - k - 1), int(substitute[row, column - k - 1])
+
+    _contract.raise_for_row_status(
+        _backend.first_failed_row(first_bad_row, block.row_status),
+        block.row_status,
+        id_of,
         limit,
-        substitute,
     )
-    return VerificationResult(output, accepted_lengths, num_accepted)
+    return VerificationResult(
+        block.output_token_ids, block.accepted_lengths, block.num_accepted, batch_size * k
+    )

