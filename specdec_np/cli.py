@@ -8,7 +8,8 @@ Subcommands
     text and a summary (``--json``: the summary only, as JSON).
 ``check``
     The conformance self-test of this installation on every available backend; exit
-    status 1 if any check fails.
+    status 1 if any check fails.  ``check --verifier module:function [--kind ...]`` runs
+    the conformance kit (:mod:`specdec_np.testing`) on a user's verifier instead.
 ``info``
     Versions and build facts: specdec_np, numpy, Python, Cython, OpenMP, CuPy and CUDA.
 
@@ -206,7 +207,44 @@ def _demo_summary(s: dict[str, Any]) -> list[str]:
 # -- check -----------------------------------------------------------------------------------
 
 
+def _load_verifier(spec: str) -> Any:
+    """``package.module:function`` (the attribute may be dotted) imported from the current
+    directory or ``sys.path``."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--verifier must look like package.module:function; found {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    value: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _run_check_verifier(args: argparse.Namespace) -> int:
+    from . import testing
+
+    try:
+        verifier = _load_verifier(args.verifier)
+    except Exception as error:  # any import failure is the user's to fix: say which
+        print(f"specdec-np check: error: cannot load --verifier {args.verifier}: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    report = testing.check_verifier(verifier, args.kind, seed=args.seed)
+    if args.json:
+        rows = [row.__dict__ for row in report.rows]
+        _print_json({"verifier": args.verifier, "kind": args.kind, "passed": report.passed,
+                     "seconds": report.seconds, "properties": rows}, sys.stdout)
+    else:
+        print(report)
+    return 0 if report.passed else 1
+
+
 def _run_check(args: argparse.Namespace) -> int:
+    if args.verifier is not None:
+        return _run_check_verifier(args)
     try:
         from . import _conformance
     except ImportError as error:
@@ -471,6 +509,18 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="where to run the kernels (default: every available backend)",
     )
     check.add_argument("--json", action="store_true", help="print the results as JSON")
+    from .testing import KINDS
+
+    check.add_argument(
+        "--verifier",
+        metavar="MODULE:FUNCTION",
+        help="run the conformance kit on your own verifier instead (importable from the "
+        "current directory or sys.path); exit 1 if a property fails",
+    )
+    check.add_argument("--kind", choices=KINDS, default=KINDS[0],
+                       help="what --verifier implements (default %(default)s)")
+    check.add_argument("--seed", type=_int_at_least(0), default=0,
+                       help="seed of the kit's inputs for --verifier (default 0)")
     check.set_defaults(handler=_run_check)
 
     info = sub.add_parser(

@@ -1,0 +1,191 @@
+"""Rejection verifiers with one deliberate bug each: the conformance kit's negative controls.
+
+``numpy_rejection(..., bug=...)`` is a small vectorised rejection sampler written for these
+tests; each module-level function below is it with one bug, importable as
+``broken_verifiers:<name>`` by the ``specdec-np check --verifier`` tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+BUGS = (
+    "always_accept",
+    "reused_uniform",
+    "less_equal",
+    "token0_fallback",
+    "wrong_row",
+    "point_mass_on_sampled",
+)
+
+
+def numpy_rejection(
+    target_with_bonus_probs: np.ndarray,
+    bonus_token_ids: np.ndarray,
+    draft_probs: np.ndarray | None,
+    draft_token_ids: np.ndarray,
+    *,
+    uniforms: np.ndarray,
+    bug: str | None = None,
+) -> np.ndarray:
+    """Token-wise rejection sampling with explicit uniforms, optionally with one bug."""
+    target = np.asarray(target_with_bonus_probs, dtype=np.float64)
+    ids = np.asarray(draft_token_ids, dtype=np.int64)
+    batch_size, k = ids.shape
+    vocab_size = target.shape[2]
+    rows = np.arange(batch_size)
+    if draft_probs is None:
+        q = np.zeros((batch_size, k, vocab_size))
+        q[rows[:, None], np.arange(k)[None, :], ids] = 1.0
+    else:
+        q = np.asarray(draft_probs, dtype=np.float64)
+    positions = np.arange(k)[None, :]
+    p_x = target[rows[:, None], positions, ids]
+    q_x = q[rows[:, None], positions, ids]
+    u = uniforms[:, :k]
+    if bug == "always_accept":
+        accepted = np.ones_like(u, dtype=bool)
+    elif bug == "less_equal":
+        accepted = u * q_x <= p_x
+    elif bug == "point_mass_on_sampled":
+        accepted = u < p_x
+    else:
+        accepted = u * q_x < p_x
+    rejected = ~accepted
+    first = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
+    at = np.minimum(first, k - 1)
+    row_of_residual = (at + 1) % k if bug == "wrong_row" else at
+    p_r = target[rows, row_of_residual]
+    if bug == "point_mass_on_sampled":
+        residual = p_r.copy()
+        residual[rows, ids[rows, at]] = 0.0
+    else:
+        residual = np.maximum(p_r - q[rows, row_of_residual], 0.0)
+    total = residual.sum(axis=1)
+    empty = total == 0
+    if bug != "token0_fallback":
+        residual[empty] = p_r[empty]
+        total = residual.sum(axis=1)
+    v = u[rows, at] if bug == "reused_uniform" else uniforms[:, k]
+    cdf = np.cumsum(residual, axis=1)
+    if bug == "less_equal":
+        above = cdf >= (v * total)[:, None]
+    else:
+        above = cdf > (v * total)[:, None]
+    last_positive = vocab_size - 1 - np.argmax(residual[:, ::-1] > 0, axis=1)
+    recovered = np.where(above.any(axis=1), above.argmax(axis=1), last_positive)
+    if bug == "token0_fallback":
+        recovered = np.where(empty, 0, recovered)
+    output = np.full((batch_size, k + 1), -1, dtype=np.int64)
+    keep = positions < first[:, None]
+    output[:, :k] = np.where(keep, ids, -1)
+    last = np.where(first == k, np.asarray(bonus_token_ids).reshape(batch_size), recovered)
+    output[rows, first] = last
+    return output
+
+
+def correct(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *, uniforms: Any) -> Any:
+    """The same sampler without a bug (the kit must pass it)."""
+    return numpy_rejection(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+
+
+def _with_bug(bug: str) -> Any:
+    def verifier(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                 uniforms: Any) -> Any:
+        return numpy_rejection(target, bonus, draft_probs, draft_ids, uniforms=uniforms,
+                               bug=bug)
+
+    verifier.__name__ = verifier.__qualname__ = bug
+    return verifier
+
+
+always_accept = _with_bug("always_accept")
+reused_uniform = _with_bug("reused_uniform")
+less_equal = _with_bug("less_equal")
+token0_fallback = _with_bug("token0_fallback")
+wrong_row = _with_bug("wrong_row")
+point_mass_on_sampled = _with_bug("point_mass_on_sampled")
+
+
+def always_accept_own_randomness(target: Any, bonus: Any, draft_probs: Any,
+                                 draft_ids: Any) -> Any:
+    """Always accepts and draws nothing: no ``uniforms=`` keyword, so Monte Carlo only."""
+    return numpy_rejection(target, bonus, draft_probs, draft_ids,
+                           uniforms=np.zeros((len(draft_ids), draft_ids.shape[1] + 1)),
+                           bug="always_accept")
+
+
+def correct_own_randomness(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any) -> Any:
+    """Correct, drawing its own uniforms from a fixed seed (Monte Carlo only)."""
+    rng = np.random.default_rng(7)
+    return correct(target, bonus, draft_probs, draft_ids,
+                   uniforms=rng.random((len(draft_ids), draft_ids.shape[1] + 1)))
+
+
+def numpy_block(
+    target_with_bonus_probs: np.ndarray,
+    bonus_token_ids: np.ndarray,
+    draft_probs: np.ndarray | None,
+    draft_token_ids: np.ndarray,
+    *,
+    uniforms: np.ndarray,
+    stop_at_first_failure: bool = False,
+) -> np.ndarray:
+    """Block verification (Sun et al. 2025) with explicit uniforms; optionally the classic
+    wrong version that stops at the first failed check."""
+    target = np.asarray(target_with_bonus_probs, dtype=np.float64)
+    ids = np.asarray(draft_token_ids, dtype=np.int64)
+    batch_size, k = ids.shape
+    vocab_size = target.shape[2]
+    rows = np.arange(batch_size)
+    if draft_probs is None:
+        q = np.zeros((batch_size, k, vocab_size))
+        q[rows[:, None], np.arange(k)[None, :], ids] = 1.0
+    else:
+        q = np.asarray(draft_probs, dtype=np.float64)
+    p_x = target[rows[:, None], np.arange(k)[None, :], ids]
+    q_x = q[rows[:, None], np.arange(k)[None, :], ids]
+    rho = np.ones((batch_size, k + 1))
+    for i in range(k):
+        scaled = rho[:, i] * p_x[:, i]
+        ratio = np.divide(scaled, q_x[:, i], out=np.ones(batch_size), where=q_x[:, i] > 0)
+        rho[:, i + 1] = np.where(scaled >= q_x[:, i], 1.0, ratio)
+    residual = np.maximum(rho[:, :k, None] * target[:, :k] - q, 0.0)
+    total = residual.sum(axis=2)
+    h = np.empty((batch_size, k))
+    denominator = total[:, 1:] + 1.0 - rho[:, 1:k]
+    h[:, : k - 1] = np.divide(total[:, 1:], denominator, out=np.ones_like(denominator),
+                              where=denominator != 0)
+    h[:, k - 1] = rho[:, k]
+    passed = uniforms[:, :k] < h
+    if stop_at_first_failure:
+        tau = np.where(passed.all(axis=1), k, np.argmin(passed, axis=1))
+    else:
+        tau = np.where(passed.any(axis=1), k - np.argmax(passed[:, ::-1], axis=1), 0)
+    at = np.minimum(tau, k - 1)
+    weights = residual[rows, at].copy()
+    empty = total[rows, at] == 0
+    weights[empty] = target[rows, at][empty]
+    cdf = np.cumsum(weights, axis=1)
+    above = cdf > (uniforms[:, k] * cdf[:, -1])[:, None]
+    last_positive = vocab_size - 1 - np.argmax(weights[:, ::-1] > 0, axis=1)
+    recovered = np.where(above.any(axis=1), above.argmax(axis=1), last_positive)
+    output = np.full((batch_size, k + 1), -1, dtype=np.int64)
+    output[:, :k] = np.where(np.arange(k)[None, :] < tau[:, None], ids, -1)
+    output[rows, tau] = np.where(tau == k, np.asarray(bonus_token_ids).reshape(batch_size),
+                                 recovered)
+    return output
+
+
+def block(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *, uniforms: Any) -> Any:
+    """Correct block verification."""
+    return numpy_block(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+
+
+def block_first_failure(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                        uniforms: Any) -> Any:
+    """Block verification that stops at the first failed check (not lossless)."""
+    return numpy_block(target, bonus, draft_probs, draft_ids, uniforms=uniforms,
+                       stop_at_first_failure=True)
