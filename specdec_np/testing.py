@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _conformance
+from . import _conformance, registry
 
 __all__ = [
     "KINDS",
@@ -47,8 +47,9 @@ __all__ = [
     "check_verifier",
 ]
 
-# TODO(registry): the verifier kinds the kit knows; the registry should own this list.
-KINDS = ("rejection", "block", "greedy")
+#: The kinds the kit checks: every lossless verifier of the registry (against its exact
+#: law) and greedy verification (against the argmax rule).
+KINDS = (*registry.names(lossless=True), "greedy")
 
 #: The largest double below 1, the top of the uniforms' range.
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
@@ -459,8 +460,8 @@ def _oracle_law(kind: str, p: np.ndarray, q: np.ndarray) -> tuple[Any, str]:
     ``[V] * (k+1)`` of the output continued by the target (the bonus token drawn from
     ``p_k``), ``expected_accepted_length`` a float.
     """
-    name = "block_verification_law" if kind == "block" else "rejection_law"
-    law_function = getattr(_conformance, name, None)
+    name = registry.get(kind).oracle_name
+    law_function = None if name is None else getattr(_conformance, name, None)
     if law_function is None:
         return None, f"no oracle for {kind} in this installation"
     try:
