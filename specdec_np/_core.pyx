@@ -17,7 +17,7 @@ and the ragged one alike: request ``b`` owns draft rows and ids
 The ``row_status`` codes are those of ``specdec_np._contract``.
 """
 
-from cython.parallel cimport prange
+from cython.parallel cimport prange, threadid
 from libc.math cimport exp, isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
@@ -44,6 +44,36 @@ cdef extern from "_rowscan.h" nogil:
     )
     Py_ssize_t specdec_count_beating_d(
         const double* row, Py_ssize_t start, Py_ssize_t stop, double p_x, Py_ssize_t x
+    )
+
+cdef extern from "_logits.h" nogil:
+    ctypedef struct specdec_row_law:
+        double z_max
+        double cutoff
+        double normaliser
+        int64_t num_infinite
+        int64_t status
+    void specdec_row_law_f(
+        const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
+        double min_p, specdec_row_law* law,
+    )
+    void specdec_row_law_d(
+        const double* logits, Py_ssize_t V, double temperature, int64_t top_k, double top_p,
+        double min_p, specdec_row_law* law,
+    )
+    double specdec_law_probability_f(
+        const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
+    )
+    double specdec_law_probability_d(
+        const double* logits, Py_ssize_t y, double temperature, const specdec_row_law* law
+    )
+    void specdec_law_materialise_f(
+        const float* logits, Py_ssize_t V, float temperature, const specdec_row_law* law,
+        float* out,
+    )
+    void specdec_law_materialise_d(
+        const double* logits, Py_ssize_t V, double temperature, const specdec_row_law* law,
+        double* out,
     )
 
 cdef extern from *:
@@ -209,51 +239,140 @@ cdef inline Py_ssize_t draw_residual(
     return token
 
 
-cdef inline double draft_probability(
-    const probability_t* draft, Py_ssize_t i, Py_ssize_t V, Py_ssize_t x
-) noexcept nogil:
-    # Negative and NaN draft entries count as 0 (so u * q < p never accepts p <= 0).
-    cdef double q_x
-    if draft == NULL:
-        return 1.0
-    q_x = draft[i * V + x]
-    return q_x if q_x > 0.0 else 0.0
-
-
-# --------------------------------------------------------------------------------------
-# Row functions: one request of any layout.  Each gets the request's k + 1 target rows
-# (contiguous, row stride V), its k draft rows (or NULL for point-mass drafts), its k
-# draft ids (already checked against V), its bonus id, its uniforms and the verifier's
-# parameters; it writes the accepted length, the emitted token after the accepted prefix
-# and the per-request acceptance count, and returns a row status.
-# --------------------------------------------------------------------------------------
-
 cdef struct Request:
     # What a row function needs besides its rows and ids: the request's k_b and V, its
     # uniforms (acceptance ones, then the residual one), the verifier's parameters, and
     # whether acceptance stops at the first rejection (causal counting) or tests every
-    # position (vLLM's counters).
+    # position (vLLM's counters).  With logits, the request's sampling parameters, its
+    # thread's scratch rows, and the processed law of the last target and draft row read.
     Py_ssize_t k
     Py_ssize_t V
     const double* uniforms
     const double* parameters
     bint causal
+    bint logits
+    double temperature
+    int64_t top_k
+    double top_p
+    double min_p
+    void* target_scratch
+    void* draft_scratch
+    Py_ssize_t target_law_row
+    Py_ssize_t draft_law_row
+    specdec_row_law target_law
+    specdec_row_law draft_law
 
+
+# --------------------------------------------------------------------------------------
+# Row readers: how a row function sees its rows.  Probabilities are read as they are;
+# logits through the processed law of their row (temperature, min-p, top-k, top-p),
+# computed once per row read and materialised only where a whole row is scanned.
+# --------------------------------------------------------------------------------------
+
+cdef inline const specdec_row_law* row_law(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+) noexcept nogil:
+    cdef specdec_row_law* law = &request.draft_law if draft else &request.target_law
+    cdef Py_ssize_t* cached = &request.draft_law_row if draft else &request.target_law_row
+    cdef Py_ssize_t V = request.V
+    if cached[0] != i:
+        if probability_t is float:
+            specdec_row_law_f(
+                rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
+                request.min_p, law,
+            )
+        else:
+            specdec_row_law_d(
+                rows + i * V, V, request.temperature, request.top_k, request.top_p,
+                request.min_p, law,
+            )
+        cached[0] = i
+    return law
+
+
+cdef inline double read_probability(
+    Request* request, const probability_t* rows, Py_ssize_t i, Py_ssize_t y, bint draft
+) noexcept nogil:
+    cdef const specdec_row_law* law
+    cdef Py_ssize_t V = request.V
+    if not request.logits:
+        return rows[i * V + y]
+    law = row_law(request, rows, i, draft)
+    if probability_t is float:
+        return specdec_law_probability_f(rows + i * V, y, <float>request.temperature, law)
+    else:
+        return specdec_law_probability_d(rows + i * V, y, request.temperature, law)
+
+
+cdef inline double target_probability(
+    Request* request, const probability_t* target, Py_ssize_t i, Py_ssize_t y
+) noexcept nogil:
+    return read_probability(request, target, i, y, False)
+
+
+cdef inline double draft_probability(
+    Request* request, const probability_t* draft, Py_ssize_t i, Py_ssize_t y
+) noexcept nogil:
+    # Negative and NaN draft entries count as 0 (so u * q < p never accepts p <= 0).
+    cdef double q_y
+    if draft == NULL:
+        return 1.0
+    q_y = read_probability(request, draft, i, y, True)
+    return q_y if q_y > 0.0 else 0.0
+
+
+cdef inline const probability_t* probability_row(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+) noexcept nogil:
+    """Row ``i`` as probabilities: the row itself, or its processed law written to the
+    thread's scratch row (NULL stays NULL: a point-mass draft)."""
+    cdef const specdec_row_law* law
+    cdef Py_ssize_t V = request.V
+    cdef probability_t* scratch
+    if rows == NULL or not request.logits:
+        return rows + i * V if rows != NULL else rows
+    law = row_law(request, rows, i, draft)
+    scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
+    if probability_t is float:
+        specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
+    else:
+        specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
+    return scratch
+
+
+cdef inline Py_ssize_t raw_argmax(
+    const probability_t* rows, Py_ssize_t i, Py_ssize_t V
+) noexcept nogil:
+    # Greedy requests compare raw values: the argmax of logits is the argmax of any
+    # temperature's probabilities.
+    cdef Py_ssize_t argmax = 0
+    entropy_and_argmax(rows + i * V, V, False, &argmax)
+    return argmax
+
+
+# --------------------------------------------------------------------------------------
+# Row functions: one request of any layout.  Each gets the request's k + 1 target rows
+# (contiguous, row stride V), its k draft rows (or NULL for point-mass drafts), its k
+# draft ids (already checked against V), its bonus id and its Request; it writes the
+# accepted length, the emitted token after the accepted prefix and the per-request
+# acceptance count, and returns a row status.
+# --------------------------------------------------------------------------------------
 
 cdef int64_t rejection_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
     cdef Py_ssize_t k = request.k, V = request.V
     cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, r = k, token
     cdef int64_t passed = 0
-    cdef double p_x
+    cdef double p_x, q_x
     for i in range(k):
         # Each position is tested independently, as vLLM counts acceptances.
-        p_x = target[i * V + draft_ids[i]]
-        if uniforms[i] * draft_probability(draft, i, V, draft_ids[i]) < p_x:
+        p_x = target_probability(request, target, i, draft_ids[i])
+        q_x = draft_probability(request, draft, i, draft_ids[i])
+        if uniforms[i] * q_x < p_x:
             passed += 1
         elif r == k:
             r = i
@@ -265,8 +384,8 @@ cdef int64_t rejection_row(
         last_token[0] = bonus_id
         return 0
     token = draw_residual(
-        target + r * V, draft + r * V if draft != NULL else draft, draft_ids[r], 1.0, V,
-        uniforms[k],
+        probability_row(request, target, r, False), probability_row(request, draft, r, True),
+        draft_ids[r], 1.0, V, uniforms[k],
     )
     if token < 0:
         return -(1 + r)
@@ -274,52 +393,75 @@ cdef int64_t rejection_row(
     return 0
 
 
-cdef double block_weight(
-    const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    Py_ssize_t i, Py_ssize_t V
-) noexcept nogil:
-    """rho_i of block verification: rho_0 = 1, rho_j = min(1, rho_{j-1} p(x) / q(x)).
+DEF PATH_STACK = 64
 
-    Recomputed from the start each time, in one fixed order: the backward scan needs it
-    at a few positions only, and a row read costs far more than these k scalars.  A token
-    with p <= 0 (or NaN) sets rho to 0 for good, so no later q = 0 can revive it.
-    """
-    cdef double rho = 1.0, p_x, q_x
+
+cdef inline double next_block_weight(double rho, double p_x, double q_x) noexcept nogil:
+    # rho_j = min(1, rho_{j-1} p(x) / q(x)), computed as 1 when rho p >= q (so q = 0 is
+    # safe).  A token with p <= 0 (or NaN) sets rho to 0 for good, so no later q = 0 can
+    # revive it.
+    if not p_x > 0.0 or rho == 0.0:
+        return 0.0
+    if rho * p_x >= q_x:
+        return 1.0
+    return rho * p_x / q_x
+
+
+cdef double block_weight(
+    Request* request, const probability_t* target, const probability_t* draft,
+    const token_id_t* draft_ids, const double* path_p, const double* path_q, Py_ssize_t i
+) noexcept nogil:
+    """rho_i of block verification, recomputed from rho_0 = 1 in one fixed order (the
+    backward scan needs it at a few positions only).  ``path_p``/``path_q`` hold the
+    path's p(x_j) and q(x_j) when the request is short enough to keep them; otherwise they
+    are NULL and read again (a row read costs far more than these scalars)."""
+    cdef double rho = 1.0
     cdef Py_ssize_t j
     for j in range(i):
-        p_x = target[j * V + draft_ids[j]]
-        q_x = draft_probability(draft, j, V, draft_ids[j])
-        if not p_x > 0.0 or rho == 0.0:
-            rho = 0.0
-        elif rho * p_x >= q_x:
-            rho = 1.0
+        if path_p != NULL:
+            rho = next_block_weight(rho, path_p[j], path_q[j])
         else:
-            rho = rho * p_x / q_x
+            rho = next_block_weight(
+                rho, target_probability(request, target, j, draft_ids[j]),
+                draft_probability(request, draft, j, draft_ids[j]),
+            )
     return rho
 
 
 cdef int64_t block_verification_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
     cdef Py_ssize_t k = request.k, V = request.V
     cdef const double* uniforms = request.uniforms
-    cdef Py_ssize_t i, tau = 0, token
+    cdef Py_ssize_t i, j, tau = 0, token
     cdef double rho, h, total, denominator
-    cdef const probability_t* draft_row
+    cdef double path_p_stack[PATH_STACK]
+    cdef double path_q_stack[PATH_STACK]
+    cdef double* path_p = NULL
+    cdef double* path_q = NULL
+    cdef const probability_t* target_i
+    if k <= PATH_STACK:
+        # Each p(x_j) is read once: from logits it costs a pass over row j.
+        path_p = path_p_stack
+        path_q = path_q_stack
+        for j in range(k):
+            path_p[j] = target_probability(request, target, j, draft_ids[j])
+            path_q[j] = draft_probability(request, draft, j, draft_ids[j])
     # tau is the largest i whose check passes: scan down and stop there, so that no row
     # below tau is read (a later position can rescue an earlier failed check).
     i = k
     while i >= 1:
-        rho = block_weight(target, draft, draft_ids, i, V)
+        rho = block_weight(request, target, draft, draft_ids, path_p, path_q, i)
         if i == k or rho >= 1.0 or rho == 0.0:
             # h_k = rho_k; rho_i = 1 gives h_i = 1 and rho_i = 0 gives h_i = 0 unread.
             h = rho
         else:
-            draft_row = draft + i * V if draft != NULL else draft
+            target_i = probability_row(request, target, i, False)
             total = residual_total(
-                target + i * V, draft_row, -1 if draft != NULL else draft_ids[i], rho, V
+                target_i, probability_row(request, draft, i, True),
+                -1 if draft != NULL else draft_ids[i], rho, V,
             )
             denominator = total + (1.0 - rho)
             # NaN (a NaN target entry on the path) fails every check.
@@ -333,10 +475,10 @@ cdef int64_t block_verification_row(
     if tau == k:
         last_token[0] = bonus_id
         return 0
-    rho = block_weight(target, draft, draft_ids, tau, V)
+    rho = block_weight(request, target, draft, draft_ids, path_p, path_q, tau)
     token = draw_residual(
-        target + tau * V, draft + tau * V if draft != NULL else draft, draft_ids[tau], rho, V,
-        uniforms[k],
+        probability_row(request, target, tau, False), probability_row(request, draft, tau, True),
+        draft_ids[tau], rho, V, uniforms[k],
     )
     if token < 0:
         return -(1 + tau)
@@ -384,7 +526,7 @@ cdef double entropy_and_argmax(
 
 cdef int64_t typical_acceptance_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
     cdef Py_ssize_t k = request.k, V = request.V
@@ -394,13 +536,15 @@ cdef int64_t typical_acceptance_row(
     cdef double posterior_threshold = request.parameters[0]
     cdef double posterior_alpha = request.parameters[1]
     for i in range(k):
-        p_x = target[i * V + draft_ids[i]]
+        p_x = target_probability(request, target, i, draft_ids[i])
         # The threshold never exceeds posterior_threshold: above it, no entropy is needed.
         if p_x > posterior_threshold:
             passed += 1
             continue
         # The argmax is only needed at the first rejection, so only while none was seen.
-        entropy = entropy_and_argmax(target + i * V, V, True, &argmax if r == k else NULL)
+        entropy = entropy_and_argmax(
+            probability_row(request, target, i, False), V, True, &argmax if r == k else NULL
+        )
         # alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
         threshold = posterior_alpha * exp(-entropy) if posterior_alpha > 0.0 else 0.0
         if threshold > posterior_threshold:
@@ -442,7 +586,7 @@ cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) 
 
 cdef int64_t greedy_row(
     const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
-    int64_t bonus_id, const Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
     cdef Py_ssize_t k = request.k, V = request.V
@@ -451,7 +595,11 @@ cdef int64_t greedy_row(
     cdef bint accepted
     for i in range(k):
         x = draft_ids[i]
-        if target[i * V + x] > 0.5 + SPECDEC_GREEDY_MARGIN:
+        if request.logits:
+            # Raw logits: no probability shortcut, the full argmax decides.
+            argmax = raw_argmax(target, i, V)
+            accepted = argmax == x
+        elif target[i * V + x] > 0.5 + SPECDEC_GREEDY_MARGIN:
             accepted = True
         elif r == k:
             entropy_and_argmax(target + i * V, V, False, &argmax)
@@ -529,22 +677,21 @@ cdef inline void write_output_row(
         out[i] = -1
 
 
-cdef inline Py_ssize_t first_argmax(const probability_t* row, Py_ssize_t V) noexcept nogil:
-    cdef Py_ssize_t argmax = 0
-    entropy_and_argmax(row, V, False, &argmax)
-    return argmax
-
-
 cdef inline int64_t verify_request(
     int method, const probability_t* target, const probability_t* draft,
     const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
     Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
+    const double* sampling, probability_t* scratch,
     Py_ssize_t width, int64_t* out, int64_t* accepted_length, int64_t* num_accepted
 ) noexcept nogil:
-    """The skeleton every verifier shares: id check, row function, bonus, output row."""
+    """The skeleton every verifier shares: id check, row function, bonus, output row.
+
+    ``sampling`` (temperature, top-k, top-p, min-p) is NULL for probability rows, and
+    ``scratch`` then unused; with logits, ``scratch`` is the thread's two rows of V.
+    """
     cdef int64_t status, last_token = 0
     cdef Request request_fields
-    cdef const Request* request = &request_fields
+    cdef Request* request = &request_fields
     cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
     if bad >= 0:
         return 1 + bad
@@ -553,6 +700,16 @@ cdef inline int64_t verify_request(
     request_fields.uniforms = uniforms
     request_fields.parameters = parameters
     request_fields.causal = causal
+    request_fields.logits = sampling != NULL
+    request_fields.target_law_row = -1
+    request_fields.draft_law_row = -1
+    if sampling != NULL:
+        request_fields.temperature = sampling[0]
+        request_fields.top_k = <int64_t>sampling[1]
+        request_fields.top_p = sampling[2]
+        request_fields.min_p = sampling[3]
+        request_fields.target_scratch = scratch
+        request_fields.draft_scratch = scratch + V
     if method == ROW_REJECTION:
         status = rejection_row(
             target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
@@ -575,12 +732,13 @@ cdef inline int64_t verify_request(
         )
     if status == 0 and draw_bonus and accepted_length[0] == k:
         # The bonus row is read only now that every draft was accepted: its argmax for a
-        # greedy request, otherwise a draw from it with the request's last uniform.
+        # greedy request, otherwise a draw from its processed law with the last uniform.
         if method == ROW_GREEDY:
-            last_token = first_argmax(target + k * V, V)
+            last_token = raw_argmax(target, k, V)
         else:
             last_token = draw_inverse_cdf(
-                target + k * V, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[k + 1]
+                probability_row(request, target, k, False), <const probability_t*>NULL, -1,
+                1.0, V, uniforms[k + 1],
             )
             if last_token < 0:
                 status = -(1 + k)
@@ -607,6 +765,8 @@ def verify_chains(
     const int8_t[::1] request_methods=None,
     bint causal=False,
     bint draw_bonus=False,
+    const double[:, ::1] sampling=None,
+    probability_t[:, ::1] scratch=None,
 ):
     """Verify a batch of draft chains with the row functions of ``ROW_FUNCTIONS``.
 
@@ -646,6 +806,11 @@ def verify_chains(
     draw_bonus : bool
         Draw each fully accepted request's bonus token from its bonus row instead of
         taking ``bonus_token_ids``.
+    sampling : float64 [B, 4], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p)`` of the
+        processed law (top-k 0 = off); greedy requests read their rows raw.
+    scratch : same dtype as the rows [num_threads, 2 * V], optional
+        Working rows for logits (a thread's processed target and draft row).
 
     Returns
     -------
@@ -664,6 +829,8 @@ def verify_chains(
     cdef const token_id_t* ids_base
     cdef const double* uniform_base
     cdef const double* parameter_base
+    cdef const double* sampling_base = NULL
+    cdef probability_t* scratch_base = NULL
     cdef bint typical = method == ROW_TYPICAL
     require(B >= 0, "draft_offsets must have B + 1 entries")
     require(0 <= method < len(ROW_FUNCTIONS), "unknown row function")
@@ -697,8 +864,20 @@ def verify_chains(
         not typical or parameters.shape[0] >= 2,
         "parameters must hold the 2 typical-acceptance values",
     )
+    if sampling is not None:
+        require(
+            sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]"
+        )
+        require(
+            scratch is not None and scratch.shape[0] >= (num_threads if num_threads > 1 else 1)
+            and scratch.shape[1] == 2 * V,
+            "scratch must be [num_threads, 2 V]",
+        )
     if B == 0:
         return -1
+    if sampling is not None:
+        sampling_base = &sampling[0, 0]
+        scratch_base = &scratch[0, 0]
     draft_base = NULL if point_mass_drafts or T == 0 else &draft_rows[0, 0]
     # Pointer arithmetic, not indexing: a last request with k_b = 0 starts at T.
     ids_base = &draft_token_ids[0] if T > 0 else NULL
@@ -719,6 +898,8 @@ def verify_chains(
             bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
             NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
             parameter_base, causal,
+            NULL if sampling_base == NULL else sampling_base + 4 * b,
+            NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
             width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
         )
     return first_failed_row(row_status)
