@@ -47,7 +47,7 @@
  * relative error 3e-9 on |r| <= 0.3466).  2^n is applied as two exact powers of two, so a
  * subnormal result is rounded once.  Inputs below -104 (where exp rounds to 0), -inf and
  * NaN give 0; inputs above 88 are clamped (the kernels only pass x <= 0). */
-#define SPECDEC_DEFINE_FAST_EXP(NAME, FLOAT_T, INT_T, TO_FLOAT, TO_INT)                    \
+#define SPECDEC_DEFINE_FAST_EXP(NAME, FLOAT_T, INT_T, TO_INT, TO_MASK)                     \
     SPECDEC_INLINE FLOAT_T NAME(FLOAT_T x)                                                 \
     {                                                                                      \
         const float lowest = -104.0f, highest = 88.0f;                                     \
@@ -57,8 +57,8 @@
         INT_T x_bits;                                                                      \
         memcpy(&x_bits, &x, sizeof x_bits);                                                \
         /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */         \
-        INT_T keep = -((INT_T)(x >= lowest) & 1);                                          \
-        INT_T above_highest = -((INT_T)(x > highest) & 1);                                 \
+        INT_T keep = TO_MASK(x >= lowest);                                                 \
+        INT_T above_highest = TO_MASK(x > highest);                                        \
         INT_T clamped_bits = (x_bits & keep & ~above_highest) | (((x_bits & 0) + lowest_bits) & ~keep) \
                              | (((x_bits & 0) + highest_bits) & above_highest);              \
         FLOAT_T clamped;                                                                   \
@@ -87,13 +87,16 @@
         return result;                                                                     \
     }
 
+/* A comparison as a mask of all ones or zeros (a scalar comparison gives 1 or 0). */
 #define SPECDEC_TO_INT32(x) ((int32_t)(x))
-SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf, float, int32_t, SPECDEC_TO_FLOAT, SPECDEC_TO_INT32)
+#define SPECDEC_SCALAR_MASK(condition) (-(int32_t)(condition))
+SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf, float, int32_t, SPECDEC_TO_INT32, SPECDEC_SCALAR_MASK)
 
 #if SPECDEC_HAVE_VECTORS
 #define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
-SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8F,
-                        SPECDEC_TO_V8I)
+#define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
+SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8I,
+                        SPECDEC_VECTOR_MASK)
 #endif
 
 /* ---- the law of one row ------------------------------------------------------------------ */
@@ -342,32 +345,38 @@ SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
 }
 
 SPECDEC_INLINE void specdec_online_block_f(const float *logits, ptrdiff_t left,
-                                          specdec_v8f temperature, int divide,
-                                          specdec_v8f *best, specdec_v4d *sum_low,
-                                          specdec_v4d *sum_high, specdec_v8i *infinite)
+                                           specdec_v8f temperature, int divide,
+                                           specdec_v8f *best, specdec_v4d *sum_low,
+                                           specdec_v4d *sum_high, specdec_v8i *infinite)
 {
     const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
-    specdec_v8f z[8];
-    for (int j = 0; j < 8; ++j)
-        z[j] = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
     specdec_v8f block_best = *best;
     for (int j = 0; j < 8; ++j) {
-        block_best = specdec_larger8(z[j], block_best);
-        *infinite -= (specdec_v8i)(z[j] == plus_infinity);
+        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
+        block_best = specdec_larger8(z, block_best);
+        *infinite -= (specdec_v8i)(z == plus_infinity);
     }
     specdec_v8i grown = (specdec_v8i)(block_best > *best);
     int any_grown = 0;
     for (int l = 0; l < 8; ++l)
         any_grown |= grown[l];
-    if (any_grown) {
-        for (int l = 0; l < 4; ++l) {
-            (*sum_low)[l] = specdec_rescale((*sum_low)[l], (*best)[l], block_best[l]);
-            (*sum_high)[l] = specdec_rescale((*sum_high)[l], (*best)[l + 4], block_best[l + 4]);
-        }
+    if (__builtin_expect(any_grown, 0)) {
+        double lanes[8] = {(*sum_low)[0], (*sum_low)[1], (*sum_low)[2], (*sum_low)[3],
+                           (*sum_high)[0], (*sum_high)[1], (*sum_high)[2], (*sum_high)[3]};
+        for (int l = 0; l < 8; ++l)
+            lanes[l] = specdec_rescale(lanes[l], (*best)[l], block_best[l]);
+        memcpy(sum_low, lanes, sizeof *sum_low);
+        memcpy(sum_high, lanes + 4, sizeof *sum_high);
     }
     *best = block_best;
-    for (int j = 0; j < 8; ++j)
-        specdec_add_widened(specdec_fast_expf8(z[j] - block_best), sum_low, sum_high);
+    /* The block is in L1 by now: loading (and dividing) again is cheaper than keeping it. */
+    specdec_v4d low = *sum_low, high = *sum_high;
+    for (int j = 0; j < 8; ++j) {
+        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
+        specdec_add_widened(specdec_fast_expf8(z - block_best), &low, &high);
+    }
+    *sum_low = low;
+    *sum_high = high;
 }
 
 SPECDEC_CLONES

@@ -454,7 +454,8 @@ def _processed_law(
     num_infinite = xp.sum(xp.astype(infinite, xp.int64), axis=1, keepdims=True)
     no_mass = xp.logical_not(z_max > -xp.inf)[:, 0]
     finite_max = xp.where(xp.isfinite(z_max), z_max, xp.zeros_like(z_max))
-    x = z - finite_max
+    # Rows with +inf entries follow the uniform rule below; keep exp away from them.
+    x = xp.where(num_infinite > 0, minus_infinity, z - finite_max)
     if dtype == xp.float32:
         w = xp.astype(fast_expf(x), xp.float64)
     else:
