@@ -18,7 +18,9 @@ from typing import Any
 __all__ = [
     "block_verification_sample",
     "create_output",
+    "fast_expf",
     "greedy_sample",
+    "process_logits",
     "rejection_sample",
     "residual_draw",
     "typical_acceptance_sample",
@@ -364,3 +366,173 @@ def block_verification_sample(
         tau,
         uniforms[:, k],
     )
+
+
+# ---- the processed law of logits rows ----------------------------------------------------
+
+# The float32 exponential of the fast kernels, operation for operation (the C version is
+# in _logits.h).  Each constant is an exact float32 value, written in hexadecimal so that no
+# decimal rounding can differ between the two.
+_EXP_CONSTANTS = {
+    name: float.fromhex(value)
+    for name, value in (
+        ("log2_e", "0x1.715476p+0"),
+        ("round", "0x1.8p+23"),
+        ("ln2_high", "0x1.63p-1"),
+        ("ln2_low", "-0x1.bd0106p-13"),
+        ("q4", "0x1.6a243ap-10"),
+        ("q3", "0x1.1239ep-7"),
+        ("q2", "0x1.5558f2p-5"),
+        ("q1", "0x1.555492p-3"),
+        ("q0", "0x1.fffffcp-2"),
+    )
+}
+_EXP_LOWEST, _EXP_HIGHEST = -104.0, 88.0
+# 2^n for the two halves of the exponent: exact powers of two, so the result rounds once.
+_EXP_HALF_LOWEST, _EXP_HALF_HIGHEST = -76, 64
+
+
+def fast_expf(x: Any) -> Any:
+    """The float32-accurate exponential that defines ``w`` for float32 rows.
+
+    ``exp(x) = 2^n exp(r)`` with ``n = round(x / ln 2)``, ``r = x - n ln 2`` (ln 2 in two
+    parts) and ``exp(r) = 1 + r + r^2 Q(r)``; ``2^n`` is applied as two powers of two so
+    that a subnormal result rounds once.
+
+    Parameters
+    ----------
+    x : float32 array, any shape
+
+    Returns
+    -------
+    float32 array, same shape
+        ``exp(x)``; 0 where ``x < -104``, ``x == -inf`` or ``x`` is NaN; ``x > 88`` is
+        clamped to 88.
+    """
+    xp = _namespace(x)
+    c = {name: xp.asarray(value, dtype=xp.float32) for name, value in _EXP_CONSTANTS.items()}
+    keep = x >= _EXP_LOWEST
+    lowest = xp.asarray(_EXP_LOWEST, dtype=xp.float32)
+    highest = xp.asarray(_EXP_HIGHEST, dtype=xp.float32)
+    clamped = xp.where(keep, xp.where(x > highest, highest, x), lowest)
+    n_float = (clamped * c["log2_e"] + c["round"]) - c["round"]
+    r = clamped - n_float * c["ln2_high"]
+    r = r - n_float * c["ln2_low"]
+    q = r * c["q4"] + c["q3"]
+    q = q * r + c["q2"]
+    q = q * r + c["q1"]
+    q = q * r + c["q0"]
+    mantissa = xp.asarray(1.0, dtype=xp.float32) + (r + (r * r) * q)
+    n = xp.astype(n_float, xp.int32)
+    n_low = xp.floor_divide(n, 2)
+    n_high = n - n_low
+    powers = xp.asarray(
+        [2.0**e for e in range(_EXP_HALF_LOWEST, _EXP_HALF_HIGHEST + 1)], dtype=xp.float32
+    )
+
+    def power(e: Any) -> Any:
+        flat = xp.reshape(xp.astype(e - _EXP_HALF_LOWEST, xp.int64), (-1,))
+        return xp.reshape(xp.take(powers, flat), e.shape)
+
+    result = (mantissa * power(n_low)) * power(n_high)
+    return xp.where(keep, result, xp.zeros_like(result))
+
+
+def _processed_law(
+    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any
+) -> tuple[Any, Any, Any]:
+    """(probabilities float64 [R, V], kept bool [R, V], no_mass bool [R]) of the rows."""
+    xp = _namespace(logits)
+    dtype = logits.dtype
+    num_rows, vocab_size = logits.shape
+    minus_infinity = xp.asarray(-xp.inf, dtype=dtype)
+    z = logits / xp.reshape(xp.astype(temperature, dtype), (num_rows, 1))
+    is_nan = xp.isnan(z)
+    z = xp.where(is_nan, minus_infinity, z)
+    z_max = xp.max(z, axis=1, keepdims=True)
+    infinite = z == xp.inf
+    num_infinite = xp.sum(xp.astype(infinite, xp.int64), axis=1, keepdims=True)
+    no_mass = xp.logical_not(z_max > -xp.inf)[:, 0]
+    finite_max = xp.where(xp.isfinite(z_max), z_max, xp.zeros_like(z_max))
+    # Rows with +inf entries follow the uniform rule below; keep exp away from them.
+    x = xp.where(num_infinite > 0, minus_infinity, z - finite_max)
+    if dtype == xp.float32:
+        w = xp.astype(fast_expf(x), xp.float64)
+    else:
+        w = xp.exp(x)
+    present = xp.logical_not(is_nan)
+    # min-p on w = p / max p, which is 1 at the maximum.
+    min_p_column = xp.reshape(xp.astype(min_p, xp.float64), (num_rows, 1))
+    kept = present & ((w >= min_p_column) | (min_p_column <= 0.0))
+    # top-k: z at least the K-th largest z, ties kept; 0 or >= V keeps every z.
+    k = xp.astype(top_k, xp.int64)
+    k = xp.where((k <= 0) | (k >= vocab_size), xp.asarray(vocab_size, dtype=xp.int64), k)
+    descending = xp.flip(xp.sort(z, axis=1), axis=1)
+    kth = xp.take_along_axis(descending, xp.reshape(k - 1, (num_rows, 1)), axis=1)
+    kept = kept & (z >= kth)
+    # top-p: the smallest most probable prefix (z descending) whose mass reaches top_p of
+    # the mass kept so far, then the whole tie group of its last token.
+    top_p_column = xp.reshape(xp.astype(top_p, xp.float64), (num_rows, 1))
+    kept_w = xp.where(kept, w, xp.zeros_like(w))
+    target = top_p_column * xp.sum(kept_w, axis=1, keepdims=True)
+    order = xp.flip(xp.argsort(z, axis=1, stable=True), axis=1)
+    cumulative = xp.cumulative_sum(xp.take_along_axis(kept_w, order, axis=1), axis=1)
+    reached = (cumulative >= target) & (xp.take_along_axis(kept_w, order, axis=1) > 0.0)
+    first = xp.argmax(xp.astype(reached, xp.int8), axis=1, keepdims=True)
+    # Rounding can leave the full sum a hair short of top_p * total only for top_p within
+    # an ulp of 1; the last token with mass is then the one that reaches it.
+    last_with_mass = (vocab_size - 1) - xp.argmax(
+        xp.astype(xp.flip(xp.take_along_axis(kept_w, order, axis=1) > 0.0, axis=1), xp.int8),
+        axis=1,
+        keepdims=True,
+    )
+    first = xp.where(xp.any(reached, axis=1, keepdims=True), first, last_with_mass)
+    cutoff = xp.take_along_axis(xp.take_along_axis(z, order, axis=1), first, axis=1)
+    top_p_on = top_p_column < 1.0
+    kept = kept & ((z >= cutoff) | xp.logical_not(top_p_on))
+    kept_w = xp.where(kept, w, xp.zeros_like(w))
+    normaliser = xp.sum(kept_w, axis=1, keepdims=True)
+    safe = xp.where(normaliser > 0.0, normaliser, xp.ones_like(normaliser))
+    probabilities = kept_w / safe
+    # A row with +inf entries is uniform over them, whatever the filters.
+    has_infinite = num_infinite > 0
+    uniform = xp.astype(infinite, xp.float64) / xp.astype(
+        xp.where(has_infinite, num_infinite, xp.ones_like(num_infinite)), xp.float64
+    )
+    probabilities = xp.where(has_infinite, uniform, probabilities)
+    kept = xp.where(has_infinite, infinite, kept)
+    no_mass_column = xp.reshape(no_mass, (num_rows, 1))
+    probabilities = xp.where(no_mass_column, xp.zeros_like(probabilities), probabilities)
+    kept = kept & xp.logical_not(no_mass_column)
+    return probabilities, kept, no_mass
+
+
+def process_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any) -> Any:
+    """The processed distribution of logits rows: temperature, min-p, top-k, top-p.
+
+    The law (``docs/semantics.md``), computed literally with a full sort: ``z = logits /
+    temperature`` in the rows' dtype (NaN counts as -inf and is never kept); ``w = exp(z -
+    max z)`` (:func:`fast_expf` for float32 rows, ``exp`` for float64 rows) in float64;
+    min-p keeps ``w >= min_p``; top-k keeps ``z >=`` the ``top_k``-th largest ``z`` (ties
+    kept); top-p keeps the smallest set of most probable tokens whose ``w`` reaches
+    ``top_p`` times the ``w`` that min-p and top-k kept, and every token tied with its last
+    one; ``p = w / sum(w)`` over what is kept.  A row with ``+inf`` entries is uniform over
+    them; a row without a finite maximum has no mass and comes back all zero.
+
+    Parameters
+    ----------
+    logits : float32 or float64 [R, V]
+    temperature : float [R]
+        Positive.
+    top_k : int [R]
+        ``0`` or ``>= V`` is off.
+    top_p : float [R]
+        In ``(0, 1]``; ``1`` is off.
+    min_p : float [R]
+        In ``[0, 1]``; ``0`` is off.
+
+    Returns
+    -------
+    float64 [R, V]
+    """
+    return _processed_law(logits, temperature, top_k, top_p, min_p)[0]

@@ -1,0 +1,610 @@
+/* The processed law of one logits row: temperature, min-p, top-k and top-p, without
+ * sorting the vocabulary and without materialising the processed row.
+ *
+ * The law (docs/semantics.md) is, for a row l of dtype T (float or double):
+ *   z = l / temperature in T (NaN counts as -inf and is never kept);
+ *   m = max z; w = exp(z - m) (float32-accurate exp below for float rows, libm exp for
+ *   double rows), every sum of w in float64;
+ *   min-p keeps w >= min_p, top-k keeps z >= the K-th largest z (ties kept), top-p keeps
+ *   the smallest most probable set whose mass reaches top_p of what min-p and top-k kept,
+ *   plus every token tied with its last one;
+ *   p = w / (sum of w over the kept set) on the kept set, 0 elsewhere.
+ * Each filter keeps an upper set in z, so the kept set is {y : z(y) >= cutoff}.  A row
+ * with +inf entries is uniform over them; a row without a finite maximum has no mass.
+ *
+ * Summation orders are fixed by this code (eight lanes combined as in _rowscan.h), and the
+ * vector build and the scalar fallback (SPECDEC_NO_VECTOR_EXTENSIONS) give the same bits.
+ *
+ * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
+ * tests can show that they catch them: 1 = top-p drops the tie group at its boundary.
+ */
+#ifndef SPECDEC_LOGITS_H
+#define SPECDEC_LOGITS_H
+
+#include "_rowscan.h"
+
+#ifndef SPECDEC_LOGITS_MUTATION
+#define SPECDEC_LOGITS_MUTATION 0
+#endif
+
+/* Helpers that take or return 32-byte vectors are always inlined: an out-of-line copy is
+ * compiled for the baseline ISA, and the AVX2 clone of its caller would pass it the vectors
+ * in registers under another calling convention (this bites at -O0 and -O1). */
+#if defined(__GNUC__)
+#define SPECDEC_INLINE static inline __attribute__((always_inline))
+#else
+#define SPECDEC_INLINE static inline
+#endif
+
+/* ---- a float32-accurate exponential ---------------------------------------------------- */
+
+/* libm's expf is an opaque call per element, which stops the loops from vectorising; this
+ * one is branch-free, written once with operators that GNU C defines on scalars and on
+ * vectors alike, so the scalar and the vector versions give the same bits lane by lane.
+ * exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2 in two parts (the
+ * first has 9 significant bits, so n times it is exact).  exp(r) = 1 + r + r^2 Q(r) with Q
+ * of degree 4 fitted for this project (Lawson-weighted least squares on Chebyshev nodes,
+ * relative error 3e-9 on |r| <= 0.3466).  2^n is applied as two exact powers of two, so a
+ * subnormal result is rounded once.  Inputs below -104 (where exp rounds to 0), -inf and
+ * NaN give 0; inputs above 88 are clamped (the kernels only pass x <= 0). */
+#define SPECDEC_DEFINE_FAST_EXP(NAME, FLOAT_T, INT_T, TO_INT, TO_MASK)                     \
+    SPECDEC_INLINE FLOAT_T NAME(FLOAT_T x)                                                 \
+    {                                                                                      \
+        const float lowest = -104.0f, highest = 88.0f;                                     \
+        int32_t lowest_bits, highest_bits;                                                 \
+        memcpy(&lowest_bits, &lowest, sizeof lowest_bits);                                 \
+        memcpy(&highest_bits, &highest, sizeof highest_bits);                              \
+        INT_T x_bits;                                                                      \
+        memcpy(&x_bits, &x, sizeof x_bits);                                                \
+        /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */         \
+        INT_T keep = TO_MASK(x >= lowest);                                                 \
+        INT_T above_highest = TO_MASK(x > highest);                                        \
+        INT_T clamped_bits = (x_bits & keep & ~above_highest) | (((x_bits & 0) + lowest_bits) & ~keep) \
+                             | (((x_bits & 0) + highest_bits) & above_highest);              \
+        FLOAT_T clamped;                                                                   \
+        memcpy(&clamped, &clamped_bits, sizeof clamped);                                   \
+        /* Adding and removing 1.5 * 2^23 rounds to the nearest integer, ties to even. */  \
+        FLOAT_T n_float = (clamped * 0x1.715476p+0f + 0x1.8p+23f) - 0x1.8p+23f;            \
+        FLOAT_T r = clamped - n_float * 0x1.63p-1f;                                        \
+        r = r - n_float * -0x1.bd0106p-13f;                                                \
+        FLOAT_T q = r * 0x1.6a243ap-10f + 0x1.1239ep-7f;                                   \
+        q = q * r + 0x1.5558f2p-5f;                                                        \
+        q = q * r + 0x1.555492p-3f;                                                        \
+        q = q * r + 0x1.fffffcp-2f;                                                        \
+        FLOAT_T mantissa = 1.0f + (r + (r * r) * q);                                       \
+        INT_T n = TO_INT(n_float);                                                         \
+        INT_T n_low = n >> 1;                                                              \
+        INT_T n_high = n - n_low;                                                          \
+        INT_T scale_low_bits = (n_low + 127) << 23, scale_high_bits = (n_high + 127) << 23; \
+        FLOAT_T scale_low, scale_high;                                                     \
+        memcpy(&scale_low, &scale_low_bits, sizeof scale_low);                             \
+        memcpy(&scale_high, &scale_high_bits, sizeof scale_high);                          \
+        FLOAT_T result = (mantissa * scale_low) * scale_high;                              \
+        INT_T result_bits;                                                                 \
+        memcpy(&result_bits, &result, sizeof result_bits);                                 \
+        result_bits &= keep;                                                               \
+        memcpy(&result, &result_bits, sizeof result);                                      \
+        return result;                                                                     \
+    }
+
+/* A comparison as a mask of all ones or zeros (a scalar comparison gives 1 or 0). */
+#define SPECDEC_TO_INT32(x) ((int32_t)(x))
+#define SPECDEC_SCALAR_MASK(condition) (-(int32_t)(condition))
+SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf, float, int32_t, SPECDEC_TO_INT32, SPECDEC_SCALAR_MASK)
+
+#if SPECDEC_HAVE_VECTORS
+#define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
+#define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
+SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8I,
+                        SPECDEC_VECTOR_MASK)
+#endif
+
+/* ---- the law of one row ------------------------------------------------------------------ */
+
+typedef struct {
+    double z_max;      /* m: the largest z (+inf when the row has +inf entries) */
+    double cutoff;     /* the kept set is {y : z(y) >= cutoff}; -inf keeps every non-NaN z */
+    double normaliser; /* sum of w over the kept set (the count of +inf entries if any) */
+    int64_t num_infinite;
+    int64_t status; /* 0: a law; 1: no entry has a finite maximum, the row has no mass */
+} specdec_row_law;
+
+/* The monotone integer image of a z value: keys compare as the values do, -0 and +0
+ * share one key, and NaN gets key 0, below every value (-inf has a key above 0). */
+static inline uint32_t specdec_key_f(float z)
+{
+    if (z != z)
+        return 0;
+    z = z + 0.0f;
+    uint32_t bits;
+    memcpy(&bits, &z, sizeof bits);
+    return bits ^ ((bits >> 31) ? 0xffffffffu : 0x80000000u);
+}
+
+static inline float specdec_value_f(uint32_t key)
+{
+    uint32_t bits = (key & 0x80000000u) ? key ^ 0x80000000u : ~key;
+    float z;
+    memcpy(&z, &bits, sizeof z);
+    return z;
+}
+
+static inline uint64_t specdec_key_d(double z)
+{
+    if (z != z)
+        return 0;
+    z = z + 0.0;
+    uint64_t bits;
+    memcpy(&bits, &z, sizeof bits);
+    return bits ^ ((bits >> 63) ? 0xffffffffffffffffu : 0x8000000000000000u);
+}
+
+static inline double specdec_value_d(uint64_t key)
+{
+    uint64_t bits = (key & 0x8000000000000000u) ? key ^ 0x8000000000000000u : ~key;
+    double z;
+    memcpy(&z, &bits, sizeof z);
+    return z;
+}
+
+static inline double specdec_weight_f(float z, float z_max)
+{
+    return (double)specdec_fast_expf(z - z_max);
+}
+
+static inline double specdec_weight_d(double z, double z_max)
+{
+    double x = z - z_max;
+    return x == x ? exp(x) : 0.0;
+}
+
+#define SPECDEC_HISTOGRAM_BITS 11
+
+/* Radix select over the keys of the z values: the largest key v such that the entries with
+ * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
+ * as its w (by_mass = 1; then need is top_p times the total, which the first histogram
+ * gives).  Returns 0 when even every entry falls short.  Each pass histograms the next
+ * SPECDEC_HISTOGRAM_BITS bits of the keys that share the prefix found so far; histogram
+ * sums run in element order and the walk in bucket order, the same in every build. */
+#define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
+    static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
+                                         T z_max, KEY_T floor_key, int by_mass, double need) \
+    {                                                                                      \
+        double histogram[1 << SPECDEC_HISTOGRAM_BITS];                                     \
+        KEY_T prefix = 0;                                                                  \
+        double above = 0.0;                                                                \
+        int known_bits = 0;                                                                \
+        while (known_bits < KEY_BITS) {                                                    \
+            int width = KEY_BITS - known_bits < SPECDEC_HISTOGRAM_BITS                     \
+                            ? KEY_BITS - known_bits                                        \
+                            : SPECDEC_HISTOGRAM_BITS;                                      \
+            int shift = KEY_BITS - known_bits - width;                                     \
+            int buckets = 1 << width;                                                      \
+            memset(histogram, 0, (size_t)buckets * sizeof histogram[0]);                   \
+            for (ptrdiff_t y = 0; y < V; ++y) {                                            \
+                T z = logits[y] / temperature;                                             \
+                KEY_T key = specdec_key_##SUFFIX(z);                                       \
+                if (key < floor_key)                                                       \
+                    continue;                                                              \
+                if (known_bits > 0 && (key >> (shift + width)) != (prefix >> (shift + width))) \
+                    continue;                                                              \
+                histogram[(key >> shift) & (KEY_T)(buckets - 1)] +=                        \
+                    by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0;                     \
+            }                                                                              \
+            if (known_bits == 0 && by_mass) {                                              \
+                double total = 0.0;                                                        \
+                for (int b = buckets - 1; b >= 0; --b)                                     \
+                    total += histogram[b];                                                 \
+                need *= total;                                                             \
+            }                                                                              \
+            int chosen = -1, lowest_filled = -1;                                           \
+            for (int b = buckets - 1; b >= 0; --b) {                                       \
+                if (histogram[b] > 0.0)                                                    \
+                    lowest_filled = b;                                                     \
+                if (histogram[b] > 0.0 && above + histogram[b] >= need) {                  \
+                    chosen = b;                                                            \
+                    break;                                                                 \
+                }                                                                          \
+                above += histogram[b];                                                     \
+            }                                                                              \
+            if (chosen < 0) {                                                              \
+                if (known_bits == 0 || lowest_filled < 0)                                  \
+                    return 0;                                                              \
+                /* The sub-buckets of a chosen bucket sum, in another grouping, to a hair   \
+                 * less than it did: its lowest value is then the one that reaches need. */ \
+                chosen = lowest_filled;                                                    \
+            }                                                                              \
+            prefix |= (KEY_T)chosen << shift;                                              \
+            known_bits += width;                                                           \
+        }                                                                                  \
+        return prefix;                                                                     \
+    }
+
+SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
+SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
+
+/* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
+
+/* Lane l of a block of 64 entries takes the entries 8 j + l; each lane keeps a running
+ * maximum and a float64 sum of exp(z - lane maximum), rescaled when its maximum grows.
+ * The lanes are combined in a fixed order at the end.  The rescaling factor is a float64
+ * libm exp: a lane may be rescaled once per block, and float32 factors would compound
+ * their rounding over a row whose maximum keeps growing. */
+static inline double specdec_rescale(double sum, double old_max, double new_max)
+{
+    /* A lane whose maximum is still -inf holds 0; so does one that meets +inf. */
+    return new_max > old_max && old_max > -INFINITY ? sum * exp(old_max - new_max) : sum;
+}
+
+#define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, T, WEIGHT)                                       \
+    static void NAME(const T *logits, ptrdiff_t V, T temperature, T *z_max,                \
+                     double *normaliser, int64_t *num_infinite)                            \
+    {                                                                                      \
+        T best[8];                                                                         \
+        double sums[8] = {0};                                                              \
+        int64_t infinite = 0;                                                              \
+        for (int l = 0; l < 8; ++l)                                                        \
+            best[l] = (T)-INFINITY;                                                        \
+        for (ptrdiff_t start = 0; start < V; start += 64) {                                \
+            T z[64];                                                                       \
+            for (int i = 0; i < 64; ++i)                                                   \
+                z[i] = start + i < V ? logits[start + i] / temperature : (T)-INFINITY;     \
+            T block_best[8];                                                               \
+            for (int l = 0; l < 8; ++l) {                                                  \
+                block_best[l] = best[l];                                                   \
+                for (int j = 0; j < 8; ++j) {                                              \
+                    T candidate = z[8 * j + l];                                            \
+                    block_best[l] = candidate > block_best[l] ? candidate : block_best[l]; \
+                    infinite += candidate == (T)INFINITY;                                  \
+                }                                                                          \
+                sums[l] = specdec_rescale(sums[l], (double)best[l], (double)block_best[l]); \
+                best[l] = block_best[l];                                                   \
+                for (int j = 0; j < 8; ++j)                                                \
+                    sums[l] += WEIGHT(z[8 * j + l], best[l]);                              \
+            }                                                                              \
+        }                                                                                  \
+        T result = (T)-INFINITY;                                                           \
+        for (int l = 0; l < 8; ++l)                                                        \
+            result = best[l] > result ? best[l] : result;                                  \
+        double lanes[8];                                                                   \
+        for (int l = 0; l < 8; ++l)                                                        \
+            lanes[l] = specdec_rescale(sums[l], (double)best[l], (double)result);          \
+        *z_max = result;                                                                   \
+        *normaliser = SPECDEC_COMBINE_LANES(lanes);                                        \
+        *num_infinite = infinite;                                                          \
+    }
+
+SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, double, specdec_weight_d)
+
+/* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l. */
+#define SPECDEC_DEFINE_KEPT_SUM_SCALAR(NAME, T, WEIGHT)                                     \
+    static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff)     \
+    {                                                                                      \
+        double lanes[8] = {0};                                                             \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            T z = logits[y] / temperature;                                                 \
+            if (z >= cutoff)                                                               \
+                lanes[y % 8] += WEIGHT(z, z_max);                                          \
+        }                                                                                  \
+        return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }
+
+SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
+
+#define SPECDEC_DEFINE_MATERIALISE_SCALAR(NAME, T, WEIGHT)                                  \
+    static void NAME##_scalar(const T *logits, ptrdiff_t start, ptrdiff_t V, T temperature, \
+                              const specdec_row_law *law, T *out)                          \
+    {                                                                                      \
+        T z_max = (T)law->z_max, cutoff = (T)law->cutoff;                                  \
+        for (ptrdiff_t y = start; y < V; ++y) {                                            \
+            T z = logits[y] / temperature;                                                 \
+            out[y] = z >= cutoff ? (T)(WEIGHT(z, z_max) / law->normaliser) : (T)0;         \
+        }                                                                                  \
+    }
+
+SPECDEC_DEFINE_MATERIALISE_SCALAR(specdec_materialise_d, double, specdec_weight_d)
+SPECDEC_DEFINE_MATERIALISE_SCALAR(specdec_materialise_f, float, specdec_weight_f)
+
+#if SPECDEC_HAVE_VECTORS
+
+/* The larger of the two, lane by lane; NaN candidates never win. */
+SPECDEC_INLINE specdec_v8f specdec_larger8(specdec_v8f candidates, specdec_v8f best)
+{
+    specdec_v8i wins = candidates > best;
+    return (specdec_v8f)(((specdec_v8i)candidates & wins) | ((specdec_v8i)best & ~wins));
+}
+
+SPECDEC_INLINE specdec_v8f specdec_splat8(float x)
+{
+    return (specdec_v8f){x, x, x, x, x, x, x, x};
+}
+
+SPECDEC_INLINE void specdec_add_widened(specdec_v8f w, specdec_v4d *low, specdec_v4d *high)
+{
+    specdec_v4f w_low = {w[0], w[1], w[2], w[3]};
+    specdec_v4f w_high = {w[4], w[5], w[6], w[7]};
+    *low += __builtin_convertvector(w_low, specdec_v4d);
+    *high += __builtin_convertvector(w_high, specdec_v4d);
+}
+
+/* Eight z values from logits + y, -inf past `left`. */
+SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
+                                          specdec_v8f temperature, int divide)
+{
+    specdec_v8f x;
+    if (left >= 8) {
+        memcpy(&x, logits, sizeof x);
+    } else {
+        float padded[8];
+        for (int l = 0; l < 8; ++l)
+            padded[l] = l < left ? logits[l] : -INFINITY;
+        memcpy(&x, padded, sizeof x);
+    }
+    /* x / 1 is x bit for bit, so skipping the division changes nothing but the time. */
+    return divide ? x / temperature : x;
+}
+
+SPECDEC_INLINE void specdec_online_block_f(const float *logits, ptrdiff_t left,
+                                           specdec_v8f temperature, int divide,
+                                           specdec_v8f *best, specdec_v4d *sum_low,
+                                           specdec_v4d *sum_high, specdec_v8i *infinite)
+{
+    const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
+    specdec_v8f block_best = *best;
+    for (int j = 0; j < 8; ++j) {
+        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
+        block_best = specdec_larger8(z, block_best);
+        *infinite -= (specdec_v8i)(z == plus_infinity);
+    }
+    specdec_v8i grown = (specdec_v8i)(block_best > *best);
+    int any_grown = 0;
+    for (int l = 0; l < 8; ++l)
+        any_grown |= grown[l];
+    if (__builtin_expect(any_grown, 0)) {
+        double lanes[8] = {(*sum_low)[0], (*sum_low)[1], (*sum_low)[2], (*sum_low)[3],
+                           (*sum_high)[0], (*sum_high)[1], (*sum_high)[2], (*sum_high)[3]};
+        for (int l = 0; l < 8; ++l)
+            lanes[l] = specdec_rescale(lanes[l], (*best)[l], block_best[l]);
+        memcpy(sum_low, lanes, sizeof *sum_low);
+        memcpy(sum_high, lanes + 4, sizeof *sum_high);
+    }
+    *best = block_best;
+    /* The block is in L1 by now: loading (and dividing) again is cheaper than keeping it. */
+    specdec_v4d low = *sum_low, high = *sum_high;
+    for (int j = 0; j < 8; ++j) {
+        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
+        specdec_add_widened(specdec_fast_expf8(z - block_best), &low, &high);
+    }
+    *sum_low = low;
+    *sum_high = high;
+}
+
+SPECDEC_CLONES
+static void specdec_online_f(const float *logits, ptrdiff_t V, float temperature,
+                             float *z_max, double *normaliser, int64_t *num_infinite)
+{
+    const specdec_v8f t8 = specdec_splat8(temperature);
+    specdec_v8f best = specdec_splat8(-INFINITY);
+    specdec_v4d sum_low = {0.0, 0.0, 0.0, 0.0}, sum_high = sum_low;
+    specdec_v8i infinite = {0, 0, 0, 0, 0, 0, 0, 0};
+    ptrdiff_t start = 0;
+    if (temperature == 1.0f) {
+        for (; start + 64 <= V; start += 64)
+            specdec_online_block_f(logits + start, 64, t8, 0, &best, &sum_low, &sum_high,
+                                   &infinite);
+    } else {
+        for (; start + 64 <= V; start += 64)
+            specdec_online_block_f(logits + start, 64, t8, 1, &best, &sum_low, &sum_high,
+                                   &infinite);
+    }
+    if (start < V) {
+        float padded[64];
+        for (int i = 0; i < 64; ++i)
+            padded[i] = start + i < V ? logits[start + i] : -INFINITY;
+        specdec_online_block_f(padded, 64, t8, 1, &best, &sum_low, &sum_high, &infinite);
+    }
+    float result = -INFINITY;
+    for (int l = 0; l < 8; ++l)
+        result = best[l] > result ? best[l] : result;
+    double lanes[8] = {sum_low[0], sum_low[1], sum_low[2], sum_low[3],
+                       sum_high[0], sum_high[1], sum_high[2], sum_high[3]};
+    int64_t count = 0;
+    for (int l = 0; l < 8; ++l) {
+        lanes[l] = specdec_rescale(lanes[l], (double)best[l], (double)result);
+        count += infinite[l];
+    }
+    *z_max = result;
+    *normaliser = SPECDEC_COMBINE_LANES(lanes);
+    *num_infinite = count;
+}
+
+SPECDEC_CLONES
+static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
+                                 float z_max, float cutoff)
+{
+    const specdec_v8f t8 = specdec_splat8(temperature), m8 = specdec_splat8(z_max);
+    const specdec_v8f c8 = specdec_splat8(cutoff);
+    specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
+    for (ptrdiff_t y = 0; y < V; y += 8) {
+        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, 1);
+        specdec_v8i kept = (specdec_v8i)(z >= c8);
+        int any = 0;
+        for (int l = 0; l < 8; ++l)
+            any |= kept[l];
+        if (!any)
+            continue;
+        /* Adding +0 to a lane leaves it unchanged, as skipping it does in the scalar build. */
+        specdec_v8f w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
+        specdec_add_widened(w, &low, &high);
+    }
+    double lanes[8] = {low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3]};
+    return SPECDEC_COMBINE_LANES(lanes);
+}
+
+SPECDEC_CLONES
+static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float temperature,
+                                         const specdec_row_law *law, float *out)
+{
+    const specdec_v8f t8 = specdec_splat8(temperature), m8 = specdec_splat8((float)law->z_max);
+    const specdec_v8f c8 = specdec_splat8((float)law->cutoff);
+    const double s = law->normaliser;
+    const specdec_v4d s4 = {s, s, s, s};
+    ptrdiff_t y = 0;
+    for (; y + 8 <= V; y += 8) {
+        specdec_v8f z = specdec_load_z8(logits + y, 8, t8, 1);
+        specdec_v8i kept = (specdec_v8i)(z >= c8);
+        specdec_v8f w = specdec_fast_expf8(z - m8);
+        specdec_v4f w_low = {w[0], w[1], w[2], w[3]}, w_high = {w[4], w[5], w[6], w[7]};
+        specdec_v4f p_low = __builtin_convertvector(
+            __builtin_convertvector(w_low, specdec_v4d) / s4, specdec_v4f);
+        specdec_v4f p_high = __builtin_convertvector(
+            __builtin_convertvector(w_high, specdec_v4d) / s4, specdec_v4f);
+        specdec_v8f p = {p_low[0], p_low[1], p_low[2], p_low[3],
+                         p_high[0], p_high[1], p_high[2], p_high[3]};
+        p = (specdec_v8f)((specdec_v8i)p & kept);
+        memcpy(out + y, &p, sizeof p);
+    }
+    specdec_materialise_f_scalar(logits, y, V, temperature, law, out);
+}
+
+#else
+
+SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_f, float, specdec_weight_f)
+SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_f, float, specdec_weight_f)
+
+static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float temperature,
+                                         const specdec_row_law *law, float *out)
+{
+    specdec_materialise_f_scalar(logits, 0, V, temperature, law, out);
+}
+
+#endif
+
+/* ---- public entry points ------------------------------------------------------------------ */
+
+/* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
+ * anything.  min-p needs no pass over the row: w is monotone in z, so the smallest z value
+ * with w >= min_p is found by bisection over the keys of all values of T. */
+#define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
+    static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
+                                         int64_t top_k, double top_p, double min_p,        \
+                                         specdec_row_law *law)                             \
+    {                                                                                      \
+        T z_max;                                                                           \
+        double normaliser;                                                                 \
+        int64_t num_infinite;                                                              \
+        ONLINE(logits, V, temperature, &z_max, &normaliser, &num_infinite);                \
+        law->z_max = (double)z_max;                                                        \
+        law->num_infinite = num_infinite;                                                  \
+        law->status = 0;                                                                   \
+        if (num_infinite > 0) {                                                            \
+            law->cutoff = INFINITY;                                                        \
+            law->normaliser = (double)num_infinite;                                        \
+            return;                                                                        \
+        }                                                                                  \
+        if (!(z_max > (T)-INFINITY)) {                                                     \
+            law->status = 1;                                                               \
+            law->cutoff = INFINITY;                                                        \
+            law->normaliser = 0.0;                                                         \
+            return;                                                                        \
+        }                                                                                  \
+        KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
+        if (min_p > 0.0) {                                                                 \
+            KEY_T low = specdec_key_##SUFFIX((T)-INFINITY), high = specdec_key_##SUFFIX(z_max); \
+            while (high - low > 1) {                                                       \
+                KEY_T middle = low + (high - low) / 2;                                     \
+                if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), z_max) >= min_p) \
+                    high = middle;                                                         \
+                else                                                                       \
+                    low = middle;                                                          \
+            }                                                                              \
+            floor_key = high;                                                              \
+        }                                                                                  \
+        if (top_k > 0 && top_k < (int64_t)V) {                                             \
+            KEY_T k_key = specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0,      \
+                                                  (double)top_k);                          \
+            floor_key = k_key > floor_key ? k_key : floor_key;                             \
+        }                                                                                  \
+        if (top_p < 1.0) {                                                                 \
+            KEY_T p_key = specdec_select_##SUFFIX(logits, V, temperature, z_max, floor_key, \
+                                                  1, top_p);                               \
+            if (SPECDEC_LOGITS_MUTATION == 1 && p_key != specdec_key_##SUFFIX(z_max)) {     \
+                /* wrong on purpose: the tie group at the boundary is dropped */           \
+                int64_t tied = 0;                                                          \
+                for (ptrdiff_t y = 0; y < V; ++y)                                          \
+                    tied += specdec_key_##SUFFIX(logits[y] / temperature) == p_key;         \
+                if (tied > 1)                                                              \
+                    p_key += 1;                                                            \
+            }                                                                              \
+            floor_key = p_key > floor_key ? p_key : floor_key;                             \
+        }                                                                                  \
+        if (floor_key <= 1) {                                                              \
+            law->cutoff = -INFINITY;                                                       \
+            law->normaliser = normaliser;                                                  \
+            return;                                                                        \
+        }                                                                                  \
+        T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
+        law->cutoff = (double)cutoff;                                                      \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff);                 \
+    }
+
+SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_online_f, specdec_kept_sum_f)
+SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_online_d, specdec_kept_sum_d)
+
+/* p(y) as float64 from the one logit logits[y]; 0 for a row without mass. */
+#define SPECDEC_DEFINE_PROBABILITY(SUFFIX, T)                                               \
+    static inline double specdec_law_probability_##SUFFIX(                                 \
+        const T *logits, ptrdiff_t y, T temperature, const specdec_row_law *law)           \
+    {                                                                                      \
+        T z = logits[y] / temperature;                                                     \
+        if (law->status != 0)                                                              \
+            return 0.0;                                                                    \
+        if (law->num_infinite > 0)                                                         \
+            return z == (T)INFINITY ? 1.0 / law->normaliser : 0.0;                         \
+        if (!((double)z >= law->cutoff))                                                   \
+            return 0.0;                                                                    \
+        return specdec_weight_##SUFFIX(z, (T)law->z_max) / law->normaliser;                \
+    }
+
+SPECDEC_DEFINE_PROBABILITY(f, float)
+SPECDEC_DEFINE_PROBABILITY(d, double)
+
+/* The processed row p, in the row's dtype; all zeros for a row without mass. */
+#define SPECDEC_DEFINE_MATERIALISE(SUFFIX, T, BODY)                                         \
+    static void specdec_law_materialise_##SUFFIX(const T *logits, ptrdiff_t V,             \
+                                                 T temperature, const specdec_row_law *law, \
+                                                 T *out)                                   \
+    {                                                                                      \
+        if (law->status != 0 || law->num_infinite > 0) {                                   \
+            for (ptrdiff_t y = 0; y < V; ++y)                                              \
+                out[y] = (T)specdec_law_probability_##SUFFIX(logits, y, temperature, law); \
+            return;                                                                        \
+        }                                                                                  \
+        BODY(logits, V, temperature, law, out);                                            \
+    }
+
+#define SPECDEC_MATERIALISE_D_BODY(logits, V, temperature, law, out)                        \
+    specdec_materialise_d_scalar(logits, 0, V, temperature, law, out)
+
+SPECDEC_DEFINE_MATERIALISE(f, float, specdec_materialise_f_vector)
+SPECDEC_DEFINE_MATERIALISE(d, double, SPECDEC_MATERIALISE_D_BODY)
+
+/* First index of the largest entry (NaN never wins); 0 for a row of -inf and NaN. */
+#define SPECDEC_DEFINE_ARGMAX(SUFFIX, T)                                                    \
+    static ptrdiff_t specdec_argmax_##SUFFIX(const T *row, ptrdiff_t V)                    \
+    {                                                                                      \
+        ptrdiff_t best = 0;                                                                \
+        T best_value = (T)-INFINITY;                                                       \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            if (row[y] > best_value) {                                                     \
+                best_value = row[y];                                                       \
+                best = y;                                                                  \
+            }                                                                              \
+        }                                                                                  \
+        return best;                                                                       \
+    }
+
+SPECDEC_DEFINE_ARGMAX(f, float)
+SPECDEC_DEFINE_ARGMAX(d, double)
+
+#endif

@@ -1,0 +1,554 @@
+"""specdec_np/_logits.h (the processed law of logits rows) against the reference.
+
+The header is compiled here into small shared libraries (the vector build, the scalar
+fallback, and deliberately wrong variants) and called through ctypes, so these tests need a
+C compiler but not the built extension.
+
+What may differ between the kernel and the reference, and by how much:
+
+* float32 rows: ``w`` is bit-identical (the reference computes the kernel's exponential
+  operation for operation), so min-p and top-k keep identical sets; top-p may differ only
+  where a cumulative sum is within the float64 rounding of two summation orders of
+  ``top_p * S`` (the knife-edge, ``_acceptable_cutoffs``).
+* float64 rows: the kernel uses libm's ``exp`` and the reference NumPy's, which may differ
+  in the last bit, so min-p may also differ for a token whose ``w`` is within a few float64
+  ulp of ``min_p``.
+* probabilities: ``_relative_bound``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_np import _contract
+from specdec_np._reference import _processed_law, fast_expf, process_logits
+
+HEADER_DIR = Path(__file__).resolve().parent.parent / "specdec_np"
+COMPILE_TIMEOUT_S = 120
+
+_WRAPPER = r"""
+#include "_logits.h"
+
+void t_exp_scalar(const float *x, float *out, ptrdiff_t n)
+{
+    for (ptrdiff_t i = 0; i < n; ++i)
+        out[i] = specdec_fast_expf(x[i]);
+}
+
+void t_exp_vector(const float *x, float *out, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+#if SPECDEC_HAVE_VECTORS
+    for (; i + 8 <= n; i += 8) {
+        specdec_v8f v;
+        memcpy(&v, x + i, sizeof v);
+        v = specdec_fast_expf8(v);
+        memcpy(out + i, &v, sizeof v);
+    }
+#endif
+    for (; i < n; ++i)
+        out[i] = specdec_fast_expf(x[i]);
+}
+
+/* Steps where exp decreases as x grows, over every float in [-104, -0]: the floats
+ * -0 .. -104 have the bit patterns 0x80000000 .. 0xC2D00000, in decreasing order. */
+int64_t t_exp_monotone_violations(void)
+{
+    int64_t violations = 0;
+    float previous = 0.0f;
+    const uint32_t first = 0x80000000u, last = 0xC2D00000u;
+    float x[1024], e[1024];
+    for (uint32_t start = first; start <= last; start += 1024) {
+        uint32_t count = last - start + 1 < 1024 ? last - start + 1 : 1024;
+        for (uint32_t i = 0; i < count; ++i) {
+            uint32_t bits = start + i;
+            memcpy(&x[i], &bits, sizeof bits);
+        }
+        t_exp_vector(x, e, count);
+        /* x decreases with i, so exp must not increase. */
+        for (uint32_t i = 0; i < count; ++i) {
+            violations += (i == 0 ? start != first && e[0] > previous : e[i] > e[i - 1]);
+        }
+        previous = e[count - 1];
+    }
+    return violations;
+}
+
+void t_row_law_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
+                 specdec_row_law *law) { specdec_row_law_f(l, V, t, k, p, m, law); }
+void t_row_law_d(const double *l, ptrdiff_t V, double t, int64_t k, double p, double m,
+                 specdec_row_law *law) { specdec_row_law_d(l, V, t, k, p, m, law); }
+void t_materialise_f(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,
+                     float *out) { specdec_law_materialise_f(l, V, t, law, out); }
+void t_materialise_d(const double *l, ptrdiff_t V, double t, const specdec_row_law *law,
+                     double *out) { specdec_law_materialise_d(l, V, t, law, out); }
+double t_probability_f(const float *l, ptrdiff_t y, float t, const specdec_row_law *law)
+{ return specdec_law_probability_f(l, y, t, law); }
+double t_probability_d(const double *l, ptrdiff_t y, double t, const specdec_row_law *law)
+{ return specdec_law_probability_d(l, y, t, law); }
+ptrdiff_t t_argmax_f(const float *row, ptrdiff_t V) { return specdec_argmax_f(row, V); }
+"""
+
+
+class RowLaw(ctypes.Structure):
+    _fields_ = [
+        ("z_max", ctypes.c_double),
+        ("cutoff", ctypes.c_double),
+        ("normaliser", ctypes.c_double),
+        ("num_infinite", ctypes.c_int64),
+        ("status", ctypes.c_int64),
+    ]
+
+    def fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name, _ in self._fields_)
+
+
+class Logits:
+    """ctypes calls of one build of the header, on NumPy arrays."""
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+        p = ctypes.c_void_p
+        for kind, scalar in (("f", ctypes.c_float), ("d", ctypes.c_double)):
+            getattr(lib, f"t_row_law_{kind}").argtypes = [
+                p, ctypes.c_ssize_t, scalar, ctypes.c_int64, ctypes.c_double, ctypes.c_double, p
+            ]
+            getattr(lib, f"t_materialise_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p, p]
+            getattr(lib, f"t_probability_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p]
+            getattr(lib, f"t_probability_{kind}").restype = ctypes.c_double
+        for name in ("t_exp_scalar", "t_exp_vector"):
+            getattr(lib, name).argtypes = [p, p, ctypes.c_ssize_t]
+        lib.t_exp_monotone_violations.restype = ctypes.c_int64
+        lib.t_argmax_f.argtypes = [p, ctypes.c_ssize_t]
+        lib.t_argmax_f.restype = ctypes.c_ssize_t
+
+    @staticmethod
+    def _kind(row: np.ndarray) -> str:
+        return "f" if row.dtype == np.float32 else "d"
+
+    def exp(self, x: np.ndarray, vector: bool = True) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty_like(x)
+        function = self.lib.t_exp_vector if vector else self.lib.t_exp_scalar
+        function(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    def row_law(
+        self, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+    ) -> RowLaw:
+        law = RowLaw()
+        getattr(self.lib, f"t_row_law_{self._kind(row)}")(
+            row.ctypes.data, row.size, temperature, top_k, top_p, min_p, ctypes.byref(law)
+        )
+        return law
+
+    def materialise(self, row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray:
+        out = np.full_like(row, -7.0)
+        getattr(self.lib, f"t_materialise_{self._kind(row)}")(
+            row.ctypes.data, row.size, temperature, ctypes.byref(law), out.ctypes.data
+        )
+        return out
+
+    def probability(self, row: np.ndarray, y: int, temperature: float, law: RowLaw) -> float:
+        function = getattr(self.lib, f"t_probability_{self._kind(row)}")
+        return float(function(row.ctypes.data, y, temperature, ctypes.byref(law)))
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    return None
+
+
+def _build(tmp: Path, stem: str, *defines: str) -> Logits:
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc, clang or $CC) to build _logits.h")
+    source = tmp / f"{stem}.c"
+    lib = tmp / f"lib{stem}.so"
+    source.write_text(_WRAPPER)
+    macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
+    cmd = [
+        cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-psabi",
+        "-Wno-unused-function", *macros, *defines, f"-I{HEADER_DIR}", str(source), "-o",
+        str(lib), "-lm",
+    ]  # fmt: skip
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
+    )
+    assert result.returncode == 0, f"compiling _logits.h failed:\n{result.stderr}"
+    assert "warning" not in result.stderr, result.stderr
+    return Logits(ctypes.CDLL(str(lib)))
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Logits]:
+    tmp = tmp_path_factory.mktemp("logits")
+    return {
+        "vector": _build(tmp, "vector"),
+        "scalar": _build(tmp, "scalar", "-DSPECDEC_NO_VECTOR_EXTENSIONS"),
+    }
+
+
+@pytest.fixture(scope="module")
+def vector(builds: dict[str, Logits]) -> Logits:
+    return builds["vector"]
+
+
+# ---- the exponential ------------------------------------------------------------------
+
+
+def _exp_grid() -> np.ndarray:
+    dense = np.linspace(-104.0, 0.0, 1 << 21, dtype=np.float32)
+    near_zero = -np.geomspace(1e-30, 1.0, 1 << 16).astype(np.float32)
+    return np.concatenate([dense, near_zero, np.float32([0.0, -0.0, -103.97, -103.28])])
+
+
+def _ulp_error(values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    exact = np.exp(x.astype(np.float64))
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    return np.abs(values.astype(np.float64) - exact) / ulp
+
+
+def test_fast_exp_is_within_two_ulp(vector: Logits) -> None:
+    x = _exp_grid()
+    error = _ulp_error(vector.exp(x), x)
+    worst = float(error.max())
+    print(f"fast expf: max error {worst:.3f} float32 ulp over {x.size} points in [-104, 0]")
+    assert worst <= 2.0, (worst, float(x[np.argmax(error)]))
+
+
+def test_fast_exp_ulp_check_catches_a_worse_exp(vector: Logits) -> None:
+    # The ulp measure itself must see a one-part-in-a-million error.
+    x = _exp_grid()[::64]
+    assert _ulp_error(np.float32(1.000001) * vector.exp(x), x).max() > 2.0
+
+
+def test_fast_exp_special_values(vector: Logits) -> None:
+    x = np.float32([-np.inf, np.nan, -104.5, -200.0, 0.0, -0.0, 1.0, 88.0, 1000.0, np.inf])
+    got = vector.exp(x)
+    assert np.array_equal(got[:4], np.zeros(4, np.float32))
+    assert got[4] == 1.0 and got[5] == 1.0
+    assert np.isfinite(got).all()
+
+
+def test_fast_exp_vector_scalar_and_reference_bits(builds: dict[str, Logits]) -> None:
+    x = np.concatenate(
+        [_exp_grid(), np.float32([np.nan, -np.inf, np.inf, -110.0, 50.0, 88.0, 89.0])]
+    )
+    vector_bits = builds["vector"].exp(x, vector=True).view(np.uint32)
+    assert np.array_equal(vector_bits, builds["vector"].exp(x, vector=False).view(np.uint32))
+    assert np.array_equal(vector_bits, builds["scalar"].exp(x).view(np.uint32))
+    assert np.array_equal(vector_bits, fast_expf(x).view(np.uint32))
+
+
+def test_fast_exp_reference_on_array_api_strict(vector: Logits) -> None:
+    xps = pytest.importorskip("array_api_strict")
+    x = _exp_grid()[::97]
+    got = np.asarray(fast_expf(xps.asarray(x)))
+    assert np.array_equal(got.view(np.uint32), vector.exp(x).view(np.uint32))
+
+
+def test_fast_exp_is_monotone(vector: Logits) -> None:
+    # min-p's cutoff is found by bisection on z, which needs w monotone in z.
+    assert vector.lib.t_exp_monotone_violations() == 0
+
+
+# ---- the law of a row -----------------------------------------------------------------
+
+
+def _z(row: np.ndarray, temperature: float) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return row / row.dtype.type(temperature)
+
+
+def _kernel_kept(row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray:
+    z = _z(row, temperature)
+    if law.status != 0:
+        return np.zeros(row.shape, bool)
+    if law.num_infinite > 0:
+        return z == np.inf
+    with np.errstate(invalid="ignore"):
+        return z >= law.cutoff
+
+
+def _reference(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float):
+    probabilities, kept, no_mass = _processed_law(
+        row[None, :], np.array([temperature]), np.array([top_k]), np.array([top_p]),
+        np.array([min_p]),
+    )  # fmt: skip
+    return probabilities[0], kept[0], bool(no_mass[0])
+
+
+def _weights(row: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """(z with NaN as -inf, w in float64) as the law defines them, for a row with mass."""
+    z = _z(row, temperature)
+    z = np.where(np.isnan(z), -np.inf, z)
+    with np.errstate(invalid="ignore"):
+        x = z - z.max()
+    w = fast_expf(x).astype(np.float64) if row.dtype == np.float32 else np.exp(x)
+    return z, w
+
+
+def _acceptable_cutoffs(
+    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> list[np.ndarray]:
+    """Every kept set the law allows once float64 rounding of the top-p sums is allowed for.
+
+    The kernel sums top-p's masses in another order than the reference: it may pick another
+    tie group only where the reference's cumulative mass above that group is within the
+    rounding of ``top_p * S``.  That rounding is at most ``(V - 1) 2^-53 S`` per order;
+    float64 rows add two ulp of ``exp`` per weight.
+    """
+    _, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p)
+    if no_mass or top_p >= 1.0:
+        return [kept]
+    z, w = _weights(row, temperature)
+    if np.isinf(z.max()):
+        return [kept]
+    _, before_top_p, _ = _reference(row, temperature, top_k, 1.0, min_p)
+    total = float(np.sum(np.where(before_top_p, w, 0.0)))
+    target = top_p * total
+    delta = (4 * row.size + 8) * 2.0**-53 * total
+    values = np.unique(z[before_top_p & (w > 0)])[::-1]
+    masses = [float(np.sum(w[before_top_p & (z >= v)])) for v in values]
+    options = []
+    for i, v in enumerate(values):
+        may_reach = masses[i] >= target - delta
+        higher_may_fall_short = all(m < target + delta for m in masses[:i])
+        if may_reach and higher_may_fall_short:
+            options.append(before_top_p & (z >= v))
+    return options or [kept]
+
+
+def _min_p_knife_edge(row: np.ndarray, temperature: float, min_p: float) -> bool:
+    """float64 rows: a token whose w is within 4 ulp of min_p (libm and NumPy exp may
+    round it differently)."""
+    if row.dtype != np.float64 or min_p <= 0.0:
+        return False
+    z, w = _weights(row, temperature)
+    if not np.isfinite(z.max()):
+        return False
+    return bool(np.any(np.abs(w - min_p) <= 4 * np.spacing(min_p)))
+
+
+def _relative_bound(row: np.ndarray, filtered: bool) -> float:
+    """How far the kernel's p may be from the reference's, relative to p.
+
+    ``w`` agrees (float32: bit for bit; float64: to 2 ulp); the normaliser differs by:
+    with a filter on, the float64 sum in two orders, at most ``2 (V - 1) 2^-53``; with none,
+    the online pass, whose weights ``exp(fl(z - m_lane)) exp(m_lane - m)`` differ from
+    ``exp(fl(z - m))`` by the argument rounding, ``2 u |z - m|`` (u the unit roundoff of
+    the dtype; under p its mean is at most the entropy, ``ln V``), plus twice the error of
+    ``exp`` (2 ulp, ``2 * 2 * 2u``).  The materialised row rounds once more, to the dtype.
+    """
+    vocab = row.size
+    u = 2.0**-24 if row.dtype == np.float32 else 2.0**-53
+    sums = 4 * vocab * 2.0**-53
+    online = 0.0 if filtered else 2 * u * math.log(max(vocab, 2)) + 8 * u
+    return sums + online + u
+
+
+def _check_row(
+    build: Logits, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> None:
+    law = build.row_law(row, temperature, top_k, top_p, min_p)
+    probabilities, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p)
+    assert law.status == int(no_mass), law.fields()
+    kernel_kept = _kernel_kept(row, temperature, law)
+    # The kept set's -inf entries carry no mass; compare where the law puts mass.
+    _, w = _weights(row, temperature) if not no_mass else (None, np.zeros(row.size))
+    if not (no_mass or law.num_infinite > 0):
+        mass = w > 0
+        options = _acceptable_cutoffs(row, temperature, top_k, top_p, min_p)
+        matches = [np.array_equal(kernel_kept & mass, option & mass) for option in options]
+        if not any(matches):
+            assert _min_p_knife_edge(row, temperature, min_p), (
+                law.fields(),
+                np.flatnonzero(kernel_kept & mass),
+                np.flatnonzero(kept & mass),
+            )
+            return
+        if not np.array_equal(kernel_kept & mass, kept & mass):
+            return  # an allowed knife-edge choice: the probabilities differ by design
+    else:
+        assert np.array_equal(kernel_kept, kept)
+    out = build.materialise(row, temperature, law)
+    assert out.dtype == row.dtype
+    filtered = bool(law.cutoff > -np.inf) if law.num_infinite == 0 else True
+    bound = _relative_bound(row, filtered)
+    error = np.abs(out.astype(np.float64) - probabilities)
+    assert np.all(error <= bound * probabilities + 1e-300), (float(np.max(error)), bound)
+    for y in np.unique(np.linspace(0, row.size - 1, 7).astype(np.int64)):
+        p = build.probability(row, int(y), temperature, law)
+        assert abs(p - probabilities[y]) <= bound * probabilities[y] + 1e-300
+
+
+_SPECIAL = [np.nan, -np.inf, np.inf]
+_TEMPERATURES = [1.0, 0.7, 2.5, 1e-3, 1e-30, 1e30, 1e-45]
+
+
+@st.composite
+def _cases(draw: Any) -> tuple[np.ndarray, float, int, float, float]:
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    vocab = draw(st.integers(1, 300))
+    # A few distinct levels, so that ties at every boundary are common.
+    levels = draw(
+        st.lists(st.floats(-30.0, 30.0, allow_nan=False), min_size=1, max_size=12, unique=True)
+    )
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    row = rng.choice(np.asarray(levels), size=vocab)
+    if draw(st.booleans()):
+        row = row + rng.standard_normal(vocab) * draw(st.sampled_from([1e-3, 1.0, 5.0]))
+    if draw(st.integers(0, 4)) == 0:
+        where = rng.random(vocab) < 0.1
+        row[where] = rng.choice(np.asarray(_SPECIAL), size=int(where.sum()))
+    temperature = draw(st.sampled_from(_TEMPERATURES))
+    top_k = draw(st.sampled_from([0, 1, 2, 5, vocab - 1, vocab, vocab + 3]))
+    top_p = draw(st.sampled_from([1.0, 0.95, 0.5, 0.1, 1e-9]))
+    min_p = draw(st.sampled_from([0.0, 1e-3, 0.1, 0.5, 1.0]))
+    return row.astype(dtype), temperature, max(top_k, 0), top_p, min_p
+
+
+@settings(max_examples=400)
+@given(_cases())
+def test_row_law_matches_reference(
+    builds: dict[str, Logits], case: tuple[np.ndarray, float, int, float, float]
+) -> None:
+    row, temperature, top_k, top_p, min_p = case
+    _check_row(builds["vector"], row, temperature, top_k, top_p, min_p)
+
+
+@settings(max_examples=200)
+@given(_cases())
+def test_vector_and_scalar_builds_agree_bit_for_bit(
+    builds: dict[str, Logits], case: tuple[np.ndarray, float, int, float, float]
+) -> None:
+    row, temperature, top_k, top_p, min_p = case
+    laws = [builds[b].row_law(row, temperature, top_k, top_p, min_p) for b in builds]
+    first, second = (np.array(law.fields()[:3]).view(np.uint64) for law in laws)
+    assert np.array_equal(first, second) and laws[0].fields()[3:] == laws[1].fields()[3:]
+    outs = [builds[b].materialise(row, temperature, laws[0]) for b in builds]
+    assert outs[0].tobytes() == outs[1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("vocab", [1, 7, 64, 65, 1000, 4099])
+def test_large_random_rows(vector: Logits, dtype: type, vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    row = (rng.standard_normal(vocab) * 3).astype(dtype)
+    for top_k, top_p, min_p in [(0, 1.0, 0.0), (50, 1.0, 0.0), (0, 0.95, 0.0),
+                                (0, 1.0, 0.05), (40, 0.9, 0.01), (1, 1.0, 0.0)]:  # fmt: skip
+        for temperature in (1.0, 0.6):
+            _check_row(vector, row, temperature, top_k, top_p, min_p)
+
+
+def test_ascending_row_keeps_its_normaliser(vector: Logits) -> None:
+    # Every block raises the running maximum: the rescaling must not compound its rounding.
+    row = np.linspace(-5.0, 5.0, 128256, dtype=np.float32)
+    _check_row(vector, row, 1.0, 0, 1.0, 0.0)
+
+
+def test_ties_at_the_boundaries_are_kept(vector: Logits) -> None:
+    row = np.float32([2.0, 1.0, 1.0, 0.0, 1.0, -1.0])
+    # top-k 2 lands inside the tie group of 1.0: all three are kept.
+    law = vector.row_law(row, 1.0, 2, 1.0, 0.0)
+    assert _kernel_kept(row, 1.0, law).tolist() == [True, True, True, False, True, False]
+    # top-p crosses inside the tie group of 1.0 (mass of 2.0 alone is 1/2.32 of the total).
+    law = vector.row_law(row, 1.0, 0, 0.6, 0.0)
+    assert _kernel_kept(row, 1.0, law).tolist() == [True, True, True, False, True, False]
+    # min-p at exactly w of 1.0 keeps the group.
+    w_tie = float(fast_expf(np.float32([-1.0]))[0])
+    law = vector.row_law(row, 1.0, 0, 1.0, w_tie)
+    assert _kernel_kept(row, 1.0, law).tolist() == [True, True, True, False, True, False]
+    law = vector.row_law(row, 1.0, 0, 1.0, np.nextafter(w_tie, 1.0))
+    assert _kernel_kept(row, 1.0, law).tolist() == [True, False, False, False, False, False]
+    for args in [(2, 1.0, 0.0), (0, 0.6, 0.0), (0, 1.0, w_tie), (3, 0.7, 0.1)]:
+        _check_row(vector, row, 1.0, *args)
+
+
+def test_top_p_knife_edge(vector: Logits) -> None:
+    """top_p * S set to a cumulative sum: either neighbouring group is allowed, no other."""
+    rng = np.random.default_rng(7)
+    row = rng.standard_normal(3000).astype(np.float32)
+    z, w = _weights(row, 1.0)
+    order = np.argsort(-z, kind="stable")
+    cumulative = np.cumsum(w[order])
+    seen_options = 0
+    for j in (5, 50, 500, 2000):
+        top_p = float(cumulative[j] / cumulative[-1])
+        options = _acceptable_cutoffs(row, 1.0, 0, top_p, 0.0)
+        assert 1 <= len(options) <= 2
+        seen_options = max(seen_options, len(options))
+        law = vector.row_law(row, 1.0, 0, top_p, 0.0)
+        kept = _kernel_kept(row, 1.0, law)
+        assert any(np.array_equal(kept, option) for option in options)
+        # Sets two groups off the knife-edge are never acceptable.
+        assert not any(np.array_equal(z >= z[order[j + 2]], option) for option in options)
+    assert seen_options == 2  # the knife-edge really is exercised
+
+
+def test_infinite_entries_make_the_row_uniform(vector: Logits) -> None:
+    row = np.float32([1.0, np.inf, 3.0, np.inf, np.nan, -np.inf])
+    for args in [(0, 1.0, 0.0), (1, 0.1, 0.5)]:
+        law = vector.row_law(row, 1.0, *args)
+        assert law.status == 0 and law.num_infinite == 2
+        assert vector.materialise(row, 1.0, law).tolist() == [0, 0.5, 0, 0.5, 0, 0]
+        _check_row(vector, row, 1.0, *args)
+    # A tiny temperature turns finite logits into +inf.
+    law = vector.row_law(np.float32([1.0, 2.0, 2.0, -1.0]), 1e-40, 0, 1.0, 0.0)
+    assert law.num_infinite == 3
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_without_mass(vector: Logits, dtype: type) -> None:
+    row = np.array([np.nan, -np.inf, np.nan], dtype=dtype)
+    law = vector.row_law(row, 1.0, 0, 0.9, 0.1)
+    assert law.status == 1
+    assert not vector.materialise(row, 1.0, law).any()
+    assert not process_logits(row[None], np.ones(1), np.zeros(1), np.ones(1), np.zeros(1)).any()
+
+
+def test_process_logits_on_array_api_strict() -> None:
+    xps = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(3)
+    logits = np.round(rng.standard_normal((4, 50)), 1).astype(np.float32)
+    args = (
+        np.array([1.0, 0.5, 2.0, 1.0]),
+        np.array([0, 5, 0, 60]),
+        np.array([1.0, 0.9, 0.5, 1.0]),
+        np.array([0.0, 0.0, 0.1, 0.0]),
+    )
+    expected = process_logits(logits, *args)
+    got = process_logits(xps.asarray(logits), *(xps.asarray(a) for a in args))
+    assert np.array_equal(np.asarray(got), expected)
+    assert np.allclose(expected.sum(axis=1), 1.0)
+
+
+def test_argmax(vector: Logits) -> None:
+    row = np.float32([np.nan, 1.0, 3.0, 3.0, np.nan])
+    assert vector.lib.t_argmax_f(row.ctypes.data, row.size) == 2
+    row = np.float32([np.nan, -np.inf])
+    assert vector.lib.t_argmax_f(row.ctypes.data, row.size) == 0
+
+
+# ---- negative controls ----------------------------------------------------------------
+
+
+def test_top_p_without_the_tie_rule_is_caught(tmp_path: Path) -> None:
+    wrong = _build(tmp_path, "mutation1", "-DSPECDEC_LOGITS_MUTATION=1")
+    row = np.float32([2.0, 1.0, 1.0, 0.0, 1.0, -1.0])
+    with pytest.raises(AssertionError):
+        _check_row(wrong, row, 1.0, 0, 0.6, 0.0)
