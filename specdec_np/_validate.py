@@ -362,3 +362,16 @@ def check_sampling_parameters(
         _first_bad(name, values, ~(low_ok & (values <= 1)), expected)
         result[name] = values
     return result
+
+
+def check_logit_values(name: str, array: Any, xp: Any) -> None:
+    """Strict mode for logits: no NaN and no +inf (``-inf`` masks a token and is allowed)."""
+    if array is None:
+        return
+    bad = xp.isnan(array) | (array == xp.inf)
+    if bool(xp.any(bad)):
+        index = first_index(bad, xp)
+        raise ValueError(
+            f"{name} must not be NaN or +inf in strict mode; found {float(array[index])} at "
+            f"index {list(index)}"
+        )

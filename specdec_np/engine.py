@@ -108,20 +108,24 @@ def verify_ragged(
         bonus position.  Taken as already processed (exactly one of ``target_logits`` and
         ``target_probs``).
     target_logits : float32 or float64 [T + B, V], optional
-        Not available in this release: give ``target_probs``.
+        The target's logits, in the layout of ``target_probs``; each row a request reads
+        is processed with its ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (the law
+        of ``docs/semantics.md``), and only the rows it reads are.
     draft_probs : same dtype [T, V] or None
         The distributions the drafts were drawn from; None for point-mass drafts.
-    draft_logits : None
-        Not available in this release.
+    draft_logits : same dtype [T, V], optional
+        The draft's logits (with ``target_logits``), processed like the target's.
     method : str
         A registry name (``specdec_np.registry.names()``): the verifier of the requests
         with ``temperature != 0``.
     temperature : scalar or array [B], optional
-        With probabilities it only says which requests are greedy (``0``): those are
-        verified greedily on their raw rows (accept while the draft is the argmax), the
-        others by ``method``.  None: every request uses ``method``.
-    top_k, top_p, min_p : None
-        Sampling filters; they need logits (a ValueError with probabilities).
+        ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
+        the argmax), the others by ``method``.  With logits it also scales them; with
+        probabilities it only says which requests are greedy.  None: 1, every request
+        uses ``method``.
+    top_k, top_p, min_p : scalar or array [B], optional
+        Sampling filters of logits rows (``top_k`` 0 or >= V, ``top_p`` 1 and ``min_p``
+        0 are off); a ValueError with probabilities, which are taken as processed.
     bonus_token_ids : int [B], optional
         None: a request whose drafts are all accepted draws its bonus token from its
         processed bonus row (the argmax for a greedy request), reading that row only then.
@@ -207,19 +211,24 @@ def _verify_ragged(
         raise ValueError("give exactly one of target_logits and target_probs")
     if draft_logits is not None and draft_probs is not None:
         raise ValueError("give at most one of draft_logits and draft_probs")
-    if target_logits is not None or draft_logits is not None:
-        raise NotImplementedError(
-            "target_logits and draft_logits are not available in this release; give "
-            "target_probs (and draft_probs)"
+    from_logits = target_logits is not None
+    if (draft_logits is not None and not from_logits) or (draft_probs is not None and from_logits):
+        raise ValueError(
+            "give the draft rows in the target's form: draft_logits with target_logits, "
+            "draft_probs with target_probs"
         )
+    target_name = "target_logits" if from_logits else "target_probs"
+    draft_name = "draft_logits" if from_logits else "draft_probs"
     batch = _layout.ragged_chain(
         num_draft_tokens,
         draft_token_ids,
-        target_probs,
-        draft_probs,
+        target_logits if from_logits else target_probs,
+        draft_logits if from_logits else draft_probs,
         bonus_token_ids,
         strict=strict,
         reads_draft_probs=verifier.reads_draft_probs,
+        target_name=target_name,
+        draft_name=draft_name,
     )
     sampling = _validate.check_sampling_parameters(
         batch.batch_size,
@@ -228,11 +237,14 @@ def _verify_ragged(
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
-        from_logits=False,
+        from_logits=from_logits,
     )
-    if strict:
-        _validate.check_probability_values("target_probs", batch.target_rows, batch.xp)
-        _validate.check_probability_values("draft_probs", batch.draft_rows, batch.xp)
+    if strict and from_logits:
+        _validate.check_logit_values(target_name, batch.target_rows, batch.xp)
+        _validate.check_logit_values(draft_name, batch.draft_rows, batch.xp)
+    elif strict:
+        _validate.check_probability_values(target_name, batch.target_rows, batch.xp)
+        _validate.check_probability_values(draft_name, batch.draft_rows, batch.xp)
     counts = np.diff(np.asarray(_host(batch.draft_offsets)))
     greedy = (
         np.zeros(batch.batch_size, dtype=bool)
@@ -266,6 +278,9 @@ def _verify_ragged(
         # Greedy requests draw nothing; the driver still wants a [B, max_k + 2] array.
         sources = _NoDraws(batch.xp, batch.batch_size, batch.max_k + 2)
     block = None if out is None else _check_out(out, batch)
+    processing = None
+    if from_logits:
+        processing = batch.xp.asarray(_sampling_table(sampling, greedy, batch.batch_size))
     return verify.verify_chain_batch(
         chosen,
         batch,
@@ -275,8 +290,24 @@ def _verify_ragged(
         request_methods=request_methods,
         causal=True,
         draw_bonus=draw_bonus,
+        sampling=processing,
         block=block,
     )
+
+
+def _sampling_table(
+    sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int
+) -> np.ndarray:
+    """float64 [B, 4]: temperature, top-k (0 = off), top-p, min-p of every request, with
+    the defaults of "off" (a greedy request reads its rows raw; its entries are unused)."""
+    table = np.empty((batch_size, 4), dtype=np.float64)
+    for column, (name, off) in enumerate(
+        (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
+    ):
+        values = sampling[name]
+        table[:, column] = off if values is None else values
+    table[greedy, 0] = 1.0
+    return table
 
 
 class _NoDraws:

@@ -88,6 +88,7 @@ def verify_chain_batch(
     request_methods: Any = None,
     causal: bool = False,
     draw_bonus: bool = False,
+    sampling: Any = None,
     block: _contract.OutputBlock | None = None,
 ) -> VerificationResult:
     """Run a verifier's row function over a validated chain batch.
@@ -108,6 +109,8 @@ def verify_chain_batch(
         Per-request row functions (indices into ``_core.ROW_FUNCTIONS``).
     causal, draw_bonus : bool
         As the chain driver takes them (the engine layout sets both).
+    sampling : float64 array [B, 4], optional
+        The rows are logits, processed with these per-request parameters.
     block : OutputBlock, optional
         Output buffers to fill (``[B, max_k + 1]`` and ``[B]``); allocated when None.
 
@@ -125,6 +128,16 @@ def verify_chain_batch(
             _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
     if block is None:
         block = _contract.allocate_output_block(xp, batch.batch_size, batch.max_k + 1)
+    threads = _backend.thread_count(
+        batch.batch_size, (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size
+    )
+    options = _driver_options(request_methods, causal, draw_bonus)
+    if sampling is not None:
+        options["sampling"] = sampling
+        # Per thread, the processed target and draft row of the request it works on.
+        options["scratch"] = xp.empty(
+            (threads, 2 * batch.vocab_size), dtype=batch.target_rows.dtype
+        )
     snapshot = sources.snapshot() if sources is not None else None
     point_mass = batch.draft_rows is None
     try:
@@ -143,12 +156,9 @@ def verify_chain_batch(
             uniforms,
             xp.asarray(parameters, dtype=xp.float64),
             *block,
-            _backend.thread_count(
-                batch.batch_size,
-                (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size,
-            ),
+            threads,
             # The engine layout's options, passed only when used.
-            **_driver_options(request_methods, causal, draw_bonus),
+            **options,
         )
         first = _backend.first_failed_row(first_bad_row, block.row_status)
         if first >= 0:
