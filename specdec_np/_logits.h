@@ -27,14 +27,7 @@
 #define SPECDEC_LOGITS_MUTATION 0
 #endif
 
-/* Helpers that take or return 32-byte vectors are always inlined: an out-of-line copy is
- * compiled for the baseline ISA, and the AVX2 clone of its caller would pass it the vectors
- * in registers under another calling convention (this bites at -O0 and -O1). */
-#if defined(__GNUC__)
-#define SPECDEC_INLINE static inline __attribute__((always_inline))
-#else
-#define SPECDEC_INLINE static inline
-#endif
+/* SPECDEC_INLINE (always inlined vector helpers) comes from _rowscan.h. */
 
 /* ---- a float32-accurate exponential ---------------------------------------------------- */
 

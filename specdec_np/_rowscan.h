@@ -23,6 +23,17 @@
 #endif
 
 
+/* Helpers that take or return vectors must be inlined into their callers: a helper left
+ * out of line is compiled for the baseline CPU, while the AVX2 clone of its caller passes
+ * 32-byte vectors in registers, so the two would disagree on where the vector is. */
+#ifndef SPECDEC_INLINE
+#if defined(__GNUC__)
+#define SPECDEC_INLINE static inline __attribute__((always_inline))
+#else
+#define SPECDEC_INLINE static inline
+#endif
+#endif
+
 #if defined(__GNUC__) && !defined(SPECDEC_NO_VECTOR_EXTENSIONS)
 #define SPECDEC_HAVE_VECTORS 1
 typedef float specdec_v4f __attribute__((vector_size(16)));
@@ -47,7 +58,7 @@ typedef float specdec_v4f __attribute__((vector_size(16)));
  * finite x, which is what the kernels pass (p + 1e-5 with p >= 0); other inputs give a
  * finite but meaningless value, never a trap. */
 #define SPECDEC_DEFINE_FAST_LOG(NAME, FLOAT_T, INT_T, TO_FLOAT)                             \
-    static inline FLOAT_T NAME(FLOAT_T x)                                                  \
+    SPECDEC_INLINE FLOAT_T NAME(FLOAT_T x)                                                  \
     {                                                                                      \
         INT_T bits;                                                                        \
         memcpy(&bits, &x, sizeof bits);                                                    \
@@ -109,14 +120,14 @@ typedef int64_t specdec_v4l __attribute__((vector_size(32)));
 #define SPECDEC_CLONES
 #endif
 
-static inline specdec_v4d specdec_positive_part(specdec_v4d w)
+SPECDEC_INLINE specdec_v4d specdec_positive_part(specdec_v4d w)
 {
     const specdec_v4d zero = {0.0, 0.0, 0.0, 0.0};
     return (specdec_v4d)((specdec_v4l)w & (specdec_v4l)(w > zero));
 }
 
 /* q of a point-mass draft for indices first .. first + 3. */
-static inline specdec_v4d specdec_one_hot(ptrdiff_t first, ptrdiff_t point_mass)
+SPECDEC_INLINE specdec_v4d specdec_one_hot(ptrdiff_t first, ptrdiff_t point_mass)
 {
     const specdec_v4d one = {1.0, 1.0, 1.0, 1.0};
     specdec_v4l index = {first, first + 1, first + 2, first + 3};
@@ -125,7 +136,7 @@ static inline specdec_v4d specdec_one_hot(ptrdiff_t first, ptrdiff_t point_mass)
 }
 
 /* Eight values as two float64 quadruples, zero-filled past `left` (full group if >= 8). */
-static inline void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v4d out[2])
+SPECDEC_INLINE void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v4d out[2])
 {
     specdec_v4f low, high;
     if (left >= 8) {
@@ -141,7 +152,7 @@ static inline void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v4d o
     out[1] = __builtin_convertvector(high, specdec_v4d);
 }
 
-static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d out[2])
+SPECDEC_INLINE void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d out[2])
 {
     if (left >= 8) {
         memcpy(out, x, 2 * sizeof(specdec_v4d));
@@ -153,7 +164,7 @@ static inline void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d 
 }
 
 #define SPECDEC_DEFINE_RESIDUAL_SUM(NAME, T, LOAD8)                                         \
-    static inline void NAME##_group(const T *p, const T *q, ptrdiff_t point_mass,          \
+    SPECDEC_INLINE void NAME##_group(const T *p, const T *q, ptrdiff_t point_mass,          \
                                     specdec_v4d rho, specdec_v4d scale, ptrdiff_t y,       \
                                     ptrdiff_t left, specdec_v4d acc[2])                    \
     {                                                                                      \
@@ -248,13 +259,13 @@ typedef int32_t specdec_v8i __attribute__((vector_size(32)));
 
 SPECDEC_DEFINE_FAST_LOG(specdec_fast_logf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8F)
 
-static inline specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best)
+SPECDEC_INLINE specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best)
 {
     specdec_v8i wins = candidates > best; /* NaN candidates never win */
     return (specdec_v8f)(((specdec_v8i)candidates & wins) | ((specdec_v8i)best & ~wins));
 }
 
-static inline void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
+SPECDEC_INLINE void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
 {
     specdec_v8f term = p * specdec_fast_logf8(p + (float)SPECDEC_ENTROPY_EPSILON);
     specdec_v4f term_low = {term[0], term[1], term[2], term[3]};
