@@ -372,9 +372,10 @@ def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
         else:
             try:
                 device_type, device = first.__dlpack_device__()
+                device_type, device = int(device_type), int(device)
             except Exception:  # not an array: the function's own checks will say so
                 return function(first, *args, **kwargs)
-            if int(device_type) != _DLPACK_CUDA:
+            if device_type != _DLPACK_CUDA:
                 return function(first, *args, **kwargs)
         with cuda_module().cuda.Device(int(device)):
             return function(first, *args, **kwargs)

@@ -226,3 +226,44 @@ def test_generator_uniforms_of_the_wrong_shape_never_reach_the_kernel() -> None:
         "rejection_sample used a generator's [1, 1] uniforms for a [4, 4] batch: " + process.stdout
     )
     assert "generator" in process.stdout
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
+    """Issue 11's input classes with their required outcomes: byte-swapped arrays give the
+    native result, longdouble, generator subclasses and look-alikes, masked arrays,
+    matrices and broken DLPack producers are refused naming the argument, foreign float64
+    uniforms are taken, 0-d uniforms report shape []."""
+    calls = max(1, CALLS // 3)
+    arguments = ("--family", "hardening", "--group", group, "--seed", str(SEED + 2))
+    run = run_worker(tmp_path, *arguments, "--calls", str(calls))
+    assert not run.crashed, run.report()
+    summary = run.summary
+    assert summary is not None and summary["calls"] == calls
+    assert not summary["failures"], failure_report(run)
+    assert summary["returned"] >= calls // 10, summary
+    assert summary["TypeError"] >= calls // 10, summary
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        pytest.param(
+            "rejection",
+            marks=pytest.mark.xfail(strict=True, reason="lead: kernel fix pending"),
+        ),
+        "typical",
+        "greedy",
+    ],
+)
+def test_fuzz_kernel_classes(group: str, tmp_path: Path) -> None:
+    """Negative or NaN draft entries never let a token of target probability 0 out, and
+    a residual whose float64 sum overflows is drawn without bias (issue 11)."""
+    calls = max(1, CALLS // 6)
+    arguments = ("--family", "kernel", "--group", group, "--seed", str(SEED + 3))
+    run = run_worker(tmp_path, *arguments, "--calls", str(calls))
+    assert not run.crashed, run.report()
+    summary = run.summary
+    assert summary is not None and summary["calls"] == calls
+    assert not summary["failures"], failure_report(run)
+    assert summary["returned"] >= calls // 2, summary
