@@ -569,8 +569,7 @@ UNIFORM_ERRORS = [
     ("float32", "uniforms must be a float64 array; found float32"),
     (
         "list",
-        "uniforms must be a NumPy array, a CuPy array or an array that exports DLPack; "
-        "found list",
+        "uniforms must be a NumPy array, a CuPy array or an array that exports DLPack; found list",
     ),
 ]
 
