@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from . import _core, _validate
 
 __all__ = [
     "array_namespace",
+    "available_cores",
     "check_one_device",
     "cuda_available",
     "cuda_module",
@@ -73,7 +75,8 @@ def cuda_available() -> bool:
 
 
 def intake(x: Any, name: str) -> Any:
-    """Return ``x`` as a NumPy or CuPy array without copying.
+    """Return ``x`` as a NumPy or CuPy array, without copying unless its byte order is not
+    the machine's (then a native copy of the same dtype).
 
     Parameters
     ----------
@@ -84,10 +87,17 @@ def intake(x: Any, name: str) -> Any:
     Raises
     ------
     TypeError
-        For anything that is not an array (lists, scalars, strings, None), a torch tensor
-        that requires grad, or a DLPack device other than CPU and CUDA.
+        For anything that is not an array (lists, scalars, strings, None), a masked array
+        or a ``numpy.matrix`` (their mask and their 2-d semantics would be ignored), a torch
+        tensor that requires grad, a DLPack device other than CPU and CUDA, and a producer
+        whose ``__dlpack__`` or ``__dlpack_device__`` does not follow the protocol.
     """
     if isinstance(x, np.ndarray):
+        _refuse_subclass(x, name)
+        if not x.dtype.isnative:
+            # The kernels read native numbers; the same dtype in native order keeps every
+            # value (a byte-swapped float64 must not become float32).
+            return x.astype(x.dtype.newbyteorder("="))
         return x
     if is_cupy_array(x):
         return x
@@ -96,13 +106,14 @@ def intake(x: Any, name: str) -> Any:
             raise TypeError(
                 f"{name} requires grad; call .detach() before passing it to the verifier"
             )
-        device_type = int(x.__dlpack_device__()[0])
+        device_type = _dlpack_device_type(x, name)
         try:
             if device_type == _DLPACK_CPU:
                 return np.from_dlpack(x)
             if device_type == _DLPACK_CUDA:
                 return cuda_module().from_dlpack(x)
-        except (BufferError, TypeError, RuntimeError) as error:
+        except (BufferError, TypeError, RuntimeError, ValueError) as error:
+            _raise_unless_capsule(x, name, device_type)
             raise TypeError(
                 f"{name} could not be taken through DLPack ({error}); bfloat16 tensors must "
                 "be converted to float32 by the caller"
@@ -115,6 +126,52 @@ def intake(x: Any, name: str) -> Any:
         f"{name} must be a NumPy array, a CuPy array or an array that exports DLPack; "
         f"found {type(x).__name__}"
     )
+
+
+def _refuse_subclass(x: np.ndarray, name: str) -> None:
+    """Masked arrays and matrices are ndarrays whose meaning the kernels would not honour
+    (the mask would be ignored, a matrix is always 2-d): refuse them rather than guess."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} must be a plain NumPy array, not a masked array (the mask would be "
+            "ignored); pass numpy.ma.filled(x, fill_value) or x.data; found MaskedArray"
+        )
+    if isinstance(x, np.matrix):
+        raise TypeError(
+            f"{name} must be a plain NumPy array, not a numpy.matrix; pass numpy.asarray(x); "
+            "found matrix"
+        )
+
+
+def _dlpack_device_type(x: Any, name: str) -> int:
+    """The device type of a DLPack producer, checked: the protocol says a pair of ints."""
+    try:
+        device = x.__dlpack_device__()
+    except Exception as error:
+        raise TypeError(f"{name}.__dlpack_device__() failed: {error!r}") from error
+    if (
+        not isinstance(device, (tuple, list))
+        or len(device) != 2
+        or not all(isinstance(part, (int, np.integer)) for part in device)
+    ):
+        raise TypeError(
+            f"{name}.__dlpack_device__() must return a (device_type, device_id) pair of ints; "
+            f"found {device!r}"
+        )
+    return int(device[0])
+
+
+def _raise_unless_capsule(x: Any, name: str, device_type: int) -> None:
+    """After a failed import: if ``__dlpack__`` did not even return a capsule, say that."""
+    try:
+        capsule = x.__dlpack__()
+    except Exception:
+        return
+    if type(capsule).__name__ != "PyCapsule":
+        raise TypeError(
+            f"{name}.__dlpack__() must return a DLPack capsule (PyCapsule); found "
+            f"{type(capsule).__name__}"
+        )
 
 
 def array_namespace(x: Any) -> Any:
@@ -207,7 +264,19 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
     """
     if batch_size < 2 or batch_size * elements_per_row < PARALLEL_MIN_ELEMENTS:
         return 1
-    return max(1, min(batch_size, _core.openmp_max_threads()))
+    # OMP_NUM_THREADS is not trusted: libgomp keeps per-thread data of a team on the
+    # caller's stack, so a team far larger than the machine crashes the process.
+    return max(1, min(batch_size, _core.openmp_max_threads(), available_cores()))
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except OSError:  # pragma: no cover - depends on the OS
+            pass
+    return max(1, os.cpu_count() or 1)
 
 
 def kernels_for(device: int | None) -> Any:
@@ -233,7 +302,7 @@ def device_context(first: Any) -> Any:
     else:
         try:
             device_type, device = first.__dlpack_device__()
-            device_type = int(device_type)
+            device_type, device = int(device_type), int(device)
         except Exception:  # not an array: the function's own checks will say so
             return contextlib.nullcontext()
         if device_type != _DLPACK_CUDA:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ._backend import intake
 from ._philox import counter_uniforms
 from ._validate import check_uniforms
 
@@ -115,13 +116,21 @@ class OwnGenerator:
 
 
 def _is_generator(generator: Any) -> bool:
-    """A ``numpy.random.Generator``, a ``cupy.random.Generator`` or a :class:`CounterStream`:
-    the only sources whose ``random(shape)`` is trusted to return float64 uniforms of that
-    shape."""
-    if isinstance(generator, (np.random.Generator, CounterStream)):
-        return True
+    """Exactly a ``numpy.random.Generator``, a ``cupy.random.Generator`` or a
+    :class:`CounterStream`: the only sources whose ``random(shape)`` is trusted to return
+    float64 uniforms in ``[0, 1)`` of that shape.  Subclasses may override ``random`` and
+    are refused, as are classes that merely carry the name (the CuPy class is compared by
+    identity, imported only when the object's type claims to come from cupy)."""
     kind = type(generator)
-    return kind.__name__ == "Generator" and kind.__module__.split(".", 1)[0] == "cupy"
+    if kind is np.random.Generator or kind is CounterStream:
+        return True
+    if kind.__module__.split(".", 1)[0] != "cupy":
+        return False
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return kind is getattr(getattr(cupy, "random", None), "Generator", None)
 
 
 def _check_generator(name: str, generator: Any) -> None:
@@ -216,11 +225,12 @@ class RejectionUniforms:
                     "uniforms cannot be combined with seeded_seqs or counter_seeds: explicit "
                     "uniforms already fix every row"
                 )
-            if not hasattr(uniforms, "dtype") or uniforms.dtype != np.float64:
-                found = getattr(uniforms, "dtype", type(uniforms).__name__)
-                raise TypeError(f"uniforms must be a float64 array; found {found}")
+            uniforms = intake(uniforms, "uniforms")
+            if uniforms.dtype != np.float64:
+                raise TypeError(f"uniforms must be a float64 array; found {uniforms.dtype}")
+            # The shape is checked before any copy: ascontiguousarray makes 0-d arrays 1-d.
+            check_uniforms(uniforms, batch_size, k)
             self._explicit = xp.ascontiguousarray(uniforms)
-            check_uniforms(self._explicit, batch_size, k)
         for row, row_generator in self._seeded.items():
             _check_generator(f"seeded_seqs[{row}]", row_generator)
         both = set(self._seeded).intersection(counter_rows)

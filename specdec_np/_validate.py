@@ -140,7 +140,8 @@ def check_token_id_range(vocab_size: int, draft_token_ids: Any, bonus_token_ids:
 def check_probability_dtype(name: str, dtype: Any, *, strict: bool) -> None:
     """Check a probability array's dtype.
 
-    Non-strict: any real floating dtype (float16 and bfloat16 are upcast by the caller).
+    Non-strict: float64, float32, float16 or bfloat16 (the last two are upcast by the
+    caller); wider floats (longdouble) are refused.
     Strict: exactly float32, the sampler's ``probs_dtype``, as in vLLM's strict mode.
     """
     if strict:
@@ -148,6 +149,11 @@ def check_probability_dtype(name: str, dtype: Any, *, strict: bool) -> None:
             raise TypeError(f"{name} must have dtype float32 in strict mode; found {dtype}")
         return
     kind = getattr(dtype, "kind", None)
+    if kind == "f" and dtype.itemsize > 8:
+        raise TypeError(
+            f"{name} must have dtype float64 or float32 (floats wider than float64 are not "
+            f"narrowed silently; convert them first); found {dtype}"
+        )
     if kind != "f" and str(dtype) != "bfloat16":
         raise TypeError(
             f"{name} must have a floating dtype (float32 or float64; float16 and bfloat16 "
@@ -252,6 +258,14 @@ def check_vocab_size(vocab_size: Any) -> int:
     return int(vocab_size)
 
 
+def check_strict_mode(value: Any) -> bool:
+    """``strict_mode``: a bool (or a NumPy bool); anything else, arrays included, is a
+    TypeError rather than a truth value guessed from it."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"strict_mode must be a bool; found {type(value).__name__}")
+
+
 def check_seed(seed: Any) -> Any:
     """A sampler seed: None or a non-negative int (what ``numpy.random.default_rng`` takes)."""
     if seed is None:
@@ -261,13 +275,6 @@ def check_seed(seed: Any) -> Any:
     if seed < 0:
         raise ValueError(f"seed must be a non-negative int or None; found {int(seed)}")
     return int(seed)
-
-
-def check_strict_mode(strict_mode: Any) -> bool:
-    """``strict_mode`` must be a bool (an array's truth value would be ambiguous)."""
-    if not isinstance(strict_mode, (bool, np.bool_)):
-        raise TypeError(f"strict_mode must be a bool; found {type(strict_mode).__name__}")
-    return bool(strict_mode)
 
 
 def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarray:

@@ -42,21 +42,58 @@ _TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
 # -- small helpers ---------------------------------------------------------------------------
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer ``>= minimum`` (otherwise a usage error, exit 2)."""
+def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (and ``<= maximum`` if given); otherwise
+    a usage error, exit 2."""
+    expected = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected an integer >= {minimum}; found {text!r}"
+                f"expected an integer {expected}; found {text!r}"
             ) from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}; found {value}")
+            raise argparse.ArgumentTypeError(f"expected an integer {expected}; found {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer {expected} (at most {maximum}); found {value}"
+            )
         return value
 
     return parse
+
+
+# Upper bounds of the demo's sizes: generous for a demo, and small enough that no
+# combination of them can ask for more than a few hundred MiB (checked jointly below).
+MAX_K = 64
+MAX_BATCH = 4096
+MAX_TOKENS = 100_000
+MAX_VOCAB_SIZE = 100_000
+MAX_SAMPLES = 4096
+# float32 elements of one step's [B, k+1, V] target (and [B, k, V] draft): 256 MiB each.
+MAX_STEP_ELEMENTS = 1 << 26
+# int64 elements of the [B, tokens] sequences: 400 MB.
+MAX_SEQUENCE_ELEMENTS = 50_000_000
+
+
+def _check_demo_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage error (exit 2) for sizes that are each allowed but too large together."""
+    if getattr(args, "command", None) not in (None, "demo") or not hasattr(args, "k"):
+        return
+    # + 2: the demo's <unk> and <eos> tokens.
+    step = args.batch * (args.k + 1) * (args.vocab_size + 2)
+    if step > MAX_STEP_ELEMENTS:
+        parser.error(
+            f"--batch x (--k + 1) x (--vocab-size + 2) = {step} is too large: at most "
+            f"{MAX_STEP_ELEMENTS} probabilities per step"
+        )
+    sequences = args.batch * args.tokens
+    if sequences > MAX_SEQUENCE_ELEMENTS:
+        parser.error(
+            f"--batch x --tokens = {sequences} is too large: at most {MAX_SEQUENCE_ELEMENTS}"
+        )
 
 
 def _json_ready(value: Any) -> Any:
@@ -464,16 +501,24 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "bonus tokens",
     )
     demo.add_argument(
-        "--k", type=_int_at_least(1), default=4, help="draft tokens per step (default 4)"
+        "--k",
+        type=_int_at_least(1, MAX_K),
+        default=4,
+        help=f"draft tokens per step (default 4, at most {MAX_K})",
     )
     demo.add_argument(
-        "--batch", type=_int_at_least(1), default=8, help="sequences decoded together (default 8)"
+        "--batch",
+        type=_int_at_least(1, MAX_BATCH),
+        default=8,
+        help=f"sequences decoded together (default 8, at most {MAX_BATCH}; --batch x (--k + 1) x "
+        f"(--vocab-size + 2) at most {MAX_STEP_ELEMENTS}, --batch x --tokens at most "
+        f"{MAX_SEQUENCE_ELEMENTS}, to keep memory small)",
     )
     demo.add_argument(
         "--tokens",
-        type=_int_at_least(1),
+        type=_int_at_least(1, MAX_TOKENS),
         default=300,
-        help="new tokens per sequence (default 300)",
+        help=f"new tokens per sequence (default 300, at most {MAX_TOKENS})",
     )
     demo.add_argument(
         "--seed",
@@ -483,12 +528,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--vocab-size",
-        type=_int_at_least(2),
+        type=_int_at_least(2, MAX_VOCAB_SIZE),
         default=4000,
-        help="most frequent words kept, plus <unk> and <eos> (default 4000)",
+        help=f"most frequent words kept, plus <unk> and <eos> (default 4000, at most "
+        f"{MAX_VOCAB_SIZE})",
     )
     demo.add_argument(
-        "--samples", type=_int_at_least(0), default=3, help="generated texts to print (default 3)"
+        "--samples",
+        type=_int_at_least(0, MAX_SAMPLES),
+        default=3,
+        help=f"generated texts to print (default 3, at most {MAX_SAMPLES})",
     )
     demo.add_argument(
         "--json", action="store_true", help="print the summary as JSON (and no text)"
@@ -560,6 +609,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """
     parser = build_parser(prog)
     args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+    _check_demo_sizes(parser, args)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -77,7 +77,7 @@ class SpecDecodeBaseSampler:
     """
 
     def __init__(self, strict_mode: bool = False) -> None:
-        self._strict_mode = bool(strict_mode)
+        self._strict_mode = _validate.check_strict_mode(strict_mode)
         self._num_bonus_tokens = 1
         self.num_accepted_tokens: Any = None
         self.num_emitted_tokens: Any = None
@@ -112,19 +112,7 @@ class SpecDecodeBaseSampler:
         self._create_counters(_parse_device(device, device_type))
 
     def _create_counters(self, device: int | None) -> None:
-        if device is None:
-            xp = np
-            self.num_accepted_tokens = np.zeros((), dtype=np.int64)
-            self.num_emitted_tokens = np.zeros((), dtype=np.int64)
-        else:
-            xp = _backend.cuda_module()
-            if not _backend.cuda_available():
-                raise ValueError(
-                    f"device cuda:{device} was requested but CuPy has no usable CUDA device"
-                )
-            with xp.cuda.Device(device):
-                self.num_accepted_tokens = xp.zeros((), dtype=xp.int64)
-                self.num_emitted_tokens = xp.zeros((), dtype=xp.int64)
+        self.num_accepted_tokens, self.num_emitted_tokens = _zero_counters(device)
         self._device = device
 
     def _check_device(self, device: int | None) -> None:
@@ -136,25 +124,53 @@ class SpecDecodeBaseSampler:
             )
 
     def _record(self, result: verify.VerificationResult, device: int | None) -> None:
-        """Add one call's statistics to the counters (created on ``device`` if needed)."""
+        """Add one call's statistics to the counters (created on ``device`` if needed).
+
+        All or nothing, a ``KeyboardInterrupt`` included: the new totals are computed
+        first, then stored by a few assignments that are undone if anything interrupts
+        them.  An empty batch changes nothing and creates no counters (``init_tensors``
+        still works after it).
+        """
         self._check_device(device)
-        if self.num_accepted_tokens is None:
-            self._create_counters(device)
+        existing = self.num_accepted_tokens is not None
         batch_size = result.output_token_ids.shape[0]
         if batch_size == 0:
             return
+        if existing:
+            accepted_counter, emitted_counter = self.num_accepted_tokens, self.num_emitted_tokens
+        else:
+            accepted_counter, emitted_counter = _zero_counters(device)
         if isinstance(result.num_accepted, np.ndarray):
             # Python ints and item updates: a tenth of the cost of 0-d array arithmetic,
             # which dominates this method at B = 1.  The counters stay the same arrays.
-            self.num_accepted_tokens[()] += sum(result.num_accepted.tolist())
-            self.num_emitted_tokens[()] += sum(result.accepted_lengths.tolist()) + batch_size
+            old_accepted, old_emitted = int(accepted_counter), int(emitted_counter)
+            new_accepted = old_accepted + sum(result.num_accepted.tolist())
+            new_emitted = old_emitted + sum(result.accepted_lengths.tolist()) + batch_size
         else:
             # CuPy: sums and updates stay on the device (no synchronisation).
-            self.num_accepted_tokens += result.num_accepted.sum()
-            self.num_emitted_tokens += result.accepted_lengths.sum() + batch_size
-        self.num_draft_tokens += result.num_draft_tokens
-        self._num_verified_rows += batch_size
-        self._num_possible_tokens += result.num_draft_tokens + batch_size
+            old_accepted, old_emitted = accepted_counter.copy(), emitted_counter.copy()
+            new_accepted = old_accepted + result.num_accepted.sum()
+            new_emitted = old_emitted + result.accepted_lengths.sum() + batch_size
+        old_totals = (self.num_draft_tokens, self._num_verified_rows, self._num_possible_tokens)
+        old_device = self._device
+        try:
+            accepted_counter[...] = new_accepted
+            emitted_counter[...] = new_emitted
+            self.num_draft_tokens = old_totals[0] + result.num_draft_tokens
+            self._num_verified_rows = old_totals[1] + batch_size
+            self._num_possible_tokens = old_totals[2] + result.num_draft_tokens + batch_size
+            if not existing:
+                self.num_accepted_tokens = accepted_counter
+                self.num_emitted_tokens = emitted_counter
+                self._device = device
+        except BaseException:
+            accepted_counter[...] = old_accepted
+            emitted_counter[...] = old_emitted
+            self.num_draft_tokens, self._num_verified_rows, self._num_possible_tokens = old_totals
+            if not existing:
+                self.num_accepted_tokens = self.num_emitted_tokens = None
+                self._device = old_device
+            raise
 
     @property
     def probs_dtype(self) -> np.dtype:
@@ -235,6 +251,9 @@ class SpecDecodeBaseSampler:
         draft_probs: Any = None,
     ) -> None:
         """Run the four checks below (vLLM's order and arguments); raise on the first."""
+        target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs = _taken_in(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
         self._raise_if_incorrect_shape(
             target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
         )
@@ -257,6 +276,9 @@ class SpecDecodeBaseSampler:
     ) -> None:
         """``ValueError`` unless the shapes are ``[B, k+1, V]``, ``[B, k]``, ``[B, 1]`` and
         ``[B, k, V]``."""
+        target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs = _taken_in(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
         _validate.check_shapes(
             target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids
         )
@@ -269,6 +291,9 @@ class SpecDecodeBaseSampler:
         draft_probs: Any = None,
     ) -> None:
         """``TypeError`` unless the dtypes are exactly ``probs_dtype`` and ``token_id_dtype``."""
+        target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs = _taken_in(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
         _validate.check_probability_dtype(
             "target_with_bonus_probs", target_with_bonus_probs.dtype, strict=True
         )
@@ -285,6 +310,9 @@ class SpecDecodeBaseSampler:
         draft_probs: Any = None,
     ) -> None:
         """``ValueError`` unless every array lives on one device."""
+        target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs = _taken_in(
+            target_with_bonus_probs, draft_token_ids, bonus_token_ids, draft_probs
+        )
         _backend.check_one_device(
             {
                 "target_with_bonus_probs": target_with_bonus_probs,
@@ -298,7 +326,33 @@ class SpecDecodeBaseSampler:
         self, vocab_size: int, draft_token_ids: Any, bonus_token_ids: Any
     ) -> None:
         """``ValueError`` naming the first (row, position) whose id is outside ``[0, V)``."""
+        draft_token_ids = _backend.intake(draft_token_ids, "draft_token_ids")
+        bonus_token_ids = _backend.intake(bonus_token_ids, "bonus_token_ids")
         _validate.check_token_id_range(vocab_size, draft_token_ids, bonus_token_ids)
+
+
+def _taken_in(
+    target_with_bonus_probs: Any, draft_token_ids: Any, bonus_token_ids: Any, draft_probs: Any
+) -> tuple[Any, Any, Any, Any]:
+    """The check helpers' arguments as ``forward`` takes them in (NumPy, CuPy or DLPack;
+    anything else is the TypeError ``forward`` raises)."""
+    return (
+        _backend.intake(target_with_bonus_probs, "target_with_bonus_probs"),
+        _backend.intake(draft_token_ids, "draft_token_ids"),
+        _backend.intake(bonus_token_ids, "bonus_token_ids"),
+        None if draft_probs is None else _backend.intake(draft_probs, "draft_probs"),
+    )
+
+
+def _zero_counters(device: int | None) -> tuple[Any, Any]:
+    """Fresh ``(num_accepted_tokens, num_emitted_tokens)``: 0-d int64 zeros on ``device``."""
+    if device is None:
+        return np.zeros((), dtype=np.int64), np.zeros((), dtype=np.int64)
+    xp = _backend.cuda_module()
+    if not _backend.cuda_available():
+        raise ValueError(f"device cuda:{device} was requested but CuPy has no usable CUDA device")
+    with xp.cuda.Device(device):
+        return xp.zeros((), dtype=xp.int64), xp.zeros((), dtype=xp.int64)
 
 
 def _device_name(device: int | None) -> str:
@@ -373,7 +427,7 @@ class _StochasticSampler(_RegisteredSampler):
     """Constructor and ``forward`` of a stochastic verifier's sampler."""
 
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
-        super().__init__(_validate.check_strict_mode(strict_mode))  # type: ignore[call-arg]
+        super().__init__(strict_mode)  # type: ignore[call-arg]
         self._parameters = {}
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
         self._generator = self._own_generator.numpy
@@ -443,7 +497,7 @@ class _DeterministicSampler(_RegisteredSampler):
                                 f"argument {name!r}")
             given[name] = value
         strict_mode = given.pop("strict_mode", False)
-        super().__init__(_validate.check_strict_mode(strict_mode))  # type: ignore[call-arg]
+        super().__init__(strict_mode)  # type: ignore[call-arg]
         values = verify.check_parameters(self._verifier, given)
         self._parameters = dict(zip(self._verifier.parameter_names, values))
 

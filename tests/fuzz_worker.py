@@ -24,7 +24,14 @@ Families:
 * ``arrays``: the array arguments are corrupted (ids, dtypes, ranks, shapes, empty
   dimensions, non-finite values, layouts, containers) — the memory-safety fuzz;
 * ``arguments``: the other arguments (uniforms with seeds, ``seeded_seqs``,
-  ``counter_seeds``, ``generator``, posteriors, ``vocab_size``, ``strict_mode``).
+  ``counter_seeds``, ``generator``, posteriors, ``vocab_size``, ``strict_mode``);
+* ``hardening``: the input classes of the second attack (issue 11), each with the outcome
+  it must have: byte-swapped arrays give the native result, ``longdouble`` is refused,
+  generator subclasses and look-alikes are refused, masked arrays and ``numpy.matrix``
+  are refused, broken DLPack producers get a TypeError that says so, foreign float64
+  uniforms are taken, 0-d uniforms report shape ``[]``;
+* ``kernel``: negative or NaN draft probabilities (a token of target probability 0 is
+  never emitted) and target rows whose float64 sum overflows (drawn without bias).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any
 import numpy as np
 
 import specdec_np
+from specdec_np import registry
 
 try:  # optional: foreign arrays that come in through DLPack
     import array_api_strict
@@ -56,15 +64,24 @@ try:  # optional: bfloat16 NumPy arrays
 except ImportError:  # pragma: no cover - depends on the installation
     ml_dtypes = None
 
-FAMILIES = ("arrays", "arguments")
-GROUPS = ("rejection", "typical", "greedy", "output")
+FAMILIES = ("arrays", "arguments", "hardening", "kernel")
+# One group per registered verifier (its sampler class and its stateless function), and
+# vLLM's _create_output.
+GROUPS = (*registry.names(), "output")
 
 ENTRIES = {
-    "rejection": ("RejectionSampler", "rejection_sample"),
-    "typical": ("TypicalAcceptanceSampler", "typical_acceptance_sample"),
-    "greedy": ("GreedySampler", "greedy_sample"),
+    **{v.name: (v.sampler_name, v.function_name) for v in registry.VERIFIERS},
     "output": ("create_output", "_create_output"),
 }
+
+
+def is_stochastic(group: str) -> bool:
+    """Whether the group's verifier draws uniforms and reads draft probabilities."""
+    return group in registry.names(stochastic=True)
+
+
+def parameters_of(group: str) -> tuple[registry.Parameter, ...]:
+    return () if group == "output" else registry.get(group).parameters
 
 # Names an exception message may use to say which argument is wrong.
 ARGUMENT_NAMES = (
@@ -76,8 +93,7 @@ ARGUMENT_NAMES = (
     "seeded_seqs",
     "counter_seeds",
     "generator",
-    "posterior_threshold",
-    "posterior_alpha",
+    *(p.name for v in registry.VERIFIERS for p in v.parameters),
     "accepted",
     "substitute_token_ids",
     "vocab_size",
@@ -198,6 +214,11 @@ class Case:
     vocab: int = 1
     mutations: list[str] = field(default_factory=list)
     constructor: dict[str, Any] = field(default_factory=dict)
+    # What the call must do (families hardening and kernel): "native" (the result of the
+    # same call with ``native`` arguments), "TypeError:<argument>", "ValueError:<text>",
+    # "positive" (only tokens of positive target probability) or "even" (see below).
+    expect: str | None = None
+    native: dict[str, Any] | None = None
 
     def description(self, seed: int) -> str:
         lines = [
@@ -278,7 +299,7 @@ def base_case(rng: np.random.Generator, index: int, family: str, group: str) -> 
         }
         return case
     case.args = {"target_with_bonus_probs": target, "bonus_token_ids": bonus}
-    if group == "rejection":
+    if is_stochastic(group):
         draft_probs = None
         if rng.random() < 0.75:
             draft_probs = probabilities(rng, (batch, k, vocab), float_dtype)
@@ -289,15 +310,15 @@ def base_case(rng: np.random.Generator, index: int, family: str, group: str) -> 
         if entry[0].isupper():  # the samplers take (and ignore) draft_probs
             case.args["draft_probs"] = pick(rng, [None, target[:, :k]])
         case.args["draft_token_ids"] = draft_ids
-    if group == "typical":
-        posteriors = {
-            "posterior_threshold": pick(rng, [0.09, 0.0, 1e-3, 0.5, 1.0, 10]),
-            "posterior_alpha": pick(rng, [0.3, 0.0, 0.9, 1, 100.0]),
+    if parameters_of(group):
+        values = {
+            p.name: pick(rng, [p.default, 0.0, 1e-3, 0.5, 0.9, 1, 10, 100.0])
+            for p in parameters_of(group)
         }
-        if entry.startswith("Typical"):
-            case.constructor = posteriors
+        if entry[0].isupper():  # a sampler takes its parameters at construction
+            case.constructor = values
         else:
-            case.args.update(posteriors)
+            case.args.update(values)
     return case
 
 
@@ -335,7 +356,7 @@ def array_arguments(case: Case) -> list[str]:
         for name in (*ID_ARGUMENTS, *PROBABILITY_ARGUMENTS, "accepted")
         if name in case.args and isinstance(case.args[name], np.ndarray)
     ]
-    if case.group == "rejection" and "uniforms" not in case.args:
+    if is_stochastic(case.group) and "uniforms" not in case.args:
         names.append("uniforms")  # adds explicit (possibly bad) uniforms
     return names
 
@@ -729,11 +750,11 @@ def mutate_rejection_arguments(rng: np.random.Generator, case: Case, batch: int)
 
 
 def mutate_arguments(rng: np.random.Generator, case: Case, batch: int, vocab: int) -> None:
-    if case.group == "rejection":
+    if is_stochastic(case.group):
         case.mutations.append(mutate_rejection_arguments(rng, case, batch))
-    elif case.group == "typical":
-        target = case.constructor if case.entry.startswith("Typical") else case.args
-        for name in ("posterior_threshold", "posterior_alpha"):
+    elif parameters_of(case.group):
+        target = case.constructor if case.entry[0].isupper() else case.args
+        for name in (p.name for p in parameters_of(case.group)):
             if rng.random() < 0.6:
                 target[name] = pick(rng, weird_posteriors())
                 case.mutations.append(f"{name}")
@@ -753,14 +774,259 @@ def mutate_arguments(rng: np.random.Generator, case: Case, batch: int, vocab: in
         mutate_arrays(rng, case, vocab)
 
 
+# --------------------------------------------------------------------------------------
+# Hardening and kernel families (issue 11): corrupted inputs with a known outcome
+# --------------------------------------------------------------------------------------
+
+
+class GeneratorSubclass(np.random.Generator):
+    """A ``numpy.random.Generator`` subclass whose uniforms are negative."""
+
+    def random(self, size: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return np.full(size, -0.5)
+
+
+def look_alike(module: str) -> Any:
+    """An object of a class called ``Generator`` that claims to live in ``module``."""
+    cls = type("Generator", (), {"random": lambda self, size=None: np.full(size, -0.5)})
+    cls.__module__ = module
+    return cls()
+
+
+class BrokenDLPack:
+    """A DLPack producer that breaks the protocol in one of two ways."""
+
+    def __init__(self, capsule: Any, device: Any) -> None:
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> Any:
+        return self.device
+
+    def __repr__(self) -> str:
+        return f"BrokenDLPack(capsule={self.capsule!r}, device={self.device!r})"
+
+
+def explicit_uniforms(rng: np.random.Generator, case: Case) -> None:
+    """Rejection calls: explicit uniforms instead of seeds, so the result is reproducible."""
+    if is_stochastic(case.group):
+        for name in ("seeded_seqs", "counter_seeds", "generator"):
+            case.args.pop(name, None)
+        case.args["uniforms"] = rng.random((case.batch, case.k + 1))
+
+
+def numpy_arrays(case: Case) -> list[str]:
+    return [name for name, x in case.args.items() if isinstance(x, np.ndarray)]
+
+
+def mutate_hardening(rng: np.random.Generator, case: Case) -> str:
+    """One input of classes 3, 5, 7 and 13 of issue 11, with the outcome it must have."""
+    kinds = ["byteorder", "byteorder", "masked", "matrix", "dlpack_capsule", "dlpack_device"]
+    if np.dtype(np.longdouble).itemsize > 8 and case.group != "output":
+        kinds.append("longdouble")
+    if is_stochastic(case.group):
+        kinds += ["generator", "generator", "foreign_uniforms", "zero_d_uniforms"]
+    kind = pick(rng, kinds)
+    if kind == "byteorder":
+        explicit_uniforms(rng, case)
+        case.native = dict(case.args)
+        names = numpy_arrays(case)
+        chosen = [name for name in names if rng.random() < 0.5] or [pick(rng, names)]
+        for name in chosen:
+            x = case.args[name]
+            case.args[name] = x.astype(x.dtype.newbyteorder())
+        case.expect = "native"
+        return f"byte-swapped {', '.join(chosen)}"
+    if kind == "longdouble":
+        name = pick(
+            rng,
+            [
+                n
+                for n in ("target_with_bonus_probs", "draft_probs")
+                if isinstance(case.args.get(n), np.ndarray)
+            ],
+        )
+        if name == "draft_probs" and not is_stochastic(case.group):
+            name = "target_with_bonus_probs"
+        case.args[name] = case.args[name].astype(np.longdouble)
+        case.expect = f"TypeError:{name}"
+        return f"{name} longdouble"
+    if kind == "generator":
+        bad = pick(
+            rng,
+            [
+                GeneratorSubclass(np.random.PCG64(case.index)),
+                look_alike("cupy.random"),
+                look_alike("cupy"),
+                look_alike("cupy._core"),
+            ],
+        )
+        if case.entry == "rejection_sample" and rng.random() < 0.5:
+            case.args["generator"] = bad
+            case.args.pop("uniforms", None)
+            name = "generator"
+        else:
+            row = int(rng.integers(max(case.batch, 1)))
+            case.args.pop("uniforms", None)
+            case.args.pop("counter_seeds", None)
+            case.args["seeded_seqs"] = {row: bad}
+            name = "seeded_seqs"
+        # With B = 0 a row index is out of range: a ValueError naming seeded_seqs.
+        case.expect = f"TypeError:{name}" if case.batch or name == "generator" else None
+        return f"{name}: {describe(bad)}"
+    if kind == "foreign_uniforms":
+        if array_api_strict is None:
+            return "foreign uniforms skipped"
+        explicit_uniforms(rng, case)
+        case.native = dict(case.args)
+        case.args["uniforms"] = array_api_strict.asarray(case.args["uniforms"])
+        case.expect = "native"
+        return "array_api_strict float64 uniforms"
+    if kind == "zero_d_uniforms":
+        explicit_uniforms(rng, case)
+        case.args["uniforms"] = np.array(0.5)
+        case.expect = "ValueError:found shape []"
+        return "0-d uniforms"
+    names = numpy_arrays(case)
+    if kind == "matrix":
+        names = [name for name in names if name != "uniforms"] or names
+    name = pick(rng, names)
+    x = case.args[name]
+    if kind == "masked":
+        case.args[name] = np.ma.masked_array(x, mask=rng.random(x.shape) < 0.3)
+        label = "masked array"
+    elif kind == "matrix":
+        rows = x.shape[0] if x.ndim else 1
+        case.args[name] = np.asmatrix(x.reshape(rows, x.size // rows if rows else 0))
+        label = "numpy.matrix"
+    elif kind == "dlpack_capsule":
+        case.args[name] = BrokenDLPack(pick(rng, [5, None, "capsule", x]), (1, 0))
+        label = "__dlpack__ returns a non-capsule"
+    else:
+        case.args[name] = BrokenDLPack(None, pick(rng, [None, "cpu", (1,), ("a", 0), 3.5, [1]]))
+        label = "__dlpack_device__ returns junk"
+    ignored = name == "draft_probs" and not is_stochastic(case.group)
+    case.expect = None if ignored else f"TypeError:{name}"
+    return f"{name}: {label}"
+
+
+def mutate_kernel_inputs(rng: np.random.Generator, case: Case) -> str:
+    """Classes 4 and 6 of issue 11: negative or NaN draft entries, overflowing rows."""
+    case.strict = False
+    if not is_stochastic(case.group) or rng.random() < 0.3:
+        x = case.args.get("target_with_bonus_probs")
+        if isinstance(x, np.ndarray) and x.size:
+            x = x.astype(np.float64)
+            x[x > 0] = 1e308
+            case.args["target_with_bonus_probs"] = x
+            if isinstance(case.args.get("draft_probs"), np.ndarray):
+                case.args["draft_probs"] = case.args["draft_probs"].astype(np.float64)
+        case.expect = "positive" if is_stochastic(case.group) else None
+        return "target rows of 1e308"
+    if rng.random() < 0.5:
+        return overflowing_residual(rng, case)
+    target = case.args["target_with_bonus_probs"].astype(np.float64)
+    draft = case.args.get("draft_probs")
+    draft = np.zeros(target.shape[:1] + (case.k,) + target.shape[2:]) if draft is None else draft
+    draft = draft.astype(np.float64)
+    if case.vocab > 1 and case.batch:
+        zero = rng.random(target.shape) < 0.4
+        target[zero] = 0.0
+    value = pick(rng, [-1e-9, -1e-300, -1.0, -np.inf, np.nan])
+    where = (target[:, : case.k] <= 0) & (rng.random(draft.shape) < 0.7)
+    draft[where] = value
+    case.args.update(target_with_bonus_probs=target, draft_probs=draft)
+    case.expect = "positive"
+    return f"draft_probs={value} where the target is 0"
+
+
+def overflowing_residual(rng: np.random.Generator, case: Case) -> str:
+    """Many copies of one row whose residual sums past float64's range; the residual
+    uniforms are evenly spaced, so each token of the support must get its share."""
+    n, vocab = 300, max(case.vocab, 3)
+    support = rng.choice(np.arange(1, vocab), size=int(rng.integers(2, vocab)), replace=False)
+    target = np.zeros((n, 2, vocab))
+    target[:, :, support] = 1e308
+    draft = np.zeros((n, 1, vocab))
+    draft[:, 0, 0] = 1.0  # token 0 has p = 0: always rejected
+    case.batch, case.k, case.vocab = n, 1, vocab
+    case.args = {
+        "target_with_bonus_probs": target,
+        "bonus_token_ids": np.ones((n, 1), dtype=np.int64),
+        "draft_probs": draft,
+        "draft_token_ids": np.zeros((n, 1), dtype=np.int64),
+    }
+    if case.entry == "RejectionSampler":
+        case.args["seeded_seqs"] = None
+    case.args["uniforms"] = np.column_stack([np.full(n, 0.5), (np.arange(n) + 0.5) / n])
+    case.expect = "even"
+    return f"residual of 1e308 on {sorted(support.tolist())}"
+
+
+def expectation_problems(case: Case, result: Any, error: Exception | None) -> list[str]:
+    """Whether a call of the hardening and kernel families did what it must."""
+    expect = case.expect
+    if expect is None:
+        return []
+    if expect.startswith(("TypeError:", "ValueError:")):
+        kind, _, text = expect.partition(":")
+        if error is None:
+            return [f"returned; expected a {kind} naming {text!r}"]
+        if type(error).__name__ != kind or text not in str(error):
+            return [f"raised {type(error).__name__}: {error}; expected a {kind} naming {text!r}"]
+        return []
+    if expect == "native":
+        native = Case(**{**case.__dict__, "args": case.native, "expect": None})
+        try:
+            reference: Any = invoke(native, Samplers(0), None)
+        except (TypeError, ValueError) as native_error:
+            if error is None or type(error) is not type(native_error):
+                return [f"native inputs raised {native_error!r}; this call gave {error!r}"]
+            return []
+        if error is not None:
+            return [f"raised {error!r}; the native inputs returned"]
+        if not np.array_equal(output_of(result), output_of(reference)):
+            return ["output differs from the output for native inputs"]
+        return []
+    if error is not None:
+        if isinstance(error, ValueError) and "no positive probability" in str(error):
+            return []
+        return [f"raised {error!r} for valid rows"]
+    output = output_of(result)
+    target = np.asarray(case.args["target_with_bonus_probs"], dtype=np.float64)
+    problems = []
+    for b in range(output.shape[0]):
+        for i, token in enumerate(output[b, : case.k].tolist()):
+            if token >= 0 and not target[b, i, token] > 0:
+                problems.append(f"row {b} emitted token {token} of target probability 0")
+                break
+    if expect == "even" and not problems:
+        counts = np.bincount(output[:, 0], minlength=case.vocab)
+        support = np.flatnonzero(target[0, 0] > 0)
+        share = output.shape[0] / len(support)
+        if np.abs(counts[support] - share).max() > 2:
+            problems.append(f"residual draws {counts.tolist()} are not even over {support}")
+    return problems
+
+
+def output_of(result: Any) -> np.ndarray:
+    return result.output_token_ids if isinstance(result, specdec_np.VerificationResult) else result
+
+
 def make_case(seed: int, family: str, group: str, index: int) -> Case:
     """The case of ``index`` (a pure function of its four arguments)."""
     rng = np.random.default_rng([seed, FAMILIES.index(family), GROUPS.index(group), index])
     case = base_case(rng, index, family, group)
     if family == "arrays":
         mutate_arrays(rng, case, case.vocab)
-    else:
+    elif family == "arguments":
         mutate_arguments(rng, case, case.batch, case.vocab)
+    elif family == "hardening":
+        case.mutations.append(mutate_hardening(rng, case))
+    else:
+        case.mutations.append(mutate_kernel_inputs(rng, case))
     return case
 
 
@@ -779,26 +1045,19 @@ class Samplers:
     def get(self, case: Case) -> Any:
         cls_name = case.entry if case.entry[0].isupper() else None
         if case.entry == "_create_output":
-            cls_name = ("RejectionSampler", "TypicalAcceptanceSampler", "GreedySampler")[
-                case.index % 3
-            ]
-        posteriors = case.constructor if cls_name == "TypicalAcceptanceSampler" else {}
-        if posteriors and case.family == "arguments":
+            cls_name = registry.VERIFIERS[case.index % len(registry.VERIFIERS)].sampler_name
+        verifier = next(v for v in registry.VERIFIERS if v.sampler_name == cls_name)
+        values = case.constructor if verifier.parameters else {}
+        cls = getattr(specdec_np, cls_name)
+        if values and case.family == "arguments":
             # A fresh instance: the constructor's arguments are fuzzed.
-            return specdec_np.TypicalAcceptanceSampler(
-                posteriors["posterior_threshold"],
-                posteriors["posterior_alpha"],
-                strict_mode=case.strict,
-            )
-        key = (cls_name, bool(case.strict), *posteriors.values())
+            return cls(*values.values(), strict_mode=case.strict)
+        key = (cls_name, bool(case.strict), *values.values())
         if key not in self.pool:
-            cls = getattr(specdec_np, cls_name)
-            if cls_name == "RejectionSampler":
+            if verifier.stochastic:
                 self.pool[key] = cls(case.strict, seed=self.seed)
-            elif posteriors:
-                self.pool[key] = cls(*posteriors.values(), strict_mode=case.strict)
             else:
-                self.pool[key] = cls(strict_mode=case.strict)
+                self.pool[key] = cls(*values.values(), strict_mode=case.strict)
         return self.pool[key]
 
 
@@ -814,8 +1073,9 @@ def invoke(case: Case, samplers: Samplers, sampler: Any) -> Any:
     """Make the call that ``case`` describes (constructors included)."""
     a = case.args
     entry = case.entry
-    if entry == "rejection_sample":
-        return specdec_np.rejection_sample(
+    verifier = next((v for v in registry.VERIFIERS if v.function_name == entry), None)
+    if verifier is not None and verifier.stochastic:
+        return getattr(specdec_np, entry)(
             a["target_with_bonus_probs"],
             a["bonus_token_ids"],
             a["draft_probs"],
@@ -823,20 +1083,13 @@ def invoke(case: Case, samplers: Samplers, sampler: Any) -> Any:
             strict_mode=case.strict,
             **keyword_arguments(case, ("uniforms", "generator", "seeded_seqs", "counter_seeds")),
         )
-    if entry == "typical_acceptance_sample":
-        return specdec_np.typical_acceptance_sample(
+    if verifier is not None:
+        return getattr(specdec_np, entry)(
             a["target_with_bonus_probs"],
             a["bonus_token_ids"],
             a["draft_token_ids"],
             strict_mode=case.strict,
-            **keyword_arguments(case, ("posterior_threshold", "posterior_alpha")),
-        )
-    if entry == "greedy_sample":
-        return specdec_np.greedy_sample(
-            a["target_with_bonus_probs"],
-            a["bonus_token_ids"],
-            a["draft_token_ids"],
-            strict_mode=case.strict,
+            **keyword_arguments(case, verifier.parameter_names),
         )
     if entry == "create_output":
         return specdec_np.create_output(
@@ -862,7 +1115,7 @@ def invoke(case: Case, samplers: Samplers, sampler: Any) -> Any:
         a.get("draft_probs"),
         a["draft_token_ids"],
     ]
-    if entry == "RejectionSampler":
+    if is_stochastic(case.group):
         if "seeded_seqs" in a:
             positional.append(a["seeded_seqs"])
         return sampler(*positional, **keyword_arguments(case, ("counter_seeds", "uniforms")))
@@ -1012,6 +1265,9 @@ def counter_problems(case: Case, output: np.ndarray, before: tuple, after: tuple
     accepted0, emitted0, drafts0 = (0 if v is None else v for v in before)
     accepted1, emitted1, drafts1 = after
     problems = []
+    if batch == 0:
+        # An empty batch changes no counter and creates none (issue 11).
+        return [] if after == before else [f"an empty batch changed the counters: {after}"]
     if not isinstance(accepted1, int) or not isinstance(emitted1, int):
         return ["counters missing after a successful call"]
     emitted = int((output != -1).sum())
@@ -1119,6 +1375,15 @@ def run_case(case: Case, samplers: Samplers, tally: Tally, seed: int, log: Any) 
                 f"changed: {', '.join(changed)}; {type(error).__name__}: {error}",
             )
             return "failed"
+        expected = expectation_problems(case, None, error)
+        if expected:
+            tally.fail(
+                f"{case.family} case of {case.entry}: {case.mutations[0][:60]}",
+                case,
+                seed,
+                "; ".join(expected),
+            )
+            return "failed"
         return classify_error(case, error, tally, seed)
     except Exception as error:  # any other type is a failure
         tally.fail(
@@ -1134,6 +1399,8 @@ def run_case(case: Case, samplers: Samplers, tally: Tally, seed: int, log: Any) 
     if not problems and isinstance(result, np.ndarray | specdec_np.VerificationResult):
         output = result if isinstance(result, np.ndarray) else result.output_token_ids
         problems = consumption_problems(case, states, output)
+    if not problems:
+        problems = expectation_problems(case, result, None)
     if problems:
         # Numbers (rows, shapes, ids) vary between calls of one bug: not in the signature.
         signature = f"invalid output of {case.entry}: {re.sub(r'-?[0-9]+', 'N', problems[0])[:70]}"

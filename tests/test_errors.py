@@ -566,9 +566,12 @@ UNIFORM_ERRORS = [
     ("inf", "uniforms must lie in [0, 1); found inf at index (1, 2)"),
     ("shape", "uniforms must have shape [B, k+1] = [3, 4]; found shape [3, 3]"),
     ("transposed", "uniforms must have shape [B, k+1] = [3, 4]; found shape [4, 3]"),
-    ("0-d", "uniforms must have shape [B, k+1] = [3, 4]; found shape [1]"),
+    ("0-d", "uniforms must have shape [B, k+1] = [3, 4]; found shape []"),
     ("float32", "uniforms must be a float64 array; found float32"),
-    ("list", "uniforms must be a float64 array; found list"),
+    (
+        "list",
+        "uniforms must be a NumPy array, a CuPy array or an array that exports DLPack; found list",
+    ),
 ]
 
 

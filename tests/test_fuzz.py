@@ -24,9 +24,12 @@ from typing import Any
 
 import pytest
 
+from specdec_np import registry
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().with_name("fuzz_worker.py")
-GROUPS = ("rejection", "typical", "greedy", "output")
+# One group per registered verifier, and vLLM's _create_output.
+GROUPS = (*registry.names(), "output")
 CALLS = int(os.environ.get("SPECDEC_FUZZ_CALLS", "6000"))
 SEED = int(os.environ.get("SPECDEC_FUZZ_SEED", "20240607"))
 TIMEOUT_S = 300
@@ -132,7 +135,7 @@ def check_fuzz_run(run: WorkerRun, calls: int) -> dict[str, Any]:
     assert sum(summary[name] for name in outcomes) == calls
     assert not summary["failures"], failure_report(run)
     # Both paths were exercised many times.
-    assert summary["returned"] >= calls // 10, summary
+    assert summary["returned"] >= calls // 20, summary
     assert summary["TypeError"] >= calls // 50, summary
     assert summary["ValueError"] >= calls // 50, summary
     return summary
@@ -226,3 +229,34 @@ def test_generator_uniforms_of_the_wrong_shape_never_reach_the_kernel() -> None:
         "rejection_sample used a generator's [1, 1] uniforms for a [4, 4] batch: " + process.stdout
     )
     assert "generator" in process.stdout
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
+    """Issue 11's input classes with their required outcomes: byte-swapped arrays give the
+    native result, longdouble, generator subclasses and look-alikes, masked arrays,
+    matrices and broken DLPack producers are refused naming the argument, foreign float64
+    uniforms are taken, 0-d uniforms report shape []."""
+    calls = max(1, CALLS // 3)
+    arguments = ("--family", "hardening", "--group", group, "--seed", str(SEED + 2))
+    run = run_worker(tmp_path, *arguments, "--calls", str(calls))
+    assert not run.crashed, run.report()
+    summary = run.summary
+    assert summary is not None and summary["calls"] == calls
+    assert not summary["failures"], failure_report(run)
+    assert summary["returned"] >= calls // 20, summary
+    assert summary["TypeError"] >= calls // 10, summary
+
+
+@pytest.mark.parametrize("group", registry.names())
+def test_fuzz_kernel_classes(group: str, tmp_path: Path) -> None:
+    """Negative or NaN draft entries never let a token of target probability 0 out, and
+    a residual whose float64 sum overflows is drawn without bias (issue 11)."""
+    calls = max(1, CALLS // 6)
+    arguments = ("--family", "kernel", "--group", group, "--seed", str(SEED + 3))
+    run = run_worker(tmp_path, *arguments, "--calls", str(calls))
+    assert not run.crashed, run.report()
+    summary = run.summary
+    assert summary is not None and summary["calls"] == calls
+    assert not summary["failures"], failure_report(run)
+    assert summary["returned"] >= calls // 2, summary

@@ -118,4 +118,4 @@ def test_empty_batch_returns_empty_output_and_keeps_counters():
         target, bonus, _, draft_ids = batch(batch_size=0)
         output = sampler(target, bonus, None, draft_ids)
         assert output.shape == (0, 4) and output.dtype == np.int64
-        assert int(sampler.num_accepted_tokens) == 0 and sampler.num_draft_tokens == 0
+        assert sampler.num_accepted_tokens is None and sampler.num_draft_tokens == 0
