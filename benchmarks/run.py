@@ -19,8 +19,9 @@ call or more, then the median of N calls measured with ``time.perf_counter_ns`` 
 to the call's cost, within ``--min-repeats`` and ``--repeats``).  For B = 1 the run also
 splits the entry point's time into its stages (intake, id check, uniforms, output block,
 kernel, finish; ``--no-profile`` skips it).  Every stochastic verifier also gets its mean
-accepted length over ``--paired-draws`` rounds of explicit uniforms shared by all of them,
-and its ratio to token-wise rejection's on the same inputs and uniforms.
+accepted length over ``--paired-draws`` rounds (fresh draft ids drawn from ``draft_probs``
+and fresh explicit uniforms per round, shared by all of them), and its ratio to token-wise
+rejection's on the same ids and uniforms.
 
 Usage::
 
@@ -649,20 +650,46 @@ def class_call(
 
 def paired_lengths(
     cell: Cell, verifiers: Sequence[registry.Verifier], draws: int, seed: int
-) -> dict[str, float]:
-    """Mean accepted length of each stochastic verifier over ``draws`` rounds of explicit
-    uniforms, every verifier getting the same uniforms in each round (a paired comparison on
-    identical inputs)."""
+) -> dict[str, dict[str, float]]:
+    """Mean accepted length of each stochastic verifier over ``draws`` rounds, paired.
+
+    Each round draws fresh draft ids from ``draft_probs`` (the drafter's process: block
+    verification's guarantee holds in expectation over the drafts, not for every fixed
+    path) and fresh explicit uniforms; every verifier gets the same ids and uniforms.
+
+    Returns
+    -------
+    dict
+        ``name -> {"mean": mean accepted length per row, "gain": mean paired difference
+        from TOKENWISE's, "gain_se": its standard error}``.
+    """
     generator = np.random.default_rng([seed, 1, cell.batch, cell.k, cell.vocab])
-    totals = dict.fromkeys((v.name for v in verifiers), 0)
-    for _ in range(draws):
+    ids = np.empty((draws, cell.batch, cell.k), dtype=np.int64)
+    for b in range(cell.batch):
+        for i in range(cell.k):
+            cdf = np.cumsum(cell.draft_probs[b, i], dtype=np.float64)
+            picks = np.searchsorted(cdf, generator.random(draws) * cdf[-1], side="right")
+            ids[:, b, i] = np.minimum(picks, cell.vocab - 1)
+    lengths = {v.name: np.empty((draws, cell.batch), dtype=np.int64) for v in verifiers}
+    for round_ in range(draws):
         uniforms = generator.random((cell.batch, cell.k + 1))
         for verifier in verifiers:
             result = getattr(specdec_np, verifier.function_name)(
-                cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids, uniforms=uniforms
+                cell.target, cell.bonus_ids, cell.draft_probs, ids[round_], uniforms=uniforms
             )
-            totals[verifier.name] += int(result.accepted_lengths.sum())
-    return {name: total / (draws * cell.batch) for name, total in totals.items()}
+            lengths[verifier.name][round_] = result.accepted_lengths
+    baseline = lengths[TOKENWISE]
+    summary = {}
+    for name, values in lengths.items():
+        difference = (values - baseline).ravel().astype(np.float64)
+        summary[name] = {
+            "mean": float(values.mean()),
+            "gain": float(difference.mean()),
+            "gain_se": float(difference.std(ddof=1) / math.sqrt(difference.size))
+            if difference.size > 1
+            else 0.0,
+        }
+    return summary
 
 
 def _rows_equal(ours: np.ndarray, theirs: Any) -> float:
@@ -713,7 +740,7 @@ def run_cell(
     if cupy is not None:
         device_arrays = {name: cupy.asarray(array) for name, array in host_arrays.items()}
     selected = [registry.get(name) for name in args.verifiers]
-    paired: dict[str, float] = {}
+    paired: dict[str, dict[str, float]] = {}
     stochastic = [v for v in selected if v.stochastic]
     if args.paired_draws and stochastic:
         # The token-wise baseline joins every paired comparison, selected or not.
@@ -789,11 +816,12 @@ def run_cell(
                 bytes=nbytes,
             )
             if name in paired:
-                row["mean_length"] = paired[name]
-                row["tokenwise_length"] = paired[TOKENWISE]
-                row["x_tokenwise_length"] = (
-                    paired[name] / paired[TOKENWISE] if paired[TOKENWISE] > 0 else None
-                )
+                mean, tokenwise = paired[name]["mean"], paired[TOKENWISE]["mean"]
+                row["mean_length"] = mean
+                row["tokenwise_length"] = tokenwise
+                row["x_tokenwise_length"] = mean / tokenwise if tokenwise > 0 else None
+                row["length_gain"] = paired[name]["gain"]
+                row["length_gain_se"] = paired[name]["gain_se"]
                 row["paired_draws"] = args.paired_draws
             row["x_ref"] = None if row["ref_us"] is None else row["ref_us"] / row["time_us"]
             row["x_torch"] = None if row["torch_us"] is None else row["torch_us"] / row["time_us"]
@@ -876,7 +904,10 @@ GAIN_COLUMNS = (
     ("mean_length", "mean_len"),
     ("tokenwise_length", "rejection_len"),
     ("x_tokenwise_length", "ratio"),
+    ("length_gain", "gain"),
+    ("length_gain_se", "gain_se"),
     ("roofline", "roofline"),
+    ("roofline_best", "roofline_best"),
 )
 PROFILE_COLUMNS = (
     ("verifier", "verifier"),
@@ -899,9 +930,9 @@ def _fmt(key: str, value: Any) -> str:
         return f"{value / 1e6:.3f}" if value < 1e7 else f"{value / 1e6:.1f}"
     if key in ("x_ref", "x_torch", "x_torch_best"):
         return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
-    if key in ("accepted", "roofline", "mean_length", "tokenwise_length"):
+    if key in ("accepted", "roofline", "roofline_best", "mean_length", "tokenwise_length"):
         return f"{value:.2f}"
-    if key == "x_tokenwise_length":
+    if key in ("x_tokenwise_length", "length_gain", "length_gain_se"):
         return f"{value:.3f}"
     if key == "stages":
         return " ".join(f"{name}={us:.1f}" for name, us in value.items()) or "-"
@@ -1037,6 +1068,11 @@ def report(
         f"# numpy {meta['numpy']}, python {meta['python']}, {meta['cpu_count']} CPUs; "
         f"{meta['torch']}"
     )
+    if meta.get("openmp_max_threads") is not None:
+        print(
+            f"# specdec_np kernels: at most {meta['openmp_max_threads']} OpenMP threads "
+            f"(OMP_NUM_THREADS={meta.get('omp_num_threads_env')})"
+        )
     bw, end = meta["bandwidth"], meta["bandwidth_end"]
     print(
         f"# streaming read bandwidth (median of {bw['bytes'] >> 20} MiB float32 reductions, best "
@@ -1055,9 +1091,9 @@ def report(
         "# time_us: median per call of the public entry point; best_us: fastest call; x_ref, "
         "x_torch: baseline median / time_us; x_torch_best: fastest torch call / best_us; acc: "
         "accepted prefix / k of the timed outcome; mean_len: mean accepted length over the "
-        "paired draws (stochastic verifiers); x_len_rej: mean_len / rejection's on the same "
-        "inputs and uniforms; MB_read: bytes the algorithm must read; roofline: (MB_read / "
-        "bandwidth) / time_us"
+        "paired rounds (stochastic verifiers: fresh draft ids and uniforms per round, shared by "
+        "all); x_len_rej: mean_len / rejection's on the same ids and uniforms; MB_read: bytes "
+        "the algorithm must read; roofline: (MB_read / bandwidth) / time_us"
     )
     print(format_table(rows, TABLE_COLUMNS, markdown))
     if profiles:
@@ -1084,8 +1120,10 @@ def report(
         print()
         print(
             f"# accepted-length gain over token-wise {TOKENWISE} (paired: "
-            f"{gains[0]['paired_draws']} rounds of explicit uniforms per cell, the same for "
-            "both verifiers; mean_len = mean accepted prefix per row)"
+            f"{gains[0]['paired_draws']} rounds per cell, each with fresh draft ids drawn from "
+            "draft_probs and fresh explicit uniforms, the same for both verifiers; mean_len = "
+            "mean accepted prefix per row; gain = mean paired difference, gain_se its standard "
+            "error; roofline_best = roofline on the fastest call)"
         )
         print(format_table(gains, GAIN_COLUMNS, markdown))
         for regime in REGIMES:
@@ -1259,6 +1297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "numpy": np.__version__,
         "specdec_np": specdec_np.__version__,
         "cpu_count": os.cpu_count(),
+        # The kernels' thread count follows OpenMP's (OMP_NUM_THREADS), capped at B.
+        "openmp_max_threads": _core.openmp_max_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch_note,
         "cupy": None if cupy is None else cupy.__version__,
         "uptime_start": _uptime(),
@@ -1309,6 +1350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             None
             if row["bytes"] is None
             else (row["bytes"] / row_bandwidth) / (row["time_us"] * 1e3)
+        )
+        # On the fastest call: what the code reaches when the OS does not preempt it.
+        row["roofline_best"] = (
+            None
+            if row["bytes"] is None or not row.get("min_us")
+            else (row["bytes"] / row_bandwidth) / (row["min_us"] * 1e3)
         )
     meta["elapsed_s"] = round(time.perf_counter() - started, 1)
 

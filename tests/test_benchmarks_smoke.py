@@ -100,6 +100,7 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
             assert 0.0 <= cell["tokenwise_length"] <= cell["k"]
             if cell["verifier"] == "rejection":
                 assert cell["mean_length"] == cell["tokenwise_length"]
+                assert cell["length_gain"] == 0.0
         else:
             assert "mean_length" not in cell
     profiles = [r for r in records if r["kind"] == "profile"]
@@ -192,6 +193,20 @@ def test_stage_profile_rejects_stages_that_diverge_from_the_entry_point(
     )
     with pytest.raises(RuntimeError, match="no longer mirror"):
         harness.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)
+
+
+def test_paired_lengths_redraw_the_drafts_each_round(harness) -> None:  # noqa: ANN001
+    # This cell's one drafted path lies in the tails (p(x) < q(x) at three of four
+    # positions): on that fixed path block verification accepts about a third of what
+    # rejection does, while over drafts drawn from q it accepts at least as much.
+    cell = harness.make_cell("realistic", 1, 4, 32000, seed=0, flat_draft_scale=4.0)
+    verifiers = [registry.get("rejection"), registry.get("block")]
+    paired = harness.paired_lengths(cell, verifiers, 300, seed=0)
+    assert paired["rejection"]["mean"] > 3.0
+    assert paired["block"]["mean"] > 0.95 * paired["rejection"]["mean"]
+    assert paired["rejection"]["gain"] == 0.0 and paired["rejection"]["gain_se"] == 0.0
+    difference = paired["block"]["mean"] - paired["rejection"]["mean"]
+    assert paired["block"]["gain"] == pytest.approx(difference)
 
 
 def test_block_bytes_count_the_rows_the_scan_reads(harness) -> None:
