@@ -1,27 +1,33 @@
 #!/usr/bin/env python
 """Benchmark grid of specdec_np's verifiers against the reference, torch and the roofline.
 
-Times every verifier (rejection, typical, greedy) of ``specdec_np`` on NumPy (and on CuPy
-when ``cupy.is_available()``) over B x k x V in two input regimes (SPEC 8), against
+Times every verifier of ``specdec_np.registry.VERIFIERS`` on NumPy (and on CuPy when
+``cupy.is_available()``) over B x k x V in two input regimes (SPEC 8), against
 
-* the array-API reference (``specdec_np._reference``) on NumPy (``--skip-reference``);
-* torch implementations of vLLM v0's algorithms (``benchmarks/torch_baselines.py``; skipped
-  with a note if torch is missing, or with ``--skip-torch``);
+* the array-API reference (``specdec_np._reference``) on NumPy, where it has the verifier's
+  function (``--skip-reference``);
+* torch baselines (``benchmarks/torch_baselines.py``: vLLM v0's algorithms, and block
+  verification as an engine would write it in torch), for the verifiers that have one;
+  skipped with a note if torch is missing, or with ``--skip-torch``;
 * the memory roofline: the bytes each algorithm must read for the outcome it actually had,
   divided by the streaming read bandwidth measured at the start and end of the same run.
 
-What is timed is what a user pays: the public entry point (``specdec_np.rejection_sample``
-with a ``numpy.random.Generator`` made once per cell, so uniform generation, validation and
-dispatch are included), one warm-up call or more, then the median of N calls measured with
-``time.perf_counter_ns`` (N adapts to the call's cost, within ``--repeats``).  For B = 1 the
-run also splits the entry point's time into kernel and Python overhead (``--no-profile``
-skips it).
+What is timed is what a user pays: the public entry point (e.g.
+``specdec_np.rejection_sample`` with a ``numpy.random.Generator`` made once per call before
+the clock starts, so uniform generation, validation and dispatch are included), one warm-up
+call or more, then the median of N calls measured with ``time.perf_counter_ns`` (N adapts
+to the call's cost, within ``--min-repeats`` and ``--repeats``).  For B = 1 the run also
+splits the entry point's time into its stages (intake, id check, uniforms, output block,
+kernel, finish; ``--no-profile`` skips it).  Every stochastic verifier also gets its mean
+accepted length over ``--paired-draws`` rounds (fresh draft ids drawn from ``draft_probs``
+and fresh explicit uniforms per round, shared by all of them), and its ratio to token-wise
+rejection's on the same ids and uniforms.
 
 Usage::
 
     python benchmarks/run.py                          # full grid, ~10 minutes on 2 cores
     python benchmarks/run.py --quick                  # tiny grid (smoke test)
-    python benchmarks/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection
+    python benchmarks/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
     python benchmarks/run.py --json out.jsonl --plot out.png --markdown
 """
 
@@ -37,6 +43,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,9 +52,10 @@ from typing import Any
 import numpy as np
 
 import specdec_np
-from specdec_np import _reference
+from specdec_np import _backend, _contract, _core, _layout, _random, _reference, registry, verify
 
-VERIFIERS = ("rejection", "typical", "greedy")
+VERIFIERS = registry.VERIFIERS
+VERIFIER_NAMES = tuple(verifier.name for verifier in VERIFIERS)
 REGIMES = ("flat", "realistic")
 FULL_BATCH = (1, 8, 64)
 FULL_K = (1, 4, 8)
@@ -56,12 +64,12 @@ QUICK_BATCH = (1, 2)
 QUICK_K = (1, 2)
 QUICK_VOCAB = (1000,)
 
-POSTERIOR_THRESHOLD = 0.09
-POSTERIOR_ALPHA = 0.3
-# SPEC 4.2: a draft with p(x) > 1/2 + margin is the argmax without reading its row.
-GREEDY_SHORTCUT = 0.5 + 5e-4
+# A draft with p(x) > 1/2 + margin is the argmax without reading its row.
+GREEDY_SHORTCUT = 0.5 + _contract.GREEDY_MARGIN
 ID_BYTES = 8
 UNIFORM_BYTES = 8
+#: The token-wise verifier that the paired accepted-length comparison divides by.
+TOKENWISE = "rejection"
 
 # Targets of issues 3 and 4 (ratios against the torch baseline, 2-core machine).
 REJECTION_MIN_SPEEDUP = 50.0
@@ -97,15 +105,25 @@ class Policy:
         """Most calls :func:`time_calls` makes: first call, warm-ups, timed calls."""
         return 1 + self.max_warmups + self.max_repeats
 
-    def limited(self, repeats: int | None) -> Policy:
-        if repeats is None:
-            return self
-        return dataclasses.replace(
-            self,
-            min_repeats=min(self.min_repeats, repeats),
-            max_repeats=repeats,
-            max_warmups=min(self.max_warmups, repeats),
-        )
+    def limited(self, repeats: int | None, min_repeats: int | None = None) -> Policy:
+        """At most ``repeats`` timed calls, at least ``min_repeats`` (a noisy machine)."""
+        policy = self
+        if repeats is not None:
+            policy = dataclasses.replace(
+                policy,
+                min_repeats=min(policy.min_repeats, repeats),
+                max_repeats=repeats,
+                max_warmups=min(policy.max_warmups, repeats),
+            )
+        if min_repeats is not None:
+            floor = min(min_repeats, policy.max_repeats) if repeats is not None else min_repeats
+            policy = dataclasses.replace(
+                policy,
+                min_repeats=floor,
+                max_repeats=max(policy.max_repeats, floor),
+                first_call_counts=False,
+            )
+        return policy
 
 
 @dataclasses.dataclass
@@ -215,6 +233,17 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def _uptime() -> str | None:
+    """What ``uptime`` prints (the machine's load, for the record); None without it."""
+    try:
+        completed = subprocess.run(
+            ["uptime"], capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return completed.stdout.strip() or None
+
+
 def measure_cuda_bandwidth(cupy: Any, nbytes: int) -> float:
     """Device read bandwidth (GB/s) from the median time of ``cupy.max`` over nbytes."""
     array = cupy.ones(nbytes // 4, dtype=cupy.float32)
@@ -313,30 +342,75 @@ def _p_at_drafts(cell: Cell) -> np.ndarray:
     ]
 
 
-def rejection_bytes(cell: Cell, accepted_lengths: Sequence[np.ndarray]) -> float:
-    """Scalars (p(x), q(x), acceptance uniform, draft id per position; bonus id and residual
-    uniform per row) plus one target row and one draft row of V at the first rejection of
-    each row that has one, averaged over the timed calls."""
+def _q_at_drafts(cell: Cell) -> np.ndarray:
+    return np.take_along_axis(cell.draft_probs, cell.draft_ids[:, :, None], axis=2)[:, :, 0]
+
+
+def _stochastic_scalars(cell: Cell) -> float:
+    """p(x), q(x), the acceptance uniform and the draft id per position; the bonus id and
+    the residual uniform per row."""
     item = cell.target.itemsize
-    scalars = cell.batch * (
-        cell.k * (2 * item + UNIFORM_BYTES + ID_BYTES) + ID_BYTES + UNIFORM_BYTES
-    )
+    return cell.batch * (cell.k * (2 * item + UNIFORM_BYTES + ID_BYTES) + ID_BYTES + UNIFORM_BYTES)
+
+
+def rejection_bytes(
+    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
+) -> float:
+    """Scalars plus one target row and one draft row of V at the first rejection of each row
+    that has one, averaged over the timed calls."""
     rows = np.mean(
         [np.count_nonzero(np.asarray(lengths) < cell.k) for lengths in accepted_lengths]
     )
-    return scalars + rows * 2 * cell.vocab * item
+    return _stochastic_scalars(cell) + rows * 2 * cell.vocab * cell.target.itemsize
 
 
-def typical_bytes(cell: Cell) -> float:
+def block_weights(cell: Cell) -> np.ndarray:
+    """``rho [B, k+1]`` of block verification (float64), as the kernels compute it."""
+    p_x = _p_at_drafts(cell).astype(np.float64)
+    q_x = _q_at_drafts(cell).astype(np.float64)
+    rho = np.ones((cell.batch, cell.k + 1))
+    for i in range(cell.k):
+        weighted = rho[:, i] * p_x[:, i]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(weighted >= q_x[:, i], 1.0, weighted / q_x[:, i])
+        rho[:, i + 1] = np.where((p_x[:, i] > 0) & (rho[:, i] > 0), ratio, 0.0)
+    return rho
+
+
+def block_bytes(
+    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
+) -> float:
+    """Scalars plus a target row and a draft row for every position the top-down scan has to
+    sum (``i`` from ``k - 1`` down to ``max(tau, 1)`` with ``0 < rho_i < 1``; ``h_k`` and
+    positions with ``rho_i`` in {0, 1} need no row) and for the draw at ``tau < k`` (counted
+    once when the scan already read it), averaged over the timed calls."""
+    rho = block_weights(cell)
+    summed = (rho[:, : cell.k] > 0) & (rho[:, : cell.k] < 1)
+    summed[:, 0] = False
+    columns = np.arange(cell.k)
+    counts = []
+    for lengths in accepted_lengths:
+        tau = np.asarray(lengths)[:, None]
+        read = summed & (columns >= tau)
+        read |= columns == tau  # the draw's row (tau == k matches no column)
+        counts.append(np.count_nonzero(read))
+    return _stochastic_scalars(cell) + np.mean(counts) * 2 * cell.vocab * cell.target.itemsize
+
+
+def typical_bytes(
+    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
+) -> float:
     """Scalars plus one full row for every position whose p(x) <= posterior_threshold (the
     only ones whose test needs the entropy; the argmax rides along in the same pass)."""
     item = cell.target.itemsize
     scalars = cell.batch * (cell.k * (item + ID_BYTES) + ID_BYTES)
-    passes = np.count_nonzero(_p_at_drafts(cell) <= POSTERIOR_THRESHOLD)
+    passes = np.count_nonzero(_p_at_drafts(cell) <= parameters["posterior_threshold"])
     return scalars + passes * cell.vocab * item
 
 
-def greedy_bytes(cell: Cell) -> float:
+def greedy_bytes(
+    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
+) -> float:
     """Scalars plus, for each position with p(x) <= 1/2 + margin: the full row up to and at
     the first rejection (the argmax must be proven or found) and for accepted positions
     after it; for rejected positions after it, the row up to the first entry that beats
@@ -361,183 +435,261 @@ def greedy_bytes(cell: Cell) -> float:
     return float(total)
 
 
+#: The read model of each registry verifier, by registry name (the algorithm decides what
+#: must be read, so this is per verifier); a verifier without one gets no roofline.
+BYTES_MODELS: dict[str, Callable[[Cell, Sequence[np.ndarray], dict[str, float]], float]] = {
+    "rejection": rejection_bytes,
+    "block": block_bytes,
+    "typical": typical_bytes,
+    "greedy": greedy_bytes,
+}
+_UNKNOWN = set(BYTES_MODELS).difference(VERIFIER_NAMES)
+if _UNKNOWN:
+    raise RuntimeError(f"BYTES_MODELS names verifiers the registry lacks: {sorted(_UNKNOWN)}")
+
+
 # --------------------------------------------------------------------------------------
-# The verifiers under test and their baselines
+# The verifiers under test and their baselines (all from the registry)
 # --------------------------------------------------------------------------------------
+
+
+def parameters_of(verifier: registry.Verifier) -> dict[str, float]:
+    """The verifier's parameters at their registry defaults."""
+    return {parameter.name: parameter.default for parameter in verifier.parameters}
 
 
 def specdec_call(
-    verifier: str, cell: Cell, arrays: dict[str, Any], generator: Callable[[], Any]
+    verifier: registry.Verifier, arrays: dict[str, Any], generator: Callable[[], Any]
 ) -> Callable[[], Any]:
-    """The public entry point on ``arrays``; ``generator()`` gives each rejection-sampling
-    call its ``numpy.random.Generator`` (or CuPy's)."""
+    """The public entry point on ``arrays``; ``generator()`` gives each call of a stochastic
+    verifier its ``numpy.random.Generator`` (or CuPy's)."""
+    function = getattr(specdec_np, verifier.function_name)
     target, bonus, draft, ids = arrays["target"], arrays["bonus"], arrays["draft"], arrays["ids"]
-    if verifier == "rejection":
-        return lambda: specdec_np.rejection_sample(
-            target, bonus, draft, ids, generator=generator()
-        )
-    if verifier == "typical":
-        return lambda: specdec_np.typical_acceptance_sample(
-            target,
-            bonus,
-            ids,
-            posterior_threshold=POSTERIOR_THRESHOLD,
-            posterior_alpha=POSTERIOR_ALPHA,
-        )
-    return lambda: specdec_np.greedy_sample(target, bonus, ids)
+    if verifier.stochastic:
+        return lambda: function(target, bonus, draft, ids, generator=generator())
+    parameters = parameters_of(verifier)
+    return lambda: function(target, bonus, ids, **parameters)
 
 
-def reference_call(verifier: str, cell: Cell) -> Callable[[], Any]:
+def reference_call(verifier: registry.Verifier, cell: Cell) -> Callable[[], Any] | None:
+    """The array-API reference on NumPy; None where ``_reference`` has no function for the
+    verifier (said so on stderr by the caller)."""
+    if not hasattr(_reference, verifier.reference_name):
+        return None
+    reference = verifier.reference
     target, bonus, draft, ids = cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids
-    if verifier == "rejection":
+    if verifier.stochastic:
         generator = np.random.default_rng(0)
         shape = (cell.batch, cell.k + 1)
-        return lambda: _reference.rejection_sample(
-            target, bonus, draft, ids, generator.random(shape)
-        )
-    if verifier == "typical":
-        return lambda: _reference.typical_acceptance_sample(
-            target, bonus, ids, POSTERIOR_THRESHOLD, POSTERIOR_ALPHA
-        )
-    return lambda: _reference.greedy_sample(target, bonus, ids)
+        return lambda: reference(target, bonus, draft, ids, generator.random(shape))
+    parameters = parameters_of(verifier)
+    return lambda: reference(target, bonus, None, ids, **parameters)
 
 
-def torch_call(tb: Any, verifier: str, cell: Cell) -> Callable[[], Any]:
+def torch_call(tb: Any, verifier: registry.Verifier, cell: Cell) -> Callable[[], Any] | None:
+    """The torch baseline of ``torch_baselines.BASELINES``; None where there is none."""
+    baseline = tb.BASELINES.get(verifier.name)
+    if baseline is None:
+        return None
     target, bonus, draft, ids = tb.as_tensors(
         cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids
     )
-    if verifier == "rejection":
+    if verifier.stochastic:
         import torch
 
         generator = torch.Generator().manual_seed(0)
-        return lambda: tb.rejection_sample(target, bonus, draft, ids, generator=generator)
-    if verifier == "typical":
-        return lambda: tb.typical_acceptance_sample(
-            target, bonus, ids, POSTERIOR_THRESHOLD, POSTERIOR_ALPHA
-        )
-    return lambda: tb.greedy_sample(target, bonus, ids)
+        return lambda: baseline(target, bonus, draft, ids, generator=generator)
+    parameters = parameters_of(verifier)
+    return lambda: baseline(target, bonus, ids, **parameters)
 
 
-def kernel_call(verifier: str, cell: Cell, seed: int) -> Callable[[], Any] | None:
-    """The ``_core`` kernel alone on prepared arrays (B = 1 profile); None if its signature
-    is not the one this harness knows."""
-    try:
-        from specdec_np import _core
-
-        batch, k = cell.batch, cell.k
-        out = np.empty((batch, k + 1), dtype=np.int64)
-        lengths, passed = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
-        status = np.zeros(batch, dtype=np.int64)
-        bonus = np.ascontiguousarray(cell.bonus_ids.reshape(batch))
-        # What the entry point draws with a fresh generator: the same outcome as timed there.
-        uniforms = np.random.default_rng(seed).random((batch, k + 1))
-        if verifier == "rejection":
-            args = (
-                cell.target,
-                cell.draft_probs,
-                False,
-                cell.draft_ids,
-                bonus,
-                uniforms,
-                out,
-                lengths,
-                passed,
-                status,
-                1,
-            )
-            fn = _core.rejection_sample
-        elif verifier == "typical":
-            args = (
-                cell.target,
-                cell.draft_ids,
-                bonus,
-                POSTERIOR_THRESHOLD,
-                POSTERIOR_ALPHA,
-                out,
-                lengths,
-                passed,
-                status,
-                1,
-            )
-            fn = _core.typical_acceptance_sample
-        else:
-            args = (cell.target, cell.draft_ids, bonus, out, lengths, passed, status, 1)
-            fn = _core.greedy_sample
-        fn(*args)
-    except Exception as error:  # noqa: BLE001 - the kernels may change under the harness
-        log(f"  (kernel-only timing unavailable: {type(error).__name__}: {error})")
-        return None
-    return lambda: fn(*args)
+#: The stages of the B = 1 profile, in the order the entry point runs them (``uniforms``
+#: only for stochastic verifiers).
+STAGES = ("intake", "id_check", "uniforms", "output_block", "kernel", "finish")
 
 
-def stage_calls(verifier: str, cell: Cell) -> dict[str, Callable[[], Any]]:
-    """The Python stages of the entry point, one by one.  They use private names of
-    ``specdec_np``; a stage whose names moved is left out (and said so on stderr)."""
-    from specdec_np import _backend, _random, verify
+def stage_names(verifier: registry.Verifier) -> tuple[str, ...]:
+    return tuple(name for name in STAGES if verifier.stochastic or name != "uniforms")
 
-    needs_draft = verifier == "rejection"
-    draft = cell.draft_probs if needs_draft else None
-    generator = np.random.default_rng(0)
 
-    def prepare() -> Any:
-        return _backend.prepare_batch(
+def stage_calls(
+    verifier: registry.Verifier, cell: Cell, seed: int, calls: int
+) -> dict[str, Callable[[], Any]]:
+    """The entry point's work split into its stages, each callable on its own.
+
+    * intake: parameter check and ``_layout.padded_chain`` (shapes, dtypes, devices,
+      kernel-ready views);
+    * id_check: ``_core.first_invalid_id`` (ids are checked before any draw);
+    * uniforms: ``_random.RejectionUniforms`` from a generator made before the clock
+      starts, its snapshot and ``draw()``;
+    * output_block: ``_contract.allocate_output_block``;
+    * kernel: ``_core.verify_chains`` alone;
+    * finish: the row-status check and the ``VerificationResult``.
+
+    They use private names of ``specdec_np``: a name that moved raises here, and the run
+    fails.  Before returning, the stages are run in order once and their result must equal
+    the entry point's on the same uniforms, so the profile times the real pipeline.
+    """
+    parameters = parameters_of(verifier)
+    generators = iter([np.random.default_rng(seed) for _ in range(calls + 2)])
+
+    def intake() -> tuple[np.ndarray, _layout.ChainBatch]:
+        values = verify.check_parameters(verifier, parameters)
+        batch = _layout.padded_chain(
             cell.target,
             cell.bonus_ids,
-            draft,
+            cell.draft_probs,
             cell.draft_ids,
             strict=False,
-            needs_draft_probs=needs_draft,
+            reads_draft_probs=verifier.reads_draft_probs,
+        )
+        return np.asarray(values, dtype=np.float64), batch
+
+    values, batch = intake()
+
+    def id_check() -> None:
+        bad = _core.first_invalid_id(
+            batch.draft_token_ids, batch.bonus_token_ids, batch.draft_offsets, batch.vocab_size
+        )
+        if bad is not None:
+            _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
+
+    def uniforms() -> np.ndarray:
+        sources = _random.RejectionUniforms(
+            batch.batch_size, batch.max_k, np, generator=next(generators)
+        )
+        sources.snapshot()
+        return sources.draw()
+
+    def output_block() -> _contract.OutputBlock:
+        return _contract.allocate_output_block(np, batch.batch_size, batch.max_k + 1)
+
+    drawn = uniforms() if verifier.stochastic else np.empty((0, 0), dtype=np.float64)
+    block = output_block()
+    point_mass = batch.draft_rows is None
+    kernel_arguments = (
+        _core.ROW_FUNCTIONS.index(verifier.row_function),
+        batch.target_rows,
+        batch.target_rows if point_mass else batch.draft_rows,
+        point_mass,
+        batch.draft_token_ids,
+        batch.bonus_token_ids,
+        batch.draft_offsets,
+        drawn,
+        values,
+        *block,
+        _backend.thread_count(
+            batch.batch_size,
+            (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size,
+        ),
+    )
+
+    def kernel() -> int:
+        return _core.verify_chains(*kernel_arguments)
+
+    first_bad_row = kernel()
+
+    def finish() -> verify.VerificationResult:
+        first = _backend.first_failed_row(first_bad_row, block.row_status)
+        if first >= 0:
+            _contract.raise_for_row_status(first, block.row_status, batch.id_of, batch.vocab_size)
+        return verify.VerificationResult(
+            block.output_token_ids,
+            block.accepted_lengths,
+            block.num_accepted,
+            batch.num_draft_tokens,
         )
 
-    def finish() -> Any:
-        status = np.zeros(cell.batch, dtype=np.int64)
-        return verify._finish(batch, (*buffers[:3], status))
-
-    candidates: dict[str, Callable[[], Any]] = {"prepare": prepare}
-    if needs_draft:
-        candidates["snapshot"] = lambda: _random.GeneratorSnapshot([generator])
-        candidates["uniforms"] = lambda: _random.rejection_uniforms(
-            cell.batch, cell.k, np, generator=generator
-        )
-    candidates["buffers"] = lambda: verify._buffers(batch)
-    candidates["finish"] = finish
-    stages = {}
-    try:
-        batch = prepare()
-        buffers = verify._buffers(batch)
-    except Exception as error:  # noqa: BLE001 - private API that may change
-        log(f"  (stage timing unavailable: {type(error).__name__}: {error})")
-        return {}
-    for name, fn in candidates.items():
-        try:
-            fn()
-        except Exception as error:  # noqa: BLE001
-            log(f"  (stage {name} left out: {type(error).__name__}: {error})")
-            continue
-        stages[name] = fn
-    return stages
+    staged = finish()
+    arrays = {
+        "target": cell.target,
+        "bonus": cell.bonus_ids,
+        "draft": cell.draft_probs,
+        "ids": cell.draft_ids,
+    }
+    entry = specdec_call(verifier, arrays, lambda: np.random.default_rng(seed))()
+    for name in ("output_token_ids", "accepted_lengths", "num_accepted"):
+        if not np.array_equal(getattr(staged, name), getattr(entry, name)):
+            raise RuntimeError(
+                f"the staged pipeline of {verifier.name} gives other {name} than "
+                f"{verifier.function_name}: the stages no longer mirror the entry point"
+            )
+    stages = {
+        "intake": intake,
+        "id_check": id_check,
+        "uniforms": uniforms,
+        "output_block": output_block,
+        "kernel": kernel,
+        "finish": finish,
+    }
+    return {name: stages[name] for name in stage_names(verifier)}
 
 
-def class_call(verifier: str, cell: Cell, seed: int, calls: int) -> Callable[[], Any]:
-    """The vLLM-style sampler call (counters included).  Rejection sampling gets a fresh
-    ``RejectionSampler(seed=seed)`` per call, so it draws what the timed entry point drew."""
+def class_call(
+    verifier: registry.Verifier, cell: Cell, seed: int, calls: int
+) -> Callable[[], Any]:
+    """The vLLM-style sampler call (counters included).  A stochastic verifier gets a fresh
+    sampler with ``seed=seed`` per call, so it draws what the timed entry point drew."""
+    sampler_class = getattr(specdec_np, verifier.sampler_name)
 
     def make() -> Any:
-        if verifier == "rejection":
-            sampler: Any = specdec_np.RejectionSampler(seed=seed)
-        elif verifier == "typical":
-            sampler = specdec_np.TypicalAcceptanceSampler(POSTERIOR_THRESHOLD, POSTERIOR_ALPHA)
+        if verifier.stochastic:
+            sampler = sampler_class(seed=seed)
         else:
-            sampler = specdec_np.GreedySampler()
+            sampler = sampler_class(**parameters_of(verifier))
         sampler.init_tensors("cpu")
         return sampler
 
     args = (cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids)
-    if verifier == "rejection":
+    if verifier.stochastic:
         samplers = iter([make() for _ in range(calls)])
         return lambda: next(samplers)(*args)
     sampler = make()
     return lambda: sampler(*args)
+
+
+def paired_lengths(
+    cell: Cell, verifiers: Sequence[registry.Verifier], draws: int, seed: int
+) -> dict[str, dict[str, float]]:
+    """Mean accepted length of each stochastic verifier over ``draws`` rounds, paired.
+
+    Each round draws fresh draft ids from ``draft_probs`` (the drafter's process: block
+    verification's guarantee holds in expectation over the drafts, not for every fixed
+    path) and fresh explicit uniforms; every verifier gets the same ids and uniforms.
+
+    Returns
+    -------
+    dict
+        ``name -> {"mean": mean accepted length per row, "gain": mean paired difference
+        from TOKENWISE's, "gain_se": its standard error}``.
+    """
+    generator = np.random.default_rng([seed, 1, cell.batch, cell.k, cell.vocab])
+    ids = np.empty((draws, cell.batch, cell.k), dtype=np.int64)
+    for b in range(cell.batch):
+        for i in range(cell.k):
+            cdf = np.cumsum(cell.draft_probs[b, i], dtype=np.float64)
+            picks = np.searchsorted(cdf, generator.random(draws) * cdf[-1], side="right")
+            ids[:, b, i] = np.minimum(picks, cell.vocab - 1)
+    lengths = {v.name: np.empty((draws, cell.batch), dtype=np.int64) for v in verifiers}
+    for round_ in range(draws):
+        uniforms = generator.random((cell.batch, cell.k + 1))
+        for verifier in verifiers:
+            result = getattr(specdec_np, verifier.function_name)(
+                cell.target, cell.bonus_ids, cell.draft_probs, ids[round_], uniforms=uniforms
+            )
+            lengths[verifier.name][round_] = result.accepted_lengths
+    baseline = lengths[TOKENWISE]
+    summary = {}
+    for name, values in lengths.items():
+        difference = (values - baseline).ravel().astype(np.float64)
+        summary[name] = {
+            "mean": float(values.mean()),
+            "gain": float(difference.mean()),
+            "gain_se": float(difference.std(ddof=1) / math.sqrt(difference.size))
+            if difference.size > 1
+            else 0.0,
+        }
+    return summary
 
 
 def _rows_equal(ours: np.ndarray, theirs: Any) -> float:
@@ -587,9 +739,20 @@ def run_cell(
     device_arrays = None
     if cupy is not None:
         device_arrays = {name: cupy.asarray(array) for name, array in host_arrays.items()}
-    for verifier in args.verifiers:
+    selected = [registry.get(name) for name in args.verifiers]
+    paired: dict[str, dict[str, float]] = {}
+    stochastic = [v for v in selected if v.stochastic]
+    if args.paired_draws and stochastic:
+        # The token-wise baseline joins every paired comparison, selected or not.
+        compared = list(stochastic)
+        if TOKENWISE not in {v.name for v in compared}:
+            compared.insert(0, registry.get(TOKENWISE))
+        paired = paired_lengths(cell, compared, args.paired_draws, args.seed)
+    for verifier in selected:
+        name = verifier.name
+        parameters = parameters_of(verifier)
         base = {
-            "verifier": verifier,
+            "verifier": name,
             "regime": cell.regime,
             "B": cell.batch,
             "k": cell.k,
@@ -597,30 +760,36 @@ def run_cell(
         }
         ref_ns = torch_ns = torch_min_ns = None
         if not args.skip_reference:
-            ref_ns = time_calls(
-                reference_call(verifier, cell), REFERENCE_POLICY.limited(args.repeats)
-            ).median_ns
+            call = reference_call(verifier, cell)
+            if call is None:
+                log(f"  no reference timing for {name}: no _reference.{verifier.reference_name}")
+            else:
+                ref_ns = time_calls(call, REFERENCE_POLICY.limited(args.repeats)).median_ns
         torch_output = None
         if tb is not None:
-            timing = time_calls(torch_call(tb, verifier, cell), TORCH_POLICY.limited(args.repeats))
-            torch_ns, torch_output = timing.median_ns, timing.results[-1].output_token_ids
-            torch_min_ns = timing.min_ns
+            call = torch_call(tb, verifier, cell)
+            if call is None:
+                log(f"  no torch baseline for {name}")
+            else:
+                timing = time_calls(call, TORCH_POLICY.limited(args.repeats, args.min_repeats))
+                torch_ns, torch_output = timing.median_ns, timing.results[-1].output_token_ids
+                torch_min_ns = timing.min_ns
         for backend in ("numpy", "cupy"):
             if backend == "numpy" and "numpy" in args.backends:
                 # A fresh generator with the same seed for every call (made before timing):
                 # every call draws the same uniforms, so the outcome, and with it the bytes
                 # read, is the same in every timed call and the median is well defined.
-                policy = SPECDEC_POLICY.limited(args.repeats)
+                policy = SPECDEC_POLICY.limited(args.repeats, args.min_repeats)
                 pool = [np.random.default_rng(args.seed) for _ in range(policy.max_calls)]
                 timing = time_calls(
-                    specdec_call(verifier, cell, host_arrays, iter(pool).__next__), policy
+                    specdec_call(verifier, host_arrays, iter(pool).__next__), policy
                 )
             elif backend == "cupy" and device_arrays is not None:
                 shared = cupy.random.default_rng(args.seed)
                 timing = time_cuda_calls(
                     cupy,
-                    specdec_call(verifier, cell, device_arrays, itertools.repeat(shared).__next__),
-                    SPECDEC_POLICY.limited(args.repeats),
+                    specdec_call(verifier, device_arrays, itertools.repeat(shared).__next__),
+                    SPECDEC_POLICY.limited(args.repeats, args.min_repeats),
                 )
             else:
                 continue
@@ -631,12 +800,8 @@ def run_cell(
             last_output = timing.results[-1].output_token_ids
             if backend == "cupy":
                 last_output = cupy.asnumpy(last_output)
-            if verifier == "rejection":
-                nbytes = rejection_bytes(cell, lengths)
-            elif verifier == "typical":
-                nbytes = typical_bytes(cell)
-            else:
-                nbytes = greedy_bytes(cell)
+            model = BYTES_MODELS.get(name)
+            nbytes = None if model is None else float(model(cell, lengths, parameters))
             median = timing.median_ns
             row = dict(
                 base,
@@ -648,8 +813,16 @@ def run_cell(
                 ref_us=None if ref_ns is None or backend != "numpy" else ref_ns / 1e3,
                 torch_us=None if torch_ns is None or backend != "numpy" else torch_ns / 1e3,
                 accepted=float(np.mean([np.mean(x) for x in lengths]) / cell.k),
-                bytes=float(nbytes),
+                bytes=nbytes,
             )
+            if name in paired:
+                mean, tokenwise = paired[name]["mean"], paired[TOKENWISE]["mean"]
+                row["mean_length"] = mean
+                row["tokenwise_length"] = tokenwise
+                row["x_tokenwise_length"] = mean / tokenwise if tokenwise > 0 else None
+                row["length_gain"] = paired[name]["gain"]
+                row["length_gain_se"] = paired[name]["gain_se"]
+                row["paired_draws"] = args.paired_draws
             row["x_ref"] = None if row["ref_us"] is None else row["ref_us"] / row["time_us"]
             row["x_torch"] = None if row["torch_us"] is None else row["torch_us"] / row["time_us"]
             # Fastest call against fastest call: what is left when the OS never preempted
@@ -657,10 +830,11 @@ def run_cell(
             if backend == "numpy" and torch_min_ns is not None and row["min_us"]:
                 row["torch_min_us"] = torch_min_ns / 1e3
                 row["x_torch_best"] = row["torch_min_us"] / row["min_us"]
-            if torch_output is not None and verifier != "rejection":
+            if torch_output is not None and not verifier.stochastic:
+                # Deterministic: the same rows up to float32 rounding at a threshold.
                 row["rows_equal_torch"] = _rows_equal(last_output, torch_output)
-                if verifier == "greedy" and row["rows_equal_torch"] != 1.0:
-                    log(f"  WARNING: greedy output differs from torch's on {base}")
+                if row["rows_equal_torch"] != 1.0:
+                    log(f"  note: {name} output differs from torch's on {base}")
             rows.append(row)
             if backend == "numpy" and cell.batch == 1 and args.profile:
                 profiles.append(profile_b1(verifier, cell, median, args))
@@ -668,31 +842,32 @@ def run_cell(
 
 
 def profile_b1(
-    verifier: str, cell: Cell, entry_ns: float, args: argparse.Namespace
+    verifier: registry.Verifier, cell: Cell, entry_ns: float, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Where the time of a B = 1 call goes: kernel alone vs entry point vs class call."""
-    policy = SPECDEC_POLICY.limited(args.repeats)
-    kernel = kernel_call(verifier, cell, args.seed)
-    kernel_ns = time_calls(kernel, policy).median_ns if kernel is not None else None
+    """Where the time of a B = 1 call goes: its stages one by one, the kernel among them,
+    and the class call.  A stage that fails raises: a profile is never partial."""
+    policy = SPECDEC_POLICY.limited(args.repeats, args.min_repeats)
     class_ns = time_calls(
         class_call(verifier, cell, args.seed, policy.max_calls), policy
     ).median_ns
     stages = {
         name: time_calls(fn, policy).median_ns / 1e3
-        for name, fn in stage_calls(verifier, cell).items()
+        for name, fn in stage_calls(verifier, cell, args.seed, policy.max_calls).items()
     }
     profile = {
-        "verifier": verifier,
+        "verifier": verifier.name,
         "regime": cell.regime,
         "B": cell.batch,
         "k": cell.k,
         "V": cell.vocab,
         "entry_us": entry_ns / 1e3,
         "class_us": class_ns / 1e3,
-        "kernel_us": None if kernel_ns is None else kernel_ns / 1e3,
+        "kernel_us": stages["kernel"],
         "stages_us": stages,
+        "overhead_us": entry_ns / 1e3 - stages["kernel"],
+        # What the stages do not account for: glue between them in the entry point.
+        "unstaged_us": entry_ns / 1e3 - sum(stages.values()),
     }
-    profile["overhead_us"] = None if kernel_ns is None else (entry_ns - kernel_ns) / 1e3
     return profile
 
 
@@ -715,8 +890,24 @@ TABLE_COLUMNS = (
     ("x_torch", "x_torch"),
     ("x_torch_best", "x_torch_best"),
     ("accepted", "acc"),
+    ("mean_length", "mean_len"),
+    ("x_tokenwise_length", "x_len_rej"),
     ("bytes", "MB_read"),
     ("roofline", "roofline"),
+)
+GAIN_COLUMNS = (
+    ("regime", "regime"),
+    ("B", "B"),
+    ("k", "k"),
+    ("V", "V"),
+    ("verifier", "verifier"),
+    ("mean_length", "mean_len"),
+    ("tokenwise_length", "rejection_len"),
+    ("x_tokenwise_length", "ratio"),
+    ("length_gain", "gain"),
+    ("length_gain_se", "gain_se"),
+    ("roofline", "roofline"),
+    ("roofline_best", "roofline_best"),
 )
 PROFILE_COLUMNS = (
     ("verifier", "verifier"),
@@ -727,7 +918,8 @@ PROFILE_COLUMNS = (
     ("class_us", "class_us"),
     ("kernel_us", "kernel_us"),
     ("overhead_us", "overhead_us"),
-    ("stages", "python stages (us)"),
+    ("unstaged_us", "unstaged_us"),
+    ("stages", "stages (us)"),
 )
 
 
@@ -738,8 +930,10 @@ def _fmt(key: str, value: Any) -> str:
         return f"{value / 1e6:.3f}" if value < 1e7 else f"{value / 1e6:.1f}"
     if key in ("x_ref", "x_torch", "x_torch_best"):
         return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
-    if key in ("accepted", "roofline"):
+    if key in ("accepted", "roofline", "roofline_best", "mean_length", "tokenwise_length"):
         return f"{value:.2f}"
+    if key in ("x_tokenwise_length", "length_gain", "length_gain_se"):
+        return f"{value:.3f}"
     if key == "stages":
         return " ".join(f"{name}={us:.1f}" for name, us in value.items()) or "-"
     if isinstance(value, float):
@@ -774,7 +968,7 @@ def missed_targets(rows: Sequence[dict[str, Any]], best: bool = False) -> list[s
         if row["backend"] != "numpy" or speedup is None:
             continue
         where = f"{row['verifier']} {row['regime']} B={row['B']} k={row['k']} V={row['V']}"
-        if row["verifier"] == "rejection":
+        if row["verifier"] == TOKENWISE:
             if speedup < REJECTION_MIN_SPEEDUP:
                 missed.append(f"{where}: {speedup:.1f}x vs torch < {REJECTION_MIN_SPEEDUP:.0f}x")
             if (row["B"], row["k"], row["V"]) == REJECTION_KEY_CELL:
@@ -785,7 +979,7 @@ def missed_targets(rows: Sequence[dict[str, Any]], best: bool = False) -> list[s
                 roofline = row["roofline"] * (row["time_us"] / row["min_us"] if best else 1.0)
                 if roofline < REJECTION_KEY_ROOFLINE:
                     missed.append(f"{where}: roofline {roofline:.2f} < {REJECTION_KEY_ROOFLINE}")
-        else:
+        elif not registry.get(row["verifier"]).stochastic:
             goal = DETERMINISTIC_MIN_SPEEDUP[row["regime"]]
             if speedup < goal:
                 missed.append(f"{where}: {speedup:.1f}x vs torch < {goal:.0f}x")
@@ -803,7 +997,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str, meta: dict[str, Any]) -> Non
     except ImportError:
         log("plot skipped: matplotlib is not installed")
         return
-    verifiers = [v for v in VERIFIERS if any(r["verifier"] == v for r in rows)]
+    verifiers = [v for v in VERIFIER_NAMES if any(r["verifier"] == v for r in rows)]
     regimes = [g for g in REGIMES if any(r["regime"] == g for r in rows)]
     ks = sorted({r["k"] for r in rows})
     k = 4 if 4 in ks else ks[-1]
@@ -874,6 +1068,11 @@ def report(
         f"# numpy {meta['numpy']}, python {meta['python']}, {meta['cpu_count']} CPUs; "
         f"{meta['torch']}"
     )
+    if meta.get("openmp_max_threads") is not None:
+        print(
+            f"# specdec_np kernels: at most {meta['openmp_max_threads']} OpenMP threads "
+            f"(OMP_NUM_THREADS={meta.get('omp_num_threads_env')})"
+        )
     bw, end = meta["bandwidth"], meta["bandwidth_end"]
     print(
         f"# streaming read bandwidth (median of {bw['bytes'] >> 20} MiB float32 reductions, best "
@@ -883,22 +1082,62 @@ def report(
     )
     print(f"# all probes (GB/s): start {bw['gb_per_s']}, end {end['gb_per_s']}")
     print(f"# load average at start {bw['loadavg']}, at end {end['loadavg']}")
+    for when in ("start", "end"):
+        if meta.get(f"uptime_{when}"):
+            print(f"# uptime at {when}: {meta[f'uptime_{when}']}")
     if meta.get("cuda_bandwidth_gb_per_s"):
         print(f"# CUDA read bandwidth: {meta['cuda_bandwidth_gb_per_s']:.1f} GB/s (cupy max)")
     print(
         "# time_us: median per call of the public entry point; best_us: fastest call; x_ref, "
         "x_torch: baseline median / time_us; x_torch_best: fastest torch call / best_us; acc: "
-        "accepted prefix / k; MB_read: bytes the algorithm must read; roofline: (MB_read / "
-        "bandwidth) / time_us"
+        "accepted prefix / k of the timed outcome; mean_len: mean accepted length over the "
+        "paired rounds (stochastic verifiers: fresh draft ids and uniforms per round, shared by "
+        "all); x_len_rej: mean_len / rejection's on the same ids and uniforms; MB_read: bytes "
+        "the algorithm must read; roofline: (MB_read / bandwidth) / time_us"
     )
     print(format_table(rows, TABLE_COLUMNS, markdown))
     if profiles:
         print()
         print(
-            "# B = 1 profile: entry = public function, class = sampler call, kernel = _core "
-            "alone on prepared arrays, overhead = entry - kernel"
+            "# B = 1 profile: entry = public function, class = sampler call, stages = median of "
+            "each stage alone (intake = padded_chain, id_check = first_invalid_id, uniforms = "
+            "RejectionUniforms + snapshot + draw, output_block, kernel = verify_chains, finish = "
+            "status check + result), overhead = entry - kernel, unstaged = entry - sum(stages)"
         )
         print(format_table(profiles, PROFILE_COLUMNS, markdown))
+    gains = [
+        row
+        for row in rows
+        if row["backend"] == "numpy"
+        and row.get("x_tokenwise_length") is not None
+        and row["verifier"] != TOKENWISE
+    ]
+    if gains:
+        gains = sorted(
+            gains,
+            key=lambda r: (REGIMES.index(r["regime"]), r["verifier"], r["B"], r["k"], r["V"]),
+        )
+        print()
+        print(
+            f"# accepted-length gain over token-wise {TOKENWISE} (paired: "
+            f"{gains[0]['paired_draws']} rounds per cell, each with fresh draft ids drawn from "
+            "draft_probs and fresh explicit uniforms, the same for both verifiers; mean_len = "
+            "mean accepted prefix per row; gain = mean paired difference, gain_se its standard "
+            "error; roofline_best = roofline on the fastest call)"
+        )
+        print(format_table(gains, GAIN_COLUMNS, markdown))
+        for regime in REGIMES:
+            for name in dict.fromkeys(r["verifier"] for r in gains):
+                ratios = [
+                    r["x_tokenwise_length"]
+                    for r in gains
+                    if r["regime"] == regime and r["verifier"] == name
+                ]
+                if ratios:
+                    print(
+                        f"# {name} / {TOKENWISE}, {regime}: mean ratio {np.mean(ratios):.3f} "
+                        f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} cells"
+                    )
     if any(row.get("torch_us") is not None for row in rows):
         for best in (False, True):
             missed = missed_targets(rows, best=best)
@@ -949,7 +1188,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--vocab", type=int, nargs="+", help=f"vocabulary sizes (default {FULL_VOCAB})"
     )
-    parser.add_argument("--verifiers", nargs="+", choices=VERIFIERS, default=list(VERIFIERS))
+    parser.add_argument(
+        "--verifiers",
+        nargs="+",
+        choices=VERIFIER_NAMES,
+        default=list(VERIFIER_NAMES),
+        help="registry names (default: every verifier of specdec_np.registry)",
+    )
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument(
         "--backends",
@@ -960,6 +1205,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--repeats", type=int, help="at most this many timed calls per measurement"
+    )
+    parser.add_argument(
+        "--min-repeats",
+        type=int,
+        help="at least this many timed calls per measurement (on a noisy machine)",
+    )
+    parser.add_argument(
+        "--paired-draws",
+        type=int,
+        help="rounds of shared explicit uniforms for the accepted-length comparison of the "
+        "stochastic verifiers (default 200, quick 5; 0 skips it)",
     )
     parser.add_argument(
         "--quick",
@@ -1008,15 +1264,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.vocab = args.vocab or list(QUICK_VOCAB)
         args.repeats = args.repeats or 1
         args.bandwidth_mib = args.bandwidth_mib or 64
+        args.paired_draws = 5 if args.paired_draws is None else args.paired_draws
     args.batch = args.batch or list(FULL_BATCH)
     args.k = args.k or list(FULL_K)
     args.vocab = args.vocab or list(FULL_VOCAB)
     args.bandwidth_mib = args.bandwidth_mib or 1024
+    args.paired_draws = 200 if args.paired_draws is None else args.paired_draws
     for name in ("batch", "k", "vocab"):
         if any(value < 1 for value in getattr(args, name)):
             parser.error(f"--{name} values must be positive")
-    if args.repeats is not None and args.repeats < 1:
-        parser.error("--repeats must be positive")
+    for name in ("repeats", "min_repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.paired_draws < 0:
+        parser.error("--paired-draws must not be negative")
     return args
 
 
@@ -1036,8 +1297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "numpy": np.__version__,
         "specdec_np": specdec_np.__version__,
         "cpu_count": os.cpu_count(),
+        # The kernels' thread count follows OpenMP's (OMP_NUM_THREADS), capped at B.
+        "openmp_max_threads": _core.openmp_max_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch_note,
         "cupy": None if cupy is None else cupy.__version__,
+        "uptime_start": _uptime(),
         "bandwidth": measure_bandwidth(args.bandwidth_mib << 20),
     }
     if cupy is not None:
@@ -1073,6 +1338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     log("measuring streaming read bandwidth again ...")
     meta["bandwidth_end"] = measure_bandwidth(args.bandwidth_mib << 20)
+    meta["uptime_end"] = _uptime()
     # The larger of the two medians: never flatters the roofline fraction.
     bandwidth = max(
         meta["bandwidth"]["bandwidth_gb_per_s"], meta["bandwidth_end"]["bandwidth_gb_per_s"]
@@ -1080,7 +1346,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta["roofline_bandwidth_gb_per_s"] = bandwidth
     for row in rows:
         row_bandwidth = bandwidth if row["backend"] == "numpy" else meta["cuda_bandwidth_gb_per_s"]
-        row["roofline"] = (row["bytes"] / row_bandwidth) / (row["time_us"] * 1e3)
+        row["roofline"] = (
+            None
+            if row["bytes"] is None
+            else (row["bytes"] / row_bandwidth) / (row["time_us"] * 1e3)
+        )
+        # On the fastest call: what the code reaches when the OS does not preempt it.
+        row["roofline_best"] = (
+            None
+            if row["bytes"] is None or not row.get("min_us")
+            else (row["bytes"] / row_bandwidth) / (row["min_us"] * 1e3)
+        )
     meta["elapsed_s"] = round(time.perf_counter() - started, 1)
 
     report(meta, rows, profiles, args.markdown)

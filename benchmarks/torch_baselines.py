@@ -1,8 +1,11 @@
-"""Torch re-implementations of vLLM v0's verification algorithms (benchmark baselines only).
+"""Torch baselines of the verification algorithms (benchmark only).
 
 These are written for this benchmark from the published behaviour of vLLM v0's
-``RejectionSampler`` and ``TypicalAcceptanceSampler`` (and the v1 greedy path); they keep the
-cost structure of those algorithms, which is what the benchmark compares against:
+``RejectionSampler`` and ``TypicalAcceptanceSampler`` (and the v1 greedy path), plus block
+verification (Sun et al., ICLR 2025), which vLLM does not have: its baseline is the torch
+code an engine author would write for it, vectorised over the batch and reading every
+row.  They keep the cost structure of those algorithms, which is what the benchmark
+compares against:
 
 * rejection sampling gathers ``p(x)`` and ``q(x)`` at every position, accepts where
   ``u < min(1, p / q)``, builds the clamped residual ``max(p - q, tiny)`` for **every**
@@ -11,9 +14,14 @@ cost structure of those algorithms, which is what the benchmark compares against
 * typical acceptance computes the entropy ``-sum p log(p + 1e-5)`` of every position in the
   probabilities' dtype, thresholds at ``min(posterior_threshold, alpha * exp(-H))`` and takes
   the argmax of every position as its recovered token;
-* greedy takes the argmax of every position and compares it with the draft.
+* greedy takes the argmax of every position and compares it with the draft;
+* block verification computes the weights ``rho`` position by position (``k`` vector
+  steps over the batch), the weighted residual ``max(rho p - q, 0)`` and its sum at
+  **every** position ``[B, k, V]``, the checks ``h``, the largest passing position ``tau``
+  of every row at once, and the recovered token from the residual row at ``tau`` with the
+  exponential race.
 
-All three then format the output as vLLM's ``_create_output`` does: accepted prefix, the
+All of them then format the output as vLLM's ``_create_output`` does: accepted prefix, the
 recovered token at the first rejection (or the bonus token if every draft was accepted),
 then ``-1``.  Point-mass drafts (``draft_probs=None``) do not exist in vLLM v0; pass one-hot
 draft probabilities instead.
@@ -28,7 +36,9 @@ from typing import Any, NamedTuple
 import torch
 
 __all__ = [
+    "BASELINES",
     "TorchResult",
+    "block_verification_sample",
     "configure",
     "create_output",
     "greedy_sample",
@@ -151,6 +161,81 @@ def greedy_sample(
     argmax = target_with_bonus_probs[:, :-1].argmax(dim=-1)
     accepted = argmax == draft_token_ids
     return create_output(accepted, argmax, draft_token_ids, bonus_token_ids)
+
+
+@torch.inference_mode()
+def block_verification_sample(
+    target_with_bonus_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> TorchResult:
+    """Block verification over the whole batch: every residual row is built and summed.
+
+    Parameters
+    ----------
+    target_with_bonus_probs : float [B, k+1, V]
+    bonus_token_ids : int64 [B, 1]
+    draft_probs : float [B, k, V]
+    draft_token_ids : int64 [B, k]
+    generator : torch.Generator, optional
+    uniforms : float64 [B, k+1], optional
+        Columns ``0 .. k-1`` are the checks' uniforms ``eta_1 .. eta_k``, as in specdec_np
+        (so that accepted lengths can be compared on the same uniforms); drawn from
+        ``generator`` when None.  The recovered token always comes from the race.
+    """
+    batch_size, k = draft_token_ids.shape
+    target = target_with_bonus_probs[:, :-1]
+    p_x = _gather_at_drafts(target, draft_token_ids).to(torch.float64)
+    q_x = _gather_at_drafts(draft_probs, draft_token_ids).to(torch.float64)
+    # rho_0 = 1, rho_i = min(1, rho_{i-1} p / q); p <= 0 ends the path (rho = 0 for good).
+    rho = torch.ones((batch_size, k + 1), dtype=torch.float64, device=p_x.device)
+    for i in range(k):
+        previous = rho[:, i]
+        weighted = previous * p_x[:, i]
+        ratio = torch.where(weighted >= q_x[:, i], torch.ones_like(weighted), weighted / q_x[:, i])
+        alive = (p_x[:, i] > 0) & (previous > 0)
+        rho[:, i + 1] = torch.where(alive, ratio, torch.zeros_like(ratio))
+    residual = (rho[:, :k, None].to(target.dtype) * target - draft_probs).clamp_(min=0)
+    total = residual.sum(dim=-1, dtype=torch.float64)
+    denominator = total + (1.0 - rho[:, :k])
+    h = torch.where(denominator > 0, total / denominator, torch.ones_like(total))
+    # Column j holds h_{j+1}: h_1 .. h_{k-1} from the residuals, h_k = rho_k.
+    h = torch.cat([h[:, 1:], rho[:, k:]], dim=1)
+    if uniforms is None:
+        eta = torch.rand(
+            (batch_size, k), dtype=torch.float64, device=p_x.device, generator=generator
+        )
+    else:
+        eta = uniforms[:, :k]
+    passed = eta < h
+    # tau = the largest passing position (1-based), 0 where none passes.
+    last = k - 1 - passed.flip(1).to(torch.int8).argmax(dim=1)
+    tau = torch.where(passed.any(dim=1), last + 1, torch.zeros_like(last))
+    at = tau.clamp(max=k - 1)
+    rows = residual.gather(1, at[:, None, None].expand(-1, 1, residual.shape[-1])).squeeze(1)
+    empty = total.gather(1, at[:, None]).squeeze(1) <= 0
+    if bool(empty.any()):
+        # A residual without mass: draw from the target row itself.
+        plain = target.gather(1, at[:, None, None].expand(-1, 1, target.shape[-1])).squeeze(1)
+        rows = torch.where(empty[:, None], plain, rows)
+    race = torch.empty_like(rows).exponential_(1.0, generator=generator)
+    recovered = rows.div_(race).argmax(dim=-1)
+    columns = torch.arange(k, device=tau.device)
+    accepted = columns[None, :] < tau[:, None]
+    substitute = recovered[:, None].expand(batch_size, k)
+    return create_output(accepted, substitute, draft_token_ids, bonus_token_ids)
+
+
+#: Baseline of each registry verifier that has one, by registry name.
+BASELINES = {
+    "rejection": rejection_sample,
+    "block": block_verification_sample,
+    "typical": typical_acceptance_sample,
+    "greedy": greedy_sample,
+}
 
 
 def as_tensors(*arrays: Any) -> list[torch.Tensor]:

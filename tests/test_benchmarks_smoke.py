@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _reference
+from specdec_np import _core, _reference, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "run.py"
@@ -33,9 +33,19 @@ COLUMNS = (
     "x_torch",
     "x_torch_best",
     "acc",
+    "mean_len",
+    "x_len_rej",
     "MB_read",
     "roofline",
 )
+NAMES = tuple(verifier.name for verifier in registry.VERIFIERS)
+# Written out here, not taken from the harness: a stage the harness drops must fail the test.
+STAGES = {"intake", "id_check", "output_block", "kernel", "finish"}
+STOCHASTIC_STAGES = STAGES | {"uniforms"}
+
+
+def expected_stages(name: str) -> set[str]:
+    return STOCHASTIC_STAGES if registry.get(name).stochastic else STAGES
 
 
 def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
@@ -59,32 +69,49 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
     lines = completed.stdout.splitlines()
     header = next(line for line in lines if line.split()[:1] == ["verifier"])
     assert header.split() == list(COLUMNS)
-    # 3 verifiers x 2 regimes x 2 batch sizes x 2 draft lengths, one backend.
-    body = [
-        line.split()
-        for line in lines
-        if line.split()[:1] in (["rejection"], ["typical"], ["greedy"])
-    ]
+    # Every registered verifier x 2 regimes x 2 batch sizes x 2 draft lengths, one backend.
+    body = [line.split() for line in lines if line.split()[:1] in ([n] for n in NAMES)]
     table_rows = [fields for fields in body if len(fields) == len(COLUMNS)]
-    assert len(table_rows) == 24
+    assert len(table_rows) == 8 * len(NAMES)
+    assert {fields[0] for fields in table_rows} == set(NAMES)
     assert {fields[2] for fields in table_rows} == {"flat", "realistic"}
     assert "streaming read bandwidth" in completed.stdout
     assert "B = 1 profile" in completed.stdout
+    assert "accepted-length gain over token-wise rejection" in completed.stdout
 
     records = [json.loads(line) for line in json_path.read_text().splitlines()]
     meta = records[0]
     assert meta["kind"] == "meta" and meta["roofline_bandwidth_gb_per_s"] > 0
+    assert meta["uptime_start"] and meta["uptime_end"]
     cells = [r for r in records if r["kind"] == "cell"]
-    assert len(cells) == 24
+    assert len(cells) == 8 * len(NAMES)
     for cell in cells:
+        verifier = registry.get(cell["verifier"])
         assert cell["time_us"] > 0 and cell["bytes"] > 0 and cell["roofline"] > 0
         assert 0.0 <= cell["accepted"] <= 1.0
-        assert cell["ref_us"] > 0 and cell["x_ref"] > 0
+        if hasattr(_reference, verifier.reference_name):
+            assert cell["ref_us"] > 0 and cell["x_ref"] > 0
+        else:
+            assert cell["ref_us"] is None
         assert (cell["torch_us"] is not None) == HAS_TORCH
+        # Paired accepted lengths: every stochastic verifier, on rejection's uniforms.
+        if verifier.stochastic:
+            assert 0.0 <= cell["mean_length"] <= cell["k"]
+            assert 0.0 <= cell["tokenwise_length"] <= cell["k"]
+            if cell["verifier"] == "rejection":
+                assert cell["mean_length"] == cell["tokenwise_length"]
+                assert cell["length_gain"] == 0.0
+        else:
+            assert "mean_length" not in cell
     profiles = [r for r in records if r["kind"] == "profile"]
-    assert {(p["verifier"], p["B"]) for p in profiles} == {
-        (v, 1) for v in ("rejection", "typical", "greedy")
-    }
+    # One profile per verifier, regime and k at B = 1, each with every stage timed.
+    assert len(profiles) == 4 * len(NAMES)
+    assert {p["verifier"] for p in profiles} == set(NAMES) and {p["B"] for p in profiles} == {1}
+    for profile in profiles:
+        assert set(profile["stages_us"]) == expected_stages(profile["verifier"]), profile
+        assert all(us > 0 for us in profile["stages_us"].values()), profile
+        assert profile["kernel_us"] == profile["stages_us"]["kernel"]
+        assert 0 < profile["kernel_us"] < profile["entry_us"]
     # The regimes are what SPEC 8 says: flat rejects nearly every draft, realistic accepts most.
     # --render reprints the same table from the JSON lines without measuring.
     rendered = subprocess.run(
@@ -115,6 +142,83 @@ def test_bad_arguments_exit_2() -> None:
     )
     assert completed.returncode == 2
     assert "--batch" in completed.stderr
+
+
+@pytest.fixture(scope="module")
+def harness():  # noqa: ANN201 - a module
+    spec = importlib.util.spec_from_file_location("benchmark_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    # The harness's dataclasses look their module up while being created.
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stage_profile_has_every_stage_and_matches_the_entry_point(harness, name: str) -> None:
+    cell = harness.make_cell("realistic", 1, 3, 500, seed=0, flat_draft_scale=4.0)
+    stages = harness.stage_calls(registry.get(name), cell, seed=0, calls=3)
+    assert set(stages) == expected_stages(name)
+    for stage in stages.values():
+        stage()
+
+
+def test_stage_profile_does_not_swallow_a_failing_stage(harness, monkeypatch) -> None:  # noqa: ANN001
+    cell = harness.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("first_invalid_id moved")
+
+    monkeypatch.setattr(_core, "first_invalid_id", broken)
+    with pytest.raises(RuntimeError, match="first_invalid_id moved"):
+        harness.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)["id_check"]()
+
+
+def test_stage_profile_rejects_stages_that_diverge_from_the_entry_point(
+    harness, monkeypatch
+) -> None:  # noqa: ANN001
+    cell = harness.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
+    # A profile timing another computation than the entry point must not pass for it.
+    monkeypatch.setattr(
+        harness,
+        "specdec_call",
+        lambda *a: (
+            lambda: specdec_np.greedy_sample(
+                cell.target, cell.bonus_ids, np.zeros_like(cell.draft_ids)
+            )
+        ),
+    )
+    with pytest.raises(RuntimeError, match="no longer mirror"):
+        harness.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)
+
+
+def test_paired_lengths_redraw_the_drafts_each_round(harness) -> None:  # noqa: ANN001
+    # This cell's one drafted path lies in the tails (p(x) < q(x) at three of four
+    # positions): on that fixed path block verification accepts about a third of what
+    # rejection does, while over drafts drawn from q it accepts at least as much.
+    cell = harness.make_cell("realistic", 1, 4, 32000, seed=0, flat_draft_scale=4.0)
+    verifiers = [registry.get("rejection"), registry.get("block")]
+    paired = harness.paired_lengths(cell, verifiers, 300, seed=0)
+    assert paired["rejection"]["mean"] > 3.0
+    assert paired["block"]["mean"] > 0.95 * paired["rejection"]["mean"]
+    assert paired["rejection"]["gain"] == 0.0 and paired["rejection"]["gain_se"] == 0.0
+    difference = paired["block"]["mean"] - paired["rejection"]["mean"]
+    assert paired["block"]["gain"] == pytest.approx(difference)
+
+
+def test_block_bytes_count_the_rows_the_scan_reads(harness) -> None:
+    cell = harness.make_cell("flat", 3, 4, 100, seed=1, flat_draft_scale=4.0)
+    # Point the drafts at the target's own probabilities, so that every rho is 1: the scan
+    # reads no row, and only a row that stops below k draws (one pair of rows).
+    cell.draft_probs[:] = cell.target[:, :4]
+    scalars = harness._stochastic_scalars(cell)
+    pair = 2 * cell.vocab * cell.target.itemsize
+    lengths = [np.array([4, 2, 0])]
+    assert harness.block_bytes(cell, lengths, {}) == scalars + 2 * pair
+    assert harness.block_bytes(cell, [np.array([4, 4, 4])], {}) == scalars
 
 
 # --- the torch baselines compute what they claim (only where torch is installed) -------
@@ -191,3 +295,40 @@ def test_torch_rejection_output_format_and_edge_cases(baselines) -> None:  # noq
     )
     expected = np.concatenate([ids, bonus], axis=1)
     np.testing.assert_array_equal(same.output_token_ids.numpy(), expected)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_block_verification_accepts_what_the_kernel_accepts(baselines, seed: int) -> None:  # noqa: ANN001
+    import torch
+
+    target, draft, ids, bonus = _inputs(seed, batch=64, k=4, vocab=40)
+    # float64 rows: the same float64 checks as the kernel, so tau must agree exactly.
+    target, draft = target.astype(np.float64), draft.astype(np.float64)
+    target /= target.sum(axis=-1, keepdims=True)
+    draft /= draft.sum(axis=-1, keepdims=True)
+    uniforms = np.random.default_rng(seed).random((64, 5))
+    out = baselines.block_verification_sample(
+        *baselines.as_tensors(target, bonus, draft, ids),
+        generator=torch.Generator().manual_seed(seed),
+        uniforms=torch.from_numpy(uniforms),
+    )
+    output = out.output_token_ids.numpy()
+    lengths = np.count_nonzero(output != -1, axis=1) - 1
+    expected = specdec_np.block_verification_sample(target, bonus, draft, ids, uniforms=uniforms)
+    np.testing.assert_array_equal(lengths, expected.accepted_lengths)
+    assert int(out.num_accepted) == int(expected.num_accepted.sum())
+    # Not token-wise rejection in disguise: on these uniforms some rows accept other lengths.
+    tokenwise = specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms)
+    assert np.any(tokenwise.accepted_lengths != expected.accepted_lengths)
+    for b, tau in enumerate(lengths):
+        np.testing.assert_array_equal(output[b, :tau], ids[b, :tau])
+        if tau == 4:
+            assert output[b, 4] == bonus[b, 0]
+            continue
+        # The recovered token has weight in the weighted residual max(rho p - q, 0).
+        rho = 1.0
+        for j in range(tau):
+            p_x, q_x = target[b, j, ids[b, j]], draft[b, j, ids[b, j]]
+            rho = 1.0 if rho * p_x >= q_x else rho * p_x / q_x
+        token = output[b, tau]
+        assert rho * target[b, tau, token] - draft[b, tau, token] > 0
