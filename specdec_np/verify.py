@@ -440,7 +440,7 @@ def create_output(
     *,
     vocab_size: int | None = None,
 ) -> VerificationResult:
-    """Format verified rows as vLLM's ``_create_output`` does (SPEC 3).
+    """Format verified rows as vLLM's ``_create_output`` does (docs/semantics.md §1).
 
     Row ``b`` gets the drafts before the first False of ``accepted[b]`` (position ``r``),
     then ``substitute_token_ids[b, r]`` (or the bonus id if all are True), then -1.
