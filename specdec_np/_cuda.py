@@ -581,12 +581,43 @@ struct BlockVerificationRow {
     }
 };
 
+// The decision scan shared by the deterministic verifiers: position i passes when
+// p_i(x_i) > shortcut without reading its row; otherwise one coalesced pass finds the row's
+// argmax (first index on ties, NaN ignored, 0 if nothing is above -inf) and, WithEntropy,
+// sum_y p ln(p + eps), and passes(p_x, x, argmax, plogp) decides. Every position is decided
+// (the counters need all of them); at the first failure the argmax is emitted.
+template <bool WithEntropy, typename ProbT, typename IdT, typename Passes>
+__device__ specdec::RowResult decide_positions(const specdec::RowArgs<ProbT, IdT>& a,
+                                               specdec::Scratch& s, double shortcut,
+                                               const Passes& passes) {
+    specdec::RowResult result{a.bonus_id, a.k, 0, 0};
+    for (long long i = 0; i < a.k; ++i) {  // uniform loop: every thread takes the same path
+        const double p_x = specdec::target_probability(a, i);
+        if (p_x > shortcut) {
+            ++result.num_accepted;
+            continue;
+        }
+        double best;
+        long long best_index;
+        double plogp;
+        specdec::row_argmax_entropy<WithEntropy>(a.target + i * a.vocab, a.vocab, best,
+                                                 best_index, plogp, s.reduce);
+        const long long argmax = specdec::argmax_or_zero(best, best_index);
+        if (passes(p_x, static_cast<long long>(a.draft_ids[i]), argmax, plogp)) {
+            ++result.num_accepted;
+        } else if (result.accepted_length == a.k) {
+            result.accepted_length = i;
+            result.last_token = argmax;
+        }
+    }
+    return result;
+}
+
 // Typical acceptance (Medusa): position i passes iff
 // p_i(x_i) > min(threshold, alpha * exp(-H_i)), H_i = -sum_y p_i(y) ln(p_i(y) + eps) (double
-// accumulation); p > threshold passes without reading the row, and a NaN entropy never
-// passes. parameters = (posterior_threshold, posterior_alpha). At the first failure the
-// row's argmax is emitted (first index on ties, NaN ignored, 0 if nothing is above -inf),
-// found in the same pass as the entropy. Rows need not be normalised.
+// accumulation); p > threshold passes unread (the minimum never exceeds it), and a NaN
+// entropy never passes. parameters = (posterior_threshold, posterior_alpha). Rows need not
+// be normalised.
 struct TypicalAcceptanceRow {
     static constexpr bool kReadsUniforms = false;
     template <typename ProbT, typename IdT>
@@ -594,62 +625,26 @@ struct TypicalAcceptanceRow {
                                              specdec::Scratch& s) {
         const double posterior_threshold = a.parameters[0];
         const double posterior_alpha = a.parameters[1];
-        specdec::RowResult result{a.bonus_id, a.k, 0, 0};
-        for (long long i = 0; i < a.k; ++i) {  // uniform loop
-            const double p_x = specdec::target_probability(a, i);
-            if (p_x > posterior_threshold) {
-                ++result.num_accepted;
-                continue;
-            }
-            double best;
-            long long best_index;
-            double plogp;
-            specdec::row_argmax_entropy<true>(a.target + i * a.vocab, a.vocab, best, best_index,
-                                              plogp, s.reduce);
+        auto passes = [&](double p_x, long long, long long, double plogp) {
             // alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
             double threshold = posterior_alpha > 0.0 ? posterior_alpha * exp(plogp) : 0.0;
             if (threshold > posterior_threshold) threshold = posterior_threshold;
-            if (p_x > threshold) {
-                ++result.num_accepted;
-            } else if (result.accepted_length == a.k) {
-                result.accepted_length = i;
-                result.last_token = specdec::argmax_or_zero(best, best_index);
-            }
-        }
-        return result;
+            return p_x > threshold;
+        };
+        return decide_positions<true>(a, s, posterior_threshold, passes);
     }
 };
 
-// Greedy verification: position i passes iff x_i is the first index of the maximum of p_i
-// (NaN ignored, 0 if nothing is above -inf). p_i(x_i) > 0.5 + kGreedyMargin passes without
-// reading the row (the unique argmax of a probability row, the input contract); every other
-// position is decided by one coalesced argmax pass (the counter needs all of them). At the
-// first mismatch the argmax is emitted.
+// Greedy verification: position i passes iff x_i is the first index of the maximum of p_i.
+// p_i(x_i) > 0.5 + kGreedyMargin passes unread: the unique argmax of a probability row (the
+// input contract).
 struct GreedyRow {
     static constexpr bool kReadsUniforms = false;
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
-        specdec::RowResult result{a.bonus_id, a.k, 0, 0};
-        for (long long i = 0; i < a.k; ++i) {  // uniform loop
-            if (specdec::target_probability(a, i) > 0.5 + specdec::kGreedyMargin) {
-                ++result.num_accepted;
-                continue;
-            }
-            double best;
-            long long best_index;
-            double unused;
-            specdec::row_argmax_entropy<false>(a.target + i * a.vocab, a.vocab, best, best_index,
-                                               unused, s.reduce);
-            const long long argmax = specdec::argmax_or_zero(best, best_index);
-            if (static_cast<long long>(a.draft_ids[i]) == argmax) {
-                ++result.num_accepted;
-            } else if (result.accepted_length == a.k) {
-                result.accepted_length = i;
-                result.last_token = argmax;
-            }
-        }
-        return result;
+        auto passes = [](double, long long x, long long argmax, double) { return x == argmax; };
+        return decide_positions<false>(a, s, 0.5 + specdec::kGreedyMargin, passes);
     }
 };
 """

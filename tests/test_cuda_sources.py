@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from draw_checks import assert_draw_consistent
+from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
 from specdec_np import _contract, _cuda, registry
 
@@ -622,61 +622,38 @@ def _case(
     )  # fmt: skip
 
 
-def _clean(q: np.ndarray) -> np.ndarray:
-    return np.where(q > 0, q, 0.0)
-
-
-def _draft_row(rows: Any, ids: np.ndarray, i: int, vocab: int) -> np.ndarray:
-    if rows is not None:
-        return _clean(rows[i].astype(np.float64))
-    return np.eye(1, vocab, int(ids[i]))[0]
+def _q_row(draft: Any, ids: np.ndarray, i: int, vocab: int) -> np.ndarray:
+    """Draft row i of a request, or its point mass at x_i."""
+    return np.eye(1, vocab, int(ids[i]))[0] if draft is None else draft[i]
 
 
 def _rho(rows: np.ndarray, draft: Any, ids: np.ndarray, i: int) -> float:
-    """rho_i of block verification, in the kernels' order and float64 rules."""
-    rho = 1.0
-    for j in range(i):
-        p = float(rows[j, ids[j]])
-        q = 1.0 if draft is None else max(float(draft[j, ids[j]]), 0.0)
-        q = 0.0 if q != q else q
-        if not p > 0.0 or rho == 0.0:
-            rho = 0.0
-        elif rho * p >= q:
-            rho = 1.0
-        else:
-            rho = rho * p / q
-    return rho
+    p_x = [rows[j, ids[j]] for j in range(i)]
+    return block_rho(p_x, None if draft is None else [draft[j, ids[j]] for j in range(i)])
 
 
 def _residual(rows: np.ndarray, draft: Any, ids: np.ndarray, r: int, rho: float) -> np.ndarray:
     """The draw weights at position r, scaled as the kernels scale an overflowing sum."""
-    vocab = rows.shape[1]
-    p = rows[r].astype(np.float64)
-    with np.errstate(all="ignore"):
-        w = np.nan_to_num(np.maximum(rho * p - _draft_row(draft, ids, r, vocab), 0.0), nan=0.0)
-        if np.isinf(w.sum()):
-            w = w * 2.0**_contract.OVERFLOW_EXPONENT
-        if not w.sum() > 0:
-            w = np.nan_to_num(np.maximum(p, 0.0), nan=0.0)
-            if np.isinf(w.sum()):
-                w = w * 2.0**_contract.OVERFLOW_EXPONENT
-    return w
+    weights = weighted_residual(rows[r], _q_row(draft, ids, r, rows.shape[1]), rho)
+    with np.errstate(over="ignore"):
+        overflows = np.isinf(weights.sum())
+    if overflows:
+        weights = weights * 2.0**_contract.OVERFLOW_EXPONENT
+    return weights
 
 
-def _block_check_is_close(rows: np.ndarray, draft: Any, ids: np.ndarray, u: np.ndarray,
-                          i: int) -> bool:  # fmt: skip
+def _block_check_is_close(
+    rows: np.ndarray, draft: Any, ids: np.ndarray, u: np.ndarray, i: int
+) -> bool:
     """Whether eta_i lies within rounding of h_i (where two summation orders may decide
     differently)."""
-    k = ids.shape[0]
     rho = _rho(rows, draft, ids, i)
-    if i == k or rho >= 1.0 or rho == 0.0:
+    if i == ids.shape[0] or rho >= 1.0 or rho == 0.0:
         return False
-    with np.errstate(all="ignore"):
-        weights = np.maximum(
-            rho * rows[i].astype(np.float64) - _draft_row(draft, ids, i, rows.shape[1]), 0.0
-        )
-        total = float(np.nan_to_num(weights, nan=0.0).sum())
-    h = total / (total + 1.0 - rho)
+    q_row = _q_row(draft, ids, i, rows.shape[1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(weighted_residual(rows[i], q_row, rho, fallback=False).sum())
+        h = total / (total + 1.0 - rho)
     return abs(float(u[i - 1]) - h) <= 1e-12 * max(h, 1e-300) + 1e-300
 
 

@@ -43,8 +43,10 @@ from draw_checks import (
     MC_P,
     MC_Q,
     assert_draw_consistent,
+    block_rho,
     random_rows,
     residual_weights,
+    weighted_residual,
 )
 
 import specdec_np
@@ -178,7 +180,7 @@ def compare_rejection(case, cpu, gpu):
     """GPU and CPU results (NumPy) of the same inputs and uniforms: decisions, counters and
     prefixes identical; the recovered token equal except at a CDF boundary."""
     target, bonus, draft_probs, draft_ids, uniforms = case
-    batch_size, k = draft_ids.shape
+    k = draft_ids.shape[1]
     cpu_output, cpu_lengths, cpu_passes = cpu
     output, lengths, passes = gpu
     np.testing.assert_array_equal(lengths, cpu_lengths)
@@ -187,6 +189,16 @@ def compare_rejection(case, cpu, gpu):
     np.testing.assert_array_equal(passes, accepted.sum(axis=1))
     first_fail = np.where(accepted.all(axis=1), k, np.argmin(accepted, axis=1))
     np.testing.assert_array_equal(lengths, first_fail)
+    assert_prefixes_and_draws(case, cpu_output, output, lengths, lambda b, r: 1.0)
+
+
+def assert_prefixes_and_draws(case, cpu_output, output, lengths, rho_of=None):
+    """Rows of equal accepted lengths on both backends: the draft prefix, then the bonus
+    token (all accepted) or the token after the prefix, then -1.  That token is a draw from
+    ``max(rho p - q, 0)`` (``rho = rho_of(b, r)``) equal to the CPU's except at a CDF
+    boundary, or, for a deterministic verifier (``rho_of`` None), the CPU's token."""
+    target, bonus, draft_probs, draft_ids, uniforms = case
+    batch_size, k = draft_ids.shape
     for b in range(batch_size):
         r = int(lengths[b])
         np.testing.assert_array_equal(output[b, :r], draft_ids[b, :r])
@@ -194,65 +206,39 @@ def compare_rejection(case, cpu, gpu):
         if r == k:
             assert output[b, k] == bonus[b, 0] == cpu_output[b, k]
             continue
-        p_row = target[b, r].astype(np.float64)
+        if rho_of is None:
+            assert output[b, r] == cpu_output[b, r]
+            continue
         if draft_probs is None:
-            q_row = np.zeros_like(p_row)
-            q_row[int(draft_ids[b, r])] = 1.0
+            q_row = np.eye(1, target.shape[2], int(draft_ids[b, r]))[0]
         else:
-            q_row = draft_probs[b, r].astype(np.float64)
-        weights = residual_weights(p_row, q_row)
+            q_row = draft_probs[b, r]
+        weights = weighted_residual(target[b, r], q_row, rho_of(b, r))
         assert_draw_consistent(
             output[b, r], cpu_output[b, r], weights, uniforms[b, k], names=("GPU", "CPU")
         )
 
 
-def block_rho(target, draft_probs, draft_ids, b, i):
-    """rho_i of block verification for row b, by the kernels' float64 rules."""
-    rho = 1.0
-    for j in range(i):
-        x = int(draft_ids[b, j])
-        p = float(target[b, j, x])
-        q = 1.0 if draft_probs is None else max(float(draft_probs[b, j, x]), 0.0)
-        if not p > 0.0 or rho == 0.0:
-            rho = 0.0
-        elif rho * p >= q:
-            rho = 1.0
-        else:
-            rho = rho * p / q
-    return rho
+def case_block_rho(case, b, i):
+    """rho_i of block verification for row b of a case."""
+    target, _, draft_probs, draft_ids, _ = case
+    ids = draft_ids[b, :i].astype(np.int64)
+    p_x = target[b, np.arange(i), ids]
+    return block_rho(p_x, None if draft_probs is None else draft_probs[b, np.arange(i), ids])
 
 
 def compare_block(case, cpu, gpu):
     """Block verification on both backends with the same uniforms: accepted lengths (tau),
     counts and prefixes identical; the token after the prefix is the bonus token, or a draw
     from max(rho_tau p - q, 0) equal except at a CDF boundary."""
-    target, bonus, draft_probs, draft_ids, uniforms = case
-    batch_size, k = draft_ids.shape
     cpu_output, cpu_lengths, cpu_passes = cpu
     output, lengths, passes = gpu
     np.testing.assert_array_equal(lengths, cpu_lengths)
     np.testing.assert_array_equal(passes, lengths)  # causal counts
     np.testing.assert_array_equal(cpu_passes, cpu_lengths)
-    for b in range(batch_size):
-        tau = int(lengths[b])
-        np.testing.assert_array_equal(output[b, :tau], draft_ids[b, :tau])
-        np.testing.assert_array_equal(output[b, tau + 1 :], -1)
-        if tau == k:
-            assert output[b, k] == bonus[b, 0] == cpu_output[b, k]
-            continue
-        p_row = target[b, tau].astype(np.float64)
-        if draft_probs is None:
-            q_row = np.zeros_like(p_row)
-            q_row[int(draft_ids[b, tau])] = 1.0
-        else:
-            q_row = np.maximum(draft_probs[b, tau].astype(np.float64), 0.0)
-        rho = block_rho(target, draft_probs, draft_ids, b, tau)
-        weights = np.maximum(rho * p_row - q_row, 0.0)
-        if not np.any(weights > 0):  # no weighted residual mass: drawn from p
-            weights = np.maximum(p_row, 0.0)
-        assert_draw_consistent(
-            output[b, tau], cpu_output[b, tau], weights, uniforms[b, k], names=("GPU", "CPU")
-        )
+    assert_prefixes_and_draws(
+        case, cpu_output, output, lengths, lambda b, i: case_block_rho(case, b, i)
+    )
 
 
 def check_block(cp, case, device=0):
@@ -721,6 +707,17 @@ def first_token_p_value(output, p, q):
     return conf.chi_square_p_value(statistic, dof)
 
 
+def prefix_lengths(output, draft_ids):
+    """The accepted lengths of outputs that must be a draft prefix, one token, then -1."""
+    emitted = output >= 0
+    lengths = emitted.sum(axis=1) - 1
+    k = draft_ids.shape[1]
+    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
+    prefix = np.arange(k)[None, :] < lengths[:, None]
+    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    return lengths
+
+
 @pytest.mark.parametrize("name", CHI_SQUARE_CASES)
 def test_gpu_rejection_chi_square(cp, name):
     p, q, dtype, num_rows = CHI_SQUARE_CASES[name]
@@ -729,13 +726,8 @@ def test_gpu_rejection_chi_square(cp, name):
     output, draft_ids = gpu_first_tokens(cp, p, q, num_rows, rng, dtype)
     p_value = first_token_p_value(output, p, q)
     assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
-    # Format: accepted prefix, one token, then -1; the acceptance rate is sum(min(p, q)).
-    emitted = output >= 0
-    lengths = emitted.sum(axis=1) - 1
-    k = draft_ids.shape[1]
-    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
-    prefix = np.arange(k)[None, :] < lengths[:, None]
-    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    prefix_lengths(output, draft_ids)
+    # The acceptance rate is sum(min(p, q)).
     p64 = p.astype(np.float64)
     q0 = np.eye(p.shape[1])[q[0]] if isinstance(q, list) else np.asarray(q, np.float64)[0]
     expected = math.fsum((q0 * conf.acceptance_probabilities(p64[0], q0)).tolist())
@@ -761,12 +753,7 @@ def test_gpu_block_verification_chi_square(cp, name):
     statistic, dof = conf.chi_square_statistic(np.bincount(first, minlength=p.shape[1]), target)
     p_value = conf.chi_square_p_value(statistic, dof)
     assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
-    emitted = output >= 0
-    lengths = emitted.sum(axis=1) - 1
-    k = draft_ids.shape[1]
-    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
-    prefix = np.arange(k)[None, :] < lengths[:, None]
-    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    lengths = prefix_lengths(output, draft_ids)
     token_wise, _ = gpu_first_tokens(cp, p, q, num_rows, np.random.default_rng(20240612), dtype)
     token_wise_lengths = (token_wise >= 0).sum(axis=1) - 1
     spread = math.sqrt((lengths.var() + token_wise_lengths.var()) / num_rows)
@@ -1048,34 +1035,25 @@ def test_ragged_chains_on_the_launch_surface_match_cpu(cp, kind, id_dtype, with_
     np.testing.assert_array_equal(lengths, host[1])  # untouched (-7) where the status is not 0
     np.testing.assert_array_equal(passes, host[2])
     np.testing.assert_array_equal(output[~good], host[0][~good])
-    for b in np.flatnonzero(good):
+    for b in np.flatnonzero(good):  # each verified request as a batch of one
         start, k_b = int(offsets[b]), int(offsets[b + 1] - offsets[b])
-        r = int(lengths[b])
-        np.testing.assert_array_equal(output[b, :r], ids[start : start + r])
-        np.testing.assert_array_equal(output[b, r + 1 :], -1)
-        if output[b, r] == host[0][b, r]:
-            continue
-        assert verifier.stochastic and r < k_b, f"request {b}: {output[b]} != {host[0][b]}"
-        p_row = target[start + b + r]
-        q_row = (
-            np.eye(1, target.shape[1], int(ids[start + r]))[0]
-            if draft is None
-            else draft[start + r]
+        rows = slice(start + b, start + b + k_b + 1)
+        request = (
+            target[None, rows],
+            bonus[b : b + 1, None],
+            None if draft is None else draft[None, start : start + k_b],
+            ids[None, start : start + k_b],
+            uniforms[b : b + 1, : k_b + 1] if verifier.stochastic else None,
         )
-        rho = 1.0
+        rho_of = None  # deterministic: the CPU's token exactly
         if kind == "block":
-            rows = target[None, start + b : start + b + k_b + 1]
-            rho = block_rho(
-                rows,
-                None if draft is None else draft[None, start : start + k_b],
-                ids[None, start : start + k_b],
-                0,
-                r,
-            )
-        weights = np.maximum(rho * p_row - q_row, 0.0)
-        if not np.any(weights > 0):
-            weights = np.maximum(p_row, 0.0)
-        assert_draw_consistent(output[b, r], host[0][b, r], weights, uniforms[b, k_b])
+            rho_of = lambda _, i, request=request: case_block_rho(request, 0, i)  # noqa: E731
+        elif verifier.stochastic:
+            rho_of = lambda _, r: 1.0  # noqa: E731
+        assert_prefixes_and_draws(
+            request, host[0][b : b + 1], output[b : b + 1, : k_b + 1], lengths[b : b + 1], rho_of
+        )
+        np.testing.assert_array_equal(output[b, k_b + 1 :], -1)
     synchronize(cp)
 
 
