@@ -1066,3 +1066,46 @@ def test_offsets_never_make_a_block_leave_the_arrays(emulated: Any, core: Any) -
                     assert 0 <= r < width
                     assert out[0][b, :r].tolist() == c.ids[start : start + r].tolist()
                     assert (out[0][b, r + 1 :] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# tests/test_gpu.py itself, on a stand-in CuPy (tests/fake_cupy) whose kernels are emulated
+# ---------------------------------------------------------------------------------------------
+
+# Chi-square and Monte-Carlo tests launch 10**5 blocks or more: minutes in the emulation.
+FAKE_CUPY_SELECTION = "not chi_square and not conformance"
+
+
+def _run_gpu_tests_on_fake_cupy(selection: str, mutation: str | None = None) -> Any:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT / "tests" / "fake_cupy"), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    env["SPECDEC_REQUIRE_GPU"] = "1"  # a skip for want of a device is a failure
+    env.pop("SPECDEC_FAKE_CUPY_MUTATION", None)
+    if mutation is not None:
+        env["SPECDEC_FAKE_CUPY_MUTATION"] = mutation
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+    command += ["tests/test_gpu.py", "-k", selection]
+    return subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+def test_gpu_tests_pass_on_a_fake_cupy(emulated: Any) -> None:
+    """The GPU test-suite, every verifier of the registry through the library's CuPy path and
+    the launch surface, with the emulated kernels as the device: so its comparisons run (and
+    must pass) on every machine, not only where a GPU is."""
+    result = _run_gpu_tests_on_fake_cupy(FAKE_CUPY_SELECTION)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    passed = int(re.search(r"(\d+) passed", summary).group(1))
+    assert passed > 200, summary
+
+
+def test_gpu_tests_fail_on_a_fake_cupy_with_a_broken_kernel(emulated: Any) -> None:
+    """Negative control: the same GPU tests catch block verification stopping at the first
+    failed check."""
+    result = _run_gpu_tests_on_fake_cupy("block_gpu_matches_cpu", "block_stops_at_first_failure")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "failed" in result.stdout.strip().splitlines()[-1]
