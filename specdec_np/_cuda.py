@@ -884,23 +884,29 @@ def _guard(array: Any, name: str, dtypes: tuple[str, ...], shape: tuple[int | No
         raise ValueError(f"{name}: expected a C-contiguous array")
 
 
+_OUTPUT_NAMES = ("output", "accepted_lengths", "num_accepted", "row_status")
+
+
 def _guard_outputs(batch: int, width: int | None, buffers: tuple[Any, Any, Any, Any]) -> None:
-    output, accepted_lengths, num_accepted, row_status = buffers
-    _guard(output, "output", ("int64",), (batch, width))
-    for name, array in (
-        ("accepted_lengths", accepted_lengths),
-        ("num_accepted", num_accepted),
-        ("row_status", row_status),
-    ):
-        _guard(array, name, ("int64",), (batch,))
+    for name, array in zip(_OUTPUT_NAMES, buffers):
+        _guard(array, name, ("int64",), (batch, width) if name == "output" else (batch,))
 
 
-def _guard_one_device(**named: Any) -> None:
-    """All the arrays on one device (``None`` entries skipped); O(1), no synchronisation."""
-    devices = {name: array.device.id for name, array in named.items() if array is not None}
+def _launch(source: str, name: str, grid: int, block: int, arguments: dict[str, Any]) -> None:
+    """Launch kernel ``name`` of ``source`` with ``arguments`` (the kernel's parameters, by
+    name, in order) on the device of its arrays, after checking that they share one (O(1),
+    no synchronisation; ``None`` is a null pointer)."""
+    arrays = {
+        key: value
+        for key, value in arguments.items()
+        if value is not None and not isinstance(value, np.generic)
+    }
+    devices = {key: array.device.id for key, array in arrays.items()}
     if len(set(devices.values())) > 1:
-        found = ", ".join(f"{name} on device {device}" for name, device in devices.items())
+        found = ", ".join(f"{key} on device {device}" for key, device in devices.items())
         raise ValueError(f"expected every array on one CUDA device, found {found}")
+    with next(iter(arrays.values())).device:
+        _kernel(source, name)((grid,), (block,), tuple(arguments.values()))
 
 
 _VERIFIER_OF_ROW: dict[int, registry.Verifier] = {}
@@ -991,37 +997,25 @@ class _CoreLikeKernels:
         width = int(output.shape[1])
         if width < 1:
             raise ValueError("output: expected at least one column, found 0")
-        _guard_one_device(
-            target_rows=target_rows,
-            draft_rows=draft,
-            draft_token_ids=draft_token_ids,
-            bonus_token_ids=bonus_token_ids,
-            draft_offsets=draft_offsets,
-            uniforms=uniforms,
-            parameters=parameters,
-            output=output,
-            row_status=row_status,
-        )
         if batch == 0:
             return
-        arguments = (
-            target_rows,
-            draft,
-            draft_token_ids,
-            bonus_token_ids,
-            draft_offsets,
-            uniforms,
-            np.int64(uniforms.shape[1]),
-            parameters,
-            np.int64(batch),
-            np.int64(num_drafts),
-            np.int64(vocab),
-            np.int64(width),
-            *buffers,
-        )
+        arguments = {
+            "target_rows": target_rows,
+            "draft_rows": draft,
+            "draft_token_ids": draft_token_ids,
+            "bonus_token_ids": bonus_token_ids,
+            "draft_offsets": draft_offsets,
+            "uniforms": uniforms,
+            "uniform_width": np.int64(uniforms.shape[1]),
+            "parameters": parameters,
+            "batch": np.int64(batch),
+            "num_drafts": np.int64(num_drafts),
+            "vocab": np.int64(vocab),
+            "width": np.int64(width),
+            **dict(zip(_OUTPUT_NAMES, buffers)),
+        }
         name = _verify_name(verifier.cuda_row, target_rows.dtype, draft_token_ids.dtype)
-        with target_rows.device:
-            _kernel("verify_chains", name)((batch,), (BLOCK_SIZE,), arguments)
+        _launch("verify_chains", name, batch, BLOCK_SIZE, arguments)
 
     @staticmethod
     def create_output(
@@ -1047,32 +1041,23 @@ class _CoreLikeKernels:
         _guard(bonus_token_ids, "bonus_token_ids", same, (batch,))
         buffers = (output, accepted_lengths, num_accepted, row_status)
         _guard_outputs(batch, k + 1, buffers)
-        _guard_one_device(
-            accepted=accepted,
-            substitute_token_ids=substitute_token_ids,
-            draft_token_ids=draft_token_ids,
-            bonus_token_ids=bonus_token_ids,
-            output=output,
-            row_status=row_status,
-        )
-        if batch == 0:
-            return
         if vocab_size < 0:
             raise ValueError(f"vocab_size: expected a non-negative int, found {vocab_size}")
-        arguments = (
-            accepted,
-            substitute_token_ids,
-            draft_token_ids,
-            bonus_token_ids,
-            np.int64(batch),
-            np.int64(k),
-            np.int64(vocab_size),
-            *buffers,
-        )
+        if batch == 0:
+            return
+        arguments = {
+            "accepted": accepted,
+            "substitute_token_ids": substitute_token_ids,
+            "draft_token_ids": draft_token_ids,
+            "bonus_token_ids": bonus_token_ids,
+            "batch": np.int64(batch),
+            "k": np.int64(k),
+            "vocab": np.int64(vocab_size),
+            **dict(zip(_OUTPUT_NAMES, buffers)),
+        }
         grid = (batch + CREATE_OUTPUT_BLOCK - 1) // CREATE_OUTPUT_BLOCK
-        with accepted.device:
-            kernel = _kernel("create_output", _create_output_name(draft_token_ids.dtype))
-            kernel((grid,), (CREATE_OUTPUT_BLOCK,), arguments)
+        name = _create_output_name(draft_token_ids.dtype)
+        _launch("create_output", name, grid, CREATE_OUTPUT_BLOCK, arguments)
 
 
 #: The kernels with ``specdec_np._core``'s calling convention, so that the chain driver's
