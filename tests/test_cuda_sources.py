@@ -853,88 +853,21 @@ def test_emulation_detects_mutated_kernels(
 # ---------------------------------------------------------------------------------------------
 
 
-class _FakeDevice:
-    def __init__(self, device_id: int = 0) -> None:
-        self.id = device_id
+def _fake_cupy_module() -> Any:
+    """A fresh import of the stand-in CuPy of ``tests/fake_cupy`` (not put on sys.path)."""
+    import importlib.util
 
-    def __enter__(self) -> _FakeDevice:
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-
-class _FakeArray(np.ndarray):
-    """A NumPy array with CuPy's ``device`` context manager (device 0 unless moved)."""
-
-    device_id = 0
-
-    @property
-    def device(self) -> _FakeDevice:  # type: ignore[override]
-        return _FakeDevice(self.device_id)
-
-
-class _FakeCupy:
-    """Just enough of ``cupy`` for ``specdec_np._cuda``: host arrays, emulated kernels."""
-
-    def __init__(self, lib: Any) -> None:
-        self.lib = lib
-        self.launches: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
-        self.compiled: list[tuple[str, tuple[str, ...]]] = []
-        fake = self
-
-        class _Runtime:
-            @staticmethod
-            def getDevice() -> int:  # noqa: N802 (CuPy's name)
-                return 0
-
-        class _Cuda:
-            runtime = _Runtime
-
-        class _Kernel:
-            def __init__(self, name: str) -> None:
-                self.name = name
-                self.function = getattr(lib, _symbol(name))
-
-            def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: Any) -> None:
-                import ctypes
-
-                fake.launches.append((self.name, grid, block))
-                converted = []
-                for arg in args:
-                    if arg is None:
-                        converted.append(None)
-                    elif isinstance(arg, np.ndarray):
-                        assert isinstance(arg, _FakeArray), "a host array reached a kernel"
-                        converted.append(ctypes.c_void_p(arg.ctypes.data))
-                    elif isinstance(arg, np.int64):
-                        converted.append(ctypes.c_longlong(int(arg)))
-                    else:
-                        raise TypeError(f"kernel argument of type {type(arg)}: not a CuPy type")
-                self.function(*converted)
-
-        class _RawModule:
-            def __init__(self, code: str, options: tuple[str, ...], name_expressions: Any):
-                assert options == ("--std=c++17",)
-                assert code in _cuda.cuda_sources().values()
-                self.names = list(name_expressions)
-                fake.compiled.append((code, tuple(self.names)))
-
-            def get_function(self, name: str) -> _Kernel:
-                assert name in self.names, f"{name} was not in name_expressions"
-                return _Kernel(name)
-
-        self.cuda = _Cuda
-        self.RawModule = _RawModule
-
-    @staticmethod
-    def wrap(array: np.ndarray) -> _FakeArray:
-        return np.ascontiguousarray(array).view(_FakeArray)
+    path = REPO_ROOT / "tests" / "fake_cupy" / "cupy" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("cupy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
-def fake_cupy(emulated: Any, monkeypatch: pytest.MonkeyPatch) -> _FakeCupy:
-    fake = _FakeCupy(emulated)
+def fake_cupy(emulated: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    fake = _fake_cupy_module()
+    fake._LIBRARY[:] = [emulated, _symbol]  # the emulation this module built already
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(_cuda, "_MODULES", {})
     return fake
@@ -942,29 +875,27 @@ def fake_cupy(emulated: Any, monkeypatch: pytest.MonkeyPatch) -> _FakeCupy:
 
 def _launch(c: Chains, method: int, parameters: np.ndarray, **moved: int) -> list[np.ndarray]:
     """``core_like.verify_chains`` on fake device arrays (``moved``: argument -> device)."""
-    wrap = _FakeCupy.wrap
-    arrays = {
-        "target_rows": wrap(c.target),
-        "draft_rows": wrap(c.target if c.draft is None else c.draft),
-        "draft_token_ids": wrap(c.ids),
-        "bonus_token_ids": wrap(c.bonus),
-        "draft_offsets": wrap(c.offsets),
-        "uniforms": wrap(c.uniforms),
-        "parameters": wrap(parameters),
+    fake = sys.modules["cupy"]
+    host = {
+        "target_rows": c.target,
+        "draft_rows": c.target if c.draft is None else c.draft,
+        "draft_token_ids": c.ids,
+        "bonus_token_ids": c.bonus,
+        "draft_offsets": c.offsets,
+        "uniforms": c.uniforms,
+        "parameters": parameters,
     }
-    for name, device in moved.items():
-        arrays[name].device_id = device
-    out = [wrap(a) for a in c.buffers(c.width)]
-    a = arrays
+    a = {name: fake.ndarray(array, moved.get(name, 0)) for name, array in host.items()}
+    out = [fake.asarray(buffer) for buffer in c.buffers(c.width)]
     result = _cuda.core_like.verify_chains(
         method, a["target_rows"], a["draft_rows"], c.draft is None, a["draft_token_ids"],
         a["bonus_token_ids"], a["draft_offsets"], a["uniforms"], a["parameters"], *out, 3,
     )  # fmt: skip
     assert result is None, "the CUDA kernels report through row_status only"
-    return [np.asarray(x) for x in out]
+    return [fake.asnumpy(x) for x in out]
 
 
-def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: _FakeCupy, core: Any) -> None:
+def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: Any) -> None:
     """End to end through ``core_like.verify_chains``: argument order, null pointers, the
     instantiation chosen and the launch shape, for every verifier, both dtypes of each kind,
     padded and ragged batches, dense and point-mass drafts."""
@@ -979,7 +910,7 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: _FakeCupy, c
             parameters = c.posterior if verifier.parameters else np.empty(0)
             with np.errstate(all="ignore"):
                 launched = _launch(c, method, parameters)
-                direct = _run_emulated(fake_cupy.lib, verifier, c, parameters)
+                direct = _run_emulated(fake_cupy._LIBRARY[0], verifier, c, parameters)
                 cpu = _run_cpu(core, method, c, parameters)
             for mine, theirs in zip(launched, direct):
                 assert np.array_equal(mine, theirs)
@@ -991,13 +922,15 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: _FakeCupy, c
     assert not tally.problems, "\n".join(tally.problems[:20])
     assert len(seen) == 2 * 2 * len(_cuda.instantiation_names("verify_chains"))
     # One RawModule per (device, source): compiled once, reused.
-    assert len(fake_cupy.compiled) == 1
+    source = _cuda.cuda_sources()["verify_chains"]
+    names = tuple(_cuda.instantiation_names("verify_chains"))
+    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
 
 
-def test_launcher_memory_guards(fake_cupy: _FakeCupy, core: Any) -> None:
+def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     """O(1) guards before a launch: dtypes, contiguity, consistent shapes, one device; an
     empty batch launches nothing."""
-    wrap = _FakeCupy.wrap
+    wrap = fake_cupy.asarray
     rng = np.random.default_rng(5)
     c = _case(rng)
     rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)

@@ -257,7 +257,11 @@ random = _RandomModule()
 # RawModule: the emulated kernels
 # --------------------------------------------------------------------------------------------
 
-_LIBRARY: list[Any] = []
+_LIBRARY: list[Any] = []  # the emulated kernels' library and the symbol of a name expression
+#: ``(name expression, grid, block)`` of every launch, and ``(code, options, name
+#: expressions)`` of every module compiled, for tests of the launchers.
+launches: list[tuple[str, Any, Any]] = []
+compiled: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
 
 
 def _emulation() -> Any:
@@ -282,9 +286,11 @@ def _emulation() -> Any:
 class _Kernel:
     def __init__(self, name: str) -> None:
         library, symbol = _emulation()
+        self._name = name
         self._function = getattr(library, symbol(name))
 
     def __call__(self, grid: Any, block: Any, args: Any) -> None:
+        launches.append((self._name, tuple(grid), tuple(block)))
         converted = []
         for arg in args:
             if arg is None:
@@ -307,6 +313,7 @@ class _Kernel:
 class RawModule:
     def __init__(self, code: str, options: Any = (), name_expressions: Any = ()) -> None:
         self._names = list(name_expressions)
+        compiled.append((code, tuple(options), tuple(self._names)))
 
     def get_function(self, name: str) -> _Kernel:
         if name not in self._names:
