@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "ENTROPY_EPSILON",
     "GREEDY_MARGIN",
+    "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
     "STATUS_OK",
     "OutputBlock",
@@ -40,6 +41,9 @@ GREEDY_MARGIN = 5e-4
 ROW_SUM_TOLERANCE = 2 * GREEDY_MARGIN
 #: The ``1e-5`` inside typical acceptance's entropy ``-sum p ln(p + 1e-5)``.
 ENTROPY_EPSILON = 1e-5
+#: A residual whose float64 sum overflows to inf is summed and drawn again with every weight
+#: times ``2**OVERFLOW_EXPONENT``: exact for every weight that matters, and unbiased.
+OVERFLOW_EXPONENT = -64
 #: Row verified.
 STATUS_OK = 0
 
@@ -49,6 +53,7 @@ def compile_time_macros() -> list[tuple[str, str]]:
     return [
         ("SPECDEC_GREEDY_MARGIN", repr(GREEDY_MARGIN)),
         ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
+        ("SPECDEC_OVERFLOW_EXPONENT", repr(OVERFLOW_EXPONENT)),
     ]
 
 
