@@ -36,6 +36,11 @@ def verify_chains(
     num_accepted: Int64Array,
     row_status: Int64Array,
     num_threads: int,
+    request_methods: npt.NDArray[np.int8] | None = None,
+    causal: bool = False,
+    draw_bonus: bool = False,
+    sampling: Float64Array | None = None,
+    scratch: FloatArray | None = None,
 ) -> int: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
