@@ -349,8 +349,9 @@ def test_seeded_requests_consume_exactly_k_plus_two(verifier, data, outcome):
         target[starts[1:] + np.arange(len(counts))] = batch["target_probs"][
             starts[1:] + np.arange(len(counts))
         ]
-        batch = dict(batch, target_probs=target, draft_token_ids=np.zeros_like(
-            batch["draft_token_ids"]))
+        batch = dict(
+            batch, target_probs=target, draft_token_ids=np.zeros_like(batch["draft_token_ids"])
+        )
     keywords = arguments(batch, "seeded_seqs")
     generators = keywords["seeded_seqs"]
     copies = {b: copy.deepcopy(g) for b, g in generators.items()}
@@ -526,13 +527,17 @@ def test_lazy_bonus_follows_the_bonus_row(verifier, point_mass):
     np.testing.assert_array_equal(result.accepted_lengths, counts)
     bonus = result.output_token_ids[np.arange(size), counts]
     histogram = np.bincount(bonus, minlength=6)
-    assert _conformance.chi_square_p_value(
-        *_conformance.chi_square_statistic(histogram, bonus_row)
-    ) > 1e-4
+    assert (
+        _conformance.chi_square_p_value(*_conformance.chi_square_statistic(histogram, bonus_row))
+        > 1e-4
+    )
     # The control: the same counts against another row fail.
-    assert _conformance.chi_square_p_value(
-        *_conformance.chi_square_statistic(histogram, bonus_row[::-1])
-    ) < 1e-9
+    assert (
+        _conformance.chi_square_p_value(
+            *_conformance.chi_square_statistic(histogram, bonus_row[::-1])
+        )
+        < 1e-9
+    )
 
 
 def test_lazy_bonus_of_greedy_requests_is_the_argmax():
@@ -795,8 +800,13 @@ def test_sampling_parameters_in_range_pass():
     from specdec_np import _validate
 
     checked = _validate.check_sampling_parameters(
-        3, 5, temperature=[0, 0.5, 2], top_k=[0, 5, 9], top_p=[1, 0.5, 1e-9],
-        min_p=[0, 1, 0.5], from_logits=True,
+        3,
+        5,
+        temperature=[0, 0.5, 2],
+        top_k=[0, 5, 9],
+        top_p=[1, 0.5, 1e-9],
+        min_p=[0, 1, 0.5],
+        from_logits=True,
     )
     # top_k 0 or >= V is off (0).
     assert checked["top_k"].tolist() == [0, 0, 0]
@@ -804,9 +814,9 @@ def test_sampling_parameters_in_range_pass():
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 def test_foreign_method_parameter_is_a_type_error(verifier):
-    foreign = {
-        p.name for other in VERIFIERS for p in other.parameters
-    }.difference(verifier.parameter_names)
+    foreign = {p.name for other in VERIFIERS for p in other.parameters}.difference(
+        verifier.parameter_names
+    )
     if not foreign:
         pytest.skip("every registered parameter is this verifier's")
     for name in sorted(foreign):
@@ -829,9 +839,7 @@ def test_registered_method_parameters_are_range_checked():
     [("draft_token_ids", 0, 0), ("draft_token_ids", 2, 1), ("bonus_token_ids", 1, 0)],
 )
 @pytest.mark.parametrize("value", [4, -1])
-def test_out_of_vocabulary_id_moves_no_generator(
-    verifier, argument, bad_request, position, value
-):
+def test_out_of_vocabulary_id_moves_no_generator(verifier, argument, bad_request, position, value):
     keywords = _small(temperature=np.array([1.0, 1.0, 1.0]))
     starts = [0, 1, 1]
     ids = keywords[argument].copy()
@@ -1129,9 +1137,7 @@ def test_engine_verifier_passes_its_method_parameters():
         batch = make_batch(rng, [3] * 20, 6)
         zero = {p.name: 0.0 for p in verifier.parameters}
         result = specdec_np.EngineVerifier(verifier.name, **zero)(**_engine_arguments(batch))
-        want = specdec_np.verify_ragged(
-            **_engine_arguments(batch), method=verifier.name, **zero
-        )
+        want = specdec_np.verify_ragged(**_engine_arguments(batch), method=verifier.name, **zero)
         default = specdec_np.verify_ragged(**_engine_arguments(batch), method=verifier.name)
         np.testing.assert_array_equal(result.output_token_ids, want.output_token_ids)
         assert not np.array_equal(want.accepted_lengths, default.accepted_lengths)

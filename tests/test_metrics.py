@@ -76,9 +76,7 @@ def test_histogram_grows_with_longer_drafts():
     metrics.record([1], [0])
     assert metrics.drafted_at.tolist() == [4, 2, 1, 1, 1]
     assert metrics.accepted_at.dtype == metrics.drafted_at.dtype == np.int64
-    np.testing.assert_array_equal(
-        metrics.acceptance_by_position, [3 / 4, 1 / 2, 1.0, 1.0, 0.0]
-    )
+    np.testing.assert_array_equal(metrics.acceptance_by_position, [3 / 4, 1 / 2, 1.0, 1.0, 0.0])
 
 
 def test_record_takes_any_integer_array_like():
