@@ -1141,3 +1141,83 @@ def test_engine_verifier_passes_its_method_parameters():
         default = specdec_np.verify_ragged(**_engine_arguments(batch), method=verifier.name)
         np.testing.assert_array_equal(result.output_token_ids, want.output_token_ids)
         assert not np.array_equal(want.accepted_lengths, default.accepted_lengths)
+
+
+# --------------------------------------------------------------------------------------
+# Strict mode and the checks that must not depend on the batch's temperatures
+# --------------------------------------------------------------------------------------
+
+UNNORMALISED = np.full((6, 4), 0.3, dtype=np.float32)  # every row sums to 1.2
+
+
+def test_strict_mode_refuses_unnormalised_rows_in_the_padded_greedy_api():
+    """The contract the engine layout must keep (docs/semantics.md, greedy)."""
+    with pytest.raises(ValueError, match="sum to 1"):
+        getattr(specdec_np, GREEDY.function_name)(
+            UNNORMALISED[:4].reshape(2, 2, 4),
+            np.zeros((2, 1), np.int64),
+            np.zeros((2, 1), np.int64),
+            strict_mode=True,
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: verify_ragged(strict_mode=True) never checks the row sums of greedy "
+    "requests (method greedy or temperature 0), which greedy_sample(strict_mode=True) does",
+)
+@pytest.mark.parametrize("how", ["method", "temperature"])
+def test_strict_mode_checks_the_row_sums_of_greedy_requests(how):
+    keywords = _small(target_probs=UNNORMALISED, draft_probs=None)
+    if how == "method":
+        keywords["method"] = GREEDY.name
+    else:
+        keywords["temperature"] = np.array([0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="sum"):
+        specdec_np.verify_ragged(**keywords, strict_mode=True)
+
+
+BAD_SOURCES = [
+    {"seeded_seqs": {7: np.random.default_rng()}},
+    {"seeded_seqs": {0: "not a generator"}},
+    {"counter_seeds": {0: (1, -1)}},
+    {"generator": "not a generator"},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_SOURCES, ids=["row", "generator-row", "counter", "generator"])
+def test_bad_sources_are_refused_in_a_sampled_batch(bad):
+    with pytest.raises((TypeError, ValueError)):
+        specdec_np.verify_ragged(**_small(temperature=np.array([0.0, 1.0, 0.0])), **bad)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: when no request is sampled (method greedy, or every temperature 0) "
+    "verify_ragged never builds its uniform sources, so bad seeded_seqs / counter_seeds / "
+    "generator are silently accepted; the same call with one sampled request raises",
+)
+@pytest.mark.parametrize("bad", BAD_SOURCES, ids=["row", "generator-row", "counter", "generator"])
+@pytest.mark.parametrize("how", ["method", "temperature"])
+def test_bad_sources_are_refused_when_every_request_is_greedy(bad, how):
+    keywords = _small(temperature=np.zeros(3)) if how == "temperature" else _small()
+    if how == "method":
+        keywords["method"] = GREEDY.name
+    with pytest.raises((TypeError, ValueError)):
+        specdec_np.verify_ragged(**keywords, **bad)
+
+
+def test_lazy_bonus_from_an_empty_bonus_row():
+    """A fully accepted sampled request whose bonus row has no mass cannot draw: a
+    ValueError, and no generator moves; a greedy one takes the argmax (index 0)."""
+    target = np.full((6, 4), 0.25)
+    target[0] = [1.0, 0.0, 0.0, 0.0]  # request 0's draft (token 0) is always accepted
+    target[1] = 0.0  # request 0's bonus row
+    keywords = _small(target_probs=target, bonus_token_ids=None, draft_probs=None)
+    generators = {0: np.random.default_rng(0)}
+    before = generators[0].bit_generator.state
+    with pytest.raises(ValueError, match="no positive probability"):
+        specdec_np.verify_ragged(**keywords, seeded_seqs=generators)
+    assert generators[0].bit_generator.state == before
+    greedy = specdec_np.verify_ragged(**keywords, temperature=np.array([0.0, 1.0, 1.0]))
+    assert greedy.output_token_ids[0].tolist() == [0, 0, -1]
