@@ -302,6 +302,22 @@ def test_batch_invariance(verifier, source, data):
             assert got == [expected[b] for b in requests]
 
 
+@pytest.mark.parametrize("lazy_bonus", [True, False], ids=["lazy-bonus", "given-bonus"])
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
+def test_threaded_batch_equals_its_requests_alone(verifier, lazy_bonus, threaded):
+    """The OpenMP loop over requests (forced on) changes no request's output."""
+    rng = np.random.default_rng(31)
+    counts = rng.integers(0, 5, size=64).tolist()
+    batch = make_batch(rng, counts, 9, sparse=True, greedy_share=0.3, lazy_bonus=lazy_bonus)
+    for source in SOURCES:
+        whole = specdec_np.verify_ragged(**arguments(batch, source), method=verifier.name)
+        expected = request_rows(whole, batch["num_draft_tokens"])
+        for b in range(len(counts)):
+            part = sub_batch(batch, [b])
+            alone = specdec_np.verify_ragged(**arguments(part, source), method=verifier.name)
+            assert request_rows(alone, part["num_draft_tokens"]) == [expected[b]], (source, b)
+
+
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
 @settings(max_examples=20, deadline=None)
@@ -761,13 +777,6 @@ def test_bad_input_names_the_argument(changes, error, words):
         specdec_np.verify_ragged(**_small(**changes))
     for word in words:
         assert word in str(raised.value), (word, str(raised.value))
-
-
-def test_logits_are_not_available_yet():
-    keywords = _small()
-    keywords["target_logits"] = keywords.pop("target_probs")
-    with pytest.raises(NotImplementedError, match="target_logits"):
-        specdec_np.verify_ragged(**keywords)
 
 
 @pytest.mark.parametrize(
