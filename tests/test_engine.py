@@ -217,7 +217,7 @@ def batches(draw, *, lazy_bonus=None, greedy_share=None, counts=counts_strategy)
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_zero_draft_requests_emit_the_given_bonus(verifier, data):
     batch = data.draw(batches(lazy_bonus=False))
     counts = batch["num_draft_tokens"]
@@ -242,7 +242,7 @@ def _midpoint_uniform(row: np.ndarray, token: int) -> float:
     vocab_size=st.integers(1, 7),
     dtype=st.sampled_from([np.float32, np.float64]),
 )
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_zero_draft_requests_draw_the_lazy_bonus(verifier, seed, batch_size, vocab_size, dtype):
     """``bonus_token_ids=None``: a sampled request draws its bonus from its bonus row by
     inverse CDF with uniform column ``k_b + 1 = 1``; a greedy one takes the argmax (first
@@ -283,7 +283,7 @@ def test_zero_draft_requests_draw_the_lazy_bonus(verifier, seed, batch_size, voc
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_batch_invariance(verifier, source, data):
     """A request's output is the same alone, in a sub-batch in any order, and in the
     whole batch, given its own randomness."""
@@ -320,7 +320,7 @@ def test_threaded_batch_equals_its_requests_alone(verifier, lazy_bonus, threaded
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_every_source_gives_the_explicit_uniforms_result(verifier, data):
     """A seeded request uses ``generator.random(k_b + 2)`` and a counter-seeded one
     ``counter_uniforms(seed, position, k_b + 2)`` as its uniform row."""
@@ -349,7 +349,7 @@ def test_every_source_gives_the_explicit_uniforms_result(verifier, data):
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data(), outcome=st.sampled_from(["random", "accept", "reject"]))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_seeded_requests_consume_exactly_k_plus_two(verifier, data, outcome):
     batch = data.draw(batches())
     counts = batch["num_draft_tokens"]
@@ -381,7 +381,7 @@ def test_seeded_requests_consume_exactly_k_plus_two(verifier, data, outcome):
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_own_generator_consumes_the_sum_of_the_sampled_requests(verifier, data):
     batch = data.draw(batches())
     keywords = arguments(batch, "uniforms")
@@ -401,7 +401,7 @@ def test_own_generator_consumes_the_sum_of_the_sampled_requests(verifier, data):
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_counter_seeded_requests_are_reproducible(verifier, data):
     batch = data.draw(batches())
     first = specdec_np.verify_ragged(**arguments(batch, "counter_seeds"), method=verifier.name)
@@ -437,7 +437,7 @@ def test_counter_seeds_move_with_the_position():
     point_mass=st.booleans(),
     sparse=st.booleans(),
 )
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_equal_to_the_padded_api(
     verifier, seed, batch_size, k, vocab_size, dtype, point_mass, sparse
 ):
@@ -472,7 +472,7 @@ def test_equal_to_the_padded_api(
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_mixed_batch_rows_equal_greedy_and_method(verifier, data):
     """In one call, temperature-0 requests give ``greedy_sample``'s output on their rows
     and the others the method's padded output on theirs."""
@@ -503,6 +503,56 @@ def test_mixed_batch_rows_equal_greedy_and_method(verifier, data):
             want = padded.output_token_ids[0].tolist()
             assert int(result.accepted_lengths[b]) == int(padded.accepted_lengths[0])
         assert result.output_token_ids[b, : k_b + 1].tolist() == want, (b, vocab_size)
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
+@given(data=st.data())
+@settings(max_examples=80, deadline=None)
+def test_ragged_equals_the_reference_request_by_request(verifier, data):
+    """Each request against the array-API reference of its verifier (the greedy one for
+    temperature 0) on its own rows and uniforms; a lazy bonus against the reference's
+    inverse-CDF draw from the bonus row (or its argmax for a greedy request)."""
+    from specdec_np import _reference
+
+    batch = data.draw(batches(greedy_share=0.5))
+    batch["target_probs"] = batch["target_probs"].astype(np.float64)
+    if batch["draft_probs"] is not None:
+        batch["draft_probs"] = batch["draft_probs"].astype(np.float64)
+    parameters = {p.name: p.default for p in verifier.parameters}
+    result = specdec_np.verify_ragged(
+        **arguments(batch, "uniforms"), method=verifier.name, **parameters
+    )
+    check_format(result, batch)
+    starts = offsets(batch)
+    lazy = batch["bonus_token_ids"] is None
+    for b, k_b in enumerate(batch["num_draft_tokens"]):
+        start = int(starts[b])
+        rows = batch["target_probs"][start + b : start + b + k_b + 1]
+        sampled = stochastic_request(verifier, batch["temperature"][b])
+        uniforms = batch["uniforms"][b]
+        bonus = 0 if lazy else int(batch["bonus_token_ids"][b])
+        if k_b == 0:
+            want, length = [bonus], 0
+        else:
+            chosen = verifier if sampled else GREEDY
+            draft = batch["draft_probs"]
+            output, lengths, _ = chosen.reference(
+                rows[None],
+                np.array([[bonus]]),
+                None if draft is None else draft[start : start + k_b][None],
+                batch["draft_token_ids"][start : start + k_b][None],
+                uniforms[None, : k_b + 1],
+                **(parameters if chosen is verifier else {}),
+            )
+            want, length = np.asarray(output)[0].tolist(), int(np.asarray(lengths)[0])
+        if lazy and length == k_b:
+            if sampled:
+                drawn = _reference.residual_draw(rows[k_b][None], uniforms[None, k_b + 1])
+                want[k_b] = int(np.asarray(drawn)[0])
+            else:
+                want[k_b] = int(np.argmax(rows[k_b]))
+        assert result.output_token_ids[b, : k_b + 1].tolist() == want, b
+        assert int(result.accepted_lengths[b]) == length, b
 
 
 # --------------------------------------------------------------------------------------
@@ -581,7 +631,7 @@ def test_lazy_bonus_of_greedy_requests_is_the_argmax():
     vocab_size=st.integers(2, 7),
     greedy_share=st.sampled_from([0.0, 0.5, 1.0]),
 )
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_rejected_requests_never_read_their_bonus_row(
     verifier, seed, counts, vocab_size, greedy_share
 ):
@@ -1019,7 +1069,7 @@ def _metrics_dict(metrics: specdec_np.VerificationMetrics) -> dict:
 
 @pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
 @given(data=st.data())
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_engine_verifier_metrics_are_the_sums_of_the_outputs(verifier, data):
     engine_verifier = specdec_np.EngineVerifier(verifier.name, seed=0)
     calls = []
@@ -1046,7 +1096,7 @@ def test_engine_verifier_metrics_are_the_sums_of_the_outputs(verifier, data):
 
 
 @given(data=st.data())
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_engine_verifier_metrics_merge_across_workers(data):
     verifier = data.draw(st.sampled_from(VERIFIERS))
     calls = [data.draw(batches()) for _ in range(data.draw(st.integers(2, 5)))]
