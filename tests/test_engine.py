@@ -632,11 +632,12 @@ def test_lazy_bonus_of_greedy_requests_is_the_argmax():
     greedy_share=st.sampled_from([0.0, 0.5, 1.0]),
 )
 @settings(max_examples=60, deadline=None)
-def test_rejected_requests_never_read_their_bonus_row(
+def test_rejected_requests_never_read_their_later_rows(
     verifier, seed, counts, vocab_size, greedy_share
 ):
     """A request whose first draft has target probability zero is rejected there; its
-    bonus row (NaN) is never read and its output comes from the rejected row."""
+    later rows (NaN, target and draft) are never read: the output is valid and comes
+    from the rejected row."""
     rng = np.random.default_rng(seed)
     batch = make_batch(rng, counts, vocab_size, greedy_share=greedy_share, lazy_bonus=True)
     starts = offsets(batch)
@@ -647,7 +648,10 @@ def test_rejected_requests_never_read_their_bonus_row(
         if first_row.sum() == 0:
             first_row[(batch["draft_token_ids"][starts[b]] + 1) % vocab_size] = 1.0
         first_row /= first_row.sum()
-        target[starts[b] + b + k_b] = np.nan
+        # Every later row of the request: its other draft positions and its bonus row.
+        target[starts[b] + b + 1 : starts[b] + b + k_b + 1] = np.nan
+        if batch["draft_probs"] is not None:
+            batch["draft_probs"][starts[b] + 1 : starts[b] + k_b] = np.nan
     batch["target_probs"] = target
     result = specdec_np.verify_ragged(**arguments(batch, "uniforms"), method=verifier.name)
     check_format(result, batch)
@@ -1280,3 +1284,18 @@ def test_lazy_bonus_from_an_empty_bonus_row():
     assert generators[0].bit_generator.state == before
     greedy = specdec_np.verify_ragged(**keywords, temperature=np.array([0.0, 1.0, 1.0]))
     assert greedy.output_token_ids[0].tolist() == [0, 0, -1]
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
+def test_draft_probs_of_verifiers_that_do_not_read_them(verifier):
+    """Verifiers without ``reads_draft_probs`` ignore the argument entirely; the others
+    check its shape."""
+    keywords = _small(uniforms=np.full((3, 4), 0.5))
+    wrong = np.full((2, 7), 0.5, dtype=np.float32)
+    if verifier.reads_draft_probs:
+        with pytest.raises(ValueError, match="draft_probs"):
+            specdec_np.verify_ragged(**dict(keywords, draft_probs=wrong), method=verifier.name)
+        return
+    want = specdec_np.verify_ragged(**dict(keywords, draft_probs=None), method=verifier.name)
+    got = specdec_np.verify_ragged(**dict(keywords, draft_probs=wrong), method=verifier.name)
+    np.testing.assert_array_equal(got.output_token_ids, want.output_token_ids)
