@@ -101,6 +101,7 @@ def raise_for_row_status(
     vocab_size: int,
     *,
     target_name: str = "target_with_bonus_probs",
+    index_label: str = "(row, position)",
 ) -> None:
     """Turn the first non-zero row status into a ``ValueError`` naming request and column.
 
@@ -115,6 +116,8 @@ def raise_for_row_status(
     vocab_size : int
     target_name : str
         The target argument's name, for a row without mass.
+    index_label : str
+        How the message names an id's index (``(request, position)`` in the engine layout).
 
     Raises
     ------
@@ -130,7 +133,9 @@ def raise_for_row_status(
             f"{target_name}[{row}, {position}] has no positive probability, so no token can "
             "be drawn there; the target rows must be probability distributions"
         )
-    raise_for_invalid_id(id_of, row, code - 1, vocab_size, target_name=target_name)
+    raise_for_invalid_id(
+        id_of, row, code - 1, vocab_size, target_name=target_name, index_label=index_label
+    )
 
 
 def raise_for_invalid_id(
@@ -140,6 +145,7 @@ def raise_for_invalid_id(
     vocab_size: int,
     *,
     target_name: str = "target_with_bonus_probs",
+    index_label: str = "(row, position)",
 ) -> None:
     """``ValueError`` for the out-of-vocabulary id in ``column`` of ``request``'s id row.
 
@@ -148,5 +154,5 @@ def raise_for_invalid_id(
     name, index, value = id_of(request, column)
     raise ValueError(
         f"{name} must lie in [0, {vocab_size}) (the vocabulary of {target_name}); "
-        f"found {int(value)} at (row, position) = {index}"
+        f"found {int(value)} at {index_label} = {index}"
     )

@@ -921,11 +921,6 @@ def test_out_of_vocabulary_id_moves_no_generator(verifier, argument, bad_request
     assert [g.bit_generator.state for g in (*generators.values(), generator)] == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the out-of-vocabulary message of verify_ragged names the padded API's "
-    "target_with_bonus_probs and says (row, position), not target_probs and request",
-)
 def test_out_of_vocabulary_message_names_the_engine_arguments():
     with pytest.raises(ValueError) as raised:
         specdec_np.verify_ragged(**_small(draft_token_ids=np.array([0, 1, 9])))
@@ -933,11 +928,6 @@ def test_out_of_vocabulary_message_names_the_engine_arguments():
     assert "target_with_bonus_probs" not in message and "request" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a target row without mass is reported as target_with_bonus_probs[b, i], "
-    "an argument verify_ragged does not have",
-)
 def test_row_without_mass_message_names_target_probs():
     target = np.full((6, 4), 0.25)
     target[0] = 0.0  # request 0's only draft row: its draft is rejected, nothing to draw
@@ -977,12 +967,6 @@ def test_out_buffers_are_written_in_place():
     assert np.shares_memory(again.output_token_ids, buffers.output_token_ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: out= buffers wider than the batch's max k + 1 (an engine's buffers for its "
-    "largest k) fail with Cython's 'ndarray is not C-contiguous': _check_out hands the "
-    "kernel a column slice",
-)
 def test_out_buffers_wider_than_the_batch():
     keywords = _small(uniforms=np.full((3, 4), 0.5))
     buffers = specdec_np.output_buffers(3, 5)
@@ -1224,11 +1208,6 @@ def test_strict_mode_refuses_unnormalised_rows_in_the_padded_greedy_api():
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify_ragged(strict_mode=True) never checks the row sums of greedy "
-    "requests (method greedy or temperature 0), which greedy_sample(strict_mode=True) does",
-)
 @pytest.mark.parametrize("how", ["method", "temperature"])
 def test_strict_mode_checks_the_row_sums_of_greedy_requests(how):
     keywords = _small(target_probs=UNNORMALISED, draft_probs=None)
@@ -1254,12 +1233,6 @@ def test_bad_sources_are_refused_in_a_sampled_batch(bad):
         specdec_np.verify_ragged(**_small(temperature=np.array([0.0, 1.0, 0.0])), **bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: when no request is sampled (method greedy, or every temperature 0) "
-    "verify_ragged never builds its uniform sources, so bad seeded_seqs / counter_seeds / "
-    "generator are silently accepted; the same call with one sampled request raises",
-)
 @pytest.mark.parametrize("bad", BAD_SOURCES, ids=["row", "generator-row", "counter", "generator"])
 @pytest.mark.parametrize("how", ["method", "temperature"])
 def test_bad_sources_are_refused_when_every_request_is_greedy(bad, how):

@@ -156,12 +156,6 @@ def test_merge_of_a_non_metrics_object_fails():
         VerificationMetrics() + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the dataclass's generated __eq__ compares the int64 histogram arrays "
-    "as a tuple, so == raises 'The truth value of an empty array is ambiguous' (or of an "
-    "array with more than one element) instead of returning a bool",
-)
 def test_equal_metrics_compare_equal():
     first, second = VerificationMetrics(), VerificationMetrics()
     assert first == second
