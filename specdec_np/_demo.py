@@ -1,5 +1,6 @@
-"""The end-to-end demo behind ``specdec-np demo``: two n-gram language models and a
-speculative-decoding loop that uses this package's verifiers.
+"""The end-to-end demo behind ``specdec-np demo``: an n-gram target, two drafters and a
+speculative-decoding loop that verifies through the engine entry point
+(:class:`specdec_np.EngineVerifier`, the ragged layout of :func:`specdec_np.verify_ragged`).
 
 Everything is built in memory at start-up, from text every Python installation has: the
 docstrings of a fixed, sorted list of standard-library modules.  Nothing is downloaded and
@@ -16,11 +17,17 @@ nothing is cached on disk.
 * Target: an interpolated Kneser-Ney trigram model (absolute discounting at every order,
   continuation counts for the bigram and unigram levels, a little uniform mass at the
   bottom so that no word has probability zero).
-* Draft: an interpolated bigram model with absolute discounting over an add-one unigram:
-  a weaker model of the same text, as a draft should be.
+* Drafters: prompt lookup (the tokens that followed an earlier occurrence of the
+  request's last tokens in its own context: 0 to ``k`` point-mass drafts), or an
+  interpolated bigram model with absolute discounting over an add-one unigram, a weaker
+  model of the same text, sampled with each request's parameters.
+* Requests: a mixed batch of greedy (temperature 0) and sampled ones with temperature,
+  top-k and top-p (:data:`SAMPLING_CYCLE`).  The verifier gets the target's
+  log-probabilities as logits, applies each request's parameters, and draws every bonus
+  token itself, so the token a request gets without speculation has the same law.
 
-Both return dense float32 ``[N, V]`` distributions for ``N`` contexts at once; the sparse
-counts are kept in CSR form and scattered into the dense rows with numpy indexing.
+Both models return dense float32 ``[N, V]`` distributions for ``N`` contexts at once; the
+sparse counts are kept in CSR form and scattered into the dense rows with numpy indexing.
 """
 
 from __future__ import annotations
@@ -39,22 +46,26 @@ from typing import Any
 
 import numpy as np
 
-import specdec_np
-
 from . import registry
-from .samplers import SpecDecodeBaseSampler
+from ._reference import process_logits
+from .engine import EngineVerifier
+from .metrics import VerificationMetrics
 
 __all__ = [
     "CORPUS_MODULES",
+    "DRAFTERS",
+    "SAMPLING_CYCLE",
     "VERIFIERS",
     "Corpus",
     "DemoConfig",
     "DemoResult",
     "InterpolatedNGram",
+    "Sampling",
     "build_corpus",
     "build_models",
     "detokenize",
     "format_text",
+    "prompt_lookup",
     "run_demo",
 ]
 
@@ -346,6 +357,23 @@ class InterpolatedNGram:
         out += scale[:, None] * self.base[None, :]
         return out.astype(np.float32)
 
+    def log_probs(self, history: np.ndarray) -> np.ndarray:
+        """Next-token log-probabilities, the logits an engine would hand the verifier.
+
+        Parameters
+        ----------
+        history : int ndarray [N, context_length]
+            The last tokens of each context, oldest first.
+
+        Returns
+        -------
+        float32 ndarray [N, V]
+            ``log p``, with ``-inf`` for a token of probability zero (this model has none).
+        """
+        probs = self.probs(history)
+        with np.errstate(divide="ignore"):
+            return np.log(probs)
+
 
 def _split_keys(keys: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     return keys // vocab_size, keys % vocab_size
@@ -392,6 +420,122 @@ def build_models(corpus: Corpus) -> tuple[InterpolatedNGram, InterpolatedNGram]:
     return target, draft
 
 
+# -- drafters and sampling settings ----------------------------------------------------------
+
+
+#: The demo's drafters: ``prompt-lookup`` proposes what followed the latest earlier
+#: occurrence of the request's last tokens in its own context (point-mass drafts, anything
+#: from 0 to ``k`` of them); ``ngram`` samples ``k`` tokens from the bigram draft model
+#: (drafts with real probabilities).
+DRAFTERS: tuple[str, ...] = ("prompt-lookup", "ngram")
+
+# Longest n-gram first: a longer match predicts its continuation better.  No unigram
+# level, so a request whose last two tokens never occurred before proposes nothing.
+_LOOKUP_NGRAM_SIZES = (3, 2)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters of one request.
+
+    Attributes
+    ----------
+    temperature : float
+        0: greedy (argmax of the raw target row).
+    top_k : int
+        0: off.
+    top_p : float
+        1: off.
+    """
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the request decodes by argmax."""
+        return self.temperature == 0
+
+    def describe(self) -> str:
+        """A short label, for example ``"T=0.8 top-p 0.9"``."""
+        if self.greedy:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top-k {self.top_k}")
+        if self.top_p < 1:
+            parts.append(f"top-p {self.top_p:g}")
+        return " ".join(parts)
+
+
+#: Request ``b`` decodes with ``SAMPLING_CYCLE[b % len(SAMPLING_CYCLE)]``: a batch that
+#: mixes greedy and sampled requests with every filter the demo exercises.
+SAMPLING_CYCLE: tuple[Sampling, ...] = (
+    Sampling(0.0),
+    Sampling(1.0),
+    Sampling(0.8, top_p=0.9),
+    Sampling(0.7, top_k=50, top_p=0.95),
+)
+
+
+def prompt_lookup(context: np.ndarray, k: int) -> np.ndarray:
+    """Prompt-lookup drafts of one request.
+
+    Parameters
+    ----------
+    context : int64 ndarray [L]
+        The request's tokens so far (prompt and generated).
+    k : int
+        The most drafts to propose.
+
+    Returns
+    -------
+    int64 ndarray [k_b], ``0 <= k_b <= k``
+        The tokens that followed the latest earlier occurrence of the context's last
+        3 tokens (else its last 2), as many as there are, at most ``k``; empty when
+        neither occurred before.
+    """
+    length = context.shape[0]
+    for n in _LOOKUP_NGRAM_SIZES:
+        if length <= n:
+            continue
+        # Windows that end before the last token, so that each has a continuation.
+        windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
+        hits = np.flatnonzero((windows == context[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return context[start : start + k]
+    return context[:0]
+
+
+def _draw(
+    logits: np.ndarray, sampling: Sequence[Sampling], rng: np.random.Generator
+) -> np.ndarray:
+    """One token per row of ``logits`` [N, V] from the row's processed law (the argmax for
+    a greedy request): the law the verifier applies to the same logits."""
+    tokens = logits.argmax(axis=1).astype(np.int64)
+    sampled = np.flatnonzero([not s.greedy for s in sampling])
+    if sampled.size:
+        probs = process_logits(
+            logits[sampled],
+            np.array([sampling[i].temperature for i in sampled]),
+            np.array([sampling[i].top_k for i in sampled]),
+            np.array([sampling[i].top_p for i in sampled]),
+            np.zeros(sampled.size),
+        )
+        tokens[sampled] = _sample_rows(probs, rng)
+    return tokens
+
+
+def _sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of ``probs`` [N, V] by inverse CDF (float64 running sums)."""
+    cdf = np.cumsum(probs, axis=1, dtype=np.float64)
+    threshold = rng.random(probs.shape[0]) * cdf[:, -1]
+    tokens = (cdf <= threshold[:, None]).sum(axis=1)
+    return np.minimum(tokens, probs.shape[1] - 1).astype(np.int64)
+
+
 # -- decoding loop -----------------------------------------------------------------------
 
 
@@ -402,15 +546,19 @@ class DemoConfig:
     Attributes
     ----------
     verifier : str
-        A name of :func:`specdec_np.registry.names`.
+        A name of :func:`specdec_np.registry.names`: the method of the sampled requests
+        (the temperature-0 verifier makes every request greedy).
+    drafter : str
+        One of :data:`DRAFTERS`.
     k : int
-        Draft tokens per step.
+        The most draft tokens per request and step.
     batch : int
-        Number of sequences decoded together.
+        Number of requests decoded together; request ``b`` samples with
+        ``SAMPLING_CYCLE[b % len(SAMPLING_CYCLE)]``.
     tokens : int
-        Tokens to generate per sequence (a sequence may overshoot by up to ``k``).
+        Tokens to generate per request (a request may overshoot by up to ``k``).
     seed : int
-        Seeds the draft and bonus sampling and the stochastic verifiers' samplers.
+        Seeds the draft sampling and the verifier's uniforms.
     vocab_size : int
         Words in the vocabulary (before ``<unk>`` and ``<eos>``).
     prompt_length : int
@@ -419,6 +567,7 @@ class DemoConfig:
     """
 
     verifier: str = "rejection"
+    drafter: str = DRAFTERS[0]
     k: int = 4
     batch: int = 8
     tokens: int = 300
@@ -431,11 +580,19 @@ class DemoConfig:
             raise ValueError(
                 f"verifier must be one of {registry.names()}; found {self.verifier!r}"
             )
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}; found {self.drafter!r}")
         for name, minimum in (("k", 1), ("batch", 1), ("tokens", 1), ("prompt_length", 2)):
             if getattr(self, name) < minimum:
                 raise ValueError(f"{name} must be at least {minimum}; found {getattr(self, name)}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2; found {self.vocab_size}")
+
+    def sampling(self) -> list[Sampling]:
+        """The sampling parameters of every request, ``[batch]``."""
+        if self.verifier == _ARGMAX_DECODING:
+            return [Sampling(0.0)] * self.batch
+        return [SAMPLING_CYCLE[b % len(SAMPLING_CYCLE)] for b in range(self.batch)]
 
 
 @dataclass
@@ -445,59 +602,44 @@ class DemoResult:
     Attributes
     ----------
     config : DemoConfig
+    sampling : list of Sampling
+        Per request.
     prompts, continuations : list of list of str
-        Per sequence, the prompt words and the generated words.
-    sampler : SpecDecodeBaseSampler
-        The verifier, with its counters.
+        Per request, the prompt words and the generated words.
+    token_ids : list of int64 ndarray
+        Per request, the prompt and generated token ids.
+    engine : EngineVerifier
+        The verifier, with its running metrics.
     target_calls : int
         Batched target forward passes (one per decoding step).
-    verified_rows : int
-        Sequence-steps verified (the target scored ``k + 1`` positions for each).
-    drafted_tokens, accepted_prefix_tokens, emitted_tokens : int
-        Draft tokens proposed; those kept (the accepted prefixes); tokens appended.
-    expected_acceptance : float
-        Mean over drafted positions of ``sum_y min(p(y), q(y))``: the expected value of
-        ``draft_acceptance_rate`` for token-wise rejection sampling, whose counter tests
-        every position independently (NaN for the other verifiers, whose acceptance rule
-        or count is different).
     verifier_seconds : list of float
         Wall time of each verifier call.
     corpus_tokens, corpus_documents, corpus_modules, vocab_size : int
-    target_name, draft_name : str
+    target_name, drafter_name : str
     build_seconds, decode_seconds : float
     """
 
     config: DemoConfig
-    prompts: list[list[str]]
-    continuations: list[list[str]]
-    sampler: SpecDecodeBaseSampler
+    sampling: list[Sampling]
+    engine: EngineVerifier
+    prompts: list[list[str]] = field(default_factory=list)
+    continuations: list[list[str]] = field(default_factory=list)
+    token_ids: list[np.ndarray] = field(default_factory=list)
     target_calls: int = 0
-    verified_rows: int = 0
-    drafted_tokens: int = 0
-    accepted_prefix_tokens: int = 0
-    emitted_tokens: int = 0
-    expected_acceptance: float = math.nan
     verifier_seconds: list[float] = field(default_factory=list)
     corpus_tokens: int = 0
     corpus_documents: int = 0
     corpus_modules: int = 0
     vocab_size: int = 0
     target_name: str = ""
-    draft_name: str = ""
+    drafter_name: str = ""
     build_seconds: float = 0.0
     decode_seconds: float = 0.0
 
     @property
-    def acceptance_rate(self) -> float:
-        """Draft tokens kept (accepted prefixes) over draft tokens proposed."""
-        return (
-            self.accepted_prefix_tokens / self.drafted_tokens if self.drafted_tokens else math.nan
-        )
-
-    @property
-    def tokens_per_target_call(self) -> float:
-        """Mean tokens a sequence gains per target forward pass (``r + 1`` per step)."""
-        return self.emitted_tokens / self.verified_rows if self.verified_rows else math.nan
+    def metrics(self) -> VerificationMetrics:
+        """The engine's running metrics (one request-step per verified request)."""
+        return self.engine.metrics
 
     @property
     def verifier_ms_per_call(self) -> float:
@@ -508,66 +650,43 @@ class DemoResult:
 
     def summary(self) -> dict[str, Any]:
         """The measurements as a JSON-ready dict (text excluded)."""
-        s = self.sampler
+        m = self.metrics
         verifier_ms = 1e3 * np.asarray(self.verifier_seconds)
+        with_drafts = int(m.drafted_at[0]) if m.drafted_at.size else 0
         return {
             "verifier": self.config.verifier,
+            "drafter": self.config.drafter,
             "k": self.config.k,
             "batch": self.config.batch,
             "tokens_per_sequence": self.config.tokens,
             "seed": self.config.seed,
             "target": self.target_name,
-            "draft": self.draft_name,
+            "draft": self.drafter_name,
+            "sampling": [
+                {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
+                for s in self.sampling
+            ],
+            "greedy_requests": sum(s.greedy for s in self.sampling),
             "vocab_size": self.vocab_size,
             "corpus_tokens": self.corpus_tokens,
             "corpus_documents": self.corpus_documents,
             "corpus_modules": self.corpus_modules,
             "target_calls": self.target_calls,
-            "verified_rows": self.verified_rows,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_prefix_tokens,
-            "generated_tokens": self.emitted_tokens,
-            "acceptance_rate": self.acceptance_rate,
-            "expected_position_acceptance": self.expected_acceptance,
-            "mean_tokens_per_target_call": self.tokens_per_target_call,
+            "verified_requests": m.requests,
+            "requests_without_drafts": m.requests - with_drafts,
+            "drafted_tokens": m.drafted,
+            "accepted_tokens": m.accepted,
+            "generated_tokens": m.emitted,
+            "acceptance_rate": m.acceptance_rate,
+            "mean_tokens_per_target_call": m.mean_accepted_length,
+            "acceptance_by_position": [float(x) for x in m.acceptance_by_position],
+            "accepted_at": [int(x) for x in m.accepted_at],
+            "drafted_at": [int(x) for x in m.drafted_at],
             "verifier_ms_per_call": self.verifier_ms_per_call,
             "verifier_ms_median": float(np.median(verifier_ms)) if verifier_ms.size else math.nan,
             "build_seconds": self.build_seconds,
             "decode_seconds": self.decode_seconds,
-            "counters": {
-                "num_accepted_tokens": int(s.num_accepted_tokens),
-                "num_emitted_tokens": int(s.num_emitted_tokens),
-                "num_draft_tokens": int(s.num_draft_tokens),
-                "draft_acceptance_rate": s.draft_acceptance_rate,
-                "system_efficiency": s.system_efficiency,
-                "mean_accepted_length": s.mean_accepted_length,
-            },
         }
-
-
-def _make_sampler(
-    verifier: registry.Verifier, seed: np.random.SeedSequence
-) -> SpecDecodeBaseSampler:
-    """The verifier's sampler: stochastic ones seeded, deterministic ones with their
-    registry defaults."""
-    sampler_class = getattr(specdec_np, verifier.sampler_name)
-    if verifier.stochastic:
-        return sampler_class(seed=int(seed.generate_state(1, np.uint64)[0]))
-    return sampler_class()
-
-
-def _counts_like_token_wise_rejection(verifier: registry.Verifier) -> bool:
-    """Whether ``draft_acceptance_rate`` has expectation ``sum_y min(p, q)`` per position:
-    a lossless stochastic verifier that tests every position independently."""
-    return verifier.stochastic and verifier.lossless and not verifier.causal_counts
-
-
-def _sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One token per row of ``probs`` [N, V] by inverse CDF (float64 running sums)."""
-    cdf = np.cumsum(probs, axis=1, dtype=np.float64)
-    threshold = rng.random(probs.shape[0]) * cdf[:, -1]
-    tokens = (cdf <= threshold[:, None]).sum(axis=1)
-    return np.minimum(tokens, probs.shape[1] - 1).astype(np.int64)
 
 
 def _choose_prompts(corpus: Corpus, batch: int, length: int) -> list[np.ndarray]:
@@ -579,25 +698,46 @@ def _choose_prompts(corpus: Corpus, batch: int, length: int) -> list[np.ndarray]
     return [long_enough[i][:length] for i in picks]
 
 
+def _ngram_drafts(
+    draft: InterpolatedNGram,
+    window: np.ndarray,
+    k: int,
+    sampling: Sequence[Sampling],
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` drafts per request from the draft model, each drawn from its processed law:
+    ids int64 [b, k] and the draft's logits float32 [b, k, V] they were drawn from."""
+    b = window.shape[0]
+    ids = np.empty((b, k), dtype=np.int64)
+    logits = np.empty((b, k, draft.vocab_size), dtype=np.float32)
+    last = window[:, -draft.context_length :]
+    for i in range(k):
+        logits[:, i] = draft.log_probs(last)
+        ids[:, i] = _draw(logits[:, i], sampling, rng)
+        last = np.concatenate([last[:, 1:], ids[:, i : i + 1]], axis=1)
+    return ids, logits
+
+
 def run_demo(
     config: DemoConfig | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int, VerificationMetrics], None] | None = None,
 ) -> DemoResult:
-    """Run a speculative-decoding session with the n-gram target and draft.
+    """Run a speculative-decoding session with the n-gram target and a drafter.
 
-    Each step: the draft samples ``k`` tokens autoregressively from its distributions
-    (greedy: takes their argmax), the target scores the ``k + 1`` positions in one batched
-    call, the bonus token is sampled from the target's last position (greedy: argmax),
-    the verifier decides, and the emitted tokens are appended.  A sequence leaves the
-    batch once it has ``config.tokens`` new tokens.
+    Each step, every unfinished request proposes ``k_b`` drafts (prompt lookup: 0 to
+    ``k``; the n-gram drafter: ``k``, drawn from its processed law), the target scores the
+    ``k_b + 1`` positions of every request in one batched call, and
+    :class:`~specdec_np.EngineVerifier` verifies the flat batch from the target's logits
+    with each request's temperature, top-k and top-p, drawing the bonus token itself.  A
+    request leaves the batch once it has ``config.tokens`` new tokens.
 
     Parameters
     ----------
     config : DemoConfig, optional
         Defaults to ``DemoConfig()``.
     progress : callable, optional
-        Called as ``progress(done, total)`` after each step with the generated token count
-        (capped per sequence) and its goal.
+        Called as ``progress(done, total, metrics)`` after each step with the generated
+        token count (capped per request), its goal and the engine's running metrics.
 
     Returns
     -------
@@ -609,14 +749,17 @@ def run_demo(
     target, draft = build_models(corpus)
     build_seconds = time.perf_counter() - start
 
-    draft_seed, sampler_seed = np.random.SeedSequence(config.seed).spawn(2)
+    draft_seed, verifier_seed = np.random.SeedSequence(config.seed).spawn(2)
     rng = np.random.default_rng(draft_seed)
-    verifier = registry.get(config.verifier)
-    sampler = _make_sampler(verifier, sampler_seed)
-    greedy = verifier.name == _ARGMAX_DECODING
-    with_overlap = _counts_like_token_wise_rejection(verifier)
+    engine = EngineVerifier(
+        config.verifier, seed=int(verifier_seed.generate_state(1, np.uint64)[0])
+    )
+    lookup = config.drafter == "prompt-lookup"
+    sampling = config.sampling()
+    temperature = np.array([s.temperature for s in sampling])
+    top_k = np.array([s.top_k for s in sampling], dtype=np.int64)
+    top_p = np.array([s.top_p for s in sampling])
     k, B, N = config.k, config.batch, config.tokens
-    V = corpus.vocab_size
     context = target.context_length
 
     prompts = _choose_prompts(corpus, B, config.prompt_length)
@@ -626,18 +769,21 @@ def run_demo(
     lengths = np.full(B, P, dtype=np.int64)
     result = DemoResult(
         config=config,
-        prompts=[],
-        continuations=[],
-        sampler=sampler,
+        sampling=sampling,
+        engine=engine,
         corpus_tokens=int(corpus.stream.size - len(corpus.documents) - 1),
         corpus_documents=len(corpus.documents),
         corpus_modules=len(corpus.modules),
-        vocab_size=V,
+        vocab_size=corpus.vocab_size,
         target_name=target.name,
-        draft_name=draft.name,
+        drafter_name=(
+            "prompt lookup: what followed the latest earlier match of the request's last "
+            "3 (else 2) tokens"
+            if lookup
+            else f"{draft.name}, sampled with each request's parameters"
+        ),
         build_seconds=build_seconds,
     )
-    overlap_sum = 0.0
     positions = np.arange(k + 1)
 
     decode_start = time.perf_counter()
@@ -646,55 +792,50 @@ def run_demo(
         if rows.size == 0:
             break
         b = rows.size
-        # The last `context` tokens of each active sequence, then the k drafts.
         window = sequences[rows[:, None], lengths[rows, None] - context + np.arange(context)]
-        draft_ids = np.empty((b, k), dtype=np.int64)
-        draft_probs = np.empty((b, k, V), dtype=np.float32)
-        last = window[:, -draft.context_length :]
-        for i in range(k):
-            q = draft.probs(last)
-            draft_probs[:, i] = q
-            draft_ids[:, i] = q.argmax(axis=1) if greedy else _sample_rows(q, rng)
-            last = np.concatenate([last[:, 1:], draft_ids[:, i : i + 1]], axis=1)
+        draft_logits = None
+        if lookup:
+            proposals = [prompt_lookup(sequences[r, : lengths[r]], k) for r in rows]
+            counts = np.array([p.shape[0] for p in proposals], dtype=np.int64)
+            padded = np.zeros((b, k), dtype=np.int64)
+            padded[positions[:k] < counts[:, None]] = np.concatenate(proposals)
+        else:
+            padded, logits = _ngram_drafts(draft, window, k, [sampling[r] for r in rows], rng)
+            counts = np.full(b, k, dtype=np.int64)
+        drafted = positions[:k] < counts[:, None]
+        if not lookup:
+            draft_logits = logits[drafted]
 
-        tokens = np.concatenate([window, draft_ids], axis=1)
+        # Request by request, its k_b draft positions then its bonus position.
+        tokens = np.concatenate([window, padded], axis=1)
         histories = np.stack([tokens[:, j : j + context] for j in range(k + 1)], axis=1)
-        target_probs = target.probs(histories.reshape(-1, context)).reshape(b, k + 1, V)
-        bonus = (
-            target_probs[:, k].argmax(axis=1) if greedy else _sample_rows(target_probs[:, k], rng)
-        )
-        if with_overlap:
-            overlap = np.minimum(target_probs[:, :k], draft_probs).sum(axis=2, dtype=np.float64)
-            overlap_sum += float(overlap.sum())
+        target_logits = target.log_probs(histories[positions <= counts[:, None]])
 
         verifier_start = time.perf_counter()
-        output = sampler(
-            target_probs,
-            bonus[:, None].astype(np.int64),
-            None if greedy else draft_probs,
-            draft_ids,
+        verified = engine(
+            num_draft_tokens=counts,
+            draft_token_ids=padded[drafted],
+            target_logits=target_logits,
+            draft_logits=draft_logits,
+            temperature=temperature[rows],
+            top_k=top_k[rows],
+            top_p=top_p[rows],
         )
         result.verifier_seconds.append(time.perf_counter() - verifier_start)
 
+        output = verified.output_token_ids
         keep = output >= 0
-        emitted = keep.sum(axis=1)
         row_index, column = np.nonzero(keep)
-        sequences[rows[row_index], lengths[rows][row_index] + positions[column]] = output[keep]
-        lengths[rows] += emitted
-
+        sequences[rows[row_index], lengths[rows][row_index] + column] = output[keep]
+        lengths[rows] += keep.sum(axis=1)
         result.target_calls += 1
-        result.verified_rows += b
-        result.drafted_tokens += b * k
-        result.accepted_prefix_tokens += int(emitted.sum()) - b
-        result.emitted_tokens += int(emitted.sum())
         if progress is not None:
-            progress(int(np.minimum(lengths - P, N).sum()), B * N)
+            progress(int(np.minimum(lengths - P, N).sum()), B * N, engine.metrics)
     result.decode_seconds = time.perf_counter() - decode_start
-    if with_overlap and result.drafted_tokens:
-        result.expected_acceptance = overlap_sum / result.drafted_tokens
 
     words = corpus.words
     for row in range(B):
+        result.token_ids.append(sequences[row, : lengths[row]].copy())
         result.prompts.append([words[t] for t in sequences[row, :P]])
         result.continuations.append([words[t] for t in sequences[row, P : lengths[row]]])
     return result
@@ -706,7 +847,7 @@ def format_text(result: DemoResult, samples: int = 3, width: int = 88) -> list[s
     for row in range(min(samples, len(result.prompts))):
         prompt = detokenize(result.prompts[row])
         continuation = detokenize(result.continuations[row])
-        lines.append(f"[{row}] prompt: {prompt}")
+        lines.append(f"[{row}] ({result.sampling[row].describe()}) prompt: {prompt}")
         lines.extend(
             textwrap.wrap(
                 continuation, width=width, initial_indent="    ", subsequent_indent="    "

@@ -132,12 +132,12 @@ class _Progress:
         self._stream.flush()
         self._dirty = True
 
-    def tokens(self, done: int, total: int) -> None:
+    def tokens(self, done: int, total: int, detail: str = "") -> None:
         """Progress callback of the demo loop (at most ~10 updates a second)."""
         now = time.perf_counter()
         if self.enabled and (now - self._last > 0.1 or done >= total):
             self._last = now
-            self.message(f"decoding: {done}/{total} tokens")
+            self.message(f"decoding: {done}/{total} tokens" + (f", {detail}" if detail else ""))
 
     def clear(self) -> None:
         """Erase the progress line."""
@@ -155,6 +155,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     config = _demo.DemoConfig(
         verifier=args.verifier,
+        drafter=args.drafter,
         k=args.k,
         batch=args.batch,
         tokens=args.tokens,
@@ -163,8 +164,17 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     progress = _Progress(sys.stderr)
     progress.message("building the corpus and the n-gram models...")
+
+    def report(done: int, total: int, metrics: Any) -> None:
+        progress.tokens(
+            done,
+            total,
+            f"acceptance rate {_number(metrics.acceptance_rate, 3)}, "
+            f"{_number(metrics.mean_accepted_length, 2)} tokens per target call",
+        )
+
     try:
-        result = _demo.run_demo(config, progress=progress.tokens)
+        result = _demo.run_demo(config, progress=report)
     except RuntimeError as error:
         progress.clear()
         print(f"specdec-np demo: error: {error}", file=sys.stderr)
@@ -185,59 +195,84 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling_text(sampling: dict[str, Any]) -> str:
+    if sampling["temperature"] == 0:
+        return "greedy"
+    parts = [f"T={sampling['temperature']:g}"]
+    if sampling["top_k"]:
+        parts.append(f"top-k {sampling['top_k']}")
+    if sampling["top_p"] < 1:
+        parts.append(f"top-p {sampling['top_p']:g}")
+    return " ".join(parts)
+
+
 def _demo_header(s: dict[str, Any]) -> list[str]:
+    counts: dict[str, int] = {}
+    for sampling in s["sampling"]:
+        text = _sampling_text(sampling)
+        counts[text] = counts.get(text, 0) + 1
+    requests = ", ".join(f"{count} {text}" for text, count in counts.items())
     return [
         "specdec-np demo: speculative decoding with n-gram models of the stdlib docstrings",
         f"  corpus   {s['corpus_documents']:,} docstrings from {s['corpus_modules']} modules, "
         f"{s['corpus_tokens']:,} tokens; vocabulary {s['vocab_size']:,} "
         "(with <unk>, <eos>)",
         f"  target   {s['target']}",
-        f"  draft    {s['draft']}",
-        f"  verifier {s['verifier']}, k={s['k']}, batch={s['batch']}, "
-        f"{s['tokens_per_sequence']} new tokens per sequence, seed={s['seed']}",
+        f"  drafter  {s['draft']}",
+        f"  verifier {s['verifier']} (greedy requests: argmax), up to k={s['k']} drafts, "
+        f"seed={s['seed']}",
+        f"  requests {s['batch']} x {s['tokens_per_sequence']} new tokens: {requests}",
     ]
 
 
 def _demo_summary(s: dict[str, Any]) -> list[str]:
-    c = s["counters"]
-    expected = s["expected_position_acceptance"]
-    expected_text = (
-        f"   (expected mean sum(min(p, q)) = {_number(expected)})"
-        if math.isfinite(expected)
-        else ""
-    )
+    verified = s["verified_requests"]
     rows = [
         (
             "acceptance rate",
-            f"{_number(s['acceptance_rate'])}   "
-            f"({s['accepted_tokens']} of {s['drafted_tokens']} draft tokens kept)",
+            f"{_number(s['acceptance_rate'], 3)}   (accepted drafts / drafted = "
+            f"{s['accepted_tokens']} / {s['drafted_tokens']}, causal)",
         ),
         (
-            "mean tokens per target call",
+            "tokens per target call",
             f"{_number(s['mean_tokens_per_target_call'], 3)}   "
-            f"({s['generated_tokens']} tokens in {s['verified_rows']} sequence-steps)",
+            f"({s['generated_tokens']} tokens in {verified} request-steps, "
+            f"{s['requests_without_drafts']} of them without drafts)",
         ),
+    ]
+    histogram = [
+        (
+            f"position {position + 1}",
+            f"{_number(share, 3)}  {'#' * round(20 * share) if math.isfinite(share) else ''}"
+            f"{' ' * (21 - round(20 * share)) if math.isfinite(share) else ''}"
+            f"({accepted} of {drafted})",
+        )
+        for position, (share, accepted, drafted) in enumerate(
+            zip(
+                (math.nan if x is None else x for x in s["acceptance_by_position"]),
+                s["accepted_at"],
+                s["drafted_at"],
+            )
+        )
+    ]
+    timing = [
         (
             "verifier time per call",
             f"{_number(s['verifier_ms_per_call'], 3)} ms mean, "
             f"{_number(s['verifier_ms_median'], 3)} ms median over {s['target_calls']} calls",
         ),
-        ("target calls", f"{s['target_calls']} batched passes of k+1 = {s['k'] + 1} positions"),
+        ("target calls", f"{s['target_calls']} batched passes, one per decoding step"),
         ("wall time", f"{s['build_seconds']:.2f} s build, {s['decode_seconds']:.2f} s decode"),
     ]
-    counters = [
-        ("num_accepted_tokens", str(c["num_accepted_tokens"])),
-        ("num_emitted_tokens", str(c["num_emitted_tokens"])),
-        ("num_draft_tokens", str(c["num_draft_tokens"])),
-        ("draft_acceptance_rate", _number(c["draft_acceptance_rate"]) + expected_text),
-        ("system_efficiency", _number(c["system_efficiency"])),
-        ("mean_accepted_length", _number(c["mean_accepted_length"])),
-    ]
-    width = max(len(name) for name, _ in rows + counters) + 4
+    width = max(len(name) for name, _ in rows + histogram + timing) + 4
     lines = ["summary"]
     lines += [f"  {name:<{width}}{value}" for name, value in rows]
-    lines.append("  sampler counters")
-    lines += [f"    {name:<{width - 2}}{value}" for name, value in counters]
+    lines.append(
+        "  acceptance by draft position (of the request-steps that drafted it, the share "
+        "accepted)"
+    )
+    lines += [f"    {name:<{width - 2}}{value}" for name, value in histogram]
+    lines += [f"  {name:<{width}}{value}" for name, value in timing]
     return lines
 
 
@@ -486,25 +521,38 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="end-to-end speculative decoding with n-gram models (the default)",
-        description="Train an interpolated Kneser-Ney trigram target and an interpolated "
-        "bigram draft on the standard library's docstrings, then decode a batch of prompts "
-        "speculatively: the draft proposes k tokens, the target scores k+1 positions, the "
-        "verifier decides. Prints sample text and a summary.",
+        description="Train an interpolated Kneser-Ney trigram target on the standard "
+        "library's docstrings, then decode a mixed batch of greedy and sampled requests "
+        "(temperature, top-k, top-p) speculatively: the drafter proposes 0 to k tokens per "
+        "request, the target scores them in one call, and specdec_np.EngineVerifier "
+        "verifies the ragged batch from the target's logits. Prints sample text and a "
+        "summary: the acceptance rate, tokens per target call and acceptance by draft "
+        "position.",
     )
     demo.add_argument(
         "--verifier",
         choices=registry.names(),
         default="rejection",
-        help="the registered verifier to run: "
+        help="the registered verifier of the sampled requests: "
         + ", ".join(f"{v.name} ({v.sampler_name})" for v in registry.VERIFIERS)
-        + "; default rejection. The temperature-0 verifier (greedy) gets argmax drafts and "
-        "bonus tokens",
+        + "; default rejection. Greedy requests are always verified by argmax; the "
+        "temperature-0 verifier (greedy) makes every request greedy",
+    )
+    from ._demo import DRAFTERS
+
+    demo.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default=DRAFTERS[0],
+        help="prompt-lookup (default): what followed an earlier occurrence of the "
+        "request's last tokens, 0 to k point-mass drafts; ngram: k drafts sampled from "
+        "a bigram model, with their probabilities",
     )
     demo.add_argument(
         "--k",
         type=_int_at_least(1, MAX_K),
         default=4,
-        help=f"draft tokens per step (default 4, at most {MAX_K})",
+        help=f"the most draft tokens per request and step (default 4, at most {MAX_K})",
     )
     demo.add_argument(
         "--batch",
