@@ -26,7 +26,11 @@ recovered token at the first rejection (or the bonus token if every draft was ac
 then ``-1``.  Point-mass drafts (``draft_probs=None``) do not exist in vLLM v0; pass one-hot
 draft probabilities instead.
 
-torch is never imported by ``specdec_np``; this module is only used by ``benchmarks/run.py``.
+``v1_rejection_sample_flat`` is vLLM v1's flat-layout sampler from logits, the baseline of
+``benchmarks/engine.py``.
+
+torch is never imported by ``specdec_np``; this module is only used by ``benchmarks/run.py``
+and ``benchmarks/engine.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ __all__ = [
     "greedy_sample",
     "rejection_sample",
     "typical_acceptance_sample",
+    "v1_rejection_sample_flat",
 ]
 
 
@@ -241,3 +246,149 @@ BASELINES = {
 def as_tensors(*arrays: Any) -> list[torch.Tensor]:
     """Zero-copy torch views of NumPy (or DLPack) arrays."""
     return [torch.from_dlpack(array) for array in arrays]
+
+
+# --------------------------------------------------------------------------------------
+# vLLM v1's flat layout, from logits (the engine entry point's baseline)
+# --------------------------------------------------------------------------------------
+
+
+def _process_every_row(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """Softmax of every row after temperature, with top-k/top-p by sorting every row.
+
+    Parameters
+    ----------
+    logits : float32 [R, V]
+    temperature : float32 [R]
+        Positive (greedy rows get 1: their probabilities are unused).
+    top_k : int64 [R] or None
+        ``V`` keeps every token.
+    top_p : float32 [R] or None
+        ``1`` keeps every token.
+
+    Returns
+    -------
+    float32 [R, V]
+    """
+    z = logits / temperature.unsqueeze(1)
+    if top_k is None and top_p is None:
+        return z.softmax(dim=-1)
+    vocab_size = z.shape[-1]
+    ascending, order = z.sort(dim=-1)
+    if top_k is not None:
+        # The top_k-th largest value sits at column V - top_k of the ascending sort.
+        kth = ascending.gather(1, (vocab_size - top_k).clamp(min=0).unsqueeze(1))
+        ascending = ascending.masked_fill(ascending < kth, float("-inf"))
+    if top_p is not None:
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        # Drop the low tail whose mass is at most 1 - top_p; the largest token always stays.
+        drop = cumulative <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        ascending = ascending.masked_fill(drop, float("-inf"))
+    return torch.empty_like(z).scatter_(1, order, ascending).softmax(dim=-1)
+
+
+@torch.inference_mode()
+def v1_rejection_sample_flat(
+    num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """vLLM v1's rejection sampler on the flat layout, from logits (its cost structure).
+
+    * greedy requests (``temperature == 0``): argmax of the raw target logits of every row;
+      a batch of only greedy requests stops there (no softmax);
+    * otherwise every target row ``[T + B, V]`` and every draft row ``[T, V]`` is scaled by
+      its request's temperature, filtered by top-k/top-p through a full sort of the row,
+      and turned into probabilities with a softmax;
+    * a draft is accepted where ``q(x) > 0`` and ``p(x) / q(x) >= u``;
+    * the recovered token of **every** draft position is ``argmax(max(p - q, 0) / E)`` with
+      ``E`` one ``[B, V]`` draw of Exponential(1) per request, made on every call;
+    * the bonus token of every request is the same race over its processed bonus row.
+
+    Parameters
+    ----------
+    num_draft_tokens : int64 [B]
+    draft_token_ids : int64 [T]
+    target_logits : float32 [T + B, V]
+        Request ``b``'s ``k_b`` draft rows, then its bonus row, request by request.
+    draft_logits : float32 [T, V]
+    temperature : float32 [B]
+        ``0`` is greedy.
+    top_k : int64 [B] or None
+    top_p : float32 [B] or None
+    generator : torch.Generator, optional
+
+    Returns
+    -------
+    int64 [B, max_k + 1]
+        Accepted drafts, then the recovered (or bonus) token, then -1.
+    """
+    batch_size = num_draft_tokens.shape[0]
+    num_drafts = draft_token_ids.shape[0]
+    vocab_size = target_logits.shape[1]
+    counts = num_draft_tokens
+    max_k = int(counts.max()) if batch_size else 0
+    requests = torch.arange(batch_size)
+    request_of_row = torch.repeat_interleave(requests, counts + 1)
+    request_of_draft = torch.repeat_interleave(requests, counts)
+    starts = torch.cumsum(counts + 1, 0) - (counts + 1)
+    draft_starts = torch.cumsum(counts, 0) - counts
+    position = torch.arange(num_drafts) - draft_starts[request_of_draft]
+    draft_rows = starts[request_of_draft] + position
+    bonus_rows = starts + counts
+    greedy = temperature == 0
+    target_argmax = target_logits.argmax(dim=-1)
+    greedy_accept = target_argmax[draft_rows] == draft_token_ids
+    if bool(greedy.all()):
+        accepted, recovered, bonus = (
+            greedy_accept,
+            target_argmax[draft_rows],
+            target_argmax[bonus_rows],
+        )
+    else:
+        scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+        row_k = None if top_k is None else top_k[request_of_row]
+        row_p = None if top_p is None else top_p[request_of_row]
+        target = _process_every_row(target_logits, scale[request_of_row], row_k, row_p)
+        draft_k = None if top_k is None else top_k[request_of_draft]
+        draft_p = None if top_p is None else top_p[request_of_draft]
+        draft = _process_every_row(draft_logits, scale[request_of_draft], draft_k, draft_p)
+        p_x = target.reshape(-1)[draft_rows * vocab_size + draft_token_ids]
+        q_x = draft.reshape(-1)[torch.arange(num_drafts) * vocab_size + draft_token_ids]
+        uniforms = torch.rand(num_drafts, generator=generator)
+        sampled_accept = (q_x > 0) & (p_x / q_x >= uniforms)
+        accepted = torch.where(greedy[request_of_draft], greedy_accept, sampled_accept)
+        race = torch.empty((batch_size, vocab_size)).exponential_(1.0, generator=generator)
+        residual = (target[draft_rows] - draft).clamp_(min=0)
+        sampled_recovered = residual.div_(race[request_of_draft]).argmax(dim=-1)
+        recovered = torch.where(
+            greedy[request_of_draft], target_argmax[draft_rows], sampled_recovered
+        )
+        bonus_race = torch.empty((batch_size, vocab_size)).exponential_(1.0, generator=generator)
+        sampled_bonus = (target[bonus_rows] / bonus_race).argmax(dim=-1)
+        bonus = torch.where(greedy, target_argmax[bonus_rows], sampled_bonus)
+    # Ragged to padded: position j of request b is real for j < k_b.
+    padded_accept = torch.zeros((batch_size, max_k), dtype=torch.bool)
+    padded_ids = torch.full((batch_size, max_k), -1, dtype=torch.int64)
+    padded_recovered = torch.full((batch_size, max_k + 1), -1, dtype=torch.int64)
+    padded_accept[request_of_draft, position] = accepted
+    padded_ids[request_of_draft, position] = draft_token_ids
+    padded_recovered[request_of_draft, position] = recovered
+    padded_recovered[requests, counts] = bonus
+    accepted_lengths = padded_accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    output = torch.full((batch_size, max_k + 1), -1, dtype=torch.int64)
+    columns = torch.arange(max_k).unsqueeze(0)
+    output[:, :max_k] = torch.where(columns < accepted_lengths.unsqueeze(1), padded_ids, -1)
+    output[requests, accepted_lengths] = padded_recovered[requests, accepted_lengths]
+    return output
