@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 
 import specdec_np
 from specdec_np import _conformance, _reference, registry
-from specdec_np._reference import _processed_law, _path_weights, fast_expf, process_logits
+from specdec_np._reference import _path_weights, _processed_law, fast_expf, process_logits
 
 METHODS = registry.names()
 LOSSLESS = registry.names(lossless=True)
@@ -90,9 +90,12 @@ def kept_set_knife_edge(row: np.ndarray, setting: tuple[float, int, float, float
     if top_p >= 1.0:
         return False
     _, before, _ = _processed_law(
-        row[None, :], np.array([temperature]), np.array([top_k]), np.array([1.0]),
+        row[None, :],
+        np.array([temperature]),
+        np.array([top_k]),
+        np.array([1.0]),
         np.array([min_p]),
-    )  # fmt: skip
+    )
     before = before[0] & (w > 0)
     total = math.fsum(w[before].tolist())
     edge = (4 * row.size + 8) * 2.0**-53 * total
@@ -238,9 +241,14 @@ def _typical_knife_edge(request: Request, upto: int, threshold: float, alpha: fl
 
 
 def check_request(
-    request: Request, method: str, kernel: np.ndarray, kernel_length: int,
-    reference: np.ndarray, reference_length: int, parameters: dict[str, float],
-) -> str:  # fmt: skip
+    request: Request,
+    method: str,
+    kernel: np.ndarray,
+    kernel_length: int,
+    reference: np.ndarray,
+    reference_length: int,
+    parameters: dict[str, float],
+) -> str:
     """Assert that the kernel's output row equals the reference's or that a documented
     knife-edge explains the difference; returns which ("equal" or the reason)."""
     k = request.k
@@ -248,7 +256,7 @@ def check_request(
     if np.array_equal(kernel, reference) and kernel_length == reference_length:
         return "equal"
     assert not request.greedy, "greedy requests are exact"
-    assert np.all(kernel[: kernel_length] == request.ids[: kernel_length])
+    assert np.all(kernel[:kernel_length] == request.ids[:kernel_length])
     assert np.all(kernel[kernel_length + 1 :] == -1)
     if request.any_kept_set_knife_edge():
         return "kept set"
@@ -260,9 +268,11 @@ def check_request(
             explained = _block_decisions_knife_edge(request)
         else:
             explained = _typical_knife_edge(
-                request, upto - 1, parameters.get("posterior_threshold", 0.09),
+                request,
+                upto - 1,
+                parameters.get("posterior_threshold", 0.09),
                 parameters.get("posterior_alpha", 0.3),
-            )  # fmt: skip
+            )
         assert explained, (
             f"accepted {kernel_length} (kernel) vs {reference_length} (reference) with no "
             "acceptance knife-edge"
@@ -272,12 +282,12 @@ def check_request(
     r = kernel_length
     if r == k:
         assert not request.bonus_given, "a given bonus token is emitted as given"
-        _draw_explained(token, expected, request.p[k], request.uniforms[k + 1],
-                        2 * request.delta)  # fmt: skip
+        _draw_explained(token, expected, request.p[k], request.uniforms[k + 1], 2 * request.delta)
         return "bonus draw"
     if method == "typical":
-        assert _typical_knife_edge(request, r, parameters.get("posterior_threshold", 0.09),
-                                   parameters.get("posterior_alpha", 0.3)), (token, expected)  # fmt: skip
+        threshold = parameters.get("posterior_threshold", 0.09)
+        alpha = parameters.get("posterior_alpha", 0.3)
+        assert _typical_knife_edge(request, r, threshold, alpha), (token, expected)
         return "argmax near-tie"
     q = request.q_rows()
     if method == "rejection":
@@ -361,10 +371,22 @@ def ragged_cases(draw: Any, method: str | None = None) -> dict[str, Any]:
 
 
 def _kernel(case: dict[str, Any], **overrides: Any) -> Any:
-    arguments = {name: case[name] for name in (
-        "num_draft_tokens", "draft_token_ids", "target_logits", "draft_logits", "method",
-        "temperature", "top_k", "top_p", "min_p", "bonus_token_ids", "uniforms",
-    )}  # fmt: skip
+    arguments = {
+        name: case[name]
+        for name in (
+            "num_draft_tokens",
+            "draft_token_ids",
+            "target_logits",
+            "draft_logits",
+            "method",
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "bonus_token_ids",
+            "uniforms",
+        )
+    }
     arguments.update(overrides)
     return specdec_np.verify_ragged(**arguments)
 
@@ -380,10 +402,18 @@ def _reference_of(case: dict[str, Any], xp: Any = np) -> tuple[np.ndarray, np.nd
         convert(case["draft_logits"]),
         method=case["method"],
         from_logits=True,
-        **{name: convert(case[name]) for name in (
-            "temperature", "top_k", "top_p", "min_p", "bonus_token_ids", "uniforms",
-        )},
-    )  # fmt: skip
+        **{
+            name: convert(case[name])
+            for name in (
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "bonus_token_ids",
+                "uniforms",
+            )
+        },
+    )
     return np.asarray(output), np.asarray(lengths)
 
 
@@ -397,9 +427,14 @@ def check_case(case: dict[str, Any], result: Any, reference: tuple[Any, Any]) ->
         request = Request(case, b)
         reasons.append(
             check_request(
-                request, case["method"], kernel_output[b], int(kernel_lengths[b]), output[b],
-                int(lengths[b]), {},
-            )  # fmt: skip
+                request,
+                case["method"],
+                kernel_output[b],
+                int(kernel_lengths[b]),
+                output[b],
+                int(lengths[b]),
+                {},
+            )
         )
     return reasons
 
@@ -491,8 +526,10 @@ def test_checker_catches_a_wrong_output() -> None:
     request = Request(case, 0)
     kernel = np.asarray(result.output_token_ids)[0].copy()
     length = int(np.asarray(result.accepted_lengths)[0])
-    assert check_request(request, "rejection", kernel, length, output[0], int(lengths[0]),
-                         {}) == "equal"  # fmt: skip
+    assert (
+        check_request(request, "rejection", kernel, length, output[0], int(lengths[0]), {})
+        == "equal"
+    )
     with pytest.raises(AssertionError):
         check_request(request, "rejection", kernel, length + 1, output[0], int(lengths[0]), {})
     wrong = kernel.copy()
@@ -620,9 +657,10 @@ def test_kernel_output_law_chi_square(method: str, vocab: int, k: int) -> None:
     rng = np.random.default_rng(20261201 + vocab)
     drafts = _draw_drafts(q, MC_REQUESTS, rng)
     result = specdec_np.verify_ragged(
-        method=method, generator=np.random.default_rng(7),
+        method=method,
+        generator=np.random.default_rng(7),
         **_engine_batch(target, draft, setting, drafts, MC_REQUESTS),
-    )  # fmt: skip
+    )
     tuples = _continued_tuples(result.output_token_ids, result.accepted_lengths, p, rng)
     statistic, p_value, dof = _chi_square(tuples, p)
     print(f"{method} V={vocab} k={k}: chi2={statistic:.1f} dof={dof} p={p_value:.3g}")
@@ -640,10 +678,15 @@ def _control_residual_without_top_p(target, draft, setting, drafts, uniforms):
     n, k = drafts.shape
     batch = _engine_batch(target, draft, setting, drafts, n)
     output, lengths = _reference.verify_ragged(
-        batch.pop("num_draft_tokens"), batch.pop("draft_token_ids"), batch.pop("target_logits"),
-        batch.pop("draft_logits"), method="rejection", from_logits=True, uniforms=uniforms,
+        batch.pop("num_draft_tokens"),
+        batch.pop("draft_token_ids"),
+        batch.pop("target_logits"),
+        batch.pop("draft_logits"),
+        method="rejection",
+        from_logits=True,
+        uniforms=uniforms,
         **batch,
-    )  # fmt: skip
+    )
     unfiltered = (setting[0], setting[1], 1.0, setting[3])
     p_wrong, q_wrong = _process(target, unfiltered), _process(draft, setting)
     for b in np.flatnonzero(lengths < k):
@@ -654,8 +697,10 @@ def _control_residual_without_top_p(target, draft, setting, drafts, uniforms):
     return output, lengths
 
 
-@pytest.mark.parametrize("control", ["residual without top-p", "draft processed otherwise",
-                                     "bonus from the unprocessed row"])  # fmt: skip
+@pytest.mark.parametrize(
+    "control",
+    ["residual without top-p", "draft processed otherwise", "bonus from the unprocessed row"],
+)
 def test_negative_controls_fail_the_chi_square(control: str) -> None:
     vocab, k = MC_CASES[0]
     setting, target, draft = _mc_setup(vocab, k)
@@ -682,9 +727,11 @@ def test_negative_controls_fail_the_chi_square(control: str) -> None:
         raw_bonus = np.exp(target[k] - target[k].max())
         bonus = _conformance.draw_from(raw_bonus / raw_bonus.sum(), n, rng)
         result = specdec_np.verify_ragged(
-            method="rejection", generator=rng, bonus_token_ids=bonus,
+            method="rejection",
+            generator=rng,
+            bonus_token_ids=bonus,
             **_engine_batch(target, draft, setting, drafts, n),
-        )  # fmt: skip
+        )
         output, lengths = result.output_token_ids, result.accepted_lengths
     tuples = _continued_tuples(output, lengths, p, rng)
     statistic, p_value, dof = _chi_square(tuples, p)
