@@ -737,3 +737,305 @@ def test_negative_controls_fail_the_chi_square(control: str) -> None:
     statistic, p_value, dof = _chi_square(tuples, p)
     print(f"control {control!r}: chi2={statistic:.1f} dof={dof} p={p_value:.3g}")
     assert p_value < MC_CONTROL_P, (statistic, dof, p_value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_knife_edges_are_explained_not_ignored(method: str, dtype: Any) -> None:
+    """Uniforms placed exactly on the reference's decision and CDF boundaries: the kernel
+    may fall on either side there, and the checker must accept either."""
+    case = _tie_case(method, dtype)
+    case["top_p"] = np.array([1.0, 1.0, 0.7])
+    reasons = []
+    for b in range(3):
+        request = Request(case, b)
+        x = request.ids[0]
+        uniforms = np.full((3, 4), 0.5)
+        if method == "rejection":
+            uniforms[b, 0] = request.p[0, x]  # u * q == p with a point-mass draft
+        else:
+            uniforms[b, 0] = _block_quantities(request)[2][0]  # eta_1 == h_1
+        # v * Z on the boundary after token 2 of the row the residual or bonus reads.
+        row = request.p[1]
+        uniforms[b, 2] = math.fsum(row[:3].tolist())
+        uniforms[b, 3] = math.fsum(request.p[2][:3].tolist())
+        case["uniforms"] = uniforms
+        reasons += check_case(case, _kernel(case), _reference_of(case))
+    assert set(reasons) <= {"equal", "decision", "residual draw", "bonus draw"}, reasons
+
+
+# --------------------------------------------------------------------------------------
+# Ragged invariances
+# --------------------------------------------------------------------------------------
+
+
+def _subcase(case: dict[str, Any], order: list[int]) -> dict[str, Any]:
+    """The requests ``order`` of ``case`` as a batch of their own, each with its own rows,
+    parameters and uniform row (cut to the new width)."""
+    counts = case["num_draft_tokens"]
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    target, draft, ids = [], [], []
+    for b in order:
+        target.append(case["target_logits"][offsets[b] + b : offsets[b + 1] + b + 1])
+        ids.append(case["draft_token_ids"][offsets[b] : offsets[b + 1]])
+        if case["draft_logits"] is not None:
+            draft.append(case["draft_logits"][offsets[b] : offsets[b + 1]])
+    sub = dict(case)
+    sub["num_draft_tokens"] = counts[order]
+    sub["target_logits"] = np.concatenate(target)
+    sub["draft_logits"] = None if case["draft_logits"] is None else np.concatenate(draft)
+    sub["draft_token_ids"] = np.concatenate(ids).astype(np.int64)
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        sub[name] = case[name][order]
+    if case["bonus_token_ids"] is not None:
+        sub["bonus_token_ids"] = case["bonus_token_ids"][order]
+    width = int(sub["num_draft_tokens"].max()) + 2
+    sub["uniforms"] = np.full((len(order), width), 0.5)
+    for row, b in enumerate(order):
+        sub["uniforms"][row, : counts[b] + 2] = case["uniforms"][b, : counts[b] + 2]
+    return sub
+
+
+def _rows(result: Any, order: list[int], counts: np.ndarray) -> list[list[int]]:
+    output = np.asarray(result.output_token_ids)
+    return [output[row, : counts[b] + 1].tolist() for row, b in enumerate(order)]
+
+
+@settings(max_examples=60)
+@given(ragged_cases(), st.randoms(use_true_random=False))
+def test_request_output_is_batch_invariant(case: dict[str, Any], random: Any) -> None:
+    counts = case["num_draft_tokens"]
+    batch = list(range(counts.size))
+    full = _rows(_kernel(case), batch, counts)
+    for b in batch:
+        alone = _rows(_kernel(_subcase(case, [b])), [b], counts)
+        assert alone == [full[b]]
+        if counts[b] == 0:
+            # k_b = 0 emits the bonus token only.
+            assert len(full[b]) == 1
+    shuffled = batch + batch  # another order, and a batch with other requests in it
+    random.shuffle(shuffled)
+    assert _rows(_kernel(_subcase(case, shuffled)), shuffled, counts) == [
+        full[b] for b in shuffled
+    ]
+
+
+@settings(max_examples=40)
+@given(ragged_cases(), st.sampled_from(["counter_seeds", "seeded_seqs"]))
+def test_seeded_requests_are_reproducible_and_invariant(case: dict[str, Any], source: str):
+    counts = case["num_draft_tokens"]
+    seeds = {b: (1000 + 17 * b, 5 * b) for b in range(counts.size)}
+
+    def sources(order: list[int]) -> dict[str, Any]:
+        if source == "counter_seeds":
+            return {"counter_seeds": {row: seeds[b] for row, b in enumerate(order)}}
+        return {
+            "seeded_seqs": {row: np.random.default_rng(seeds[b][0]) for row, b in enumerate(order)}
+        }
+
+    batch = list(range(counts.size))
+    full = _rows(_kernel(case, uniforms=None, **sources(batch)), batch, counts)
+    again = _rows(_kernel(case, uniforms=None, **sources(batch)), batch, counts)
+    assert again == full
+    order = batch[::-1]
+    sub = _subcase(case, order)
+    assert _rows(_kernel(sub, uniforms=None, **sources(order)), order, counts) == [
+        full[b] for b in order
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Mixed batches: greedy requests are argmax decoding of their raw logits
+# --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(ragged_cases())
+def test_greedy_requests_are_argmax_decoding(case: dict[str, Any]) -> None:
+    result = _kernel(case)
+    counts = case["num_draft_tokens"]
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    for b in range(counts.size):
+        if case["method"] != "greedy" and case["temperature"][b] != 0.0:
+            continue
+        rows = case["target_logits"][offsets[b] + b : offsets[b + 1] + b + 1]
+        expected = []
+        for i, x in enumerate(case["draft_token_ids"][offsets[b] : offsets[b + 1]]):
+            best = int(np.argmax(rows[i]))
+            expected.append(best)
+            if best != x:
+                break
+        else:
+            bonus = case["bonus_token_ids"]
+            expected.append(int(np.argmax(rows[-1])) if bonus is None else int(bonus[b]))
+        emitted = np.asarray(result.output_token_ids)[b]
+        assert emitted[: len(expected)].tolist() == expected
+        assert int(np.asarray(result.accepted_lengths)[b]) == len(expected) - 1
+
+
+def test_greedy_requests_draw_nothing() -> None:
+    """A greedy request consumes no uniform: its neighbours' outputs do not move when it
+    is turned greedy, and its own output ignores its uniform row."""
+    case = _tie_case("rejection", np.float32)
+    case["temperature"] = np.array([1.0, 0.0, 0.8])
+    first = np.asarray(_kernel(case).output_token_ids)
+    case["uniforms"] = case["uniforms"].copy()
+    case["uniforms"][1] = 0.999
+    second = np.asarray(_kernel(case).output_token_ids)
+    np.testing.assert_array_equal(first, second)
+
+
+# --------------------------------------------------------------------------------------
+# Bad input on logits
+# --------------------------------------------------------------------------------------
+
+
+def _one_request(rows: Any, k: int, **arguments: Any) -> Any:
+    rows = np.asarray(rows, dtype=arguments.pop("dtype", np.float32))
+    defaults = dict(
+        num_draft_tokens=np.array([k]),
+        draft_token_ids=np.ones(k, np.int64),
+        target_logits=rows,
+        uniforms=np.full((1, k + 2), 0.5),
+    )
+    defaults.update(arguments)
+    return specdec_np.verify_ragged(**defaults)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("where", ["target_logits", "draft_logits"])
+def test_nan_and_inf_logits_are_refused_in_strict_mode(value: float, where: str) -> None:
+    target = np.zeros((2, 4), np.float32)
+    draft = np.zeros((1, 4), np.float32)
+    (target if where == "target_logits" else draft)[0, 2] = value
+    with pytest.raises(ValueError, match=f"{where} must not be NaN or \\+inf in strict mode"):
+        _one_request(target, 1, draft_logits=draft, strict_mode=True)
+    # -inf masks a token and is allowed.
+    target[0, 2] = draft[0, 2] = -np.inf
+    _one_request(target, 1, draft_logits=draft, strict_mode=True)
+
+
+@settings(max_examples=100)
+@given(ragged_cases(), st.integers(0, 2**32 - 1))
+def test_nan_logits_never_emit_their_token(case: dict[str, Any], seed: int) -> None:
+    """Outside strict mode NaN counts as -inf: never kept, never the argmax, so no
+    emitted token has a NaN logit in the row of its position; and the kernel still equals
+    the reference adapter."""
+    rng = np.random.default_rng(seed)
+    target = case["target_logits"].copy()
+    nan = rng.random(target.shape) < 0.3
+    nan[np.arange(target.shape[0]), np.argmax(np.isfinite(target), axis=1)] = False
+    target[nan] = np.nan
+    case = dict(case, target_logits=target)
+    result = _kernel(case)
+    check_case(case, result, _reference_of(case))
+    counts = case["num_draft_tokens"]
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    output = np.asarray(result.output_token_ids)
+    for b in range(counts.size):
+        length = int(np.asarray(result.accepted_lengths)[b])
+        given_bonus = length == counts[b] and case["bonus_token_ids"] is not None
+        for j in range(length + (0 if given_bonus else 1)):
+            assert not nan[offsets[b] + b + j, output[b, j]], (b, j, output[b])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_infinite_logits_make_the_row_uniform_over_them(dtype: Any) -> None:
+    row = [0.0, np.inf, 1.0, np.inf, -np.inf]
+    for v, expected in ((0.0, 1), (0.49, 1), (0.5, 3), (LARGEST_BELOW_ONE, 3)):
+        for top_k, top_p in ((None, None), (1, 0.1)):
+            result = _one_request(
+                [row], 0, dtype=dtype, uniforms=np.array([[0.1, v]]), top_k=top_k, top_p=top_p
+            )
+            assert int(result.output_token_ids[0, 0]) == expected
+    # A draft on a +inf entry has p = 1/2: accepted iff u * q < 1/2.
+    for u, accepted in ((0.49, 1), (0.51, 0)):
+        result = _one_request(
+            [row, row],
+            1,
+            dtype=dtype,
+            draft_token_ids=np.array([3]),
+            uniforms=np.array([[u, 0.0, 0.0]]),
+        )
+        assert int(result.accepted_lengths[0]) == accepted
+        # The residual of the point mass at 3 is the other +inf entry.
+        assert int(result.output_token_ids[0, accepted]) in ((1,) if not accepted else (1, 3))
+    # Greedy: the first +inf entry is the argmax.
+    result = _one_request([row], 0, temperature=0.0)
+    assert int(result.output_token_ids[0, 0]) == 1
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_row_without_mass_that_must_be_drawn_from_raises(k: int) -> None:
+    rows = [[0.0, 1.0, 2.0, 3.0]] * (k + 1) + [[-np.inf] * 4]
+    counts = np.array([k, 0])
+    ids = np.zeros(k, np.int64)
+    generator = np.random.default_rng(3)
+    state = generator.bit_generator.state
+    with pytest.raises(ValueError, match="no positive probability"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=counts,
+            draft_token_ids=ids,
+            target_logits=np.asarray(rows),
+            generator=generator,
+        )
+    assert generator.bit_generator.state == state
+    # Not drawn from: a given bonus, or a greedy request (argmax 0 of a row of -inf).
+    result = specdec_np.verify_ragged(
+        num_draft_tokens=counts,
+        draft_token_ids=ids,
+        target_logits=np.asarray(rows),
+        bonus_token_ids=np.array([0, 2]),
+        uniforms=np.full((2, k + 2), 0.0),
+    )
+    assert int(result.output_token_ids[1, 0]) == 2
+    result = specdec_np.verify_ragged(
+        num_draft_tokens=counts,
+        draft_token_ids=ids,
+        target_logits=np.asarray(rows),
+        temperature=np.array([1.0, 0.0]),
+        uniforms=np.full((2, k + 2), 0.0),
+    )
+    assert int(result.output_token_ids[1, 0]) == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the no-mass error of verify_ragged names target_with_bonus_probs[b, i] (the "
+    "padded API's argument) instead of target_logits and its flat row",
+)
+def test_the_no_mass_error_names_target_logits() -> None:
+    rows = np.array([[0.0, 1.0, 2.0, 3.0], [-np.inf] * 4])
+    with pytest.raises(ValueError, match="target_logits"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=np.array([0, 0]),
+            draft_token_ids=np.zeros(0, np.int64),
+            target_logits=rows,
+            uniforms=np.zeros((2, 2)),
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "shown"),
+    [
+        ("temperature", [1.0, -0.5, 1.0], "-0.5"),
+        ("temperature", [1.0, 1.0, np.inf], "inf"),
+        ("top_k", [0, 2, -1], "-1.0"),
+        ("top_k", [1.5, 0, 0], "1.5"),
+        ("top_p", [1.0, 0.0, 1.0], "0.0"),
+        ("top_p", [1.0, 1.0, 1.5], "1.5"),
+        ("top_p", [np.nan, 1.0, 1.0], "nan"),
+        ("min_p", [0.0, -0.1, 0.0], "-0.1"),
+        ("min_p", [0.0, 0.0, 1.1], "1.1"),
+    ],
+)
+def test_sampling_parameters_out_of_range(name: str, values: list[float], shown: str) -> None:
+    bad = int(np.flatnonzero([shown in repr(float(v)) for v in values])[0])
+    with pytest.raises(ValueError, match=rf"^{name} must .*found {shown} for request {bad}"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=np.array([1, 0, 2]),
+            draft_token_ids=np.array([0, 1, 2]),
+            target_logits=np.zeros((6, 4), np.float32),
+            uniforms=np.full((3, 4), 0.5),
+            **{name: np.asarray(values)},
+        )
