@@ -1,11 +1,11 @@
 """Conformance checks of the verifiers: exact oracles, stratified grids and chi-square tests.
 
-This module proves the distributional claims of SPEC section 7 from the outside, treating
+This module proves the distributional claims of ``docs/semantics.md`` from the outside, treating
 each verifier as a black box that maps inputs and uniforms to output token ids:
 
 * **Exact oracle.**  For one or two positions the output distribution of the rejection
-  sampler is computed analytically from the algorithm of SPEC 4.1: enumerate the draft
-  token ``x ~ q``, integrate the acceptance uniform exactly
+  sampler is computed analytically from its algorithm (docs/semantics.md §2.2): enumerate
+  the draft token ``x ~ q``, integrate the acceptance uniform exactly
   (``P(u * q(x) < p(x)) = min(1, p(x) / q(x))``), and weight the normalised residual
   ``max(p - q, 0) / Z`` (``p`` itself when ``Z == 0``) by the rejection mass.  The
   oracle uses ``p`` only through these steps, so comparing it with ``p`` proves that the
@@ -111,7 +111,7 @@ def _draft_support(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def acceptance_probabilities(p: Any, q: Any) -> np.ndarray:
-    """``P(u * q(x) < p(x))`` for ``u ~ U[0, 1)``, token by token (SPEC 4.1).
+    """``P(u * q(x) < p(x))`` for ``u ~ U[0, 1)``, token by token (docs/semantics.md §2.2).
 
     Parameters
     ----------

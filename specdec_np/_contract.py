@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "ENTROPY_EPSILON",
     "GREEDY_MARGIN",
+    "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
     "STATUS_OK",
     "OutputBlock",
@@ -40,6 +41,9 @@ GREEDY_MARGIN = 5e-4
 ROW_SUM_TOLERANCE = 2 * GREEDY_MARGIN
 #: The ``1e-5`` inside typical acceptance's entropy ``-sum p ln(p + 1e-5)``.
 ENTROPY_EPSILON = 1e-5
+#: A residual whose float64 sum overflows to inf is summed and drawn again with every weight
+#: times ``2**OVERFLOW_EXPONENT``: exact for every weight that matters, and unbiased.
+OVERFLOW_EXPONENT = -64
 #: Row verified.
 STATUS_OK = 0
 
@@ -49,6 +53,7 @@ def compile_time_macros() -> list[tuple[str, str]]:
     return [
         ("SPECDEC_GREEDY_MARGIN", repr(GREEDY_MARGIN)),
         ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
+        ("SPECDEC_OVERFLOW_EXPONENT", repr(OVERFLOW_EXPONENT)),
     ]
 
 
@@ -96,6 +101,7 @@ def raise_for_row_status(
     vocab_size: int,
     *,
     target_name: str = "target_with_bonus_probs",
+    index_label: str = "(row, position)",
 ) -> None:
     """Turn the first non-zero row status into a ``ValueError`` naming request and column.
 
@@ -110,6 +116,8 @@ def raise_for_row_status(
     vocab_size : int
     target_name : str
         The target argument's name, for a row without mass.
+    index_label : str
+        How the message names an id's index (``(request, position)`` in the engine layout).
 
     Raises
     ------
@@ -125,7 +133,9 @@ def raise_for_row_status(
             f"{target_name}[{row}, {position}] has no positive probability, so no token can "
             "be drawn there; the target rows must be probability distributions"
         )
-    raise_for_invalid_id(id_of, row, code - 1, vocab_size, target_name=target_name)
+    raise_for_invalid_id(
+        id_of, row, code - 1, vocab_size, target_name=target_name, index_label=index_label
+    )
 
 
 def raise_for_invalid_id(
@@ -135,6 +145,7 @@ def raise_for_invalid_id(
     vocab_size: int,
     *,
     target_name: str = "target_with_bonus_probs",
+    index_label: str = "(row, position)",
 ) -> None:
     """``ValueError`` for the out-of-vocabulary id in ``column`` of ``request``'s id row.
 
@@ -143,5 +154,5 @@ def raise_for_invalid_id(
     name, index, value = id_of(request, column)
     raise ValueError(
         f"{name} must lie in [0, {vocab_size}) (the vocabulary of {target_name}); "
-        f"found {int(value)} at (row, position) = {index}"
+        f"found {int(value)} at {index_label} = {index}"
     )

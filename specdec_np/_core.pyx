@@ -88,6 +88,9 @@ cdef extern from *:
     int SPECDEC_OPENMP
     int SPECDEC_DEBUG_BUILD
     double SPECDEC_GREEDY_MARGIN
+    # A float64 residual sum that overflows is recomputed with every weight times
+    # 2**SPECDEC_OVERFLOW_EXPONENT (see specdec_np/_contract.py).
+    int SPECDEC_OVERFLOW_EXPONENT
     int specdec_openmp_max_threads() nogil
 
 ctypedef fused probability_t:
@@ -104,10 +107,6 @@ DEF MIN_BLOCK = 2048
 # Entropy/argmax work in blocks so that the argmax can be located by re-reading one
 # cache-hot block instead of carrying an index through the vectorised loop.
 DEF SCAN_BLOCK = 1024
-# A float64 residual sum that overflows is recomputed with every weight times 2**-64:
-# exact for every weight that matters (weights below 2**-960 of the largest are lost, far
-# below any probability a double can resolve).
-DEF OVERFLOW_EXPONENT = -64
 
 # Row functions, by index: the registry names them, the drivers switch on the index.
 ROW_FUNCTIONS = (
@@ -202,7 +201,7 @@ cdef Py_ssize_t draw_inverse_cdf(
             break
         # Finite weights whose float64 sum overflows (float64 rows near 1e308): scale them
         # down by a power of two rather than let v * inf bias the draw to the last token.
-        scale = ldexp(1.0, OVERFLOW_EXPONENT)
+        scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
     if not total > 0.0:
         return -1
     threshold = v * total

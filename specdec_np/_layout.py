@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _validate
+from . import _backend, _contract, _validate
 
 __all__ = ["ChainBatch", "padded_chain", "ragged_chain"]
 
@@ -43,7 +43,11 @@ class ChainBatch(NamedTuple):
     num_draft_tokens : int
         ``T``, the drafts this call verifies (the samplers' ``num_draft_tokens``).
     padded_k : int or None
-        ``k`` of a padded batch (its ids are reported as ``(row, position)``), else None.
+        ``k`` of a padded batch, else None.
+    target_name : str
+        The target argument's name, for messages.
+    index_label : str
+        How messages name an id's index: ``(row, position)`` or ``(request, position)``.
     """
 
     xp: Any
@@ -58,6 +62,30 @@ class ChainBatch(NamedTuple):
     vocab_size: int
     num_draft_tokens: int
     padded_k: int | None
+    target_name: str = "target_with_bonus_probs"
+    index_label: str = "(row, position)"
+
+    def raise_for_row_status(self, first_bad_row: int, row_status: Any) -> None:
+        """The kernel's first failed request as a ``ValueError`` in this layout's terms."""
+        _contract.raise_for_row_status(
+            first_bad_row,
+            row_status,
+            self.id_of,
+            self.vocab_size,
+            target_name=self.target_name,
+            index_label=self.index_label,
+        )
+
+    def raise_for_invalid_id(self, request: int, column: int) -> None:
+        """``ValueError`` for the out-of-vocabulary id at ``(request, column)``."""
+        _contract.raise_for_invalid_id(
+            self.id_of,
+            request,
+            column,
+            self.vocab_size,
+            target_name=self.target_name,
+            index_label=self.index_label,
+        )
 
     def id_of(self, request: int, column: int) -> tuple[str, tuple[int, int], int]:
         """``(argument, index, value)`` of column ``column`` of a request's id row (its draft
@@ -294,4 +322,6 @@ def ragged_chain(
         vocab_size=vocab_size,
         num_draft_tokens=total,
         padded_k=None,
+        target_name=target_name,
+        index_label="(request, position)",
     )

@@ -1,6 +1,6 @@
 """Counter-based uniforms: Philox4x32-10 written once against the Python array API.
 
-This module backs the counter-based seeding mode of SPEC section 5: a row that carries
+This module backs the counter-based seeding mode (``docs/semantics.md`` §5.1): a row that carries
 an integer seed and an absolute position gets uniforms that are a pure function of
 ``(seed, position, draw index)``.  The code uses only array API standard functions and
 operators, so NumPy, CuPy and ``array_api_strict`` produce bit-identical results.

@@ -1,4 +1,4 @@
-"""Every source of uniforms of SPEC section 5.
+"""Every source of uniforms (``docs/semantics.md`` §5).
 
 Kernels never own a random generator: the verifiers use :class:`RejectionUniforms`, which
 gives float64 ``[B, k+1]`` uniforms in ``[0, 1)`` (columns ``0 .. k-1`` for the acceptance

@@ -5,8 +5,8 @@ Each function works on any namespace that implements the Python array API standa
 of the shortcuts of the fast kernels.  The tests compare the kernels against it.
 
 Every verifier returns ``(output_token_ids, accepted_lengths, num_accepted)``:
-``int64 [B, k+1]`` in the output format of SPEC 3, the accepted prefix length ``r_b``
-``int64 [B]``, and the number of positions whose acceptance test passed ``int64 [B]``
+``int64 [B, k+1]`` in the output format of docs/semantics.md §1, the accepted prefix length
+``r_b`` ``int64 [B]``, and the number of positions whose acceptance test passed ``int64 [B]``
 (all positions, also after the first rejection, as vLLM counts them; block verification,
 whose positions are not tested independently, counts its accepted prefix ``tau``).
 """
@@ -129,7 +129,7 @@ def rejection_sample(
     draft_token_ids: Any,
     uniforms: Any,
 ) -> tuple[Any, Any, Any]:
-    """Lossless rejection sampling (SPEC 4.1) with explicit uniforms.
+    """Lossless rejection sampling (docs/semantics.md §2.2) with explicit uniforms.
 
     Parameters
     ----------
@@ -186,7 +186,8 @@ def typical_acceptance_sample(
     posterior_threshold: float,
     posterior_alpha: float,
 ) -> tuple[Any, Any, Any]:
-    """Typical acceptance (SPEC 4.3): accept iff p(x) > min(threshold, alpha * exp(-H)).
+    """Typical acceptance (docs/semantics.md §2.4): accept iff
+    p(x) > min(threshold, alpha * exp(-H)).
 
     Parameters
     ----------
@@ -216,7 +217,7 @@ def typical_acceptance_sample(
 def greedy_sample(
     target_with_bonus_probs: Any, bonus_token_ids: Any, draft_token_ids: Any
 ) -> tuple[Any, Any, Any]:
-    """Greedy verification (SPEC 4.2): accept while the draft is the target's argmax.
+    """Greedy verification (docs/semantics.md §2.5): accept while the draft is the target's argmax.
 
     Parameters
     ----------

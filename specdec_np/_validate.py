@@ -1,4 +1,4 @@
-"""Input checks of SPEC section 6: one place for every message.
+"""Input checks (``docs/semantics.md`` §8): one place for every message.
 
 Every check raises (``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong
 shape, value or device) with a message that names the argument, what was expected and
@@ -25,7 +25,7 @@ def check_shapes(
     draft_probs: Any | None,
     draft_token_ids: Any,
 ) -> tuple[int, int, int]:
-    """Check the four shapes against each other (SPEC 3) and return ``(B, k, V)``.
+    """Check the four shapes against each other (docs/semantics.md §1) and return ``(B, k, V)``.
 
     Parameters
     ----------
@@ -171,7 +171,7 @@ def check_token_id_dtype(name: str, dtype: Any, *, strict: bool) -> None:
 
 
 def check_same_float_dtype(target_dtype: Any, draft_dtype: Any) -> None:
-    """``draft_probs`` must have the target's floating dtype (SPEC 3)."""
+    """``draft_probs`` must have the target's floating dtype (docs/semantics.md §1)."""
     if target_dtype != draft_dtype:
         raise TypeError(
             f"draft_probs must have the same dtype as target_with_bonus_probs ({target_dtype}); "

@@ -67,9 +67,6 @@ def _check_out(out: Any, batch: _layout.ChainBatch) -> _contract.OutputBlock:
             raise ValueError(f"out.{name} must be C-contiguous and writeable")
     if _backend.device_of(out.output_token_ids) != batch.device:
         raise ValueError("out must be on the inputs' device")
-    if width > batch.max_k + 1:
-        # The kernels write exactly the batch's width: use the leading columns.
-        return out._replace(output_token_ids=out.output_token_ids[:, : batch.max_k + 1])
     return out
 
 
@@ -230,6 +227,12 @@ def _verify_ragged(
         target_name=target_name,
         draft_name=draft_name,
     )
+    if batch.device is not None:
+        # The CUDA drivers have no logits readers, per-request methods or lazy bonus yet.
+        raise TypeError(
+            f"{target_name} is on cuda:{batch.device}; the engine layout runs on NumPy (CPU) "
+            "arrays in this release: pass NumPy arrays, or use the padded verifiers on CuPy"
+        )
     sampling = _validate.check_sampling_parameters(
         batch.batch_size,
         batch.vocab_size,
@@ -253,6 +256,12 @@ def _verify_ragged(
     )
     if verifier is _GREEDY:
         greedy[:] = True
+    if strict and not from_logits and greedy.any():
+        # Greedy verification of probabilities accepts p(x) > 1/2 unread: its rows must
+        # be distributions, as for the padded greedy verifier.
+        rows = np.repeat(greedy, counts + 1)
+        rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
+        _validate.check_row_sums(target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp)
     request_methods = None
     if greedy.any() and not greedy.all():
         codes = np.where(greedy, verify.row_index(_GREEDY), verify.row_index(verifier))
@@ -260,23 +269,20 @@ def _verify_ragged(
     chosen = _GREEDY if greedy.all() and batch.batch_size else verifier
     sampled = ~greedy
     draw_bonus = bonus_token_ids is None
-    sources = None
-    if sampled.any() or uniforms is not None:
-        sources = _random.RejectionUniforms(
-            batch.batch_size,
-            batch.max_k + 1,
-            batch.xp,
-            uniforms=uniforms,
-            generator=generator,
-            generator_for=generator_for,
-            device=batch.device,
-            seeded_seqs=seeded_seqs,
-            counter_seeds=counter_seeds,
-            row_widths=np.where(sampled, counts + 2, 0),
-        )
-    elif draw_bonus:
-        # Greedy requests draw nothing; the driver still wants a [B, max_k + 2] array.
-        sources = _NoDraws(batch.xp, batch.batch_size, batch.max_k + 2)
+    # Built even when every request is greedy, so that a bad source is refused whatever
+    # the batch holds; greedy requests draw nothing from it.
+    sources = _random.RejectionUniforms(
+        batch.batch_size,
+        batch.max_k + 1,
+        batch.xp,
+        uniforms=uniforms,
+        generator=generator,
+        generator_for=generator_for,
+        device=batch.device,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
+        row_widths=np.where(sampled, counts + 2, 0),
+    )
     block = None if out is None else _check_out(out, batch)
     processing = None
     if from_logits:
@@ -308,19 +314,6 @@ def _sampling_table(
         table[:, column] = off if values is None else values
     table[greedy, 0] = 1.0
     return table
-
-
-class _NoDraws:
-    """A uniform source for a batch in which no request draws anything."""
-
-    def __init__(self, xp: Any, batch_size: int, width: int) -> None:
-        self._uniforms = xp.zeros((batch_size, width), dtype=xp.float64)
-
-    def snapshot(self) -> _random.GeneratorSnapshot:
-        return _random.GeneratorSnapshot(())
-
-    def draw(self) -> Any:
-        return self._uniforms
 
 
 def _host(array: Any) -> np.ndarray:

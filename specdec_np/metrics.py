@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["VerificationMetrics"]
 
 
-@dataclass
+@dataclass(eq=False)
 class VerificationMetrics:
     """Sums over verified requests.
 
@@ -89,7 +89,31 @@ class VerificationMetrics:
             merged.drafted_at[: part.drafted_at.shape[0]] += part.drafted_at
         return merged
 
-    __add__ = merge
+    def __add__(self, other: Any) -> VerificationMetrics:
+        if not isinstance(other, VerificationMetrics):
+            return NotImplemented
+        return self.merge(other)
+
+    def __radd__(self, other: Any) -> VerificationMetrics:
+        # sum(metrics) starts from 0.
+        if isinstance(other, int) and other == 0:
+            return self.merge(VerificationMetrics())
+        return NotImplemented
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, VerificationMetrics):
+            return NotImplemented
+        width = max(self.accepted_at.shape[0], other.accepted_at.shape[0])
+        padded = [
+            np.pad(array, (0, width - array.shape[0]))
+            for array in (self.accepted_at, self.drafted_at, other.accepted_at, other.drafted_at)
+        ]
+        return (
+            (self.requests, self.drafted, self.accepted, self.emitted)
+            == (other.requests, other.drafted, other.accepted, other.emitted)
+            and np.array_equal(padded[0], padded[2])
+            and np.array_equal(padded[1], padded[3])
+        )
 
     @property
     def acceptance_rate(self) -> float:

@@ -370,7 +370,7 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         draft_probs: Any,
         draft_token_ids: Any,
     ) -> Any:
-        """Verify a batch; returns int64 ``[B, k+1]`` (SPEC 3)."""
+        """Verify a batch; returns int64 ``[B, k+1]`` (docs/semantics.md §1)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, as a torch module would."""
@@ -378,7 +378,7 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
-    """Base class of the stochastic verifiers (uniforms from SPEC 5's sources)."""
+    """Base class of the stochastic verifiers (the uniform sources of docs/semantics.md §5)."""
 
     @abc.abstractmethod
     def forward(
@@ -389,7 +389,7 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         draft_token_ids: Any,
         seeded_seqs: Mapping[int, Any] | None = None,
     ) -> Any:
-        """Verify a batch; returns int64 ``[B, k+1]`` (SPEC 3)."""
+        """Verify a batch; returns int64 ``[B, k+1]`` (docs/semantics.md §1)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, as a torch module would."""

@@ -125,7 +125,7 @@ def verify_chain_batch(
             batch.draft_token_ids, batch.bonus_token_ids, batch.draft_offsets, batch.vocab_size
         )
         if bad is not None:
-            _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
+            batch.raise_for_invalid_id(*bad)
     if block is None:
         block = _contract.allocate_output_block(xp, batch.batch_size, batch.max_k + 1)
     threads = _backend.thread_count(
@@ -162,11 +162,13 @@ def verify_chain_batch(
         )
         first = _backend.first_failed_row(first_bad_row, block.row_status)
         if first >= 0:
-            _contract.raise_for_row_status(
-                first, block.row_status, batch.id_of, batch.vocab_size
-            )
+            batch.raise_for_row_status(first, block.row_status)
+        output = block.output_token_ids
+        if output.shape[1] != batch.max_k + 1:
+            # Caller's buffers wider than this batch: the kernel padded them with -1.
+            output = output[:, : batch.max_k + 1]
         result = VerificationResult(
-            block.output_token_ids,
+            output,
             block.accepted_lengths,
             block.num_accepted,
             batch.num_draft_tokens,
@@ -440,7 +442,7 @@ def create_output(
     *,
     vocab_size: int | None = None,
 ) -> VerificationResult:
-    """Format verified rows as vLLM's ``_create_output`` does (SPEC 3).
+    """Format verified rows as vLLM's ``_create_output`` does (docs/semantics.md §1).
 
     Row ``b`` gets the drafts before the first False of ``accepted[b]`` (position ``r``),
     then ``substitute_token_ids[b, r]`` (or the bonus id if all are True), then -1.

@@ -93,3 +93,33 @@ def assert_draw_consistent(
         f"{threshold!r} is not within {tol:.3g} of the CDF boundary "
         f"[{cdf_lo!r}, {cdf_before_hi!r}]"
     )
+
+
+def block_rho(p_at_drafts, q_at_drafts=None) -> float:
+    """rho_i of block verification from ``p_j(x_j)`` and ``q_j(x_j)``, ``j < i`` (``q`` None:
+    point-mass drafts, q = 1), by the kernels' float64 rules: negative and NaN q count as 0,
+    ``rho * p >= q`` gives 1, and p <= 0 (or NaN) sets rho to 0 for good."""
+    rho = 1.0
+    for j, p in enumerate(p_at_drafts):
+        p = float(p)
+        q = 1.0 if q_at_drafts is None else float(q_at_drafts[j])
+        q = q if q > 0.0 else 0.0
+        if not p > 0.0 or rho == 0.0:
+            rho = 0.0
+        elif rho * p >= q:
+            rho = 1.0
+        else:
+            rho = rho * p / q
+    return rho
+
+
+def weighted_residual(p_row, q_row, rho: float = 1.0, *, fallback: bool = True) -> np.ndarray:
+    """float64 weights ``max(rho p - q, 0)`` (negative and NaN q count as 0, NaN weighs 0);
+    with ``fallback``, ``max(p, 0)`` where they have no mass, as the kernels draw."""
+    p = np.asarray(p_row, dtype=np.float64)
+    q = np.asarray(q_row, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        weights = np.nan_to_num(np.maximum(rho * p - np.where(q > 0, q, 0.0), 0.0), nan=0.0)
+        if fallback and not np.any(weights > 0):
+            weights = np.nan_to_num(np.maximum(p, 0.0), nan=0.0)
+    return weights

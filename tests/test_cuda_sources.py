@@ -10,15 +10,25 @@
   host C++ compiler against a small emulation of the CUDA features they use (every CUDA
   thread of a block is a fiber, ``__syncthreads`` a scheduling point, so a divergent barrier
   is caught too) and must agree with the CPU kernels of ``specdec_np._core`` on the same
-  inputs: identical decisions, row status and tokens, residual draws equal except where
-  ``v * Z`` lies within rounding of a CDF boundary (checked explicitly). Mutated sources
-  (negative controls) must disagree.
+  inputs: ``verify_chains_kernel`` instantiated for every verifier of the registry against
+  ``_core.verify_chains`` on 2,000 random batches (padded and ragged, dense and point-mass
+  drafts, every dtype pair, boundary uniforms, negative and NaN draft entries, float64 rows
+  whose residual sums overflow, bad ids, rows without mass): identical row status,
+  decisions and written cells; residual draws equal except where ``v * Z`` lies within
+  rounding of a CDF boundary, and block decisions except where ``eta_i`` lies within
+  rounding of ``h_i`` (both checked explicitly).  Mutated sources (negative controls, one
+  per rule: the draft in the residual, negative draft entries, overflow rescaling, argmax
+  ties, block verification's top-down scan) must disagree.
+* The launch surface ``_cuda.core_like`` runs against a stand-in ``cupy`` whose kernels
+  are the emulated ones: argument order, instantiation, launch shape, memory guards.
 
 None of these needs a GPU or CuPy.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import re
 import shutil
@@ -31,8 +41,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
-from specdec_np import _cuda
+from specdec_np import _contract, _cuda, registry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NEWEST_ARCH = 90
@@ -159,21 +170,24 @@ def test_unknown_name_expression_fails_to_compile(
     nvcc: str, archs: list[str], tmp_path: Path
 ) -> None:
     """Negative control: a name expression that matches no template must not compile."""
-    names = ["greedy_kernel<float, int>", "no_such_kernel<float>"]
+    names = ["verify_chains_kernel<GreedyRow, float, int>", "no_such_kernel<float>"]
     results = _compile_ptx(
-        nvcc, tmp_path, "badname", _cuda.cuda_sources()["greedy"], names, archs[:1]
+        nvcc, tmp_path, "badname", _cuda.cuda_sources()["verify_chains"], names, archs[:1]
     )
     assert results[0][1] != 0
 
 
-def test_instantiation_names_cover_dtypes() -> None:
+def test_instantiation_names_cover_the_registry_and_dtypes() -> None:
     names = _cuda.instantiation_names()
-    for kernel in ("rejection_sample_kernel", "typical_acceptance_kernel", "greedy_kernel"):
+    for verifier in registry.VERIFIERS:
         for prob in ("float", "double"):
             for ids in ("int", "long long"):
-                assert f"{kernel}<{prob}, {ids}>" in names
+                assert f"verify_chains_kernel<{verifier.cuda_row}, {prob}, {ids}>" in names
     assert "create_output_kernel<int>" in names
     assert "create_output_kernel<long long>" in names
+    assert sorted(names) == sorted(
+        name for source in _cuda.cuda_sources() for name in _cuda.instantiation_names(source)
+    )
     for source_name in _cuda.cuda_sources():
         for name in _cuda.instantiation_names(source_name):
             assert name.split("<")[0] in _cuda.cuda_sources()[source_name]
@@ -181,25 +195,28 @@ def test_instantiation_names_cover_dtypes() -> None:
         _cuda.instantiation_names("no_such_source")
 
 
-def test_sources_carry_the_python_launch_constants() -> None:
+def test_every_registry_verifier_has_its_row_functor() -> None:
+    source = _cuda.cuda_sources()["verify_chains"]
+    for verifier in registry.VERIFIERS:
+        assert re.search(rf"^struct {verifier.cuda_row} {{$", source, flags=re.MULTILINE), (
+            f"no CUDA row functor {verifier.cuda_row} for {verifier.name}"
+        )
+    # One skeleton: the verifier kernels are all instances of one template.
+    assert len(re.findall(r"__global__", source)) == 1
+
+
+def test_sources_carry_the_contract_and_launch_constants() -> None:
     for source in _cuda.cuda_sources().values():
         assert f"constexpr int kBlock = {_cuda.BLOCK_SIZE};" in source
         assert f"constexpr int kRowsPerBlock = {_cuda.CREATE_OUTPUT_BLOCK};" in source
+        for name, value in _contract.compile_time_macros():
+            assert f"#define {name} {value}\n" in source
         # NVRTC gets no include path from us: the sources must be self-contained.
         assert not re.search(r"^\s*#\s*include", source, flags=re.MULTILINE)
-
-
-def test_decode_error_flag() -> None:
-    batch, k = 3, 4
-    assert _cuda.decode_error_flag(_cuda.NO_ERROR, batch, k) is None
-    assert _cuda.decode_error_flag(0, batch, k) == ("draft_token_ids", 0, 0)
-    assert _cuda.decode_error_flag(1 * (k + 1) + 3, batch, k) == ("draft_token_ids", 1, 3)
-    assert _cuda.decode_error_flag(2 * (k + 1) + k, batch, k) == ("bonus_token_ids", 2, 0)
-    cells = batch * (k + 1)
-    assert _cuda.decode_error_flag(cells + 1 * (k + 1) + 2, batch, k) == ("zero_mass", 1, 2)
-    for bad in (-1, 2 * cells):
-        with pytest.raises(ValueError):
-            _cuda.decode_error_flag(bad, batch, k)
+    # The contract's numbers are written into the sources once, as macros, never as literals.
+    body = _cuda.cuda_sources()["verify_chains"].split("namespace specdec {", 1)[1]
+    for literal in ("1e-5", "1e-05", "0.0005", "5e-4", "-64"):
+        assert literal not in body, f"literal {literal} in the CUDA source"
 
 
 def test_import_does_not_import_cupy(tmp_path: Path) -> None:
@@ -235,10 +252,14 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 
 _EMULATION_PRELUDE = r"""
 // Single-threaded CPU emulation of the CUDA subset used by specdec_np's kernels. Every CUDA
-// thread of a block is a ucontext fiber; __syncthreads() yields to a scheduler that runs each
-// fiber up to its next barrier, round after round. A round in which some threads of a block
-// finished while others wait at a barrier (a divergent __syncthreads) sets an error.
+// thread of a block is a fiber (started with makecontext, switched with _setjmp/_longjmp,
+// which save no signal mask and so cost nanoseconds, not a system call); __syncthreads()
+// yields to a scheduler that runs each fiber up to its next barrier, round after round. A
+// round in which some threads of a block finished while others wait at a barrier (a
+// divergent __syncthreads) sets an error.
+#undef _FORTIFY_SOURCE  // its longjmp check refuses jumps onto another stack
 #include <ucontext.h>
+#include <setjmp.h>
 #include <math.h>
 #include <cmath>
 #include <cstdio>
@@ -253,102 +274,154 @@ static EmuDim3 threadIdx, blockIdx, gridDim;
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-static ucontext_t emu_scheduler;
-static std::vector<ucontext_t> emu_fibers;
-static std::vector<char> emu_done;
+struct EmuFiber { jmp_buf jump; ucontext_t start; bool started; bool done; };
+static jmp_buf emu_scheduler;
+static std::vector<EmuFiber> emu_fibers;
 static std::vector<char> emu_stacks;
 static int emu_current = 0;
 static int emu_errors = 0;
+static int emu_block_size = 0;
 static std::function<void()> emu_body;
-static void __syncthreads() { swapcontext(&emu_fibers[emu_current], &emu_scheduler); }
-static void __threadfence() {}
+// Runs fiber t from where it stopped (or from its start).
+static void emu_enter(int t) {
+    emu_current = t;
+    threadIdx.x = (unsigned)t;
+    EmuFiber& fiber = emu_fibers[t];
+    if (fiber.started) _longjmp(fiber.jump, 1);
+    fiber.started = true;
+    setcontext(&fiber.start);
+}
+// The rest of a round: the next unfinished fiber after the current one, else the scheduler.
+// Fibers hand over to each other directly, one jump per switch.
+static void emu_next() {
+    for (int t = emu_current + 1; t < emu_block_size; ++t) {
+        if (!emu_fibers[t].done) emu_enter(t);
+    }
+    _longjmp(emu_scheduler, 1);
+}
+static void emu_yield() {
+    if (!_setjmp(emu_fibers[emu_current].jump)) emu_next();
+}
+static void __syncthreads() { emu_yield(); }
 template <class T> T atomicAdd(T* a, T v) { T old = *a; *a = old + v; return old; }
 template <class T> T atomicMin(T* a, T v) { T old = *a; if (v < old) *a = v; return old; }
 template <class T> T atomicMax(T* a, T v) { T old = *a; if (v > old) *a = v; return old; }
 static double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static double __dmul_rn(double a, double b) { return a * b; }
+// A fiber runs the body once per block and then waits for the next block, so that fibers
+// (and their stacks) are made once per process, not once per block.
 static void emu_trampoline() {
-    emu_body();
-    emu_done[emu_current] = 1;
-    swapcontext(&emu_fibers[emu_current], &emu_scheduler);
+    for (;;) {
+        emu_body();
+        emu_fibers[emu_current].done = true;
+        emu_yield();
+    }
 }
-static void emu_launch(long long grid, int block, std::function<void()> body) {
-    const size_t stack = 128 * 1024;
-    if (emu_stacks.size() < stack * block) emu_stacks.resize(stack * block);
-    emu_body = std::move(body);
-    gridDim.x = (unsigned)grid;
-    for (long long b = 0; b < grid; ++b) {
-        blockIdx.x = (unsigned)b;
-        emu_fibers.assign(block, ucontext_t{});
-        emu_done.assign(block, 0);
-        for (int t = 0; t < block; ++t) {
-            getcontext(&emu_fibers[t]);
-            emu_fibers[t].uc_stack.ss_sp = emu_stacks.data() + stack * t;
-            emu_fibers[t].uc_stack.ss_size = stack;
-            emu_fibers[t].uc_link = nullptr;
-            makecontext(&emu_fibers[t], emu_trampoline, 0);
-        }
-        for (;;) {
-            int finished = 0;
-            for (int t = 0; t < block; ++t) {
-                if (!emu_done[t]) {
-                    emu_current = t;
-                    threadIdx.x = (unsigned)t;
-                    swapcontext(&emu_scheduler, &emu_fibers[t]);
-                }
-                finished += emu_done[t];
-            }
-            if (finished == block) break;
-            if (finished > 0) {
+// Kernel frames are small; a canary at the bottom of every stack catches an overflow.
+static const size_t emu_stack = 16 * 1024;
+static const size_t emu_canary = 256;
+static void emu_check_stacks() {
+    for (size_t t = 0; t < emu_fibers.size(); ++t) {
+        for (size_t i = 0; i < emu_canary; ++i) {
+            if (emu_stacks[emu_stack * t + i] != (char)0x5a) {
                 ++emu_errors;
-                std::fprintf(stderr, "divergent __syncthreads in block %lld\n", b);
-                break;
+                std::fprintf(stderr, "fiber %zu overflowed its stack\n", t);
+                return;
             }
         }
     }
 }
+static void emu_make_fibers(int block) {
+    const size_t stack = emu_stack;
+    if ((int)emu_fibers.size() >= block) return;
+    emu_fibers.assign(block, EmuFiber{});  // the old fibers are between blocks: drop them
+    emu_stacks.assign(stack * block, (char)0x5a);
+    ucontext_t model;
+    getcontext(&model);
+    for (int t = 0; t < block; ++t) {
+        emu_fibers[t].start = model;
+        emu_fibers[t].start.uc_stack.ss_sp = emu_stacks.data() + stack * t;
+        emu_fibers[t].start.uc_stack.ss_size = stack;
+        emu_fibers[t].start.uc_link = nullptr;
+        makecontext(&emu_fibers[t].start, emu_trampoline, 0);
+    }
+}
+static void emu_launch(long long grid, int block, std::function<void()> body) {
+    emu_make_fibers(block);
+    emu_block_size = block;
+    emu_body = std::move(body);
+    gridDim.x = (unsigned)grid;
+    for (long long b = 0; b < grid; ++b) {
+        blockIdx.x = (unsigned)b;
+        for (int t = 0; t < block; ++t) emu_fibers[t].done = false;
+        for (;;) {
+            if (!_setjmp(emu_scheduler)) {
+                emu_current = -1;
+                emu_next();
+            }
+            int finished = 0;
+            for (int t = 0; t < block; ++t) finished += emu_fibers[t].done;
+            if (finished == block) break;
+            if (finished > 0) {
+                ++emu_errors;
+                std::fprintf(stderr, "divergent __syncthreads in block %lld\n", b);
+                // Fibers stopped inside the body cannot start the next block: make new ones.
+                emu_fibers.clear();
+                emu_make_fibers(block);
+                break;
+            }
+        }
+    }
+    emu_check_stacks();
+}
 extern "C" int emu_errors_seen() { return emu_errors; }
 """
 
-_PROB_TYPES = {"f": ("float", np.float32), "d": ("double", np.float64)}
-_ID_TYPES = {"i": ("int", np.int32), "l": ("long long", np.int64)}
+# The parameter list of each kernel template (P: probability type, I: id type) and its
+# launch configuration, as the launchers of specdec_np._cuda use them.
+_KERNEL_SIGNATURES = {
+    "verify_chains_kernel": (
+        "const P* target_rows, const P* draft_rows, const I* draft_token_ids, "
+        "const I* bonus_token_ids, const long long* draft_offsets, const double* uniforms, "
+        "long long uniform_width, const double* parameters, long long batch, "
+        "long long num_drafts, long long vocab, long long width, long long* output, "
+        "long long* accepted_lengths, long long* num_accepted, long long* row_status",
+        "batch, specdec::kBlock",
+    ),
+    "create_output_kernel": (
+        "const unsigned char* accepted, const I* substitute_token_ids, "
+        "const I* draft_token_ids, const I* bonus_token_ids, long long batch, long long k, "
+        "long long vocab, long long* output, long long* accepted_lengths, "
+        "long long* num_accepted, long long* row_status",
+        "(batch + specdec::kRowsPerBlock - 1) / specdec::kRowsPerBlock, specdec::kRowsPerBlock",
+    ),
+}
+
+
+def _symbol(name_expression: str) -> str:
+    """The C symbol of the emulated launch of a name expression."""
+    return "emu_" + re.sub(r"\W+", "_", name_expression).strip("_")
 
 
 def _emulation_unit(sources: dict[str, str]) -> str:
-    """One C++ translation unit: the prelude, each source in its own namespace, C wrappers."""
+    """One C++ translation unit: the prelude, each source in its own namespace, and one
+    ``extern "C"`` launch per name expression of :func:`_cuda.instantiation_names`."""
     parts = [_EMULATION_PRELUDE]
     for name, source in sources.items():
         parts.append(f"namespace emu_{name} {{\n{source}\n}}  // namespace emu_{name}\n")
-    ll = "long long"
-    tail = f"{ll} B, {ll} k, {ll} V, {ll}* out, {ll}* al, {ll}* na, {ll}* c, {ll}* st, {ll}* rs"
-    targs = "B, k, V, out, al, na, c, st, rs"
-    block = "emu_rejection_sample::specdec::kBlock"
-    parts.append(
-        f'extern "C" void emu_init({ll}* state) {{\n'
-        "    emu_launch(1, 1, [&] { emu_rejection_sample::init_call_state_kernel(state); });\n"
-        "}\n"
-    )
-    for ik, (it, _) in _ID_TYPES.items():
-        parts.append(
-            f'extern "C" void emu_create_output_{ik}(const unsigned char* a, const {it}* s, '
-            f"const {it}* d, const {it}* bo, {ll} B, {ll} k, {ll} V, {ll}* out, {ll}* al, "
-            f"{ll}* na, {ll}* c, {ll}* rs) {{\n"
-            f"    emu_launch((B + 255) / 256, 256, [&] {{ emu_create_output::create_output_kernel"
-            f"<{it}>(a, s, d, bo, B, k, V, out, al, na, c, rs); }});\n}}\n"
-        )
-        for pk, (pt, _) in _PROB_TYPES.items():
+    for source in sources:
+        for expression in _cuda.instantiation_names(source):
+            template, arguments = expression.rstrip(">").split("<", 1)
+            types = arguments.split(", ")
+            prob = next((t for t in types if t in ("float", "double")), "float")
+            ids = next(t for t in types if t in ("int", "long long"))
+            parameters, launch = _KERNEL_SIGNATURES[template]
+            parameters = re.sub(r"\bP\b", prob, re.sub(r"\bI\b", ids, parameters))
+            names = ", ".join(part.split()[-1].lstrip("*") for part in parameters.split(", "))
             parts.append(
-                f'extern "C" void emu_rejection_{pk}{ik}(const {pt}* t, const {pt}* q, '
-                f"const {it}* d, const {it}* bo, const double* u, {tail}) {{\n"
-                f"    emu_launch(B, {block}, [&] {{ emu_rejection_sample::rejection_sample_kernel"
-                f"<{pt}, {it}>(t, q, d, bo, u, {targs}); }});\n}}\n"
-                f'extern "C" void emu_typical_{pk}{ik}(const {pt}* t, const {it}* d, '
-                f"const {it}* bo, double th, double alpha, {tail}) {{\n"
-                f"    emu_launch(B, {block}, [&] {{ emu_typical_acceptance::"
-                f"typical_acceptance_kernel<{pt}, {it}>(t, d, bo, th, alpha, {targs}); }});\n}}\n"
-                f'extern "C" void emu_greedy_{pk}{ik}(const {pt}* t, const {it}* d, '
-                f"const {it}* bo, {tail}) {{\n"
-                f"    emu_launch(B, {block}, [&] {{ emu_greedy::greedy_kernel<{pt}, {it}>"
-                f"(t, d, bo, {targs}); }});\n}}\n"
+                f'extern "C" void {_symbol(expression)}({parameters}) {{\n'
+                f"    using namespace emu_{source};\n"
+                f"    emu_launch({launch}, [&] {{ {expression}({names}); }});\n}}\n"
             )
     return "\n".join(parts)
 
@@ -371,9 +444,13 @@ def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
     cpp = tmp / f"{stem}.cpp"
     lib = tmp / f"lib{stem}.so"
     cpp.write_text(_emulation_unit(sources))
-    cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", str(cpp), "-o", str(lib)]
+    cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
     result = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
+        [*cmd, str(cpp), "-o", str(lib)],
+        capture_output=True,
+        text=True,
+        timeout=COMPILE_TIMEOUT_S,
+        check=False,
     )
     assert result.returncode == 0, f"host compile of the emulated kernels failed:\n{result.stderr}"
     return ctypes.CDLL(str(lib))
@@ -389,72 +466,60 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return _build_emulation(tmp_path_factory.mktemp("emu"), "emu", _cuda.cuda_sources())
 
 
-class _Kernels:
-    """ctypes calls of the emulated kernels and of ``specdec_np._core``, on NumPy arrays."""
+def _ptr(array: np.ndarray | None) -> Any:
+    import ctypes
 
-    def __init__(self, lib: Any, core: Any) -> None:
-        self.lib, self.core = lib, core
+    return None if array is None else ctypes.c_void_p(array.ctypes.data)
 
-    @staticmethod
-    def _ptr(array: np.ndarray | None) -> Any:
-        import ctypes
 
-        return None if array is None else ctypes.c_void_p(array.ctypes.data)
+class Chains:
+    """One ``verify_chains`` call's inputs, in the flat layout of ``specdec_np._layout``."""
 
-    def emulated(
-        self, kind: str, t: np.ndarray, d: np.ndarray, bo: np.ndarray, *extra: Any, flag_mode: bool
-    ) -> tuple[np.ndarray, ...]:
-        """(out, accepted_lengths, num_accepted, row_status, counters, [flag, blocks done]).
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
 
-        ``flag_mode``: as ``_cuda.rejection_sample`` & co. launch (call state initialised by
-        its kernel, counters committed by the last block); otherwise as ``_cuda.core_like``
-        (row status only).
-        """
-        import ctypes
+    @property
+    def batch(self) -> int:
+        return int(self.bonus.shape[0])
 
-        batch, k = d.shape
-        vocab = t.shape[2]
-        out = np.full((batch, k + 1), -7, np.int64)
-        lengths, accepted = np.full(batch, -7, np.int64), np.full(batch, -7, np.int64)
-        status = None if flag_mode else np.full(batch, -7, np.int64)
-        state = np.full(4, -7, np.int64) if flag_mode else None
-        counters = np.zeros(2, np.int64) if flag_mode else None
-        if flag_mode:
-            self.lib.emu_init(self._ptr(state))
-        pk = "f" if t.dtype == np.float32 else "d"
-        ik = "i" if d.dtype == np.int32 else "l"
-        function = getattr(self.lib, f"emu_{kind}_{pk}{ik}")
-        head: tuple[Any, ...] = (self._ptr(t),)
-        if kind == "rejection":
-            q, u = extra
-            head += (self._ptr(q), self._ptr(d), self._ptr(bo), self._ptr(u))
-        elif kind == "typical":
-            head += (self._ptr(d), self._ptr(bo), ctypes.c_double(extra[0]))
-            head += (ctypes.c_double(extra[1]),)
-        else:
-            head += (self._ptr(d), self._ptr(bo))
-        sizes = tuple(ctypes.c_longlong(n) for n in (batch, k, vocab))
-        buffers = (out, lengths, accepted, counters, state, status)
-        function(*head, *sizes, *(self._ptr(a) for a in buffers))
-        flag_and_blocks = np.array([-1, -1]) if state is None else state[2:]
-        return out, lengths, accepted, status, counters, flag_and_blocks
+    def request(self, b: int) -> tuple[np.ndarray, Any, np.ndarray, int]:
+        """Request b's target rows [k_b + 1, V], draft rows (None: point mass), ids, k_b."""
+        start, stop = int(self.offsets[b]), int(self.offsets[b + 1])
+        rows = self.target[start + b : stop + b + 1]
+        draft = None if self.draft is None else self.draft[start:stop]
+        return rows, draft, self.ids[start:stop], stop - start
 
-    def cpu(
-        self, kind: str, t: np.ndarray, d: np.ndarray, bo: np.ndarray, *extra: Any
-    ) -> tuple[np.ndarray, ...]:
-        batch, k = d.shape
-        out = np.full((batch, k + 1), -7, np.int64)
-        rows = [np.full(batch, -7, np.int64) for _ in range(3)]
-        if kind == "rejection":
-            q, u = extra
-            self.core.rejection_sample(
-                t, t if q is None else q, q is None, d, bo, u, out, *rows, 1
-            )
-        elif kind == "typical":
-            self.core.typical_acceptance_sample(t, d, bo, *extra, out, *rows, 1)
-        else:
-            self.core.greedy_sample(t, d, bo, out, *rows, 1)
-        return (out, *rows)
+    def buffers(self, width: int) -> list[np.ndarray]:
+        """Outputs filled with a sentinel, so that cells a kernel leaves alone are compared."""
+        return [np.full((self.batch, width), -7, np.int64)] + [
+            np.full(self.batch, -7, np.int64) for _ in range(3)
+        ]
+
+
+def _run_cpu(core: Any, method: int, c: Chains, parameters: np.ndarray) -> list[np.ndarray]:
+    out = c.buffers(c.width)
+    draft = c.target if c.draft is None else c.draft
+    core.verify_chains(
+        method, c.target, draft, c.draft is None, c.ids, c.bonus, c.offsets, c.uniforms,
+        parameters, *out, 1,
+    )  # fmt: skip
+    return out
+
+
+def _run_emulated(
+    lib: Any, verifier: registry.Verifier, c: Chains, parameters: np.ndarray, out: Any = None
+) -> list[np.ndarray]:
+    import ctypes
+
+    out = c.buffers(c.width) if out is None else out
+    name = _cuda._verify_name(verifier.cuda_row, c.target.dtype, c.ids.dtype)
+    sizes = [ctypes.c_longlong(n) for n in (c.batch, c.ids.shape[0], c.target.shape[1], c.width)]
+    getattr(lib, _symbol(name))(
+        _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
+        _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
+        *(_ptr(a) for a in out),
+    )  # fmt: skip
+    return out
 
 
 def _probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any, kind: str) -> Any:
@@ -462,6 +527,8 @@ def _probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any,
         return rng.choice(np.array([0.0, 0.125, 0.25], dtype=dtype), size=shape)
     if kind == "noise":  # unnormalised, as vLLM's typical-acceptance tests use
         return rng.random(shape).astype(dtype)
+    if kind == "huge":  # float64 rows whose residual sums overflow: the kernels must rescale
+        return (rng.random(shape) * 1.5e308).astype(dtype)
     logits = rng.standard_normal(shape) * (4.0 if kind == "peaked" else 1.0)
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -479,142 +546,244 @@ def _misaligned(rng: np.random.Generator, array: np.ndarray) -> np.ndarray:
     return view
 
 
-def _residual(t: np.ndarray, q: Any, d: np.ndarray, b: int, r: int) -> np.ndarray:
-    p = t[b, r].astype(np.float64)
-    if q is not None:
-        w = p - q[b, r].astype(np.float64)
+FLOAT_TYPES = (np.float32, np.float64)
+ID_TYPES = (np.int32, np.int64)
+VOCABULARIES = (1, 2, 7, 33, 64, 513, 1000, 2049, 9000)
+VOCABULARY_WEIGHTS = np.array([2, 3, 4, 4, 3, 2, 2, 1, 1], dtype=np.float64)
+
+
+def _case(
+    rng: np.random.Generator,
+    prob_dtype: Any = None,
+    id_dtype: Any = None,
+    point_mass: bool | None = None,
+    padded: bool | None = None,
+) -> Chains:
+    """Random chains: padded or ragged (some k_b = 0), dense or point-mass drafts, both
+    dtypes of each kind, boundary uniforms, negative and NaN draft entries, rows whose
+    float64 residual sums overflow, bad ids, rows without mass, misaligned rows.  The
+    keyword arguments fix a choice instead of drawing it."""
+    batch = int(rng.integers(1, 5))
+    padded = rng.random() < 0.5 if padded is None else padded
+    if padded:
+        lengths = np.full(batch, int(rng.integers(1, 5)))
     else:
-        w = p.copy()
-        w[d[b, r]] -= 1.0
-    w = np.where(w > 0, w, 0.0)
-    return w if w.sum() > 0 else np.where(p > 0, p, 0.0)
-
-
-def _case(rng: np.random.Generator) -> dict[str, Any]:
-    batch, k = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-    vocab = int(rng.choice([1, 2, 7, 33, 512, 513, 1000, 9000, 20001]))
-    pdt = (np.float32, np.float64)[int(rng.integers(2))]
-    idt = (np.int32, np.int64)[int(rng.integers(2))]
-    kind = str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
-    t = _probabilities(rng, (batch, k + 1, vocab), pdt, kind)
-    q = _probabilities(rng, (batch, k, vocab), pdt, "flat") if rng.random() < 0.5 else None
-    source = t[:, :k] if q is None else q
-    d = np.empty((batch, k), idt)
+        lengths = rng.integers(0, 5, batch)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    num_drafts = int(offsets[-1])
+    vocab = int(rng.choice(VOCABULARIES, p=VOCABULARY_WEIGHTS / VOCABULARY_WEIGHTS.sum()))
+    pdt = (np.float32, np.float64)[int(rng.integers(2))] if prob_dtype is None else prob_dtype
+    idt = (np.int32, np.int64)[int(rng.integers(2))] if id_dtype is None else id_dtype
+    kinds = ["flat", "peaked", "sparse", "ties", "noise"] + (["huge"] if pdt == np.float64 else [])
+    kind = str(rng.choice(kinds))
+    target = _probabilities(rng, (num_drafts + batch, vocab), pdt, kind)
+    draft = None
+    if not (rng.random() < 0.5 if point_mass is None else point_mass):
+        draft_kind = "huge" if kind == "huge" and rng.random() < 0.5 else "flat"
+        draft = _probabilities(rng, (num_drafts, vocab), pdt, draft_kind)
+        if rng.random() < 0.2:  # negative and NaN draft entries count as 0
+            spoilt = rng.random(draft.shape) < 0.3
+            draft[spoilt] = rng.choice(np.array([-0.5, np.nan, -0.0], dtype=pdt), spoilt.sum())
+    ids = np.empty(num_drafts, idt)
     for b in range(batch):
-        for i in range(k):
-            w = source[b, i].astype(np.float64)
+        for i in range(int(offsets[b]), int(offsets[b + 1])):
+            row = target[i + b] if draft is None else draft[i]
+            w = np.nan_to_num(row.astype(np.float64), nan=0.0).clip(0.0, 1e300)
             good = w.sum() > 0 and rng.random() < 0.8
-            d[b, i] = rng.choice(vocab, p=w / w.sum()) if good else rng.integers(0, vocab)
-    bo = rng.integers(0, vocab, size=batch).astype(idt)
-    u = rng.random((batch, k + 1))
+            ids[i] = rng.choice(vocab, p=w / w.sum()) if good else rng.integers(0, vocab)
+    bonus = rng.integers(0, vocab, size=batch).astype(idt)
+    width = int(lengths.max()) + 1
+    uniforms = rng.random((batch, width + int(rng.integers(0, 3))))
     extreme = rng.random()
     if extreme < 0.1:
-        u[:] = np.nextafter(1.0, 0.0)
+        uniforms[:] = np.nextafter(1.0, 0.0)
     elif extreme < 0.2:
-        u[:] = 0.0
+        uniforms[:] = 0.0
+    elif extreme < 0.35:  # boundary values cell by cell
+        cells = rng.random(uniforms.shape) < 0.4
+        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
     if rng.random() < 0.15:  # an out-of-range id
-        if k and rng.random() < 0.6:
-            d[rng.integers(batch), rng.integers(k)] = rng.choice([-1, vocab, vocab + 5])
+        if num_drafts and rng.random() < 0.6:
+            ids[rng.integers(num_drafts)] = rng.choice([-1, vocab, vocab + 5])
         else:
-            bo[rng.integers(batch)] = rng.choice([-1, vocab])
-    if rng.random() < 0.15:  # a NaN or all-zero row (zero-mass rows for the rejection sampler)
-        t[rng.integers(batch), rng.integers(k + 1)] = rng.choice([np.nan, 0.0])
+            bonus[rng.integers(batch)] = rng.choice([-1, vocab])
+    if rng.random() < 0.15:  # a NaN or all-zero row (a row without mass where one is drawn)
+        target[rng.integers(num_drafts + batch)] = rng.choice([np.nan, 0.0])
     if rng.random() < 0.3:
-        t = _misaligned(rng, t)
-    if q is not None and rng.random() < 0.3:
-        q = _misaligned(rng, q)
-    posterior = (float(rng.choice([0.09, 0.3, 0.7])), float(rng.choice([0.3, 0.05, 0.0])))
-    return {"t": t, "q": q, "d": d, "bo": bo, "u": u, "posterior": posterior}
+        target = _misaligned(rng, target)
+    if draft is not None and rng.random() < 0.3:
+        draft = _misaligned(rng, draft)
+    if rng.random() < 0.15:  # outputs wider than the longest chain
+        width += int(rng.integers(1, 3))
+    posterior = np.array([rng.choice([0.09, 0.3, 0.7]), rng.choice([0.3, 0.05, 0.0])])
+    return Chains(
+        target=target, draft=draft, ids=ids, bonus=bonus, offsets=offsets, uniforms=uniforms,
+        width=width, posterior=posterior, kind=kind,
+    )  # fmt: skip
 
 
-def _disagreements(kernels: _Kernels, seed: int, cases: int) -> list[str]:
-    """Every way the emulated kernels differ from the CPU kernels on random cases."""
+def _q_row(draft: Any, ids: np.ndarray, i: int, vocab: int) -> np.ndarray:
+    """Draft row i of a request, or its point mass at x_i."""
+    return np.eye(1, vocab, int(ids[i]))[0] if draft is None else draft[i]
+
+
+def _rho(rows: np.ndarray, draft: Any, ids: np.ndarray, i: int) -> float:
+    p_x = [rows[j, ids[j]] for j in range(i)]
+    return block_rho(p_x, None if draft is None else [draft[j, ids[j]] for j in range(i)])
+
+
+def _residual(rows: np.ndarray, draft: Any, ids: np.ndarray, r: int, rho: float) -> np.ndarray:
+    """The draw weights at position r, scaled as the kernels scale an overflowing sum."""
+    weights = weighted_residual(rows[r], _q_row(draft, ids, r, rows.shape[1]), rho)
+    with np.errstate(over="ignore"):
+        overflows = np.isinf(weights.sum())
+    if overflows:
+        weights = weights * 2.0**_contract.OVERFLOW_EXPONENT
+    return weights
+
+
+def _block_check_is_close(
+    rows: np.ndarray, draft: Any, ids: np.ndarray, u: np.ndarray, i: int
+) -> bool:
+    """Whether eta_i lies within rounding of h_i (where two summation orders may decide
+    differently)."""
+    rho = _rho(rows, draft, ids, i)
+    if i == ids.shape[0] or rho >= 1.0 or rho == 0.0:
+        return False
+    q_row = _q_row(draft, ids, i, rows.shape[1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(weighted_residual(rows[i], q_row, rho, fallback=False).sum())
+        h = total / (total + 1.0 - rho)
+    return abs(float(u[i - 1]) - h) <= 1e-12 * max(h, 1e-300) + 1e-300
+
+
+def _typical_check_is_close(rows: np.ndarray, ids: np.ndarray, parameters: np.ndarray) -> bool:
+    """Whether some position of a request has p(x) within rounding of its typical threshold
+    (the two backends use different logarithms)."""
+    threshold_arg, alpha = (float(v) for v in parameters)
+    for i in range(ids.shape[0]):
+        p = rows[i].astype(np.float64)
+        with np.errstate(all="ignore"):
+            plogp = float((p * np.log(p + _contract.ENTROPY_EPSILON)).sum())
+            threshold = min(threshold_arg, alpha * math.exp(plogp) if alpha > 0 else 0.0)
+        if abs(float(p[ids[i]]) - threshold) <= 1e-5 * threshold:
+            return True
+    return False
+
+
+class Comparison:
+    """Counts of what the emulated kernels were compared on, and every disagreement."""
+
+    def __init__(self) -> None:
+        self.cases = 0
+        self.requests = 0
+        self.draws = 0
+        self.boundary_draws = 0
+        self.close_decisions = 0
+        self.problems: list[str] = []
+
+
+def _compare_request(
+    verifier: registry.Verifier, c: Chains, b: int, mine: list, cpu: list, where: str,
+    tally: Comparison,
+) -> None:  # fmt: skip
+    out, lengths, passed, status = mine
+    cpu_out, cpu_lengths, cpu_passed, cpu_status = cpu
+    rows, draft, ids, k = c.request(b)
+    if status[b] != cpu_status[b]:
+        tally.problems.append(f"{where}: row {b} status {status[b]} != CPU {cpu_status[b]}")
+        return
+    if (lengths[b], passed[b]) != (cpu_lengths[b], cpu_passed[b]):
+        close = False
+        if verifier.name == "block":
+            low, high = sorted((int(lengths[b]), int(cpu_lengths[b])))
+            close = any(
+                _block_check_is_close(rows, draft, ids, c.uniforms[b], i)
+                for i in range(max(low, 1), high + 1)
+            )
+        elif verifier.name == "typical":
+            close = _typical_check_is_close(rows, ids, c.posterior)
+        if close:
+            tally.close_decisions += 1
+        else:
+            tally.problems.append(
+                f"{where}: row {b} (accepted length, count) = ({lengths[b]}, {passed[b]}) != "
+                f"CPU ({cpu_lengths[b]}, {cpu_passed[b]})"
+            )
+        return
+    r = int(lengths[b])
+    if status[b] != 0 or np.array_equal(out[b], cpu_out[b]):
+        if status[b] == 0 and verifier.stochastic and r < k:
+            tally.draws += 1
+        if not np.array_equal(out[b], cpu_out[b]):
+            tally.problems.append(f"{where}: row {b} output {out[b]} != CPU {cpu_out[b]}")
+        return
+    others = np.arange(c.width) != r
+    if not np.array_equal(out[b][others], cpu_out[b][others]) or not (
+        verifier.stochastic and r < k
+    ):
+        tally.problems.append(f"{where}: row {b} output {out[b]} != CPU {cpu_out[b]}")
+        return
+    tally.draws += 1
+    rho = _rho(rows, draft, ids, r) if verifier.name == "block" else 1.0
+    weights = _residual(rows, draft, ids, r, rho)
+    try:
+        assert_draw_consistent(
+            out[b, r], cpu_out[b, r], weights, c.uniforms[b, k], names=("emulated", "CPU")
+        )
+        tally.boundary_draws += 1
+    except AssertionError as error:
+        tally.problems.append(f"{where}: row {b}: {error}")
+
+
+def _compare(lib: Any, core: Any, seed: int, cases: int) -> Comparison:
+    """Every verifier of the registry, emulated CUDA against ``_core.verify_chains``."""
     rng = np.random.default_rng(seed)
-    problems: list[str] = []
+    tally = Comparison()
     for number in range(cases):
         c = _case(rng)
-        t, q, d, bo, u = c["t"], c["q"], c["d"], c["bo"], c["u"]
-        batch, k = d.shape
-        width = k + 1
-        for kind, extra in (("rejection", (q, u)), ("typical", c["posterior"]), ("greedy", ())):
-            where = f"case {number} {kind} V={t.shape[2]} {t.dtype} {d.dtype}"
+        tally.cases += 1
+        for verifier in registry.VERIFIERS:
+            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            parameters = c.posterior if verifier.parameters else np.empty(0)
+            shape = "padded" if len(set(np.diff(c.offsets))) == 1 else "ragged"
+            where = (
+                f"case {number} {verifier.name} {shape} {c.kind} V={c.target.shape[1]} "
+                f"{c.target.dtype} {c.ids.dtype} {'point mass' if c.draft is None else 'dense'}"
+            )
             with np.errstate(all="ignore"):
-                out, lengths, accepted, status, _, _ = kernels.emulated(
-                    kind, t, d, bo, *extra, flag_mode=False
-                )
-                flagged = kernels.emulated(kind, t, d, bo, *extra, flag_mode=True)
-                cpu_out, cpu_lengths, cpu_accepted, cpu_status = kernels.cpu(
-                    kind, t, d, bo, *extra
-                )
-            for mine, theirs in zip(flagged[:3], (out, lengths, accepted)):
-                if not np.array_equal(mine, theirs):
-                    problems.append(f"{where}: flag mode and row-status mode differ")
-            if not np.array_equal(status, cpu_status):
-                problems.append(f"{where}: row status {status} != CPU {cpu_status}")
-                continue
-            expected_flag = _cuda.NO_ERROR
-            for b in range(batch):
-                if status[b] > 0:
-                    expected_flag = min(expected_flag, b * width + int(status[b]) - 1)
-                elif status[b] < 0:
-                    expected_flag = min(expected_flag, (batch + b) * width - int(status[b]) - 1)
-            ok = expected_flag == _cuda.NO_ERROR
-            expected_counters = [accepted.sum(), (lengths + 1).sum()] if ok else [0, 0]
-            if flagged[5][0] != expected_flag or not np.array_equal(flagged[4], expected_counters):
-                problems.append(f"{where}: flag {flagged[5][0]} / counters {flagged[4]} wrong")
-            if flagged[5][1] != batch:
-                problems.append(f"{where}: {flagged[5][1]} blocks finished, expected {batch}")
-            for b in range(batch):
-                if status[b] > 0:
-                    if not ((out[b] == -1).all() and lengths[b] == 0 and accepted[b] == 0):
-                        problems.append(f"{where}: row {b} with a bad id not cleared: {out[b]}")
-                    continue
-                if (lengths[b], accepted[b]) != (cpu_lengths[b], cpu_accepted[b]):
-                    problems.append(
-                        f"{where}: row {b} decisions (r, accepted) = ({lengths[b]}, "
-                        f"{accepted[b]}) != CPU ({cpu_lengths[b]}, {cpu_accepted[b]})"
-                    )
-                    continue
-                if status[b] < 0:
-                    continue
-                r = int(lengths[b])
-                others = np.arange(width) != r
-                if not np.array_equal(out[b][others], cpu_out[b][others]):
-                    problems.append(f"{where}: row {b} output {out[b]} != CPU {cpu_out[b]}")
-                elif out[b, r] != cpu_out[b, r]:
-                    if kind != "rejection" or r == k:
-                        problems.append(f"{where}: row {b} token {out[b]} != CPU {cpu_out[b]}")
-                        continue
-                    # A residual draw may differ only where v * Z is within rounding of the
-                    # CDF boundary between the two tokens.
-                    w = _residual(t, q, d, b, r)
-                    cdf = np.cumsum(w)
-                    total = cdf[-1]
-                    target = u[b, k] * total
-                    tol = 4 * len(w) * np.finfo(np.float64).eps * total
-                    for y in (int(out[b, r]), int(cpu_out[b, r])):
-                        below = cdf[y - 1] if y else 0.0
-                        if not (w[y] > 0 and below - tol <= target < cdf[y] + tol):
-                            problems.append(
-                                f"{where}: row {b} draws {out[b, r]} vs CPU {cpu_out[b, r]}, "
-                                f"not at a CDF boundary (v * Z = {target}, token {y} covers "
-                                f"({below}, {cdf[y]}])"
-                            )
-    if kernels.lib.emu_errors_seen():
-        problems.append("a divergent __syncthreads was detected")
-    return problems
+                cpu = _run_cpu(core, method, c, parameters)
+                mine = _run_emulated(lib, verifier, c, parameters)
+            tally.requests += c.batch
+            for b in range(c.batch):
+                _compare_request(verifier, c, b, mine, cpu, where, tally)
+    if lib.emu_errors_seen():
+        tally.problems.append("a divergent __syncthreads was detected")
+    return tally
+
+
+EMULATED_CASES = 2000
 
 
 def test_emulated_kernels_match_cpu_kernels(emulated: Any, core: Any) -> None:
-    problems = _disagreements(_Kernels(emulated, core), seed=20240611, cases=40)
-    assert not problems, "\n".join(problems[:20])
+    """The CUDA skeleton and every row functor agree with the CPU driver on random cases:
+    statuses, decisions, counts and the cells written (a sentinel marks those left alone);
+    residual draws are equal or straddle a CDF boundary within rounding."""
+    tally = _compare(emulated, core, seed=20240611, cases=EMULATED_CASES)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    print(
+        f"\nemulated {tally.cases} cases, {tally.requests} requests x verifier, "
+        f"{tally.draws} residual draws ({tally.boundary_draws} differing at a CDF boundary), "
+        f"{tally.close_decisions} decisions within rounding of their threshold"
+    )
+    # The random cases must exercise what they claim to.
+    assert tally.draws > 1000 and tally.close_decisions < tally.cases // 100
 
 
 def test_emulated_create_output_matches_cpu_kernel(emulated: Any, core: Any) -> None:
     import ctypes
 
     rng = np.random.default_rng(7)
-    ptr = _Kernels._ptr
     for _ in range(30):
         batch, k, vocab = int(rng.integers(0, 300)), int(rng.integers(1, 5)), 50
         idt = (np.int32, np.int64)[int(rng.integers(2))]
@@ -623,55 +792,46 @@ def test_emulated_create_output_matches_cpu_kernel(emulated: Any, core: Any) -> 
         high = vocab + 1 if rng.random() < 0.3 else vocab
         sub, d = (rng.integers(low, high, (batch, k)).astype(idt) for _ in range(2))
         bo = rng.integers(low, high, batch).astype(idt)
-        results = []
-        for limit in (vocab, -1):  # checked as core_like does; verbatim as create_output does
-            out = np.full((batch, k + 1), -7, np.int64)
-            rows = [np.full(batch, -7, np.int64) for _ in range(3)]
-            counters = np.zeros(2, np.int64)
-            function = getattr(emulated, f"emu_create_output_{'i' if idt == np.int32 else 'l'}")
-            sizes = (ctypes.c_longlong(n) for n in (batch, k, limit))
-            function(ptr(accepted), ptr(sub), ptr(d), ptr(bo), *sizes, ptr(out), ptr(rows[0]),
-                     ptr(rows[1]), ptr(counters), ptr(rows[2]))  # fmt: skip
-            results.append((out, *rows, counters))
-        cpu_out = np.full((batch, k + 1), -7, np.int64)
-        cpu_rows = [np.full(batch, -7, np.int64) for _ in range(3)]
-        core.create_output(accepted, sub, d, bo, vocab, cpu_out, *cpu_rows)
-        out, lengths, num, status, counters = results[0]
-        assert np.array_equal(status, cpu_rows[2])
-        good = status == 0
-        assert np.array_equal(out[good], cpu_out[good])
-        assert np.array_equal(lengths[good], cpu_rows[0][good])
-        assert np.array_equal(num[good], cpu_rows[1][good])
-        assert (out[~good] == -1).all()
-        assert counters.tolist() == [num[good].sum(), (lengths[good] + 1).sum()]
-        # Unchecked: ids copied verbatim, every row counted (vLLM's _create_output).
-        out, lengths, num, status, counters = results[1]
-        assert (status == 0).all()
-        rejected = ~accepted.astype(bool)
-        r = np.array([np.flatnonzero(row)[0] if row.any() else k for row in rejected], np.int64)
-        for b in range(batch):
-            expected = np.full(k + 1, -1)
-            expected[: r[b]] = d[b, : r[b]]
-            expected[r[b]] = bo[b] if r[b] == k else sub[b, r[b]]
-            assert out[b].tolist() == expected.tolist()
-        assert counters.tolist() == [int(accepted.astype(bool).sum()), int((r + 1).sum())]
+        out = [np.full((batch, k + 1), -7, np.int64)]
+        out += [np.full(batch, -7, np.int64) for _ in range(3)]
+        function = getattr(emulated, _symbol(_cuda._create_output_name(idt)))
+        sizes = (ctypes.c_longlong(n) for n in (batch, k, vocab))
+        function(_ptr(accepted), _ptr(sub), _ptr(d), _ptr(bo), *sizes, *(_ptr(a) for a in out))
+        cpu = [np.full_like(a, -7) for a in out]
+        core.create_output(accepted, sub, d, bo, vocab, *cpu)
+        for mine, theirs in zip(out, cpu):  # the same cells written, with the same values
+            assert np.array_equal(mine, theirs)
 
 
-_MUTATIONS: dict[str, Callable[[dict[str, str]], dict[str, str]]] = {
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text, f"mutation target {old!r} is not in the source; update the mutation"
+    return text.replace(old, new)
+
+
+_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The residual forgets the draft: tokens drawn from p instead of max(p - q, 0).
-    "residual_ignores_draft": lambda s: {
-        **s,
-        "rejection_sample": s["rejection_sample"].replace(
-            "if (Mode == kDenseResidual) w -= static_cast<double>(qv);", ""
-        ),
-    },
+    "residual_ignores_draft": lambda s: _replace(
+        s, "HasQ ? clean_draft(static_cast<double>(qv)) : ", ""
+    ),
+    # Negative and NaN draft entries used as they are.
+    "draft_not_cleaned": lambda s: _replace(
+        s, "return q > 0.0 ? q : 0.0;", "return q == q ? q : 0.0;"
+    ),
+    # An overflowing residual sum drawn without rescaling (v * inf picks the last token).
+    "no_overflow_rescale": lambda s: _replace(s, "if (total == infinity()) {", "if (false) {"),
     # Ties go to the last index instead of the first.
-    "argmax_last_on_ties": lambda s: {
-        **s,
-        "greedy": s["greedy"].replace(
-            "(v == value_buf[t] && i < index_buf[t])", "(v == value_buf[t])"
+    "argmax_last_on_ties": lambda s: _replace(
+        s, "(v == r.value[t] && i < r.index[t])", "(v == r.value[t])"
+    ),
+    # Block verification stops at the first failed check, scanning upward (the classic
+    # wrong implementation: a later position can no longer rescue an earlier failure).
+    "block_stops_at_first_failure": lambda s: _replace(
+        _replace(
+            s, "for (long long i = a.k; i >= 1; --i) {", "for (long long i = 1; i <= a.k; ++i) {"
         ),
-    },
+        "                tau = i;\n                break;\n",
+        "                tau = i;\n            } else {\n                break;\n",
+    ),
 }
 
 
@@ -680,255 +840,205 @@ def test_emulation_detects_mutated_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls: a wrong kernel must disagree with the CPU kernels."""
-    original = _cuda.cuda_sources()
-    mutated = _MUTATIONS[mutation](original)
-    assert mutated != original, f"mutation {mutation} no longer applies; update it"
+    sources = _cuda.cuda_sources()
+    mutated = {**sources, "verify_chains": _MUTATIONS[mutation](sources["verify_chains"])}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
-    assert _disagreements(_Kernels(lib, core), seed=20240611, cases=40)
+    tally = _compare(lib, core, seed=20240611, cases=300)
+    assert tally.problems, f"mutation {mutation} went unnoticed"
 
 
 # ---------------------------------------------------------------------------------------------
-# The Python launchers, driven through a stand-in ``cupy`` whose kernels are the emulated ones
+# The Python launch surface, driven through a stand-in ``cupy`` whose kernels are the emulated
+# ones
 # ---------------------------------------------------------------------------------------------
 
 
-class _FakeDevice:
-    def __init__(self, device_id: int = 0) -> None:
-        self.id = device_id
+def _fake_cupy_module() -> Any:
+    """A fresh import of the stand-in CuPy of ``tests/fake_cupy`` (not put on sys.path)."""
+    import importlib.util
 
-    def __enter__(self) -> _FakeDevice:
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-
-class _FakeArray(np.ndarray):
-    """A NumPy array with CuPy's ``device`` context manager (device 0 unless moved)."""
-
-    device_id = 0
-
-    @property
-    def device(self) -> _FakeDevice:  # type: ignore[override]
-        return _FakeDevice(self.device_id)
-
-
-class _FakeCupy:
-    """Just enough of ``cupy`` for ``specdec_np._cuda``: host arrays, emulated kernels."""
-
-    int64 = np.int64
-
-    def __init__(self, lib: Any) -> None:
-        self.lib = lib
-        self.launches: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
-        self.compiled: list[tuple[str, tuple[str, ...]]] = []
-        fake = self
-
-        class _Runtime:
-            @staticmethod
-            def getDevice() -> int:  # noqa: N802 (CuPy's name)
-                return 0
-
-        class _Cuda:
-            runtime = _Runtime
-
-        class _Kernel:
-            def __init__(self, name: str) -> None:
-                self.name = name
-                template = name.split("<")[0]
-                types = name[len(template) :].strip("<>").split(", ") if "<" in name else []
-                codes = {"float": "f", "double": "d", "int": "i", "long long": "l"}
-                suffix = "".join(codes[t] for t in types)
-                stem = {
-                    "create_output_kernel": "create_output",
-                    "rejection_sample_kernel": "rejection",
-                    "typical_acceptance_kernel": "typical",
-                    "greedy_kernel": "greedy",
-                    "init_call_state_kernel": "init",
-                }[template]
-                self.function = getattr(lib, f"emu_{stem}_{suffix}" if suffix else f"emu_{stem}")
-
-            def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: Any) -> None:
-                import ctypes
-
-                fake.launches.append((self.name, grid, block))
-                converted = []
-                for arg in args:
-                    if arg is None:
-                        converted.append(None)
-                    elif isinstance(arg, np.ndarray):
-                        converted.append(ctypes.c_void_p(arg.ctypes.data))
-                    elif isinstance(arg, np.int64):
-                        converted.append(ctypes.c_longlong(int(arg)))
-                    elif isinstance(arg, np.float64):
-                        converted.append(ctypes.c_double(float(arg)))
-                    else:
-                        raise TypeError(f"kernel argument of type {type(arg)}: not a CuPy type")
-                self.function(*converted)
-
-        class _RawModule:
-            def __init__(self, code: str, options: tuple[str, ...], name_expressions: Any):
-                assert options == ("--std=c++17",)
-                assert code in _cuda.cuda_sources().values()
-                self.names = list(name_expressions)
-                fake.compiled.append((code, tuple(self.names)))
-
-            def get_function(self, name: str) -> _Kernel:
-                assert name in self.names, f"{name} was not in name_expressions"
-                return _Kernel(name)
-
-        self.cuda = _Cuda
-        self.RawModule = _RawModule
-
-    @staticmethod
-    def _wrap(array: np.ndarray) -> _FakeArray:
-        return np.ascontiguousarray(array).view(_FakeArray)
-
-    def empty(self, shape: Any, dtype: Any) -> _FakeArray:
-        return self._wrap(np.empty(shape, dtype))
-
-    def zeros(self, shape: Any, dtype: Any) -> _FakeArray:
-        return self._wrap(np.zeros(shape, dtype))
-
-    def full(self, shape: Any, value: Any, dtype: Any) -> _FakeArray:
-        return self._wrap(np.full(shape, value, dtype))
-
-    def ascontiguousarray(self, array: np.ndarray) -> _FakeArray:
-        return self._wrap(array)
+    path = REPO_ROOT / "tests" / "fake_cupy" / "cupy" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("cupy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
-def fake_cupy(emulated: Any, monkeypatch: pytest.MonkeyPatch) -> _FakeCupy:
-    fake = _FakeCupy(emulated)
+def fake_cupy(emulated: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    fake = _fake_cupy_module()
+    fake._LIBRARY[:] = [emulated, _symbol]  # the emulation this module built already
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(_cuda, "_MODULES", {})
     return fake
 
 
-def test_launchers_drive_the_kernels(fake_cupy: _FakeCupy, core: Any) -> None:
-    """End to end through the Python launchers: argument order, null pointers, launch shapes,
-    counters committed on device, the error flag and its decoding."""
-    wrap = _FakeCupy._wrap
+def _launch(c: Chains, method: int, parameters: np.ndarray, **moved: int) -> list[np.ndarray]:
+    """``core_like.verify_chains`` on fake device arrays (``moved``: argument -> device)."""
+    fake = sys.modules["cupy"]
+    host = {
+        "target_rows": c.target,
+        "draft_rows": c.target if c.draft is None else c.draft,
+        "draft_token_ids": c.ids,
+        "bonus_token_ids": c.bonus,
+        "draft_offsets": c.offsets,
+        "uniforms": c.uniforms,
+        "parameters": parameters,
+    }
+    a = {name: fake.ndarray(array, moved.get(name, 0)) for name, array in host.items()}
+    out = [fake.asarray(buffer) for buffer in c.buffers(c.width)]
+    result = _cuda.core_like.verify_chains(
+        method, a["target_rows"], a["draft_rows"], c.draft is None, a["draft_token_ids"],
+        a["bonus_token_ids"], a["draft_offsets"], a["uniforms"], a["parameters"], *out, 3,
+    )  # fmt: skip
+    assert result is None, "the CUDA kernels report through row_status only"
+    return [fake.asnumpy(x) for x in out]
+
+
+def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: Any) -> None:
+    """End to end through ``core_like.verify_chains``: argument order, null pointers, the
+    instantiation chosen and the launch shape, for every verifier, both dtypes of each kind,
+    padded and ragged batches, dense and point-mass drafts."""
     rng = np.random.default_rng(3)
-    batch, k, vocab = 5, 3, 700
-    for pdt, idt in ((np.float32, np.int64), (np.float64, np.int32)):
-        t = _probabilities(rng, (batch, k + 1, vocab), pdt, "peaked")
-        q = _probabilities(rng, (batch, k, vocab), pdt, "flat")
-        # Likely accepted drafts (the target's argmax), except position 0 of odd rows: so
-        # accepted lengths and accepted counts differ, and a swap of the two is caught.
-        d = t[:, :k].argmax(-1).astype(idt)
-        d[1::2, 0] = (d[1::2, 0] + 1) % vocab
-        bo = rng.integers(0, vocab, batch).astype(idt)
-        u = rng.random((batch, k + 1))
-        counters = wrap(np.array([10, 20], np.int64))
-        for probs in (q, None):
-            out, lengths, num, flag = _cuda.rejection_sample(
-                wrap(t), None if probs is None else wrap(probs), wrap(d), wrap(bo), wrap(u),
-                counters,
-            )  # fmt: skip
-            expected = _Kernels(fake_cupy.lib, core).cpu("rejection", t, d, bo, probs, u)
-            assert np.array_equal(out, expected[0]) and np.array_equal(lengths, expected[1])
-            assert np.array_equal(num, expected[2]) and flag[0] == _cuda.NO_ERROR
-            assert not np.array_equal(lengths, num), "test data no longer tells them apart"
-            assert fake_cupy.launches[-2] == ("init_call_state_kernel", (1,), (1,))
-            assert fake_cupy.launches[-1][1:] == ((batch,), (_cuda.BLOCK_SIZE,))
-            _cuda.check_error_flag(flag, d, bo, vocab)
-        before = counters.copy()
-        out, lengths, num, flag = _cuda.greedy_sample(wrap(t), wrap(d), wrap(bo), counters)
-        expected = _Kernels(fake_cupy.lib, core).cpu("greedy", t, d, bo)
-        assert np.array_equal(out, expected[0]) and flag[0] == _cuda.NO_ERROR
-        assert counters.tolist() == [before[0] + num.sum(), before[1] + (lengths + 1).sum()]
-        # Flat rows (exp(-H) about 1/400) put p(x) around both thresholds, so that each of
-        # posterior_threshold and posterior_alpha decides some positions: a launcher that
-        # swapped or dropped one of them would disagree with the CPU kernel.
-        rows = 16
-        flat = _probabilities(rng, (rows, k + 1, vocab), pdt, "flat")
-        flat_ids = rng.integers(0, vocab, (rows, k)).astype(idt)
-        flat_bonus = rng.integers(0, vocab, rows).astype(idt)
-        cpu = _Kernels(fake_cupy.lib, core).cpu
-        for other in ((0.5, 0.5), (0.0003, 0.0003)):
-            assert not np.array_equal(
-                cpu("typical", flat, flat_ids, flat_bonus, 0.0003, 0.5)[2],
-                cpu("typical", flat, flat_ids, flat_bonus, *other)[2],
-            ), "test data no longer lets both posterior parameters decide positions"
-        results = []
-        for posterior in ((0.0003, 0.5), (0.5, 0.0003)):
-            out, lengths, num, flag = _cuda.typical_acceptance_sample(
-                wrap(flat), wrap(flat_ids), wrap(flat_bonus), *posterior, counters
-            )
-            expected = cpu("typical", flat, flat_ids, flat_bonus, *posterior)
-            assert np.array_equal(out, expected[0]) and np.array_equal(num, expected[2])
-            results.append(num)
-        assert not np.array_equal(*results), "test data no longer tells the posteriors apart"
-        for posterior in ((0.0003, 0.5), (0.5, 0.0003)):
-            buffers = [wrap(np.full((rows, k + 1), -7, np.int64))]
-            buffers += [wrap(np.full(rows, -7, np.int64)) for _ in range(3)]
-            _cuda.core_like.typical_acceptance_sample(
-                wrap(flat), wrap(flat_ids), wrap(flat_bonus), *posterior, *buffers, 2
-            )
-            expected = cpu("typical", flat, flat_ids, flat_bonus, *posterior)
-            assert all(np.array_equal(a, b) for a, b in zip(buffers, expected))
-        buffers = [wrap(np.full((batch, k + 1), -7, np.int64))]
-        buffers += [wrap(np.full(batch, -7, np.int64)) for _ in range(3)]
-        _cuda.core_like.greedy_sample(wrap(t), wrap(d), wrap(bo), *buffers, 2)
-        assert all(np.array_equal(a, b) for a, b in zip(buffers, cpu("greedy", t, d, bo)))
-        # core_like: caller buffers and row status, as specdec_np._core
-        buffers = [wrap(np.full((batch, k + 1), -7, np.int64))]
-        buffers += [wrap(np.full(batch, -7, np.int64)) for _ in range(3)]
-        _cuda.core_like.rejection_sample(
-            wrap(t), wrap(t), True, wrap(d), wrap(bo), wrap(u), *buffers, 4
-        )
-        expected = _Kernels(fake_cupy.lib, core).cpu("rejection", t, d, bo, None, u)
-        assert all(np.array_equal(a, b) for a, b in zip(buffers, expected))
-        accepted = wrap((rng.random((batch, k)) < 0.5).view(np.uint8))
-        sub = rng.integers(0, vocab, (batch, k)).astype(idt)
-        _cuda.core_like.create_output(accepted, wrap(sub), wrap(d), wrap(bo), vocab, *buffers)
-        cpu_buffers = [np.full_like(b, -7) for b in buffers]
-        core.create_output(accepted, sub, d, bo, vocab, *cpu_buffers)
-        assert all(np.array_equal(a, b) for a, b in zip(buffers, cpu_buffers))
-        out = _cuda.create_output(accepted.view(bool), wrap(sub), wrap(d), wrap(bo), counters)
-        assert np.array_equal(out, cpu_buffers[0])
-
-    # An out-of-range id: flagged on the device, counters untouched, raised by the check.
-    counters = wrap(np.array([10, 20], np.int64))
-    bad = d.copy()
-    bad[3, 1] = vocab
-    out, lengths, num, flag = _cuda.rejection_sample(
-        wrap(t), None, wrap(bad), wrap(bo), wrap(u), counters
-    )
-    assert _cuda.decode_error_flag(int(flag[0]), batch, k) == ("draft_token_ids", 3, 1)
-    assert counters.tolist() == [10, 20]
-    assert (out[3] == -1).all()
-    with pytest.raises(ValueError, match=r"found 700 at \(row, position\) = \(3, 1\)"):
-        _cuda.check_error_flag(flag, bad, bo, vocab)
-
-    # B == 0: empty results, nothing launched or compiled.
-    launched = len(fake_cupy.launches)
-    empty = np.zeros((0, k + 1, vocab), np.float32)
-    out, lengths, num, flag = _cuda.greedy_sample(
-        wrap(empty), wrap(np.zeros((0, k), np.int64)), wrap(np.zeros(0, np.int64)), counters
-    )
-    assert out.shape == (0, k + 1) and lengths.shape == (0,) and flag[0] == _cuda.NO_ERROR
-    assert len(fake_cupy.launches) == launched
+    tally = Comparison()
+    seen = set()
+    choices = itertools.product(FLOAT_TYPES, ID_TYPES, (True, False), (True, False), range(3))
+    for prob_dtype, id_dtype, point_mass, padded, _ in choices:
+        c = _case(rng, prob_dtype, id_dtype, point_mass, padded)
+        for verifier in registry.VERIFIERS:
+            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            parameters = c.posterior if verifier.parameters else np.empty(0)
+            with np.errstate(all="ignore"):
+                launched = _launch(c, method, parameters)
+                direct = _run_emulated(fake_cupy._LIBRARY[0], verifier, c, parameters)
+                cpu = _run_cpu(core, method, c, parameters)
+            for mine, theirs in zip(launched, direct):
+                assert np.array_equal(mine, theirs)
+            for b in range(c.batch):
+                _compare_request(verifier, c, b, launched, cpu, verifier.name, tally)
+            name = _cuda._verify_name(verifier.cuda_row, c.target.dtype, c.ids.dtype)
+            assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
+            seen.add((name, point_mass, padded))
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    assert len(seen) == 2 * 2 * len(_cuda.instantiation_names("verify_chains"))
     # One RawModule per (device, source): compiled once, reused.
-    assert len(fake_cupy.compiled) == len({code for code, _ in fake_cupy.compiled})
+    source = _cuda.cuda_sources()["verify_chains"]
+    names = tuple(_cuda.instantiation_names("verify_chains"))
+    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
 
 
-def test_launchers_reject_mixed_devices(fake_cupy: _FakeCupy) -> None:
-    wrap = _FakeCupy._wrap
-    target = wrap(np.full((2, 2, 4), 0.25, np.float32))
-    ids, bonus = wrap(np.zeros((2, 1), np.int64)), wrap(np.zeros(2, np.int64))
-    uniforms = wrap(np.zeros((2, 2)))
-    counters = wrap(np.zeros(2, np.int64))
-    counters.device_id = 1
-    with pytest.raises(ValueError, match="counters on device 1"):
-        _cuda.rejection_sample(target, None, ids, bonus, uniforms, counters)
-    with pytest.raises(ValueError, match="counters on device 1"):
-        _cuda.greedy_sample(target, ids, bonus, counters)
+def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
+    """O(1) guards before a launch: dtypes, contiguity, consistent shapes, one device; an
+    empty batch launches nothing."""
+    wrap = fake_cupy.asarray
+    rng = np.random.default_rng(5)
+    c = _case(rng)
+    rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)
+    typical = core.ROW_FUNCTIONS.index(registry.get("typical").row_function)
+    with pytest.raises(ValueError, match="uniforms on device 1"):
+        _launch(c, rejection, np.empty(0), uniforms=1)
+    with pytest.raises(ValueError, match="parameters: expected 2 for typical, found 1"):
+        _launch(c, typical, np.array([0.1]))
+    short = Chains(
+        **{**c.__dict__, "uniforms": c.uniforms[:-1] if c.batch > 1 else c.uniforms[:0]}
+    )
+    with pytest.raises(ValueError, match="uniforms: expected shape"):
+        _launch(short, rejection, np.empty(0))
+    cut = Chains(**{**c.__dict__, "target": c.target[1:]})
+    with pytest.raises(ValueError, match="target_rows: expected shape"):
+        _launch(cut, rejection, np.empty(0))
+    wide = Chains(**{**c.__dict__, "ids": c.ids.astype(np.float64)})
+    with pytest.raises(TypeError, match="draft_token_ids: expected dtype"):
+        _launch(wide, rejection, np.empty(0))
+    with pytest.raises(ValueError, match="method"):
+        _launch(c, len(core.ROW_FUNCTIONS), np.empty(0))
+    strided = wrap(np.zeros((c.batch, 2 * c.width), np.int64))[:, ::2]
+    with pytest.raises(ValueError, match="output: expected a C-contiguous array"):
+        _cuda.core_like.verify_chains(
+            rejection, wrap(c.target), wrap(c.target), True, wrap(c.ids), wrap(c.bonus),
+            wrap(c.offsets), wrap(c.uniforms), wrap(np.empty(0)), strided,
+            *(wrap(np.zeros(c.batch, np.int64)) for _ in range(3)),
+        )  # fmt: skip
     assert not fake_cupy.launches
+    empty = Chains(
+        target=np.zeros((0, 5), np.float32), draft=None, ids=np.zeros(0, np.int64),
+        bonus=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64), uniforms=np.zeros((0, 1)),
+        width=1, posterior=None, kind="empty",
+    )  # fmt: skip
+    _launch(empty, rejection, np.empty(0))
+    assert not fake_cupy.launches and not fake_cupy.compiled
 
 
-def test_greedy_margin_matches_cpu_kernel(core: Any) -> None:
-    """Both backends take the same greedy shortcut, so they make the same decisions."""
-    assert _cuda.GREEDY_MARGIN == core.GREEDY_MARGIN
-    assert f"kGreedyMargin = {_cuda.GREEDY_MARGIN!r};" in _cuda.cuda_sources()["greedy"]
+def test_offsets_never_make_a_block_leave_the_arrays(emulated: Any, core: Any) -> None:
+    """Inconsistent offsets from a direct caller (decreasing, outside [0, T], wider than the
+    outputs or the uniforms) are clamped on the device: no cell past any output is written,
+    and every verified row is a well-formed prefix of its clamped request."""
+    rng = np.random.default_rng(11)
+    vocab, batch, num_drafts, width = 9, 3, 5, 2
+    for offsets in ([0, 4, 2, 5], [0, 9, 9, 5], [-3, 1, 2, 99], [0, 5, 5, 5]):
+        for verifier in registry.VERIFIERS:
+            c = Chains(
+                target=_probabilities(rng, (num_drafts + batch, vocab), np.float64, "flat"),
+                draft=None, ids=rng.integers(0, vocab, num_drafts).astype(np.int64),
+                bonus=rng.integers(0, vocab, batch).astype(np.int64),
+                offsets=np.array(offsets, np.int64), uniforms=rng.random((batch, width)),
+                width=width, posterior=np.array([0.09, 0.3]), kind="clamped",
+            )  # fmt: skip
+            tails = [np.full(batch * width + 8, -7, np.int64)]
+            tails += [np.full(batch + 8, -7, np.int64) for _ in range(3)]
+            out = [tails[0][: batch * width].reshape(batch, width)]
+            out += [tail[:batch] for tail in tails[1:]]
+            with np.errstate(all="ignore"):
+                _run_emulated(emulated, verifier, c, c.posterior, out)
+            assert all((tail[-8:] == -7).all() for tail in tails), verifier.name
+            for b in range(batch):
+                start = min(max(offsets[b], 0), num_drafts)
+                assert out[3][b] in (0, 1, 2) or out[3][b] < 0
+                if out[3][b] == 0:
+                    r = int(out[1][b])
+                    assert 0 <= r < width
+                    assert out[0][b, :r].tolist() == c.ids[start : start + r].tolist()
+                    assert (out[0][b, r + 1 :] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# tests/test_gpu.py itself, on a stand-in CuPy (tests/fake_cupy) whose kernels are emulated
+# ---------------------------------------------------------------------------------------------
+
+# Chi-square and Monte-Carlo tests launch 10**5 blocks or more: minutes in the emulation.
+FAKE_CUPY_SELECTION = "not chi_square and not conformance"
+
+
+def _run_gpu_tests_on_fake_cupy(selection: str, mutation: str | None = None) -> Any:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT / "tests" / "fake_cupy"), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    env["SPECDEC_REQUIRE_GPU"] = "1"  # a skip for want of a device is a failure
+    env.pop("SPECDEC_FAKE_CUPY_MUTATION", None)
+    if mutation is not None:
+        env["SPECDEC_FAKE_CUPY_MUTATION"] = mutation
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+    command += ["tests/test_gpu.py", "-k", selection]
+    return subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+def test_gpu_tests_pass_on_a_fake_cupy(emulated: Any) -> None:
+    """The GPU test-suite, every verifier of the registry through the library's CuPy path and
+    the launch surface, with the emulated kernels as the device: so its comparisons run (and
+    must pass) on every machine, not only where a GPU is."""
+    result = _run_gpu_tests_on_fake_cupy(FAKE_CUPY_SELECTION)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    passed = int(re.search(r"(\d+) passed", summary).group(1))
+    assert passed > 200, summary
+
+
+def test_gpu_tests_fail_on_a_fake_cupy_with_a_broken_kernel(emulated: Any) -> None:
+    """Negative control: the same GPU tests catch block verification stopping at the first
+    failed check."""
+    result = _run_gpu_tests_on_fake_cupy("block_gpu_matches_cpu", "block_stops_at_first_failure")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "failed" in result.stdout.strip().splitlines()[-1]

@@ -47,28 +47,39 @@ def exactly(message: str) -> str:
     return "^" + re.escape(message) + "$"
 
 
-# Every verifier entry point, called as ``call(target, bonus, draft_probs, draft_ids,
-# strict)``; the deterministic functions ignore ``draft_probs``.
+# Every verifier entry point of the registry (its sampler class and its stateless
+# function), called as ``call(target, bonus, draft_probs, draft_ids, strict)``; the
+# deterministic ones ignore ``draft_probs``.
 Verifier = Callable[[Any, Any, Any, Any, bool], Any]
+
+
+def _sampler_call(entry: registry.Verifier) -> Verifier:
+    cls = getattr(specdec_np, entry.sampler_name)
+    if entry.stochastic:
+        return lambda t, b, q, d, strict: cls(strict, seed=0)(t, b, q, d)
+    return lambda t, b, q, d, strict: cls(strict_mode=strict)(t, b, q, d)
+
+
+def _function_call(entry: registry.Verifier) -> Verifier:
+    function = getattr(specdec_np, entry.function_name)
+    if entry.stochastic:
+        return lambda t, b, q, d, strict: function(
+            t, b, q, d, strict_mode=strict, generator=np.random.default_rng(0)
+        )
+    return lambda t, b, q, d, strict: function(t, b, d, strict_mode=strict)
+
+
 VERIFIERS: dict[str, Verifier] = {
-    "RejectionSampler": lambda t, b, q, d, strict: specdec_np.RejectionSampler(strict, seed=0)(
-        t, b, q, d
-    ),
-    "TypicalAcceptanceSampler": lambda t, b, q, d, strict: specdec_np.TypicalAcceptanceSampler(
-        strict_mode=strict
-    )(t, b, q, d),
-    "GreedySampler": lambda t, b, q, d, strict: specdec_np.GreedySampler(strict)(t, b, q, d),
-    "rejection_sample": lambda t, b, q, d, strict: specdec_np.rejection_sample(
-        t, b, q, d, strict_mode=strict, generator=np.random.default_rng(0)
-    ),
-    "typical_acceptance_sample": lambda t, b, q, d, strict: specdec_np.typical_acceptance_sample(
-        t, b, d, strict_mode=strict
-    ),
-    "greedy_sample": lambda t, b, q, d, strict: specdec_np.greedy_sample(
-        t, b, d, strict_mode=strict
-    ),
+    **{entry.sampler_name: _sampler_call(entry) for entry in registry.VERIFIERS},
+    **{entry.function_name: _function_call(entry) for entry in registry.VERIFIERS},
 }
-REJECTION = ("RejectionSampler", "rejection_sample")
+# The entry points that draw uniforms and read draft probabilities.
+REJECTION = tuple(
+    name
+    for entry in registry.VERIFIERS
+    if entry.stochastic
+    for name in (entry.sampler_name, entry.function_name)
+)
 
 
 def call(name: str, inputs: dict[str, Any], strict: bool = False) -> Any:
@@ -546,13 +557,21 @@ def test_create_output_non_array_names_its_argument(entry: str, argument: str) -
 
 
 def rejection_entries() -> dict[str, Callable[..., Any]]:
-    """Both rejection entry points with the keyword arguments of the stateless function
+    """Every stochastic entry point with the keyword arguments of the stateless function
     (``generator`` only where the stateless function is used)."""
 
-    def sampler(*args: Any, generator: Any = None, **kwargs: Any) -> Any:
-        return specdec_np.RejectionSampler(seed=0)(*args, **kwargs)
+    def sampler_of(entry: registry.Verifier) -> Callable[..., Any]:
+        def sampler(*args: Any, generator: Any = None, **kwargs: Any) -> Any:
+            return getattr(specdec_np, entry.sampler_name)(seed=0)(*args, **kwargs)
 
-    return {"RejectionSampler": sampler, "rejection_sample": specdec_np.rejection_sample}
+        return sampler
+
+    entries: dict[str, Callable[..., Any]] = {}
+    for entry in registry.VERIFIERS:
+        if entry.stochastic:
+            entries[entry.sampler_name] = sampler_of(entry)
+            entries[entry.function_name] = getattr(specdec_np, entry.function_name)
+    return entries
 
 
 def positional(inputs: dict[str, Any]) -> tuple[Any, ...]:
@@ -590,7 +609,7 @@ def bad_uniforms(kind: str) -> Any:
     }[kind]
 
 
-@pytest.mark.parametrize("entry", ["RejectionSampler", "rejection_sample"])
+@pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize(("kind", "message"), UNIFORM_ERRORS, ids=[c[0] for c in UNIFORM_ERRORS])
 def test_bad_uniforms(entry: str, kind: str, message: str) -> None:
     error = TypeError if kind in ("float32", "list") else ValueError
@@ -598,7 +617,7 @@ def test_bad_uniforms(entry: str, kind: str, message: str) -> None:
         rejection_entries()[entry](*positional(valid_inputs()), uniforms=bad_uniforms(kind))
 
 
-@pytest.mark.parametrize("entry", ["RejectionSampler", "rejection_sample"])
+@pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize("other", ["seeded_seqs", "counter_seeds"])
 def test_uniforms_exclude_seeds(entry: str, other: str) -> None:
     value = {"seeded_seqs": {0: np.random.default_rng(0)}, "counter_seeds": {0: (1, 2)}}[other]
@@ -707,7 +726,7 @@ SEED_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("entry", ["RejectionSampler", "rejection_sample"])
+@pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize(
     ("case", "arguments", "error", "message"), SEED_ERRORS, ids=[c[0] for c in SEED_ERRORS]
 )
@@ -716,7 +735,7 @@ def test_bad_seeds(entry: str, case: str, arguments: dict, error: type, message:
         rejection_entries()[entry](*positional(valid_inputs()), **arguments)
 
 
-@pytest.mark.parametrize("entry", ["RejectionSampler", "rejection_sample"])
+@pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize(
     "seeded_seqs",
     [[np.random.default_rng(0)], (np.random.default_rng(0),), "abc", 7, [0]],
@@ -809,8 +828,7 @@ def test_bad_vocab_size_is_a_value_or_type_error_naming_it(entry: str, vocab_siz
 
 
 @pytest.mark.parametrize(
-    "cls",
-    [specdec_np.RejectionSampler, specdec_np.TypicalAcceptanceSampler, specdec_np.GreedySampler],
+    "cls", [getattr(specdec_np, entry.sampler_name) for entry in registry.VERIFIERS]
 )
 def test_init_tensors_twice(cls: type) -> None:
     sampler = cls()
@@ -974,8 +992,7 @@ FAILING_DETERMINISTIC_CALLS: dict[str, Callable[[Any], Any]] = {
 
 
 @pytest.mark.parametrize(
-    "cls",
-    [specdec_np.TypicalAcceptanceSampler, specdec_np.GreedySampler, specdec_np.RejectionSampler],
+    "cls", [getattr(specdec_np, entry.sampler_name) for entry in registry.VERIFIERS]
 )
 @pytest.mark.parametrize("case", list(FAILING_DETERMINISTIC_CALLS))
 def test_a_failed_call_leaves_the_counters_unchanged(cls: type, case: str) -> None:

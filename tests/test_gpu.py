@@ -1,5 +1,5 @@
-"""GPU backend (CuPy): the fused CUDA kernels against the CPU kernels, counters on the device,
-errors, randomness, DLPack and the import rule (issue 5; SPEC 1, 5, 7).
+"""GPU backend (CuPy): the CUDA kernel skeleton and its row functors against the CPU kernels,
+for every verifier of the registry; counters, errors, randomness, DLPack and the import rule.
 
 Every test is marked ``gpu``: ``tests/conftest.py`` skips them unless ``cupy.is_available()``
 (``SPECDEC_REQUIRE_GPU=1`` turns the skip into a failure), and cupy is imported lazily by the
@@ -13,6 +13,10 @@ How the GPU may differ from the CPU, and why only there
   sums are taken in another order on the GPU (segments, chunks, scan) than on the CPU; the two
   tokens may differ only where ``v * Z`` lies within float rounding of the CDF boundary between
   them (:func:`assert_draw_consistent`, the check of ``tests/test_rejection.py``).
+* Block verification, same explicit uniforms: ``rho`` is the same float64 recurrence on both
+  backends; ``h_i`` divides residual masses summed in another order, so a decision could flip
+  only where ``eta_i`` lies within rounding of ``h_i`` (never on these inputs): accepted
+  lengths are compared exactly, and the draw from the weighted residual as above.
 * Greedy: comparisons of stored values only, identical on both backends.
 * Typical acceptance: both backends use the same float32 entropy term ``p * ln(p + 1e-5)``
   accumulated in float64, but another log implementation (CUDA ``logf``/``log``, both within
@@ -39,18 +43,22 @@ from draw_checks import (
     MC_P,
     MC_Q,
     assert_draw_consistent,
+    block_rho,
     random_rows,
     residual_weights,
+    weighted_residual,
 )
 
 import specdec_np
-from specdec_np import _backend, _cuda, _philox
+from specdec_np import _backend, _core, _cuda, _philox, registry
 from specdec_np import _conformance as conf
 
 pytestmark = pytest.mark.gpu
 
 FLOAT_DTYPES = (np.float32, np.float64)
 ID_DTYPES = (np.int32, np.int64)
+VERIFIERS = {verifier.name: verifier for verifier in registry.VERIFIERS}
+STOCHASTIC = tuple(v for v in registry.VERIFIERS if v.stochastic)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -172,7 +180,7 @@ def compare_rejection(case, cpu, gpu):
     """GPU and CPU results (NumPy) of the same inputs and uniforms: decisions, counters and
     prefixes identical; the recovered token equal except at a CDF boundary."""
     target, bonus, draft_probs, draft_ids, uniforms = case
-    batch_size, k = draft_ids.shape
+    k = draft_ids.shape[1]
     cpu_output, cpu_lengths, cpu_passes = cpu
     output, lengths, passes = gpu
     np.testing.assert_array_equal(lengths, cpu_lengths)
@@ -181,6 +189,16 @@ def compare_rejection(case, cpu, gpu):
     np.testing.assert_array_equal(passes, accepted.sum(axis=1))
     first_fail = np.where(accepted.all(axis=1), k, np.argmin(accepted, axis=1))
     np.testing.assert_array_equal(lengths, first_fail)
+    assert_prefixes_and_draws(case, cpu_output, output, lengths, lambda b, r: 1.0)
+
+
+def assert_prefixes_and_draws(case, cpu_output, output, lengths, rho_of=None):
+    """Rows of equal accepted lengths on both backends: the draft prefix, then the bonus
+    token (all accepted) or the token after the prefix, then -1.  That token is a draw from
+    ``max(rho p - q, 0)`` (``rho = rho_of(b, r)``) equal to the CPU's except at a CDF
+    boundary, or, for a deterministic verifier (``rho_of`` None), the CPU's token."""
+    target, bonus, draft_probs, draft_ids, uniforms = case
+    batch_size, k = draft_ids.shape
     for b in range(batch_size):
         r = int(lengths[b])
         np.testing.assert_array_equal(output[b, :r], draft_ids[b, :r])
@@ -188,16 +206,54 @@ def compare_rejection(case, cpu, gpu):
         if r == k:
             assert output[b, k] == bonus[b, 0] == cpu_output[b, k]
             continue
-        p_row = target[b, r].astype(np.float64)
+        if rho_of is None:
+            assert output[b, r] == cpu_output[b, r]
+            continue
         if draft_probs is None:
-            q_row = np.zeros_like(p_row)
-            q_row[int(draft_ids[b, r])] = 1.0
+            q_row = np.eye(1, target.shape[2], int(draft_ids[b, r]))[0]
         else:
-            q_row = draft_probs[b, r].astype(np.float64)
-        weights = residual_weights(p_row, q_row)
+            q_row = draft_probs[b, r]
+        weights = weighted_residual(target[b, r], q_row, rho_of(b, r))
         assert_draw_consistent(
             output[b, r], cpu_output[b, r], weights, uniforms[b, k], names=("GPU", "CPU")
         )
+
+
+def case_block_rho(case, b, i):
+    """rho_i of block verification for row b of a case."""
+    target, _, draft_probs, draft_ids, _ = case
+    ids = draft_ids[b, :i].astype(np.int64)
+    p_x = target[b, np.arange(i), ids]
+    return block_rho(p_x, None if draft_probs is None else draft_probs[b, np.arange(i), ids])
+
+
+def compare_block(case, cpu, gpu):
+    """Block verification on both backends with the same uniforms: accepted lengths (tau),
+    counts and prefixes identical; the token after the prefix is the bonus token, or a draw
+    from max(rho_tau p - q, 0) equal except at a CDF boundary."""
+    cpu_output, cpu_lengths, cpu_passes = cpu
+    output, lengths, passes = gpu
+    np.testing.assert_array_equal(lengths, cpu_lengths)
+    np.testing.assert_array_equal(passes, lengths)  # causal counts
+    np.testing.assert_array_equal(cpu_passes, cpu_lengths)
+    assert_prefixes_and_draws(
+        case, cpu_output, output, lengths, lambda b, i: case_block_rho(case, b, i)
+    )
+
+
+def check_block(cp, case, device=0):
+    """Block verification of the case on the CPU and on ``device``, same uniforms; compare."""
+    target, bonus, draft_probs, draft_ids, uniforms = case
+    cpu = specdec_np.block_verification_sample(
+        target, bonus, draft_probs, draft_ids, uniforms=uniforms
+    )
+    g_target, g_bonus, g_draft, g_ids, g_uniforms = on_device(cp, device, *case)
+    gpu = specdec_np.block_verification_sample(
+        g_target, g_bonus, g_draft, g_ids, uniforms=g_uniforms
+    )
+    assert_gpu_result(cp, gpu, device, *draft_ids.shape)
+    compare_block(case, cpu, to_host(cp, gpu))
+    return cpu, gpu
 
 
 def check_rejection(cp, case, device=0):
@@ -236,8 +292,34 @@ def test_rejection_gpu_matches_cpu(cp, shape, dtype, id_dtype, with_draft_probs)
     check_rejection(cp, case)
 
 
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "point_mass"])
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", REJECTION_SHAPES, ids=lambda s: "B{}-k{}-V{}".format(*s))
+def test_block_gpu_matches_cpu(cp, shape, dtype, id_dtype, with_draft_probs):
+    seed = stable_seed("block", shape, dtype_id(dtype), dtype_id(id_dtype), with_draft_probs)
+    case = make_rejection_case(seed, *shape, dtype, id_dtype, with_draft_probs)
+    check_block(cp, case)
+
+
+def test_block_with_one_draft_decides_as_rejection_on_gpu(cp):
+    """For k = 1 block verification makes token-wise rejection's decisions on the same
+    uniforms (and draws from the same residual)."""
+    case = make_rejection_case(17, 200, 1, 300, np.float32, np.int64, True)
+    g = on_device(cp, 0, *case)
+    block = specdec_np.block_verification_sample(*g[:4], uniforms=g[4])
+    rejection = specdec_np.rejection_sample(*g[:4], uniforms=g[4])
+    np.testing.assert_array_equal(
+        cp.asnumpy(block.accepted_lengths), cp.asnumpy(rejection.accepted_lengths)
+    )
+    np.testing.assert_array_equal(
+        cp.asnumpy(block.output_token_ids), cp.asnumpy(rejection.output_token_ids)
+    )
+
+
 def test_point_mass_equals_one_hot_on_gpu(cp):
-    """``draft_probs=None`` and one-hot ``draft_probs`` give identical GPU outputs."""
+    """``draft_probs=None`` and one-hot ``draft_probs`` give identical GPU outputs, for every
+    stochastic verifier."""
     target, bonus, _, draft_ids, uniforms = make_rejection_case(
         5, 40, 3, 300, np.float32, np.int64, True
     )
@@ -246,10 +328,12 @@ def test_point_mass_equals_one_hot_on_gpu(cp):
     g_target, g_bonus, g_one_hot, g_ids, g_uniforms = on_device(
         cp, 0, target, bonus, one_hot, draft_ids, uniforms
     )
-    point = specdec_np.rejection_sample(g_target, g_bonus, None, g_ids, uniforms=g_uniforms)
-    dense = specdec_np.rejection_sample(g_target, g_bonus, g_one_hot, g_ids, uniforms=g_uniforms)
-    for got, expected in zip(to_host(cp, point), to_host(cp, dense)):
-        np.testing.assert_array_equal(got, expected)
+    for verifier in STOCHASTIC:
+        verify = getattr(specdec_np, verifier.function_name)
+        point = verify(g_target, g_bonus, None, g_ids, uniforms=g_uniforms)
+        dense = verify(g_target, g_bonus, g_one_hot, g_ids, uniforms=g_uniforms)
+        for got, expected in zip(to_host(cp, point), to_host(cp, dense)):
+            np.testing.assert_array_equal(got, expected)
 
 
 def cdf_boundary_values(weights, picks):
@@ -264,10 +348,11 @@ def cdf_boundary_values(weights, picks):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("vocab_size", [37, 2049, 128256])
 def test_rejection_gpu_at_cdf_boundaries(cp, vocab_size, dtype):
-    """The residual uniform placed on and next to CDF boundaries, where the GPU's blocked
-    sums and the CPU's may legitimately pick neighbouring tokens: every difference must be
-    explained by rounding at that boundary.  The picks include the ends of the GPU's
-    first-level segments (16 per row) and random tokens; every boundary for small V."""
+    """Both stochastic verifiers (k = 1: the same residual), the residual uniform placed on
+    and next to CDF boundaries, where the GPU's blocked sums and the CPU's may legitimately
+    pick neighbouring tokens: every difference must be explained by rounding at that
+    boundary.  The picks include the ends of the GPU's first-level segments (16 per row) and
+    random tokens; every boundary for small V."""
     rng = np.random.default_rng(vocab_size)
     target = random_rows(rng, (1, 2, vocab_size), sparsity=0.5)
     draft = random_rows(rng, (1, 1, vocab_size), sparsity=0.5)
@@ -295,6 +380,7 @@ def test_rejection_gpu_at_cdf_boundaries(cp, vocab_size, dtype):
         np.column_stack([np.full(batch_size, 0.5), values]),
     )
     check_rejection(cp, case)
+    check_block(cp, case)
 
 
 # --------------------------------------------------------------------------------------
@@ -510,7 +596,7 @@ def test_create_output_gpu_matches_cpu(cp):
 
 
 def test_empty_batch_on_gpu(cp):
-    """B = 0: empty CuPy results on the device, counters untouched (SPEC 3)."""
+    """B = 0: empty CuPy results on the device, counters untouched, for every verifier."""
     k, vocab_size = 3, 11
     target, draft = on_device(
         cp,
@@ -521,21 +607,15 @@ def test_empty_batch_on_gpu(cp):
     bonus, ids, uniforms = on_device(
         cp, 0, np.zeros((0, 1), np.int64), np.zeros((0, k), np.int64), np.zeros((0, k + 1))
     )
-    for result in (
-        specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms),
-        specdec_np.rejection_sample(target, bonus, None, ids),
-        specdec_np.typical_acceptance_sample(target, bonus, ids),
-        specdec_np.greedy_sample(target, bonus, ids),
-    ):
-        assert_gpu_result(cp, result, 0, 0, k)
+    for verifier in registry.VERIFIERS:
+        assert_gpu_result(cp, stateless(verifier.name, target, bonus, draft, ids), 0, 0, k)
+        if verifier.stochastic:
+            result = stateless(verifier.name, target, bonus, None, ids, uniforms=uniforms)
+            assert_gpu_result(cp, result, 0, 0, k)
     accepted = cp.zeros((0, k), dtype=cp.bool_)
     assert_gpu_result(cp, specdec_np.create_output(accepted, ids, ids, bonus), 0, 0, k)
-    samplers = [
-        specdec_np.RejectionSampler(seed=0),
-        specdec_np.TypicalAcceptanceSampler(),
-        specdec_np.GreedySampler(),
-    ]
-    for sampler in samplers:
+    for kind in SAMPLER_KINDS:
+        sampler = make_sampler(kind)
         sampler.init_tensors(0)
         output = sampler(target, bonus, draft, ids)
         assert_on_device(cp, output, 0, (0, k + 1))
@@ -576,9 +656,11 @@ CHI_SQUARE_CASES = {
 }
 
 
-def gpu_first_tokens(cp, p, q, num_rows, rng, dtype, *, reuse_uniform=False):
-    """Run the GPU kernel on ``num_rows`` copies of ``p`` with drafts drawn from ``q`` (or
-    the point-mass tokens ``q``); return the NumPy output and the acceptance rate expected.
+def gpu_first_tokens(
+    cp, p, q, num_rows, rng, dtype, *, reuse_uniform=False, verify=specdec_np.rejection_sample
+):
+    """Run the GPU kernel of ``verify`` on ``num_rows`` copies of ``p`` with drafts drawn
+    from ``q`` (or the point-mass tokens ``q``); return the NumPy output and the draft ids.
     ``reuse_uniform`` feeds the acceptance uniform of position 0 as the residual uniform
     too: a broken sampler for the negative control."""
     p = np.asarray(p, dtype=dtype)
@@ -604,9 +686,7 @@ def gpu_first_tokens(cp, p, q, num_rows, rng, dtype, *, reuse_uniform=False):
             shape = (num_rows, k, vocab_size)
             probs = cp.ascontiguousarray(cp.broadcast_to(cp.asarray(draft_probs), shape))
         bonus = cp.full((num_rows, 1), vocab_size - 1, dtype=cp.int64)
-        result = specdec_np.rejection_sample(
-            target, bonus, probs, cp.asarray(draft_ids), uniforms=cp.asarray(uniforms)
-        )
+        result = verify(target, bonus, probs, cp.asarray(draft_ids), uniforms=cp.asarray(uniforms))
     assert_gpu_result(cp, result, 0, num_rows, k)
     return cp.asnumpy(result.output_token_ids), draft_ids
 
@@ -627,6 +707,17 @@ def first_token_p_value(output, p, q):
     return conf.chi_square_p_value(statistic, dof)
 
 
+def prefix_lengths(output, draft_ids):
+    """The accepted lengths of outputs that must be a draft prefix, one token, then -1."""
+    emitted = output >= 0
+    lengths = emitted.sum(axis=1) - 1
+    k = draft_ids.shape[1]
+    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
+    prefix = np.arange(k)[None, :] < lengths[:, None]
+    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    return lengths
+
+
 @pytest.mark.parametrize("name", CHI_SQUARE_CASES)
 def test_gpu_rejection_chi_square(cp, name):
     p, q, dtype, num_rows = CHI_SQUARE_CASES[name]
@@ -635,19 +726,38 @@ def test_gpu_rejection_chi_square(cp, name):
     output, draft_ids = gpu_first_tokens(cp, p, q, num_rows, rng, dtype)
     p_value = first_token_p_value(output, p, q)
     assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
-    # Format: accepted prefix, one token, then -1; the acceptance rate is sum(min(p, q)).
-    emitted = output >= 0
-    lengths = emitted.sum(axis=1) - 1
-    k = draft_ids.shape[1]
-    np.testing.assert_array_equal(emitted, np.arange(k + 1)[None, :] <= lengths[:, None])
-    prefix = np.arange(k)[None, :] < lengths[:, None]
-    assert np.all(np.where(prefix, output[:, :k] == draft_ids, True))
+    prefix_lengths(output, draft_ids)
+    # The acceptance rate is sum(min(p, q)).
     p64 = p.astype(np.float64)
     q0 = np.eye(p.shape[1])[q[0]] if isinstance(q, list) else np.asarray(q, np.float64)[0]
     expected = math.fsum((q0 * conf.acceptance_probabilities(p64[0], q0)).tolist())
     rate = float((output[:, 1] >= 0).mean())
     sigma = math.sqrt(expected * (1 - expected) / num_rows)
     assert abs(rate - expected) <= 5 * sigma + 1e-12, (rate, expected)
+
+
+@pytest.mark.parametrize("name", CHI_SQUARE_CASES)
+def test_gpu_block_verification_chi_square(cp, name):
+    """Block verification on the GPU: the first emitted token follows the target (lossless),
+    the output is a draft prefix then one token, and on the same uniforms it accepts no
+    fewer tokens on average than token-wise rejection (5 sigma)."""
+    p, q, dtype, num_rows = CHI_SQUARE_CASES[name]
+    p = np.asarray(p, dtype=dtype)
+    block = specdec_np.block_verification_sample
+    output, draft_ids = gpu_first_tokens(
+        cp, p, q, num_rows, np.random.default_rng(20240612), dtype, verify=block
+    )
+    target = p[0].astype(np.float64) / p[0].astype(np.float64).sum()
+    first = output[:, 0]
+    assert np.all((first >= 0) & (first < p.shape[1]))
+    statistic, dof = conf.chi_square_statistic(np.bincount(first, minlength=p.shape[1]), target)
+    p_value = conf.chi_square_p_value(statistic, dof)
+    assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
+    lengths = prefix_lengths(output, draft_ids)
+    token_wise, _ = gpu_first_tokens(cp, p, q, num_rows, np.random.default_rng(20240612), dtype)
+    token_wise_lengths = (token_wise >= 0).sum(axis=1) - 1
+    spread = math.sqrt((lengths.var() + token_wise_lengths.var()) / num_rows)
+    assert lengths.mean() >= token_wise_lengths.mean() - 5 * spread
 
 
 def test_gpu_chi_square_rejects_a_reused_uniform(cp):
@@ -670,26 +780,23 @@ def test_conformance_checks_pass_on_cupy(cp):
 # Counters on the device
 # --------------------------------------------------------------------------------------
 
-SAMPLER_KINDS = ("rejection", "typical", "greedy")
+SAMPLER_KINDS = registry.names()
 
 
 def make_sampler(kind, **options):
-    if kind == "rejection":
-        return specdec_np.RejectionSampler(**options)
-    if kind == "typical":
-        return specdec_np.TypicalAcceptanceSampler(**options)
-    return specdec_np.GreedySampler(**options)
+    """The sampler class of the registry verifier ``kind``."""
+    return getattr(specdec_np, VERIFIERS[kind].sampler_name)(**options)
 
 
 def sampler_inputs(kind, seed, batch_size=32, k=4, vocab_size=50, id_dtype=np.int64):
     """``(args, kwargs)`` of one sampler call (``target, bonus, draft_probs, draft_ids``),
-    NumPy; explicit uniforms for rejection."""
-    if kind == "rejection":
+    NumPy; explicit uniforms for the stochastic verifiers."""
+    if VERIFIERS[kind].stochastic:
         target, bonus, draft, ids, uniforms = make_rejection_case(
             seed, batch_size, k, vocab_size, np.float32, id_dtype, True
         )
         return (target, bonus, draft, ids), {"uniforms": uniforms}
-    kinds = TYPICAL_KINDS if kind == "typical" else GREEDY_KINDS
+    kinds = GREEDY_KINDS if VERIFIERS[kind].requires_normalised_rows else TYPICAL_KINDS
     target, bonus, ids = make_deterministic_case(
         seed, batch_size, k, vocab_size, np.float32, id_dtype, kinds
     )
@@ -707,12 +814,18 @@ def gpu_call(cp, sampler, args, kwargs, device=0):
 def stateless_gpu_call(cp, kind, args, kwargs, device=0):
     """The stateless verifier of ``kind`` on copies of ``args`` on ``device``."""
     target, bonus, draft, ids = on_device(cp, device, *args)
-    if kind == "rejection":
-        uniforms = on_device(cp, device, kwargs["uniforms"])[0]
-        return specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms)
-    if kind == "typical":
-        return specdec_np.typical_acceptance_sample(target, bonus, ids)
-    return specdec_np.greedy_sample(target, bonus, ids)
+    g_kwargs = {name: on_device(cp, device, value)[0] for name, value in kwargs.items()}
+    return stateless(kind, target, bonus, draft, ids, **g_kwargs)
+
+
+def stateless(kind, target, bonus, draft, ids, **kwargs):
+    """The stateless function of the registry verifier ``kind`` (the deterministic ones take
+    no ``draft_probs``)."""
+    verifier = VERIFIERS[kind]
+    verify = getattr(specdec_np, verifier.function_name)
+    if verifier.reads_draft_probs:
+        return verify(target, bonus, draft, ids, **kwargs)
+    return verify(target, bonus, ids, **kwargs)
 
 
 def counter_values(sampler):
@@ -758,7 +871,7 @@ def test_gpu_counters_equal_cpu_counters(cp, kind):
         cpu_out = cpu_sampler(*args, **kwargs)
         gpu_out = gpu_call(cp, gpu_sampler, args, kwargs)
         assert_on_device(cp, gpu_out, 0, cpu_out.shape)
-        if kind == "rejection":  # recovered tokens may differ at a CDF boundary
+        if VERIFIERS[kind].stochastic:  # recovered tokens may differ at a CDF boundary
             lengths = (cpu_out >= 0).sum(axis=1)
             np.testing.assert_array_equal((cp.asnumpy(gpu_out) >= 0).sum(axis=1), lengths)
         else:
@@ -843,16 +956,18 @@ def test_out_of_range_ids_raise_on_gpu(cp, kind, id_dtype):
     assert counter_values(sampler) == after
 
 
-def test_zero_mass_row_raises_on_gpu(cp):
-    """A rejected position whose residual and target have no mass: ValueError naming the
-    target row; counters untouched."""
+@pytest.mark.parametrize("kind", [v.name for v in STOCHASTIC])
+def test_zero_mass_row_raises_on_gpu(cp, kind):
+    """A position where a token must be drawn and neither the residual nor the target has
+    mass: ValueError naming the target row; counters untouched."""
     target, bonus, draft, ids, uniforms = make_rejection_case(
         4, 5, 3, 30, np.float32, np.int64, True
     )
     target[3, 1] = 0.0  # p(x) = 0: position 1 of row 3 is rejected whatever u is
-    uniforms[3, 0] = 0.0  # position 0 of row 3 is accepted unless p(x_0) = 0
+    uniforms[3, 0] = 0.0  # position 0 of row 3 is accepted: p(x_0) > 0 = q(x_0)
     target[3, 0, ids[3, 0]] = max(target[3, 0, ids[3, 0]], np.float32(0.5))
-    sampler = specdec_np.RejectionSampler()
+    draft[3, 0, ids[3, 0]] = 0.0
+    sampler = make_sampler(kind)
     sampler.init_tensors(0)
     g = on_device(cp, 0, target, bonus, draft, ids, uniforms)
     with pytest.raises(ValueError, match=r"target_with_bonus_probs\[3, 1\].*no positive"):
@@ -861,78 +976,85 @@ def test_zero_mass_row_raises_on_gpu(cp):
     synchronize(cp)
 
 
-LAUNCHERS = {
-    "rejection": lambda g, uniforms, counters: _cuda.rejection_sample(
-        g[0], g[2], g[3], g[1], uniforms, counters
-    ),
-    "rejection_point_mass": lambda g, uniforms, counters: _cuda.rejection_sample(
-        g[0], None, g[3], g[1], uniforms, counters
-    ),
-    "typical": lambda g, uniforms, counters: _cuda.typical_acceptance_sample(
-        g[0], g[3], g[1], 0.09, 0.3, counters
-    ),
-    "greedy": lambda g, uniforms, counters: _cuda.greedy_sample(g[0], g[3], g[1], counters),
-}
+def ragged_case(seed, id_dtype, with_draft_probs):
+    """A ragged chain batch in the flat layout of ``_layout`` (requests with k_b = 0 among
+    them), float64 rows (so that typical acceptance has no decision within rounding of its
+    threshold), a bad draft id in one request and a bonus id outside V in another."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([3, 0, 5, 1, 0, 2, 4, 4, 0, 1])
+    batch_size, vocab_size = lengths.size, 70
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    num_drafts = int(offsets[-1])
+    target = random_rows(rng, (num_drafts + batch_size, vocab_size))
+    draft = random_rows(rng, (num_drafts, vocab_size)) if with_draft_probs else None
+    ids = rng.integers(0, vocab_size, num_drafts).astype(id_dtype)
+    for i in range(0, num_drafts, 2):  # likely accepted drafts
+        ids[i] = target[i + int(np.searchsorted(offsets, i, side="right")) - 1].argmax()
+    bonus = rng.integers(0, vocab_size, batch_size).astype(id_dtype)
+    ids[offsets[6] + 2] = vocab_size  # request 6, column 2
+    bonus[8] = -1  # request 8 (k_b = 0), column 0
+    uniforms = rng.random((batch_size, int(lengths.max()) + 1))
+    return target, draft, ids, bonus, offsets, uniforms
 
 
-@pytest.mark.parametrize("name", LAUNCHERS)
-def test_device_counters_and_error_flag_of_the_launchers(cp, name):
-    """The asynchronous launchers of ``specdec_np._cuda``: counters accumulate on the device,
-    the error flag decodes to the first bad id, and a flagged call adds nothing."""
-    kind = name.split("_")[0]
-    batch_size, k, vocab_size = 20, 4, 300
-    args, kwargs = sampler_inputs(kind, 9, batch_size, k, vocab_size)
-    target, bonus, draft, ids = args
-    if kind == "greedy":  # probability rows: the greedy input contract
-        target = np.ascontiguousarray(target / target.sum(axis=-1, keepdims=True))
-    uniforms = kwargs.get("uniforms", np.zeros((batch_size, k + 1)))
-    g = on_device(cp, 0, target, bonus.reshape(-1), draft, ids)
-    g_uniforms = on_device(cp, 0, uniforms)[0]
-    with cp.cuda.Device(0):
-        counters = cp.zeros(2, dtype=cp.int64)
-    out, lengths, passes, flag = LAUNCHERS[name](g, g_uniforms, counters)
-    _cuda.check_error_flag(flag, g[3], g[1], vocab_size)
-    assert _cuda.decode_error_flag(int(flag[0]), batch_size, k) is None
-    assert_gpu_result(cp, (out, lengths, passes), 0, batch_size, k)
-    assert_on_device(cp, counters, 0, (2,))
-    lengths_h, passes_h = cp.asnumpy(lengths), cp.asnumpy(passes)
-    np.testing.assert_array_equal(cp.asnumpy(counters), [passes_h.sum(), (lengths_h + 1).sum()])
-    if kind != "typical":
-        draft_probs = None if name.endswith("point_mass") or kind != "rejection" else draft
-        cpu = (
-            specdec_np.rejection_sample(target, bonus, draft_probs, ids, uniforms=uniforms)
-            if kind == "rejection"
-            else specdec_np.greedy_sample(target, bonus, ids)
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "point_mass"])
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_ragged_chains_on_the_launch_surface_match_cpu(cp, kind, id_dtype, with_draft_probs):
+    """``_cuda.core_like.verify_chains`` (the one launch surface) on a ragged batch against
+    ``_core.verify_chains``: the same row status, and for verified requests the same
+    lengths, counts and prefixes; the token after a stochastic prefix at a CDF boundary at
+    most.  A bad id leaves the request's other cells unwritten on both."""
+    verifier = VERIFIERS[kind]
+    target, draft, ids, bonus, offsets, uniforms = ragged_case(
+        stable_seed(kind, dtype_id(id_dtype), with_draft_probs), id_dtype, with_draft_probs
+    )
+    if not verifier.stochastic:
+        uniforms = np.empty((0, 0))
+    parameters = np.array([p.default for p in verifier.parameters], dtype=np.float64)
+    method = _core.ROW_FUNCTIONS.index(verifier.row_function)
+    batch_size, width = bonus.size, int(np.diff(offsets).max()) + 1
+    inputs = (target, target if draft is None else draft, draft is None, ids, bonus, offsets)
+    host = [np.full((batch_size, width), -7, np.int64)]
+    host += [np.full(batch_size, -7, np.int64) for _ in range(3)]
+    first = _core.verify_chains(method, *inputs, uniforms, parameters, *host, 1)
+    assert first == 6
+    g_inputs = on_device(cp, 0, target, inputs[1], ids, bonus, offsets, uniforms, parameters)
+    g_out = on_device(cp, 0, *(np.full_like(a, -7) for a in host))
+    g_target, g_draft, g_ids, g_bonus, g_offsets, g_uniforms, g_parameters = g_inputs
+    returned = _cuda.core_like.verify_chains(
+        method, g_target, g_draft, draft is None, g_ids, g_bonus, g_offsets, g_uniforms,
+        g_parameters, *g_out, 1,
+    )  # fmt: skip
+    assert returned is None
+    assert _backend.first_failed_row(None, g_out[3]) == 6
+    output, lengths, passes, status = (cp.asnumpy(a) for a in g_out)
+    np.testing.assert_array_equal(status, host[3])
+    assert status[6] == 1 + 2 and status[8] == 1 + 0
+    good = status == 0
+    np.testing.assert_array_equal(lengths, host[1])  # untouched (-7) where the status is not 0
+    np.testing.assert_array_equal(passes, host[2])
+    np.testing.assert_array_equal(output[~good], host[0][~good])
+    for b in np.flatnonzero(good):  # each verified request as a batch of one
+        start, k_b = int(offsets[b]), int(offsets[b + 1] - offsets[b])
+        rows = slice(start + b, start + b + k_b + 1)
+        request = (
+            target[None, rows],
+            bonus[b : b + 1, None],
+            None if draft is None else draft[None, start : start + k_b],
+            ids[None, start : start + k_b],
+            uniforms[b : b + 1, : k_b + 1] if verifier.stochastic else None,
         )
-        np.testing.assert_array_equal(lengths_h, cpu.accepted_lengths)
-        np.testing.assert_array_equal(passes_h, cpu.num_accepted)
-    before = cp.asnumpy(counters)
-    bad_ids = ids.copy()
-    bad_ids[7, 2] = vocab_size
-    bad_ids[11, 0] = -5
-    g_bad = on_device(cp, 0, target, bonus.reshape(-1), draft, bad_ids)
-    out, _, _, flag = LAUNCHERS[name](g_bad, g_uniforms, counters)
-    assert _cuda.decode_error_flag(int(flag[0]), batch_size, k) == ("draft_token_ids", 7, 2)
-    with pytest.raises(ValueError, match=r"draft_token_ids.*\(7, 2\)"):
-        _cuda.check_error_flag(flag, g_bad[3], g_bad[1], vocab_size)
-    np.testing.assert_array_equal(cp.asnumpy(counters), before)
-    np.testing.assert_array_equal(cp.asnumpy(out)[7], -1)
+        rho_of = None  # deterministic: the CPU's token exactly
+        if kind == "block":
+            rho_of = lambda _, i, request=request: case_block_rho(request, 0, i)  # noqa: E731
+        elif verifier.stochastic:
+            rho_of = lambda _, r: 1.0  # noqa: E731
+        assert_prefixes_and_draws(
+            request, host[0][b : b + 1], output[b : b + 1, : k_b + 1], lengths[b : b + 1], rho_of
+        )
+        np.testing.assert_array_equal(output[b, k_b + 1 :], -1)
     synchronize(cp)
-
-
-def test_zero_mass_flag_of_the_rejection_launcher(cp):
-    target = np.zeros((2, 2, 8), np.float32)
-    target[:, 1] = 1 / 8
-    target[0, 0] = 1 / 8  # row 0 is fine; row 1 has no mass at its rejected position 0
-    g = on_device(cp, 0, target, np.zeros(2, np.int64), np.zeros((2, 1), np.int64))
-    uniforms = on_device(cp, 0, np.full((2, 2), 0.5))[0]
-    with cp.cuda.Device(0):
-        counters = cp.zeros(2, dtype=cp.int64)
-    _, _, _, flag = _cuda.rejection_sample(g[0], None, g[2], g[1], uniforms, counters)
-    assert _cuda.decode_error_flag(int(flag[0]), 2, 1) == ("zero_mass", 1, 0)
-    with pytest.raises(ValueError, match="positive probability"):
-        _cuda.check_error_flag(flag, g[2], g[1], 8)
-    np.testing.assert_array_equal(cp.asnumpy(counters), [0, 0])
 
 
 MIXED_ARGUMENTS = ("target_with_bonus_probs", "bonus_token_ids", "draft_probs", "draft_token_ids")
@@ -941,21 +1063,13 @@ MIXED_ARGUMENTS = ("target_with_bonus_probs", "bonus_token_ids", "draft_probs", 
 @pytest.mark.parametrize("host_argument", range(4), ids=MIXED_ARGUMENTS)
 @pytest.mark.parametrize("kind", SAMPLER_KINDS)
 def test_mixed_numpy_and_cupy_inputs_raise(cp, kind, host_argument):
-    args, _ = sampler_inputs("rejection", 4)
+    args, _ = sampler_inputs(STOCHASTIC[0].name, 4)
     mixed = list(on_device(cp, 0, *args))
     mixed[host_argument] = args[host_argument]  # this one stays a NumPy array
-    if kind == "rejection":
-        with pytest.raises(ValueError, match="one device"):
-            specdec_np.rejection_sample(*mixed)
-        return
-    if host_argument == 2:
-        pytest.skip("the deterministic verifiers ignore draft_probs")
-    target, bonus, _, ids = mixed
-    verify = (
-        specdec_np.typical_acceptance_sample if kind == "typical" else specdec_np.greedy_sample
-    )
+    if host_argument == 2 and not VERIFIERS[kind].reads_draft_probs:
+        pytest.skip(f"{kind} ignores draft_probs")
     with pytest.raises(ValueError, match="one device"):
-        verify(target, bonus, ids)
+        stateless(kind, *mixed)
 
 
 @pytest.fixture
@@ -967,20 +1081,18 @@ def two_devices(cp):
 
 def test_inputs_on_two_devices_raise(two_devices):
     cp = two_devices
-    args, kwargs = sampler_inputs("rejection", 5)
+    args, kwargs = sampler_inputs(STOCHASTIC[0].name, 5)
     on0 = on_device(cp, 0, *args, kwargs["uniforms"])
     on1 = on_device(cp, 1, *args, kwargs["uniforms"])
     for moved in range(4):
         mixed = list(on0[:4])
         mixed[moved] = on1[moved]
-        with pytest.raises(ValueError, match="one device"):
-            specdec_np.rejection_sample(*mixed, uniforms=on0[4])
-        if moved == 2:
-            continue
-        with pytest.raises(ValueError, match="one device"):
-            specdec_np.greedy_sample(mixed[0], mixed[1], mixed[3])
-        with pytest.raises(ValueError, match="one device"):
-            specdec_np.typical_acceptance_sample(mixed[0], mixed[1], mixed[3])
+        for verifier in registry.VERIFIERS:
+            if moved == 2 and not verifier.reads_draft_probs:
+                continue
+            extra = {"uniforms": on0[4]} if verifier.stochastic else {}
+            with pytest.raises(ValueError, match="one device"):
+                stateless(verifier.name, *mixed, **extra)
 
 
 def test_second_device_results_and_counters(two_devices):
@@ -989,12 +1101,11 @@ def test_second_device_results_and_counters(two_devices):
     case = make_rejection_case(6, 12, 3, 70, np.float32, np.int64, True)
     with cp.cuda.Device(0):
         cpu, gpu = check_rejection(cp, case, device=1)
+        check_block(cp, case, device=1)
         g_target, g_bonus, _, g_ids = on_device(cp, 1, *case[:4])
-        for result in (
-            specdec_np.greedy_sample(g_target, g_bonus, g_ids),
-            specdec_np.typical_acceptance_sample(g_target, g_bonus, g_ids),
-            specdec_np.rejection_sample(g_target, g_bonus, None, g_ids, counter_seeds={0: (1, 2)}),
-        ):
+        for verifier in registry.VERIFIERS:
+            extra = {"counter_seeds": {0: (1, 2)}} if verifier.stochastic else {}
+            result = stateless(verifier.name, g_target, g_bonus, None, g_ids, **extra)
             assert_gpu_result(cp, result, 1, 12, 3)
         for kind in SAMPLER_KINDS:
             for init in (None, "cuda:1"):
@@ -1200,21 +1311,10 @@ def test_torch_cuda_tensors_are_taken_zero_copy(cp, torch_cuda):
     c_target, c_bonus, c_draft, c_ids, c_uniforms = on_device(
         cp, 0, target, bonus, draft, ids, uniforms
     )
-    pairs = [
-        (
-            specdec_np.rejection_sample(t_target, t_bonus, t_draft, t_ids, uniforms=c_uniforms),
-            specdec_np.rejection_sample(c_target, c_bonus, c_draft, c_ids, uniforms=c_uniforms),
-        ),
-        (
-            specdec_np.typical_acceptance_sample(t_target, t_bonus, t_ids),
-            specdec_np.typical_acceptance_sample(c_target, c_bonus, c_ids),
-        ),
-        (
-            specdec_np.greedy_sample(t_target, t_bonus, t_ids),
-            specdec_np.greedy_sample(c_target, c_bonus, c_ids),
-        ),
-    ]
-    for from_torch, from_cupy in pairs:
+    for verifier in registry.VERIFIERS:
+        extra = {"uniforms": c_uniforms} if verifier.stochastic else {}
+        from_torch = stateless(verifier.name, t_target, t_bonus, t_draft, t_ids, **extra)
+        from_cupy = stateless(verifier.name, c_target, c_bonus, c_draft, c_ids, **extra)
         assert_gpu_result(cp, from_torch, 0, 16, 3)
         for got, want in zip(to_host(cp, from_torch), to_host(cp, from_cupy)):
             np.testing.assert_array_equal(got, want)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _backend, _core, _validate, cli
+from specdec_np import _backend, _core, _validate, cli, registry
 
 try:
     import array_api_strict
@@ -532,19 +532,20 @@ def after_one_call(before: tuple[Any, ...], output: np.ndarray, accepted: int) -
     )
 
 
-@pytest.mark.parametrize("verifier", ["rejection", "greedy"])
-def test_keyboard_interrupt_leaves_counters_all_or_nothing(verifier: str) -> None:
+@pytest.mark.parametrize("verifier", registry.VERIFIERS, ids=lambda v: v.name)
+def test_keyboard_interrupt_leaves_counters_all_or_nothing(verifier: registry.Verifier) -> None:
     target, bonus, draft, ids = inputs(seed=4, batch=3, k=3, vocab=6)
     uniforms = np.random.default_rng(6).random((3, 4))
-    if verifier == "rejection":
-        make = lambda: specdec_np.RejectionSampler(seed=0)  # noqa: E731
+    function = getattr(specdec_np, verifier.function_name)
+    if verifier.stochastic:
+        make = functools.partial(getattr(specdec_np, verifier.sampler_name), seed=0)
         args: tuple = (target, bonus, draft, ids)
         kwargs: dict = {"uniforms": uniforms}
-        reference = specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms)
+        reference = function(target, bonus, draft, ids, uniforms=uniforms)
     else:
-        make = specdec_np.GreedySampler
+        make = getattr(specdec_np, verifier.sampler_name)
         args, kwargs = (target, bonus, None, ids), {}
-        reference = specdec_np.greedy_sample(target, bonus, ids)
+        reference = function(target, bonus, ids)
     output, accepted = reference.output_token_ids, int(reference.num_accepted.sum())
     _, total = interrupted(lambda: make()(*args, **kwargs), at=10**9)
     _, in_record = interrupted(lambda: make()(*args, **kwargs), at=10**9, only="_record")
@@ -736,11 +737,12 @@ def test_zero_d_uniforms_report_their_real_shape() -> None:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda s: specdec_np.RejectionSampler(s),
-        lambda s: specdec_np.TypicalAcceptanceSampler(strict_mode=s),
-        lambda s: specdec_np.GreedySampler(s),
+        functools.partial(
+            lambda name, s: getattr(specdec_np, name)(strict_mode=s), verifier.sampler_name
+        )
+        for verifier in registry.VERIFIERS
     ],
-    ids=["rejection", "typical", "greedy"],
+    ids=registry.names(),
 )
 @pytest.mark.parametrize("value", [np.array([True, False]), np.array(True), "yes", None, 1])
 def test_strict_mode_must_be_a_bool_in_constructors(make: Any, value: Any) -> None:
@@ -753,13 +755,11 @@ def test_check_strict_mode_accepts_bools(value: Any) -> None:
     assert _validate.check_strict_mode(value) is bool(value)
 
 
-@pytest.mark.parametrize(
-    "name", ["rejection_sample", "greedy_sample", "typical_acceptance_sample"]
-)
-def test_strict_mode_must_be_a_bool_in_stateless_functions(name: str) -> None:
+@pytest.mark.parametrize("verifier", registry.VERIFIERS, ids=lambda v: v.name)
+def test_strict_mode_must_be_a_bool_in_stateless_functions(verifier: registry.Verifier) -> None:
     target, bonus, draft, ids = inputs()
-    function = getattr(specdec_np, name)
-    args = (target, bonus, draft, ids) if name == "rejection_sample" else (target, bonus, ids)
+    function = getattr(specdec_np, verifier.function_name)
+    args = (target, bonus, draft, ids) if verifier.stochastic else (target, bonus, ids)
     with pytest.raises(TypeError, match="^strict_mode must be a bool; found ndarray$"):
         function(*args, strict_mode=np.array([True, False]))
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import specdec_np
+from specdec_np import registry
 
 
 def batch(batch_size=5, k=3, vocab_size=9, seed=0):
@@ -17,19 +18,23 @@ def batch(batch_size=5, k=3, vocab_size=9, seed=0):
     return target, rng.integers(0, vocab_size, (batch_size, 1)), None, draft_ids
 
 
-ALL = [
-    lambda: specdec_np.RejectionSampler(seed=1),
-    lambda: specdec_np.TypicalAcceptanceSampler(),
-    lambda: specdec_np.GreedySampler(),
-]
+def _maker(entry: registry.Verifier):
+    cls = getattr(specdec_np, entry.sampler_name)
+    return (lambda: cls(seed=1)) if entry.stochastic else cls
+
+
+# One sampler maker per registered verifier.
+ALL = [_maker(entry) for entry in registry.VERIFIERS]
 
 
 def test_hierarchy_and_dtypes():
-    assert issubclass(specdec_np.RejectionSampler, specdec_np.SpecDecodeStochasticBaseSampler)
-    assert issubclass(
-        specdec_np.TypicalAcceptanceSampler, specdec_np.SpecDecodeDeterministicBaseSampler
-    )
-    assert issubclass(specdec_np.GreedySampler, specdec_np.SpecDecodeDeterministicBaseSampler)
+    for entry in registry.VERIFIERS:
+        base = (
+            specdec_np.SpecDecodeStochasticBaseSampler
+            if entry.stochastic
+            else specdec_np.SpecDecodeDeterministicBaseSampler
+        )
+        assert issubclass(getattr(specdec_np, entry.sampler_name), base)
     for base in (
         specdec_np.SpecDecodeStochasticBaseSampler,
         specdec_np.SpecDecodeDeterministicBaseSampler,
