@@ -999,19 +999,32 @@ def test_a_row_without_mass_that_must_be_drawn_from_raises(k: int) -> None:
     assert int(result.output_token_ids[1, 0]) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the no-mass error of verify_ragged names target_with_bonus_probs[b, i] (the "
-    "padded API's argument) instead of target_logits and its flat row",
-)
 def test_the_no_mass_error_names_target_logits() -> None:
     rows = np.array([[0.0, 1.0, 2.0, 3.0], [-np.inf] * 4])
-    with pytest.raises(ValueError, match="target_logits"):
+    with pytest.raises(ValueError, match=r"^target_logits\b.*no positive probability"):
         specdec_np.verify_ragged(
             num_draft_tokens=np.array([0, 0]),
             draft_token_ids=np.zeros(0, np.int64),
             target_logits=rows,
             uniforms=np.zeros((2, 2)),
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the no-mass error of verify_ragged writes target_logits[b, i] with b the request "
+    "and i its position, which reads as an index into the flat [T + B, V] array: for "
+    "num_draft_tokens [2, 0] and an empty bonus row of request 1 (flat row 3) it says "
+    "target_logits[1, 0], a row of request 0 that has mass",
+)
+def test_the_no_mass_error_locates_the_row() -> None:
+    rows = np.array([[0.0, 1.0, 2.0, 3.0]] * 3 + [[-np.inf] * 4])
+    with pytest.raises(ValueError, match=r"request 1|target_logits\[3\b"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=np.array([2, 0]),
+            draft_token_ids=np.zeros(2, np.int64),
+            target_logits=rows,
+            uniforms=np.zeros((2, 4)),
         )
 
 
