@@ -24,6 +24,7 @@ __all__ = [
     "rejection_sample",
     "residual_draw",
     "typical_acceptance_sample",
+    "verify_ragged",
 ]
 
 
@@ -537,3 +538,157 @@ def process_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p:
     float64 [R, V]
     """
     return _processed_law(logits, temperature, top_k, top_p, min_p)[0]
+
+
+# ---- the engine layout: ragged batches of logits or probabilities -------------------------
+
+
+def _per_request(xp: Any, value: Any, batch_size: int, off: float) -> list[float]:
+    """A scalar, a ``[B]`` array or None (``off``) as B Python floats."""
+    if value is None:
+        return [off] * batch_size
+    values = xp.reshape(xp.astype(xp.asarray(value), xp.float64), (-1,))
+    if values.shape[0] == 1:
+        return [float(values[0])] * batch_size
+    return [float(values[b]) for b in range(batch_size)]
+
+
+def _process_request_rows(xp: Any, rows: Any, settings: tuple[float, ...]) -> Any:
+    """:func:`process_logits` of one request's rows, with its (temperature, top-k, top-p,
+    min-p) on every row."""
+    temperature, top_k, top_p, min_p = (
+        xp.full((rows.shape[0],), value, dtype=xp.float64) for value in settings
+    )
+    return process_logits(rows, temperature, xp.astype(top_k, xp.int64), top_p, min_p)
+
+
+def verify_ragged(
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any,
+    *,
+    method: str,
+    from_logits: bool,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    bonus_token_ids: Any = None,
+    uniforms: Any = None,
+    **parameters: float,
+) -> tuple[Any, Any]:
+    """The engine layout on the padded references, one request at a time.
+
+    Request ``b`` owns drafts ``o_b .. o_b + k_b - 1`` (``o_b = k_0 + ... + k_{b-1}``),
+    target rows ``o_b + b .. o_b + b + k_b`` (its draft positions, then its bonus
+    position) and draft rows ``o_b .. o_b + k_b - 1``.  A request with ``temperature ==
+    0`` (every request when ``method`` is ``"greedy"``) is verified by the greedy
+    reference on its raw rows (NaN never wins the argmax).  Any other request has its
+    rows processed by :func:`process_logits` with its own parameters when
+    ``from_logits``, and is then verified by ``method``'s registry reference on those
+    rows with uniform columns ``0 .. k_b`` (acceptance, then residual); it stops at its
+    first rejection.  The bonus token of a request that accepts all ``k_b`` drafts is
+    ``bonus_token_ids[b]`` if given; otherwise the argmax of the raw bonus row for a greedy
+    request and, for a sampled one, an inverse-CDF draw (:func:`residual_draw`) from the
+    processed bonus row at uniform column ``k_b + 1``.  ``k_b = 0`` emits the bonus only.
+
+    Parameters
+    ----------
+    num_draft_tokens : int [B]
+    draft_token_ids : int [T], ``T = sum k_b``
+    target_rows : float [T + B, V]
+        Logits (``from_logits``) or probabilities taken as processed.
+    draft_rows : float [T, V] or None
+        In the target's form; None for point-mass drafts.
+    method : str
+        A registry name.
+    from_logits : bool
+    temperature, top_k, top_p, min_p : scalar, [B] or None
+        None is off (temperature 1, top-k 0, top-p 1, min-p 0).  With probabilities only
+        ``temperature == 0`` matters: it marks greedy requests.
+    bonus_token_ids : int [B] or None
+    uniforms : float64 [B, max_k + 2] or None
+        Needed when a request is not greedy.
+    **parameters : float
+        The method's parameters.
+
+    Returns
+    -------
+    output_token_ids : int64 [B, max_k + 1]
+        Accepted drafts, then the recovered or bonus token, then -1.
+    accepted_lengths : int64 [B]
+
+    Raises
+    ------
+    ValueError
+        If a token must be drawn from a target row without positive probability.
+    """
+    from . import registry
+
+    xp = _namespace(target_rows)
+    verifier = registry.get(method)
+    greedy_verifier = registry.get("greedy")
+    batch_size = num_draft_tokens.shape[0]
+    counts = [int(num_draft_tokens[b]) for b in range(batch_size)]
+    max_k = max(counts, default=0)
+    temperatures = _per_request(xp, temperature, batch_size, 1.0)
+    top_ks = _per_request(xp, top_k, batch_size, 0.0)
+    top_ps = _per_request(xp, top_p, batch_size, 1.0)
+    min_ps = _per_request(xp, min_p, batch_size, 0.0)
+    ids = xp.astype(draft_token_ids, xp.int64)
+    rows_out: list[list[int]] = []
+    accepted_lengths: list[int] = []
+    offset = 0
+    for b in range(batch_size):
+        k = counts[b]
+        greedy = temperatures[b] == 0.0 or verifier is greedy_verifier
+        target = target_rows[offset + b : offset + b + k + 1, :]
+        draft = None if draft_rows is None else draft_rows[offset : offset + k, :]
+        request_ids = ids[offset : offset + k]
+        offset += k
+        if greedy:
+            # NaN never wins the greedy argmax; -inf is its neutral value.
+            target = xp.where(xp.isnan(target), xp.asarray(-xp.inf, dtype=target.dtype), target)
+        elif from_logits:
+            settings = (temperatures[b], top_ks[b], top_ps[b], min_ps[b])
+            target = _process_request_rows(xp, target, settings)
+            if draft is not None:
+                draft = _process_request_rows(xp, draft, settings)
+        request_uniforms = None if greedy else uniforms[b, : k + 2]
+        if k == 0:
+            length, tokens = 0, []
+        else:
+            reference = greedy_verifier.reference if greedy else verifier.reference
+            output, length_array, _ = reference(
+                target[None, :, :],
+                xp.zeros((1,), dtype=xp.int64),
+                None if draft is None else draft[None, :, :],
+                request_ids[None, :],
+                None if greedy else request_uniforms[None, : k + 1],
+                **({} if greedy else parameters),
+            )
+            length = int(length_array[0])
+            tokens = [int(output[0, i]) for i in range(length + 1)]
+        if length == k:
+            if bonus_token_ids is not None:
+                bonus = int(bonus_token_ids[b])
+            elif greedy:
+                bonus = int(xp.argmax(target[k, :]))
+            else:
+                weights = xp.astype(target[k : k + 1, :], xp.float64)
+                bonus = int(residual_draw(weights, request_uniforms[k + 1 : k + 2])[0])
+                if bonus < 0:
+                    name = "target_logits" if from_logits else "target_probs"
+                    raise ValueError(
+                        f"{name} row {offset + b} (the bonus position of request {b}) has "
+                        "no positive probability"
+                    )
+            tokens = tokens[:length] + [bonus]
+        rows_out.append(tokens + [-1] * (max_k + 1 - len(tokens)))
+        accepted_lengths.append(length)
+    output_token_ids = xp.reshape(
+        xp.asarray(rows_out, dtype=xp.int64) if rows_out else xp.zeros((0,), dtype=xp.int64),
+        (batch_size, max_k + 1),
+    )
+    return output_token_ids, xp.asarray(accepted_lengths, dtype=xp.int64)
