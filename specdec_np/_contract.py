@@ -102,6 +102,7 @@ def raise_for_row_status(
     *,
     target_name: str = "target_with_bonus_probs",
     index_label: str = "(row, position)",
+    row_of: Any = None,
 ) -> None:
     """Turn the first non-zero row status into a ``ValueError`` naming request and column.
 
@@ -118,6 +119,9 @@ def raise_for_row_status(
         The target argument's name, for a row without mass.
     index_label : str
         How the message names an id's index (``(request, position)`` in the engine layout).
+    row_of : callable, optional
+        ``row_of(request, position)``: the flat target row, for layouts whose target is
+        not indexed ``[request, position]``.
 
     Raises
     ------
@@ -129,9 +133,12 @@ def raise_for_row_status(
     code = int(row_status[row])
     if code < 0:
         position = -code - 1
+        where = f"[{row}, {position}]" if row_of is None else (
+            f"[{row_of(row, position)}] (request {row}, position {position})"
+        )
         raise ValueError(
-            f"{target_name}[{row}, {position}] has no positive probability, so no token can "
-            "be drawn there; the target rows must be probability distributions"
+            f"{target_name}{where} has no positive probability, so no token can be drawn "
+            "there; the target rows must be probability distributions"
         )
     raise_for_invalid_id(
         id_of, row, code - 1, vocab_size, target_name=target_name, index_label=index_label

@@ -74,7 +74,12 @@ class ChainBatch(NamedTuple):
             self.vocab_size,
             target_name=self.target_name,
             index_label=self.index_label,
+            row_of=None if self.padded_k is not None else self.flat_row,
         )
+
+    def flat_row(self, request: int, position: int) -> int:
+        """The index in ``target_rows`` of a request's row at a draft or bonus position."""
+        return int(self.draft_offsets[request]) + request + position
 
     def raise_for_invalid_id(self, request: int, column: int) -> None:
         """``ValueError`` for the out-of-vocabulary id at ``(request, column)``."""

@@ -246,17 +246,29 @@ class RejectionUniforms:
         if generator is None and generator_for is not None:
             # A sampler's own source, asked for only now that every argument is checked.
             generator = generator_for(device)
-        if generator is None:
-            generator = np.random.default_rng()
-        else:
+        if generator is not None:
             _check_generator("generator", generator)
+        elif self._needs_own_generator(batch_size):
+            # Seeding from the OS costs tens of microseconds: only when rows draw from it.
+            generator = np.random.default_rng()
         self._generator = generator
+
+    def _needs_own_generator(self, batch_size: int) -> bool:
+        if self._explicit is not None:
+            return False
+        taken = len(self._seeded) + len(self._counter_rows)
+        if self._row_widths is None:
+            return taken < batch_size
+        own = np.ones(batch_size, dtype=bool)
+        own[[*self._seeded, *self._counter_rows]] = False
+        return bool((self._row_widths[own] > 0).any())
 
     def snapshot(self) -> GeneratorSnapshot:
         """The states of the generators :meth:`draw` consumes."""
         if self._explicit is not None:
             return GeneratorSnapshot(())
-        return GeneratorSnapshot((self._generator, *self._seeded.values()))
+        own = () if self._generator is None else (self._generator,)
+        return GeneratorSnapshot((*own, *self._seeded.values()))
 
     def draw(self) -> Any:
         """The float64 ``[B, k+1]`` uniforms (explicit, or drawn from the sources)."""
@@ -265,6 +277,8 @@ class RejectionUniforms:
         xp = self._xp
         batch_size, width = self._shape
         widths = self._row_widths
+        if self._generator is None and not self._seeded and not self._counter_rows:
+            return xp.empty(self._shape, dtype=xp.float64)  # no row draws anything
         if widths is None and not self._seeded and not self._counter_rows:
             # The kernels read [B, k+1] row-major; a counter stream with an odd width
             # returns a column slice.

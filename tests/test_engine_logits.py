@@ -1010,13 +1010,6 @@ def test_the_no_mass_error_names_target_logits() -> None:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the no-mass error of verify_ragged writes target_logits[b, i] with b the request "
-    "and i its position, which reads as an index into the flat [T + B, V] array: for "
-    "num_draft_tokens [2, 0] and an empty bonus row of request 1 (flat row 3) it says "
-    "target_logits[1, 0], a row of request 0 that has mass",
-)
 def test_the_no_mass_error_locates_the_row() -> None:
     rows = np.array([[0.0, 1.0, 2.0, 3.0]] * 3 + [[-np.inf] * 4])
     with pytest.raises(ValueError, match=r"request 1|target_logits\[3\b"):
