@@ -402,7 +402,13 @@ def tree_emission_law(
             for s in range(len(kids))
         ]
         given = None if fixed_tokens is None else tuple(fixed_tokens[k] for k in kids)
-        for tokens, weight in _assignments(drafting, given, drawn_rows, vocab_size):
+        assignments = _assignments(drafting, given, drawn_rows, vocab_size)
+        if abs(sum(weight for _, weight in assignments) - 1.0) > 1e-9:
+            raise ValueError(
+                f"the draft below path {path} cannot draw {len(kids)} children "
+                f"({drafting}): its rows lack the support"
+            )
+        for tokens, weight in assignments:
             conditional, final = _sibling_walk(method, p, tokens, drawn_rows, variant)
             reach = weight
             for child, x, a in zip(kids, tokens, conditional):
