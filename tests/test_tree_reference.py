@@ -317,6 +317,82 @@ def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, sha
         assert abs(law.get(emitted, 0.0) - oracle.get(emitted, 0.0)) < 1e-12, emitted
 
 
+@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("shape", ["three siblings", "two chains", "branching 3 at depth 2"])
+def test_reference_accepts_exactly_below_the_oracle_thresholds(method, shape):
+    # The grid above samples one point per stratum; this pins each stratum's edge: with its
+    # ancestors accepted and its earlier siblings rejected, a node's test must pass just
+    # below the oracle's acceptance probability and fail just above it.
+    parents = HAND_BUILT[shape]
+    vocab_size = 4
+    target = PathLaw(vocab_size, 43)
+    draft = SiblingDraft(vocab_size, 44)
+    tokens = [(i * 3 + 1) % vocab_size for i in range(len(parents))]
+    target_rows, draft_rows = fixed_tree_rows(parents, tokens, target, draft)
+    draft_rows = None if method == "point_mass" else draft_rows
+    children = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    threshold = {}
+    for node in range(-1, len(parents)):
+        kids = children[node + 1]
+        rows = [None if draft_rows is None else list(draft_rows[k]) for k in kids]
+        conditional, _ = tree_reference._sibling_walk(
+            method, list(target_rows[node + 1]), tuple(tokens[k] for k in kids), rows, None
+        )
+        threshold.update(zip(kids, conditional))
+    below_one = np.nextafter(1.0, 0.0)
+    probed = 0
+    for node in range(len(parents)):
+        if not 0.0 < threshold[node] < 1.0:
+            continue
+        uniforms = np.full(len(parents) + 1, 0.5)
+        feasible = True
+        walker = node
+        while walker >= 0:
+            siblings = children[parents[walker] + 1]
+            for earlier in siblings[: siblings.index(walker)]:
+                feasible &= threshold[earlier] < 1.0
+                uniforms[earlier] = below_one
+            if walker != node:
+                feasible &= threshold[walker] > 0.0
+                uniforms[walker] = 0.0
+            walker = parents[walker]
+        if not feasible:
+            continue
+        for factor, accepted in ((1 - 1e-9, True), (1 + 1e-9, False)):
+            uniforms[node] = threshold[node] * factor
+            nodes, _, _ = tree_reference.verify_tree(
+                [len(parents)], parents, tokens, target_rows, draft_rows, uniforms[None, :], method
+            )
+            assert (node in nodes[0].tolist()) == accepted, (node, factor)
+        probed += 1
+    assert probed >= 1
+
+
+@pytest.mark.parametrize(
+    ("method", "threshold"),
+    [
+        # After sibling 0 (token 0) fails, r = (p - q)+ renormalised = [0, 1/8, 7/8, 0].
+        # Sibling 1 (token 1): specinfer reads q(1) = 0.2, so min(1, (1/8) / 0.2) = 0.625;
+        # RRS reads q with token 0 removed, q(1) = 1/3, so (1/8) / (1/3) = 0.375.
+        ("specinfer", 0.625),
+        ("rrs", 0.375),
+    ],
+)
+def test_second_sibling_threshold_by_hand(method, threshold):
+    target = np.array([[0.2, 0.25, 0.55, 0.0], [0.25] * 4, [0.25] * 4])
+    draft = np.array([[0.4, 0.2, 0.2, 0.2]] * 2)
+    for u, accepted in ((threshold - 1e-9, True), (threshold + 1e-9, False)):
+        nodes, output, _ = tree_reference.verify_tree(
+            [2], [-1, -1], [0, 1], target, draft, np.array([[0.9, u, 0.5]]), method
+        )
+        assert (nodes.tolist() == [[1]]) == accepted
+        if not accepted:
+            # Both failed: r = (r - q_1)+ keeps only token 2.
+            assert output.tolist() == [[2, -1]]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     batch_size=st.integers(1, 4),
