@@ -657,3 +657,23 @@ def test_reference_rejects_bad_calls(change, pattern):
             arguments["uniforms"],
             arguments["method"],
         )
+
+
+@settings(max_examples=30, deadline=None)
+@given(trees=random_trees(), seed=st.integers(0, 2**16))
+def test_one_hot_draft_rows_walk_as_point_mass(trees, seed):
+    rng = np.random.default_rng(seed)
+    total = int(trees.node_offsets[-1])
+    vocab_size = 10
+    target = rng.dirichlet(np.full(vocab_size, 0.5), size=total + trees.batch_size)
+    one_hot = np.eye(vocab_size)[trees.draft_token_ids]
+    uniforms = rng.random((trees.batch_size, trees.max_nodes + 1))
+    arguments = (trees.num_nodes, trees.tree_parents, trees.draft_token_ids, target)
+    expected = tree_reference.verify_tree(*arguments, None, uniforms, "point_mass")
+    # Point mass ignores draft rows; specinfer and RRS on one-hot rows are point mass.
+    noise = rng.dirichlet(np.ones(vocab_size), size=total)
+    cases = [("point_mass", noise), ("specinfer", one_hot), ("rrs", one_hot), ("rrs", None)]
+    for method, draft in cases:
+        got = tree_reference.verify_tree(*arguments, draft, uniforms, method)
+        for ours, theirs in zip(got, expected):
+            np.testing.assert_array_equal(ours, theirs)
