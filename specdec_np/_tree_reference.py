@@ -1,0 +1,496 @@
+"""The oracle of tree verification: a readable walk, and the exact law it must have.
+
+:func:`verify_tree` walks each request's tree with explicit uniforms, on any namespace of
+the Python array API (NumPy, CuPy, ``array_api_strict``), one request at a time and with
+none of the shortcuts of the fast kernels; the kernels are tested against it.
+
+:func:`tree_emission_law` and :func:`tree_output_law` compute, by exact enumeration, the
+law of what a method emits on small trees whose draft tokens are themselves random (drawn
+as a drafter would draw them), with the uniforms integrated out: each node's test enters
+through its acceptance probability and the final token through its residual law.  A
+lossless method's output, continued by the target past its end, has the target's law over
+every prefix length; the tests check exactly that.
+
+The walk, shared by every method (docs/semantics.md, trees): start at the root with the
+residual ``r`` equal to the root's target row (taken as normalised, as the chain verifiers
+take their rows).  Try the current node's children in node order:
+
+* ``"greedy"``: descend into the first child whose token is ``argmax p`` (first index on
+  ties); if none is, emit ``argmax p``.  No uniform is read.
+* ``"point_mass"``: accept child ``j`` iff ``u_j < r(x_j)``; on rejection ``x_j`` is removed
+  from ``r`` and ``r`` renormalised.  Draft rows are not read.
+* ``"specinfer"``: accept iff ``u_j * q_j(x_j) < r(x_j)`` (that is ``u_j < min(1, r/q_j)``,
+  with the chain verifier's edge cases); on rejection ``r <- (r - q_j)+`` renormalised.
+* ``"rrs"``: the same with ``q_j`` = node ``j``'s draft row with the tokens of the siblings
+  tried before it removed and renormalised (the siblings were drawn without replacement
+  from that one row, which every sibling carries).
+
+Without draft rows, ``"specinfer"`` and ``"rrs"`` take point-mass drafts and walk exactly as
+``"point_mass"``.  An accepted child becomes the current node with its own target row and a
+fresh residual; at a node whose children all fail, or at a leaf, one token is drawn from
+``r`` by inverse CDF with the request's last uniform (as the chain verifiers draw their
+residual) and the walk ends.  A rejection that leaves ``(r - q_j)+`` without positive mass
+(possible only through rounding) leaves ``r`` as it was, which on a chain is the chain
+verifier's draw from the target row.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._reference import residual_draw
+from ._trees import validate_tree
+
+__all__ = [
+    "TREE_METHODS",
+    "continued_law",
+    "expected_accepted_length",
+    "tree_emission_law",
+    "tree_output_law",
+    "verify_tree",
+]
+
+# TODO(registry): the tree methods belong in specdec_np/registry.py; this is their one list.
+TREE_METHODS = ("greedy", "point_mass", "specinfer", "rrs")
+
+#: How the oracle's children were drawn: given, independently from their own rows, or
+#: without replacement from one row.
+DRAFTINGS = ("fixed", "independent", "without_replacement")
+
+#: Deliberately broken walks the tests must catch (the oracle only).
+VARIANTS = (None, "no_renormalise", "final_keeps_rejected")
+
+
+def _check_method(method: str) -> None:
+    if method not in TREE_METHODS:
+        raise ValueError(f"method must be one of {list(TREE_METHODS)}; found {method!r}")
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in x.shape)
+
+
+def verify_tree(
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_probs: Any,
+    draft_probs: Any = None,
+    uniforms: Any = None,
+    method: str = "point_mass",
+) -> tuple[Any, Any, Any]:
+    """Tree verification with explicit uniforms (the module docstring gives the walk).
+
+    Parameters
+    ----------
+    num_nodes : int [B]
+    tree_parents : int [N]
+        Parent within the request, ``-1`` for a child of the root, parents first.
+    draft_token_ids : int [N]
+    target_probs : float [N + B, V]
+        Per request its root row, then one row per node.
+    draft_probs : float [N, V] or None
+        The row each node was drawn from; None for point-mass drafts.
+    uniforms : float64 [B, >= max_nodes + 1], or None for ``"greedy"``
+        Request ``b`` reads column ``j`` for node ``j``'s test and column ``N_b`` for the
+        final token.
+    method : {"greedy", "point_mass", "specinfer", "rrs"}
+
+    Returns
+    -------
+    accepted_nodes : int64 [B, max_depth]
+        Accepted node indices within the request, root to leaf, ``-1`` padded.
+    output_token_ids : int64 [B, max_depth + 1]
+        The accepted nodes' tokens, then the final token, ``-1`` padded.
+    accepted_lengths : int64 [B]
+        Accepted nodes per request.
+
+    Raises
+    ------
+    ValueError
+        On a bad layout (see :func:`specdec_np._trees.validate_tree`), mismatched shapes, an
+        unknown method, or a final draw from a row without positive probability.
+    """
+    _check_method(method)
+    xp = target_probs.__array_namespace__()
+    target_shape = _shape(target_probs)
+    if len(target_shape) != 2:
+        raise ValueError(f"target_probs must be [N + B, V]; found shape {list(target_shape)}")
+    vocab_size = target_shape[1]
+    layout = validate_tree(num_nodes, tree_parents, draft_token_ids, vocab_size)
+    batch_size = layout.batch_size
+    total = int(layout.node_offsets[-1])
+    if target_shape[0] != total + batch_size:
+        raise ValueError(
+            f"target_probs must have N + B = {total + batch_size} rows; found {target_shape[0]}"
+        )
+    if draft_probs is not None and _shape(draft_probs) != (total, vocab_size):
+        raise ValueError(
+            f"draft_probs must have shape [N, V] = {[total, vocab_size]}; "
+            f"found {list(_shape(draft_probs))}"
+        )
+    if method != "greedy":
+        if uniforms is None:
+            raise ValueError(f"uniforms are required for method {method!r}")
+        if (
+            len(_shape(uniforms)) != 2
+            or uniforms.shape[0] != batch_size
+            or uniforms.shape[1] < layout.max_nodes + 1
+        ):
+            raise ValueError(
+                f"uniforms must have shape [B, max_nodes + 1] = "
+                f"{[batch_size, layout.max_nodes + 1]}; found {list(_shape(uniforms))}"
+            )
+        uniforms = xp.astype(uniforms, xp.float64)
+    vocabulary = xp.arange(vocab_size, dtype=xp.int64)
+    accepted_rows = []
+    output_rows = []
+    lengths = []
+    for b in range(batch_size):
+        nodes, final = _walk(
+            xp, layout, b, target_probs, draft_probs, uniforms, method, vocabulary
+        )
+        tokens = layout.tokens_of(b)
+        padding = layout.max_depth - len(nodes)
+        accepted_rows.append(nodes + [-1] * padding)
+        output_rows.append([tokens[node] for node in nodes] + [final] + [-1] * padding)
+        lengths.append(len(nodes))
+    accepted_nodes = xp.reshape(
+        xp.asarray(accepted_rows, dtype=xp.int64), (batch_size, layout.max_depth)
+    )
+    output = xp.reshape(
+        xp.asarray(output_rows, dtype=xp.int64), (batch_size, layout.max_depth + 1)
+    )
+    return accepted_nodes, output, xp.asarray(lengths, dtype=xp.int64)
+
+
+def _draft_row(xp: Any, draft_probs: Any, global_node: int, token: int, vocabulary: Any) -> Any:
+    """A node's draft row as float64 with negative and NaN entries zeroed (one-hot without
+    draft rows)."""
+    if draft_probs is None:
+        return xp.astype(vocabulary == token, xp.float64)
+    row = xp.astype(draft_probs[global_node, :], xp.float64)
+    return xp.where(row > 0, row, 0.0)
+
+
+def _walk(
+    xp: Any,
+    layout: Any,
+    b: int,
+    target_probs: Any,
+    draft_probs: Any,
+    uniforms: Any,
+    method: str,
+    vocabulary: Any,
+) -> tuple[list[int], int]:
+    """One request's walk: its accepted nodes and its final token."""
+    children = layout.children(b)
+    tokens = layout.tokens_of(b)
+    start = int(layout.node_offsets[b])
+    accepted: list[int] = []
+    node = -1
+    while True:
+        p = xp.astype(target_probs[layout.target_row(b, node), :], xp.float64)
+        kids = children[node + 1]
+        if method == "greedy":
+            best = int(xp.argmax(p))
+            matching = [child for child in kids if tokens[child] == best]
+            if matching:
+                node = matching[0]
+                accepted.append(node)
+                continue
+            return accepted, best
+        residual = p
+        # The target row is taken as normalised; the mass is recomputed after each update.
+        mass = 1.0
+        chosen = None
+        tried: list[int] = []
+        for child in kids:
+            x = tokens[child]
+            if method == "point_mass":
+                q = xp.astype(vocabulary == x, xp.float64)
+            else:
+                q = _draft_row(xp, draft_probs, start + child, x, vocabulary)
+            if method == "rrs" and tried:
+                earlier = xp.zeros_like(q, dtype=xp.bool)
+                for token in tried:
+                    earlier = xp.logical_or(earlier, vocabulary == token)
+                q = xp.where(earlier, 0.0, q)
+                q_mass = float(xp.sum(q))
+                q = q / q_mass if q_mass > 0 else q
+            r = residual / mass if mass != 1.0 else residual
+            if float(uniforms[b, child]) * float(q[x]) < float(r[x]):
+                chosen = child
+                break
+            tried.append(x)
+            updated = xp.where(r - q > 0, r - q, 0.0)
+            updated_mass = float(xp.sum(updated))
+            if updated_mass > 0:
+                residual, mass = updated, updated_mass
+        if chosen is not None:
+            node = chosen
+            accepted.append(node)
+            continue
+        column = len(tokens)
+        final = residual_draw(residual[None, :], uniforms[b, column : column + 1])
+        token = int(final[0])
+        if token < 0:
+            row = layout.target_row(b, node)
+            raise ValueError(
+                f"target_probs row {row} (request {b}, node {node}) has no positive "
+                "probability to draw the final token from"
+            )
+        return accepted, token
+
+
+# ---------------------------------------------------------------------------------------
+# The exact oracle: plain Python floats, written apart from the walk above on purpose, so
+# that agreeing with it means something.
+
+Law = dict[tuple[int, ...], float]
+PathRow = Callable[[tuple[int, ...]], Any]
+
+
+def _as_list(row: Any) -> list[float]:
+    return [float(value) for value in np.asarray(row, dtype=np.float64)]
+
+
+def _normalised(row: list[float]) -> list[float]:
+    total = sum(row)
+    return [value / total for value in row] if total > 0 else list(row)
+
+
+def _sibling_walk(
+    method: str,
+    p: list[float],
+    tokens: tuple[int, ...],
+    q_rows: list[list[float] | None],
+    variant: str | None,
+) -> tuple[list[float], list[float]]:
+    """Conditional acceptance probability of each child (given the ones before failed) and
+    the law of the final token when all fail."""
+    vocab_size = len(p)
+    r = _normalised(p)
+    conditional = []
+    tried: list[int] = []
+    for x, row in zip(tokens, q_rows):
+        if method == "point_mass" or row is None:
+            q = [1.0 if y == x else 0.0 for y in range(vocab_size)]
+        else:
+            q = [max(value, 0.0) for value in row]
+        if method == "rrs":
+            q = _normalised([0.0 if y in tried else q[y] for y in range(vocab_size)])
+        if q[x] > 0:
+            a = min(1.0, r[x] / q[x])
+        else:
+            a = 1.0 if r[x] > 0 else 0.0
+        conditional.append(a)
+        tried.append(x)
+        updated = [max(r[y] - q[y], 0.0) for y in range(vocab_size)]
+        if sum(updated) > 0:
+            r = updated if variant == "no_renormalise" else _normalised(updated)
+    final = _normalised(p) if variant == "final_keeps_rejected" and tokens else _normalised(r)
+    return conditional, final
+
+
+def _assignments(
+    drafting: str,
+    tokens: tuple[int, ...] | None,
+    rows: list[list[float]],
+    vocab_size: int,
+) -> list[tuple[tuple[int, ...], float]]:
+    """Every way the children's tokens can come out, with its probability."""
+    if drafting == "fixed":
+        return [(tokens, 1.0)]
+    result = []
+    for candidate in itertools.product(range(vocab_size), repeat=len(rows)):
+        weight = 1.0
+        if drafting == "independent":
+            for row, x in zip(rows, candidate):
+                weight *= row[x]
+        else:
+            one_row = rows[0]
+            for position, x in enumerate(candidate):
+                earlier = candidate[:position]
+                remaining = sum(one_row[y] for y in range(vocab_size) if y not in earlier)
+                if x in earlier or remaining <= 0:
+                    weight = 0.0
+                    break
+                weight *= one_row[x] / remaining
+        if weight > 0:
+            result.append((candidate, weight))
+    return result
+
+
+def tree_emission_law(
+    method: str,
+    target: PathRow,
+    tree_parents: Any,
+    vocab_size: int,
+    *,
+    draft: Callable[[tuple[int, ...], int], Any] | None = None,
+    draft_token_ids: Any = None,
+    drafting: str | None = None,
+    variant: str | None = None,
+) -> Law:
+    """The exact law of the tokens one request's walk emits.
+
+    Parameters
+    ----------
+    method : {"point_mass", "specinfer", "rrs"}
+    target : callable, path -> float [V]
+        The target's law of the next token after ``path`` (a tuple of emitted tokens); a
+        node's target row is ``target`` at the path to it.
+    tree_parents : int [n]
+        One request's tree shape, as in the layout.
+    vocab_size : int
+    draft : callable, (path, sibling position) -> float [V], optional
+        The draft law of the child at that sibling position below ``path``.  Drawing
+        without replacement uses the row at position 0 for every sibling, and it is the row
+        the verifier is given for each of them.  None: point-mass drafts.
+    draft_token_ids : int [n], optional
+        The tokens, for ``drafting="fixed"``.
+    drafting : {"fixed", "independent", "without_replacement"}, optional
+        How the children were drawn; by default ``"fixed"`` for ``"point_mass"``,
+        ``"independent"`` for ``"specinfer"``, ``"without_replacement"`` for ``"rrs"``.
+    variant : {None, "no_renormalise", "final_keeps_rejected"}
+        A deliberately broken walk, for negative controls.
+
+    Returns
+    -------
+    dict
+        Emitted token tuple (accepted tokens, then the final token) -> probability.
+    """
+    if method not in TREE_METHODS or method == "greedy":
+        raise ValueError(f"method must be point_mass, specinfer or rrs; found {method!r}")
+    if drafting is None:
+        drafting = {"point_mass": "fixed", "specinfer": "independent"}.get(
+            method, "without_replacement"
+        )
+    if drafting not in DRAFTINGS or variant not in VARIANTS:
+        raise ValueError(f"unknown drafting {drafting!r} or variant {variant!r}")
+    if drafting != "fixed" and draft is None:
+        raise ValueError(f"drafting {drafting!r} needs a draft")
+    parents = [int(parent) for parent in tree_parents]
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    fixed_tokens = None if draft_token_ids is None else [int(t) for t in draft_token_ids]
+    memo: dict[tuple[int, tuple[int, ...]], Law] = {}
+
+    def law_at(node: int, path: tuple[int, ...]) -> Law:
+        key = (node, path)
+        if key in memo:
+            return memo[key]
+        p = _as_list(target(path))
+        kids = children[node + 1]
+        law: Law = {}
+        if not kids:
+            for y, value in enumerate(_normalised(p)):
+                if value > 0:
+                    law[(y,)] = value
+            memo[key] = law
+            return law
+        drawn_rows = [
+            _as_list(draft(path, 0 if drafting == "without_replacement" else s))
+            if draft is not None
+            else None
+            for s in range(len(kids))
+        ]
+        given = None if fixed_tokens is None else tuple(fixed_tokens[k] for k in kids)
+        assignments = _assignments(drafting, given, drawn_rows, vocab_size)
+        if abs(sum(weight for _, weight in assignments) - 1.0) > 1e-9:
+            raise ValueError(
+                f"the draft below path {path} cannot draw {len(kids)} children "
+                f"({drafting}): its rows lack the support"
+            )
+        for tokens, weight in assignments:
+            conditional, final = _sibling_walk(method, p, tokens, drawn_rows, variant)
+            reach = weight
+            for child, x, a in zip(kids, tokens, conditional):
+                if reach * a > 0:
+                    for suffix, value in law_at(child, path + (x,)).items():
+                        emitted = (x,) + suffix
+                        law[emitted] = law.get(emitted, 0.0) + reach * a * value
+                reach *= 1.0 - a
+            for y, value in enumerate(final):
+                if reach * value > 0:
+                    law[(y,)] = law.get((y,), 0.0) + reach * value
+        memo[key] = law
+        return law
+
+    return law_at(-1, ())
+
+
+def continued_law(law: Law, target: PathRow, length: int, vocab_size: int) -> np.ndarray:
+    """The law of the first ``length`` tokens when the emitted ones are continued by the target.
+
+    Parameters
+    ----------
+    law : dict
+        Token tuple -> probability (``{(): 1.0}`` gives the target's own law).
+    target : callable, path -> float [V]
+    length : int
+    vocab_size : int
+
+    Returns
+    -------
+    float64 array of shape ``[V] * length``
+    """
+    result = np.zeros((vocab_size,) * length, dtype=np.float64)
+    pending = list(law.items())
+    while pending:
+        tokens, weight = pending.pop()
+        if len(tokens) >= length:
+            result[tokens[:length]] += weight
+            continue
+        for y, value in enumerate(_normalised(_as_list(target(tokens)))):
+            if value > 0:
+                pending.append((tokens + (y,), weight * value))
+    return result
+
+
+def tree_output_law(
+    method: str,
+    target: PathRow,
+    tree_parents: Any,
+    vocab_size: int,
+    length: int,
+    **options: Any,
+) -> np.ndarray:
+    """:func:`tree_emission_law` continued by the target, as ``[V] * length`` probabilities.
+
+    Parameters
+    ----------
+    method, target, tree_parents, vocab_size
+        As in :func:`tree_emission_law`.
+    length : int
+        The prefix length compared.
+    **options
+        ``draft``, ``draft_token_ids``, ``drafting``, ``variant`` of :func:`tree_emission_law`.
+
+    Returns
+    -------
+    float64 array of shape ``[V] * length``
+        Equal to ``continued_law({(): 1.0}, target, length, vocab_size)`` for a lossless walk.
+    """
+    law = tree_emission_law(method, target, tree_parents, vocab_size, **options)
+    return continued_law(law, target, length, vocab_size)
+
+
+def expected_accepted_length(law: Law) -> float:
+    """Expected number of accepted nodes under an emission law (its tuples' length minus one).
+
+    Parameters
+    ----------
+    law : dict
+
+    Returns
+    -------
+    float
+    """
+    return sum(weight * (len(tokens) - 1) for tokens, weight in law.items())

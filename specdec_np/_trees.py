@@ -1,0 +1,446 @@
+"""The tree layout: validation and builders from the forms engines hold.
+
+A batch of draft trees is described by three flat arrays (docs/semantics.md, trees):
+
+* ``num_nodes`` int ``[B]``: the nodes of request ``b`` (``N_b >= 0``, ``N = sum N_b``);
+* ``tree_parents`` int ``[N]``: request by request, the parent of each node as an index
+  *within its request*, ``-1`` for a child of the root; parents come before children;
+* ``draft_token_ids`` int ``[N]``: the token each node proposes.
+
+Target rows are ``[N + B, V]``: request ``b`` owns ``N_b + 1`` consecutive rows, its root
+row (the law of the first new token) and then one row per node (the law of the token after
+that node).  Draft rows, when given, are ``[N, V]``: the distribution node ``j`` was drawn
+from.  The children of a node are tried in node order, so node order is sibling order.
+
+:func:`validate_tree` checks a layout and returns a :class:`TreeLayout`; :func:`chain_tree`,
+:func:`multi_draft_tree` and :func:`from_next_arrays` build one from a chain per request,
+from several independent chains per request, and from SGLang's ``retrieve_next_token`` /
+``retrieve_next_sibling`` arrays.  :func:`leaf_paths` and :func:`to_next_arrays` go back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "MAX_TREE_DEPTH",
+    "TreeLayout",
+    "chain_tree",
+    "from_next_arrays",
+    "leaf_paths",
+    "multi_draft_tree",
+    "to_next_arrays",
+    "validate_tree",
+]
+
+#: The deepest node a tree may hold (a child of the root has depth 1).  The output rows
+#: are ``[B, max_depth + 1]`` and the kernels keep the walked path in a fixed buffer, so
+#: the depth is bounded; 64 is far above what tree drafters use (EAGLE-2 uses 6 to 10).
+MAX_TREE_DEPTH = 64
+
+
+class TreeLayout(NamedTuple):
+    """A validated batch of draft trees.
+
+    Attributes
+    ----------
+    num_nodes : int64 [B]
+    tree_parents : int64 [N]
+        Parent of each node within its request, ``-1`` for a child of the root.
+    draft_token_ids : int64 [N]
+    node_offsets : int64 [B + 1]
+        Request ``b`` owns nodes ``node_offsets[b] .. node_offsets[b + 1] - 1``.
+    depths : int64 [N]
+        Depth of each node, 1 for a child of the root.
+    max_nodes : int
+        ``max(N_b)``, 0 for an empty batch.
+    max_depth : int
+        The deepest node of the batch, 0 when there is no node.
+    """
+
+    num_nodes: np.ndarray
+    tree_parents: np.ndarray
+    draft_token_ids: np.ndarray
+    node_offsets: np.ndarray
+    depths: np.ndarray
+    max_nodes: int
+    max_depth: int
+
+    @property
+    def batch_size(self) -> int:
+        """``B``."""
+        return int(self.num_nodes.shape[0])
+
+    def parents_of(self, request: int) -> list[int]:
+        """The parents of request ``request``'s nodes, as Python ints."""
+        start, stop = int(self.node_offsets[request]), int(self.node_offsets[request + 1])
+        return [int(parent) for parent in self.tree_parents[start:stop]]
+
+    def tokens_of(self, request: int) -> list[int]:
+        """The draft tokens of request ``request``'s nodes, as Python ints."""
+        start, stop = int(self.node_offsets[request]), int(self.node_offsets[request + 1])
+        return [int(token) for token in self.draft_token_ids[start:stop]]
+
+    def children(self, request: int) -> list[list[int]]:
+        """Children lists of request ``request``: entry 0 is the root, entry ``j + 1`` node
+        ``j``; each list in node (that is, sibling) order."""
+        parents = self.parents_of(request)
+        children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+        for node, parent in enumerate(parents):
+            children[parent + 1].append(node)
+        return children
+
+    def target_row(self, request: int, node: int) -> int:
+        """Index in the ``[N + B, V]`` target rows of a node's row (``node = -1``: the root)."""
+        return int(self.node_offsets[request]) + request + 1 + node
+
+
+def _host_integers(x: Any, name: str) -> np.ndarray:
+    """``x`` as a 1-D int64 NumPy array, refusing non-integer dtypes."""
+    if isinstance(x, (list, tuple)):
+        array = np.asarray(x, dtype=np.int64) if len(x) == 0 else np.asarray(x)
+    elif isinstance(x, np.ndarray):
+        array = x
+    else:
+        # Other array-API arrays (the reference accepts array_api_strict): element by
+        # element, since not every namespace offers DLPack on the host.
+        kind = str(x.dtype)
+        if "int" not in kind:
+            raise TypeError(f"{name} must have an integer dtype; found {kind}")
+        if len(x.shape) != 1:
+            raise ValueError(f"{name} must be 1-D; found {len(x.shape)} dimensions")
+        array = np.asarray([int(x[i]) for i in range(x.shape[0])], dtype=np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D; found {array.ndim} dimensions")
+    return array.astype(np.int64)
+
+
+def validate_tree(
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    vocab_size: int | None = None,
+    *,
+    max_depth: int = MAX_TREE_DEPTH,
+) -> TreeLayout:
+    """Check a tree layout and describe it.
+
+    Parameters
+    ----------
+    num_nodes : int [B]
+        Nodes per request, each ``>= 0``.
+    tree_parents : int [N]
+        Parent of each node within its request (``-1``: child of the root); every parent
+        must come before its child, which also makes cycles impossible.
+    draft_token_ids : int [N]
+    vocab_size : int, optional
+        When given, every token must lie in ``0 .. vocab_size - 1``.
+    max_depth : int
+        The deepest node allowed (default :data:`MAX_TREE_DEPTH`).
+
+    Returns
+    -------
+    TreeLayout
+
+    Raises
+    ------
+    TypeError
+        If an argument has a non-integer dtype.
+    ValueError
+        On a negative count, counts that do not sum to ``N``, a parent outside its request
+        or not before its node, a token outside the vocabulary, or a node deeper than
+        ``max_depth``; node errors name ``(request, node)``.
+    """
+    counts = _host_integers(num_nodes, "num_nodes")
+    parents = _host_integers(tree_parents, "tree_parents")
+    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    negative = np.flatnonzero(counts < 0)
+    if negative.size:
+        b = int(negative[0])
+        raise ValueError(f"num_nodes[{b}] must be >= 0; found {int(counts[b])}")
+    total = int(counts.sum())
+    if parents.shape[0] != total:
+        raise ValueError(
+            f"tree_parents must have sum(num_nodes) = {total} entries; found {parents.shape[0]}"
+        )
+    if tokens.shape[0] != total:
+        raise ValueError(
+            f"draft_token_ids must have sum(num_nodes) = {total} entries; found {tokens.shape[0]}"
+        )
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    request = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    local = np.arange(total, dtype=np.int64) - offsets[request]
+    outside = (parents < -1) | (parents >= counts[request])
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise ValueError(
+            f"tree_parents[{i}] (request {int(request[i])}, node {int(local[i])}) is "
+            f"{int(parents[i])}: outside its request, whose nodes are "
+            f"0 .. {int(counts[request[i]]) - 1} (-1 for a child of the root)"
+        )
+    forward = parents >= local
+    if forward.any():
+        i = int(np.flatnonzero(forward)[0])
+        raise ValueError(
+            f"tree_parents[{i}] (request {int(request[i])}, node {int(local[i])}) is "
+            f"{int(parents[i])}: a parent must come before its node (parents < node index); "
+            "this is also what rules out cycles, which can only form through such a pointer"
+        )
+    if vocab_size is not None:
+        bad = (tokens < 0) | (tokens >= vocab_size)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"draft_token_ids[{i}] (request {int(request[i])}, node {int(local[i])}) is "
+                f"{int(tokens[i])}: outside the vocabulary 0 .. {vocab_size - 1}"
+            )
+    # Parents precede children, so one pass in node order fixes every depth.
+    global_parent = np.where(parents >= 0, parents + offsets[request], -1)
+    depths = np.ones(total, dtype=np.int64)
+    for i in range(total):
+        if global_parent[i] >= 0:
+            depths[i] = depths[global_parent[i]] + 1
+    too_deep = depths > max_depth
+    if too_deep.any():
+        i = int(np.flatnonzero(too_deep)[0])
+        raise ValueError(
+            f"node {int(local[i])} of request {int(request[i])} (tree_parents[{i}]) has depth "
+            f"{int(depths[i])}; the deepest allowed is {max_depth} (MAX_TREE_DEPTH)"
+        )
+    return TreeLayout(
+        num_nodes=counts,
+        tree_parents=parents,
+        draft_token_ids=tokens,
+        node_offsets=offsets,
+        depths=depths,
+        max_nodes=int(counts.max()) if counts.size else 0,
+        max_depth=int(depths.max()) if total else 0,
+    )
+
+
+def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
+    counts = [len(parents) for parents, _ in per_request]
+    parents = [parent for request_parents, _ in per_request for parent in request_parents]
+    tokens = [token for _, request_tokens in per_request for token in request_tokens]
+    return validate_tree(
+        np.asarray(counts, dtype=np.int64),
+        np.asarray(parents, dtype=np.int64),
+        np.asarray(tokens, dtype=np.int64),
+        vocab_size,
+    )
+
+
+def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
+    """The tree of one draft chain per request: node ``i``'s parent is node ``i - 1``.
+
+    Parameters
+    ----------
+    chains : int [B, k], or a sequence of ``B`` int sequences (chains may differ in length)
+        Request ``b``'s draft tokens in order.
+    vocab_size : int, optional
+        Checked as in :func:`validate_tree`.
+
+    Returns
+    -------
+    TreeLayout
+        ``num_nodes[b] = len(chains[b])``; its root row and node rows are the chain's target
+        rows ``[k_b + 1, V]`` in order, the last one the bonus position.
+    """
+    per_request = []
+    for chain in chains:
+        tokens = [int(token) for token in chain]
+        per_request.append((list(range(-1, len(tokens) - 1)), tokens))
+    return _concatenate(per_request, vocab_size)
+
+
+def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = None) -> TreeLayout:
+    """The tree of several independent draft chains per request (multi-draft speculation).
+
+    Each chain becomes its own branch: its first token is a child of the root (siblings in
+    chain order) and each later token the only child of the one before.  Chains that share a
+    prefix are *not* merged: independently drafted children are tested one by one, and
+    merging them would change the law they were drawn from.
+
+    Parameters
+    ----------
+    drafts : sequence of ``B`` sequences of int sequences
+        ``drafts[b][c]`` is chain ``c`` of request ``b``; an empty chain adds no node.
+    vocab_size : int, optional
+
+    Returns
+    -------
+    TreeLayout
+        The nodes of chain 0, then those of chain 1, and so on, each chain in order.
+    """
+    per_request = []
+    for request_chains in drafts:
+        parents: list[int] = []
+        tokens: list[int] = []
+        for chain in request_chains:
+            previous = -1
+            for token in chain:
+                parents.append(previous)
+                tokens.append(int(token))
+                previous = len(parents) - 1
+        per_request.append((parents, tokens))
+    return _concatenate(per_request, vocab_size)
+
+
+def leaf_paths(layout: TreeLayout) -> list[list[list[int]]]:
+    """The token paths from the root to every leaf, leaves in node order, per request.
+
+    Parameters
+    ----------
+    layout : TreeLayout
+
+    Returns
+    -------
+    list of ``B`` lists of int lists
+        The inverse of :func:`chain_tree` (one path, none for an empty chain) and of
+        :func:`multi_draft_tree` (the non-empty chains).
+    """
+    result = []
+    for b in range(layout.batch_size):
+        parents = layout.parents_of(b)
+        tokens = layout.tokens_of(b)
+        has_child = [False] * len(parents)
+        for parent in parents:
+            if parent >= 0:
+                has_child[parent] = True
+        paths = []
+        for node in range(len(parents)):
+            if has_child[node]:
+                continue
+            path = []
+            walker = node
+            while walker >= 0:
+                path.append(tokens[walker])
+                walker = parents[walker]
+            paths.append(path[::-1])
+        result.append(paths)
+    return result
+
+
+def from_next_arrays(
+    retrieve_next_token: Any,
+    retrieve_next_sibling: Any,
+    candidates: Any,
+    vocab_size: int | None = None,
+) -> tuple[TreeLayout, np.ndarray]:
+    """The tree of SGLang's linked-list form (``retrieve_next_token`` / ``retrieve_next_sibling``).
+
+    In that form column 0 of each request is the root (the last verified token) and every
+    other column a draft; ``retrieve_next_token[b, i]`` is the first child of column ``i``
+    and ``retrieve_next_sibling[b, i]`` the next sibling, ``-1`` for none.  Columns not
+    reached from the root are padding and are left out.
+
+    Parameters
+    ----------
+    retrieve_next_token, retrieve_next_sibling, candidates : int [B, n]
+        ``candidates[b, i]`` is column ``i``'s token (column 0 is not read).
+    vocab_size : int, optional
+
+    Returns
+    -------
+    layout : TreeLayout
+        Nodes in depth-first order (a node, then its first child's subtree, then its next
+        sibling's), which keeps each sibling list in linked order.
+    source_columns : int64 [N]
+        The SGLang column of every node, to map accepted nodes back.
+
+    Raises
+    ------
+    ValueError
+        If the arrays differ in shape, a link leaves ``1 .. n - 1``, or a column is reached
+        twice (a cycle or a shared child).
+    """
+    next_token = np.asarray(retrieve_next_token)
+    next_sibling = np.asarray(retrieve_next_sibling)
+    tokens = np.asarray(candidates)
+    for name, array in (
+        ("retrieve_next_token", next_token),
+        ("retrieve_next_sibling", next_sibling),
+        ("candidates", tokens),
+    ):
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+        if array.ndim != 2 or array.shape != next_token.shape:
+            raise ValueError(
+                f"{name} must have the shape [B, n] of retrieve_next_token "
+                f"{list(next_token.shape)}; found {list(array.shape)}"
+            )
+    width = next_token.shape[1]
+    per_request = []
+    sources: list[int] = []
+    for b in range(next_token.shape[0]):
+        parents: list[int] = []
+        node_tokens: list[int] = []
+        seen = [False] * width
+        # Explicit stack of (column, parent node): recursion would be as deep as the tree.
+        stack: list[tuple[int, int, str]] = []
+        first = int(next_token[b, 0]) if width else -1
+        if first != -1:
+            stack.append((first, -1, f"retrieve_next_token[{b}, 0]"))
+        while stack:
+            column, parent, link = stack.pop()
+            if not 1 <= column < width:
+                raise ValueError(
+                    f"{link} is {column}: links must point at columns 1 .. {width - 1} or be -1"
+                )
+            if seen[column]:
+                raise ValueError(
+                    f"{link} is {column}, a column already in the tree of request {b}: "
+                    "the links form a cycle or share a child"
+                )
+            seen[column] = True
+            node = len(parents)
+            parents.append(parent)
+            node_tokens.append(int(tokens[b, column]))
+            sources.append(column)
+            sibling = int(next_sibling[b, column])
+            if sibling != -1:
+                stack.append((sibling, parent, f"retrieve_next_sibling[{b}, {column}]"))
+            child = int(next_token[b, column])
+            if child != -1:
+                stack.append((child, node, f"retrieve_next_token[{b}, {column}]"))
+        per_request.append((parents, node_tokens))
+    return _concatenate(per_request, vocab_size), np.asarray(sources, dtype=np.int64)
+
+
+def to_next_arrays(
+    layout: TreeLayout, root_token_ids: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SGLang's linked-list form of a tree: column 0 the root, node ``j`` in column ``j + 1``.
+
+    Parameters
+    ----------
+    layout : TreeLayout
+    root_token_ids : int [B], optional
+        Written into column 0 of ``candidates`` (0 when not given).
+
+    Returns
+    -------
+    retrieve_next_token, retrieve_next_sibling, candidates : int64 [B, max_nodes + 1]
+        ``-1`` for no link and in the padding columns of smaller trees.
+    """
+    batch_size = layout.batch_size
+    width = layout.max_nodes + 1
+    next_token = np.full((batch_size, width), -1, dtype=np.int64)
+    next_sibling = np.full((batch_size, width), -1, dtype=np.int64)
+    candidates = np.full((batch_size, width), -1, dtype=np.int64)
+    candidates[:, 0] = 0 if root_token_ids is None else np.asarray(root_token_ids)
+    for b in range(batch_size):
+        tokens = layout.tokens_of(b)
+        candidates[b, 1 : len(tokens) + 1] = tokens
+        for column, children in enumerate(layout.children(b)):
+            if children:
+                next_token[b, column] = children[0] + 1
+            for earlier, later in zip(children[:-1], children[1:]):
+                next_sibling[b, earlier + 1] = later + 1
+    return next_token, next_sibling, candidates
