@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from . import registry
 from ._reference import residual_draw
 from ._trees import validate_tree
 
@@ -54,8 +55,8 @@ __all__ = [
     "verify_tree",
 ]
 
-# TODO(registry): the tree methods belong in specdec_np/registry.py; this is their one list.
-TREE_METHODS = ("greedy", "point_mass", "specinfer", "rrs")
+#: The tree methods, from the registry.
+TREE_METHODS = tuple(method.name for method in registry.TREE_METHODS)
 
 #: How the oracle's children were drawn: given, independently from their own rows, or
 #: without replacement from one row.
@@ -368,9 +369,7 @@ def tree_emission_law(
     if method not in TREE_METHODS or method == "greedy":
         raise ValueError(f"method must be point_mass, specinfer or rrs; found {method!r}")
     if drafting is None:
-        drafting = {"point_mass": "fixed", "specinfer": "independent"}.get(
-            method, "without_replacement"
-        )
+        drafting = next(m.drafting for m in registry.TREE_METHODS if m.name == method)
     if drafting not in DRAFTINGS or variant not in VARIANTS:
         raise ValueError(f"unknown drafting {drafting!r} or variant {variant!r}")
     if drafting != "fixed" and draft is None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VERIFIERS", "Parameter", "Verifier", "get", "names"]
+__all__ = ["TREE_METHODS", "VERIFIERS", "Parameter", "TreeMethod", "Verifier", "get", "names"]
 
 
 @dataclass(frozen=True)
@@ -236,3 +236,45 @@ def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tu
         if (stochastic is None or verifier.stochastic == stochastic)
         and (lossless is None or verifier.lossless == lossless)
     )
+
+
+@dataclass(frozen=True)
+class TreeMethod:
+    """One verification method of the tree layout (``docs/semantics.md``, trees).
+
+    Attributes
+    ----------
+    name : str
+    summary : str
+    drafting : str or None
+        How the method assumes siblings were drafted: ``"fixed"`` (deterministic
+        candidates), ``"independent"`` (each child from its own ``q_j``),
+        ``"without_replacement"`` (siblings from one ``q``), or None (greedy: no law).
+    """
+
+    name: str
+    summary: str
+    drafting: str | None
+
+
+#: The tree methods.  Only the array-API reference walks them in this release.
+TREE_METHODS: tuple[TreeMethod, ...] = (
+    TreeMethod("greedy", "follow the child equal to the argmax of the node's row", None),
+    TreeMethod(
+        "point_mass",
+        "deterministic candidates (EAGLE-2, SGLang): accept child j with probability r(x_j) "
+        "under r with earlier siblings removed and renormalised",
+        "fixed",
+    ),
+    TreeMethod(
+        "specinfer",
+        "independently drafted children: accept x_j with probability min(1, r(x_j)/q_j(x_j)); "
+        "on rejection r <- (r - q_j)+ renormalised",
+        "independent",
+    ),
+    TreeMethod(
+        "rrs",
+        "recursive rejection sampling: siblings drawn without replacement from one q",
+        "without_replacement",
+    ),
+)
