@@ -25,6 +25,7 @@ with :class:`numpy.random.Generator` objects.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 import math
@@ -225,6 +226,11 @@ class _Adapter:
         return _to_numpy(output)
 
 
+def _torch() -> Any:
+    """torch, imported only when an adapter is used: it is never a dependency."""
+    return importlib.import_module("torch")
+
+
 class TorchAdapter(_Adapter):
     """Check a torch verifier: NumPy inputs become tensors on ``device``, outputs NumPy.
 
@@ -245,13 +251,11 @@ class TorchAdapter(_Adapter):
         self.device = device
 
     def _to(self, value: Any) -> Any:
-        import torch
-
+        torch = _torch()
         return torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
 
     def _generator(self, generator: np.random.Generator) -> Any:
-        import torch
-
+        torch = _torch()
         seeded = torch.Generator(device=self.device)
         seeded.manual_seed(int(generator.integers(2**63 - 1)))
         return seeded
@@ -1063,9 +1067,10 @@ def check_verifier(
     verifier : callable
         The verifier with the stateless chain signature (see the module docstring), or an
         adapter (:class:`TorchAdapter`, :class:`DLPackAdapter`) around one.
-    kind : {"rejection", "block", "greedy"}
-        What the verifier claims to be (one of :data:`KINDS`).  "rejection" and "block" are
-        lossless and checked for the target's law; "greedy" deterministically.
+    kind : str
+        What the verifier claims to be, one of :data:`KINDS`: a lossless verifier of the
+        registry (checked for the target's law) or greedy verification (checked against
+        the argmax rule).
     vocab_size : int
         V of the Monte Carlo, batch-invariance and greedy batches (the exact law uses
         V <= 4 and k <= 2 to stay small).  At least 3.
