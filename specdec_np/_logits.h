@@ -152,6 +152,9 @@ static inline double specdec_weight_d(double z, double z_max)
 }
 
 #define SPECDEC_HISTOGRAM_BITS 11
+/* Top-p after min-p or top-k selects over at most this many gathered survivors (on the
+ * stack: 16 KiB for double rows); with more it scans the row. */
+#define SPECDEC_TOP_P_CANDIDATES 2048
 
 /* Radix select over the keys of the z values: the largest key v such that the entries with
  * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
@@ -519,8 +522,26 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
         }                                                                                  \
         if (top_p < 1.0) {                                                                 \
-            KEY_T p_key = specdec_select_##SUFFIX(logits, V, temperature, z_max, floor_key, \
-                                                  1, top_p);                               \
+            /* After min-p or top-k few tokens are left: gather their z (in element order,  \
+             * so the histograms sum in the same order) and select over them alone.       \
+             * z / 1 is z, so the keys and weights are the same bits. */                   \
+            T candidates[SPECDEC_TOP_P_CANDIDATES];                                        \
+            ptrdiff_t count = 0;                                                           \
+            if (floor_key > 1) {                                                           \
+                for (ptrdiff_t y = 0; y < V && count <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
+                    T z = logits[y] / temperature;                                         \
+                    if (specdec_key_##SUFFIX(z) >= floor_key) {                            \
+                        if (count < SPECDEC_TOP_P_CANDIDATES)                              \
+                            candidates[count] = z;                                         \
+                        ++count;                                                           \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
+            KEY_T p_key = floor_key > 1 && count <= SPECDEC_TOP_P_CANDIDATES               \
+                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max,   \
+                                                        floor_key, 1, top_p)              \
+                              : specdec_select_##SUFFIX(logits, V, temperature, z_max,    \
+                                                        floor_key, 1, top_p);             \
             if (SPECDEC_LOGITS_MUTATION == 1 && p_key != specdec_key_##SUFFIX(z_max)) {     \
                 /* wrong on purpose: the tie group at the boundary is dropped */           \
                 int64_t tied = 0;                                                          \
