@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from specdec_np._conformance import draw_from
+
 LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
 
 # Fixed Monte-Carlo case: V = 8, k = 2 (the third target row is the bonus position).
@@ -123,3 +125,36 @@ def weighted_residual(p_row, q_row, rho: float = 1.0, *, fallback: bool = True) 
         if fallback and not np.any(weights > 0):
             weights = np.nan_to_num(np.maximum(p, 0.0), nan=0.0)
     return weights
+
+
+def apply_row_edges(
+    rng: np.random.Generator,
+    target: np.ndarray,
+    draft: np.ndarray,
+    draft_ids: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    edges: set,
+) -> None:
+    """The edge cases of the chain verifiers' hypothesis strategies, in place, at the
+    positions ``(rows, cols)``: drafts drawn from ``q`` (everywhere), one-hot targets,
+    ``p(x) = 0``, ``q(x) = 0``, ``p == q`` and an empty residual (``q = 2 p``)."""
+    batch_size, k = draft_ids.shape
+    if "drafts_from_q" in edges:
+        for b in range(batch_size):
+            for i in range(k):
+                draft_ids[b, i] = draw_from(draft[b, i], 1, rng)[0]
+    if "one_hot_target" in edges:
+        target[rows, cols] = 0.0
+        target[rows, cols, draft_ids[rows, cols]] = 1.0
+    if "p_zero" in edges:
+        target[rows, cols, draft_ids[rows, cols]] = 0.0
+        sums = target[rows, cols].sum(axis=-1, keepdims=True)
+        target[rows, cols] /= np.where(sums > 0, sums, 1.0)
+    if "q_zero" in edges:
+        draft[rows, cols, draft_ids[rows, cols]] = 0.0
+    if "p_equals_q" in edges:
+        draft[rows, cols] = target[rows, cols]
+    if "residual_zero" in edges:
+        # q >= p everywhere: any rejection there has an empty residual and falls back to p.
+        draft[rows, cols] = 2.0 * target[rows, cols]

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from draw_checks import (
     LARGEST_BELOW_ONE,
+    apply_row_edges,
     assert_draw_consistent,
     boundary_tolerance,
     random_rows,
@@ -475,22 +476,7 @@ def block_cases(draw, max_k=5, edge_cases=EDGE_CASES):
     rows, cols = np.nonzero(rng.random((batch_size, k)) < 0.5)
     if "close_draft" in edges:
         draft = 0.9 * target[:, :k] + 0.1 * draft
-    if "drafts_from_q" in edges:
-        for b, i in itertools.product(range(batch_size), range(k)):
-            draft_ids[b, i] = conf.draw_from(draft[b, i], 1, rng)[0]
-    if "one_hot_target" in edges:
-        target[rows, cols] = 0.0
-        target[rows, cols, draft_ids[rows, cols]] = 1.0
-    if "p_zero" in edges:
-        target[rows, cols, draft_ids[rows, cols]] = 0.0
-        sums = target[rows, cols].sum(axis=-1, keepdims=True)
-        target[rows, cols] /= np.where(sums > 0, sums, 1.0)
-    if "q_zero" in edges:
-        draft[rows, cols, draft_ids[rows, cols]] = 0.0
-    if "p_equals_q" in edges:
-        draft[rows, cols] = target[rows, cols]
-    if "residual_zero" in edges:
-        draft[rows, cols] = 2.0 * target[rows, cols]
+    apply_row_edges(rng, target, draft, draft_ids, rows, cols, edges)
     target = target.astype(dtype)
     draft = draft.astype(dtype)
     if "p_equals_q" in edges:

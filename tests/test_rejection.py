@@ -15,6 +15,7 @@ from draw_checks import (
     LARGEST_BELOW_ONE,
     MC_P,
     MC_Q,
+    apply_row_edges,
     assert_draw_consistent,
     random_rows,
     residual_weights,
@@ -102,23 +103,7 @@ def rejection_cases(draw):
     uniforms = rng.random((batch_size, k + 1))
     picked = rng.random((batch_size, k)) < 0.5
     rows, cols = np.nonzero(picked)
-    if "drafts_from_q" in edges:
-        for b, i in zip(*np.nonzero(np.ones((batch_size, k), dtype=bool))):
-            draft_ids[b, i] = conf.draw_from(draft[b, i], 1, rng)[0]
-    if "one_hot_target" in edges:
-        target[rows, cols] = 0.0
-        target[rows, cols, draft_ids[rows, cols]] = 1.0
-    if "p_zero" in edges:
-        target[rows, cols, draft_ids[rows, cols]] = 0.0
-        sums = target[rows, cols].sum(axis=-1, keepdims=True)
-        target[rows, cols] /= np.where(sums > 0, sums, 1.0)
-    if "q_zero" in edges:
-        draft[rows, cols, draft_ids[rows, cols]] = 0.0
-    if "p_equals_q" in edges:
-        draft[rows, cols] = target[rows, cols]
-    if "residual_zero" in edges:
-        # q >= p everywhere: any rejection there has an empty residual and falls back to p.
-        draft[rows, cols] = 2.0 * target[rows, cols]
+    apply_row_edges(rng, target, draft, draft_ids, rows, cols, edges)
     if "extreme_uniforms" in edges:
         choice = rng.integers(0, 3, uniforms.shape)
         uniforms = np.where(choice == 0, 0.0, np.where(choice == 1, LARGEST_BELOW_ONE, uniforms))
