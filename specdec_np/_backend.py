@@ -93,7 +93,8 @@ def intake(x: Any, name: str) -> Any:
         whose ``__dlpack__`` or ``__dlpack_device__`` does not follow the protocol.
     """
     if isinstance(x, np.ndarray):
-        _refuse_subclass(x, name)
+        if type(x) is not np.ndarray:
+            _refuse_subclass(x, name)
         if not x.dtype.isnative:
             # The kernels read native numbers; the same dtype in native order keeps every
             # value (a byte-swapped float64 must not become float32).
@@ -198,9 +199,11 @@ def check_one_device(named: dict[str, Any]) -> int | None:
     named : dict[str, array or None]
         Argument name → array (NumPy or CuPy; None entries are skipped).
     """
-    arrays = [array for array in named.values() if array is not None]
-    if all(isinstance(array, np.ndarray) for array in arrays):
-        return None
+    for array in named.values():
+        if array is not None and not isinstance(array, np.ndarray):
+            break
+    else:
+        return None  # every array is on the host
     devices = {name: device_of(array) for name, array in named.items() if array is not None}
     if len(set(devices.values())) > 1:
         found = ", ".join(f"{name} on {_device_text(device)}" for name, device in devices.items())

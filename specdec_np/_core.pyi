@@ -48,6 +48,7 @@ def first_invalid_id(
     draft_offsets: Int64Array,
     vocab_size: int,
 ) -> tuple[int, int] | None: ...
+def ragged_offsets(counts: Int64Array, offsets: Int64Array) -> tuple[int, int]: ...
 def create_output(
     accepted: npt.NDArray[np.uint8],
     substitute_token_ids: IdArray,

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _contract, _validate
+from . import _backend, _contract, _core, _validate
 
 __all__ = ["ChainBatch", "padded_chain", "ragged_chain"]
 
@@ -48,6 +48,9 @@ class ChainBatch(NamedTuple):
         The target argument's name, for messages.
     index_label : str
         How messages name an id's index: ``(row, position)`` or ``(request, position)``.
+    draft_counts : int64 numpy array [B] or None
+        Host copy of ``k_b`` for a ragged batch (what ``draft_offsets`` was made from), so
+        that callers need not read the offsets back; None for a padded batch.
     """
 
     xp: Any
@@ -64,6 +67,7 @@ class ChainBatch(NamedTuple):
     padded_k: int | None
     target_name: str = "target_with_bonus_probs"
     index_label: str = "(row, position)"
+    draft_counts: Any = None
 
     def raise_for_row_status(self, first_bad_row: int, row_status: Any) -> None:
         """The kernel's first failed request as a ``ValueError`` in this layout's terms."""
@@ -197,8 +201,9 @@ def padded_chain(
     )
 
 
-def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any]:
-    """``num_draft_tokens`` checked: host int64 counts and the offsets on the device."""
+def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
+    """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
+    largest count and ``T``."""
     counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
     if counts.ndim != 1:
         raise ValueError(
@@ -208,16 +213,14 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any]:
     if getattr(counts.dtype, "kind", None) not in ("i", "u"):
         raise TypeError(f"num_draft_tokens must have an integer dtype; found {counts.dtype}")
     host = np.asarray(counts.get() if hasattr(counts, "get") else counts).astype(np.int64)
-    negative = np.flatnonzero(host < 0)
-    if negative.size:
-        request = int(negative[0])
+    offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
+    max_k, negative = _core.ragged_offsets(host, offsets)
+    if negative >= 0:
         raise ValueError(
-            f"num_draft_tokens must be >= 0 for every request; found {int(host[request])} "
-            f"for request {request}"
+            f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
+            f"for request {negative}"
         )
-    offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
-    np.cumsum(host, out=offsets[1:])
-    return host, offsets if xp is np else xp.asarray(offsets)
+    return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
 
 
 def ragged_chain(
@@ -273,9 +276,8 @@ def ragged_chain(
          "bonus_token_ids": bonus}
     )
     xp = _backend.array_namespace(target)
-    counts, offsets = _draft_counts(num_draft_tokens, xp)
+    counts, offsets, max_k, total = _draft_counts(num_draft_tokens, xp)
     batch_size = int(counts.shape[0])
-    total = int(counts.sum())
     if tuple(draft_ids.shape) != (total,):
         raise ValueError(
             f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
@@ -323,10 +325,11 @@ def ragged_chain(
         bonus_token_ids=bonus,
         draft_offsets=offsets,
         batch_size=batch_size,
-        max_k=int(counts.max()) if batch_size else 0,
+        max_k=max_k,
         vocab_size=vocab_size,
         num_draft_tokens=total,
         padded_k=None,
         target_name=target_name,
         index_label="(request, position)",
+        draft_counts=counts,
     )

@@ -215,6 +215,9 @@ class RejectionUniforms:
     ) -> None:
         self._shape = (batch_size, k + 1)
         self._row_widths = row_widths
+        # A batch of greedy requests draws nothing: draw() and snapshot() then skip the
+        # sources altogether (they are still checked below).
+        self._draws_nothing = row_widths is not None and not np.count_nonzero(row_widths)
         self._xp = xp
         self._explicit = None
         self._seeded = _check_rows("seeded_seqs", seeded_seqs, batch_size)
@@ -265,7 +268,7 @@ class RejectionUniforms:
 
     def snapshot(self) -> GeneratorSnapshot:
         """The states of the generators :meth:`draw` consumes."""
-        if self._explicit is not None:
+        if self._explicit is not None or self._draws_nothing:
             return GeneratorSnapshot(())
         own = () if self._generator is None else (self._generator,)
         return GeneratorSnapshot((*own, *self._seeded.values()))
@@ -277,7 +280,9 @@ class RejectionUniforms:
         xp = self._xp
         batch_size, width = self._shape
         widths = self._row_widths
-        if self._generator is None and not self._seeded and not self._counter_rows:
+        if self._draws_nothing or (
+            self._generator is None and not self._seeded and not self._counter_rows
+        ):
             return xp.empty(self._shape, dtype=xp.float64)  # no row draws anything
         if widths is None and not self._seeded and not self._counter_rows:
             # The kernels read [B, k+1] row-major; a counter stream with an odd width

@@ -291,11 +291,29 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
             specdec_entropy_group(p, &low, &high);
         }
     } else {
+        /* Four independent maxima: one chain of compare-and-select per group of 8 would
+         * leave the loop bound by its latency instead of by the loads.  The maximum is a
+         * selection, so the grouping cannot change the value found. */
+        specdec_v8f best1 = minus_infinity, best2 = minus_infinity, best3 = minus_infinity;
+        for (; y + 32 <= stop; y += 32) {
+            specdec_v8f p0, p1, p2, p3;
+            memcpy(&p0, row + y, sizeof p0);
+            memcpy(&p1, row + y + 8, sizeof p1);
+            memcpy(&p2, row + y + 16, sizeof p2);
+            memcpy(&p3, row + y + 24, sizeof p3);
+            best = specdec_max8(p0, best);
+            best1 = specdec_max8(p1, best1);
+            best2 = specdec_max8(p2, best2);
+            best3 = specdec_max8(p3, best3);
+        }
         for (; y + 8 <= stop; y += 8) {
             specdec_v8f p;
             memcpy(&p, row + y, sizeof p);
             best = specdec_max8(p, best);
         }
+        best = specdec_max8(best1, best);
+        best = specdec_max8(best2, best);
+        best = specdec_max8(best3, best);
     }
     if (y < stop) {
         /* Padding: p = 0 adds 0 * ln(1e-5) = 0 to the entropy; -inf never wins the max. */

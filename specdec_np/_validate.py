@@ -294,6 +294,24 @@ def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarr
     return array.astype(dtype)
 
 
+def _within(values: np.ndarray, low: float, high: float, low_open: bool) -> bool:
+    """Whether every value lies in ``[low, high]`` (``(low, high]`` if ``low_open``); NaN
+    fails.  A small batch is tested on Python floats: a NumPy reduction has a fixed cost
+    of about a microsecond, far more than a few comparisons."""
+    if values.shape[0] <= _PYTHON_CHECK_MAX:
+        if low_open:
+            return all(low < value <= high for value in values.tolist())
+        return all(low <= value <= high for value in values.tolist())
+    # A NaN makes the minimum NaN, which fails the comparison.
+    smallest = np.minimum.reduce(values)
+    return bool(
+        (smallest > low if low_open else smallest >= low) and np.maximum.reduce(values) <= high
+    )
+
+
+_PYTHON_CHECK_MAX = 16
+
+
 def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, expected: str) -> None:
     where = np.flatnonzero(bad)
     if where.size:
@@ -348,15 +366,17 @@ def check_sampling_parameters(
         result["temperature"] = None
     else:
         values = _per_request("temperature", temperature, batch_size, np.float64)
-        _first_bad(
-            "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
-        )
+        if not _within(values, 0.0, np.finfo(np.float64).max, False):
+            _first_bad(
+                "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
+            )
         result["temperature"] = values
     if top_k is None:
         result["top_k"] = None
     else:
         raw = _per_request("top_k", top_k, batch_size, np.float64)
-        _first_bad("top_k", raw, ~((raw >= 0) & (raw == np.floor(raw))), "an integer >= 0")
+        if not _within(raw, 0.0, np.inf, False) or raw.tolist() != np.floor(raw).tolist():
+            _first_bad("top_k", raw, ~((raw >= 0) & (raw == np.floor(raw))), "an integer >= 0")
         values = np.minimum(raw, vocab_size).astype(np.int64)
         result["top_k"] = np.where(values >= vocab_size, 0, values)
     for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
@@ -364,9 +384,10 @@ def check_sampling_parameters(
             result[name] = None
             continue
         values = _per_request(name, value, batch_size, np.float64)
-        low_ok = values > 0 if low_open else values >= 0
-        expected = "in (0, 1]" if low_open else "in [0, 1]"
-        _first_bad(name, values, ~(low_ok & (values <= 1)), expected)
+        if not _within(values, 0.0, 1.0, low_open):
+            low_ok = values > 0 if low_open else values >= 0
+            expected = "in (0, 1]" if low_open else "in [0, 1]"
+            _first_bad(name, values, ~(low_ok & (values <= 1)), expected)
         result[name] = values
     return result
 

@@ -248,31 +248,32 @@ def _verify_ragged(
     elif strict:
         _validate.check_probability_values(target_name, batch.target_rows, batch.xp)
         _validate.check_probability_values(draft_name, batch.draft_rows, batch.xp)
-    counts = np.diff(np.asarray(_host(batch.draft_offsets)))
-    greedy = (
-        np.zeros(batch.batch_size, dtype=bool)
-        if sampling["temperature"] is None or verifier is _GREEDY
-        else sampling["temperature"] == 0
-    )
+    counts = batch.draft_counts
+    batch_size = batch.batch_size
     if verifier is _GREEDY:
-        greedy[:] = True
-    if strict and not from_logits and greedy.any():
+        greedy = np.ones(batch_size, dtype=bool)
+    elif sampling["temperature"] is None:
+        greedy = np.zeros(batch_size, dtype=bool)
+    else:
+        greedy = sampling["temperature"] == 0
+    num_greedy = int(np.count_nonzero(greedy))
+    all_greedy = num_greedy == batch_size
+    if strict and not from_logits and num_greedy:
         # Greedy verification of probabilities accepts p(x) > 1/2 unread: its rows must
         # be distributions, as for the padded greedy verifier.
         rows = np.repeat(greedy, counts + 1)
         rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
         _validate.check_row_sums(target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp)
     request_methods = None
-    if greedy.any() and not greedy.all():
+    if num_greedy and not all_greedy:
         codes = np.where(greedy, verify.row_index(_GREEDY), verify.row_index(verifier))
         request_methods = batch.xp.asarray(codes.astype(np.int8))
-    chosen = _GREEDY if greedy.all() and batch.batch_size else verifier
-    sampled = ~greedy
+    chosen = _GREEDY if all_greedy and batch_size else verifier
     draw_bonus = bonus_token_ids is None
     # Built even when every request is greedy, so that a bad source is refused whatever
     # the batch holds; greedy requests draw nothing from it.
     sources = _random.RejectionUniforms(
-        batch.batch_size,
+        batch_size,
         batch.max_k + 1,
         batch.xp,
         uniforms=uniforms,
@@ -281,7 +282,9 @@ def _verify_ragged(
         device=batch.device,
         seeded_seqs=seeded_seqs,
         counter_seeds=counter_seeds,
-        row_widths=np.where(sampled, counts + 2, 0),
+        row_widths=np.zeros(batch_size, dtype=np.int64)
+        if all_greedy
+        else np.where(greedy, 0, counts + 2),
     )
     block = None if out is None else _check_out(out, batch)
     processing = None
@@ -307,17 +310,15 @@ def _sampling_table(
     """float64 [B, 4]: temperature, top-k (0 = off), top-p, min-p of every request, with
     the defaults of "off" (a greedy request reads its rows raw; its entries are unused)."""
     table = np.empty((batch_size, 4), dtype=np.float64)
-    for column, (name, off) in enumerate(
-        (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
-    ):
+    for column, (name, off) in enumerate(_SAMPLING_COLUMNS):
         values = sampling[name]
         table[:, column] = off if values is None else values
-    table[greedy, 0] = 1.0
+    if sampling["temperature"] is not None:
+        np.copyto(table[:, 0], 1.0, where=greedy)
     return table
 
 
-def _host(array: Any) -> np.ndarray:
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else array
+_SAMPLING_COLUMNS = (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
 
 
 class EngineVerifier:
