@@ -350,6 +350,131 @@ cdef inline Py_ssize_t raw_argmax(
 
 
 # --------------------------------------------------------------------------------------
+# Draws from logits rows.  The processed rows are never materialised whole: each block of
+# the inverse CDF is processed into the first entries of the thread's scratch rows (where
+# it stays in cache) and summed there, and the chosen block is processed again to be
+# scanned.  Every entry gets the bits that materialising the whole row gives it, the
+# blocks and their sums are those of draw_inverse_cdf, so the draw is the same.
+# --------------------------------------------------------------------------------------
+
+cdef inline void process_range(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft, Py_ssize_t start,
+    Py_ssize_t stop, probability_t* out
+) noexcept nogil:
+    """Entries ``start .. stop`` of row ``i``'s processed law, written to ``out[0 ..]``."""
+    cdef const specdec_row_law* law = row_law(request, rows, i, draft)
+    cdef const probability_t* logits = rows + i * request.V + start
+    if probability_t is float:
+        specdec_law_materialise_f(logits, stop - start, <float>request.temperature, law, out)
+    else:
+        specdec_law_materialise_d(logits, stop - start, request.temperature, law, out)
+
+
+cdef inline Py_ssize_t process_residual_block(
+    Request* request, const probability_t* target, Py_ssize_t i, const probability_t* draft,
+    Py_ssize_t point_mass, Py_ssize_t start, Py_ssize_t stop
+) noexcept nogil:
+    """p (and q unless ``draft`` is NULL) of row ``i`` over ``start .. stop`` into the
+    scratch rows; returns the point mass as an index into the block (-1 outside it)."""
+    process_range(request, target, i, False, start, stop,
+                  <probability_t*>request.target_scratch)
+    if draft != NULL:
+        process_range(request, draft, i, True, start, stop,
+                      <probability_t*>request.draft_scratch)
+    return point_mass - start if start <= point_mass < stop else -1
+
+
+cdef Py_ssize_t draw_processed(
+    Request* request, const probability_t* target, Py_ssize_t i, const probability_t* draft,
+    Py_ssize_t point_mass, double rho, double v
+) noexcept nogil:
+    """:func:`draw_inverse_cdf` over the weights max(rho p - q, 0) of logits row ``i``
+    (target, and draft unless NULL: then q is the point mass at ``point_mass``, none for
+    -1), block by block as described above."""
+    cdef double block_sums[MAX_BLOCKS]
+    cdef Py_ssize_t V = request.V
+    cdef Py_ssize_t block = MIN_BLOCK
+    cdef Py_ssize_t num_blocks, j, y, start, stop, mass
+    cdef double total, threshold, running = 0.0, w, scale = 1.0
+    cdef int _attempt
+    cdef const probability_t* p = <const probability_t*>request.target_scratch
+    cdef const probability_t* q = (
+        <const probability_t*>request.draft_scratch if draft != NULL else NULL
+    )
+    if V > block * MAX_BLOCKS:
+        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    num_blocks = (V + block - 1) // block
+    for _attempt in range(2):
+        total = 0.0
+        for j in range(num_blocks):
+            start = j * block
+            stop = start + block if start + block < V else V
+            mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+            block_sums[j] = weight_sum(p, q, mass, rho, scale, 0, stop - start)
+            total += block_sums[j]
+        if not isinf(total):
+            break
+        scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
+    if not total > 0.0:
+        return -1
+    threshold = v * total
+    j = 0
+    while j < num_blocks and not running + block_sums[j] > threshold:
+        running += block_sums[j]
+        j += 1
+    while j < num_blocks:
+        start = j * block
+        stop = start + block if start + block < V else V
+        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+        for y in range(stop - start):
+            w = residual_weight(p, q, mass, rho, scale, y)
+            running += w
+            if w > 0.0 and running > threshold:
+                return start + y
+        j += 1
+    j = num_blocks - 1
+    while j >= 0:
+        start = j * block
+        stop = start + block if start + block < V else V
+        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+        y = stop - start - 1
+        while y >= 0:
+            if residual_weight(p, q, mass, rho, scale, y) > 0.0:
+                return start + y
+            y -= 1
+        j -= 1
+    return -1
+
+
+cdef inline Py_ssize_t residual_token(
+    Request* request, const probability_t* target, const probability_t* draft, Py_ssize_t i,
+    Py_ssize_t x, double rho, double v
+) noexcept nogil:
+    """:func:`draw_residual` at position ``i`` (draft id ``x``) of a request's rows."""
+    cdef Py_ssize_t V = request.V
+    cdef Py_ssize_t token
+    if not request.logits:
+        return draw_residual(
+            target + i * V, NULL if draft == NULL else draft + i * V, x, rho, V, v
+        )
+    token = draw_processed(request, target, i, draft, -1 if draft != NULL else x, rho, v)
+    if token < 0:
+        token = draw_processed(request, target, i, <const probability_t*>NULL, -1, 1.0, v)
+    return token
+
+
+cdef inline Py_ssize_t row_token(
+    Request* request, const probability_t* target, Py_ssize_t i, double v
+) noexcept nogil:
+    """A token drawn from row ``i``'s law by inverse CDF at ``v`` (-1 if it has no mass)."""
+    if not request.logits:
+        return draw_inverse_cdf(
+            target + i * request.V, <const probability_t*>NULL, -1, 1.0, request.V, v
+        )
+    return draw_processed(request, target, i, <const probability_t*>NULL, -1, 1.0, v)
+
+
+# --------------------------------------------------------------------------------------
 # Row functions: one request of any layout.  Each gets the request's k + 1 target rows
 # (contiguous, row stride V), its k draft rows (or NULL for point-mass drafts), its k
 # draft ids (already checked against V), its bonus id and its Request; it writes the
@@ -362,7 +487,7 @@ cdef int64_t rejection_row(
     int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
-    cdef Py_ssize_t k = request.k, V = request.V
+    cdef Py_ssize_t k = request.k
     cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, r = k, token
     cdef int64_t passed = 0
@@ -382,10 +507,7 @@ cdef int64_t rejection_row(
     if r == k:
         last_token[0] = bonus_id
         return 0
-    token = draw_residual(
-        probability_row(request, target, r, False), probability_row(request, draft, r, True),
-        draft_ids[r], 1.0, V, uniforms[k],
-    )
+    token = residual_token(request, target, draft, r, draft_ids[r], 1.0, uniforms[k])
     if token < 0:
         return -(1 + r)
     last_token[0] = token
@@ -475,10 +597,7 @@ cdef int64_t block_verification_row(
         last_token[0] = bonus_id
         return 0
     rho = block_weight(request, target, draft, draft_ids, path_p, path_q, tau)
-    token = draw_residual(
-        probability_row(request, target, tau, False), probability_row(request, draft, tau, True),
-        draft_ids[tau], rho, V, uniforms[k],
-    )
+    token = residual_token(request, target, draft, tau, draft_ids[tau], rho, uniforms[k])
     if token < 0:
         return -(1 + tau)
     last_token[0] = token
@@ -735,10 +854,7 @@ cdef inline int64_t verify_request(
         if method == ROW_GREEDY:
             last_token = raw_argmax(target, k, V)
         else:
-            last_token = draw_inverse_cdf(
-                probability_row(request, target, k, False), <const probability_t*>NULL, -1,
-                1.0, V, uniforms[k + 1],
-            )
+            last_token = row_token(request, target, k, uniforms[k + 1])
             if last_token < 0:
                 status = -(1 + k)
     if status == 0:
