@@ -30,6 +30,15 @@ cdef extern from "_rowscan.h" nogil:
         const double* p, const double* q, Py_ssize_t point_mass, double rho, double scale,
         Py_ssize_t start, Py_ssize_t stop,
     )
+    void specdec_residual_sum_f_accumulate(
+        const float* p, const float* q, Py_ssize_t point_mass, double rho, double scale,
+        Py_ssize_t start, Py_ssize_t stop, double* lanes,
+    )
+    void specdec_residual_sum_d_accumulate(
+        const double* p, const double* q, Py_ssize_t point_mass, double rho, double scale,
+        Py_ssize_t start, Py_ssize_t stop, double* lanes,
+    )
+    double specdec_combine_lanes(const double* lanes)
     double specdec_residual_weight(double p, double q, double rho, double scale)
     double specdec_entropy_max_f(
         const float* row, Py_ssize_t start, Py_ssize_t stop, bint want_entropy,
@@ -320,25 +329,6 @@ cdef inline double draft_probability(
     return q_y if q_y > 0.0 else 0.0
 
 
-cdef inline const probability_t* probability_row(
-    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
-) noexcept nogil:
-    """Row ``i`` as probabilities: the row itself, or its processed law written to the
-    thread's scratch row (NULL stays NULL: a point-mass draft)."""
-    cdef const specdec_row_law* law
-    cdef Py_ssize_t V = request.V
-    cdef probability_t* scratch
-    if rows == NULL or not request.logits:
-        return rows + i * V if rows != NULL else rows
-    law = row_law(request, rows, i, draft)
-    scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
-    if probability_t is float:
-        specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
-    else:
-        specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
-    return scratch
-
-
 cdef inline Py_ssize_t raw_argmax(
     const probability_t* rows, Py_ssize_t i, Py_ssize_t V
 ) noexcept nogil:
@@ -444,6 +434,70 @@ cdef Py_ssize_t draw_processed(
             y -= 1
         j -= 1
     return -1
+
+
+cdef double row_residual_total(
+    Request* request, const probability_t* target, const probability_t* draft, Py_ssize_t i,
+    Py_ssize_t point_mass, double rho
+) noexcept nogil:
+    """:func:`residual_total` of row ``i`` (q the draft row, or the point mass at
+    ``point_mass`` when ``draft`` is NULL); from logits in blocks, one set of lanes."""
+    cdef Py_ssize_t V = request.V
+    cdef Py_ssize_t start, stop, mass
+    cdef double lanes[8]
+    cdef const probability_t* p = <const probability_t*>request.target_scratch
+    cdef const probability_t* q = (
+        <const probability_t*>request.draft_scratch if draft != NULL else NULL
+    )
+    if not request.logits:
+        return residual_total(
+            target + i * V, NULL if draft == NULL else draft + i * V, point_mass, rho, V
+        )
+    for start in range(8):
+        lanes[start] = 0.0
+    # Blocks are multiples of 8 long, so each entry keeps its lane of the one-call sum.
+    for start in range(0, V, MIN_BLOCK):
+        stop = start + MIN_BLOCK if start + MIN_BLOCK < V else V
+        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+        if probability_t is float:
+            specdec_residual_sum_f_accumulate(p, q, mass, rho, 1.0, 0, stop - start, lanes)
+        else:
+            specdec_residual_sum_d_accumulate(p, q, mass, rho, 1.0, 0, stop - start, lanes)
+    return specdec_combine_lanes(lanes)
+
+
+cdef double row_entropy_and_argmax(
+    Request* request, const probability_t* target, Py_ssize_t i, Py_ssize_t* argmax
+) noexcept nogil:
+    """:func:`entropy_and_argmax` of row ``i``'s law (with the entropy); from logits, each
+    scan block is processed into scratch, and the argmax's block once more to locate it."""
+    cdef Py_ssize_t V = request.V
+    cdef probability_t* p = <probability_t*>request.target_scratch
+    cdef probability_t best = -1.0 / 0.0
+    cdef probability_t block_best
+    cdef Py_ssize_t start, stop, best_block_start = 0
+    cdef double total = 0.0
+    if not request.logits:
+        return entropy_and_argmax(target + i * V, V, True, argmax)
+    for start in range(0, V, SCAN_BLOCK):
+        stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
+        process_range(request, target, i, False, start, stop, p)
+        if probability_t is float:
+            total += specdec_entropy_max_f(p, 0, stop - start, True, &block_best)
+        else:
+            total += specdec_entropy_max_d(p, 0, stop - start, True, &block_best)
+        if block_best > best:
+            best = block_best
+            best_block_start = start
+    if argmax != NULL:
+        if best > -1.0 / 0.0:
+            start = best_block_start
+            stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
+            process_range(request, target, i, False, start, stop, p)
+            argmax[0] = start + locate_first(p, 0, stop - start, best)
+        else:
+            argmax[0] = 0
+    return -total
 
 
 cdef inline Py_ssize_t residual_token(
@@ -554,7 +608,7 @@ cdef int64_t block_verification_row(
     int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
-    cdef Py_ssize_t k = request.k, V = request.V
+    cdef Py_ssize_t k = request.k
     cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, j, tau = 0, token
     cdef double rho, h, total, denominator
@@ -562,7 +616,6 @@ cdef int64_t block_verification_row(
     cdef double path_q_stack[PATH_STACK]
     cdef double* path_p = NULL
     cdef double* path_q = NULL
-    cdef const probability_t* target_i
     if k <= PATH_STACK:
         # Each p(x_j) is read once: from logits it costs a pass over row j.
         path_p = path_p_stack
@@ -579,10 +632,8 @@ cdef int64_t block_verification_row(
             # h_k = rho_k; rho_i = 1 gives h_i = 1 and rho_i = 0 gives h_i = 0 unread.
             h = rho
         else:
-            target_i = probability_row(request, target, i, False)
-            total = residual_total(
-                target_i, probability_row(request, draft, i, True),
-                -1 if draft != NULL else draft_ids[i], rho, V,
+            total = row_residual_total(
+                request, target, draft, i, -1 if draft != NULL else draft_ids[i], rho
             )
             denominator = total + (1.0 - rho)
             # NaN (a NaN target entry on the path) fails every check.
@@ -647,7 +698,7 @@ cdef int64_t typical_acceptance_row(
     int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
     int64_t* num_accepted
 ) noexcept nogil:
-    cdef Py_ssize_t k = request.k, V = request.V
+    cdef Py_ssize_t k = request.k
     cdef Py_ssize_t i, r = k, recovered = 0, argmax = 0
     cdef int64_t passed = 0
     cdef double p_x, entropy, threshold
@@ -660,9 +711,7 @@ cdef int64_t typical_acceptance_row(
             passed += 1
             continue
         # The argmax is only needed at the first rejection, so only while none was seen.
-        entropy = entropy_and_argmax(
-            probability_row(request, target, i, False), V, True, &argmax if r == k else NULL
-        )
+        entropy = row_entropy_and_argmax(request, target, i, &argmax if r == k else NULL)
         # alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
         threshold = posterior_alpha * exp(-entropy) if posterior_alpha > 0.0 else 0.0
         if threshold > posterior_threshold:

@@ -92,6 +92,13 @@ SPECDEC_DEFINE_FAST_LOG(specdec_fast_logf, float, int32_t, SPECDEC_TO_FLOAT)
 
 /* ---- residual mass: sum of max(rho p - q, 0) * scale in float64 ---------------------- */
 
+/* NAME_accumulate adds a range's weights to eight running lanes, so that a row summed in
+ * pieces whose lengths are multiples of 8 gets the bits of one NAME call over the row. */
+static inline double specdec_combine_lanes(const double lanes[8])
+{
+    return SPECDEC_COMBINE_LANES(lanes);
+}
+
 /* q == NULL stands for a point-mass draft: q = 1 at index point_mass, 0 elsewhere (and 0
  * everywhere for point_mass = -1).  Both forms go through the same arithmetic, so a
  * point-mass draft and its one-hot draft row give bit-identical sums.
@@ -184,10 +191,12 @@ SPECDEC_INLINE void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d
         acc[1] += specdec_positive_part(rho * p8[1] - q8[1]) * scale;                      \
     }                                                                                      \
     SPECDEC_CLONES                                                                         \
-    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
-                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
+    static void NAME##_accumulate(const T *p, const T *q, ptrdiff_t point_mass, double rho, \
+                                  double scale, ptrdiff_t start, ptrdiff_t stop,           \
+                                  double lanes[8])                                         \
     {                                                                                      \
-        specdec_v4d acc[2] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};                 \
+        specdec_v4d acc[2];                                                                \
+        memcpy(acc, lanes, sizeof acc);                                                    \
         const specdec_v4d rho4 = {rho, rho, rho, rho};                                     \
         const specdec_v4d scale4 = {scale, scale, scale, scale};                           \
         ptrdiff_t y = start;                                                               \
@@ -205,8 +214,13 @@ SPECDEC_INLINE void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d
         }                                                                                  \
         if (y < stop)                                                                      \
             NAME##_group(p, q, point_mass, rho4, scale4, y, stop - y, acc);                \
-        double lanes[8] = {acc[0][0], acc[0][1], acc[0][2], acc[0][3],                     \
-                           acc[1][0], acc[1][1], acc[1][2], acc[1][3]};                    \
+        memcpy(lanes, acc, sizeof acc);                                                    \
+    }                                                                                      \
+    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
+                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
+    {                                                                                      \
+        double lanes[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                        \
+        NAME##_accumulate(p, q, point_mass, rho, scale, start, stop, lanes);               \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
@@ -216,14 +230,20 @@ SPECDEC_DEFINE_RESIDUAL_SUM(specdec_residual_sum_d, double, specdec_load8_d)
 #else
 
 #define SPECDEC_DEFINE_RESIDUAL_SUM(NAME, T)                                                \
-    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
-                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
+    static void NAME##_accumulate(const T *p, const T *q, ptrdiff_t point_mass, double rho, \
+                                  double scale, ptrdiff_t start, ptrdiff_t stop,           \
+                                  double lanes[8])                                         \
     {                                                                                      \
-        double lanes[8] = {0};                                                             \
         for (ptrdiff_t y = start; y < stop; ++y) {                                         \
             double q_y = q ? (double)q[y] : (y == point_mass ? 1.0 : 0.0);                 \
             lanes[(y - start) % 8] += specdec_residual_weight((double)p[y], q_y, rho, scale); \
         }                                                                                  \
+    }                                                                                      \
+    static double NAME(const T *p, const T *q, ptrdiff_t point_mass, double rho,           \
+                       double scale, ptrdiff_t start, ptrdiff_t stop)                      \
+    {                                                                                      \
+        double lanes[8] = {0};                                                             \
+        NAME##_accumulate(p, q, point_mass, rho, scale, start, stop, lanes);               \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
