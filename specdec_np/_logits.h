@@ -153,8 +153,11 @@ static inline double specdec_weight_d(double z, double z_max)
 
 #define SPECDEC_HISTOGRAM_BITS 11
 /* Top-p after min-p or top-k selects over at most this many gathered survivors (on the
- * stack: 16 KiB for double rows); with more it scans the row. */
+ * stack: 16 KiB of values and 16 KiB of indices for double rows); with more it scans the
+ * row.  The tests build the header with a smaller one to compare the two paths. */
+#ifndef SPECDEC_TOP_P_CANDIDATES
 #define SPECDEC_TOP_P_CANDIDATES 2048
+#endif
 
 /* Radix select over the keys of the z values: the largest key v such that the entries with
  * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
@@ -218,6 +221,82 @@ static inline double specdec_weight_d(double z, double z_max)
 
 SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
 SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
+
+/* Top-k's survivors without two more passes over the row: one pass counts the keys by
+ * their top SPECDEC_HISTOGRAM_BITS bits (the first histogram of specdec_select), a second
+ * gathers, in element order, the z values and indices of every entry whose top bits reach
+ * the bucket that holds the `need`-th largest key.  Those are all the entries that top-k
+ * (and any later filter) can keep, and specdec_select over them finds the key it finds over
+ * the row: its first histogram has the same counts from the chosen bucket up, and its later
+ * passes see every entry of that bucket.  Returns how many were gathered, or -1 when they
+ * would not fit in SPECDEC_TOP_P_CANDIDATES or the row has fewer than `need` non-NaN
+ * entries (the caller then selects over the row). */
+#define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
+    static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
+                                                 T temperature, double need, T *z_out,      \
+                                                 ptrdiff_t *y_out)                          \
+    {                                                                                      \
+        const int shift = KEY_BITS - SPECDEC_HISTOGRAM_BITS;                               \
+        int64_t counts[1 << SPECDEC_HISTOGRAM_BITS];                                       \
+        memset(counts, 0, sizeof counts);                                                  \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            KEY_T key = specdec_key_##SUFFIX(logits[y] / temperature);                     \
+            if (key >= 1) /* NaN (key 0) is never kept */                                  \
+                ++counts[key >> shift];                                                    \
+        }                                                                                  \
+        double above = 0.0;                                                                \
+        int chosen = -1;                                                                   \
+        for (int b = (1 << SPECDEC_HISTOGRAM_BITS) - 1; b >= 0; --b) {                     \
+            if (counts[b] > 0 && above + (double)counts[b] >= need) {                      \
+                chosen = b;                                                                \
+                break;                                                                     \
+            }                                                                              \
+            above += (double)counts[b];                                                    \
+        }                                                                                  \
+        if (chosen < 0 || above + (double)counts[chosen] > SPECDEC_TOP_P_CANDIDATES)       \
+            return -1;                                                                     \
+        KEY_T lowest = (KEY_T)chosen << shift;                                             \
+        lowest = lowest < 1 ? 1 : lowest;                                                  \
+        ptrdiff_t count = 0;                                                               \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            T z = logits[y] / temperature;                                                 \
+            if (specdec_key_##SUFFIX(z) >= lowest) {                                       \
+                z_out[count] = z;                                                          \
+                y_out[count] = y;                                                          \
+                ++count;                                                                   \
+            }                                                                              \
+        }                                                                                  \
+        return count;                                                                      \
+    }                                                                                      \
+    /* Keep the gathered entries with key >= floor_key, in order; returns how many. */     \
+    static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
+                                              KEY_T floor_key)                             \
+    {                                                                                      \
+        ptrdiff_t kept = 0;                                                                \
+        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
+            if (specdec_key_##SUFFIX(z[i]) >= floor_key) {                                 \
+                z[kept] = z[i];                                                            \
+                y[kept] = y[i];                                                            \
+                ++kept;                                                                    \
+            }                                                                              \
+        }                                                                                  \
+        return kept;                                                                       \
+    }                                                                                      \
+    /* The kept sum of specdec_kept_sum over gathered entries: each weight goes to the lane \
+     * of its index, in element order, as the row scan adds it (the scan adds +0 for the   \
+     * entries it does not keep, which changes no lane). */                                 \
+    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const ptrdiff_t *y,         \
+                                                     ptrdiff_t count, T z_max, T cutoff)    \
+    {                                                                                      \
+        double lanes[8] = {0};                                                             \
+        for (ptrdiff_t i = 0; i < count; ++i)                                              \
+            if (z[i] >= cutoff)                                                            \
+                lanes[y[i] % 8] += specdec_weight_##SUFFIX(z[i], z_max);                   \
+        return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }
+
+SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
+SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
 
 /* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
 
@@ -516,28 +595,45 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             }                                                                              \
             floor_key = high;                                                              \
         }                                                                                  \
+        /* Top-k's survivors, gathered (count >= 0) when they fit: top-p and the kept sum \
+         * then work on them alone, since every later filter keeps a subset of them. */   \
+        T candidates[SPECDEC_TOP_P_CANDIDATES];                                            \
+        ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];                                     \
+        ptrdiff_t count = -1;                                                              \
+        /* Read only where count >= 0 says they were written; GCC cannot see that. */      \
+        candidates[0] = 0;                                                                 \
+        positions[0] = 0;                                                                  \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            KEY_T k_key = specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0,      \
-                                                  (double)top_k);                          \
+            count = specdec_gather_top_##SUFFIX(logits, V, temperature, (double)top_k,      \
+                                                candidates, positions);                    \
+            /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
+            KEY_T k_key = count >= 0                                                       \
+                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
+                                                        (double)top_k)                     \
+                              : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0, \
+                                                        (double)top_k);                    \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
         }                                                                                  \
+        if (count >= 0)                                                                    \
+            count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);     \
         if (top_p < 1.0) {                                                                 \
-            /* After min-p or top-k few tokens are left: gather their z (in element order,  \
-             * so the histograms sum in the same order) and select over them alone.       \
-             * z / 1 is z, so the keys and weights are the same bits. */                   \
-            T candidates[SPECDEC_TOP_P_CANDIDATES];                                        \
-            ptrdiff_t count = 0;                                                           \
-            if (floor_key > 1) {                                                           \
-                for (ptrdiff_t y = 0; y < V && count <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
+            /* After min-p alone few tokens are left too: gather their z (in element order, \
+             * so the histograms sum in the same order) and select over them alone. */    \
+            if (count < 0 && floor_key > 1) {                                              \
+                ptrdiff_t found = 0;                                                       \
+                for (ptrdiff_t y = 0; y < V && found <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
                     T z = logits[y] / temperature;                                         \
                     if (specdec_key_##SUFFIX(z) >= floor_key) {                            \
-                        if (count < SPECDEC_TOP_P_CANDIDATES)                              \
-                            candidates[count] = z;                                         \
-                        ++count;                                                           \
+                        if (found < SPECDEC_TOP_P_CANDIDATES) {                            \
+                            candidates[found] = z;                                         \
+                            positions[found] = y;                                          \
+                        }                                                                  \
+                        ++found;                                                           \
                     }                                                                      \
                 }                                                                          \
+                count = found <= SPECDEC_TOP_P_CANDIDATES ? found : -1;                    \
             }                                                                              \
-            KEY_T p_key = floor_key > 1 && count <= SPECDEC_TOP_P_CANDIDATES               \
+            KEY_T p_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max,   \
                                                         floor_key, 1, top_p)              \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max,    \
@@ -559,7 +655,10 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         }                                                                                  \
         T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
         law->cutoff = (double)cutoff;                                                      \
-        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff);                 \
+        law->normaliser = count >= 0                                                       \
+                              ? specdec_kept_sum_gathered_##SUFFIX(candidates, positions,  \
+                                                                   count, z_max, cutoff)  \
+                              : KEPT_SUM(logits, V, temperature, z_max, cutoff);           \
     }
 
 SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_online_f, specdec_kept_sum_f)

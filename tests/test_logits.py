@@ -139,7 +139,13 @@ class Logits:
         p = ctypes.c_void_p
         for kind, scalar in (("f", ctypes.c_float), ("d", ctypes.c_double)):
             getattr(lib, f"t_row_law_{kind}").argtypes = [
-                p, ctypes.c_ssize_t, scalar, ctypes.c_int64, ctypes.c_double, ctypes.c_double, p
+                p,
+                ctypes.c_ssize_t,
+                scalar,
+                ctypes.c_int64,
+                ctypes.c_double,
+                ctypes.c_double,
+                p,
             ]
             getattr(lib, f"t_materialise_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p, p]
             getattr(lib, f"t_probability_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p]
@@ -600,7 +606,11 @@ def test_top_p_without_the_tie_rule_is_caught(tmp_path: Path) -> None:
     rho=st.sampled_from([1.0, 0.37, 0.02]),
 )
 def test_pieces_give_the_bits_of_whole_rows(
-    builds: dict[str, Logits], vocab: int, seed: int, piece_groups: int, point_mass: bool,
+    builds: dict[str, Logits],
+    vocab: int,
+    seed: int,
+    piece_groups: int,
+    point_mass: bool,
     rho: float,
 ) -> None:
     """Processed entries and residual sums of a row taken in pieces of 8 j entries (how the
@@ -621,7 +631,10 @@ def test_pieces_give_the_bits_of_whole_rows(
             stop = min(start + piece, vocab)
             part = np.full(stop - start, -7.0, dtype=np.float32)
             build.lib.t_materialise_f(
-                draft[start:].ctypes.data, stop - start, 0.7, ctypes.byref(draft_law),
+                draft[start:].ctypes.data,
+                stop - start,
+                0.7,
+                ctypes.byref(draft_law),
                 part.ctypes.data,
             )
             assert part.tobytes() == q[start:stop].tobytes()
@@ -639,3 +652,51 @@ def test_pieces_check_catches_a_lane_shift(vector: Logits) -> None:
     p = np.exp(rng.standard_normal(4099) * 8).astype(np.float32)
     sums = {vector.residual_sum(p, None, -1, 1.0, piece=piece) for piece in (5, 8, 13, 4099)}
     assert len(sums) > 1
+
+
+@pytest.fixture(scope="module")
+def few_candidates(tmp_path_factory: pytest.TempPathFactory) -> Logits:
+    """The vector build with room for 3 gathered survivors: top-k, top-p and the kept sum
+    then scan the row instead of the survivors in almost every case."""
+    tmp = tmp_path_factory.mktemp("few_candidates")
+    return _build(tmp, "few_candidates", "-DSPECDEC_TOP_P_CANDIDATES=3")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    vocab=st.integers(1, 6000),
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.sampled_from([1, 2, 5, 50, 700]),
+    top_p=st.sampled_from([1.0, 0.95, 0.5, 1e-6]),
+    min_p=st.sampled_from([0.0, 1e-3]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    ties=st.booleans(),
+)
+def test_gathered_survivors_give_the_law_of_the_row_scans(
+    vector: Logits,
+    few_candidates: Logits,
+    vocab: int,
+    seed: int,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    dtype: type,
+    ties: bool,
+) -> None:
+    """Top-k's survivors gathered after one histogram pass (then top-p and the kept sum over
+    them alone) give the cutoff and normaliser, bit for bit, of the full row scans."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 3).astype(dtype)
+    if ties:
+        row = np.round(row).astype(dtype)  # large tie groups, at the boundaries too
+    gathered = vector.row_law(row, 0.9, top_k, top_p, min_p)
+    scanned = few_candidates.row_law(row, 0.9, top_k, top_p, min_p)
+    assert gathered.fields() == scanned.fields()
+
+
+def test_survivor_comparison_sees_a_different_law(vector: Logits, few_candidates: Logits) -> None:
+    """The law comparison can fail: a kept set one token smaller gives other fields."""
+    row = (np.random.default_rng(1).standard_normal(3000) * 3).astype(np.float32)
+    assert vector.row_law(row, 0.9, 50, 1.0, 0.0).fields() != (
+        few_candidates.row_law(row, 0.9, 49, 1.0, 0.0).fields()
+    )
