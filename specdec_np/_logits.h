@@ -222,45 +222,37 @@ static inline double specdec_weight_d(double z, double z_max)
 SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
 SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 
-/* Top-k's survivors without two more passes over the row: one pass counts the keys by
- * their top SPECDEC_HISTOGRAM_BITS bits (the first histogram of specdec_select), a second
- * gathers, in element order, the z values and indices of every entry whose top bits reach
- * the bucket that holds the `need`-th largest key.  Those are all the entries that top-k
- * (and any later filter) can keep, and specdec_select over them finds the key it finds over
- * the row: its first histogram has the same counts from the chosen bucket up, and its later
- * passes see every entry of that bucket.  Returns how many were gathered, or -1 when they
- * would not fit in SPECDEC_TOP_P_CANDIDATES or the row has fewer than `need` non-NaN
- * entries (the caller then selects over the row). */
+/* Top-k's survivors without the radix select's passes over the whole row.  The K-th
+ * largest z of any part of the row is at most the K-th largest of the row, so every entry
+ * that top-k keeps has a key at least that of the K-th largest of a prefix sample (found by
+ * specdec_select over the sample alone).  One cheap pass gathers, in element order, the z
+ * values and indices of the entries at or above it; specdec_select over them finds the key
+ * it finds over the row, since they hold every entry with a key at or above the answer.
+ * The sample is sized so that about a quarter of SPECDEC_TOP_P_CANDIDATES entries are
+ * expected to pass.  Returns how many were gathered, or -1 when the sample would be most of
+ * the row, has fewer than `need` non-NaN entries, or too many entries pass (a prefix of
+ * small values, say): the caller then selects over the row. */
 #define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
-                                                 T temperature, double need, T *z_out,      \
-                                                 ptrdiff_t *y_out)                          \
+                                                 T temperature, T z_max, int64_t need,      \
+                                                 T *z_out, ptrdiff_t *y_out)                \
     {                                                                                      \
-        const int shift = KEY_BITS - SPECDEC_HISTOGRAM_BITS;                               \
-        int64_t counts[1 << SPECDEC_HISTOGRAM_BITS];                                       \
-        memset(counts, 0, sizeof counts);                                                  \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            KEY_T key = specdec_key_##SUFFIX(logits[y] / temperature);                     \
-            if (key >= 1) /* NaN (key 0) is never kept */                                  \
-                ++counts[key >> shift];                                                    \
-        }                                                                                  \
-        double above = 0.0;                                                                \
-        int chosen = -1;                                                                   \
-        for (int b = (1 << SPECDEC_HISTOGRAM_BITS) - 1; b >= 0; --b) {                     \
-            if (counts[b] > 0 && above + (double)counts[b] >= need) {                      \
-                chosen = b;                                                                \
-                break;                                                                     \
-            }                                                                              \
-            above += (double)counts[b];                                                    \
-        }                                                                                  \
-        if (chosen < 0 || above + (double)counts[chosen] > SPECDEC_TOP_P_CANDIDATES)       \
+        double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
+        ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
+        if (sample > V / 2)                                                                \
             return -1;                                                                     \
-        KEY_T lowest = (KEY_T)chosen << shift;                                             \
-        lowest = lowest < 1 ? 1 : lowest;                                                  \
+        KEY_T lowest = specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,    \
+                                               (double)need);                              \
+        if (lowest < 1)                                                                    \
+            return -1;                                                                     \
+        /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
+        T threshold = specdec_value_##SUFFIX(lowest);                                      \
         ptrdiff_t count = 0;                                                               \
         for (ptrdiff_t y = 0; y < V; ++y) {                                                \
             T z = logits[y] / temperature;                                                 \
-            if (specdec_key_##SUFFIX(z) >= lowest) {                                       \
+            if (z >= threshold) {                                                          \
+                if (count == SPECDEC_TOP_P_CANDIDATES)                                     \
+                    return -1;                                                             \
                 z_out[count] = z;                                                          \
                 y_out[count] = y;                                                          \
                 ++count;                                                                   \
@@ -604,7 +596,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         candidates[0] = 0;                                                                 \
         positions[0] = 0;                                                                  \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            count = specdec_gather_top_##SUFFIX(logits, V, temperature, (double)top_k,      \
+            count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,       \
                                                 candidates, positions);                    \
             /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
             KEY_T k_key = count >= 0                                                       \

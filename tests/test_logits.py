@@ -671,6 +671,8 @@ def few_candidates(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     min_p=st.sampled_from([0.0, 1e-3]),
     dtype=st.sampled_from([np.float32, np.float64]),
     ties=st.booleans(),
+    order=st.sampled_from(["random", "ascending", "descending"]),
+    masked=st.booleans(),
 )
 def test_gathered_survivors_give_the_law_of_the_row_scans(
     vector: Logits,
@@ -682,13 +684,21 @@ def test_gathered_survivors_give_the_law_of_the_row_scans(
     min_p: float,
     dtype: type,
     ties: bool,
+    order: str,
+    masked: bool,
 ) -> None:
-    """Top-k's survivors gathered after one histogram pass (then top-p and the kept sum over
-    them alone) give the cutoff and normaliser, bit for bit, of the full row scans."""
+    """Top-k's survivors gathered above the K-th largest of a prefix sample (then top-p and
+    the kept sum over them alone) give the cutoff and normaliser, bit for bit, of the full
+    row scans: for rows whose prefix holds the smallest values (too many survivors: the row
+    scans), the largest, ties, NaN and -inf entries."""
     rng = np.random.default_rng(seed)
     row = (rng.standard_normal(vocab) * 3).astype(dtype)
     if ties:
         row = np.round(row).astype(dtype)  # large tie groups, at the boundaries too
+    if order != "random":
+        row = np.sort(row) if order == "ascending" else -np.sort(-row)
+    if masked:
+        row[rng.integers(vocab, size=max(vocab // 10, 1))] = rng.choice([np.nan, -np.inf])
     gathered = vector.row_law(row, 0.9, top_k, top_p, min_p)
     scanned = few_candidates.row_law(row, 0.9, top_k, top_p, min_p)
     assert gathered.fields() == scanned.fields()
