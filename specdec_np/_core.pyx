@@ -329,6 +329,25 @@ cdef inline double draft_probability(
     return q_y if q_y > 0.0 else 0.0
 
 
+cdef inline const probability_t* probability_row(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+) noexcept nogil:
+    """Row ``i`` as probabilities: the row itself, or its processed law written to the
+    thread's scratch row (NULL stays NULL: a point-mass draft)."""
+    cdef const specdec_row_law* law
+    cdef Py_ssize_t V = request.V
+    cdef probability_t* scratch
+    if rows == NULL or not request.logits:
+        return rows + i * V if rows != NULL else rows
+    law = row_law(request, rows, i, draft)
+    scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
+    if probability_t is float:
+        specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
+    else:
+        specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
+    return scratch
+
+
 cdef inline Py_ssize_t raw_argmax(
     const probability_t* rows, Py_ssize_t i, Py_ssize_t V
 ) noexcept nogil:
