@@ -667,3 +667,40 @@ def test_the_driver_refuses_inconsistent_arguments():
         working=working,
     )
     assert status == 0 and outputs[3][0] == 2
+
+
+# --- cost: only the walked path is read ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=tree_batches(max_nodes=10), method=st.sampled_from(METHODS))
+def test_rows_off_the_walked_path_are_never_read(case, method):
+    """Poisoning every row the walk must not read (target rows off the accepted path, draft
+    rows of children never tested) changes nothing; a kernel that read one would see NaN
+    and fail or emit something else."""
+    result = run_kernel(case, method)
+    layout = _trees.validate_tree(case["num_nodes"], case["tree_parents"], case["draft_token_ids"])
+    target_read = np.zeros(case["target"].shape[0], dtype=bool)
+    draft_read = np.zeros(int(layout.node_offsets[-1]), dtype=bool)
+    for b in range(layout.batch_size):
+        start = int(layout.node_offsets[b])
+        children = layout.children(b)
+        path = [-1] + [
+            int(node) for node in result.accepted_nodes[b, : result.accepted_lengths[b]]
+        ]
+        for depth, node in enumerate(path):
+            target_read[layout.target_row(b, node)] = True
+            chosen = path[depth + 1] if depth + 1 < len(path) else None
+            for child in children[node + 1]:
+                draft_read[start + child] = True
+                if child == chosen:
+                    break
+    poisoned = dict(case)
+    poisoned["target"] = np.where(target_read[:, None], case["target"], np.nan).astype(
+        case["target"].dtype
+    )
+    if case["draft"] is not None:
+        poisoned["draft"] = np.where(draft_read[:, None], case["draft"], np.nan).astype(
+            case["draft"].dtype
+        )
+    assert_same(run_kernel(poisoned, method), tuple(result))
