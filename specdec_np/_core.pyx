@@ -1119,6 +1119,105 @@ cdef inline void clean_copy(const probability_t* src, Py_ssize_t V, double* out)
         specdec_clean_copy_d(src, V, out)
 
 
+DEF MAX_EXCLUDED = 256
+
+
+cdef Py_ssize_t draw_excluding_children(
+    const probability_t* p, const token_id_t* ids, const int64_t* parents,
+    Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t first, Py_ssize_t V, double v,
+    double* working
+) noexcept nogil:
+    """Inverse-CDF draw at ``v`` from the row ``p`` without the tokens of ``node``'s
+    children (from child ``first`` on; -1: none); -1 if nothing with mass is left.
+
+    The children's tokens are few: their weights are taken out of their blocks' sums and
+    skipped in the scan, so the row is read about once, as :func:`draw_inverse_cdf` reads
+    it, and never copied.  Past ``MAX_EXCLUDED`` distinct tokens the row is copied to
+    ``working`` with them zeroed instead."""
+    cdef double block_sums[MAX_BLOCKS]
+    cdef int64_t excluded[MAX_EXCLUDED]
+    cdef Py_ssize_t block = MIN_BLOCK
+    cdef Py_ssize_t num_blocks, j, y, start, stop, child, count = 0, e
+    cdef double total, threshold, running = 0.0, w, scale = 1.0
+    cdef int64_t token
+    cdef int _attempt
+    if first < 0:
+        return draw_inverse_cdf(p, <const probability_t*>NULL, -1, 1.0, V, v)
+    child = first
+    while child >= 0:
+        token = ids[child]
+        # Insertion into the sorted distinct tokens.
+        e = count
+        while e > 0 and excluded[e - 1] > token:
+            e -= 1
+        if e == 0 or excluded[e - 1] != token:
+            if count == MAX_EXCLUDED:
+                clean_copy(p, V, working)
+                child = first
+                while child >= 0:
+                    working[ids[child]] = 0.0
+                    child = next_child(parents, num_nodes, node, child)
+                return draw_inverse_cdf(
+                    <const double*>working, <const double*>NULL, -1, 1.0, V, v
+                )
+            for j in range(count, e, -1):
+                excluded[j] = excluded[j - 1]
+            excluded[e] = token
+            count += 1
+        child = next_child(parents, num_nodes, node, child)
+    if V > block * MAX_BLOCKS:
+        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    num_blocks = (V + block - 1) // block
+    for _attempt in range(2):
+        for j in range(num_blocks):
+            start = j * block
+            stop = start + block if start + block < V else V
+            block_sums[j] = weight_sum(
+                p, <const probability_t*>NULL, -1, 1.0, scale, start, stop
+            )
+        for e in range(count):
+            y = excluded[e]
+            block_sums[y // block] -= residual_weight(
+                p, <const probability_t*>NULL, -1, 1.0, scale, y
+            )
+        total = 0.0
+        for j in range(num_blocks):
+            # A block whose weights were all taken out can keep a rounding residue.
+            if block_sums[j] < 0.0:
+                block_sums[j] = 0.0
+            total += block_sums[j]
+        if not isinf(total):
+            break
+        scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
+    if not total > 0.0:
+        return -1
+    threshold = v * total
+    j = 0
+    while j < num_blocks and not running + block_sums[j] > threshold:
+        running += block_sums[j]
+        j += 1
+    e = 0
+    while e < count and excluded[e] < j * block:
+        e += 1
+    for y in range(j * block, V):
+        if e < count and excluded[e] == y:
+            e += 1
+            continue
+        w = residual_weight(p, <const probability_t*>NULL, -1, 1.0, scale, y)
+        running += w
+        if w > 0.0 and running > threshold:
+            return y
+    e = count - 1
+    y = V - 1
+    while y >= 0:
+        if e >= 0 and excluded[e] == y:
+            e -= 1
+        elif residual_weight(p, <const probability_t*>NULL, -1, 1.0, scale, y) > 0.0:
+            return y
+        y -= 1
+    return -1
+
+
 cdef Py_ssize_t greedy_tree_step(
     const probability_t* target, const token_id_t* ids, const int64_t* parents,
     Request* request, Py_ssize_t node, int64_t* final_token
@@ -1163,23 +1262,13 @@ cdef Py_ssize_t point_mass_tree_step(
             last_removed = x
         child = next_child(parents, request.k, node, child)
     p = probability_row(request, target, row, False)
-    if first < 0:
-        token = draw_inverse_cdf(
-            p, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[request.k]
-        )
-    else:
-        clean_copy(p, V, working)
-        child = first
-        while child >= 0:
-            working[ids[child]] = 0.0
-            child = next_child(parents, request.k, node, child)
-        token = draw_inverse_cdf(
-            <const double*>working, <const double*>NULL, -1, 1.0, V, request.uniforms[request.k]
-        )
-        if token < 0:
-            # Only rounding leaves nothing: the last rejection removed the last token
-            # with mass, which the exact walk would have accepted.
-            token = last_removed
+    token = draw_excluding_children(
+        p, ids, parents, request.k, node, first, V, request.uniforms[request.k], working
+    )
+    if token < 0 and first >= 0:
+        # Only rounding leaves nothing: the last rejection removed the last token with
+        # mass, which the exact walk would have accepted.
+        token = last_removed
     if token < 0:
         return -2
     final_token[0] = token

@@ -152,6 +152,31 @@ def test_kernel_equals_reference_on_wide_trees_and_a_large_vocabulary(method):
 
 
 @pytest.mark.parametrize("method", STOCHASTIC)
+def test_kernel_equals_reference_with_hundreds_of_siblings(method):
+    # More distinct rejected tokens at one node than the point-mass draw keeps on its stack.
+    rng = np.random.default_rng(8)
+    vocab_size, siblings = 700, 300
+    tokens = rng.permutation(vocab_size)[:siblings]
+    target = np.full((siblings + 1, vocab_size), 1e-4)
+    target[0, tokens] = rng.random(siblings)
+    target /= target.sum(axis=1, keepdims=True)
+    case = {
+        "num_nodes": np.array([siblings]),
+        "tree_parents": np.full(siblings, -1),
+        "draft_token_ids": tokens,
+        "target": target,
+        "draft": rng.dirichlet(np.ones(vocab_size), siblings),
+        "from_logits": False,
+        "parameters": {},
+        "uniforms": np.concatenate([np.full((1, siblings), 0.999), [[0.3]]], axis=1),
+    }
+    result = run_kernel(case, method)
+    assert_same(result, run_reference(case, method))
+    if method == "point_mass":
+        assert int(result.accepted_lengths[0]) == 0
+
+
+@pytest.mark.parametrize("method", STOCHASTIC)
 @pytest.mark.parametrize("edge", [0.0, float(np.nextafter(1.0, 0.0))])
 def test_boundary_uniforms(method, edge):
     rng = np.random.default_rng(1)
