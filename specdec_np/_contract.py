@@ -28,7 +28,9 @@ __all__ = [
     "ROW_SUM_TOLERANCE",
     "STATUS_OK",
     "OutputBlock",
+    "TreeOutputBlock",
     "allocate_output_block",
+    "allocate_tree_output_block",
     "compile_time_macros",
     "raise_for_invalid_id",
     "raise_for_row_status",
@@ -91,6 +93,44 @@ def allocate_output_block(xp: Any, batch_size: int, width: int) -> OutputBlock:
         block[cells : cells + batch_size],
         block[cells + batch_size : cells + 2 * batch_size],
         block[cells + 2 * batch_size :],
+    )
+
+
+class TreeOutputBlock(NamedTuple):
+    """The outputs of one tree-kernel call: views of one int64 allocation.
+
+    Attributes
+    ----------
+    accepted_nodes : int64 [B, depth], C-contiguous
+    output_token_ids : int64 [B, depth + 1], C-contiguous
+    accepted_lengths : int64 [B]
+    row_status : int64 [B]
+    """
+
+    accepted_nodes: Any
+    output_token_ids: Any
+    accepted_lengths: Any
+    row_status: Any
+
+
+def allocate_tree_output_block(xp: Any, batch_size: int, depth: int) -> TreeOutputBlock:
+    """One ``empty`` allocation cut into the four outputs of a tree-kernel call.
+
+    Parameters
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``.
+    batch_size, depth : int
+        ``B`` and the deepest path the outputs hold.
+    """
+    nodes = batch_size * depth
+    tokens = batch_size * (depth + 1)
+    block = xp.empty(nodes + tokens + 2 * batch_size, dtype=xp.int64)
+    return TreeOutputBlock(
+        block[:nodes].reshape(batch_size, depth),
+        block[nodes : nodes + tokens].reshape(batch_size, depth + 1),
+        block[nodes + tokens : nodes + tokens + batch_size],
+        block[nodes + tokens + batch_size :],
     )
 
 

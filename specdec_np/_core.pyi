@@ -12,6 +12,7 @@ import numpy.typing as npt
 GREEDY_MARGIN: float
 #: Row functions by index, the ``method`` of :func:`verify_chains` (registry ``row_function``).
 ROW_FUNCTIONS: tuple[str, ...]
+TREE_WALKS: tuple[str, ...]
 
 FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float64]
 IdArray = npt.NDArray[np.int32] | npt.NDArray[np.int64]
@@ -41,6 +42,25 @@ def verify_chains(
     draw_bonus: bool = False,
     sampling: Float64Array | None = None,
     scratch: FloatArray | None = None,
+) -> int: ...
+def verify_trees(
+    method: int,
+    target_rows: FloatArray,
+    draft_rows: FloatArray,
+    point_mass_drafts: bool,
+    draft_token_ids: IdArray,
+    tree_parents: Int64Array,
+    node_offsets: Int64Array,
+    uniforms: Float64Array,
+    accepted_nodes: Int64Array,
+    output: Int64Array,
+    accepted_lengths: Int64Array,
+    row_status: Int64Array,
+    num_threads: int,
+    request_methods: npt.NDArray[np.int8] | None = None,
+    sampling: Float64Array | None = None,
+    scratch: FloatArray | None = None,
+    working: Float64Array | None = None,
 ) -> int: ...
 def first_invalid_id(
     draft_token_ids: IdArray,

@@ -18,6 +18,7 @@ The ``row_status`` codes are those of ``specdec_np._contract``.
 """
 
 from cython.parallel cimport prange, threadid
+from cython.view cimport array
 from libc.math cimport exp, isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 
@@ -1236,4 +1237,571 @@ def create_output(
             accepted_lengths[b] = r
             num_accepted[b] = passed
             row_status[b] = 0
+    return first_failed_row(row_status)
+
+
+# --------------------------------------------------------------------------------------
+# The tree layout (docs/semantics.md, trees).  Request b owns nodes node_offsets[b] ..
+# node_offsets[b + 1] - 1; its N_b + 1 target rows start at node_offsets[b] + b (the root
+# row, then one row per node) and its draft rows at node_offsets[b].  A node's children
+# are the later nodes whose parent it is, tried in node order; the walk only moves to
+# higher node indices, so it ends within N_b steps whatever the parents say.
+# --------------------------------------------------------------------------------------
+
+cdef extern from "_treescan.h" nogil:
+    double specdec_residual_update_ff(
+        const float* src, double src_mass, const float* q, double q_mass, Py_ssize_t V,
+        double* dst,
+    )
+    double specdec_residual_update_df(
+        const double* src, double src_mass, const float* q, double q_mass, Py_ssize_t V,
+        double* dst,
+    )
+    double specdec_residual_update_dd(
+        const double* src, double src_mass, const double* q, double q_mass, Py_ssize_t V,
+        double* dst,
+    )
+    double specdec_clean_sum_f(const float* q, Py_ssize_t V)
+    double specdec_clean_sum_d(const double* q, Py_ssize_t V)
+    void specdec_clean_copy_f(const float* src, Py_ssize_t V, double* dst)
+    void specdec_clean_copy_d(const double* src, Py_ssize_t V, double* dst)
+
+# Tree walks, by index: the registry's tree methods name them, the driver switches on it.
+TREE_WALKS = (
+    "greedy_tree_walk",
+    "point_mass_tree_walk",
+    "specinfer_tree_walk",
+    "rrs_tree_walk",
+)
+DEF WALK_GREEDY = 0
+DEF WALK_POINT_MASS = 1
+DEF WALK_SPECINFER = 2
+DEF WALK_RRS = 3
+
+
+cdef inline Py_ssize_t next_child(
+    const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t after
+) noexcept nogil:
+    """The first child of ``node`` (-1: the root) with an index above ``after``, or -1."""
+    cdef Py_ssize_t j
+    for j in range(after + 1, num_nodes):
+        if parents[j] == node:
+            return j
+    return -1
+
+
+cdef inline bint tried_before(
+    const int64_t* parents, const token_id_t* ids, Py_ssize_t node, Py_ssize_t first,
+    Py_ssize_t child, int64_t token
+) noexcept nogil:
+    """Whether a sibling tried before ``child`` (from ``first`` on) proposed ``token``."""
+    cdef Py_ssize_t j
+    for j in range(first, child):
+        if parents[j] == node and ids[j] == token:
+            return True
+    return False
+
+
+cdef inline double clean(double value) noexcept nogil:
+    # Negative and NaN entries weigh 0.
+    return value if value > 0.0 else 0.0
+
+
+cdef inline double residual_update(
+    const probability_t* p, const double* residual, double mass, const probability_t* q,
+    double q_mass, Py_ssize_t V, double* out
+) noexcept nogil:
+    """out = (r - q / q_mass)+ with r = residual / mass, or the target row p while no
+    residual was kept; returns its float64 sum (``_treescan.h``)."""
+    if residual == NULL:
+        if probability_t is float:
+            return specdec_residual_update_ff(p, 1.0, q, q_mass, V, out)
+        else:
+            return specdec_residual_update_dd(p, 1.0, q, q_mass, V, out)
+    if probability_t is float:
+        return specdec_residual_update_df(residual, mass, q, q_mass, V, out)
+    else:
+        return specdec_residual_update_dd(residual, mass, q, q_mass, V, out)
+
+
+cdef inline double draft_row_mass(const probability_t* q, Py_ssize_t V) noexcept nogil:
+    if probability_t is float:
+        return specdec_clean_sum_f(q, V)
+    else:
+        return specdec_clean_sum_d(q, V)
+
+
+cdef inline void clean_copy(const probability_t* src, Py_ssize_t V, double* out) noexcept nogil:
+    if probability_t is float:
+        specdec_clean_copy_f(src, V, out)
+    else:
+        specdec_clean_copy_d(src, V, out)
+
+
+DEF MAX_EXCLUDED = 256
+
+
+cdef Py_ssize_t draw_excluding_children(
+    const probability_t* p, const token_id_t* ids, const int64_t* parents,
+    Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t first, Py_ssize_t V, double v,
+    double* working
+) noexcept nogil:
+    """Inverse-CDF draw at ``v`` from the row ``p`` without the tokens of ``node``'s
+    children (from child ``first`` on; -1: none); -1 if nothing with mass is left.
+
+    The children's tokens are few: their weights are taken out of their blocks' sums and
+    skipped in the scan, so the row is read about once, as :func:`draw_inverse_cdf` reads
+    it, and never copied.  Past ``MAX_EXCLUDED`` distinct tokens the row is copied to
+    ``working`` with them zeroed instead."""
+    cdef double block_sums[MAX_BLOCKS]
+    cdef int64_t excluded[MAX_EXCLUDED]
+    cdef Py_ssize_t block = MIN_BLOCK
+    cdef Py_ssize_t num_blocks, j, y, start, stop, child, count = 0, e
+    cdef double total, threshold, running = 0.0, w, scale = 1.0
+    cdef int64_t token
+    cdef int _attempt
+    if first < 0:
+        return draw_inverse_cdf(p, <const probability_t*>NULL, -1, 1.0, V, v)
+    child = first
+    while child >= 0:
+        token = ids[child]
+        # Insertion into the sorted distinct tokens.
+        e = count
+        while e > 0 and excluded[e - 1] > token:
+            e -= 1
+        if e == 0 or excluded[e - 1] != token:
+            if count == MAX_EXCLUDED:
+                clean_copy(p, V, working)
+                child = first
+                while child >= 0:
+                    working[ids[child]] = 0.0
+                    child = next_child(parents, num_nodes, node, child)
+                return draw_inverse_cdf(
+                    <const double*>working, <const double*>NULL, -1, 1.0, V, v
+                )
+            for j in range(count, e, -1):
+                excluded[j] = excluded[j - 1]
+            excluded[e] = token
+            count += 1
+        child = next_child(parents, num_nodes, node, child)
+    if V > block * MAX_BLOCKS:
+        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    num_blocks = (V + block - 1) // block
+    for _attempt in range(2):
+        for j in range(num_blocks):
+            start = j * block
+            stop = start + block if start + block < V else V
+            block_sums[j] = weight_sum(
+                p, <const probability_t*>NULL, -1, 1.0, scale, start, stop
+            )
+        for e in range(count):
+            y = excluded[e]
+            block_sums[y // block] -= residual_weight(
+                p, <const probability_t*>NULL, -1, 1.0, scale, y
+            )
+        total = 0.0
+        for j in range(num_blocks):
+            # A block whose weights were all taken out can keep a rounding residue.
+            if block_sums[j] < 0.0:
+                block_sums[j] = 0.0
+            total += block_sums[j]
+        if not isinf(total):
+            break
+        scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
+    if not total > 0.0:
+        return -1
+    threshold = v * total
+    j = 0
+    while j < num_blocks and not running + block_sums[j] > threshold:
+        running += block_sums[j]
+        j += 1
+    e = 0
+    while e < count and excluded[e] < j * block:
+        e += 1
+    for y in range(j * block, V):
+        if e < count and excluded[e] == y:
+            e += 1
+            continue
+        w = residual_weight(p, <const probability_t*>NULL, -1, 1.0, scale, y)
+        running += w
+        if w > 0.0 and running > threshold:
+            return y
+    e = count - 1
+    y = V - 1
+    while y >= 0:
+        if e >= 0 and excluded[e] == y:
+            e -= 1
+        elif residual_weight(p, <const probability_t*>NULL, -1, 1.0, scale, y) > 0.0:
+            return y
+        y -= 1
+    return -1
+
+
+cdef Py_ssize_t greedy_tree_step(
+    const probability_t* target, const token_id_t* ids, const int64_t* parents,
+    Request* request, Py_ssize_t node, int64_t* final_token
+) noexcept nogil:
+    """The child of ``node`` whose token is the argmax of its row, or -1 with that argmax
+    in ``final_token``."""
+    cdef Py_ssize_t argmax = raw_argmax(target, node + 1, request.V)
+    cdef Py_ssize_t child = next_child(parents, request.k, node, node)
+    while child >= 0:
+        if ids[child] == argmax:
+            return child
+        child = next_child(parents, request.k, node, child)
+    final_token[0] = argmax
+    return -1
+
+
+cdef Py_ssize_t point_mass_tree_step(
+    const probability_t* target, const token_id_t* ids, const int64_t* parents,
+    Request* request, Py_ssize_t node, double* working, int64_t* final_token
+) noexcept nogil:
+    """Deterministic candidates: accept child j iff u_j (1 - removed) < r(x_j), where r is
+    the row with the tokens of the siblings tried before removed (``removed`` their mass);
+    if every child fails, draw from the row without them.  Returns the accepted child, or
+    -1 with the final token (-2: the row has no mass)."""
+    cdef Py_ssize_t V = request.V, row = node + 1
+    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t child = first
+    cdef double removed = 0.0, r_x
+    cdef int64_t x, last_removed = -1
+    cdef Py_ssize_t token
+    cdef const probability_t* p
+    while child >= 0:
+        x = ids[child]
+        if tried_before(parents, ids, node, first, child, x):
+            r_x = 0.0
+        else:
+            r_x = target_probability(request, target, row, x)
+        if request.uniforms[child] * (1.0 - removed) < r_x:
+            return child
+        if r_x > 0.0:
+            removed += r_x
+            last_removed = x
+        child = next_child(parents, request.k, node, child)
+    p = probability_row(request, target, row, False)
+    token = draw_excluding_children(
+        p, ids, parents, request.k, node, first, V, request.uniforms[request.k], working
+    )
+    if token < 0 and first >= 0:
+        # Only rounding leaves nothing: the last rejection removed the last token with
+        # mass, which the exact walk would have accepted.
+        token = last_removed
+    if token < 0:
+        return -2
+    final_token[0] = token
+    return -1
+
+
+cdef Py_ssize_t residual_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, bint without_replacement,
+    double* working, int64_t* final_token
+) noexcept nogil:
+    """SpecInfer (and, ``without_replacement``, RRS): accept child j iff u_j q_j(x_j) <
+    r(x_j); on rejection r <- (r - q_j)+ renormalised, kept only if it has mass.  For RRS
+    q_j is the draft row with the tokens of the siblings tried before taken out and
+    renormalised.  ``working`` holds two rows of V (the residual and its update).
+    Returns the accepted child, or -1 with the final token (-2: no mass)."""
+    cdef Py_ssize_t V = request.V, row = node + 1
+    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t child = first, sibling
+    cdef double* residual = NULL
+    cdef double* update
+    cdef double mass = 1.0, q_mass, r_x, q_x, updated_mass, a
+    cdef int64_t x, t
+    cdef Py_ssize_t token
+    cdef const probability_t* p = NULL
+    cdef const probability_t* q
+    while child >= 0:
+        x = ids[child]
+        q = NULL
+        q_mass = 1.0
+        if without_replacement and child != first:
+            q = probability_row(request, draft, child, True)
+            q_mass = draft_row_mass(q, V)
+            sibling = first
+            while sibling < child:
+                t = ids[sibling]
+                if not tried_before(parents, ids, node, first, sibling, t):
+                    q_mass -= clean(q[t])
+                sibling = next_child(parents, request.k, node, sibling)
+            if tried_before(parents, ids, node, first, child, x):
+                q_x = 0.0
+            else:
+                q_x = clean(q[x])
+            if not q_mass > 0.0:
+                q_mass = 1.0
+            elif q_mass != 1.0:
+                q_x = q_x / q_mass
+        else:
+            q_x = draft_probability(request, draft, child, x)
+        if residual != NULL:
+            r_x = residual[x]
+        else:
+            r_x = target_probability(request, target, row, x)
+        if mass != 1.0:
+            r_x = r_x / mass
+        if request.uniforms[child] * q_x < r_x:
+            return child
+        if q == NULL:
+            q = probability_row(request, draft, child, True)
+        if residual == NULL and p == NULL:
+            p = probability_row(request, target, row, False)
+        update = working if residual != working else working + V
+        updated_mass = residual_update(p, residual, mass, q, q_mass, V, update)
+        if without_replacement and child != first:
+            # The tried siblings' tokens are out of q_j: their residual is r alone.
+            sibling = first
+            while sibling < child:
+                t = ids[sibling]
+                if not tried_before(parents, ids, node, first, sibling, t):
+                    a = residual[t] if residual != NULL else <double>p[t]
+                    if mass != 1.0:
+                        a = a / mass
+                    a = clean(a)
+                    updated_mass += a - update[t]
+                    update[t] = a
+                sibling = next_child(parents, request.k, node, sibling)
+        if updated_mass > 0.0:
+            residual = update
+            mass = updated_mass
+        child = next_child(parents, request.k, node, child)
+    if residual != NULL:
+        token = draw_inverse_cdf(
+            <const double*>residual, <const double*>NULL, -1, 1.0, V, request.uniforms[request.k]
+        )
+    else:
+        if p == NULL:
+            p = probability_row(request, target, row, False)
+        token = draw_inverse_cdf(
+            p, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[request.k]
+        )
+    if token < 0:
+        return -2
+    final_token[0] = token
+    return -1
+
+
+cdef int64_t walk_tree(
+    int method, const probability_t* target, const probability_t* draft,
+    const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t V,
+    const double* uniforms, const double* sampling, probability_t* scratch, double* working,
+    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
+) noexcept nogil:
+    """One request's walk: id check, steps from the root, output rows; a row status."""
+    cdef Request request_fields
+    cdef Request* request = &request_fields
+    cdef Py_ssize_t node = -1, child, depth = 0, i
+    cdef int64_t final_token = -1
+    cdef bint use_drafts
+    cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
+    if bad >= 0:
+        return 1 + bad
+    request_fields.k = num_nodes
+    request_fields.V = V
+    request_fields.uniforms = uniforms
+    request_fields.parameters = NULL
+    request_fields.causal = True
+    request_fields.logits = sampling != NULL
+    request_fields.target_law_row = -1
+    request_fields.draft_law_row = -1
+    if sampling != NULL:
+        request_fields.temperature = sampling[0]
+        request_fields.top_k = <int64_t>sampling[1]
+        request_fields.top_p = sampling[2]
+        request_fields.min_p = sampling[3]
+        request_fields.target_scratch = scratch
+        request_fields.draft_scratch = scratch + V
+    # Without draft rows SpecInfer and RRS walk as point-mass candidates.
+    use_drafts = draft != NULL and (method == WALK_SPECINFER or method == WALK_RRS)
+    while True:
+        if method == WALK_GREEDY:
+            child = greedy_tree_step(target, ids, parents, request, node, &final_token)
+        elif use_drafts:
+            child = residual_tree_step(
+                target, draft, ids, parents, request, node, method == WALK_RRS, working,
+                &final_token,
+            )
+        else:
+            child = point_mass_tree_step(
+                target, ids, parents, request, node, working, &final_token
+            )
+        if child == -2:
+            return -(1 + node + 1)
+        if child < 0:
+            break
+        if depth == depth_width:
+            # The driver checked the output against the deepest node; this bound only
+            # keeps a write inside the row whatever happens.
+            return 1 + child
+        nodes_out[depth] = child
+        tokens_out[depth] = ids[child]
+        depth += 1
+        node = child
+    tokens_out[depth] = final_token
+    length[0] = depth
+    for i in range(depth, depth_width):
+        nodes_out[i] = -1
+        tokens_out[i + 1] = -1
+    return 0
+
+
+def verify_trees(
+    int method,
+    const probability_t[:, ::1] target_rows,
+    const probability_t[:, ::1] draft_rows,
+    bint point_mass_drafts,
+    const token_id_t[::1] draft_token_ids,
+    const int64_t[::1] tree_parents,
+    const int64_t[::1] node_offsets,
+    const double[:, ::1] uniforms,
+    int64_t[:, ::1] accepted_nodes,
+    int64_t[:, ::1] output,
+    int64_t[::1] accepted_lengths,
+    int64_t[::1] row_status,
+    int num_threads,
+    const int8_t[::1] request_methods=None,
+    const double[:, ::1] sampling=None,
+    probability_t[:, ::1] scratch=None,
+    double[:, ::1] working=None,
+):
+    """Verify a batch of draft trees with the walks of ``TREE_WALKS``.
+
+    Parameters
+    ----------
+    method : int
+        Index into ``TREE_WALKS``: the walk of every request (unless ``request_methods``).
+    target_rows : float32 or float64 [N + B, V], C-contiguous
+        Request ``b`` owns the ``N_b + 1`` rows from ``node_offsets[b] + b`` on: its root
+        row, then one row per node.
+    draft_rows : same dtype [N, V]
+        The row each node was drawn from; ignored when ``point_mass_drafts``.
+    point_mass_drafts : bool
+    draft_token_ids : int32 or int64 [N]
+    tree_parents : int64 [N]
+        Parent of each node within its request (``-1``: the root), below the node's index.
+    node_offsets : int64 [B + 1]
+        ``0 = node_offsets[0] <= ... <= node_offsets[B] = N``.
+    uniforms : float64 [B, W]
+        Request ``b`` reads column ``j`` for node ``j``'s test and column ``N_b`` for the
+        final token; ``W >= max N_b + 1`` when a request walks stochastically, else any.
+    accepted_nodes : int64 [B, D]
+        ``D`` at least the deepest node of the batch; written ``-1`` padded.
+    output : int64 [B, D + 1]
+    accepted_lengths, row_status : int64 [B]
+        Row status: 0, ``1 + j`` for a bad token id at node ``j``, ``-(1 + i)`` for a row
+        without mass (``i = 0`` the root, ``j + 1`` node ``j``).
+    num_threads : int
+    request_methods : int8 [B], optional
+        Per-request index into ``TREE_WALKS`` (mixed greedy and sampled batches).
+    sampling : float64 [B, 4], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p)``.
+    scratch : same dtype as the rows [num_threads, 2 V], optional
+        With ``sampling``: a thread's processed target and draft row.
+    working : float64 [num_threads, 2 V], optional
+        A thread's residual rows; required when a request walks stochastically.
+
+    Returns
+    -------
+    int
+        The first request whose ``row_status`` is not 0, or -1.
+    """
+    cdef Py_ssize_t B = node_offsets.shape[0] - 1
+    cdef Py_ssize_t V = target_rows.shape[1]
+    cdef Py_ssize_t N = draft_token_ids.shape[0]
+    cdef Py_ssize_t D = accepted_nodes.shape[1]
+    cdef Py_ssize_t b, j, start, max_nodes, thread, parent, max_depth = 0
+    cdef int64_t[::1] depths
+    cdef int request_method
+    cdef bint stochastic = method != WALK_GREEDY
+    cdef bint per_request = request_methods is not None
+    cdef Py_ssize_t threads = num_threads if num_threads > 1 else 1
+    cdef const probability_t* draft_base
+    cdef const token_id_t* ids_base
+    cdef const int64_t* parents_base
+    cdef const double* uniform_base
+    cdef const double* sampling_base = NULL
+    cdef probability_t* scratch_base = NULL
+    cdef double* working_base = NULL
+    require(B >= 0, "node_offsets must have B + 1 entries")
+    require(0 <= method < len(TREE_WALKS), "unknown tree walk")
+    require(V >= 1, "the vocabulary must not be empty")
+    max_nodes = require_offsets(node_offsets, B, N)
+    require(tree_parents.shape[0] == N, "tree_parents must have N entries")
+    depths = array((N if N > 0 else 1,), sizeof(int64_t), "q")
+    for b in range(B):
+        start = node_offsets[b]
+        for j in range(node_offsets[b + 1] - start):
+            parent = tree_parents[start + j]
+            require(
+                -1 <= parent < j, "tree_parents must name an earlier node of the request or -1"
+            )
+            depths[start + j] = 1 if parent < 0 else depths[start + parent] + 1
+            max_depth = depths[start + j] if depths[start + j] > max_depth else max_depth
+    require(D >= max_depth, "accepted_nodes must be [B, >= the deepest node]")
+    require(target_rows.shape[0] == N + B, "target_rows must have N + B rows")
+    require(
+        point_mass_drafts or (draft_rows.shape[0] == N and draft_rows.shape[1] == V),
+        "draft_rows must be [N, V]",
+    )
+    require(
+        accepted_nodes.shape[0] == B and output.shape[0] == B and output.shape[1] == D + 1
+        and accepted_lengths.shape[0] == B and row_status.shape[0] == B,
+        "outputs must be [B, D], [B, D + 1] and [B]",
+    )
+    if per_request:
+        require(request_methods.shape[0] == B, "request_methods must have B entries")
+        for b in range(B):
+            require(0 <= request_methods[b] < len(TREE_WALKS), "unknown tree walk")
+            stochastic = stochastic or request_methods[b] != WALK_GREEDY
+    require(
+        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_nodes + 1),
+        "uniforms must be [B, >= max N_b + 1]",
+    )
+    require(
+        not stochastic or (
+            working is not None and working.shape[0] >= threads and working.shape[1] == 2 * V
+        ),
+        "working must be [num_threads, 2 V]",
+    )
+    if sampling is not None:
+        require(sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]")
+        require(
+            scratch is not None and scratch.shape[0] >= threads and scratch.shape[1] == 2 * V,
+            "scratch must be [num_threads, 2 V]",
+        )
+    if B == 0:
+        return -1
+    if sampling is not None:
+        sampling_base = &sampling[0, 0]
+        scratch_base = &scratch[0, 0]
+    if stochastic:
+        working_base = &working[0, 0]
+    draft_base = NULL if point_mass_drafts or N == 0 else &draft_rows[0, 0]
+    ids_base = &draft_token_ids[0] if N > 0 else NULL
+    parents_base = &tree_parents[0] if N > 0 else NULL
+    uniform_base = &uniforms[0, 0] if stochastic else NULL
+    for b in prange(
+        B, nogil=True, num_threads=num_threads, schedule="dynamic",
+        use_threads_if=num_threads > 1,
+    ):
+        start = node_offsets[b]
+        thread = threadid()
+        request_method = request_methods[b] if per_request else method
+        row_status[b] = walk_tree(
+            request_method,
+            &target_rows[start + b, 0],
+            NULL if draft_base == NULL else draft_base + start * V,
+            ids_base + start if ids_base != NULL else ids_base,
+            parents_base + start if parents_base != NULL else parents_base,
+            node_offsets[b + 1] - start, V,
+            NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+            NULL if sampling_base == NULL else sampling_base + 4 * b,
+            NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
+            NULL if working_base == NULL else working_base + thread * 2 * V,
+            D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+            &accepted_lengths[b],
+        )
     return first_failed_row(row_status)

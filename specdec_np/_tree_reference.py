@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from . import registry
-from ._reference import residual_draw
+from ._reference import _per_request, _process_request_rows, residual_draw
 from ._trees import validate_tree
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "tree_emission_law",
     "tree_output_law",
     "verify_tree",
+    "verify_tree_requests",
 ]
 
 #: The tree methods, from the registry.
@@ -169,6 +170,89 @@ def verify_tree(
     return accepted_nodes, output, xp.asarray(lengths, dtype=xp.int64)
 
 
+def verify_tree_requests(
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any = None,
+    uniforms: Any = None,
+    *,
+    method: str,
+    from_logits: bool,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+) -> tuple[Any, Any, Any]:
+    """The engine form of :func:`verify_tree`: logits or probabilities, per-request
+    sampling parameters, greedy requests mixed with sampled ones, one request at a time.
+
+    A request with ``temperature == 0`` (every request for ``method="greedy"``) walks
+    greedily on its raw rows; any other has its rows processed by
+    :func:`specdec_np._reference.process_logits` with its own parameters when
+    ``from_logits`` (target and draft rows alike) and walks by ``method``.
+
+    Parameters
+    ----------
+    num_nodes, tree_parents, draft_token_ids
+        As :func:`verify_tree`.
+    target_rows : float [N + B, V]
+        Logits (``from_logits``) or probabilities taken as processed.
+    draft_rows : float [N, V] or None
+        In the target's form.
+    uniforms : float64 [B, >= max_nodes + 1] or None
+    method : str
+    from_logits : bool
+    temperature, top_k, top_p, min_p : scalar, [B] or None
+        None is off.
+
+    Returns
+    -------
+    accepted_nodes, output_token_ids, accepted_lengths
+        As :func:`verify_tree`, over the whole batch.
+    """
+    xp = target_rows.__array_namespace__()
+    layout = validate_tree(num_nodes, tree_parents, draft_token_ids, int(target_rows.shape[1]))
+    batch_size = layout.batch_size
+    settings = [
+        _per_request(xp, value, batch_size, off)
+        for value, off in ((temperature, 1.0), (top_k, 0.0), (top_p, 1.0), (min_p, 0.0))
+    ]
+    nodes_out, tokens_out, lengths = [], [], []
+    for b in range(batch_size):
+        start, stop = int(layout.node_offsets[b]), int(layout.node_offsets[b + 1])
+        target = target_rows[start + b : stop + b + 1, :]
+        draft = None if draft_rows is None else draft_rows[start:stop, :]
+        greedy = method == "greedy" or settings[0][b] == 0.0
+        if from_logits and not greedy:
+            request_settings = tuple(column[b] for column in settings)
+            target = _process_request_rows(xp, target, request_settings)
+            if draft is not None:
+                draft = _process_request_rows(xp, draft, request_settings)
+        nodes, tokens, length = verify_tree(
+            xp.asarray([stop - start], dtype=xp.int64),
+            xp.asarray(layout.tree_parents[start:stop], dtype=xp.int64),
+            xp.asarray(layout.draft_token_ids[start:stop], dtype=xp.int64),
+            target,
+            draft,
+            None if greedy else uniforms[b : b + 1, :],
+            "greedy" if greedy else method,
+        )
+        depth = int(length[0])
+        nodes_out.append([int(nodes[0, i]) for i in range(depth)])
+        tokens_out.append([int(tokens[0, i]) for i in range(depth + 1)])
+        lengths.append(depth)
+    width = layout.max_depth
+    accepted_nodes = [row + [-1] * (width - len(row)) for row in nodes_out]
+    output = [row + [-1] * (width + 1 - len(row)) for row in tokens_out]
+    return (
+        xp.reshape(xp.asarray(accepted_nodes, dtype=xp.int64), (batch_size, width)),
+        xp.reshape(xp.asarray(output, dtype=xp.int64), (batch_size, width + 1)),
+        xp.asarray(lengths, dtype=xp.int64),
+    )
+
+
 def _draft_row(xp: Any, draft_probs: Any, global_node: int, token: int, vocabulary: Any) -> Any:
     """A node's draft row as float64 with negative and NaN entries zeroed (one-hot without
     draft rows)."""
@@ -198,47 +282,27 @@ def _walk(
         p = xp.astype(target_probs[layout.target_row(b, node), :], xp.float64)
         kids = children[node + 1]
         if method == "greedy":
-            best = int(xp.argmax(p))
+            # NaN never wins the greedy argmax, as in the chain layout.
+            best = int(xp.argmax(xp.where(xp.isnan(p), -xp.inf, p)))
             matching = [child for child in kids if tokens[child] == best]
             if matching:
                 node = matching[0]
                 accepted.append(node)
                 continue
             return accepted, best
-        residual = p
-        # The target row is taken as normalised; the mass is recomputed after each update.
-        mass = 1.0
-        chosen = None
-        tried: list[int] = []
-        for child in kids:
-            x = tokens[child]
-            if method == "point_mass":
-                q = xp.astype(vocabulary == x, xp.float64)
-            else:
-                q = _draft_row(xp, draft_probs, start + child, x, vocabulary)
-            if method == "rrs" and tried:
-                earlier = xp.zeros_like(q, dtype=xp.bool)
-                for token in tried:
-                    earlier = xp.logical_or(earlier, vocabulary == token)
-                q = xp.where(earlier, 0.0, q)
-                q_mass = float(xp.sum(q))
-                q = q / q_mass if q_mass > 0 else q
-            r = residual / mass if mass != 1.0 else residual
-            if float(uniforms[b, child]) * float(q[x]) < float(r[x]):
-                chosen = child
-                break
-            tried.append(x)
-            updated = xp.where(r - q > 0, r - q, 0.0)
-            updated_mass = float(xp.sum(updated))
-            if updated_mass > 0:
-                residual, mass = updated, updated_mass
+        if method == "point_mass" or draft_probs is None:
+            chosen, final = _point_mass_siblings(xp, p, kids, tokens, uniforms[b, :], vocabulary)
+        else:
+            chosen, final = _residual_siblings(
+                xp, p, kids, tokens, uniforms[b, :], method == "rrs",
+                [_draft_row(xp, draft_probs, start + child, None, vocabulary) for child in kids],
+                vocabulary,
+            )
         if chosen is not None:
             node = chosen
             accepted.append(node)
             continue
-        column = len(tokens)
-        final = residual_draw(residual[None, :], uniforms[b, column : column + 1])
-        token = int(final[0])
+        token = _final_draw(xp, final, uniforms[b, len(tokens)])
         if token < 0:
             row = layout.target_row(b, node)
             raise ValueError(
@@ -246,6 +310,80 @@ def _walk(
                 "probability to draw the final token from"
             )
         return accepted, token
+
+
+def _final_draw(xp: Any, final: tuple[Any, int | None], v: Any) -> int:
+    """The final token: an inverse-CDF draw from the residual weights, or the fallback
+    token when rounding left them without mass (-1 when there is none)."""
+    weights, fallback = final
+    token = int(residual_draw(weights[None, :], xp.reshape(v, (1,)))[0])
+    return fallback if token < 0 and fallback is not None else token
+
+
+def _point_mass_siblings(
+    xp: Any, p: Any, kids: list[int], tokens: list[int], uniforms: Any, vocabulary: Any
+) -> tuple[int | None, Any]:
+    """Deterministic candidates: child ``j`` is accepted iff ``u_j (1 - m) < r(x_j)``, with
+    ``r`` the row without the tokens tried before (``m`` their mass, so that
+    ``r(x_j) / (1 - m)`` is the renormalised residual); if all fail, the final token is
+    drawn from the row without the children's tokens.  A rejection of a token with no mass
+    removes nothing.  Returns the accepted child, or None and the final draw's inputs:
+    the weights, and the last removed token, which is what is left when rounding leaves
+    the weights without mass (the exact walk would have accepted it)."""
+    removed_mass = 0.0
+    tried: list[int] = []
+    last_removed = None
+    for child in kids:
+        x = tokens[child]
+        r_x = 0.0 if x in tried else float(p[x])
+        if float(uniforms[child]) * (1.0 - removed_mass) < r_x:
+            return child, None
+        tried.append(x)
+        if r_x > 0:
+            removed_mass += r_x
+            last_removed = x
+    weights = xp.where(p > 0, p, 0.0)
+    for x in tried:
+        weights = xp.where(vocabulary == x, 0.0, weights)
+    return None, (weights, last_removed)
+
+
+def _residual_siblings(
+    xp: Any,
+    p: Any,
+    kids: list[int],
+    tokens: list[int],
+    uniforms: Any,
+    without_replacement: bool,
+    q_rows: list[Any],
+    vocabulary: Any,
+) -> tuple[int | None, Any]:
+    """SpecInfer, and RRS when ``without_replacement``: child ``j`` is accepted iff
+    ``u_j q_j(x_j) < r(x_j)``; on rejection ``r <- (r - q_j)+`` renormalised, kept only if
+    it has mass.  RRS takes ``q_j`` as the draft row without the tokens of the siblings
+    tried before, renormalised.  Returns the accepted child, or None and the weights of
+    the final draw."""
+    # The target row is taken as normalised; the mass is recomputed after each update.
+    residual, mass = p, 1.0
+    tried: list[int] = []
+    for child, q in zip(kids, q_rows):
+        x = tokens[child]
+        if without_replacement and tried:
+            earlier = xp.zeros_like(q, dtype=xp.bool)
+            for token in tried:
+                earlier = xp.logical_or(earlier, vocabulary == token)
+            q = xp.where(earlier, 0.0, q)
+            q_mass = float(xp.sum(q))
+            q = q / q_mass if q_mass > 0 else q
+        r = residual / mass if mass != 1.0 else residual
+        if float(uniforms[child]) * float(q[x]) < float(r[x]):
+            return child, None
+        tried.append(x)
+        updated = xp.where(r - q > 0, r - q, 0.0)
+        updated_mass = float(xp.sum(updated))
+        if updated_mass > 0:
+            residual, mass = updated, updated_mass
+    return None, (residual, None)
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,14 +25,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _backend, _validate
+
 __all__ = [
     "MAX_TREE_DEPTH",
+    "TreeBatch",
     "TreeLayout",
     "chain_tree",
     "from_next_arrays",
     "leaf_paths",
     "multi_draft_tree",
     "to_next_arrays",
+    "tree_batch",
     "validate_tree",
 ]
 
@@ -200,12 +204,7 @@ def validate_tree(
                 f"draft_token_ids[{i}] (request {int(request[i])}, node {int(local[i])}) is "
                 f"{int(tokens[i])}: outside the vocabulary 0 .. {vocab_size - 1}"
             )
-    # Parents precede children, so one pass in node order fixes every depth.
-    global_parent = np.where(parents >= 0, parents + offsets[request], -1)
-    depths = np.ones(total, dtype=np.int64)
-    for i in range(total):
-        if global_parent[i] >= 0:
-            depths[i] = depths[global_parent[i]] + 1
+    depths = _depths(np.where(parents >= 0, parents + offsets[request], -1))
     too_deep = depths > max_depth
     if too_deep.any():
         i = int(np.flatnonzero(too_deep)[0])
@@ -222,6 +221,21 @@ def validate_tree(
         max_nodes=int(counts.max()) if counts.size else 0,
         max_depth=int(depths.max()) if total else 0,
     )
+
+
+def _depths(global_parents: np.ndarray) -> np.ndarray:
+    """Depth of every node (1 for a child of the root) by pointer jumping: each round adds
+    the distance to the current ancestor and jumps to that ancestor's, so a chain of depth
+    ``D`` takes about ``log2 D`` vectorised rounds instead of a Python loop over nodes."""
+    ancestor = global_parents.copy()
+    distance = np.ones(global_parents.shape[0], dtype=np.int64)
+    while True:
+        pending = np.flatnonzero(ancestor >= 0)
+        if pending.size == 0:
+            return distance
+        above = ancestor[pending]
+        distance[pending] += distance[above]
+        ancestor[pending] = ancestor[above]
 
 
 def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
@@ -444,3 +458,149 @@ def to_next_arrays(
             for earlier, later in zip(children[:-1], children[1:]):
                 next_sibling[b, earlier + 1] = later + 1
     return next_token, next_sibling, candidates
+
+
+class TreeBatch(NamedTuple):
+    """Validated, kernel-ready inputs of one tree-verification call.
+
+    Attributes
+    ----------
+    xp : module
+        ``numpy`` (the tree drivers run on the CPU in this release).
+    device : int or None
+    target_rows : float32 or float64 [N + B, V], C-contiguous
+    draft_rows : same dtype [N, V] or None
+    draft_token_ids : int32 or int64 [N]
+        A private copy: the kernel reads it while the caller may write its own.
+    tree_parents : int64 [N]
+    layout : TreeLayout
+        The checked layout (host arrays), with offsets and depths.
+    vocab_size : int
+    target_name : str
+        The target argument's name, for messages.
+    """
+
+    xp: Any
+    device: Any
+    target_rows: Any
+    draft_rows: Any
+    draft_token_ids: Any
+    tree_parents: Any
+    layout: TreeLayout
+    vocab_size: int
+    target_name: str
+
+    @property
+    def batch_size(self) -> int:
+        """``B``."""
+        return self.layout.batch_size
+
+    def raise_for_row_status(self, request: int, status: int) -> None:
+        """The kernel's status of request ``request`` as a ``ValueError``."""
+        if status > 0:
+            node = status - 1
+            start = int(self.layout.node_offsets[request])
+            raise ValueError(
+                f"draft_token_ids[{start + node}] (request {request}, node {node}) is "
+                f"{int(self.draft_token_ids[start + node])}: outside the vocabulary "
+                f"0 .. {self.vocab_size - 1}"
+            )
+        node = -status - 2
+        raise ValueError(
+            f"{self.target_name} row {self.layout.target_row(request, node)} (request "
+            f"{request}, {'the root' if node < 0 else f'node {node}'}) has no positive "
+            "probability to draw the final token from"
+        )
+
+
+def tree_batch(
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any,
+    *,
+    strict: bool,
+    reads_draft_probs: bool,
+    target_name: str = "target_probs",
+    draft_name: str = "draft_probs",
+) -> TreeBatch:
+    """Take a batch of trees in, check it and make it kernel-ready.
+
+    Parameters
+    ----------
+    num_nodes : int [B]
+    tree_parents : int [N]
+    draft_token_ids : int64 or int32 [N]
+    target_rows : float32 or float64 [N + B, V]
+        Per request its root row, then one row per node.
+    draft_rows : same dtype [N, V] or None
+    strict : bool
+        Also exact dtypes (float32 rows, int64 ids).
+    reads_draft_probs : bool
+        False: ``draft_rows`` is not read (and not checked).
+    target_name, draft_name : str
+        The arguments' names in messages.
+
+    Returns
+    -------
+    TreeBatch
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`validate_tree` and the chain layouts do, naming the argument.
+    """
+    target = _backend.intake(target_rows, target_name)
+    ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    drafts = (
+        _backend.intake(draft_rows, draft_name)
+        if reads_draft_probs and draft_rows is not None
+        else None
+    )
+    device = _backend.check_one_device(
+        {target_name: target, "draft_token_ids": ids, draft_name: drafts}
+    )
+    xp = _backend.array_namespace(target)
+    if target.ndim != 2 or target.shape[1] < 1:
+        raise ValueError(
+            f"{target_name} must have shape [N + B, V] with V >= 1; found shape "
+            f"{_validate.shape_text(target.shape)}"
+        )
+    vocab_size = int(target.shape[1])
+    # The kernel reads a private copy, checked here: a caller writing its own array during
+    # the call cannot change what was checked.
+    (private_ids,) = _backend.token_ids({"draft_token_ids": ids}, xp, strict)
+    layout = validate_tree(
+        num_nodes, tree_parents, private_ids.get() if xp is not np else private_ids, vocab_size
+    )
+    total = int(layout.node_offsets[-1])
+    if target.shape[0] != total + layout.batch_size:
+        raise ValueError(
+            f"{target_name} must have shape [N + B, V] = [{total + layout.batch_size}, V] "
+            f"(N = sum of num_nodes); found shape {_validate.shape_text(target.shape)}"
+        )
+    if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
+        raise ValueError(
+            f"{draft_name} must have shape [N, V] = [{total}, {vocab_size}]; found shape "
+            f"{_validate.shape_text(drafts.shape)}"
+        )
+    target = _backend.probabilities(target, target_name, xp, strict)
+    if drafts is not None:
+        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
+        if drafts.dtype != target.dtype:
+            raise TypeError(
+                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
+                f"found {drafts.dtype}"
+            )
+    return TreeBatch(
+        xp=xp,
+        device=device,
+        target_rows=target,
+        draft_rows=drafts,
+        draft_token_ids=private_ids,
+        tree_parents=xp.asarray(layout.tree_parents),
+        layout=layout,
+        vocab_size=vocab_size,
+        target_name=target_name,
+    )

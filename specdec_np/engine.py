@@ -15,12 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _contract, _layout, _random, _validate, registry, verify
+from . import _backend, _contract, _layout, _random, _trees, _validate, registry, verify
 from .metrics import VerificationMetrics
 
-__all__ = ["EngineVerifier", "output_buffers", "verify_ragged"]
+__all__ = [
+    "EngineVerifier",
+    "output_buffers",
+    "tree_output_buffers",
+    "verify_ragged",
+    "verify_tree",
+]
 
 _GREEDY = registry.get("greedy")
+_GREEDY_TREE = registry.get_tree_method("greedy")
 
 
 def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _contract.OutputBlock:
@@ -204,18 +211,9 @@ def _verify_ragged(
     strict = _validate.check_strict_mode(strict_mode)
     verifier = registry.get(method)
     parameters = verify.check_parameters(verifier, method_parameters)
-    if (target_logits is None) == (target_probs is None):
-        raise ValueError("give exactly one of target_logits and target_probs")
-    if draft_logits is not None and draft_probs is not None:
-        raise ValueError("give at most one of draft_logits and draft_probs")
-    from_logits = target_logits is not None
-    if (draft_logits is not None and not from_logits) or (draft_probs is not None and from_logits):
-        raise ValueError(
-            "give the draft rows in the target's form: draft_logits with target_logits, "
-            "draft_probs with target_probs"
-        )
-    target_name = "target_logits" if from_logits else "target_probs"
-    draft_name = "draft_logits" if from_logits else "draft_probs"
+    from_logits, target_name, draft_name = _row_form(
+        target_logits, target_probs, draft_logits, draft_probs
+    )
     batch = _layout.ragged_chain(
         num_draft_tokens,
         draft_token_ids,
@@ -233,29 +231,14 @@ def _verify_ragged(
             f"{target_name} is on cuda:{batch.device}; the engine layout runs on NumPy (CPU) "
             "arrays in this release: pass NumPy arrays, or use the padded verifiers on CuPy"
         )
-    sampling = _validate.check_sampling_parameters(
-        batch.batch_size,
-        batch.vocab_size,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        from_logits=from_logits,
+    sampling = _checked_sampling(
+        batch.xp, batch.batch_size, batch.vocab_size, strict, from_logits,
+        (target_name, batch.target_rows), (draft_name, batch.draft_rows),
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
     )
-    if strict and from_logits:
-        _validate.check_logit_values(target_name, batch.target_rows, batch.xp)
-        _validate.check_logit_values(draft_name, batch.draft_rows, batch.xp)
-    elif strict:
-        _validate.check_probability_values(target_name, batch.target_rows, batch.xp)
-        _validate.check_probability_values(draft_name, batch.draft_rows, batch.xp)
     counts = batch.draft_counts
     batch_size = batch.batch_size
-    if verifier is _GREEDY:
-        greedy = np.ones(batch_size, dtype=bool)
-    elif sampling["temperature"] is None:
-        greedy = np.zeros(batch_size, dtype=bool)
-    else:
-        greedy = sampling["temperature"] == 0
+    greedy = _greedy_requests(sampling, verifier is _GREEDY, batch_size)
     num_greedy = int(np.count_nonzero(greedy))
     all_greedy = num_greedy == batch_size
     if strict and not from_logits and num_greedy:
@@ -302,6 +285,245 @@ def _verify_ragged(
         sampling=processing,
         block=block,
     )
+
+
+def tree_output_buffers(
+    batch_size: int, max_depth: int, xp: Any = np
+) -> _contract.TreeOutputBlock:
+    """Buffers for ``verify_tree(..., out=...)``, so that a steady-state engine allocates
+    nothing per call.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``.
+    max_depth : int
+        The deepest tree the buffers must hold.
+    xp : module
+        ``numpy``.
+
+    Returns
+    -------
+    TreeOutputBlock
+        ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
+        ``[B, max_depth + 1]`` and two int64 ``[B]`` arrays (accepted lengths, row status).
+    """
+    return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
+
+
+def verify_tree(
+    *,
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_logits: Any = None,
+    target_probs: Any = None,
+    draft_logits: Any = None,
+    draft_probs: Any = None,
+    method: str = "point_mass",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    strict_mode: bool = False,
+    out: _contract.TreeOutputBlock | None = None,
+) -> verify.TreeVerificationResult:
+    """Verify a batch of draft trees (EAGLE, Medusa, SpecInfer, multi-draft).
+
+    Parameters
+    ----------
+    num_nodes : int array [B]
+        ``N_b >= 0`` nodes per request.
+    tree_parents : int array [N], ``N = sum N_b``
+        Each node's parent as an index within its request, ``-1`` for a child of the root;
+        a parent comes before its children.  Siblings are tried in node order.
+    draft_token_ids : int64 or int32 [N]
+        The token each node proposes.
+    target_probs : float32 or float64 [N + B, V], optional
+        Per request its root row (the law of the first new token), then one row per node
+        (the law of the token after it).  Taken as already processed.
+    target_logits : float32 or float64 [N + B, V], optional
+        The same rows as logits; each row the walk reads is processed with the request's
+        ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (exactly one of the two).
+    draft_probs, draft_logits : same dtype [N, V], optional
+        The distribution each node was drawn from (``"specinfer"``, ``"rrs"``); None for
+        deterministic candidates.
+    method : str, default "point_mass"
+        A tree method (``specdec_np.registry.TREE_METHODS``): ``"greedy"``,
+        ``"point_mass"`` (lossless whatever drew the children), ``"specinfer"``
+        (children drawn independently from their rows) or ``"rrs"`` (siblings drawn
+        without replacement from one row).  The walks are in ``docs/semantics.md``.
+    temperature : scalar or array [B], optional
+        ``0`` walks a request greedily on its raw rows, the others by ``method``.  With
+        logits it also scales them.
+    top_k, top_p, min_p : scalar or array [B], optional
+        Sampling filters of logits rows; a ValueError with probabilities.
+    uniforms : float64 [B, max_nodes + 1], optional
+        Request ``b`` uses column ``j`` for node ``j``'s test and column ``N_b`` for the
+        final token.
+    generator, seeded_seqs, counter_seeds
+        The other sources of uniforms, keyed by request: a sampled request consumes
+        exactly ``N_b + 1`` draws from its source whatever the walk, a greedy one none.
+    strict_mode : bool
+        Also check exact dtypes and finite (non-negative) row values.
+    out : TreeOutputBlock, optional
+        Buffers from :func:`tree_output_buffers` to write into.
+
+    Returns
+    -------
+    TreeVerificationResult
+        ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
+        ``[B, max_depth + 1]`` (both ``-1`` padded; ``max_depth`` the deepest node of the
+        batch) and ``accepted_lengths`` int64 ``[B]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument and ``(request, node)``, before any uniform is
+        drawn.
+    """
+    strict = _validate.check_strict_mode(strict_mode)
+    tree_method = registry.get_tree_method(method)
+    from_logits, target_name, draft_name = _row_form(
+        target_logits, target_probs, draft_logits, draft_probs
+    )
+    batch = _trees.tree_batch(
+        num_nodes,
+        tree_parents,
+        draft_token_ids,
+        target_logits if from_logits else target_probs,
+        draft_logits if from_logits else draft_probs,
+        strict=strict,
+        reads_draft_probs=tree_method.reads_draft_probs,
+        target_name=target_name,
+        draft_name=draft_name,
+    )
+    if batch.device is not None:
+        raise TypeError(
+            f"{target_name} is on cuda:{batch.device}; tree verification runs on NumPy (CPU) "
+            "arrays in this release"
+        )
+    layout = batch.layout
+    sampling = _checked_sampling(
+        batch.xp, layout.batch_size, batch.vocab_size, strict, from_logits,
+        (target_name, batch.target_rows), (draft_name, batch.draft_rows),
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    )
+    greedy = _greedy_requests(sampling, tree_method is _GREEDY_TREE, layout.batch_size)
+    request_methods = None
+    if greedy.any() and not greedy.all():
+        codes = np.where(
+            greedy, verify.tree_walk_index(_GREEDY_TREE), verify.tree_walk_index(tree_method)
+        )
+        request_methods = batch.xp.asarray(codes.astype(np.int8))
+    chosen = _GREEDY_TREE if greedy.all() and layout.batch_size else tree_method
+    sources = _random.RejectionUniforms(
+        layout.batch_size,
+        layout.max_nodes,
+        batch.xp,
+        uniforms=uniforms,
+        generator=generator,
+        device=batch.device,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
+        row_widths=np.where(greedy, 0, layout.num_nodes + 1),
+    )
+    block = None if out is None else _check_tree_out(out, layout)
+    processing = None
+    if from_logits:
+        processing = batch.xp.asarray(_sampling_table(sampling, greedy, layout.batch_size))
+    return verify.verify_tree_batch(
+        chosen, batch, sources, request_methods=request_methods, sampling=processing, block=block
+    )
+
+
+def _check_tree_out(out: Any, layout: Any) -> _contract.TreeOutputBlock:
+    if not isinstance(out, _contract.TreeOutputBlock):
+        raise TypeError(
+            "out must be the TreeOutputBlock of specdec_np.tree_output_buffers(B, max_depth); "
+            f"found {type(out).__name__}"
+        )
+    rows, depth = (int(n) for n in out.accepted_nodes.shape)
+    if rows != layout.batch_size or depth < layout.max_depth:
+        raise ValueError(
+            f"out must hold [B, >= max depth] = [{layout.batch_size}, {layout.max_depth}] "
+            f"nodes; found {_validate.shape_text(out.accepted_nodes.shape)}"
+        )
+    expected = {
+        "accepted_nodes": (rows, depth),
+        "output_token_ids": (rows, depth + 1),
+        "accepted_lengths": (rows,),
+        "row_status": (rows,),
+    }
+    for name, array in zip(out._fields, out):
+        if not isinstance(array, np.ndarray) or array.dtype != np.int64:
+            raise TypeError(f"out.{name} must be an int64 NumPy array")
+        if tuple(array.shape) != expected[name]:
+            raise ValueError(
+                f"out.{name} must have shape {list(expected[name])}; found "
+                f"{_validate.shape_text(array.shape)}"
+            )
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise ValueError(f"out.{name} must be C-contiguous and writeable")
+    return out
+
+
+def _row_form(
+    target_logits: Any, target_probs: Any, draft_logits: Any, draft_probs: Any
+) -> tuple[bool, str, str]:
+    """Whether the rows are logits, and the names of the target and draft arguments given;
+    a ValueError unless exactly one target form is given and the draft is in the same."""
+    if (target_logits is None) == (target_probs is None):
+        raise ValueError("give exactly one of target_logits and target_probs")
+    if draft_logits is not None and draft_probs is not None:
+        raise ValueError("give at most one of draft_logits and draft_probs")
+    from_logits = target_logits is not None
+    if (draft_logits is not None and not from_logits) or (draft_probs is not None and from_logits):
+        raise ValueError(
+            "give the draft rows in the target's form: draft_logits with target_logits, "
+            "draft_probs with target_probs"
+        )
+    if from_logits:
+        return True, "target_logits", "draft_logits"
+    return False, "target_probs", "draft_probs"
+
+
+def _checked_sampling(
+    xp: Any,
+    batch_size: int,
+    vocab_size: int,
+    strict: bool,
+    from_logits: bool,
+    target: tuple[str, Any],
+    draft: tuple[str, Any],
+    **parameters: Any,
+) -> dict[str, Any]:
+    """The per-request sampling parameters, checked, and in strict mode the row values."""
+    sampling = _validate.check_sampling_parameters(
+        batch_size, vocab_size, from_logits=from_logits, **parameters
+    )
+    check_values = (
+        _validate.check_logit_values if from_logits else _validate.check_probability_values
+    )
+    if strict:
+        for name, rows in (target, draft):
+            check_values(name, rows, xp)
+    return sampling
+
+
+def _greedy_requests(
+    sampling: Mapping[str, Any], every_request: bool, batch_size: int
+) -> np.ndarray:
+    """bool [B]: the requests verified greedily (``temperature == 0``, or all of them)."""
+    if every_request:
+        return np.ones(batch_size, dtype=bool)
+    if sampling["temperature"] is None:
+        return np.zeros(batch_size, dtype=bool)
+    return np.asarray(sampling["temperature"] == 0)
 
 
 def _sampling_table(

@@ -22,7 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TREE_METHODS", "VERIFIERS", "Parameter", "TreeMethod", "Verifier", "get", "names"]
+__all__ = [
+    "TREE_METHODS",
+    "VERIFIERS",
+    "Parameter",
+    "TreeMethod",
+    "Verifier",
+    "get",
+    "get_tree_method",
+    "names",
+]
 
 
 @dataclass(frozen=True)
@@ -250,31 +259,73 @@ class TreeMethod:
         How the method assumes siblings were drafted: ``"fixed"`` (deterministic
         candidates), ``"independent"`` (each child from its own ``q_j``),
         ``"without_replacement"`` (siblings from one ``q``), or None (greedy: no law).
+    walk : str
+        The CPU walk, a name in ``specdec_np._core.TREE_WALKS``.
+    reads_draft_probs : bool
+        Whether the walk reads draft rows (without them it walks as ``point_mass``).
     """
 
     name: str
     summary: str
     drafting: str | None
+    walk: str
+    reads_draft_probs: bool
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the walk reads uniforms (every method but greedy)."""
+        return self.drafting is not None
 
 
-#: The tree methods.  Only the array-API reference walks them in this release.
+#: The tree methods of ``specdec_np.verify_tree``.
 TREE_METHODS: tuple[TreeMethod, ...] = (
-    TreeMethod("greedy", "follow the child equal to the argmax of the node's row", None),
+    TreeMethod(
+        "greedy",
+        "follow the child equal to the argmax of the node's row",
+        None,
+        walk="greedy_tree_walk",
+        reads_draft_probs=False,
+    ),
     TreeMethod(
         "point_mass",
         "deterministic candidates (EAGLE-2, SGLang): accept child j with probability r(x_j) "
         "under r with earlier siblings removed and renormalised",
         "fixed",
+        walk="point_mass_tree_walk",
+        reads_draft_probs=False,
     ),
     TreeMethod(
         "specinfer",
         "independently drafted children: accept x_j with probability min(1, r(x_j)/q_j(x_j)); "
         "on rejection r <- (r - q_j)+ renormalised",
         "independent",
+        walk="specinfer_tree_walk",
+        reads_draft_probs=True,
     ),
     TreeMethod(
         "rrs",
         "recursive rejection sampling: siblings drawn without replacement from one q",
         "without_replacement",
+        walk="rrs_tree_walk",
+        reads_draft_probs=True,
     ),
 )
+
+_TREE_BY_NAME = {method.name: method for method in TREE_METHODS}
+
+
+def get_tree_method(name: str) -> TreeMethod:
+    """The tree method called ``name``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the known ones.
+    """
+    try:
+        return _TREE_BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"method must be one of {', '.join(repr(n) for n in _TREE_BY_NAME)}; "
+            f"found {name!r}"
+        ) from None

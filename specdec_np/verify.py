@@ -26,6 +26,7 @@ import numpy as np
 from . import _backend, _contract, _core, _layout, _random, _validate, registry
 
 __all__ = [
+    "TreeVerificationResult",
     "VerificationResult",
     "create_output",
     *(verifier.function_name for verifier in registry.VERIFIERS),
@@ -217,6 +218,111 @@ def _scratch_rows(xp: Any, threads: int, vocab_size: int, dtype: Any) -> Any:
         cached = (key, np.empty((threads, 2 * vocab_size), dtype=dtype))
         _SCRATCH.rows = cached
     return cached[1]
+
+
+class TreeVerificationResult(NamedTuple):
+    """What :func:`specdec_np.verify_tree` returns.
+
+    Attributes
+    ----------
+    accepted_nodes : int64 [B, max_depth]
+        Accepted node indices within each request, root to leaf, ``-1`` padded: the
+        KV-cache entries to keep.
+    output_token_ids : int64 [B, max_depth + 1]
+        The accepted nodes' tokens, then the final token, ``-1`` padded.
+    accepted_lengths : int64 [B]
+        Accepted nodes per request.
+    """
+
+    accepted_nodes: Any
+    output_token_ids: Any
+    accepted_lengths: Any
+
+
+_TREE_WALK_INDEX: dict[str, int] = {}
+
+
+def tree_walk_index(method: registry.TreeMethod) -> int:
+    """The method's walk as an index into ``_core.TREE_WALKS``."""
+    if not _TREE_WALK_INDEX:
+        _TREE_WALK_INDEX.update({name: i for i, name in enumerate(_core.TREE_WALKS)})
+    return _TREE_WALK_INDEX[method.walk]
+
+
+def verify_tree_batch(
+    method: registry.TreeMethod,
+    batch: Any,
+    sources: _random.RejectionUniforms,
+    *,
+    request_methods: Any = None,
+    sampling: Any = None,
+    block: _contract.TreeOutputBlock | None = None,
+) -> TreeVerificationResult:
+    """Run a tree method's walk over a validated tree batch.
+
+    Parameters
+    ----------
+    method : registry.TreeMethod
+    batch : specdec_np._trees.TreeBatch
+    sources : RejectionUniforms
+        The checked uniform sources (``[B, max_nodes + 1]``).
+    request_methods : int8 array [B], optional
+        Per-request walks (indices into ``_core.TREE_WALKS``).
+    sampling : float64 array [B, 4], optional
+        The rows are logits, processed with these per-request parameters.
+    block : TreeOutputBlock, optional
+        Output buffers (``[B, max_depth]``, ``[B, max_depth + 1]``, ``[B]``).
+
+    Returns
+    -------
+    TreeVerificationResult
+    """
+    xp = batch.xp
+    layout = batch.layout
+    vocab_size = batch.vocab_size
+    if block is None:
+        block = _contract.allocate_tree_output_block(xp, layout.batch_size, layout.max_depth)
+    threads = _backend.thread_count(layout.batch_size, 2 * vocab_size)
+    dtype = batch.target_rows.dtype
+    options: dict[str, Any] = {}
+    if request_methods is not None:
+        options["request_methods"] = request_methods
+    if sampling is not None:
+        options["sampling"] = sampling
+        # Per thread, the processed target and draft row of the node it works on.
+        options["scratch"] = xp.empty((threads, 2 * vocab_size), dtype=dtype)
+    stochastic = method.stochastic or request_methods is not None
+    if stochastic:
+        # Per thread, the residual and its update: allocated once per call, not per node.
+        options["working"] = xp.empty((threads, 2 * vocab_size), dtype=xp.float64)
+    snapshot = sources.snapshot()
+    point_mass = batch.draft_rows is None
+    try:
+        uniforms = sources.draw()
+        first_bad_row = _core.verify_trees(
+            tree_walk_index(method),
+            batch.target_rows,
+            batch.target_rows if point_mass else batch.draft_rows,
+            point_mass,
+            batch.draft_token_ids,
+            batch.tree_parents,
+            xp.asarray(layout.node_offsets),
+            uniforms,
+            *block,
+            threads,
+            **options,
+        )
+        if first_bad_row >= 0:
+            batch.raise_for_row_status(first_bad_row, int(block.row_status[first_bad_row]))
+        nodes, output = block.accepted_nodes, block.output_token_ids
+        if nodes.shape[1] != layout.max_depth:
+            # Caller's buffers deeper than this batch: the kernel padded them with -1.
+            nodes = nodes[:, : layout.max_depth]
+            output = output[:, : layout.max_depth + 1]
+        return TreeVerificationResult(nodes, output, block.accepted_lengths)
+    except BaseException:
+        snapshot.restore()
+        raise
 
 
 def _driver_options(request_methods: Any, causal: bool, draw_bonus: bool) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+/* The residual update of tree verification, r <- (r - q_j)+, over one vocabulary row.
+ *
+ * After a sibling is rejected, SpecInfer and RRS replace the node's residual r (the target
+ * row, or the residual of the previous rejection divided by its mass) by the positive part
+ * of r minus the sibling's draft row (divided by its mass for RRS), writing it to a float64
+ * working row and returning its float64 sum.  In the order of the reference:
+ *
+ *   a = src[y] / src_mass   (src_mass == 1: a = src[y], which is the same number)
+ *   b = max(q[y], 0) / q_mass   (NaN counts as 0; q_mass == 1: no division)
+ *   w = a - b if a - b > 0 else 0   (NaN weighs 0)
+ *
+ * The sum uses eight lanes combined as in _rowscan.h, so that its order is fixed by this
+ * code and not by the compiler.
+ */
+#ifndef SPECDEC_TREESCAN_H
+#define SPECDEC_TREESCAN_H
+
+#include "_rowscan.h"
+
+#define SPECDEC_DEFINE_RESIDUAL_UPDATE(NAME, SRC_T, Q_T)                                   \
+    SPECDEC_CLONES                                                                         \
+    static double NAME(const SRC_T *src, double src_mass, const Q_T *q, double q_mass,     \
+                       ptrdiff_t V, double *dst)                                           \
+    {                                                                                      \
+        double lanes[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                        \
+        const int divide_src = src_mass != 1.0, divide_q = q_mass != 1.0;                  \
+        ptrdiff_t y = 0;                                                                   \
+        for (; y + 8 <= V; y += 8) {                                                       \
+            for (int lane = 0; lane < 8; ++lane) {                                         \
+                double a = (double)src[y + lane];                                          \
+                double b = (double)q[y + lane];                                            \
+                a = divide_src ? a / src_mass : a;                                         \
+                b = b > 0.0 ? b : 0.0;                                                     \
+                b = divide_q ? b / q_mass : b;                                             \
+                double d = a - b;                                                          \
+                double w = d > 0.0 ? d : 0.0;                                              \
+                dst[y + lane] = w;                                                         \
+                lanes[lane] += w;                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int lane = 0; y < V; ++y, ++lane) {                                           \
+            double a = (double)src[y];                                                     \
+            double b = (double)q[y];                                                       \
+            a = divide_src ? a / src_mass : a;                                             \
+            b = b > 0.0 ? b : 0.0;                                                         \
+            b = divide_q ? b / q_mass : b;                                                 \
+            double d = a - b;                                                              \
+            double w = d > 0.0 ? d : 0.0;                                                  \
+            dst[y] = w;                                                                    \
+            lanes[lane] += w;                                                              \
+        }                                                                                  \
+        return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }
+
+SPECDEC_DEFINE_RESIDUAL_UPDATE(specdec_residual_update_ff, float, float)
+SPECDEC_DEFINE_RESIDUAL_UPDATE(specdec_residual_update_df, double, float)
+SPECDEC_DEFINE_RESIDUAL_UPDATE(specdec_residual_update_dd, double, double)
+
+/* sum of max(q[y], 0) over the row (NaN counts as 0), in the lane order above: the mass of
+ * an RRS draft row before the tried siblings are taken out. */
+#define SPECDEC_DEFINE_CLEAN_SUM(NAME, T)                                                  \
+    SPECDEC_CLONES                                                                         \
+    static double NAME(const T *q, ptrdiff_t V)                                            \
+    {                                                                                      \
+        double lanes[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                        \
+        ptrdiff_t y = 0;                                                                   \
+        for (; y + 8 <= V; y += 8) {                                                       \
+            for (int lane = 0; lane < 8; ++lane) {                                         \
+                double b = (double)q[y + lane];                                            \
+                lanes[lane] += b > 0.0 ? b : 0.0;                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int lane = 0; y < V; ++y, ++lane) {                                           \
+            double b = (double)q[y];                                                       \
+            lanes[lane] += b > 0.0 ? b : 0.0;                                              \
+        }                                                                                  \
+        return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }
+
+SPECDEC_DEFINE_CLEAN_SUM(specdec_clean_sum_f, float)
+SPECDEC_DEFINE_CLEAN_SUM(specdec_clean_sum_d, double)
+
+/* dst[y] = max(src[y], 0) (NaN counts as 0): a target row copied to the working row so
+ * that tokens can be taken out of it before the final draw. */
+#define SPECDEC_DEFINE_CLEAN_COPY(NAME, T)                                                 \
+    SPECDEC_CLONES                                                                         \
+    static void NAME(const T *src, ptrdiff_t V, double *dst)                               \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            double a = (double)src[y];                                                     \
+            dst[y] = a > 0.0 ? a : 0.0;                                                    \
+        }                                                                                  \
+    }
+
+SPECDEC_DEFINE_CLEAN_COPY(specdec_clean_copy_f, float)
+SPECDEC_DEFINE_CLEAN_COPY(specdec_clean_copy_d, double)
+
+#endif
