@@ -190,49 +190,9 @@ cdef Py_ssize_t draw_inverse_cdf(
     to 0.
 
     Pass 1 sums blocks of the row; pass 2 skips whole blocks by their sums and scans one
-    block, so the row is read about 1.x times.
+    block, so the row is read about 1.x times (:func:`draw_by_blocks`).
     """
-    cdef double block_sums[MAX_BLOCKS]
-    cdef Py_ssize_t block = MIN_BLOCK
-    cdef Py_ssize_t num_blocks, j, y, start, stop
-    cdef double total, threshold, running = 0.0, w, scale = 1.0
-    cdef int _attempt
-    if V > block * MAX_BLOCKS:
-        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
-    num_blocks = (V + block - 1) // block
-    for _attempt in range(2):
-        total = 0.0
-        for j in range(num_blocks):
-            start = j * block
-            stop = start + block if start + block < V else V
-            block_sums[j] = weight_sum(p, q, point_mass, rho, scale, start, stop)
-            total += block_sums[j]
-        if not isinf(total):
-            break
-        # Finite weights whose float64 sum overflows (float64 rows near 1e308): scale them
-        # down by a power of two rather than let v * inf bias the draw to the last token.
-        scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
-    if not total > 0.0:
-        return -1
-    threshold = v * total
-    j = 0
-    while j < num_blocks and not running + block_sums[j] > threshold:
-        running += block_sums[j]
-        j += 1
-    # Scan on from the chosen block; it normally ends inside it, but block sums and the
-    # running sum round differently, so a miss simply continues to the next block.
-    for y in range(j * block, V):
-        w = residual_weight(p, q, point_mass, rho, scale, y)
-        running += w
-        if w > 0.0 and running > threshold:
-            return y
-    # Rounding made the scan miss (or a weight was infinite): the last positive weight.
-    y = V - 1
-    while y >= 0:
-        if residual_weight(p, q, point_mass, rho, scale, y) > 0.0:
-            return y
-        y -= 1
-    return -1
+    return draw_by_blocks(<Request*>NULL, p, q, 0, point_mass, rho, V, v)
 
 
 cdef inline Py_ssize_t draw_residual(
@@ -394,23 +354,38 @@ cdef inline Py_ssize_t process_residual_block(
     return point_mass - start if start <= point_mass < stop else -1
 
 
-cdef Py_ssize_t draw_processed(
-    Request* request, const probability_t* target, Py_ssize_t i, const probability_t* draft,
-    Py_ssize_t point_mass, double rho, double v
+cdef inline Py_ssize_t block_rows(
+    Request* request, const probability_t* p, const probability_t* q, Py_ssize_t i,
+    Py_ssize_t point_mass, Py_ssize_t start, Py_ssize_t stop, const probability_t** block_p,
+    const probability_t** block_q
 ) noexcept nogil:
-    """:func:`draw_inverse_cdf` over the weights max(rho p - q, 0) of logits row ``i``
-    (target, and draft unless NULL: then q is the point mass at ``point_mass``, none for
-    -1), block by block as described above."""
+    """Entries ``start .. stop`` of the weights' rows, indexed from 0: views of the rows
+    ``p`` and ``q`` when ``request`` is NULL (probabilities), else row ``i`` of the
+    request's logits rows ``p`` and ``q`` processed into its scratch.  Returns the point
+    mass as an index into the block (-1 outside it)."""
+    if request == NULL:
+        block_p[0] = p + start
+        block_q[0] = NULL if q == NULL else q + start
+        return point_mass - start if start <= point_mass < stop else -1
+    block_p[0] = <const probability_t*>request.target_scratch
+    block_q[0] = NULL if q == NULL else <const probability_t*>request.draft_scratch
+    return process_residual_block(request, p, i, q, point_mass, start, stop)
+
+
+cdef Py_ssize_t draw_by_blocks(
+    Request* request, const probability_t* p, const probability_t* q, Py_ssize_t i,
+    Py_ssize_t point_mass, double rho, Py_ssize_t V, double v
+) noexcept nogil:
+    """The inverse-CDF draw of :func:`draw_inverse_cdf`, over the rows that
+    :func:`block_rows` gives block by block (probabilities, or logits processed into
+    scratch: the same blocks, sums and scan either way)."""
     cdef double block_sums[MAX_BLOCKS]
-    cdef Py_ssize_t V = request.V
     cdef Py_ssize_t block = MIN_BLOCK
     cdef Py_ssize_t num_blocks, j, y, start, stop, mass
     cdef double total, threshold, running = 0.0, w, scale = 1.0
     cdef int _attempt
-    cdef const probability_t* p = <const probability_t*>request.target_scratch
-    cdef const probability_t* q = (
-        <const probability_t*>request.draft_scratch if draft != NULL else NULL
-    )
+    cdef const probability_t* block_p
+    cdef const probability_t* block_q
     if V > block * MAX_BLOCKS:
         block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
     num_blocks = (V + block - 1) // block
@@ -419,11 +394,13 @@ cdef Py_ssize_t draw_processed(
         for j in range(num_blocks):
             start = j * block
             stop = start + block if start + block < V else V
-            mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
-            block_sums[j] = weight_sum(p, q, mass, rho, scale, 0, stop - start)
+            mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
+            block_sums[j] = weight_sum(block_p, block_q, mass, rho, scale, 0, stop - start)
             total += block_sums[j]
         if not isinf(total):
             break
+        # Finite weights whose float64 sum overflows (float64 rows near 1e308): scale them
+        # down by a power of two rather than let v * inf bias the draw to the last token.
         scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
     if not total > 0.0:
         return -1
@@ -432,28 +409,41 @@ cdef Py_ssize_t draw_processed(
     while j < num_blocks and not running + block_sums[j] > threshold:
         running += block_sums[j]
         j += 1
+    # Scan on from the chosen block; it normally ends inside it, but block sums and the
+    # running sum round differently, so a miss simply continues to the next block.
     while j < num_blocks:
         start = j * block
         stop = start + block if start + block < V else V
-        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+        mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
         for y in range(stop - start):
-            w = residual_weight(p, q, mass, rho, scale, y)
+            w = residual_weight(block_p, block_q, mass, rho, scale, y)
             running += w
             if w > 0.0 and running > threshold:
                 return start + y
         j += 1
+    # Rounding made the scan miss (or a weight was infinite): the last positive weight.
     j = num_blocks - 1
     while j >= 0:
         start = j * block
         stop = start + block if start + block < V else V
-        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
+        mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
         y = stop - start - 1
         while y >= 0:
-            if residual_weight(p, q, mass, rho, scale, y) > 0.0:
+            if residual_weight(block_p, block_q, mass, rho, scale, y) > 0.0:
                 return start + y
             y -= 1
         j -= 1
     return -1
+
+
+cdef inline Py_ssize_t draw_processed(
+    Request* request, const probability_t* target, Py_ssize_t i, const probability_t* draft,
+    Py_ssize_t point_mass, double rho, double v
+) noexcept nogil:
+    """:func:`draw_inverse_cdf` over the weights max(rho p - q, 0) of logits row ``i``
+    (target, and draft unless NULL: then q is the point mass at ``point_mass``, none for
+    -1), block by block as described above."""
+    return draw_by_blocks(request, target, draft, i, point_mass, rho, request.V, v)
 
 
 cdef double row_residual_total(
