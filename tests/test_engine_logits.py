@@ -1045,3 +1045,52 @@ def test_sampling_parameters_out_of_range(name: str, values: list[float], shown:
             uniforms=np.full((3, 4), 0.5),
             **{name: np.asarray(values)},
         )
+
+
+@pytest.mark.parametrize("batch_size", [3, 40])  # checked on Python floats, by NumPy reductions
+@pytest.mark.parametrize(
+    "name, bad_value, good_value",
+    [
+        ("temperature", -0.5, 1.0),
+        ("temperature", np.inf, 0.0),
+        ("temperature", np.nan, 1.0),
+        ("top_k", -1.0, 0.0),
+        ("top_k", 1.5, 3.0),
+        ("top_k", np.nan, 0.0),
+        ("top_p", 0.0, 1.0),
+        ("top_p", 1.5, 0.5),
+        ("top_p", np.nan, 1.0),
+        ("min_p", -0.1, 0.0),
+        ("min_p", 1.1, 1.0),
+        ("min_p", np.nan, 0.0),
+    ],
+)
+def test_sampling_parameter_checks_at_every_batch_size(
+    batch_size: int, name: str, bad_value: float, good_value: float
+) -> None:
+    """Small batches are range-checked on Python floats and large ones by NumPy reductions:
+    both refuse the one bad request (NaN included) and name it, and both accept the edges."""
+    arrays = {
+        "num_draft_tokens": np.zeros(batch_size, dtype=np.int64),
+        "draft_token_ids": np.zeros(0, dtype=np.int64),
+        "target_logits": np.zeros((batch_size, 4), np.float32),
+        "uniforms": np.full((batch_size, 2), 0.5),
+    }
+    values = np.full(batch_size, good_value)
+    specdec_np.verify_ragged(**arrays, **{name: values})  # the edge values pass
+    bad = batch_size - 2
+    values[bad] = bad_value
+    with pytest.raises(ValueError, match=rf"^{name} must .*for request {bad}$"):
+        specdec_np.verify_ragged(**arrays, **{name: values})
+
+
+@pytest.mark.parametrize("batch_size", [1, 40])
+def test_negative_draft_counts_name_their_request(batch_size: int) -> None:
+    counts = np.ones(batch_size, dtype=np.int64)
+    counts[-1] = -3
+    with pytest.raises(ValueError, match=rf"found -3 for request {batch_size - 1}$"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=counts,
+            draft_token_ids=np.zeros(0, dtype=np.int64),  # the counts are checked first
+            target_logits=np.zeros((batch_size, 4), np.float32),
+        )
