@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Benchmark of tree verification ``specdec_np.verify_tree`` (CPU), every method of the registry.
 
-Each request verifies an EAGLE-like tree of ``n`` nodes (:func:`eagle_tree`: best-first
-growth with up to three children per node, so the top-ranked branch is deep and the first
-levels are wide), at batch ``B`` and vocabulary ``V``, from logits (temperature 1) and from
-probabilities.  Every method of ``specdec_np.registry.TREE_METHODS`` is timed on the same
-target rows; each method's draft tokens are drawn as its ``drafting`` says (fixed: the
-top-ranked tokens of the draft row; independent: i.i.d. from it; without replacement: from
-it without replacement).  Baselines measured in the same run:
+Each request verifies an EAGLE-like tree of ``n`` nodes
+(``specdec_np._tree_demo.best_first_tree``, the shape of ``specdec-np demo --tree``:
+best-first growth with up to three children per node, so the top-ranked branch is deep and
+the first levels are wide), at batch ``B`` and vocabulary ``V``, from logits (temperature
+1) and from probabilities.  Every method of ``specdec_np.registry.TREE_METHODS`` is timed
+on the same target rows; each method's draft tokens are drawn as its ``drafting`` says
+(fixed: the top-ranked tokens of the draft row; independent: i.i.d. from it; without
+replacement: from it without replacement).  Baselines measured in the same run:
 
 * ``torch``: SGLang's target-only tree verification written in torch
   (``benchmarks/torch_tree.py``): the softmax (or argmax) of **every** one of the ``N + B``
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import heapq
 import json
 import os
 import platform
@@ -51,6 +51,7 @@ import run as harness  # noqa: E402  (the timing and bandwidth helpers of benchm
 
 import specdec_np  # noqa: E402
 from specdec_np import _tree_reference, _trees, registry  # noqa: E402
+from specdec_np._tree_demo import best_first_tree  # noqa: E402
 
 METHODS = registry.TREE_METHODS
 METHOD_NAMES = tuple(method.name for method in METHODS)
@@ -65,8 +66,6 @@ QUICK_VOCAB = (500,)
 FLOAT_BYTES = 4
 ID_BYTES = 8
 UNIFORM_BYTES = 8
-#: Sibling-rank weights of :func:`eagle_tree` (a node's score is the product along its path).
-RANK_WEIGHTS = (0.6, 0.25, 0.1)
 
 ROOFLINE_TARGET = 0.5
 ROOFLINE_MIN_BATCH = 8
@@ -94,30 +93,6 @@ def log(message: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def eagle_tree(nodes: int, weights: Sequence[float] = RANK_WEIGHTS) -> list[int]:
-    """Parents of an EAGLE-like tree of ``nodes`` nodes (``-1``: a child of the root).
-
-    Best-first growth: a node at sibling rank ``r`` scores its parent's score times
-    ``weights[r]``, and the ``nodes`` best-scoring candidates are kept (ties to the earlier
-    candidate), the way EAGLE-2 keeps the drafts of highest path probability.  Nodes are
-    numbered in the order they are kept, so parents come first and siblings in rank order.
-    """
-    parents: list[int] = []
-    heap: list[tuple[float, int, int, int]] = []  # (-score, serial, parent, rank)
-    serial = 0
-    for rank, weight in enumerate(weights):
-        heapq.heappush(heap, (-weight, serial, -1, rank))
-        serial += 1
-    while len(parents) < nodes:
-        negative, _, parent, _rank = heapq.heappop(heap)
-        node = len(parents)
-        parents.append(parent)
-        for rank, weight in enumerate(weights):
-            heapq.heappush(heap, (negative * weight, serial, node, rank))
-            serial += 1
-    return parents
-
-
 def _softmax_rows(logits: np.ndarray, out: np.ndarray | None = None, chunk: int = 256):
     """Float32 softmax of each row, ``chunk`` rows at a time (``out`` may be ``logits``)."""
     out = np.empty_like(logits) if out is None else out
@@ -140,7 +115,8 @@ def _depths(parents: Sequence[int]) -> list[int]:
 class TreeInputs:
     """One (regime, B, nodes, V) input set, shared by every method and form.
 
-    * every request has the same :func:`eagle_tree` shape;
+    * every request has the same shape: ``shape`` (parents of one request), by default
+      :func:`best_first_tree` of ``nodes``;
     * flat: target logits standard normal; a node's draft row is ``flat_draft_scale`` x
       independent normals (a confident drafter unrelated to the target: early rejections);
     * realistic: target logits standard normal with one random top token per row raised so
@@ -153,12 +129,14 @@ class TreeInputs:
 
     def __init__(
         self, regime: str, batch: int, nodes: int, vocab: int, *, seed: int,
-        flat_draft_scale: float,
+        flat_draft_scale: float, shape: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         rng = np.random.default_rng([seed, REGIMES.index(regime), batch, nodes, vocab])
         self.regime, self.batch, self.nodes, self.vocab = regime, batch, nodes, vocab
         self.form = "logits"
-        self.shape = eagle_tree(nodes)
+        self.shape = best_first_tree(nodes) if shape is None else [int(p) for p in shape]
+        if len(self.shape) != nodes:
+            raise ValueError(f"shape must have {nodes} parents; found {len(self.shape)}")
         self.depth = max(_depths(self.shape), default=0)
         self.num_nodes = np.full(batch, nodes, dtype=np.int64)
         self.tree_parents = np.tile(np.asarray(self.shape, dtype=np.int64), batch)
@@ -576,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch_note,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "bandwidth_start": start_bandwidth,
-        "tree_shapes": {n: eagle_tree(n) for n in args.nodes},
+        "tree_shapes": {n: best_first_tree(n) for n in args.nodes},
         "bytes_model": walked_rows.__doc__.split("\n\n")[1].strip(),
     }
     methods = [method for method in METHODS if method.name in args.methods]

@@ -107,19 +107,23 @@ def test_tiny_grid_skips_torch_cleanly_when_missing(tmp_path: Path) -> None:
     assert "torch baseline skipped" in output
 
 
-def test_eagle_tree_is_a_valid_layout_deep_on_the_top_branch() -> None:
+def test_inputs_follow_the_shape_and_each_method_drafting() -> None:
     bench = load_harness()
-    for nodes in (1, 8, 16, 64):
-        parents = bench.eagle_tree(nodes)
-        layout = _trees.validate_tree([nodes], parents, [0] * nodes)
-        children = layout.children(0)
-        assert len(parents) == nodes and max(len(kids) for kids in children) <= 3
-        # Best-first growth: the chain of first children is the deepest path.
-        depth, node = 0, -1
-        while children[node + 1]:
-            node, depth = children[node + 1][0], depth + 1
-        assert depth == layout.max_depth
-    assert bench.eagle_tree(8) == [-1, 0, -1, 1, 0, 2, 3, -1]
+    chain = list(range(-1, 5))
+    inputs = bench.TreeInputs("realistic", 2, 6, 50, seed=0, flat_draft_scale=3.0, shape=chain)
+    assert inputs.shape == chain and inputs.depth == 6
+    default = bench.TreeInputs("flat", 2, 6, 50, seed=0, flat_draft_scale=3.0)
+    assert default.shape == bench.best_first_tree(6)
+    for method in registry.TREE_METHODS:
+        tokens = default.tokens_for(method)
+        assert tokens.shape == (12,) and tokens.min() >= 0 and tokens.max() < 50
+    # Fixed candidates are the top-ranked tokens of the siblings' shared draft row.
+    fixed = default.tokens["fixed"]
+    root_children = [j for j, parent in enumerate(default.shape) if parent < 0]
+    order = np.argsort(-default.draft[root_children[0]], kind="stable")
+    np.testing.assert_array_equal(fixed[root_children], order[: len(root_children)])
+    with pytest.raises(ValueError, match="shape"):
+        bench.TreeInputs("flat", 1, 3, 50, seed=0, flat_draft_scale=3.0, shape=[-1])
 
 
 def test_bytes_model_counts_the_walked_path() -> None:
