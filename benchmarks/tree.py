@@ -121,7 +121,8 @@ class TreeInputs:
       independent normals (a confident drafter unrelated to the target: early rejections);
     * realistic: target logits standard normal with one random top token per row raised so
       that its softmax mass is U(0.35, 0.65); a node's draft row is its parent's target row
-      (the row that tests it) plus 0.3 x normals (close to the target: deep walks);
+      (the row that tests it) plus ``realistic_draft_noise`` (default 0.3) x normals (close
+      to the target: deep walks);
     * siblings share one draft row (they were drafted from the same context);
     * the draft tokens of each drafting (``registry.TreeMethod.drafting``) are drawn from
       the draft rows' softmax once, at construction.
@@ -130,6 +131,7 @@ class TreeInputs:
     def __init__(
         self, regime: str, batch: int, nodes: int, vocab: int, *, seed: int,
         flat_draft_scale: float, shape: Sequence[int] | None = None,
+        realistic_draft_noise: float = 0.3,
     ) -> None:  # fmt: skip
         rng = np.random.default_rng([seed, REGIMES.index(regime), batch, nodes, vocab])
         self.regime, self.batch, self.nodes, self.vocab = regime, batch, nodes, vocab
@@ -159,7 +161,7 @@ class TreeInputs:
             first_child[key] = node
             noise = rng.standard_normal(vocab, dtype=np.float32)
             if regime == "realistic":
-                self.draft[node] = self.target[key] + np.float32(0.3) * noise
+                self.draft[node] = self.target[key] + np.float32(realistic_draft_noise) * noise
             else:
                 self.draft[node] = np.float32(flat_draft_scale) * noise
         groups = sorted(first_child.items())  # (parent row, first child)

@@ -156,3 +156,47 @@ def test_torch_baseline_equals_verify_tree(regime: str, form: str) -> None:
         bench.load_torch(bench.parse_args(["--quick"]))[0], inputs, bench.parse_args(["--quick"])
     )
     assert baseline["greedy_equal"] and baseline["sampled_equal"]
+
+
+GAIN = ROOT / "benchmarks" / "tree_gain.py"
+
+
+def test_gain_script_quick_rows(tmp_path: Path) -> None:
+    json_path = tmp_path / "gain.jsonl"
+    completed = subprocess.run(
+        [sys.executable, str(GAIN), "--quick", "--json", str(json_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    rows = [json.loads(line) for line in json_path.read_text().splitlines()]
+    sampled = [method.name for method in registry.TREE_METHODS if method.stochastic]
+    for kind in ("exact", "monte_carlo"):
+        assert [row["method"] for row in rows if row["kind"] == kind] == sampled
+    exact = {row["method"]: row for row in rows if row["kind"] == "exact"}
+    # On a chain every node is an only child: SpecInfer and RRS are the same walk.
+    independent = [m.name for m in registry.TREE_METHODS if m.drafting == "independent"]
+    without = [m.name for m in registry.TREE_METHODS if m.drafting == "without_replacement"]
+    assert exact[independent[0]]["chain"] == pytest.approx(exact[without[0]]["chain"])
+    for row in rows:
+        assert 0 <= row["chain"] <= row["nodes"] and 0 <= row["tree"] <= row["nodes"]
+        if row["chain"]:
+            assert row["gain"] == pytest.approx(row["tree"] / row["chain"])
+
+
+def test_exact_gain_matches_a_hand_computed_chain() -> None:
+    sys.path.insert(0, str(GAIN.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("tree_gain", GAIN)
+        gain = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gain)
+    finally:
+        sys.path.remove(str(GAIN.parent))
+    pair = gain.SyntheticPair(3, 0, 1.5, 0.5)
+    point_mass = next(m for m in registry.TREE_METHODS if m.drafting == "fixed")
+    # A one-node chain accepts its fixed candidate x with probability p(x) under the root row.
+    (token,) = pair.fixed_tokens([-1])
+    assert gain.exact_length(pair, point_mass, [-1]) == pytest.approx(pair.target(())[token])
