@@ -5,7 +5,9 @@ Subcommands
 ``demo`` (the default when no subcommand is given)
     An end-to-end speculative-decoding session: an n-gram draft and target trained on the
     standard library's docstrings, verified by this package's samplers.  Prints generated
-    text and a summary (``--json``: the summary only, as JSON).
+    text and a summary (``--json``: the summary only, as JSON).  ``demo --tree`` compares a
+    tree drafter with a chain of the same node budget instead, verified with
+    :func:`specdec_np.verify_tree`, and prints the tokens per target call of each.
 ``check``
     The conformance self-test of this installation on every available backend; exit
     status 1 if any check fails.  ``check --verifier module:function [--kind ...]`` runs
@@ -153,6 +155,8 @@ class _Progress:
 def _run_demo(args: argparse.Namespace) -> int:
     from . import _demo
 
+    if args.tree:
+        return _run_tree_demo(args)
     config = _demo.DemoConfig(
         verifier=args.verifier,
         drafter=args.drafter,
@@ -193,6 +197,63 @@ def _run_demo(args: argparse.Namespace) -> int:
     for line in _demo_summary(summary):
         print(line, file=out)
     return 0
+
+
+def _run_tree_demo(args: argparse.Namespace) -> int:
+    from . import _demo, _tree_demo
+
+    config = _demo.DemoConfig(
+        k=args.k, batch=args.batch, tokens=args.tokens, seed=args.seed,
+        vocab_size=args.vocab_size,
+    )  # fmt: skip
+    progress = _Progress(sys.stderr)
+    progress.message("building the corpus and the n-gram models...")
+    try:
+        result = _tree_demo.run_tree_demo(config, progress=progress.tokens)
+    except RuntimeError as error:
+        progress.clear()
+        print(f"specdec-np demo: error: {error}", file=sys.stderr)
+        return 1
+    progress.clear()
+    summary = result.summary()
+    if args.json:
+        _print_json(summary, sys.stdout)
+        return 0
+    for line in _tree_demo_lines(summary):
+        print(line)
+    return 0
+
+
+def _tree_demo_lines(s: dict[str, Any]) -> list[str]:
+    budget = s["node_budget"]
+    lines = [
+        "specdec-np demo --tree: a tree drafter against a chain of the same node budget, "
+        "verified with specdec_np.verify_tree",
+        f"  node budget  {budget} per request and step; chain parents {s['shapes']['chain']}",
+        f"  tree parents {s['shapes']['tree']} (EAGLE-2-like, best first)",
+        f"  requests     {s['batch']} x {s['tokens_per_sequence']} new tokens, seed={s['seed']};"
+        " every draft verified on the same contexts (a paired comparison)",
+        "",
+        "tokens per target call (accepted nodes + 1), "
+        f"{s['request_steps']} request-steps in {s['target_calls']} target calls",
+    ]
+    header = ("method", "chain", "tree", "gain", "tree - chain", "tree nodes")
+    rows = [
+        (
+            m["method"],
+            _number(m["chain_tokens_per_call"], 3),
+            _number(m["tree_tokens_per_call"], 3),
+            f"{_number(m['gain'], 3)}x",
+            f"{m['paired_difference']:+.3f} +- {_number(m['paired_standard_error'], 3)}",
+            _number(m["tree_nodes_per_call"], 2),
+        )
+        for m in s["methods"]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    lines.append(f"  wall time {s['decode_seconds']:.2f} s")
+    return lines
 
 
 def _sampling_text(sampling: dict[str, Any]) -> str:
@@ -586,6 +647,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=_int_at_least(0, MAX_SAMPLES),
         default=3,
         help=f"generated texts to print (default 3, at most {MAX_SAMPLES})",
+    )
+    demo.add_argument(
+        "--tree",
+        action="store_true",
+        help="compare a tree drafter (the top-ranked continuations of the n-gram draft at "
+        "each of the first levels, EAGLE-2-like) with a chain of the same node budget --k, "
+        "for every sampled tree method, verified with specdec_np.verify_tree on the same "
+        "contexts; prints the tokens per target call of each (--verifier and --drafter are "
+        "not used)",
     )
     demo.add_argument(
         "--json", action="store_true", help="print the summary as JSON (and no text)"

@@ -223,6 +223,69 @@ def test_demo_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.err == ""
 
 
+TREE_SMALL = ["demo", "--tree", "--k", "5", "--batch", "3", "--tokens", "12"]
+SAMPLED_TREE_METHODS = [method.name for method in registry.TREE_METHODS if method.stochastic]
+
+
+def test_demo_tree_prints_chain_and_tree_tokens_per_call(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(TREE_SMALL) == 0
+    out = capsys.readouterr().out
+    for label in ("demo --tree", "node budget  5", "tokens per target call", "chain", "gain"):
+        assert label in out
+    table = out.split("tokens per target call")[1].splitlines()
+    for name in SAMPLED_TREE_METHODS:
+        row = next(line.split() for line in table if line.split()[:1] == [name])
+        chain, tree = float(row[1]), float(row[2])
+        # Tokens per call: at least the final token, at most the deepest path plus one.
+        assert 1.0 <= chain <= 6.0 and 1.0 <= tree <= 6.0
+        assert row[3] == f"{tree / chain:.3f}x" or abs(float(row[3][:-1]) - tree / chain) < 2e-3
+
+
+def test_demo_tree_json_is_a_paired_same_budget_comparison(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from specdec_np import _tree_demo
+
+    assert cli.main([*TREE_SMALL, "--json"]) == 0
+    summary = _strict_json(capsys.readouterr().out)
+    assert summary["node_budget"] == 5
+    assert summary["shapes"] == {
+        "chain": [-1, 0, 1, 2, 3],
+        "tree": _tree_demo.best_first_tree(5),
+    }
+    assert [m["method"] for m in summary["methods"]] == SAMPLED_TREE_METHODS
+    depth = {"chain": 5, "tree": 3}  # best_first_tree(5) = [-1, 0, -1, 1, 0]
+    for m in summary["methods"]:
+        assert m["chain_nodes_per_call"] == 5.0 and 0 < m["tree_nodes_per_call"] <= 5.0
+        for shape in ("chain", "tree"):
+            assert 1.0 <= m[f"{shape}_tokens_per_call"] <= depth[shape] + 1
+        assert m["paired_difference"] == pytest.approx(
+            m["tree_tokens_per_call"] - m["chain_tokens_per_call"]
+        )
+    # Every request of every step verified one chain and one tree per method.
+    assert summary["request_steps"] >= summary["target_calls"] >= 12 // 6
+
+
+def test_best_first_tree_is_deepest_on_the_top_ranked_branch() -> None:
+    from specdec_np import _tree_demo, _trees
+
+    assert _tree_demo.best_first_tree(0) == []
+    assert _tree_demo.best_first_tree(8) == [-1, 0, -1, 1, 0, 2, 3, -1]
+    for nodes in (1, 4, 16, 64):
+        parents = _tree_demo.best_first_tree(nodes)
+        layout = _trees.validate_tree([nodes], parents, [0] * nodes)
+        children = layout.children(0)
+        assert max(len(kids) for kids in children) <= len(_tree_demo.RANK_WEIGHTS)
+        depth, node = 0, -1
+        while children[node + 1]:
+            node, depth = children[node + 1][0], depth + 1
+        assert depth == layout.max_depth
+    with pytest.raises(ValueError, match="nodes"):
+        _tree_demo.best_first_tree(-1)
+
+
 def test_demo_is_reproducible(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["demo", "--tokens", "25", "--batch", "2", "--seed", "7", "--k", "3"]
     runs = []
