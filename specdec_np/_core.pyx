@@ -1539,6 +1539,16 @@ cdef Py_ssize_t residual_tree_step(
             q = probability_row(request, draft, child, True)
         if residual == NULL and p == NULL:
             p = probability_row(request, target, row, False)
+        if residual == NULL and q_mass == 1.0 and next_child(parents, request.k, node, child) < 0:
+            # The last child of a node whose residual is still its row (a chain's case):
+            # the draw from (p - q)+, or from p if that has no mass, reads both rows as the
+            # chain verifiers do, instead of writing the update first.  The weights, block
+            # sums and fallback are those of the update and the draw below.
+            token = draw_residual(p, q, -1, 1.0, V, request.uniforms[request.k])
+            if token < 0:
+                return -2
+            final_token[0] = token
+            return -1
         update = working if residual != working else working + V
         updated_mass = residual_update(p, residual, mass, q, q_mass, V, update)
         if without_replacement and child != first:
