@@ -1222,7 +1222,8 @@ def layout_base_case(rng: np.random.Generator, index: int, family: str, group: s
         counts = layout_counts(rng, batch, pick(rng, [1, 3, 5]))
         total = int(counts.sum())
         case.k = (int(counts.max()) if batch else 0) + 1  # uniforms are [B, max_k + 2]
-        case.args["num_draft_tokens"] = pick(rng, [counts, counts, counts.tolist()])
+        # A list is refused (a TypeError): now and then only.
+        case.args["num_draft_tokens"] = counts.tolist() if rng.random() < 0.1 else counts
         layout_rows(rng, case, total + batch, total, verifier.reads_draft_probs)
         case.args["draft_token_ids"] = rng.integers(0, vocab, total).astype(id_dtype)
         if rng.random() < 0.5:
@@ -1667,7 +1668,23 @@ def positive(target: np.ndarray, row: int, token: int, form: str) -> bool:
     return bool(value > 0)
 
 
+def generator_problems(case: Case) -> list[str]:
+    """A returned call whose generator gave draws of the wrong shape: nothing checked them
+    before the kernel read them."""
+    generator = case.args.get("generator")
+    seeded = case.args.get("seeded_seqs")
+    generators = [generator, *(seeded.values() if isinstance(seeded, dict) else ())]
+    return [
+        f"returned after {g!r}.random({g.mismatch[0]}) gave shape {g.mismatch[1]}"
+        for g in generators
+        if isinstance(g, WeirdGenerator) and g.mismatch is not None
+    ]
+
+
 def ragged_output_problems(case: Case, result: Any) -> list[str]:
+    problems = generator_problems(case)
+    if problems:
+        return problems
     inputs = layout_inputs(case)
     if not isinstance(result, specdec_np.VerificationResult):
         return [f"returned {type(result).__name__}, not a VerificationResult"]
@@ -1718,6 +1735,9 @@ def ragged_output_problems(case: Case, result: Any) -> list[str]:
 
 
 def tree_output_problems(case: Case, result: Any) -> list[str]:
+    problems = generator_problems(case)
+    if problems:
+        return problems
     inputs = layout_inputs(case)
     if not isinstance(result, specdec_np.TreeVerificationResult):
         return [f"returned {type(result).__name__}, not a TreeVerificationResult"]
