@@ -1187,23 +1187,9 @@ def sampling_values(rng: np.random.Generator, case: Case) -> None:
 
 
 def layout_sources(rng: np.random.Generator, case: Case) -> None:
-    """A valid source of uniforms: none, explicit, seeded rows, counter seeds or a mix."""
-    batch, width = case.batch, case.k + 1
-    source = pick(rng, ["none", "uniforms", "seeded", "counter", "mixed", "generator"])
-    rows = [b for b in range(batch) if rng.random() < 0.5]
-    if source == "uniforms":
-        uniforms = rng.random((batch, width))
-        if uniforms.size and rng.random() < 0.3:
-            uniforms.flat[rng.integers(uniforms.size)] = pick(rng, [0.0, np.nextafter(1.0, 0.0)])
-        case.args["uniforms"] = uniforms
-    if source in ("seeded", "mixed"):
-        case.args["seeded_seqs"] = {b: np.random.default_rng([case.index, b]) for b in rows}
-    if source in ("counter", "mixed"):
-        others = [b for b in range(batch) if source == "counter" or b not in rows]
-        case.args["counter_seeds"] = {
-            b: (int(rng.integers(2**63)) * 2 + 1, int(rng.integers(2**40))) for b in others
-        }
-    if source == "generator":
+    """A valid source of uniforms: those of the chain verifiers, or a generator."""
+    rejection_sources(rng, case, case.batch, case.k)
+    if "uniforms" not in case.args and rng.random() < 0.2:
         case.args["generator"] = np.random.default_rng(case.index)
 
 
@@ -1681,26 +1667,55 @@ def generator_problems(case: Case) -> list[str]:
     ]
 
 
-def ragged_output_problems(case: Case, result: Any) -> list[str]:
+def returned_layout(case: Case, result: Any, result_type: type) -> tuple[list[str], Any]:
+    """Problems of a returned layout call found before its rows are read, and the inputs
+    as the library saw them (None when there are problems)."""
     problems = generator_problems(case)
     if problems:
-        return problems
+        return problems, None
+    if not isinstance(result, result_type):
+        return [f"returned {type(result).__name__}, not a {result_type.__name__}"], None
     inputs = layout_inputs(case)
-    if not isinstance(result, specdec_np.VerificationResult):
-        return [f"returned {type(result).__name__}, not a VerificationResult"]
     if inputs is None:
-        return ["returned although an input is not an array"]
+        return ["returned although an input is not an array"], None
+    return [], inputs
+
+
+def shape_problems(expected: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> list[str]:
+    """The first of ``(name, array, shape)`` that is not an int64 NumPy array of its shape."""
+    for name, array, shape in expected:
+        if type(array) is not np.ndarray or array.dtype != np.int64 or array.shape != shape:
+            return [f"{name} is {describe(array)}, expected int64 {shape}"]
+    return []
+
+
+def massless_token(
+    target: np.ndarray, rows: list[int], tokens: np.ndarray, form: str, request: int
+) -> list[str]:
+    """The first token emitted under ``rows[i]`` without target mass there."""
+    for i, row in enumerate(rows):
+        if not positive(target, row, int(tokens[i]), form):
+            return [
+                f"request {request} (sampled) emitted token {tokens[i]} at position {i}, "
+                f"whose target value is {target[row, tokens[i]]}"
+            ]
+    return []
+
+
+def ragged_output_problems(case: Case, result: Any) -> list[str]:
+    problems, inputs = returned_layout(case, result, specdec_np.VerificationResult)
+    if problems:
+        return problems
     counts, ids, target, form = inputs
     batch = counts.shape[0]
     width = (int(counts.max()) if batch else 0) + 1
     out = case.args.get("out")
     output, lengths = result.output_token_ids, result.accepted_lengths
-    for name, array, shape in (
-        ("output_token_ids", output, (batch, width)),
-        ("accepted_lengths", lengths, (batch,)),
-    ):
-        if type(array) is not np.ndarray or array.dtype != np.int64 or array.shape != shape:
-            return [f"{name} is {describe(array)}, expected int64 {shape}"]
+    problems = shape_problems(
+        (("output_token_ids", output, (batch, width)), ("accepted_lengths", lengths, (batch,)))
+    )
+    if problems:
+        return problems
     if out is not None and output.size and not np.shares_memory(output, out.output_token_ids):
         return ["out= was given but output_token_ids is not in its buffer"]
     vocab = target.shape[1]
@@ -1708,7 +1723,6 @@ def ragged_output_problems(case: Case, result: Any) -> list[str]:
     bonus = case.args.get("bonus_token_ids")
     bonus = None if bonus is None else np.asarray(as_numpy(bonus)).astype(np.int64)
     checks_mass = mass_checked(case, batch)
-    problems = []
     for b in range(batch):
         k, r, row = int(counts[b]), int(lengths[b]), output[b]
         if not 0 <= r <= k:
@@ -1723,26 +1737,17 @@ def ragged_output_problems(case: Case, result: Any) -> list[str]:
         if r == k and bonus is not None and row[k] != bonus[b]:
             problems.append(f"request {b}: bonus {row[k]} != bonus_token_ids {bonus[b]}")
         if checks_mass[b]:
+            # A given bonus is the caller's token, not a draw.
             last = r + 1 if (r < k or bonus is None) else r
-            for i in range(last):
-                if not positive(target, offsets[b] + b + i, int(row[i]), form):
-                    problems.append(
-                        f"request {b} (sampled) emitted token {row[i]} at position {i}, "
-                        f"whose target value is {target[offsets[b] + b + i, row[i]]}"
-                    )
-                    break
+            rows = [int(offsets[b]) + b + i for i in range(last)]
+            problems += massless_token(target, rows, row, form, b)
     return problems
 
 
 def tree_output_problems(case: Case, result: Any) -> list[str]:
-    problems = generator_problems(case)
+    problems, inputs = returned_layout(case, result, specdec_np.TreeVerificationResult)
     if problems:
         return problems
-    inputs = layout_inputs(case)
-    if not isinstance(result, specdec_np.TreeVerificationResult):
-        return [f"returned {type(result).__name__}, not a TreeVerificationResult"]
-    if inputs is None:
-        return ["returned although an input is not an array"]
     counts, ids, target, form = inputs
     parents = np.asarray(case.args["tree_parents"]).astype(np.int64)
     batch = counts.shape[0]
@@ -1754,18 +1759,19 @@ def tree_output_problems(case: Case, result: Any) -> list[str]:
         result.output_token_ids,
         result.accepted_lengths,
     )
-    for name, array, shape in (
-        ("accepted_nodes", nodes, (batch, depth)),
-        ("output_token_ids", output, (batch, depth + 1)),
-        ("accepted_lengths", lengths, (batch,)),
-    ):
-        if type(array) is not np.ndarray or array.dtype != np.int64 or array.shape != shape:
-            return [f"{name} is {describe(array)}, expected int64 {shape}"]
+    problems = shape_problems(
+        (
+            ("accepted_nodes", nodes, (batch, depth)),
+            ("output_token_ids", output, (batch, depth + 1)),
+            ("accepted_lengths", lengths, (batch,)),
+        )
+    )
+    if problems:
+        return problems
     if out is not None and nodes.size and not np.shares_memory(nodes, out.accepted_nodes):
         return ["out= was given but accepted_nodes is not in its buffer"]
     vocab = target.shape[1]
     checks_mass = mass_checked(case, batch)
-    problems = []
     for b in range(batch):
         start, size, length = int(offsets[b]), int(counts[b]), int(lengths[b])
         request_parents = parents[start : start + size]
@@ -1789,14 +1795,10 @@ def tree_output_problems(case: Case, result: Any) -> list[str]:
             elif not 0 <= tokens[length] < vocab:
                 problems.append(f"request {b}: final token {tokens[length]} outside [0, V)")
             elif checks_mass[b]:
+                # Token i is drawn or accepted under its parent's row: the root's, then the
+                # accepted nodes' in order.
                 rows = [start + b] + [start + b + 1 + int(n) for n in path[:length]]
-                for i, row in enumerate(rows):
-                    if not positive(target, row, int(tokens[i]), form):
-                        problems.append(
-                            f"request {b} (sampled) emitted token {tokens[i]} at depth {i}, "
-                            f"whose target value is {target[row, tokens[i]]}"
-                        )
-                        break
+                problems += massless_token(target, rows, tokens, form, b)
     return problems
 
 
