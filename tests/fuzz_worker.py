@@ -1822,10 +1822,7 @@ def layout_consumption_problems(case: Case, states: list, result: Any) -> list[s
             continue
         b = int(bits[id(bit)])
         draws = 0 if greedy[b] else int(counts[b]) + (2 if case.group == "ragged" else 1)
-        clone = np.random.Generator(type(bit)())
-        clone.bit_generator.state = state
-        clone.random(draws)
-        if not same_state(clone.bit_generator.state, bit.state):
+        if not consumed_exactly(bit, state, draws):
             problems.append(f"{name} was not consumed by exactly {draws} draws")
     return problems
 
@@ -2115,6 +2112,14 @@ def counter_problems(case: Case, output: np.ndarray, before: tuple, after: tuple
     return problems
 
 
+def consumed_exactly(bit: Any, state: Any, draws: int) -> bool:
+    """Whether a bit generator went from ``state`` to where it is by ``draws`` uniforms."""
+    clone = np.random.Generator(type(bit)())
+    clone.bit_generator.state = state
+    clone.random(draws)
+    return same_state(clone.bit_generator.state, bit.state)
+
+
 def consumption_problems(case: Case, states: list, output: np.ndarray) -> list[str]:
     """SPEC 5: a seeded row's generator is consumed by exactly one ``random(k + 1)``."""
     problems = []
@@ -2122,10 +2127,7 @@ def consumption_problems(case: Case, states: list, output: np.ndarray) -> list[s
     for name, bit, state in states:
         if not name.startswith("seeded_seqs") or "uniforms" in case.args:
             continue
-        clone = np.random.Generator(type(bit)())
-        clone.bit_generator.state = state
-        clone.random(width)
-        if not same_state(clone.bit_generator.state, bit.state):
+        if not consumed_exactly(bit, state, width):
             problems.append(f"{name} was not consumed by exactly one random(k + 1)")
     return problems
 
