@@ -308,6 +308,13 @@ template <class T> T atomicMin(T* a, T v) { T old = *a; if (v < old) *a = v; ret
 template <class T> T atomicMax(T* a, T v) { T old = *a; if (v > old) *a = v; return old; }
 static double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 static double __dmul_rn(double a, double b) { return a * b; }
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fsub_rn(float a, float b) { return a - b; }
+static float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static float __uint_as_float(unsigned int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static unsigned int __float_as_uint(float f) { unsigned int v; std::memcpy(&v, &f, 4); return v; }
+static long long __double_as_longlong(double d) { long long v; std::memcpy(&v, &d, 8); return v; }
 // A fiber runs the body once per block and then waits for the next block, so that fibers
 // (and their stacks) are made once per process, not once per block.
 static void emu_trampoline() {
@@ -385,7 +392,9 @@ _KERNEL_SIGNATURES = {
         "const I* bonus_token_ids, const long long* draft_offsets, const double* uniforms, "
         "long long uniform_width, const double* parameters, long long batch, "
         "long long num_drafts, long long vocab, long long width, long long* output, "
-        "long long* accepted_lengths, long long* num_accepted, long long* row_status",
+        "long long* accepted_lengths, long long* num_accepted, long long* row_status, "
+        "const signed char* request_methods, long long causal, long long draw_bonus, "
+        "const double* sampling, P* scratch",
         "batch, specdec::kBlock",
     ),
     "create_output_kernel": (
@@ -517,7 +526,7 @@ def _run_emulated(
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
-        *(_ptr(a) for a in out),
+        *(_ptr(a) for a in out), None, ctypes.c_longlong(0), ctypes.c_longlong(0), None, None,
     )  # fmt: skip
     return out
 
