@@ -134,10 +134,10 @@ def verify_chain_batch(
     options = _driver_options(request_methods, causal, draw_bonus)
     if sampling is not None:
         options["sampling"] = sampling
-        # Per thread, the processed target and draft row of the request it works on.
-        options["scratch"] = xp.empty(
-            (threads, 2 * batch.vocab_size), dtype=batch.target_rows.dtype
-        )
+        # The processed target and draft row of a request: per CPU thread, or per request
+        # on the GPU (one thread block each).
+        rows = threads if batch.device is None else batch.batch_size
+        options["scratch"] = xp.empty((rows, 2 * batch.vocab_size), dtype=batch.target_rows.dtype)
     snapshot = sources.snapshot() if sources is not None else None
     point_mass = batch.draft_rows is None
     try:

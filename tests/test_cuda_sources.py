@@ -929,11 +929,12 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: A
             assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
             seen.add((name, point_mass, padded))
     assert not tally.problems, "\n".join(tally.problems[:20])
-    assert len(seen) == 2 * 2 * len(_cuda.instantiation_names("verify_chains"))
+    padded_names = [n for n in _cuda.instantiation_names("verify_chains") if _cuda.MIXED_ROW not in n]
+    assert len(seen) == 2 * 2 * len(padded_names)
     # One RawModule per (device, source): compiled once, reused.
     source = _cuda.cuda_sources()["verify_chains"]
     names = tuple(_cuda.instantiation_names("verify_chains"))
-    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
+    assert fake_cupy.compiled == [(source, ("--std=c++17", "--fmad=false"), names)]
 
 
 def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
@@ -1051,3 +1052,185 @@ def test_gpu_tests_fail_on_a_fake_cupy_with_a_broken_kernel(emulated: Any) -> No
     result = _run_gpu_tests_on_fake_cupy("block_gpu_matches_cpu", "block_stops_at_first_failure")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "failed" in result.stdout.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine layout's options: per-request methods, causal counting, the lazy bonus, logits
+# ---------------------------------------------------------------------------------------------
+
+
+def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Logits with ties at the top-k/top-p boundaries, masked (-inf) and NaN entries, and
+    now and then a row with +inf entries or without a finite maximum."""
+    kind = rng.integers(4)
+    if kind == 0:  # few distinct values: every filter boundary falls inside a tie group
+        rows = rng.choice(np.array([0.0, 1.0, 2.0, 2.5, 3.0]), size=shape)
+    elif kind == 1:
+        rows = rng.standard_normal(shape) * 3.0
+    elif kind == 2:  # ties between pairs of tokens, random otherwise
+        rows = np.repeat(rng.standard_normal((*shape[:-1], (shape[-1] + 1) // 2)), 2, -1)
+        rows = rows[..., : shape[-1]]
+    else:
+        rows = rng.standard_normal(shape)
+        rows[rng.random(shape) < 0.3] = -np.inf
+    rows = rows.astype(dtype)
+    if rows.size and rng.random() < 0.2:
+        rows[rng.random(shape) < 0.05] = np.nan
+    if rows.size and rng.random() < 0.1:
+        rows[rng.integers(shape[0]), rng.integers(shape[1])] = np.inf
+    if rows.size and rng.random() < 0.05:
+        rows[rng.integers(shape[0])] = -np.inf
+    return rows
+
+
+def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
+    """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
+    and for logits rows per-request temperature, top-k, top-p and min-p."""
+    batch = int(rng.integers(1, 5))
+    lengths = rng.integers(0, 5, batch)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    num_drafts = int(offsets[-1])
+    vocab = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 513, 1000]))
+    pdt = FLOAT_TYPES[int(rng.integers(2))]
+    idt = ID_TYPES[int(rng.integers(2))]
+    if logits:
+        target = _logit_rows(rng, (num_drafts + batch, vocab), pdt)
+        draft = None if rng.random() < 0.4 else _logit_rows(rng, (num_drafts, vocab), pdt)
+    else:
+        target = _probabilities(rng, (num_drafts + batch, vocab), pdt, "flat")
+        draft = None if rng.random() < 0.4 else _probabilities(rng, (num_drafts, vocab), pdt, "flat")
+    ids = rng.integers(0, vocab, num_drafts).astype(idt)
+    for i in range(num_drafts):  # mostly the row's argmax, so that chains get accepted
+        if rng.random() < 0.6:
+            ids[i] = int(np.argmax(np.nan_to_num(target[i + np.searchsorted(offsets, i, "right") - 1], nan=-np.inf)))
+    sampling = None
+    if logits:
+        sampling = np.stack(
+            [
+                rng.choice([0.5, 1.0, 1.7], batch),
+                rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+                rng.choice([1.0, 0.9, 0.5, 0.3], batch),
+                rng.choice([0.0, 0.0, 0.05, 0.2], batch),
+            ],
+            axis=1,
+        )
+    width = int(lengths.max()) + 1
+    return Chains(
+        target=target, draft=draft, ids=ids, bonus=rng.integers(0, vocab, batch).astype(idt),
+        offsets=offsets, uniforms=rng.random((batch, width + 1)), width=width,
+        posterior=np.array([rng.choice([0.09, 0.3]), rng.choice([0.3, 0.05])]), kind="engine",
+        sampling=sampling, causal=bool(rng.random() < 0.8), draw_bonus=bool(rng.random() < 0.6),
+        mixed=bool(rng.random() < 0.6),
+    )  # fmt: skip
+
+
+def _engine_methods(core: Any, c: Chains, verifier: registry.Verifier, rng: Any) -> Any:
+    if not c.mixed:
+        return None
+    greedy = core.ROW_FUNCTIONS.index(registry.get("greedy").row_function)
+    own = core.ROW_FUNCTIONS.index(verifier.row_function)
+    return np.where(rng.random(c.batch) < 0.5, greedy, own).astype(np.int8)
+
+
+def _run_cpu_engine(core: Any, method: int, c: Chains, parameters: Any, methods: Any) -> list:
+    out = c.buffers(c.width)
+    vocab = c.target.shape[1]
+    scratch = None if c.sampling is None else np.empty((1, 2 * vocab), c.target.dtype)
+    core.verify_chains(
+        method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
+        c.bonus, c.offsets, c.uniforms, parameters, *out, 1, request_methods=methods,
+        causal=c.causal, draw_bonus=c.draw_bonus, sampling=c.sampling, scratch=scratch,
+    )  # fmt: skip
+    return out
+
+
+def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods: Any) -> list:
+    import ctypes
+
+    out = c.buffers(c.width)
+    vocab = c.target.shape[1]
+    scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
+    name = _cuda._verify_name(row, c.target.dtype, c.ids.dtype)
+    sizes = [ctypes.c_longlong(n) for n in (c.batch, c.ids.shape[0], vocab, c.width)]
+    getattr(lib, _symbol(name))(
+        _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
+        _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
+        *(_ptr(a) for a in out), _ptr(methods), ctypes.c_longlong(int(c.causal)),
+        ctypes.c_longlong(int(c.draw_bonus)), _ptr(c.sampling), _ptr(scratch),
+    )  # fmt: skip
+    return out
+
+
+def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) -> Comparison:
+    """Every verifier with the engine options, emulated CUDA against ``_core.verify_chains``:
+    every cell equal (status, outputs, lengths, counts)."""
+    rng = np.random.default_rng(seed)
+    tally = Comparison()
+    for number in range(cases):
+        c = _engine_case(rng, logits)
+        tally.cases += 1
+        for verifier in registry.VERIFIERS:
+            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            methods = _engine_methods(core, c, verifier, rng)
+            parameters = c.posterior if verifier.parameters else np.empty(0)
+            row = _cuda.MIXED_ROW if methods is not None else verifier.cuda_row
+            with np.errstate(all="ignore"):
+                cpu = _run_cpu_engine(core, method, c, parameters, methods)
+                mine = _run_emulated_engine(lib, row, c, parameters, methods)
+            tally.requests += c.batch
+            for b in range(c.batch):
+                if c.draw_bonus and cpu[3][b] == 0 and cpu[1][b] == np.diff(c.offsets)[b]:
+                    tally.draws += 1
+                for name, theirs, ours in zip(("output", "length", "count", "status"), cpu, mine):
+                    if not np.array_equal(theirs[b], ours[b]):
+                        tally.problems.append(
+                            f"case {number} {verifier.name} {row} {c.target.dtype} "
+                            f"V={c.target.shape[1]} request {b}: {name} {ours[b]} != CPU "
+                            f"{theirs[b]} (sampling {None if c.sampling is None else c.sampling[b]}, "
+                            f"causal {c.causal}, lazy bonus {c.draw_bonus})"
+                        )
+    if lib.emu_errors_seen():
+        tally.problems.append("a divergent __syncthreads was detected")
+    return tally
+
+
+ENGINE_CASES = 300
+
+
+@pytest.mark.parametrize("logits", [True, False], ids=["logits", "probabilities"])
+def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, logits: bool) -> None:
+    """Per-request methods, causal counting and the lazy bonus, on probability rows and on
+    logits rows processed on the device (temperature, top-k and top-p with ties at their
+    boundaries, min-p, masked, NaN and +inf entries): the emulated kernel writes exactly the
+    CPU driver's cells."""
+    tally = _compare_engine(emulated, core, seed=20261201, cases=ENGINE_CASES, logits=logits)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    assert tally.draws > 50, "too few lazy bonus draws were exercised"
+
+
+_ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
+    # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
+    "select_needs_more_than_need": lambda s: _replace(
+        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+    ),
+    # The lazy bonus drawn with the residual's uniform instead of its own.
+    "bonus_reuses_residual_uniform": lambda s: _replace(
+        s, "args.uniforms[k + 1], shared.draw);", "args.uniforms[k], shared.draw);"
+    ),
+    # Top-p measured over the whole row instead of what min-p and top-k kept.
+    "top_p_ignores_the_floor": lambda s: _replace(
+        s, "z_max, floor_key, true, top_p, s);", "z_max, Key(1), true, top_p, s);"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_ENGINE_MUTATIONS))
+def test_engine_emulation_detects_mutated_kernels(
+    core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
+) -> None:
+    """Negative controls of the engine options and the logits law."""
+    sources = _cuda.cuda_sources()
+    mutated = {**sources, "verify_chains": _ENGINE_MUTATIONS[mutation](sources["verify_chains"])}
+    lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
+    tally = _compare_engine(lib, core, seed=20261201, cases=80, logits=True)
+    assert tally.problems, f"mutation {mutation} went unnoticed"
