@@ -707,7 +707,8 @@ __device__ typename LawTraits<T>::Key select_key(const T* row, long long vocab, 
                 if (key < floor_key) continue;
                 if (known_bits > 0 && (key >> (shift + width)) != (prefix >> (shift + width)))
                     continue;
-                const int bucket = static_cast<int>((key >> shift) & static_cast<Key>(buckets - 1));
+                const Key mask = static_cast<Key>(buckets - 1);
+                const int bucket = static_cast<int>((key >> shift) & mask);
                 if (by_mass) {
                     histogram[bucket] += Traits::weight(z, z_max);
                 } else {
@@ -894,7 +895,8 @@ template <typename ProbT, typename IdT>
 __device__ const ProbT* processed_row(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i,
                                       bool draft) {
     const ProbT* rows = draft ? a.draft : a.target;
-    if (rows == nullptr || a.sampling == nullptr) return rows == nullptr ? rows : rows + i * a.vocab;
+    if (rows == nullptr) return rows;
+    if (a.sampling == nullptr) return rows + i * a.vocab;
     const Law law = cached_law(a, s, i, draft);
     const ProbT temperature = static_cast<ProbT>(a.sampling[0]);
     const ProbT* row = rows + i * a.vocab;
@@ -943,7 +945,7 @@ struct RejectionRow {
             r = s.first_reject;
             passed = a.causal ? r : static_cast<long long>(s.passed);
         } else {
-            for (long long i = 0; i < a.k; ++i) {  // uniform loop: every thread takes the same path
+            for (long long i = 0; i < a.k; ++i) {  // uniform loop: the same path in every thread
                 const double p_x = specdec::target_p(a, s, i);
                 const double q_x = specdec::draft_p(a, s, i);
                 if (a.uniforms[i] * q_x < p_x) {

@@ -929,7 +929,9 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: A
             assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
             seen.add((name, point_mass, padded))
     assert not tally.problems, "\n".join(tally.problems[:20])
-    padded_names = [n for n in _cuda.instantiation_names("verify_chains") if _cuda.MIXED_ROW not in n]
+    padded_names = [
+        n for n in _cuda.instantiation_names("verify_chains") if _cuda.MIXED_ROW not in n
+    ]
     assert len(seen) == 2 * 2 * len(padded_names)
     # One RawModule per (device, source): compiled once, reused.
     source = _cuda.cuda_sources()["verify_chains"]
@@ -1098,11 +1100,19 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
         draft = None if rng.random() < 0.4 else _logit_rows(rng, (num_drafts, vocab), pdt)
     else:
         target = _probabilities(rng, (num_drafts + batch, vocab), pdt, "flat")
-        draft = None if rng.random() < 0.4 else _probabilities(rng, (num_drafts, vocab), pdt, "flat")
+        draft = (
+            None if rng.random() < 0.4 else _probabilities(rng, (num_drafts, vocab), pdt, "flat")
+        )
     ids = rng.integers(0, vocab, num_drafts).astype(idt)
     for i in range(num_drafts):  # mostly the row's argmax, so that chains get accepted
         if rng.random() < 0.6:
-            ids[i] = int(np.argmax(np.nan_to_num(target[i + np.searchsorted(offsets, i, "right") - 1], nan=-np.inf)))
+            ids[i] = int(
+                np.argmax(
+                    np.nan_to_num(
+                        target[i + np.searchsorted(offsets, i, "right") - 1], nan=-np.inf
+                    )
+                )
+            )
     sampling = None
     if logits:
         sampling = np.stack(
@@ -1179,6 +1189,7 @@ def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) ->
                 mine = _run_emulated_engine(lib, row, c, parameters, methods)
             tally.requests += c.batch
             for b in range(c.batch):
+                sampling = None if c.sampling is None else c.sampling[b]
                 if c.draw_bonus and cpu[3][b] == 0 and cpu[1][b] == np.diff(c.offsets)[b]:
                     tally.draws += 1
                 for name, theirs, ours in zip(("output", "length", "count", "status"), cpu, mine):
@@ -1186,7 +1197,7 @@ def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) ->
                         tally.problems.append(
                             f"case {number} {verifier.name} {row} {c.target.dtype} "
                             f"V={c.target.shape[1]} request {b}: {name} {ours[b]} != CPU "
-                            f"{theirs[b]} (sampling {None if c.sampling is None else c.sampling[b]}, "
+                            f"{theirs[b]} (sampling {sampling}, "
                             f"causal {c.causal}, lazy bonus {c.draw_bonus})"
                         )
     if lib.emu_errors_seen():
@@ -1234,3 +1245,178 @@ def test_engine_emulation_detects_mutated_kernels(
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare_engine(lib, core, seed=20261201, cases=80, logits=True)
     assert tally.problems, f"mutation {mutation} went unnoticed"
+
+
+# ---------------------------------------------------------------------------------------------
+# The processed law itself, bit for bit: the CUDA row_law against _logits.h's
+# ---------------------------------------------------------------------------------------------
+
+_LAW_PROBE = r"""
+namespace emu_verify_chains {
+// Test only: the law of each row (one block per row), its float64 probabilities and the
+// materialised row, as the kernel's row readers compute them.
+template <typename T>
+__global__ void law_probe(const T* rows, long long vocab, const double* sampling, double* laws,
+                          double* probabilities, T* materialised) {
+    __shared__ specdec::Scratch s;
+    const long long r = blockIdx.x;
+    const double* p = sampling + 4 * r;
+    const T* row = rows + r * vocab;
+    const specdec::Law law = specdec::row_law(row, vocab, static_cast<T>(p[0]),
+                                              static_cast<long long>(p[1]), p[2], p[3], s);
+    if (threadIdx.x == 0) {
+        double* out = laws + 5 * r;
+        out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;
+        out[3] = (double)law.num_infinite; out[4] = (double)law.status;
+    }
+    for (long long y = threadIdx.x; y < vocab; y += specdec::kBlock) {
+        probabilities[r * vocab + y] = specdec::law_probability(row, y, static_cast<T>(p[0]), law);
+        materialised[r * vocab + y] = specdec::materialised(row, y, static_cast<T>(p[0]), law);
+    }
+}
+}  // namespace emu_verify_chains
+#define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
+    extern "C" void gpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
+                                     const double* sampling, double* laws, double* p, T* m) { \
+        emu_launch(count, specdec_block, [&] {                                              \
+            emu_verify_chains::law_probe<T>(rows, vocab, sampling, laws, p, m);             \
+        });                                                                                 \
+    }                                                                                       \
+    extern "C" void cpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
+                                     const double* sampling, double* laws, double* p, T* m) { \
+        for (long long r = 0; r < count; ++r) {                                             \
+            const double* s = sampling + 4 * r;                                             \
+            specdec_row_law law;                                                            \
+            specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2],  \
+                                     s[3], &law);                                           \
+            double* out = laws + 5 * r;                                                     \
+            out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;               \
+            out[3] = (double)law.num_infinite; out[4] = (double)law.status;                 \
+            for (long long y = 0; y < vocab; ++y)                                           \
+                p[r * vocab + y] =                                                          \
+                    specdec_law_probability_##SUFFIX(rows + r * vocab, y, (T)s[0], &law);   \
+            specdec_law_materialise_##SUFFIX(rows + r * vocab, vocab, (T)s[0], &law,        \
+                                             m + r * vocab);                                \
+        }                                                                                   \
+    }
+SPECDEC_LAW_ENTRY(f, float)
+SPECDEC_LAW_ENTRY(d, double)
+"""
+
+
+def _build_law_probe(tmp: Path, stem: str, source: str) -> Any:
+    """The CPU law of ``_logits.h`` and the CUDA source's, emulated, in one library."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the kernel emulation uses ucontext fibers (Linux only)")
+    cxx = _find_cxx()
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++, clang++ or $CXX) for the kernel emulation")
+    macros = "".join(
+        f"#define {name} {value}\n" for name, value in _contract.compile_time_macros()
+    )
+    unit = (
+        macros
+        + f'#include "{REPO_ROOT / "specdec_np" / "_logits.h"}"\n'
+        + _EMULATION_PRELUDE
+        + f"\nnamespace emu_verify_chains {{\n{source}\n}}\n"
+        + f"static const int specdec_block = {_cuda.BLOCK_SIZE};\n"
+        + _LAW_PROBE
+    )
+    cpp = tmp / f"{stem}.cpp"
+    lib = tmp / f"lib{stem}.so"
+    cpp.write_text(unit)
+    cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
+    result = subprocess.run(
+        [*cmd, str(cpp), "-o", str(lib)],
+        capture_output=True,
+        text=True,
+        timeout=COMPILE_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, f"host compile of the law probe failed:\n{result.stderr}"
+    return ctypes.CDLL(str(lib))
+
+
+def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    count, vocab = int(rng.integers(1, 6)), int(rng.choice([1, 3, 8, 64, 65, 200, 1000, 3000]))
+    rows = _logit_rows(rng, (count, vocab), dtype)
+    sampling = np.stack(
+        [
+            rng.choice([0.3, 1.0, 1.7], count),
+            rng.choice([0, 1, 2, 3, 7, vocab - 1, vocab], count).astype(np.float64),
+            rng.choice([1.0, 0.95, 0.6, 0.2, 1e-9], count),
+            rng.choice([0.0, 0.0, 0.01, 0.3], count),
+        ],
+        axis=1,
+    )
+    return rows, sampling
+
+
+def _law_mismatches(lib: Any, seed: int, cases: int) -> list[str]:
+    import ctypes
+
+    rng = np.random.default_rng(seed)
+    problems = []
+    for number in range(cases):
+        dtype = FLOAT_TYPES[number % 2]
+        rows, sampling = _law_rows(rng, dtype)
+        count, vocab = rows.shape
+        results = {}
+        for side in ("cpu", "gpu"):
+            laws = np.zeros((count, 5))
+            p = np.zeros((count, vocab))
+            m = np.zeros((count, vocab), dtype)
+            function = getattr(lib, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
+            sizes = (ctypes.c_longlong(count), ctypes.c_longlong(vocab))
+            function(_ptr(rows), *sizes, _ptr(sampling), _ptr(laws), _ptr(p), _ptr(m))
+            results[side] = (laws, p, m)
+        for name, theirs, ours in zip(
+            ("law", "p", "materialised"), results["cpu"], results["gpu"]
+        ):
+            # Bits, not values: -0.0 against 0.0 or two NaN payloads would count too.
+            if theirs.tobytes() != ours.tobytes():
+                problems.append(f"case {number} {dtype.__name__} V={vocab}: {name} differs")
+    if lib.emu_errors_seen():
+        problems.append("a divergent __syncthreads was detected")
+    return problems
+
+
+LAW_CASES = 400
+
+
+def test_cuda_law_equals_the_cpu_law_bit_for_bit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CUDA source's processed law (maximum, cutoff, normaliser, float64 probabilities
+    and the materialised row) has the bits of ``_logits.h``'s on logits with ties at the
+    top-k and top-p boundaries, masked, NaN and +inf entries, every filter, both dtypes."""
+    source = _cuda.cuda_sources()["verify_chains"]
+    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source)
+    problems = _law_mismatches(lib, seed=5, cases=LAW_CASES)
+    assert not problems, "\n".join(problems[:20])
+
+
+_LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
+    # The float32 exponential loses a bit of its last polynomial coefficient.
+    "exp_coefficient": lambda s: _replace(s, "0x1.fffffcp-2f", "0x1.fffff8p-2f"),
+    # The kept sum taken on one lane instead of the CPU's eight.
+    "kept_sum_one_lane": lambda s: _replace(
+        s,
+        "for (long long y = t; y < vocab; y += kLanes) {",
+        "for (long long y = t * vocab; y < vocab; y += 1) {",
+    ),
+    # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
+    "select_strict": lambda s: _replace(
+        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_LAW_MUTATIONS))
+def test_law_probe_detects_mutated_laws(
+    tmp_path_factory: pytest.TempPathFactory, mutation: str
+) -> None:
+    """Negative controls: a law that is off by one rounding must be caught."""
+    source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["verify_chains"])
+    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
+    assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"

@@ -1388,8 +1388,10 @@ def engine_case(seed, logits, dtype):
     batch_size, vocab_size = lengths.size, 70
     num_drafts = int(lengths.sum())
     if logits:
-        target = rng.choice(np.array([0.0, 1.0, 2.0, 2.5, -np.inf]), (num_drafts + batch_size, vocab_size))
-        target[::3] = rng.standard_normal((target[::3].shape)) * 2.0
+        target = rng.choice(
+            np.array([0.0, 1.0, 2.0, 2.5, -np.inf]), (num_drafts + batch_size, vocab_size)
+        )
+        target[::3] = rng.standard_normal(target[::3].shape) * 2.0
         draft = rng.choice(np.array([0.0, 1.0, 2.0, 3.0]), (num_drafts, vocab_size))
     else:
         target = random_rows(rng, (num_drafts + batch_size, vocab_size))
@@ -1435,7 +1437,14 @@ def test_verify_ragged_on_cupy_matches_numpy(cp, kind, logits, dtype, point_mass
         "uniforms": uniforms, **sampling,
     }  # fmt: skip
     device = dict(host)
-    for name in ("num_draft_tokens", "draft_token_ids", target_name, draft_name, "bonus_token_ids", "uniforms"):
+    for name in (
+        "num_draft_tokens",
+        "draft_token_ids",
+        target_name,
+        draft_name,
+        "bonus_token_ids",
+        "uniforms",
+    ):
         device[name] = on_device(cp, 0, host[name])[0]
     expected = specdec_np.verify_ragged(method=kind, **host)
     found = specdec_np.verify_ragged(method=kind, **device)
