@@ -25,6 +25,17 @@ statistics and ``row_status`` exactly where and as the CPU driver does:
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without mass;
   the output row is not written.
 
+The engine layout's options are arguments of the same kernel, as they are of the CPU driver:
+``request_methods`` (then ``Row`` is ``MixedRow``, a switch over the registry's functors on
+each request's row-function index), ``causal``, ``draw_bonus`` (the lazy bonus, drawn from the
+processed bonus row with uniform ``k_b + 1``, or its argmax for a greedy request) and
+``sampling`` (the rows are logits). Logits rows are read through the processed law of
+``specdec_np/_logits.h``, computed by the block with the CPU's operations in the CPU's order
+(``row_law``: online maximum and normaliser, min-p bisection, top-k and top-p by radix
+select over the keys of ``z``, never a sort); a row that is scanned whole (a residual draw,
+an entropy, a lazy bonus) is materialised into the request's two scratch rows of one
+per-call ``[B, 2 V]`` buffer. ``docs/semantics.md`` says where a real device can differ.
+
 ``create_output_kernel<IdT>`` (vLLM's ``_create_output``) runs one thread per row,
 :data:`CREATE_OUTPUT_BLOCK` threads per block.
 

@@ -1485,3 +1485,17 @@ def test_engine_verifier_on_cupy_matches_numpy(cp):
     if hasattr(cp, "_LIBRARY"):
         np.testing.assert_array_equal(gpu[0], cpu[0])
     synchronize(cp)
+
+
+def test_engine_verifier_own_generator_on_cupy(cp):
+    """Without seeds of its own a request draws from the verifier's generator, made on the
+    device: CuPy in, CuPy out, and two verifiers with one seed give the same tokens."""
+    lengths, ids, target, draft, sampling, _ = engine_case(12, True, np.float64)
+    arrays = {"num_draft_tokens": lengths, "draft_token_ids": ids, "target_logits": target,
+              "draft_logits": draft}  # fmt: skip
+    arrays = {name: on_device(cp, 0, a)[0] for name, a in arrays.items()}
+    results = [specdec_np.EngineVerifier("block", seed=3)(**arrays, **sampling) for _ in "ab"]
+    assert all(isinstance(a, cp.ndarray) for a in results[0][:3])
+    for first, second in zip(results[0][:3], results[1][:3]):
+        np.testing.assert_array_equal(cp.asnumpy(first), cp.asnumpy(second))
+    synchronize(cp)
