@@ -443,6 +443,11 @@ def _find_cxx() -> str | None:
 
 
 def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
+    return _compile_library(tmp, stem, _emulation_unit(sources))
+
+
+def _compile_library(tmp: Path, stem: str, unit: str) -> Any:
+    """``unit`` (C++ with the emulation prelude) as a loaded shared library."""
     import ctypes
 
     if not sys.platform.startswith("linux"):
@@ -452,7 +457,7 @@ def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
         pytest.skip("no C++ compiler (g++, clang++ or $CXX) for the kernel emulation")
     cpp = tmp / f"{stem}.cpp"
     lib = tmp / f"lib{stem}.so"
-    cpp.write_text(_emulation_unit(sources))
+    cpp.write_text(unit)
     cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
     result = subprocess.run(
         [*cmd, str(cpp), "-o", str(lib)],
@@ -461,7 +466,7 @@ def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
         timeout=COMPILE_TIMEOUT_S,
         check=False,
     )
-    assert result.returncode == 0, f"host compile of the emulated kernels failed:\n{result.stderr}"
+    assert result.returncode == 0, f"host compile of {stem} failed:\n{result.stderr}"
     return ctypes.CDLL(str(lib))
 
 
@@ -1306,13 +1311,6 @@ SPECDEC_LAW_ENTRY(d, double)
 
 def _build_law_probe(tmp: Path, stem: str, source: str) -> Any:
     """The CPU law of ``_logits.h`` and the CUDA source's, emulated, in one library."""
-    import ctypes
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the kernel emulation uses ucontext fibers (Linux only)")
-    cxx = _find_cxx()
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++, clang++ or $CXX) for the kernel emulation")
     macros = "".join(
         f"#define {name} {value}\n" for name, value in _contract.compile_time_macros()
     )
@@ -1324,19 +1322,7 @@ def _build_law_probe(tmp: Path, stem: str, source: str) -> Any:
         + f"static const int specdec_block = {_cuda.BLOCK_SIZE};\n"
         + _LAW_PROBE
     )
-    cpp = tmp / f"{stem}.cpp"
-    lib = tmp / f"lib{stem}.so"
-    cpp.write_text(unit)
-    cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
-    result = subprocess.run(
-        [*cmd, str(cpp), "-o", str(lib)],
-        capture_output=True,
-        text=True,
-        timeout=COMPILE_TIMEOUT_S,
-        check=False,
-    )
-    assert result.returncode == 0, f"host compile of the law probe failed:\n{result.stderr}"
-    return ctypes.CDLL(str(lib))
+    return _compile_library(tmp, stem, unit)
 
 
 def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
