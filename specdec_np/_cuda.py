@@ -767,9 +767,10 @@ __device__ typename LawTraits<T>::Key select_key(const T* row, long long vocab, 
     return prefix;
 }
 
-// The law of one logits row (specdec_row_law), to every thread.
+// The law of one logits row (specdec_row_law), to every thread. Not inlined: every row
+// reader calls it, and one copy per dtype keeps the module's compile time down.
 template <typename T>
-__device__ Law row_law(const T* row, long long vocab, T temperature, long long top_k,
+__device__ __noinline__ Law row_law(const T* row, long long vocab, T temperature, long long top_k,
                        double top_p, double min_p, Scratch& s) {
     using Traits = LawTraits<T>;
     using Key = typename Traits::Key;

@@ -271,6 +271,7 @@ static EmuDim3 threadIdx, blockIdx, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
