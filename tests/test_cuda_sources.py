@@ -987,6 +987,52 @@ def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     assert not fake_cupy.launches and not fake_cupy.compiled
 
 
+def test_launcher_guards_the_engine_options(fake_cupy: Any, core: Any) -> None:
+    """The engine options are checked before a launch (dtype and shape of
+    ``request_methods``, ``sampling`` and ``scratch``; a lazy bonus needs its uniform
+    column), and a batch with per-request methods launches the ``MixedRow`` instance."""
+    wrap = fake_cupy.asarray
+    rng = np.random.default_rng(9)
+    c = _engine_case(rng, logits=True)
+    vocab = c.target.shape[1]
+    rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)
+    methods = np.full(c.batch, rejection, np.int8)
+    good = {
+        "request_methods": wrap(methods),
+        "sampling": wrap(c.sampling),
+        "scratch": wrap(np.zeros((c.batch, 2 * vocab), c.target.dtype)),
+        "draw_bonus": True,
+        "causal": True,
+    }
+
+    def launch(**changed: Any) -> None:
+        options = {**good, **changed}
+        _cuda.core_like.verify_chains(
+            rejection, wrap(c.target), wrap(c.target), True, wrap(c.ids), wrap(c.bonus),
+            wrap(c.offsets), wrap(c.uniforms), wrap(np.empty(0)),
+            *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **options,
+        )  # fmt: skip
+
+    with pytest.raises(TypeError, match="request_methods: expected dtype"):
+        launch(request_methods=wrap(methods.astype(np.int64)))
+    with pytest.raises(ValueError, match="sampling: expected shape"):
+        launch(sampling=wrap(c.sampling[:, :3].copy()))
+    with pytest.raises(ValueError, match="scratch: expected a"):
+        launch(scratch=None)
+    with pytest.raises(ValueError, match="scratch: expected shape"):
+        launch(scratch=wrap(np.zeros((1, 2 * vocab), c.target.dtype)))
+    with pytest.raises(ValueError, match="uniforms: expected at least 2 column"):
+        _cuda.core_like.verify_chains(
+            rejection, wrap(c.target), wrap(c.target), True, wrap(c.ids), wrap(c.bonus),
+            wrap(c.offsets), wrap(c.uniforms[:, :1].copy()), wrap(np.empty(0)),
+            *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **good,
+        )  # fmt: skip
+    assert not fake_cupy.launches
+    launch()
+    name = _cuda._verify_name(_cuda.MIXED_ROW, c.target.dtype, c.ids.dtype)
+    assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
+
+
 def test_offsets_never_make_a_block_leave_the_arrays(emulated: Any, core: Any) -> None:
     """Inconsistent offsets from a direct caller (decreasing, outside [0, T], wider than the
     outputs or the uniforms) are clamped on the device: no cell past any output is written,
