@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Device check of specdec_np on a machine with a CUDA GPU, in under 8 minutes:
 #   1. build the package in place, offline (--no-build-isolation --no-deps);
-#   2. run the gpu-marked tests with SPECDEC_REQUIRE_GPU=1, so a missing device fails;
+#   2. run the gpu-marked tests with SPECDEC_REQUIRE_GPU=1, so a missing device fails (they
+#      include verify_ragged on CuPy against the NumPy path: logits, filters, mixed methods);
 #   3. time every verifier on CuPy arrays (benchmarks/run.py --backends cupy) over
-#      B in {1, 8, 64}, k = 4, V in {32000, 128256}, and print time_us and achieved GB/s.
+#      B in {1, 8, 64}, k = 4, V in {32000, 128256}, and print time_us and achieved GB/s;
+#   4. time verify_ragged on CuPy float32 logits (B in {8, 64}, V in {32000, 128256}, filters
+#      off, top-k with top-p, top-p alone) and print time_us.
 # Outputs (logs, JSON lines, the markdown tables) go under $OUT if set, else /tmp.
 # Exits non-zero if the device is unusable, the build fails, a test fails, or the benchmark
 # fails or times nothing on CuPy.
@@ -111,7 +114,44 @@ if [[ $bench_rc -ne 0 ]]; then
     echo "GPU benchmark failed (exit $bench_rc; 124 is the time limit)" >&2
 fi
 
+echo "== GPU engine layout (verify_ragged on CuPy logits, k = 4) =="
+engine_rc=0
+timeout "$(left 0)" "$python" - <<'EOF' 2>&1 | tee "$out/gpu_engine.md" || engine_rc=$?
+import cupy
+import numpy as np
+
+import specdec_np
+
+filters = {"off": {}, "top-k 50, top-p 0.9": {"top_k": 50, "top_p": 0.9}, "top-p 0.9": {"top_p": 0.9}}
+print("| B | V | filters | time_us |")
+print("|---:|---:|---|---:|")
+for batch in (8, 64):
+    for vocab in (32000, 128256):
+        rng = np.random.default_rng(0)
+        counts = np.full(batch, 4)
+        target = cupy.asarray(rng.standard_normal((5 * batch, vocab), dtype=np.float32) * 3)
+        draft = cupy.asarray(rng.standard_normal((4 * batch, vocab), dtype=np.float32) * 3)
+        ids = cupy.asarray(rng.integers(0, vocab, 4 * batch))
+        for name, chosen in filters.items():
+            def call():
+                return specdec_np.verify_ragged(
+                    num_draft_tokens=counts, draft_token_ids=ids, target_logits=target,
+                    draft_logits=draft, temperature=0.8, **chosen)
+            call()  # the first call compiles the module
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(5):
+                call()
+            stop.record()
+            stop.synchronize()
+            time_us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / 5
+            print(f"| {batch} | {vocab} | {name} | {time_us:.1f} |")
+EOF
+if [[ $engine_rc -ne 0 ]]; then
+    echo "GPU engine timing failed (exit $engine_rc; 124 is the time limit)" >&2
+fi
+
 echo "== done in ${SECONDS} s; outputs in $out =="
-if [[ $tests_rc -ne 0 || $bench_rc -ne 0 ]]; then
+if [[ $tests_rc -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]]; then
     exit 1
 fi

@@ -25,6 +25,17 @@ statistics and ``row_status`` exactly where and as the CPU driver does:
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without mass;
   the output row is not written.
 
+The engine layout's options are arguments of the same kernel, as they are of the CPU driver:
+``request_methods`` (then ``Row`` is ``MixedRow``, a switch over the registry's functors on
+each request's row-function index), ``causal``, ``draw_bonus`` (the lazy bonus, drawn from the
+processed bonus row with uniform ``k_b + 1``, or its argmax for a greedy request) and
+``sampling`` (the rows are logits). Logits rows are read through the processed law of
+``specdec_np/_logits.h``, computed by the block with the CPU's operations in the CPU's order
+(``row_law``: online maximum and normaliser, min-p bisection, top-k and top-p by radix
+select over the keys of ``z``, never a sort); a row that is scanned whole (a residual draw,
+an entropy, a lazy bonus) is materialised into the request's two scratch rows of one
+per-call ``[B, 2 V]`` buffer. ``docs/semantics.md`` says where a real device can differ.
+
 ``create_output_kernel<IdT>`` (vLLM's ``_create_output``) runs one thread per row,
 :data:`CREATE_OUTPUT_BLOCK` threads per block.
 
@@ -55,7 +66,9 @@ BLOCK_SIZE = 512
 #: Threads per block of ``create_output_kernel`` (one thread per row).
 CREATE_OUTPUT_BLOCK = 256
 
-_COMPILE_OPTIONS = ("--std=c++17",)
+# --fmad=false: no multiply-add is contracted, so the float64 arithmetic of the logits law
+# rounds as the CPU kernels' does (the float32 exponential uses _rn intrinsics anyway).
+_COMPILE_OPTIONS = ("--std=c++17", "--fmad=false")
 _PROB_CTYPES: dict[str, str] = {"float32": "float", "float64": "double"}
 _ID_CTYPES: dict[str, str] = {"int32": "int", "int64": "long long"}
 
@@ -104,8 +117,93 @@ __device__ __forceinline__ double entropy_term(double p) { return p * log(p + kE
 // A draft probability as every kernel reads it: negative and NaN entries count as 0.
 __device__ __forceinline__ double clean_draft(double q) { return q > 0.0 ? q : 0.0; }
 
-// Shared memory of one block: the draw levels and the argmax/sum reduction never overlap in
-// time, so they share storage.
+// ---- logits rows: the processed law of specdec_np/_logits.h, bit for bit ----------------
+// Every operation below is the one of _logits.h, in the same order: the float32 exponential
+// is written with round-to-nearest intrinsics (never contracted into a fused multiply-add,
+// and the module is compiled with --fmad=false for the double arithmetic), and every float64
+// sum runs in the CPU's order (eight lanes y mod 8, combined as in _rowscan.h; histogram
+// buckets in element order). The one operation that is not the CPU's is the float64 `exp`
+// (CUDA's instead of the host libm) in the rescaling of the online pass and in the weights of
+// float64 rows: both are within an ulp, and docs/semantics.md says what that can change.
+constexpr int kHistogramBits = 11;
+constexpr int kBuckets = 1 << kHistogramBits;
+constexpr int kLanes = 8;        // the CPU's summation lanes
+constexpr int kLaneBlock = 64;   // entries per step of the online pass (8 per lane)
+constexpr int kPathStack = 64;   // block verification keeps p(x_j), q(x_j) up to this k
+
+// exp(x) in float32, the polynomial of _logits.h (specdec_fast_expf): 0 for x < -104, -inf
+// and NaN; x > 88 clamped.
+__device__ __forceinline__ float fast_expf(float x) {
+    if (!(x >= -104.0f)) return 0.0f;
+    const float clamped = x > 88.0f ? 88.0f : x;
+    const float n_float =
+        __fsub_rn(__fadd_rn(__fmul_rn(clamped, 0x1.715476p+0f), 0x1.8p+23f), 0x1.8p+23f);
+    float r = __fsub_rn(clamped, __fmul_rn(n_float, 0x1.63p-1f));
+    r = __fsub_rn(r, __fmul_rn(n_float, -0x1.bd0106p-13f));
+    float q = __fadd_rn(__fmul_rn(r, 0x1.6a243ap-10f), 0x1.1239ep-7f);
+    q = __fadd_rn(__fmul_rn(q, r), 0x1.5558f2p-5f);
+    q = __fadd_rn(__fmul_rn(q, r), 0x1.555492p-3f);
+    q = __fadd_rn(__fmul_rn(q, r), 0x1.fffffcp-2f);
+    const float mantissa = __fadd_rn(1.0f, __fadd_rn(r, __fmul_rn(__fmul_rn(r, r), q)));
+    const int n = static_cast<int>(n_float);
+    const int n_low = n >> 1;  // 2^n as two exact powers of two: a subnormal rounds once
+    const int n_high = n - n_low;
+    return __fmul_rn(__fmul_rn(mantissa, __int_as_float((n_low + 127) << 23)),
+                     __int_as_float((n_high + 127) << 23));
+}
+
+// Keys: a monotone integer image of z (-0 and +0 share one, NaN is 0, below -inf), its
+// inverse, and the weight w = exp(z - m) of each row dtype.
+template <typename T>
+struct LawTraits;
+template <>
+struct LawTraits<float> {
+    using Key = unsigned int;
+    static constexpr int kKeyBits = 32;
+    __device__ static float infinity() { return __int_as_float(0x7f800000); }
+    __device__ static Key key(float z) {
+        if (z != z) return 0u;
+        const unsigned int bits = __float_as_uint(z + 0.0f);
+        return bits ^ ((bits >> 31) ? 0xffffffffu : 0x80000000u);
+    }
+    __device__ static float value(Key key) {
+        return __uint_as_float((key & 0x80000000u) ? key ^ 0x80000000u : ~key);
+    }
+    __device__ static double weight(float z, float z_max) {
+        return static_cast<double>(fast_expf(__fsub_rn(z, z_max)));
+    }
+};
+template <>
+struct LawTraits<double> {
+    using Key = unsigned long long;
+    static constexpr int kKeyBits = 64;
+    __device__ static double infinity() { return __longlong_as_double(0x7ff0000000000000LL); }
+    __device__ static Key key(double z) {
+        if (z != z) return 0ULL;
+        const Key bits = static_cast<Key>(__double_as_longlong(z + 0.0));
+        return bits ^ ((bits >> 63) ? 0xffffffffffffffffULL : 0x8000000000000000ULL);
+    }
+    __device__ static double value(Key key) {
+        const Key bits = (key & 0x8000000000000000ULL) ? key ^ 0x8000000000000000ULL : ~key;
+        return __longlong_as_double(static_cast<long long>(bits));
+    }
+    __device__ static double weight(double z, double z_max) {
+        const double x = z - z_max;
+        return x == x ? exp(x) : 0.0;
+    }
+};
+
+// The law of one row (specdec_row_law): kept set {y : z(y) >= cutoff}; status 1: no mass.
+struct Law {
+    double z_max;
+    double cutoff;
+    double normaliser;
+    long long num_infinite;
+    long long status;
+};
+
+// Shared memory of one block: the draw levels, the argmax/sum reduction and the law's
+// histogram never overlap in time, so they share storage.
 struct ReduceScratch {
     double value[kBlock];
     long long index[kBlock];
@@ -122,19 +220,43 @@ struct DrawScratch {
     int last_thread;
     long long token;
 };
+struct LawScratch {
+    double histogram[kBuckets];
+};
 struct Scratch {
     union {
         ReduceScratch reduce;
         DrawScratch draw;
+        LawScratch law;
     };
     long long first_bad;
     long long first_reject;
     unsigned long long passed;
+    // The online pass and the kept sum: one float64 sum (and maximum) per lane.
+    double lane_sum[kLanes];
+    double lane_best[kLanes];
+    long long lane_infinite[kLanes];
+    // The radix select's state, broadcast by thread 0 after each histogram.
+    unsigned long long select_prefix;
+    double select_above;
+    double select_need;
+    int select_failed;
+    // The law of the last target and draft row read (the CPU driver caches them alike).
+    Law target_law;
+    Law draft_law;
+    long long target_law_row;
+    long long draft_law_row;
+    double path_p[kPathStack];
+    double path_q[kPathStack];
 };
 
 // One request as a row functor sees it: its k + 1 target rows (row stride vocab), its k draft
 // rows (nullptr for point-mass drafts), its k draft ids (checked against vocab), its bonus
-// id, its uniforms (k + 1; nullptr for deterministic verifiers) and the parameters.
+// id, its uniforms (k + 1, or k + 2 with a lazy bonus; nullptr when nothing is drawn) and
+// the parameters; its row-function index (a per-request method, -1 without), whether
+// counting stops at the first rejection, and for logits rows its sampling parameters
+// (temperature, top-k, top-p, min-p; nullptr for probability rows) and its two scratch rows
+// of vocab entries (the processed target and draft row being read).
 template <typename ProbT, typename IdT>
 struct RowArgs {
     const ProbT* __restrict__ target;
@@ -145,6 +267,10 @@ struct RowArgs {
     const double* __restrict__ parameters;
     long long k;
     long long vocab;
+    int method;
+    bool causal;
+    const double* sampling;
+    ProbT* scratch;  // written and read by this block: deliberately not __restrict__
 };
 
 // What Row::run returns, to every thread of the block.
@@ -483,40 +609,371 @@ template <typename ProbT, typename IdT>
 __device__ __forceinline__ const ProbT* draft_row(const RowArgs<ProbT, IdT>& a, long long i) {
     return a.draft != nullptr ? a.draft + i * a.vocab : nullptr;
 }
+
+// ---- the processed law of a logits row, computed by the whole block --------------------
+
+__device__ __forceinline__ double rescale(double sum, double old_max, double new_max) {
+    return new_max > old_max && old_max > -infinity() ? sum * exp(old_max - new_max) : sum;
+}
+
+__device__ __forceinline__ double combine_lanes(const double* l) {
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+// The maximum z, the count of +inf entries and sum_y exp(z - m) in the CPU's online order:
+// lane l (thread l) takes the entries y = l mod 8, 64 entries a step; every thread receives
+// the results.
+template <typename T>
+__device__ void online_pass(const T* row, long long vocab, T temperature, Scratch& s,
+                            T& z_max, double& normaliser, long long& num_infinite) {
+    using Traits = LawTraits<T>;
+    const int t = threadIdx.x;
+    if (t < kLanes) {
+        T best = -Traits::infinity();
+        double sum = 0.0;
+        long long infinite = 0;
+        for (long long start = 0; start < vocab; start += kLaneBlock) {
+            T z[kLaneBlock / kLanes];
+            T block_best = best;
+            for (int j = 0; j < kLaneBlock / kLanes; ++j) {
+                const long long y = start + (long long)kLanes * j + t;
+                z[j] = y < vocab ? row[y] / temperature : -Traits::infinity();
+                block_best = z[j] > block_best ? z[j] : block_best;
+                infinite += z[j] == Traits::infinity();
+            }
+            sum = rescale(sum, static_cast<double>(best), static_cast<double>(block_best));
+            best = block_best;
+            for (int j = 0; j < kLaneBlock / kLanes; ++j) sum += Traits::weight(z[j], best);
+        }
+        s.lane_sum[t] = sum;
+        s.lane_best[t] = static_cast<double>(best);
+        s.lane_infinite[t] = infinite;
+    }
+    __syncthreads();
+    T result = -Traits::infinity();
+    for (int l = 0; l < kLanes; ++l) {
+        const T lane_best = static_cast<T>(s.lane_best[l]);
+        result = lane_best > result ? lane_best : result;
+    }
+    double lanes[kLanes];
+    num_infinite = 0;
+    for (int l = 0; l < kLanes; ++l) {
+        lanes[l] = rescale(s.lane_sum[l], s.lane_best[l], static_cast<double>(result));
+        num_infinite += s.lane_infinite[l];
+    }
+    z_max = result;
+    normaliser = combine_lanes(lanes);
+    __syncthreads();  // the lanes may be reused as soon as this returns
+}
+
+// sum of w over {z >= cutoff}, lane y mod 8 in element order (the CPU's kept sum).
+template <typename T>
+__device__ double kept_sum(const T* row, long long vocab, T temperature, T z_max, T cutoff,
+                           Scratch& s) {
+    const int t = threadIdx.x;
+    if (t < kLanes) {
+        double sum = 0.0;
+        for (long long y = t; y < vocab; y += kLanes) {
+            const T z = row[y] / temperature;
+            if (z >= cutoff) sum += LawTraits<T>::weight(z, z_max);
+        }
+        s.lane_sum[t] = sum;
+    }
+    __syncthreads();
+    const double total = combine_lanes(s.lane_sum);
+    __syncthreads();
+    return total;
+}
+
+// Radix select over the keys of z (specdec_select): the largest key v such that the entries
+// with key >= v (and >= floor_key) reach `need`, counting each entry as 1 or (by_mass) as
+// its w, need then being top_p times the total; 0 when every entry falls short. A counting
+// histogram holds integers, exact in any order, so the whole block fills it; a mass
+// histogram is summed by thread 0 in element order, the CPU's order. Thread 0 walks the
+// buckets from the top.
+template <typename T>
+__device__ typename LawTraits<T>::Key select_key(const T* row, long long vocab, T temperature,
+                                                 T z_max, typename LawTraits<T>::Key floor_key,
+                                                 bool by_mass, double need, Scratch& s) {
+    using Traits = LawTraits<T>;
+    using Key = typename Traits::Key;
+    const int t = threadIdx.x;
+    double* histogram = s.law.histogram;
+    Key prefix = 0;
+    double above = 0.0;
+    int known_bits = 0;
+    while (known_bits < Traits::kKeyBits) {
+        const int left = Traits::kKeyBits - known_bits;
+        const int width = left < kHistogramBits ? left : kHistogramBits;
+        const int shift = Traits::kKeyBits - known_bits - width;
+        const int buckets = 1 << width;
+        for (int bucket = t; bucket < buckets; bucket += kBlock) histogram[bucket] = 0.0;
+        __syncthreads();
+        if (!by_mass || t == 0) {
+            const long long first = by_mass ? 0 : t;
+            const long long step = by_mass ? 1 : kBlock;
+            for (long long y = first; y < vocab; y += step) {
+                const T z = row[y] / temperature;
+                const Key key = Traits::key(z);
+                if (key < floor_key) continue;
+                if (known_bits > 0 && (key >> (shift + width)) != (prefix >> (shift + width)))
+                    continue;
+                const Key mask = static_cast<Key>(buckets - 1);
+                const int bucket = static_cast<int>((key >> shift) & mask);
+                if (by_mass) {
+                    histogram[bucket] += Traits::weight(z, z_max);
+                } else {
+                    atomicAdd(&histogram[bucket], 1.0);
+                }
+            }
+        }
+        __syncthreads();
+        if (t == 0) {
+            if (known_bits == 0 && by_mass) {
+                double total = 0.0;
+                for (int bucket = buckets - 1; bucket >= 0; --bucket) total += histogram[bucket];
+                need *= total;
+            }
+            int chosen = -1;
+            int lowest_filled = -1;
+            for (int bucket = buckets - 1; bucket >= 0; --bucket) {
+                if (histogram[bucket] > 0.0) lowest_filled = bucket;
+                if (histogram[bucket] > 0.0 && above + histogram[bucket] >= need) {
+                    chosen = bucket;
+                    break;
+                }
+                above += histogram[bucket];
+            }
+            int failed = 0;
+            if (chosen < 0) {
+                // The sub-buckets of a chosen bucket sum, in another grouping, to a hair less
+                // than it did: its lowest value is then the one that reaches need.
+                if (known_bits == 0 || lowest_filled < 0) failed = 1;
+                chosen = lowest_filled;
+            }
+            s.select_failed = failed;
+            s.select_prefix = static_cast<unsigned long long>(
+                failed ? Key(0) : (prefix | (static_cast<Key>(chosen) << shift)));
+            s.select_above = above;
+            s.select_need = need;
+        }
+        __syncthreads();
+        if (s.select_failed) return Key(0);  // the same value in every thread
+        prefix = static_cast<Key>(s.select_prefix);
+        above = s.select_above;
+        need = s.select_need;
+        known_bits += width;
+    }
+    return prefix;
+}
+
+// The law of one logits row (specdec_row_law), to every thread. Not inlined: every row
+// reader calls it, and one copy per dtype keeps the module's compile time down.
+template <typename T>
+__device__ __noinline__ Law row_law(const T* row, long long vocab, T temperature, long long top_k,
+                       double top_p, double min_p, Scratch& s) {
+    using Traits = LawTraits<T>;
+    using Key = typename Traits::Key;
+    T z_max;
+    double normaliser;
+    long long num_infinite;
+    online_pass(row, vocab, temperature, s, z_max, normaliser, num_infinite);
+    Law law{static_cast<double>(z_max), 0.0, 0.0, num_infinite, 0};
+    if (num_infinite > 0) {
+        law.cutoff = infinity();
+        law.normaliser = static_cast<double>(num_infinite);
+        return law;
+    }
+    if (!(z_max > -Traits::infinity())) {
+        law.status = 1;
+        law.cutoff = infinity();
+        return law;
+    }
+    Key floor_key = 1;  // NaN (key 0) is never kept
+    if (min_p > 0.0) {
+        // w is monotone in z: bisection over the keys, in every thread alike.
+        Key low = Traits::key(-Traits::infinity());
+        Key high = Traits::key(z_max);
+        while (high - low > 1) {
+            const Key middle = low + (high - low) / 2;
+            if (Traits::weight(Traits::value(middle), z_max) >= min_p) {
+                high = middle;
+            } else {
+                low = middle;
+            }
+        }
+        floor_key = high;
+    }
+    if (top_k > 0 && top_k < vocab) {
+        const Key k_key = select_key(row, vocab, temperature, z_max, Key(1), false,
+                                     static_cast<double>(top_k), s);
+        floor_key = k_key > floor_key ? k_key : floor_key;
+    }
+    if (top_p < 1.0) {
+        // The CPU selects over the gathered survivors of min-p and top-k when they are few;
+        // skipping the others in element order sums the same entries in the same order.
+        const Key p_key = select_key(row, vocab, temperature, z_max, floor_key, true, top_p, s);
+        floor_key = p_key > floor_key ? p_key : floor_key;
+    }
+    if (floor_key <= 1) {
+        law.cutoff = -infinity();
+        law.normaliser = normaliser;
+        return law;
+    }
+    const T cutoff = Traits::value(floor_key);
+    law.cutoff = static_cast<double>(cutoff);
+    law.normaliser = kept_sum(row, vocab, temperature, z_max, cutoff, s);
+    return law;
+}
+
+// p(y) in float64 from the one logit row[y] (specdec_law_probability); 0 without mass.
+template <typename T>
+__device__ __forceinline__ double law_probability(const T* row, long long y, T temperature,
+                                                  const Law& law) {
+    const T z = row[y] / temperature;
+    if (law.status != 0) return 0.0;
+    if (law.num_infinite > 0) return z == LawTraits<T>::infinity() ? 1.0 / law.normaliser : 0.0;
+    if (!(static_cast<double>(z) >= law.cutoff)) return 0.0;
+    return LawTraits<T>::weight(z, static_cast<T>(law.z_max)) / law.normaliser;
+}
+
+// p(y) as the CPU materialises it, in the row's dtype (specdec_law_materialise).
+template <typename T>
+__device__ __forceinline__ T materialised(const T* row, long long y, T temperature,
+                                          const Law& law) {
+    if (law.status != 0 || law.num_infinite > 0) {
+        return static_cast<T>(law_probability(row, y, temperature, law));
+    }
+    const T z = row[y] / temperature;
+    return z >= static_cast<T>(law.cutoff)
+               ? static_cast<T>(LawTraits<T>::weight(z, static_cast<T>(law.z_max)) /
+                                law.normaliser)
+               : T(0);
+}
+
+// ---- row readers: probabilities as they are, logits through their row's law -------------
+
+// The law of row i of the request's target (or draft) rows, computed once per row read in a
+// row (the cache of the CPU driver). Block-wide: every thread must call it.
+template <typename ProbT, typename IdT>
+__device__ Law cached_law(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i, bool draft) {
+    const long long cached = draft ? s.draft_law_row : s.target_law_row;
+    if (cached != i) {
+        const ProbT* rows = draft ? a.draft : a.target;
+        const Law law = row_law(rows + i * a.vocab, a.vocab, static_cast<ProbT>(a.sampling[0]),
+                                static_cast<long long>(a.sampling[1]), a.sampling[2],
+                                a.sampling[3], s);
+        __syncthreads();  // every thread has read the cached row index
+        if (threadIdx.x == 0) {
+            if (draft) {
+                s.draft_law = law;
+                s.draft_law_row = i;
+            } else {
+                s.target_law = law;
+                s.target_law_row = i;
+            }
+        }
+        __syncthreads();
+        return law;
+    }
+    return draft ? s.draft_law : s.target_law;
+}
+
+// p_i(y) or q_i(y) in float64 (block-wide with logits).
+template <typename ProbT, typename IdT>
+__device__ double read_probability(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i,
+                                   long long y, bool draft) {
+    const ProbT* rows = draft ? a.draft : a.target;
+    if (a.sampling == nullptr) return static_cast<double>(rows[i * a.vocab + y]);
+    const Law law = cached_law(a, s, i, draft);
+    return law_probability(rows + i * a.vocab, y, static_cast<ProbT>(a.sampling[0]), law);
+}
+
+template <typename ProbT, typename IdT>
+__device__ double target_p(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i) {
+    return read_probability(a, s, i, static_cast<long long>(a.draft_ids[i]), false);
+}
+
+// q_i(x_i): 1 for a point-mass draft; negative and NaN count as 0.
+template <typename ProbT, typename IdT>
+__device__ double draft_p(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i) {
+    if (a.draft == nullptr) return 1.0;
+    return clean_draft(read_probability(a, s, i, static_cast<long long>(a.draft_ids[i]), true));
+}
+
+// Row i as probabilities: the row itself, or its processed law written to the request's
+// scratch row (nullptr stays nullptr: a point-mass draft). Block-wide with logits.
+template <typename ProbT, typename IdT>
+__device__ const ProbT* processed_row(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i,
+                                      bool draft) {
+    const ProbT* rows = draft ? a.draft : a.target;
+    if (rows == nullptr) return rows;
+    if (a.sampling == nullptr) return rows + i * a.vocab;
+    const Law law = cached_law(a, s, i, draft);
+    const ProbT temperature = static_cast<ProbT>(a.sampling[0]);
+    const ProbT* row = rows + i * a.vocab;
+    ProbT* out = a.scratch + (draft ? a.vocab : 0);
+    __syncthreads();  // every earlier reader of this scratch row is done
+    for (long long y = threadIdx.x; y < a.vocab; y += kBlock) {
+        out[y] = materialised(row, y, temperature, law);
+    }
+    __syncthreads();
+    return out;
+}
 }  // namespace specdec
 """
 
 # One functor per registry entry, named by its ``cuda_row``: ``run`` is called by every thread
 # of the block, which all receive the same RowResult.
 _ROW_FUNCTORS = r"""
-// Token-wise rejection sampling: position i passes iff u_i * q_i(x_i) < p_i(x_i) (float64),
-// every position tested in parallel (vLLM counts them all); at the first failure r a token
-// is drawn from max(p_r - q_r, 0), from p_r when that has no mass. Only row r is read.
+// Token-wise rejection sampling: position i passes iff u_i * q_i(x_i) < p_i(x_i) (float64).
+// Probability rows: every position is tested in parallel (vLLM counts them all; causal
+// counting keeps the prefix). Logits rows: positions in order, each reading its row's law,
+// stopping at the first failure when causal. At the first failure r a token is drawn from
+// max(p_r - q_r, 0), from p_r when that has no mass. Only row r is read for the draw.
 struct RejectionRow {
-    static constexpr bool kReadsUniforms = true;
+    __device__ static bool reads_uniforms(int) { return true; }
+    __device__ static bool bonus_by_argmax(int) { return false; }
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
-        if (threadIdx.x == 0) {
-            s.first_reject = a.k;
-            s.passed = 0ULL;
-        }
-        __syncthreads();
-        for (long long i = threadIdx.x; i < a.k; i += specdec::kBlock) {
-            if (a.uniforms[i] * specdec::draft_probability(a, i) <
-                specdec::target_probability(a, i)) {
-                atomicAdd(&s.passed, 1ULL);
-            } else {
-                atomicMin(&s.first_reject, i);
+        long long r = a.k;
+        long long passed = 0;
+        if (a.sampling == nullptr) {
+            if (threadIdx.x == 0) {
+                s.first_reject = a.k;
+                s.passed = 0ULL;
+            }
+            __syncthreads();
+            for (long long i = threadIdx.x; i < a.k; i += specdec::kBlock) {
+                if (a.uniforms[i] * specdec::draft_probability(a, i) <
+                    specdec::target_probability(a, i)) {
+                    atomicAdd(&s.passed, 1ULL);
+                } else {
+                    atomicMin(&s.first_reject, i);
+                }
+            }
+            __syncthreads();
+            r = s.first_reject;
+            passed = a.causal ? r : static_cast<long long>(s.passed);
+        } else {
+            for (long long i = 0; i < a.k; ++i) {  // uniform loop: the same path in every thread
+                const double p_x = specdec::target_p(a, s, i);
+                const double q_x = specdec::draft_p(a, s, i);
+                if (a.uniforms[i] * q_x < p_x) {
+                    ++passed;
+                } else if (r == a.k) {
+                    r = i;
+                    if (a.causal) break;
+                }
             }
         }
-        __syncthreads();
-        const long long r = s.first_reject;
-        specdec::RowResult result{a.bonus_id, r, static_cast<long long>(s.passed), 0};
+        specdec::RowResult result{a.bonus_id, r, passed, 0};
         if (r == a.k) return result;
-        result.last_token = specdec::draw_residual(
-            a.target + r * a.vocab, specdec::draft_row(a, r),
-            static_cast<long long>(a.draft_ids[r]), 1.0, a.vocab, a.uniforms[a.k], s.draw);
+        const ProbT* p = specdec::processed_row(a, s, r, false);
+        const ProbT* q = specdec::processed_row(a, s, r, true);
+        result.last_token = specdec::draw_residual(p, q, static_cast<long long>(a.draft_ids[r]),
+                                                   1.0, a.vocab, a.uniforms[a.k], s.draw);
         if (result.last_token < 0) result.status = -(1 + r);
         return result;
     }
@@ -529,22 +986,32 @@ struct RejectionRow {
 // no row below tau is read. Then a draw from max(rho_tau p_tau - q_tau, 0), from p_tau when
 // that has no mass.
 struct BlockVerificationRow {
-    static constexpr bool kReadsUniforms = true;
+    __device__ static bool reads_uniforms(int) { return true; }
+    __device__ static bool bonus_by_argmax(int) { return false; }
+
+    __device__ static double next_rho(double value, double p, double q) {
+        if (!(p > 0.0) || value == 0.0) return 0.0;
+        if (value * p >= q) return 1.0;
+        return value * p / q;
+    }
 
     // rho_i, recomputed forward in one fixed order (the CPU kernel's): the scan needs it at a
-    // few positions only, and a row read costs far more than these i scalars.
+    // few positions only, and a row read costs far more than these i scalars. With logits
+    // p(x_j) and q(x_j) come from s.path when the chain is short enough to keep them (each
+    // costs a pass over its row), else from the rows again.
     template <typename ProbT, typename IdT>
-    __device__ static double rho(const specdec::RowArgs<ProbT, IdT>& a, long long i) {
+    __device__ static double rho(const specdec::RowArgs<ProbT, IdT>& a, specdec::Scratch& s,
+                                 long long i, bool from_path) {
         double value = 1.0;
         for (long long j = 0; j < i; ++j) {
-            const double p = specdec::target_probability(a, j);
-            const double q = specdec::draft_probability(a, j);
-            if (!(p > 0.0) || value == 0.0) {
-                value = 0.0;
-            } else if (value * p >= q) {
-                value = 1.0;
+            if (from_path) {
+                value = next_rho(value, s.path_p[j], s.path_q[j]);
+            } else if (a.sampling == nullptr) {
+                value = next_rho(value, specdec::target_probability(a, j),
+                                 specdec::draft_probability(a, j));
             } else {
-                value = value * p / q;
+                const double p = specdec::target_p(a, s, j);
+                value = next_rho(value, p, specdec::draft_p(a, s, j));
             }
         }
         return value;
@@ -553,14 +1020,27 @@ struct BlockVerificationRow {
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
+        const bool from_path = a.sampling != nullptr && a.k <= specdec::kPathStack;
+        if (from_path) {
+            for (long long j = 0; j < a.k; ++j) {
+                const double p = specdec::target_p(a, s, j);
+                const double q = specdec::draft_p(a, s, j);
+                if (threadIdx.x == 0) {
+                    s.path_p[j] = p;
+                    s.path_q[j] = q;
+                }
+            }
+            __syncthreads();
+        }
         long long tau = 0;
         for (long long i = a.k; i >= 1; --i) {  // uniform loop: every thread takes the same path
-            const double rho_i = rho(a, i);
+            const double rho_i = rho(a, s, i, from_path);
             double h = rho_i;  // h_k = rho_k; rho_i = 1 gives h_i = 1, rho_i = 0 gives 0 unread
             if (i < a.k && rho_i < 1.0 && rho_i != 0.0) {
+                const ProbT* p = specdec::processed_row(a, s, i, false);
+                const ProbT* q = specdec::processed_row(a, s, i, true);
                 const double total = specdec::residual_sum(
-                    a.target + i * a.vocab, specdec::draft_row(a, i),
-                    static_cast<long long>(a.draft_ids[i]), rho_i, a.vocab, s.draw);
+                    p, q, static_cast<long long>(a.draft_ids[i]), rho_i, a.vocab, s.draw);
                 const double denominator = total + (1.0 - rho_i);
                 // NaN (a NaN target entry on the path) fails every check.
                 h = denominator > 0.0 ? total / denominator : 0.0;
@@ -572,9 +1052,11 @@ struct BlockVerificationRow {
         }
         specdec::RowResult result{a.bonus_id, tau, tau, 0};
         if (tau == a.k) return result;
+        const double rho_tau = rho(a, s, tau, from_path);
+        const ProbT* p = specdec::processed_row(a, s, tau, false);
+        const ProbT* q = specdec::processed_row(a, s, tau, true);
         result.last_token = specdec::draw_residual(
-            a.target + tau * a.vocab, specdec::draft_row(a, tau),
-            static_cast<long long>(a.draft_ids[tau]), rho(a, tau), a.vocab, a.uniforms[a.k],
+            p, q, static_cast<long long>(a.draft_ids[tau]), rho_tau, a.vocab, a.uniforms[a.k],
             s.draw);
         if (result.last_token < 0) result.status = -(1 + tau);
         return result;
@@ -584,15 +1066,17 @@ struct BlockVerificationRow {
 // The decision scan shared by the deterministic verifiers: position i passes when
 // p_i(x_i) > shortcut without reading its row; otherwise one coalesced pass finds the row's
 // argmax (first index on ties, NaN ignored, 0 if nothing is above -inf) and, WithEntropy,
-// sum_y p ln(p + eps), and passes(p_x, x, argmax, plogp) decides. Every position is decided
-// (the counters need all of them); at the first failure the argmax is emitted.
-template <bool WithEntropy, typename ProbT, typename IdT, typename Passes>
+// sum_y p ln(p + eps), and passes(p_x, x, argmax, plogp) decides. Raw: the rows are read as
+// they are (greedy: the argmax of logits is the argmax at any temperature); otherwise
+// through the law of a logits row. Every position is decided (the counters need all of
+// them) unless counting is causal; at the first failure the argmax is emitted.
+template <bool WithEntropy, bool Raw, typename ProbT, typename IdT, typename Passes>
 __device__ specdec::RowResult decide_positions(const specdec::RowArgs<ProbT, IdT>& a,
                                                specdec::Scratch& s, double shortcut,
                                                const Passes& passes) {
     specdec::RowResult result{a.bonus_id, a.k, 0, 0};
     for (long long i = 0; i < a.k; ++i) {  // uniform loop: every thread takes the same path
-        const double p_x = specdec::target_probability(a, i);
+        const double p_x = Raw ? specdec::target_probability(a, i) : specdec::target_p(a, s, i);
         if (p_x > shortcut) {
             ++result.num_accepted;
             continue;
@@ -600,14 +1084,16 @@ __device__ specdec::RowResult decide_positions(const specdec::RowArgs<ProbT, IdT
         double best;
         long long best_index;
         double plogp;
-        specdec::row_argmax_entropy<WithEntropy>(a.target + i * a.vocab, a.vocab, best,
-                                                 best_index, plogp, s.reduce);
+        const ProbT* row = Raw ? a.target + i * a.vocab : specdec::processed_row(a, s, i, false);
+        specdec::row_argmax_entropy<WithEntropy>(row, a.vocab, best, best_index, plogp,
+                                                 s.reduce);
         const long long argmax = specdec::argmax_or_zero(best, best_index);
         if (passes(p_x, static_cast<long long>(a.draft_ids[i]), argmax, plogp)) {
             ++result.num_accepted;
         } else if (result.accepted_length == a.k) {
             result.accepted_length = i;
             result.last_token = argmax;
+            if (a.causal) break;
         }
     }
     return result;
@@ -619,7 +1105,8 @@ __device__ specdec::RowResult decide_positions(const specdec::RowArgs<ProbT, IdT
 // entropy never passes. parameters = (posterior_threshold, posterior_alpha). Rows need not
 // be normalised.
 struct TypicalAcceptanceRow {
-    static constexpr bool kReadsUniforms = false;
+    __device__ static bool reads_uniforms(int) { return false; }
+    __device__ static bool bonus_by_argmax(int) { return false; }
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
@@ -631,20 +1118,23 @@ struct TypicalAcceptanceRow {
             if (threshold > posterior_threshold) threshold = posterior_threshold;
             return p_x > threshold;
         };
-        return decide_positions<true>(a, s, posterior_threshold, passes);
+        return decide_positions<true, false>(a, s, posterior_threshold, passes);
     }
 };
 
-// Greedy verification: position i passes iff x_i is the first index of the maximum of p_i.
-// p_i(x_i) > 0.5 + kGreedyMargin passes unread: the unique argmax of a probability row (the
-// input contract).
+// Greedy verification: position i passes iff x_i is the first index of the maximum of its
+// raw row. For probability rows p_i(x_i) > 0.5 + kGreedyMargin passes unread (the unique
+// argmax of a probability row, the input contract); logits rows have no such shortcut.
 struct GreedyRow {
-    static constexpr bool kReadsUniforms = false;
+    __device__ static bool reads_uniforms(int) { return false; }
+    __device__ static bool bonus_by_argmax(int) { return true; }
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
         auto passes = [](double, long long x, long long argmax, double) { return x == argmax; };
-        return decide_positions<false>(a, s, 0.5 + specdec::kGreedyMargin, passes);
+        const double shortcut =
+            a.sampling == nullptr ? 0.5 + specdec::kGreedyMargin : specdec::infinity();
+        return decide_positions<false, true>(a, s, shortcut, passes);
     }
 };
 """
@@ -653,9 +1143,15 @@ _SKELETON = r"""
 // The one kernel of every verifier, with the arguments of specdec_np._core.verify_chains:
 // target_rows [T + B, V], draft_rows [T, V] or nullptr (point-mass drafts), draft_token_ids
 // [T], bonus_token_ids [B], draft_offsets [B + 1], uniforms [B, uniform_width] (read by
-// stochastic rows only), parameters [P]; outputs output [B, width], accepted_lengths,
-// num_accepted and row_status [B]. Request b owns drafts draft_offsets[b] .. draft_offsets[b+1]
-// and the k_b + 1 target rows from draft_offsets[b] + b. Launch: grid B, block kBlock.
+// stochastic rows and lazy bonuses only), parameters [P]; outputs output [B, width],
+// accepted_lengths, num_accepted and row_status [B]; then the engine layout's options:
+// request_methods [B] (row-function indices, read by MixedRow; nullptr otherwise), causal
+// (stop at the first rejection), draw_bonus (a fully accepted request draws its bonus from
+// its bonus row with uniform k_b + 1, its argmax for a greedy request; bonus ids unread),
+// sampling [B, 4] (the rows are logits: temperature, top-k, top-p, min-p; nullptr for
+// probabilities) and scratch [B, 2 V] (two processed rows per request; with sampling only).
+// Request b owns drafts draft_offsets[b] .. draft_offsets[b+1] and the k_b + 1 target rows
+// from draft_offsets[b] + b. Launch: grid B, block kBlock.
 template <class Row, typename ProbT, typename IdT>
 __global__ void __launch_bounds__(specdec::kBlock, 1)
 verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restrict__ draft_rows,
@@ -666,30 +1162,42 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
                      const double* __restrict__ parameters, long long batch, long long num_drafts,
                      long long vocab, long long width, long long* __restrict__ output,
                      long long* __restrict__ accepted_lengths,
-                     long long* __restrict__ num_accepted, long long* __restrict__ row_status) {
-    __shared__ specdec::Scratch scratch;
+                     long long* __restrict__ num_accepted, long long* __restrict__ row_status,
+                     const signed char* __restrict__ request_methods, long long causal,
+                     long long draw_bonus, const double* __restrict__ sampling,
+                     ProbT* scratch) {
+    __shared__ specdec::Scratch scratch_space;
+    specdec::Scratch& shared = scratch_space;
     const long long b = blockIdx.x;
     if (b >= batch) return;
     const int t = threadIdx.x;
+    const int method = request_methods != nullptr ? static_cast<int>(request_methods[b]) : -1;
+    const bool lazy_bonus = draw_bonus != 0;
+    const bool reads_uniforms = Row::reads_uniforms(method) || lazy_bonus;
     // The layouts write consistent offsets; clamping them only guarantees that a direct
     // caller's inconsistent ones never make a block read or write outside the arrays.
     const long long start = specdec::clamp_ll(draft_offsets[b], 0, num_drafts);
     const long long stop = specdec::clamp_ll(draft_offsets[b + 1], start, num_drafts);
     long long most = width - 1;
-    if (Row::kReadsUniforms) most = specdec::min_ll(most, uniform_width - 1);
+    if (reads_uniforms) most = specdec::min_ll(most, uniform_width - 1 - (lazy_bonus ? 1 : 0));
     const long long k = specdec::clamp_ll(stop - start, 0, most < 0 ? 0 : most);
     const IdT* ids = draft_token_ids + start;
-    const long long bonus = static_cast<long long>(bonus_token_ids[b]);
+    // A lazy bonus is drawn, not read: its id is neither checked nor used.
+    const long long bonus = lazy_bonus ? 0 : static_cast<long long>(bonus_token_ids[b]);
 
     // Ids first: a bad one is reported by its column and never used as an index.
-    if (t == 0) scratch.first_bad = specdec::kNone;
+    if (t == 0) {
+        shared.first_bad = specdec::kNone;
+        shared.target_law_row = -1;
+        shared.draft_law_row = -1;
+    }
     __syncthreads();
     for (long long j = t; j <= k; j += specdec::kBlock) {
         const long long id = j < k ? static_cast<long long>(ids[j]) : bonus;
-        if (id < 0 || id >= vocab) atomicMin(&scratch.first_bad, j);
+        if (id < 0 || id >= vocab) atomicMin(&shared.first_bad, j);
     }
     __syncthreads();
-    const long long bad = scratch.first_bad;
+    const long long bad = shared.first_bad;
     if (bad != specdec::kNone) {
         if (t == 0) row_status[b] = 1 + bad;
         return;
@@ -700,12 +1208,33 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
         draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
         ids,
         bonus,
-        Row::kReadsUniforms ? uniforms + b * uniform_width : nullptr,
+        reads_uniforms ? uniforms + b * uniform_width : nullptr,
         parameters,
         k,
         vocab,
+        method,
+        causal != 0,
+        sampling != nullptr ? sampling + 4 * b : nullptr,
+        sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
     };
-    const specdec::RowResult result = Row::run(args, scratch);
+    specdec::RowResult result = Row::run(args, shared);
+    if (lazy_bonus && result.status == 0 && result.accepted_length == k) {
+        // The bonus row is read only now that every draft was accepted (uniform branch).
+        if (Row::bonus_by_argmax(method)) {
+            double best;
+            long long best_index;
+            double unused;
+            specdec::row_argmax_entropy<false>(args.target + k * vocab, vocab, best,
+                                               best_index, unused, shared.reduce);
+            result.last_token = specdec::argmax_or_zero(best, best_index);
+        } else {
+            const ProbT* p = specdec::processed_row(args, shared, k, false);
+            result.last_token = specdec::block_inverse_cdf(
+                specdec::Weight<ProbT, false>{p, nullptr, -1, 1.0, 1.0}, vocab,
+                args.uniforms[k + 1], shared.draw);
+            if (result.last_token < 0) result.status = -(1 + k);
+        }
+    }
     if (result.status == 0) {
         long long* out = output + b * width;
         const long long r = result.accepted_length;
@@ -775,10 +1304,59 @@ create_output_kernel(const unsigned char* __restrict__ accepted,
 }
 """
 
-_SOURCES: dict[str, str] = {
-    "create_output": _PRELUDE + _CREATE_OUTPUT_SOURCE,
-    "verify_chains": _PRELUDE + _ROW_HELPERS + _ROW_FUNCTORS + _SKELETON,
-}
+#: The row functor of a batch with per-request methods (``request_methods``).
+MIXED_ROW = "MixedRow"
+
+
+def _mixed_row() -> str:
+    """``MixedRow``: the registry's row functors behind one switch on the request's
+    row-function index (the numbering of ``_core.ROW_FUNCTIONS``, which the callers of
+    ``verify_chains`` use on both backends), so mixed greedy and sampled requests share one
+    launch.  Indices outside it (the caller validates them) take the last case."""
+    from . import _core
+
+    cases = [
+        (_core.ROW_FUNCTIONS.index(verifier.row_function), verifier.cuda_row)
+        for verifier in registry.VERIFIERS
+    ]
+
+    def switch(subject: str, call: str) -> str:
+        lines = [f"        switch ({subject}) {{"]
+        for number, (code, row) in enumerate(cases):
+            label = "default:\n        " if number == len(cases) - 1 else ""
+            lines.append(f"        {label}case {code}:\n            return {row}::{call};")
+        lines.append("        }")
+        return "\n".join(lines)
+
+    return (
+        "\n// One request's row functor chosen by its row-function index (a per-request method).\n"
+        f"struct {MIXED_ROW} {{\n"
+        "    __device__ static bool reads_uniforms(int method) {\n"
+        f"{switch('method', 'reads_uniforms(method)')}\n"
+        "    }\n"
+        "    __device__ static bool bonus_by_argmax(int method) {\n"
+        f"{switch('method', 'bonus_by_argmax(method)')}\n"
+        "    }\n"
+        "    template <typename ProbT, typename IdT>\n"
+        "    __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,\n"
+        "                                             specdec::Scratch& s) {\n"
+        f"{switch('a.method', 'run(a, s)')}\n"
+        "    }\n"
+        "};\n"
+    )
+
+
+_SOURCE_CACHE: dict[str, str] = {}
+
+
+def _sources() -> dict[str, str]:
+    """The CUDA sources by name, built once (``MixedRow`` needs the CPU row numbering)."""
+    if not _SOURCE_CACHE:
+        _SOURCE_CACHE["create_output"] = _PRELUDE + _CREATE_OUTPUT_SOURCE
+        _SOURCE_CACHE["verify_chains"] = (
+            _PRELUDE + _ROW_HELPERS + _ROW_FUNCTORS + _mixed_row() + _SKELETON
+        )
+    return _SOURCE_CACHE
 
 
 def _verify_name(cuda_row: str, prob_dtype: Any, id_dtype: Any) -> str:
@@ -800,7 +1378,7 @@ def cuda_sources() -> dict[str, str]:
         handed to :class:`cupy.RawModule`.  Each text is self-contained (no ``#include``) and
         compiles on its own.
     """
-    return dict(_SOURCES)
+    return dict(_sources())
 
 
 def instantiation_names(source: str | None = None) -> list[str]:
@@ -823,15 +1401,16 @@ def instantiation_names(source: str | None = None) -> list[str]:
     KeyError
         If ``source`` is not a source name.
     """
-    if source is not None and source not in _SOURCES:
-        raise KeyError(f"unknown CUDA source {source!r}; expected one of {list(_SOURCES)}")
+    if source is not None and source not in _sources():
+        raise KeyError(f"unknown CUDA source {source!r}; expected one of {list(_sources())}")
     names: list[str] = []
     if source in (None, "create_output"):
         names.extend(_create_output_name(id_dtype) for id_dtype in _ID_CTYPES)
     if source in (None, "verify_chains"):
+        rows = [verifier.cuda_row for verifier in registry.VERIFIERS] + [MIXED_ROW]
         names.extend(
-            _verify_name(verifier.cuda_row, prob_dtype, id_dtype)
-            for verifier in registry.VERIFIERS
+            _verify_name(row, prob_dtype, id_dtype)
+            for row in rows
             for prob_dtype in _PROB_CTYPES
             for id_dtype in _ID_CTYPES
         )
@@ -858,7 +1437,7 @@ def _kernel(source: str, name_expression: str) -> Any:
             module = _MODULES.get(key)
             if module is None:
                 module = cupy.RawModule(
-                    code=_SOURCES[source],
+                    code=_sources()[source],
                     options=_COMPILE_OPTIONS,
                     name_expressions=instantiation_names(source),
                 )
@@ -960,12 +1539,21 @@ class _CoreLikeKernels:
         num_accepted: Any,
         row_status: Any,
         num_threads: int = 1,
+        request_methods: Any = None,
+        causal: bool = False,
+        draw_bonus: bool = False,
+        sampling: Any = None,
+        scratch: Any = None,
     ) -> None:
         """Verify a batch of draft chains (``_core.verify_chains``'s signature and meaning).
 
         Launches ``verify_chains_kernel<Row, ProbT, IdT>`` for the registry verifier of
-        ``method``: grid ``B``, :data:`BLOCK_SIZE` threads.  Offsets are used as given,
-        clamped on the device to the arrays (and ``k_b`` to the output and uniform widths).
+        ``method`` (``MixedRow`` when ``request_methods`` is given): grid ``B``,
+        :data:`BLOCK_SIZE` threads.  Offsets are used as given, clamped on the device to the
+        arrays (and ``k_b`` to the output and uniform widths).  The engine options are
+        ``_core.verify_chains``'s, except that ``scratch`` is float ``[B, 2 V]`` (one pair of
+        processed rows per request, not per thread) and that the values of
+        ``request_methods`` are trusted (the engine layout writes them).
         """
         verifier = _verifier_of_row(method)
         batch = int(bonus_token_ids.shape[0]) if bonus_token_ids.ndim == 1 else -1
@@ -983,15 +1571,26 @@ class _CoreLikeKernels:
             dtype = (np.dtype(target_rows.dtype).name,)
             _guard(draft, "draft_rows", dtype, (num_drafts, vocab))
         _guard(draft_offsets, "draft_offsets", ("int64",), (batch + 1,))
-        _guard(uniforms, "uniforms", ("float64",), (batch if verifier.stochastic else None, None))
-        if verifier.stochastic and int(uniforms.shape[1]) < 1:
-            raise ValueError("uniforms: expected at least one column, found 0")
+        if request_methods is not None:
+            _guard(request_methods, "request_methods", ("int8",), (batch,))
+        draws = verifier.stochastic or draw_bonus or request_methods is not None
+        _guard(uniforms, "uniforms", ("float64",), (batch if draws else None, None))
+        least = int(verifier.stochastic or request_methods is not None) + int(bool(draw_bonus))
+        if draws and int(uniforms.shape[1]) < least:
+            raise ValueError(
+                f"uniforms: expected at least {least} column(s), found {int(uniforms.shape[1])}"
+            )
         _guard(parameters, "parameters", ("float64",), (None,))
         if int(parameters.shape[0]) < len(verifier.parameters):
             raise ValueError(
                 f"parameters: expected {len(verifier.parameters)} for {verifier.name}, "
                 f"found {int(parameters.shape[0])}"
             )
+        if sampling is not None:
+            _guard(sampling, "sampling", ("float64",), (batch, 4))
+            if scratch is None:
+                raise ValueError("scratch: expected a [B, 2 V] array with sampling, found None")
+            _guard(scratch, "scratch", (np.dtype(target_rows.dtype).name,), (batch, 2 * vocab))
         buffers = (output, accepted_lengths, num_accepted, row_status)
         _guard_outputs(batch, None, buffers)
         width = int(output.shape[1])
@@ -1013,8 +1612,14 @@ class _CoreLikeKernels:
             "vocab": np.int64(vocab),
             "width": np.int64(width),
             **dict(zip(_OUTPUT_NAMES, buffers)),
+            "request_methods": request_methods,
+            "causal": np.int64(bool(causal)),
+            "draw_bonus": np.int64(bool(draw_bonus)),
+            "sampling": sampling,
+            "scratch": scratch if sampling is not None else None,
         }
-        name = _verify_name(verifier.cuda_row, target_rows.dtype, draft_token_ids.dtype)
+        row = MIXED_ROW if request_methods is not None else verifier.cuda_row
+        name = _verify_name(row, target_rows.dtype, draft_token_ids.dtype)
         _launch("verify_chains", name, batch, BLOCK_SIZE, arguments)
 
     @staticmethod

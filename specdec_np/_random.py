@@ -293,6 +293,12 @@ class RejectionUniforms:
         own_rows = [b for b in range(batch_size) if b not in taken]
         if own_rows and widths is None:
             result[own_rows] = xp.asarray(self._generator.random((len(own_rows), width)))
+        elif own_rows and isinstance(self._generator, CounterStream):
+            # A counter stream is counted in rows: each row that draws takes one stream row
+            # (its leading widths[b] entries are used), made on the device.
+            drawing = [b for b in own_rows if widths[b] > 0]
+            if drawing:
+                result[drawing] = self._generator.random((len(drawing), width))
         elif own_rows:
             # One flat draw of exactly the rows' counts, laid out row by row: a boolean
             # mask assigns in row-major order.

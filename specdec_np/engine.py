@@ -225,12 +225,6 @@ def _verify_ragged(
         target_name=target_name,
         draft_name=draft_name,
     )
-    if batch.device is not None:
-        # The CUDA drivers have no logits readers, per-request methods or lazy bonus yet.
-        raise TypeError(
-            f"{target_name} is on cuda:{batch.device}; the engine layout runs on NumPy (CPU) "
-            "arrays in this release: pass NumPy arrays, or use the padded verifiers on CuPy"
-        )
     sampling = _checked_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, from_logits,
         (target_name, batch.target_rows), (draft_name, batch.draft_rows),

@@ -136,8 +136,10 @@ def verify_chain_batch(
     options = _driver_options(request_methods, causal, draw_bonus)
     if sampling is not None:
         options["sampling"] = sampling
-        # Per thread, the processed target and draft row of the request it works on.
-        options["scratch"] = _scratch_rows(xp, threads, batch.vocab_size, batch.target_rows.dtype)
+        # The processed target and draft row of a request: per CPU thread, or per request
+        # on the GPU (one thread block each).
+        rows = threads if batch.device is None else batch.batch_size
+        options["scratch"] = _scratch_rows(xp, rows, batch.vocab_size, batch.target_rows.dtype)
     snapshot = sources.snapshot() if sources is not None else None
     point_mass = batch.draft_rows is None
     try:

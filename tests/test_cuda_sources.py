@@ -271,6 +271,7 @@ static EmuDim3 threadIdx, blockIdx, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
@@ -308,6 +309,13 @@ template <class T> T atomicMin(T* a, T v) { T old = *a; if (v < old) *a = v; ret
 template <class T> T atomicMax(T* a, T v) { T old = *a; if (v > old) *a = v; return old; }
 static double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 static double __dmul_rn(double a, double b) { return a * b; }
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fsub_rn(float a, float b) { return a - b; }
+static float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static float __uint_as_float(unsigned int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static unsigned int __float_as_uint(float f) { unsigned int v; std::memcpy(&v, &f, 4); return v; }
+static long long __double_as_longlong(double d) { long long v; std::memcpy(&v, &d, 8); return v; }
 // A fiber runs the body once per block and then waits for the next block, so that fibers
 // (and their stacks) are made once per process, not once per block.
 static void emu_trampoline() {
@@ -385,7 +393,9 @@ _KERNEL_SIGNATURES = {
         "const I* bonus_token_ids, const long long* draft_offsets, const double* uniforms, "
         "long long uniform_width, const double* parameters, long long batch, "
         "long long num_drafts, long long vocab, long long width, long long* output, "
-        "long long* accepted_lengths, long long* num_accepted, long long* row_status",
+        "long long* accepted_lengths, long long* num_accepted, long long* row_status, "
+        "const signed char* request_methods, long long causal, long long draw_bonus, "
+        "const double* sampling, P* scratch",
         "batch, specdec::kBlock",
     ),
     "create_output_kernel": (
@@ -434,6 +444,11 @@ def _find_cxx() -> str | None:
 
 
 def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
+    return _compile_library(tmp, stem, _emulation_unit(sources))
+
+
+def _compile_library(tmp: Path, stem: str, unit: str) -> Any:
+    """``unit`` (C++ with the emulation prelude) as a loaded shared library."""
     import ctypes
 
     if not sys.platform.startswith("linux"):
@@ -443,7 +458,7 @@ def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
         pytest.skip("no C++ compiler (g++, clang++ or $CXX) for the kernel emulation")
     cpp = tmp / f"{stem}.cpp"
     lib = tmp / f"lib{stem}.so"
-    cpp.write_text(_emulation_unit(sources))
+    cpp.write_text(unit)
     cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
     result = subprocess.run(
         [*cmd, str(cpp), "-o", str(lib)],
@@ -452,7 +467,7 @@ def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
         timeout=COMPILE_TIMEOUT_S,
         check=False,
     )
-    assert result.returncode == 0, f"host compile of the emulated kernels failed:\n{result.stderr}"
+    assert result.returncode == 0, f"host compile of {stem} failed:\n{result.stderr}"
     return ctypes.CDLL(str(lib))
 
 
@@ -517,7 +532,7 @@ def _run_emulated(
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
-        *(_ptr(a) for a in out),
+        *(_ptr(a) for a in out), None, ctypes.c_longlong(0), ctypes.c_longlong(0), None, None,
     )  # fmt: skip
     return out
 
@@ -920,11 +935,14 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: A
             assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
             seen.add((name, point_mass, padded))
     assert not tally.problems, "\n".join(tally.problems[:20])
-    assert len(seen) == 2 * 2 * len(_cuda.instantiation_names("verify_chains"))
+    padded_names = [
+        n for n in _cuda.instantiation_names("verify_chains") if _cuda.MIXED_ROW not in n
+    ]
+    assert len(seen) == 2 * 2 * len(padded_names)
     # One RawModule per (device, source): compiled once, reused.
     source = _cuda.cuda_sources()["verify_chains"]
     names = tuple(_cuda.instantiation_names("verify_chains"))
-    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
+    assert fake_cupy.compiled == [(source, ("--std=c++17", "--fmad=false"), names)]
 
 
 def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
@@ -967,6 +985,52 @@ def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     )  # fmt: skip
     _launch(empty, rejection, np.empty(0))
     assert not fake_cupy.launches and not fake_cupy.compiled
+
+
+def test_launcher_guards_the_engine_options(fake_cupy: Any, core: Any) -> None:
+    """The engine options are checked before a launch (dtype and shape of
+    ``request_methods``, ``sampling`` and ``scratch``; a lazy bonus needs its uniform
+    column), and a batch with per-request methods launches the ``MixedRow`` instance."""
+    wrap = fake_cupy.asarray
+    rng = np.random.default_rng(9)
+    c = _engine_case(rng, logits=True)
+    vocab = c.target.shape[1]
+    rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)
+    methods = np.full(c.batch, rejection, np.int8)
+    good = {
+        "request_methods": wrap(methods),
+        "sampling": wrap(c.sampling),
+        "scratch": wrap(np.zeros((c.batch, 2 * vocab), c.target.dtype)),
+        "draw_bonus": True,
+        "causal": True,
+    }
+
+    def launch(**changed: Any) -> None:
+        options = {**good, **changed}
+        _cuda.core_like.verify_chains(
+            rejection, wrap(c.target), wrap(c.target), True, wrap(c.ids), wrap(c.bonus),
+            wrap(c.offsets), wrap(c.uniforms), wrap(np.empty(0)),
+            *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **options,
+        )  # fmt: skip
+
+    with pytest.raises(TypeError, match="request_methods: expected dtype"):
+        launch(request_methods=wrap(methods.astype(np.int64)))
+    with pytest.raises(ValueError, match="sampling: expected shape"):
+        launch(sampling=wrap(c.sampling[:, :3].copy()))
+    with pytest.raises(ValueError, match="scratch: expected a"):
+        launch(scratch=None)
+    with pytest.raises(ValueError, match="scratch: expected shape"):
+        launch(scratch=wrap(np.zeros((1, 2 * vocab), c.target.dtype)))
+    with pytest.raises(ValueError, match="uniforms: expected at least 2 column"):
+        _cuda.core_like.verify_chains(
+            rejection, wrap(c.target), wrap(c.target), True, wrap(c.ids), wrap(c.bonus),
+            wrap(c.offsets), wrap(c.uniforms[:, :1].copy()), wrap(np.empty(0)),
+            *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **good,
+        )  # fmt: skip
+    assert not fake_cupy.launches
+    launch()
+    name = _cuda._verify_name(_cuda.MIXED_ROW, c.target.dtype, c.ids.dtype)
+    assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
 
 
 def test_offsets_never_make_a_block_leave_the_arrays(emulated: Any, core: Any) -> None:
@@ -1042,3 +1106,350 @@ def test_gpu_tests_fail_on_a_fake_cupy_with_a_broken_kernel(emulated: Any) -> No
     result = _run_gpu_tests_on_fake_cupy("block_gpu_matches_cpu", "block_stops_at_first_failure")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "failed" in result.stdout.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine layout's options: per-request methods, causal counting, the lazy bonus, logits
+# ---------------------------------------------------------------------------------------------
+
+
+def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Logits with ties at the top-k/top-p boundaries, masked (-inf) and NaN entries, and
+    now and then a row with +inf entries or without a finite maximum."""
+    kind = rng.integers(4)
+    if kind == 0:  # few distinct values: every filter boundary falls inside a tie group
+        rows = rng.choice(np.array([0.0, 1.0, 2.0, 2.5, 3.0]), size=shape)
+    elif kind == 1:
+        rows = rng.standard_normal(shape) * 3.0
+    elif kind == 2:  # ties between pairs of tokens, random otherwise
+        rows = np.repeat(rng.standard_normal((*shape[:-1], (shape[-1] + 1) // 2)), 2, -1)
+        rows = rows[..., : shape[-1]]
+    else:
+        rows = rng.standard_normal(shape)
+        rows[rng.random(shape) < 0.3] = -np.inf
+    rows = rows.astype(dtype)
+    if rows.size and rng.random() < 0.2:
+        rows[rng.random(shape) < 0.05] = np.nan
+    if rows.size and rng.random() < 0.1:
+        rows[rng.integers(shape[0]), rng.integers(shape[1])] = np.inf
+    if rows.size and rng.random() < 0.05:
+        rows[rng.integers(shape[0])] = -np.inf
+    return rows
+
+
+def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
+    """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
+    and for logits rows per-request temperature, top-k, top-p and min-p."""
+    batch = int(rng.integers(1, 5))
+    lengths = rng.integers(0, 5, batch)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    num_drafts = int(offsets[-1])
+    vocab = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 513, 1000]))
+    pdt = FLOAT_TYPES[int(rng.integers(2))]
+    idt = ID_TYPES[int(rng.integers(2))]
+    if logits:
+        target = _logit_rows(rng, (num_drafts + batch, vocab), pdt)
+        draft = None if rng.random() < 0.4 else _logit_rows(rng, (num_drafts, vocab), pdt)
+    else:
+        target = _probabilities(rng, (num_drafts + batch, vocab), pdt, "flat")
+        draft = (
+            None if rng.random() < 0.4 else _probabilities(rng, (num_drafts, vocab), pdt, "flat")
+        )
+    ids = rng.integers(0, vocab, num_drafts).astype(idt)
+    for i in range(num_drafts):  # mostly the row's argmax, so that chains get accepted
+        if rng.random() < 0.6:
+            ids[i] = int(
+                np.argmax(
+                    np.nan_to_num(
+                        target[i + np.searchsorted(offsets, i, "right") - 1], nan=-np.inf
+                    )
+                )
+            )
+    sampling = None
+    if logits:
+        sampling = np.stack(
+            [
+                rng.choice([0.5, 1.0, 1.7], batch),
+                rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+                rng.choice([1.0, 0.9, 0.5, 0.3], batch),
+                rng.choice([0.0, 0.0, 0.05, 0.2], batch),
+            ],
+            axis=1,
+        )
+    width = int(lengths.max()) + 1
+    return Chains(
+        target=target, draft=draft, ids=ids, bonus=rng.integers(0, vocab, batch).astype(idt),
+        offsets=offsets, uniforms=rng.random((batch, width + 1)), width=width,
+        posterior=np.array([rng.choice([0.09, 0.3]), rng.choice([0.3, 0.05])]), kind="engine",
+        sampling=sampling, causal=bool(rng.random() < 0.8), draw_bonus=bool(rng.random() < 0.6),
+        mixed=bool(rng.random() < 0.6),
+    )  # fmt: skip
+
+
+def _engine_methods(core: Any, c: Chains, verifier: registry.Verifier, rng: Any) -> Any:
+    if not c.mixed:
+        return None
+    greedy = core.ROW_FUNCTIONS.index(registry.get("greedy").row_function)
+    own = core.ROW_FUNCTIONS.index(verifier.row_function)
+    return np.where(rng.random(c.batch) < 0.5, greedy, own).astype(np.int8)
+
+
+def _run_cpu_engine(core: Any, method: int, c: Chains, parameters: Any, methods: Any) -> list:
+    out = c.buffers(c.width)
+    vocab = c.target.shape[1]
+    scratch = None if c.sampling is None else np.empty((1, 2 * vocab), c.target.dtype)
+    core.verify_chains(
+        method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
+        c.bonus, c.offsets, c.uniforms, parameters, *out, 1, request_methods=methods,
+        causal=c.causal, draw_bonus=c.draw_bonus, sampling=c.sampling, scratch=scratch,
+    )  # fmt: skip
+    return out
+
+
+def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods: Any) -> list:
+    import ctypes
+
+    out = c.buffers(c.width)
+    vocab = c.target.shape[1]
+    scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
+    name = _cuda._verify_name(row, c.target.dtype, c.ids.dtype)
+    sizes = [ctypes.c_longlong(n) for n in (c.batch, c.ids.shape[0], vocab, c.width)]
+    getattr(lib, _symbol(name))(
+        _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
+        _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
+        *(_ptr(a) for a in out), _ptr(methods), ctypes.c_longlong(int(c.causal)),
+        ctypes.c_longlong(int(c.draw_bonus)), _ptr(c.sampling), _ptr(scratch),
+    )  # fmt: skip
+    return out
+
+
+def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) -> Comparison:
+    """Every verifier with the engine options, emulated CUDA against ``_core.verify_chains``:
+    every cell equal (status, outputs, lengths, counts)."""
+    rng = np.random.default_rng(seed)
+    tally = Comparison()
+    for number in range(cases):
+        c = _engine_case(rng, logits)
+        tally.cases += 1
+        for verifier in registry.VERIFIERS:
+            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            methods = _engine_methods(core, c, verifier, rng)
+            parameters = c.posterior if verifier.parameters else np.empty(0)
+            row = _cuda.MIXED_ROW if methods is not None else verifier.cuda_row
+            with np.errstate(all="ignore"):
+                cpu = _run_cpu_engine(core, method, c, parameters, methods)
+                mine = _run_emulated_engine(lib, row, c, parameters, methods)
+            tally.requests += c.batch
+            for b in range(c.batch):
+                sampling = None if c.sampling is None else c.sampling[b]
+                if c.draw_bonus and cpu[3][b] == 0 and cpu[1][b] == np.diff(c.offsets)[b]:
+                    tally.draws += 1
+                for name, theirs, ours in zip(("output", "length", "count", "status"), cpu, mine):
+                    if not np.array_equal(theirs[b], ours[b]):
+                        tally.problems.append(
+                            f"case {number} {verifier.name} {row} {c.target.dtype} "
+                            f"V={c.target.shape[1]} request {b}: {name} {ours[b]} != CPU "
+                            f"{theirs[b]} (sampling {sampling}, "
+                            f"causal {c.causal}, lazy bonus {c.draw_bonus})"
+                        )
+    if lib.emu_errors_seen():
+        tally.problems.append("a divergent __syncthreads was detected")
+    return tally
+
+
+ENGINE_CASES = 300
+
+
+@pytest.mark.parametrize("logits", [True, False], ids=["logits", "probabilities"])
+def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, logits: bool) -> None:
+    """Per-request methods, causal counting and the lazy bonus, on probability rows and on
+    logits rows processed on the device (temperature, top-k and top-p with ties at their
+    boundaries, min-p, masked, NaN and +inf entries): the emulated kernel writes exactly the
+    CPU driver's cells."""
+    tally = _compare_engine(emulated, core, seed=20261201, cases=ENGINE_CASES, logits=logits)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    assert tally.draws > 50, "too few lazy bonus draws were exercised"
+
+
+_ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
+    # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
+    "select_needs_more_than_need": lambda s: _replace(
+        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+    ),
+    # The lazy bonus drawn with the residual's uniform instead of its own.
+    "bonus_reuses_residual_uniform": lambda s: _replace(
+        s, "args.uniforms[k + 1], shared.draw);", "args.uniforms[k], shared.draw);"
+    ),
+    # Top-p measured over the whole row instead of what min-p and top-k kept.
+    "top_p_ignores_the_floor": lambda s: _replace(
+        s, "z_max, floor_key, true, top_p, s);", "z_max, Key(1), true, top_p, s);"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_ENGINE_MUTATIONS))
+def test_engine_emulation_detects_mutated_kernels(
+    core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
+) -> None:
+    """Negative controls of the engine options and the logits law."""
+    sources = _cuda.cuda_sources()
+    mutated = {**sources, "verify_chains": _ENGINE_MUTATIONS[mutation](sources["verify_chains"])}
+    lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
+    tally = _compare_engine(lib, core, seed=20261201, cases=80, logits=True)
+    assert tally.problems, f"mutation {mutation} went unnoticed"
+
+
+# ---------------------------------------------------------------------------------------------
+# The processed law itself, bit for bit: the CUDA row_law against _logits.h's
+# ---------------------------------------------------------------------------------------------
+
+_LAW_PROBE = r"""
+namespace emu_verify_chains {
+// Test only: the law of each row (one block per row), its float64 probabilities and the
+// materialised row, as the kernel's row readers compute them.
+template <typename T>
+__global__ void law_probe(const T* rows, long long vocab, const double* sampling, double* laws,
+                          double* probabilities, T* materialised) {
+    __shared__ specdec::Scratch s;
+    const long long r = blockIdx.x;
+    const double* p = sampling + 4 * r;
+    const T* row = rows + r * vocab;
+    const specdec::Law law = specdec::row_law(row, vocab, static_cast<T>(p[0]),
+                                              static_cast<long long>(p[1]), p[2], p[3], s);
+    if (threadIdx.x == 0) {
+        double* out = laws + 5 * r;
+        out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;
+        out[3] = (double)law.num_infinite; out[4] = (double)law.status;
+    }
+    for (long long y = threadIdx.x; y < vocab; y += specdec::kBlock) {
+        probabilities[r * vocab + y] = specdec::law_probability(row, y, static_cast<T>(p[0]), law);
+        materialised[r * vocab + y] = specdec::materialised(row, y, static_cast<T>(p[0]), law);
+    }
+}
+}  // namespace emu_verify_chains
+#define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
+    extern "C" void gpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
+                                     const double* sampling, double* laws, double* p, T* m) { \
+        emu_launch(count, specdec_block, [&] {                                              \
+            emu_verify_chains::law_probe<T>(rows, vocab, sampling, laws, p, m);             \
+        });                                                                                 \
+    }                                                                                       \
+    extern "C" void cpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
+                                     const double* sampling, double* laws, double* p, T* m) { \
+        for (long long r = 0; r < count; ++r) {                                             \
+            const double* s = sampling + 4 * r;                                             \
+            specdec_row_law law;                                                            \
+            specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2],  \
+                                     s[3], &law);                                           \
+            double* out = laws + 5 * r;                                                     \
+            out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;               \
+            out[3] = (double)law.num_infinite; out[4] = (double)law.status;                 \
+            for (long long y = 0; y < vocab; ++y)                                           \
+                p[r * vocab + y] =                                                          \
+                    specdec_law_probability_##SUFFIX(rows + r * vocab, y, (T)s[0], &law);   \
+            specdec_law_materialise_##SUFFIX(rows + r * vocab, vocab, (T)s[0], &law,        \
+                                             m + r * vocab);                                \
+        }                                                                                   \
+    }
+SPECDEC_LAW_ENTRY(f, float)
+SPECDEC_LAW_ENTRY(d, double)
+"""
+
+
+def _build_law_probe(tmp: Path, stem: str, source: str) -> Any:
+    """The CPU law of ``_logits.h`` and the CUDA source's, emulated, in one library."""
+    macros = "".join(
+        f"#define {name} {value}\n" for name, value in _contract.compile_time_macros()
+    )
+    unit = (
+        macros
+        + f'#include "{REPO_ROOT / "specdec_np" / "_logits.h"}"\n'
+        + _EMULATION_PRELUDE
+        + f"\nnamespace emu_verify_chains {{\n{source}\n}}\n"
+        + f"static const int specdec_block = {_cuda.BLOCK_SIZE};\n"
+        + _LAW_PROBE
+    )
+    return _compile_library(tmp, stem, unit)
+
+
+def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    count, vocab = int(rng.integers(1, 6)), int(rng.choice([1, 3, 8, 64, 65, 200, 1000, 3000]))
+    rows = _logit_rows(rng, (count, vocab), dtype)
+    sampling = np.stack(
+        [
+            rng.choice([0.3, 1.0, 1.7], count),
+            rng.choice([0, 1, 2, 3, 7, vocab - 1, vocab], count).astype(np.float64),
+            rng.choice([1.0, 0.95, 0.6, 0.2, 1e-9], count),
+            rng.choice([0.0, 0.0, 0.01, 0.3], count),
+        ],
+        axis=1,
+    )
+    return rows, sampling
+
+
+def _law_mismatches(lib: Any, seed: int, cases: int) -> list[str]:
+    import ctypes
+
+    rng = np.random.default_rng(seed)
+    problems = []
+    for number in range(cases):
+        dtype = FLOAT_TYPES[number % 2]
+        rows, sampling = _law_rows(rng, dtype)
+        count, vocab = rows.shape
+        results = {}
+        for side in ("cpu", "gpu"):
+            laws = np.zeros((count, 5))
+            p = np.zeros((count, vocab))
+            m = np.zeros((count, vocab), dtype)
+            function = getattr(lib, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
+            sizes = (ctypes.c_longlong(count), ctypes.c_longlong(vocab))
+            function(_ptr(rows), *sizes, _ptr(sampling), _ptr(laws), _ptr(p), _ptr(m))
+            results[side] = (laws, p, m)
+        for name, theirs, ours in zip(
+            ("law", "p", "materialised"), results["cpu"], results["gpu"]
+        ):
+            # Bits, not values: -0.0 against 0.0 or two NaN payloads would count too.
+            if theirs.tobytes() != ours.tobytes():
+                problems.append(f"case {number} {dtype.__name__} V={vocab}: {name} differs")
+    if lib.emu_errors_seen():
+        problems.append("a divergent __syncthreads was detected")
+    return problems
+
+
+LAW_CASES = 400
+
+
+def test_cuda_law_equals_the_cpu_law_bit_for_bit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CUDA source's processed law (maximum, cutoff, normaliser, float64 probabilities
+    and the materialised row) has the bits of ``_logits.h``'s on logits with ties at the
+    top-k and top-p boundaries, masked, NaN and +inf entries, every filter, both dtypes."""
+    source = _cuda.cuda_sources()["verify_chains"]
+    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source)
+    problems = _law_mismatches(lib, seed=5, cases=LAW_CASES)
+    assert not problems, "\n".join(problems[:20])
+
+
+_LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
+    # The float32 exponential loses a bit of its last polynomial coefficient.
+    "exp_coefficient": lambda s: _replace(s, "0x1.fffffcp-2f", "0x1.fffff8p-2f"),
+    # The kept sum taken on one lane instead of the CPU's eight.
+    "kept_sum_one_lane": lambda s: _replace(
+        s,
+        "for (long long y = t; y < vocab; y += kLanes) {",
+        "for (long long y = t * vocab; y < vocab; y += 1) {",
+    ),
+    # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
+    "select_strict": lambda s: _replace(
+        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_LAW_MUTATIONS))
+def test_law_probe_detects_mutated_laws(
+    tmp_path_factory: pytest.TempPathFactory, mutation: str
+) -> None:
+    """Negative controls: a law that is off by one rounding must be caught."""
+    source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["verify_chains"])
+    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
+    assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"

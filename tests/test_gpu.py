@@ -1372,3 +1372,130 @@ def test_import_does_not_import_cupy(cp):
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "not imported by specdec_np" in completed.stdout
+
+
+# --------------------------------------------------------------------------------------
+# The engine layout on CuPy: verify_ragged and EngineVerifier against the NumPy path
+# --------------------------------------------------------------------------------------
+
+
+def engine_case(seed, logits, dtype):
+    """A ragged engine batch (k_b = 0 among the requests) with ties in its logits rows at
+    the top-k and top-p boundaries, masked entries, per-request sampling parameters and
+    greedy requests (temperature 0) among the sampled ones."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([3, 0, 5, 1, 0, 2, 4, 1])
+    batch_size, vocab_size = lengths.size, 70
+    num_drafts = int(lengths.sum())
+    if logits:
+        target = rng.choice(
+            np.array([0.0, 1.0, 2.0, 2.5, -np.inf]), (num_drafts + batch_size, vocab_size)
+        )
+        target[::3] = rng.standard_normal(target[::3].shape) * 2.0
+        draft = rng.choice(np.array([0.0, 1.0, 2.0, 3.0]), (num_drafts, vocab_size))
+    else:
+        target = random_rows(rng, (num_drafts + batch_size, vocab_size))
+        draft = random_rows(rng, (num_drafts, vocab_size))
+    target, draft = target.astype(dtype), draft.astype(dtype)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = rng.integers(0, vocab_size, num_drafts)
+    for i in range(0, num_drafts, 2):  # likely accepted drafts
+        ids[i] = np.argmax(target[i + int(np.searchsorted(offsets, i, side="right")) - 1])
+    sampling = {
+        "temperature": np.array([0.7, 0.0, 1.0, 1.5, 0.0, 1.0, 0.8, 1.0]),
+        "top_k": np.array([0, 3, 5, 0, 2, 1, 70, 4]) if logits else None,
+        "top_p": np.array([0.9, 1.0, 0.5, 0.3, 1.0, 1.0, 0.8, 1.0]) if logits else None,
+        "min_p": np.array([0.0, 0.0, 0.1, 0.0, 0.0, 0.05, 0.0, 0.2]) if logits else None,
+    }
+    uniforms = rng.random((batch_size, int(lengths.max()) + 2))
+    return lengths, ids, target, draft, sampling, uniforms
+
+
+ENGINE_ROWS = {True: ("target_logits", "draft_logits"), False: ("target_probs", "draft_probs")}
+
+
+@pytest.mark.parametrize("lazy_bonus", [True, False], ids=["lazy_bonus", "bonus_ids"])
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_rows", "point_mass"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("logits", [True, False], ids=["logits", "probabilities"])
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_verify_ragged_on_cupy_matches_numpy(cp, kind, logits, dtype, point_mass, lazy_bonus):
+    """``verify_ragged`` on CuPy arrays returns CuPy arrays equal to the NumPy path's on the
+    same explicit uniforms: mixed greedy and sampled requests, k_b = 0, the lazy bonus,
+    logits processed on the device with temperature, top-k, top-p and min-p.  On a real
+    device a drawn token may differ only where v * Z lies within rounding of a CDF boundary
+    (the draw sums in another order), so there only the acceptance decisions are compared
+    exactly; on the stand-in CuPy (the emulated kernels) every cell must be equal."""
+    lengths, ids, target, draft, sampling, uniforms = engine_case(
+        stable_seed(kind, logits, dtype_id(dtype), point_mass, lazy_bonus), logits, dtype
+    )
+    target_name, draft_name = ENGINE_ROWS[logits]
+    bonus = None if lazy_bonus else (np.arange(lengths.size) * 7) % target.shape[1]
+    host = {
+        "num_draft_tokens": lengths, "draft_token_ids": ids, target_name: target,
+        draft_name: None if point_mass else draft, "bonus_token_ids": bonus,
+        "uniforms": uniforms, **sampling,
+    }  # fmt: skip
+    device = dict(host)
+    for name in (
+        "num_draft_tokens",
+        "draft_token_ids",
+        target_name,
+        draft_name,
+        "bonus_token_ids",
+        "uniforms",
+    ):
+        device[name] = on_device(cp, 0, host[name])[0]
+    expected = specdec_np.verify_ragged(method=kind, **host)
+    found = specdec_np.verify_ragged(method=kind, **device)
+    assert all(isinstance(a, cp.ndarray) for a in found[:3])
+    output, accepted, counts = (cp.asnumpy(a) for a in found[:3])
+    np.testing.assert_array_equal(accepted, expected.accepted_lengths)
+    np.testing.assert_array_equal(counts, expected.num_accepted)
+    assert found.num_draft_tokens == expected.num_draft_tokens
+    emulated = hasattr(cp, "_LIBRARY")
+    for b in range(lengths.size):
+        r = int(accepted[b])
+        np.testing.assert_array_equal(output[b, :r], expected.output_token_ids[b, :r])
+        np.testing.assert_array_equal(output[b, r + 1 :], expected.output_token_ids[b, r + 1 :])
+        greedy = sampling["temperature"][b] == 0 or kind == "greedy"
+        if emulated or greedy or (kind == "typical" and r < lengths[b]):
+            assert output[b, r] == expected.output_token_ids[b, r], (b, r)
+    synchronize(cp)
+
+
+def test_engine_verifier_on_cupy_matches_numpy(cp):
+    """``EngineVerifier`` on CuPy: the same seeded_seqs generators give the NumPy path's
+    tokens, and the metrics count the same acceptances."""
+    lengths, ids, target, draft, sampling, _ = engine_case(11, True, np.float32)
+    runs = []
+    for on_gpu in (False, True):
+        verifier = specdec_np.EngineVerifier("rejection")
+        arrays = {"num_draft_tokens": lengths, "draft_token_ids": ids, "target_logits": target,
+                  "draft_logits": draft}  # fmt: skip
+        if on_gpu:
+            arrays = {name: on_device(cp, 0, a)[0] for name, a in arrays.items()}
+        seeds = {b: np.random.default_rng(100 + b) for b in range(lengths.size)}
+        result = verifier(**arrays, **sampling, seeded_seqs=seeds)
+        runs.append((tuple(np.asarray(cp.asnumpy(a) if on_gpu else a) for a in result[:2]),
+                     verifier.metrics))  # fmt: skip
+    (cpu, cpu_metrics), (gpu, gpu_metrics) = runs
+    np.testing.assert_array_equal(gpu[1], cpu[1])
+    assert gpu_metrics == cpu_metrics
+    if hasattr(cp, "_LIBRARY"):
+        np.testing.assert_array_equal(gpu[0], cpu[0])
+    synchronize(cp)
+
+
+def test_engine_verifier_own_generator_on_cupy(cp):
+    """Without seeds of its own a request draws from the verifier's generator, made on the
+    device: CuPy in, CuPy out, and two verifiers with one seed give the same tokens."""
+    lengths, ids, target, draft, sampling, _ = engine_case(12, True, np.float64)
+    arrays = {"num_draft_tokens": lengths, "draft_token_ids": ids, "target_logits": target,
+              "draft_logits": draft}  # fmt: skip
+    arrays = {name: on_device(cp, 0, a)[0] for name, a in arrays.items()}
+    results = [specdec_np.EngineVerifier("block", seed=3)(**arrays, **sampling) for _ in "ab"]
+    assert all(isinstance(a, cp.ndarray) for a in results[0][:3])
+    for first, second in zip(results[0][:3], results[1][:3]):
+        np.testing.assert_array_equal(cp.asnumpy(first), cp.asnumpy(second))
+    synchronize(cp)
