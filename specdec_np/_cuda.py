@@ -910,7 +910,8 @@ __device__ long long point_mass_tree_step(const TreeArgs<ProbT, IdT>& a, long lo
     long long last_removed = -1;
     for (long long child = first; child >= 0; child = next_child(a, node, child)) {
         const long long x = static_cast<long long>(a.ids[child]);
-        const double r_x = tried_before(a, node, first, child, x) ? 0.0 : static_cast<double>(p[x]);
+        const double r_x =
+            tried_before(a, node, first, child, x) ? 0.0 : static_cast<double>(p[x]);
         if (a.uniforms[child] * (1.0 - removed) < r_x) return child;
         if (r_x > 0.0) {
             removed += r_x;
@@ -968,7 +969,8 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
         double q_x;
         if (reduced) {
             q_mass = clean_sum(q, vocab, s.reduce);
-            for (long long sibling = first; sibling < child; sibling = next_child(a, node, sibling)) {
+            for (long long sibling = first; sibling < child;
+                 sibling = next_child(a, node, sibling)) {
                 const long long t = static_cast<long long>(a.ids[sibling]);
                 if (!tried_before(a, node, first, sibling, t)) {
                     q_mass -= clean_draft(static_cast<double>(q[t]));
@@ -1000,7 +1002,8 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
                      sibling = next_child(a, node, sibling)) {
                     const long long t = static_cast<long long>(a.ids[sibling]);
                     if (!tried_before(a, node, first, sibling, t)) {
-                        double value = residual != nullptr ? residual[t] : static_cast<double>(p[t]);
+                        double value =
+                            residual != nullptr ? residual[t] : static_cast<double>(p[t]);
                         if (mass != 1.0) value = value / mass;
                         value = clean_draft(value);
                         updated_mass += value - update[t];
@@ -1213,7 +1216,9 @@ def instantiation_names(source: str | None = None) -> list[str]:
         )
     if source in (None, "verify_trees"):
         names.extend(
-            _tree_name(prob_dtype, id_dtype) for prob_dtype in _PROB_CTYPES for id_dtype in _ID_CTYPES
+            _tree_name(prob_dtype, id_dtype)
+            for prob_dtype in _PROB_CTYPES
+            for id_dtype in _ID_CTYPES
         )
     return names
 

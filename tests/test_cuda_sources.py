@@ -1053,6 +1053,15 @@ def test_gpu_tests_fail_on_a_fake_cupy_with_a_broken_kernel(emulated: Any) -> No
     assert "failed" in result.stdout.strip().splitlines()[-1]
 
 
+def test_gpu_tree_tests_fail_on_a_fake_cupy_with_a_broken_tree_kernel(emulated: Any) -> None:
+    """Negative control: the GPU tree tests catch SpecInfer testing an unnormalised residual."""
+    result = _run_gpu_tests_on_fake_cupy(
+        "verify_tree_gpu_matches_cpu", "tree_residual_not_renormalised"
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "failed" in result.stdout.strip().splitlines()[-1]
+
+
 # ---------------------------------------------------------------------------------------------
 # The tree kernel, emulated on the CPU and compared with specdec_np._core.verify_trees
 # ---------------------------------------------------------------------------------------------
@@ -1095,9 +1104,7 @@ class Trees:
         )
 
 
-def _tree_case(
-    rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None
-) -> Trees:
+def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None) -> Trees:
     """Random trees: zero-node requests, deep chains and wide sibling lists, repeated sibling
     tokens, both dtypes of each kind, dense (with negative and NaN entries) or no draft
     rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs."""
@@ -1117,7 +1124,8 @@ def _tree_case(
                 parents.append(int(rng.integers(-1, j)))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(offsets[-1])
-    vocab = int(rng.choice(VOCABULARIES[:-1], p=VOCABULARY_WEIGHTS[:-1] / VOCABULARY_WEIGHTS[:-1].sum()))
+    weights = VOCABULARY_WEIGHTS[:-1]  # trees walk many rows: the largest V is left out
+    vocab = int(rng.choice(VOCABULARIES[:-1], p=weights / weights.sum()))
     pdt = FLOAT_TYPES[int(rng.integers(2))] if prob_dtype is None else prob_dtype
     idt = ID_TYPES[int(rng.integers(2))] if id_dtype is None else id_dtype
     kind = str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
@@ -1132,7 +1140,7 @@ def _tree_case(
     popular = rng.integers(0, vocab, 3)  # repeated sibling tokens
     for b in range(batch):
         for i in range(int(offsets[b]), int(offsets[b + 1])):
-            row = target[int(offsets[b]) + b + 1 + int(parents[i]) - 0 * b]
+            row = target[int(offsets[b]) + b + 1 + int(parents[i])]  # the parent's row
             w = np.nan_to_num(row.astype(np.float64), nan=0.0).clip(0.0, None)
             choice = rng.random()
             if choice < 0.3:
