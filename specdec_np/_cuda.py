@@ -25,10 +25,24 @@ statistics and ``row_status`` exactly where and as the CPU driver does:
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without mass;
   the output row is not written.
 
+``verify_trees_kernel<ProbT, IdT>`` is the tree driver's (``_core.verify_trees``) for
+probability rows: one block per request walks its tree from the root, reading only the rows
+on the walked path and the children tested there.  Per node the block shares the row passes
+(the greedy argmax, an RRS draft row's mass, the residual update ``r <- (r - q_j)+`` into
+the request's float64 working pair, the final inverse-CDF draw) and every thread repeats the
+scalar steps (which child next, its test), so the whole block takes one path.  The working
+rows are one ``[B, 2 V]`` buffer per call.  Its row status follows the CPU tree driver: ``0``,
+``1 + j`` for a bad id at node ``j``, ``-(1 + i)`` for a row without mass (``i = 0`` the
+root, ``j + 1`` node ``j``).  The elementwise arithmetic (divisions by a mass, ``max``, the
+residual's differences) is the CPU's, operation for operation, so each element is the same
+double; the float64 sums (residual and draft-row masses, inverse-CDF totals) are taken in
+another, fixed, order (block reductions).  GPU and CPU therefore differ only where a uniform
+lies within rounding of a decision or CDF boundary, the rule of the chain kernels.
+
 ``create_output_kernel<IdT>`` (vLLM's ``_create_output``) runs one thread per row,
 :data:`CREATE_OUTPUT_BLOCK` threads per block.
 
-:data:`core_like` exposes both with ``specdec_np._core``'s calling convention; its kernels
+:data:`core_like` exposes them with ``specdec_np._core``'s calling convention; its kernels
 return None instead of the first failed row, which the caller reads from ``row_status``
 (``_backend.first_failed_row``: the one host synchronisation of a call).
 """

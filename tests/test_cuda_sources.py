@@ -19,6 +19,11 @@
   rounding of ``h_i`` (both checked explicitly).  Mutated sources (negative controls, one
   per rule: the draft in the residual, negative draft entries, overflow rescaling, argmax
   ties, block verification's top-down scan) must disagree.
+* ``verify_trees_kernel`` against ``_core.verify_trees`` on random trees (every walk, both
+  dtypes of each kind, mixed batches, zero-node requests, wide sibling lists, repeated sibling
+  tokens, bad ids, rows without mass): identical statuses and written cells, except where a
+  uniform lies within rounding of a boundary (a nudge of that uniform gives the CPU the
+  emulated result); three mutated tree kernels must disagree.
 * The launch surface ``_cuda.core_like`` runs against a stand-in ``cupy`` whose kernels
   are the emulated ones: argument order, instantiation, launch shape, memory guards.
 
@@ -1321,3 +1326,98 @@ def test_emulation_detects_mutated_tree_kernels(
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare_trees(lib, core, seed=20260101, cases=100)
     assert tally.problems, f"mutation {mutation} went unnoticed"
+
+
+def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
+    """``core_like.verify_trees`` on fake device arrays (``changes``: arguments replaced)."""
+    fake = sys.modules["cupy"]
+    vocab = int(c.target.shape[1])
+    wrap = fake.asarray
+    out = [wrap(buffer) for buffer in c.buffers()]
+    arguments = {
+        "method": method,
+        "target_rows": wrap(c.target),
+        "draft_rows": wrap(c.target if c.draft is None else c.draft),
+        "point_mass_drafts": c.draft is None,
+        "draft_token_ids": wrap(c.ids),
+        "tree_parents": wrap(c.parents),
+        "node_offsets": wrap(c.offsets),
+        "uniforms": wrap(c.uniforms),
+        "accepted_nodes": out[0],
+        "output": out[1],
+        "accepted_lengths": out[2],
+        "row_status": out[3],
+        "num_threads": 3,
+        "request_methods": None if c.methods is None else wrap(c.methods),
+        "working": wrap(np.empty((c.batch, 2 * vocab))),
+    }
+    arguments.update(changes)
+    assert _cuda.core_like.verify_trees(**arguments) is None, "reports through row_status"
+    return [fake.asnumpy(x) for x in out]
+
+
+def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
+    """End to end through ``core_like.verify_trees``: argument order, null pointers, the
+    instantiation chosen and the launch shape, for every walk and dtype pair; one
+    ``RawModule`` for the tree source, compiled once."""
+    rng = np.random.default_rng(13)
+    seen = set()
+    for prob_dtype, id_dtype, _ in itertools.product(FLOAT_TYPES, ID_TYPES, range(3)):
+        c = _tree_case(rng, prob_dtype, id_dtype)
+        for walk in TREE_WALKS:
+            method = core.TREE_WALKS.index(walk)
+            with np.errstate(all="ignore"):
+                launched = _launch_trees(c, method)
+                direct = _run_trees_emulated(fake_cupy._LIBRARY[0], method, c)
+            for mine, theirs in zip(launched, direct):
+                np.testing.assert_array_equal(mine, theirs)
+            name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
+            assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
+            seen.add(name)
+    assert seen == set(_cuda.instantiation_names("verify_trees"))
+    source = _cuda.cuda_sources()["verify_trees"]
+    names = tuple(_cuda.instantiation_names("verify_trees"))
+    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
+
+
+def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
+    """O(1) guards before a launch (logits, walks, dtypes, shapes, working rows, one device);
+    an empty batch launches nothing; a greedy call needs neither uniforms nor working rows."""
+    rng = np.random.default_rng(17)
+    c = _tree_case(rng)
+    while c.methods is not None or c.ids.shape[0] == 0:
+        c = _tree_case(rng)
+    wrap = fake_cupy.asarray
+    vocab = int(c.target.shape[1])
+    rrs = core.TREE_WALKS.index("rrs_tree_walk")
+    with pytest.raises(TypeError, match="sampling: the CUDA tree kernel reads probability"):
+        _launch_trees(c, rrs, sampling=wrap(np.ones((c.batch, 4))))
+    with pytest.raises(ValueError, match="method: expected an index into _core.TREE_WALKS"):
+        _launch_trees(c, len(core.TREE_WALKS))
+    with pytest.raises(ValueError, match="working: expected float64"):
+        _launch_trees(c, rrs, working=None)
+    with pytest.raises(ValueError, match="working: expected shape"):
+        _launch_trees(c, rrs, working=wrap(np.empty((1 + c.batch, 2 * vocab))))
+    with pytest.raises(ValueError, match="target_rows: expected shape"):
+        _launch_trees(c, rrs, target_rows=wrap(c.target[1:]))
+    with pytest.raises(TypeError, match="tree_parents: expected dtype"):
+        _launch_trees(c, rrs, tree_parents=wrap(c.parents.astype(np.int32)))
+    with pytest.raises(ValueError, match="uniforms on device 1"):
+        _launch_trees(c, rrs, uniforms=fake_cupy.ndarray(c.uniforms, 1))
+    with pytest.raises(ValueError, match="output: expected shape"):
+        _launch_trees(c, rrs, output=wrap(np.zeros((c.batch, c.depth + 2), np.int64)))
+    assert not fake_cupy.launches
+    greedy = core.TREE_WALKS.index("greedy_tree_walk")
+    with np.errstate(all="ignore"):
+        mine = _launch_trees(c, greedy, uniforms=wrap(np.empty((0, 0))), working=None)
+        cpu = _run_trees_cpu(core, greedy, c)
+    for a, b in zip(mine, cpu):
+        np.testing.assert_array_equal(a, b)
+    empty = Trees(
+        target=np.zeros((0, 5), np.float32), draft=None, ids=np.zeros(0, np.int64),
+        parents=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64), uniforms=np.zeros((0, 1)),
+        methods=None, depth=0, kind="empty",
+    )  # fmt: skip
+    count = len(fake_cupy.launches)
+    _launch_trees(empty, rrs)
+    assert len(fake_cupy.launches) == count

@@ -24,6 +24,10 @@ How the GPU may differ from the CPU, and why only there
   holds for both, so a decision may differ only where ``p(x)`` lies inside that rounding band
   around the float64 threshold (``typical_expectation``); everywhere else GPU, CPU and the
   float64 formula agree exactly, and the recovered argmax is identical.
+* Trees (``verify_tree``): every element of a residual update is the CPU's double (the same
+  operations in the same order); the masses and the final inverse-CDF totals are float64 sums
+  in another order.  A request's result must equal the CPU's, or equal the CPU's once one of
+  its uniforms is nudged by ``TREE_NUDGE`` (the uniform lay within rounding of a boundary).
 """
 
 from __future__ import annotations
