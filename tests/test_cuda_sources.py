@@ -566,6 +566,30 @@ VOCABULARIES = (1, 2, 7, 33, 64, 513, 1000, 2049, 9000)
 VOCABULARY_WEIGHTS = np.array([2, 3, 4, 4, 3, 2, 2, 1, 1], dtype=np.float64)
 
 
+def _boundary_uniforms(rng: np.random.Generator, uniforms: np.ndarray) -> None:
+    """Sometimes set every uniform, or some cells, to a boundary value (0, 0.5, below 1)."""
+    extreme = rng.random()
+    if extreme < 0.1:
+        uniforms[:] = np.nextafter(1.0, 0.0)
+    elif extreme < 0.2:
+        uniforms[:] = 0.0
+    elif extreme < 0.35:  # boundary values cell by cell
+        cells = rng.random(uniforms.shape) < 0.4
+        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
+
+
+def _spoilt_rows(rng: np.random.Generator, target: np.ndarray, draft: Any) -> tuple[Any, Any]:
+    """Sometimes a NaN or all-zero target row (a row without mass where one is drawn), and
+    target or draft rows that start off alignment."""
+    if rng.random() < 0.15:
+        target[rng.integers(target.shape[0])] = rng.choice([np.nan, 0.0])
+    if rng.random() < 0.3:
+        target = _misaligned(rng, target)
+    if draft is not None and rng.random() < 0.3:
+        draft = _misaligned(rng, draft)
+    return target, draft
+
+
 def _case(
     rng: np.random.Generator,
     prob_dtype: Any = None,
@@ -608,25 +632,13 @@ def _case(
     bonus = rng.integers(0, vocab, size=batch).astype(idt)
     width = int(lengths.max()) + 1
     uniforms = rng.random((batch, width + int(rng.integers(0, 3))))
-    extreme = rng.random()
-    if extreme < 0.1:
-        uniforms[:] = np.nextafter(1.0, 0.0)
-    elif extreme < 0.2:
-        uniforms[:] = 0.0
-    elif extreme < 0.35:  # boundary values cell by cell
-        cells = rng.random(uniforms.shape) < 0.4
-        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
+    _boundary_uniforms(rng, uniforms)
     if rng.random() < 0.15:  # an out-of-range id
         if num_drafts and rng.random() < 0.6:
             ids[rng.integers(num_drafts)] = rng.choice([-1, vocab, vocab + 5])
         else:
             bonus[rng.integers(batch)] = rng.choice([-1, vocab])
-    if rng.random() < 0.15:  # a NaN or all-zero row (a row without mass where one is drawn)
-        target[rng.integers(num_drafts + batch)] = rng.choice([np.nan, 0.0])
-    if rng.random() < 0.3:
-        target = _misaligned(rng, target)
-    if draft is not None and rng.random() < 0.3:
-        draft = _misaligned(rng, draft)
+    target, draft = _spoilt_rows(rng, target, draft)
     if rng.random() < 0.15:  # outputs wider than the longest chain
         width += int(rng.integers(1, 3))
     posterior = np.array([rng.choice([0.09, 0.3, 0.7]), rng.choice([0.3, 0.05, 0.0])])
@@ -1156,22 +1168,10 @@ def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any =
                 ids[i] = rng.integers(0, vocab)
     width = int(counts.max(initial=0)) + 1 + int(rng.integers(0, 3))
     uniforms = rng.random((batch, width))
-    extreme = rng.random()
-    if extreme < 0.1:
-        uniforms[:] = np.nextafter(1.0, 0.0)
-    elif extreme < 0.2:
-        uniforms[:] = 0.0
-    elif extreme < 0.35:  # boundary values cell by cell
-        cells = rng.random(uniforms.shape) < 0.4
-        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
+    _boundary_uniforms(rng, uniforms)
     if total and rng.random() < 0.1:  # an out-of-range id
         ids[rng.integers(total)] = rng.choice([-1, vocab, vocab + 5])
-    if rng.random() < 0.15:  # a NaN or all-zero row (a row without mass where one is drawn)
-        target[rng.integers(total + batch)] = rng.choice([np.nan, 0.0])
-    if rng.random() < 0.3:
-        target = _misaligned(rng, target)
-    if draft is not None and rng.random() < 0.3:
-        draft = _misaligned(rng, draft)
+    target, draft = _spoilt_rows(rng, target, draft)
     parents = np.asarray(parents, np.int64)
     depths = np.zeros(total, np.int64)
     for b in range(batch):
