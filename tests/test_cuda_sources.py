@@ -190,6 +190,10 @@ def test_instantiation_names_cover_the_registry_and_dtypes() -> None:
                 assert f"verify_chains_kernel<{verifier.cuda_row}, {prob}, {ids}>" in names
     assert "create_output_kernel<int>" in names
     assert "create_output_kernel<long long>" in names
+    trees = _cuda.instantiation_names("verify_trees")
+    for prob in ("float", "double"):
+        for ids in ("int", "long long"):
+            assert f"verify_trees_kernel<{prob}, {ids}>" in trees
     assert sorted(names) == sorted(
         name for source in _cuda.cuda_sources() for name in _cuda.instantiation_names(source)
     )
