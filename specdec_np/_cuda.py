@@ -36,10 +36,24 @@ select over the keys of ``z``, never a sort); a row that is scanned whole (a res
 an entropy, a lazy bonus) is materialised into the request's two scratch rows of one
 per-call ``[B, 2 V]`` buffer. ``docs/semantics.md`` says where a real device can differ.
 
+``verify_trees_kernel<ProbT, IdT>`` is the tree driver's (``_core.verify_trees``) for
+probability rows: one block per request walks its tree from the root, reading only the rows
+on the walked path and the children tested there.  Per node the block shares the row passes
+(the greedy argmax, an RRS draft row's mass, the residual update ``r <- (r - q_j)+`` into
+the request's float64 working pair, the final inverse-CDF draw) and every thread repeats the
+scalar steps (which child next, its test), so the whole block takes one path.  The working
+rows are one ``[B, 2 V]`` buffer per call.  Its row status follows the CPU tree driver: ``0``,
+``1 + j`` for a bad id at node ``j``, ``-(1 + i)`` for a row without mass (``i = 0`` the
+root, ``j + 1`` node ``j``).  The elementwise arithmetic (divisions by a mass, ``max``, the
+residual's differences) is the CPU's, operation for operation, so each element is the same
+double; the float64 sums (residual and draft-row masses, inverse-CDF totals) are taken in
+another, fixed, order (block reductions).  GPU and CPU therefore differ only where a uniform
+lies within rounding of a decision or CDF boundary, the rule of the chain kernels.
+
 ``create_output_kernel<IdT>`` (vLLM's ``_create_output``) runs one thread per row,
 :data:`CREATE_OUTPUT_BLOCK` threads per block.
 
-:data:`core_like` exposes both with ``specdec_np._core``'s calling convention; its kernels
+:data:`core_like` exposes them with ``specdec_np._core``'s calling convention; its kernels
 return None instead of the first failed row, which the caller reads from ``row_status``
 (``_backend.first_failed_row``: the one host synchronisation of a call).
 """
@@ -1304,6 +1318,378 @@ create_output_kernel(const unsigned char* __restrict__ accepted,
 }
 """
 
+# The tree kernel: one block per request walks its draft tree (the CPU's ``walk_tree``).
+_TREE_WALK_CONSTANTS: dict[str, str] = {
+    # Walk name (``specdec_np._core.TREE_WALKS``, in its order) -> the kernel's constant.
+    "greedy_tree_walk": "kWalkGreedy",
+    "point_mass_tree_walk": "kWalkPointMass",
+    "specinfer_tree_walk": "kWalkSpecInfer",
+    "rrs_tree_walk": "kWalkRrs",
+}
+
+_TREE_SOURCE = (
+    "namespace specdec {\n"
+    "// The walks, numbered as specdec_np._core.TREE_WALKS (the launcher passes that index).\n"
+    + "".join(
+        f"constexpr int {constant} = {index};\n"
+        for index, constant in enumerate(_TREE_WALK_CONSTANTS.values())
+    )
+    + r"""
+// One request of the tree layout as its block sees it: its N_b + 1 target rows (the root row,
+// then one per node), its N_b draft rows (nullptr: point-mass candidates), ids, parents (an
+// index within the request, -1 for the root), uniforms (column j for node j's test, column
+// N_b for the final token) and its two float64 working rows of V (the residual and its
+// update, ping-pong as on the CPU; nullptr for greedy walks).
+template <typename ProbT, typename IdT>
+struct TreeArgs {
+    const ProbT* __restrict__ target;
+    const ProbT* __restrict__ draft;
+    const IdT* __restrict__ ids;
+    const long long* __restrict__ parents;
+    const double* __restrict__ uniforms;
+    double* working;
+    long long nodes;
+    long long vocab;
+};
+
+// The first child of `node` (-1: the root) with an index above `after`, or -1. Children are
+// later nodes, so a walk only moves forward and ends within N_b steps whatever the parents.
+template <typename ProbT, typename IdT>
+__device__ long long next_child(const TreeArgs<ProbT, IdT>& a, long long node, long long after) {
+    for (long long j = after + 1; j < a.nodes; ++j) {
+        if (a.parents[j] == node) return j;
+    }
+    return -1;
+}
+
+// Whether a sibling tried before `child` (from `first` on) proposed `token`.
+template <typename ProbT, typename IdT>
+__device__ bool tried_before(const TreeArgs<ProbT, IdT>& a, long long node, long long first,
+                             long long child, long long token) {
+    for (long long j = first; j < child; ++j) {
+        if (a.parents[j] == node && static_cast<long long>(a.ids[j]) == token) return true;
+    }
+    return false;
+}
+
+// Block sum of a per-thread double (the reduction tree of block_argmax_and_sum).
+__device__ double block_sum(double mine, ReduceScratch& r) {
+    double value = -infinity();
+    long long index = kNone;
+    block_argmax_and_sum(value, index, mine, r);
+    return mine;
+}
+
+// sum_y max(q(y), 0) (NaN counts as 0): an RRS draft row's mass before the tried siblings'
+// tokens are taken out.
+template <typename ProbT>
+__device__ double clean_sum(const ProbT* __restrict__ q, long long vocab, ReduceScratch& r) {
+    double acc = 0.0;
+    for (long long y = threadIdx.x; y < vocab; y += kBlock) acc += clean_draft(q[y]);
+    return block_sum(acc, r);
+}
+
+// dst = (src / src_mass - max(q, 0) / q_mass)+ elementwise, returning its double sum. Each
+// element takes the CPU's operations in the CPU's order (no division by a mass of 1, NaN
+// weighs 0), so every element is bit-identical to the CPU's; only the sum's order differs.
+template <typename SrcT, typename QT>
+__device__ double residual_update(const SrcT* __restrict__ src, double src_mass,
+                                  const QT* __restrict__ q, double q_mass, long long vocab,
+                                  double* __restrict__ dst, ReduceScratch& r) {
+    const bool divide_src = src_mass != 1.0;
+    const bool divide_q = q_mass != 1.0;
+    double acc = 0.0;
+    for (long long y = threadIdx.x; y < vocab; y += kBlock) {
+        double a = static_cast<double>(src[y]);
+        double b = static_cast<double>(q[y]);
+        a = divide_src ? a / src_mass : a;
+        b = b > 0.0 ? b : 0.0;
+        b = divide_q ? b / q_mass : b;
+        const double d = a - b;
+        const double w = d > 0.0 ? d : 0.0;
+        dst[y] = w;
+        acc += w;
+    }
+    return block_sum(acc, r);
+}
+
+// Inverse-CDF draw from a row taken as it is (negative and NaN entries weigh 0), -1 if it
+// has no mass.
+template <typename T>
+__device__ long long draw_row(const T* row, long long vocab, double v, DrawScratch& s) {
+    return block_inverse_cdf(Weight<T, false>{row, nullptr, -1, 1.0, 1.0}, vocab, v, s);
+}
+
+// Greedy: the child whose token is the argmax of the node's row (first index on ties, NaN
+// ignored, 0 if nothing is above -inf), or -1 with that argmax as the final token.
+template <typename ProbT, typename IdT>
+__device__ long long greedy_tree_step(const TreeArgs<ProbT, IdT>& a, long long node,
+                                      long long& final_token, Scratch& s) {
+    double best;
+    long long best_index;
+    double unused;
+    row_argmax_entropy<false>(a.target + (node + 1) * a.vocab, a.vocab, best, best_index, unused,
+                              s.reduce);
+    const long long argmax = argmax_or_zero(best, best_index);
+    for (long long child = next_child(a, node, node); child >= 0;
+         child = next_child(a, node, child)) {
+        if (static_cast<long long>(a.ids[child]) == argmax) return child;
+    }
+    final_token = argmax;
+    return -1;
+}
+
+// Deterministic candidates: child j passes iff u_j (1 - removed) < r(x_j), r the node's row
+// with the tokens of the siblings tried before removed (their mass `removed`); when every
+// child fails, a draw from the row without them (copied, cleaned, to the working row).
+// Returns the accepted child, or -1 with the final token (-2: no mass).
+template <typename ProbT, typename IdT>
+__device__ long long point_mass_tree_step(const TreeArgs<ProbT, IdT>& a, long long node,
+                                          long long& final_token, Scratch& s) {
+    const long long vocab = a.vocab;
+    const ProbT* p = a.target + (node + 1) * vocab;
+    const long long first = next_child(a, node, node);
+    double removed = 0.0;
+    long long last_removed = -1;
+    for (long long child = first; child >= 0; child = next_child(a, node, child)) {
+        const long long x = static_cast<long long>(a.ids[child]);
+        const double r_x =
+            tried_before(a, node, first, child, x) ? 0.0 : static_cast<double>(p[x]);
+        if (a.uniforms[child] * (1.0 - removed) < r_x) return child;
+        if (r_x > 0.0) {
+            removed += r_x;
+            last_removed = x;
+        }
+    }
+    const double v = a.uniforms[a.nodes];
+    long long token;
+    if (first < 0) {
+        token = draw_row(p, vocab, v, s.draw);
+    } else {
+        double* row = a.working;
+        for (long long y = threadIdx.x; y < vocab; y += kBlock) {
+            row[y] = clean_draft(static_cast<double>(p[y]));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (long long child = first; child >= 0; child = next_child(a, node, child)) {
+                row[a.ids[child]] = 0.0;
+            }
+        }
+        __syncthreads();
+        token = draw_row(static_cast<const double*>(row), vocab, v, s.draw);
+        // Only rounding leaves nothing: the last rejection removed the last token with mass,
+        // which the exact walk would have accepted.
+        if (token < 0) token = last_removed;
+    }
+    if (token < 0) return -2;
+    final_token = token;
+    return -1;
+}
+
+// SpecInfer (and, WithoutReplacement, RRS): child j passes iff u_j q_j(x_j) < r(x_j); on
+// rejection r <- (r - q_j)+ renormalised, kept only if it has mass. For RRS q_j is the draft
+// row with the tokens of the siblings tried before taken out and renormalised. The residual
+// lives in one working row and its update goes to the other. Returns the accepted child, or
+// -1 with the final token (-2: no mass). `fixed_mass` is shared memory for thread 0's result.
+template <typename ProbT, typename IdT>
+__device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long node,
+                                        bool without_replacement, long long& final_token,
+                                        Scratch& s, double& fixed_mass) {
+    const long long vocab = a.vocab;
+    const ProbT* p = a.target + (node + 1) * vocab;
+    const long long first = next_child(a, node, node);
+    // The parent's step ended on a read of its residual, which this step overwrites: no
+    // thread may update a working row before every thread has read it.
+    __syncthreads();
+    const double* residual = nullptr;
+    double mass = 1.0;
+    for (long long child = first; child >= 0; child = next_child(a, node, child)) {
+        const long long x = static_cast<long long>(a.ids[child]);
+        const ProbT* q = a.draft + child * vocab;
+        const bool reduced = without_replacement && child != first;
+        double q_mass = 1.0;
+        double q_x;
+        if (reduced) {
+            q_mass = clean_sum(q, vocab, s.reduce);
+            for (long long sibling = first; sibling < child;
+                 sibling = next_child(a, node, sibling)) {
+                const long long t = static_cast<long long>(a.ids[sibling]);
+                if (!tried_before(a, node, first, sibling, t)) {
+                    q_mass -= clean_draft(static_cast<double>(q[t]));
+                }
+            }
+            q_x = tried_before(a, node, first, child, x) ? 0.0
+                                                        : clean_draft(static_cast<double>(q[x]));
+            if (!(q_mass > 0.0)) {
+                q_mass = 1.0;
+            } else if (q_mass != 1.0) {
+                q_x = q_x / q_mass;
+            }
+        } else {
+            q_x = clean_draft(static_cast<double>(q[x]));
+        }
+        double r_x = residual != nullptr ? residual[x] : static_cast<double>(p[x]);
+        if (mass != 1.0) r_x = r_x / mass;
+        if (a.uniforms[child] * q_x < r_x) return child;
+        double* update = residual != a.working ? a.working : a.working + vocab;
+        double updated_mass =
+            residual != nullptr
+                ? residual_update(residual, mass, q, q_mass, vocab, update, s.reduce)
+                : residual_update(p, 1.0, q, q_mass, vocab, update, s.reduce);
+        if (reduced) {
+            // The tried siblings' tokens are out of q_j: their residual is r alone. One thread
+            // rewrites them, in sibling order, as the CPU does.
+            if (threadIdx.x == 0) {
+                for (long long sibling = first; sibling < child;
+                     sibling = next_child(a, node, sibling)) {
+                    const long long t = static_cast<long long>(a.ids[sibling]);
+                    if (!tried_before(a, node, first, sibling, t)) {
+                        double value =
+                            residual != nullptr ? residual[t] : static_cast<double>(p[t]);
+                        if (mass != 1.0) value = value / mass;
+                        value = clean_draft(value);
+                        updated_mass += value - update[t];
+                        update[t] = value;
+                    }
+                }
+                fixed_mass = updated_mass;
+            }
+            __syncthreads();
+            updated_mass = fixed_mass;
+            __syncthreads();  // fixed_mass may be written again by the next sibling
+        }
+        if (updated_mass > 0.0) {
+            residual = update;
+            mass = updated_mass;
+        }
+    }
+    const double v = a.uniforms[a.nodes];
+    const long long token =
+        residual != nullptr ? draw_row(residual, vocab, v, s.draw) : draw_row(p, vocab, v, s.draw);
+    if (token < 0) return -2;
+    final_token = token;
+    return -1;
+}
+}  // namespace specdec
+
+// Tree verification with the arguments of specdec_np._core.verify_trees (probability rows):
+// target_rows [N + B, V], draft_rows [N, V] or nullptr (point-mass candidates),
+// draft_token_ids and tree_parents [N], node_offsets [B + 1], uniforms [B, uniform_width],
+// request_methods [B] or nullptr (then every request walks `method`), working [B, 2 V] (a
+// request's residual rows; nullptr when no request walks stochastically); outputs
+// accepted_nodes [B, depth_width], output [B, depth_width + 1], accepted_lengths and
+// row_status [B], written where and as the CPU driver writes them. Launch: grid B, block
+// kBlock. Every thread of a block walks the same path (the scalar steps are repeated by each
+// thread, the row passes are shared), so every __syncthreads is reached by the whole block.
+template <typename ProbT, typename IdT>
+__global__ void __launch_bounds__(specdec::kBlock, 1)
+verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restrict__ draft_rows,
+                    const IdT* __restrict__ draft_token_ids,
+                    const long long* __restrict__ tree_parents,
+                    const long long* __restrict__ node_offsets,
+                    const double* __restrict__ uniforms, long long uniform_width,
+                    const signed char* __restrict__ request_methods, long long method,
+                    long long batch, long long num_nodes, long long vocab, long long depth_width,
+                    double* __restrict__ working, long long* __restrict__ accepted_nodes,
+                    long long* __restrict__ output, long long* __restrict__ accepted_lengths,
+                    long long* __restrict__ row_status) {
+    __shared__ specdec::Scratch scratch;
+    __shared__ double fixed_mass;
+    const long long b = blockIdx.x;
+    if (b >= batch) return;
+    const int t = threadIdx.x;
+    long long walk = request_methods != nullptr ? static_cast<long long>(request_methods[b])
+                                                : method;
+    // The launcher checks the walks and passes working rows and uniforms whenever a walk is
+    // stochastic; these guards only keep a direct caller's call inside the arrays.
+    if (walk < specdec::kWalkGreedy || walk > specdec::kWalkRrs || working == nullptr ||
+        uniforms == nullptr || uniform_width < 1) {
+        walk = specdec::kWalkGreedy;
+    }
+    const bool stochastic = walk != specdec::kWalkGreedy;
+    // The layout writes consistent offsets; clamping them (and N_b to the uniforms) only
+    // guarantees that inconsistent ones never make a block leave the arrays.
+    const long long start = specdec::clamp_ll(node_offsets[b], 0, num_nodes);
+    const long long stop = specdec::clamp_ll(node_offsets[b + 1], start, num_nodes);
+    const long long nodes =
+        stochastic ? specdec::min_ll(stop - start, uniform_width - 1) : stop - start;
+    const IdT* ids = draft_token_ids + start;
+
+    // Ids first: a bad one is reported by its node and never used as an index.
+    if (t == 0) scratch.first_bad = specdec::kNone;
+    __syncthreads();
+    for (long long j = t; j < nodes; j += specdec::kBlock) {
+        const long long id = static_cast<long long>(ids[j]);
+        if (id < 0 || id >= vocab) atomicMin(&scratch.first_bad, j);
+    }
+    __syncthreads();
+    const long long bad = scratch.first_bad;
+    if (bad != specdec::kNone) {
+        if (t == 0) row_status[b] = 1 + bad;
+        return;
+    }
+
+    const specdec::TreeArgs<ProbT, IdT> args{
+        target_rows + (start + b) * vocab,
+        draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
+        ids,
+        tree_parents + start,
+        stochastic ? uniforms + b * uniform_width : nullptr,
+        stochastic ? working + b * 2 * vocab : nullptr,
+        nodes,
+        vocab,
+    };
+    // Without draft rows SpecInfer and RRS walk as point-mass candidates.
+    const bool use_drafts =
+        draft_rows != nullptr && (walk == specdec::kWalkSpecInfer || walk == specdec::kWalkRrs);
+    long long* nodes_out = accepted_nodes + b * depth_width;
+    long long* tokens_out = output + b * (depth_width + 1);
+    long long node = -1;
+    long long depth = 0;
+    long long final_token = -1;
+    long long status = 0;
+    for (;;) {  // uniform loop: every thread takes the same path
+        long long child;
+        if (walk == specdec::kWalkGreedy) {
+            child = specdec::greedy_tree_step(args, node, final_token, scratch);
+        } else if (use_drafts) {
+            child = specdec::residual_tree_step(args, node, walk == specdec::kWalkRrs,
+                                                final_token, scratch, fixed_mass);
+        } else {
+            child = specdec::point_mass_tree_step(args, node, final_token, scratch);
+        }
+        if (child == -2) {
+            status = -(1 + node + 1);
+            break;
+        }
+        if (child < 0) break;
+        if (depth == depth_width) {
+            // The driver sizes the output by the deepest node; this bound only keeps a write
+            // inside the row whatever the parents say.
+            status = 1 + child;
+            break;
+        }
+        if (t == 0) {
+            nodes_out[depth] = child;
+            tokens_out[depth] = static_cast<long long>(ids[child]);
+        }
+        ++depth;
+        node = child;
+    }
+    if (status == 0) {
+        for (long long j = depth + t; j <= depth_width; j += specdec::kBlock) {
+            tokens_out[j] = j == depth ? final_token : -1LL;
+            if (j < depth_width) nodes_out[j] = -1;
+        }
+        if (t == 0) accepted_lengths[b] = depth;
+    }
+    if (t == 0) row_status[b] = status;
+}
+"""
+)
+
+
 #: The row functor of a batch with per-request methods (``request_methods``).
 MIXED_ROW = "MixedRow"
 
@@ -1356,12 +1742,18 @@ def _sources() -> dict[str, str]:
         _SOURCE_CACHE["verify_chains"] = (
             _PRELUDE + _ROW_HELPERS + _ROW_FUNCTORS + _mixed_row() + _SKELETON
         )
+        _SOURCE_CACHE["verify_trees"] = _PRELUDE + _ROW_HELPERS + _TREE_SOURCE
     return _SOURCE_CACHE
 
 
 def _verify_name(cuda_row: str, prob_dtype: Any, id_dtype: Any) -> str:
     prob = _PROB_CTYPES[np.dtype(prob_dtype).name]
     return f"verify_chains_kernel<{cuda_row}, {prob}, {_ID_CTYPES[np.dtype(id_dtype).name]}>"
+
+
+def _tree_name(prob_dtype: Any, id_dtype: Any) -> str:
+    prob = _PROB_CTYPES[np.dtype(prob_dtype).name]
+    return f"verify_trees_kernel<{prob}, {_ID_CTYPES[np.dtype(id_dtype).name]}>"
 
 
 def _create_output_name(id_dtype: Any) -> str:
@@ -1374,9 +1766,9 @@ def cuda_sources() -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        Source name (``"create_output"``, ``"verify_chains"``) to the full CUDA C++ text
-        handed to :class:`cupy.RawModule`.  Each text is self-contained (no ``#include``) and
-        compiles on its own.
+        Source name (``"create_output"``, ``"verify_chains"``, ``"verify_trees"``) to the
+        full CUDA C++ text handed to :class:`cupy.RawModule`.  Each text is self-contained (no
+        ``#include``) and compiles on its own.
     """
     return dict(_sources())
 
@@ -1393,8 +1785,9 @@ def instantiation_names(source: str | None = None) -> list[str]:
     -------
     list of str
         Name expressions such as ``"verify_chains_kernel<RejectionRow, float, long long>"``
-        (one per registry verifier, probability and id dtype), exactly as passed to
-        ``cupy.RawModule(name_expressions=...)`` and to ``get_function``.
+        (one per registry verifier, probability and id dtype) and
+        ``"verify_trees_kernel<float, int>"`` (one per probability and id dtype), exactly as
+        passed to ``cupy.RawModule(name_expressions=...)`` and to ``get_function``.
 
     Raises
     ------
@@ -1411,6 +1804,12 @@ def instantiation_names(source: str | None = None) -> list[str]:
         names.extend(
             _verify_name(row, prob_dtype, id_dtype)
             for row in rows
+            for prob_dtype in _PROB_CTYPES
+            for id_dtype in _ID_CTYPES
+        )
+    if source in (None, "verify_trees"):
+        names.extend(
+            _tree_name(prob_dtype, id_dtype)
             for prob_dtype in _PROB_CTYPES
             for id_dtype in _ID_CTYPES
         )
@@ -1663,6 +2062,108 @@ class _CoreLikeKernels:
         grid = (batch + CREATE_OUTPUT_BLOCK - 1) // CREATE_OUTPUT_BLOCK
         name = _create_output_name(draft_token_ids.dtype)
         _launch("create_output", name, grid, CREATE_OUTPUT_BLOCK, arguments)
+
+    @staticmethod
+    def verify_trees(
+        method: int,
+        target_rows: Any,
+        draft_rows: Any,
+        point_mass_drafts: bool,
+        draft_token_ids: Any,
+        tree_parents: Any,
+        node_offsets: Any,
+        uniforms: Any,
+        accepted_nodes: Any,
+        output: Any,
+        accepted_lengths: Any,
+        row_status: Any,
+        num_threads: int = 1,
+        request_methods: Any = None,
+        sampling: Any = None,
+        scratch: Any = None,
+        working: Any = None,
+    ) -> None:
+        """Verify a batch of draft trees (``_core.verify_trees``'s signature and meaning) on
+        probability rows.
+
+        Launches ``verify_trees_kernel<ProbT, IdT>``: grid ``B``, :data:`BLOCK_SIZE` threads,
+        one block walking each request.  ``working`` must be float64 ``[B, 2 V]`` (one pair of
+        residual rows per request, not per thread) whenever a walk is stochastic.  Offsets
+        are used as given, clamped on the device to the arrays (and ``N_b`` to the uniform
+        width); a walk deeper than ``accepted_nodes`` reports ``1 + node`` in ``row_status``.
+
+        Raises
+        ------
+        TypeError
+            For logits rows (``sampling``), which the CUDA tree kernel does not read, and
+            for arrays of the wrong dtype.
+        ValueError
+            For an unknown walk, inconsistent shapes or arrays on several devices.
+        """
+        if sampling is not None or scratch is not None:
+            raise TypeError(
+                "sampling: the CUDA tree kernel reads probability rows only; expected "
+                "sampling=None (logits rows run on NumPy), found a sampling table"
+            )
+        walks = len(_TREE_WALK_CONSTANTS)
+        if not 0 <= method < walks:
+            raise ValueError(
+                f"method: expected an index into _core.TREE_WALKS (0 .. {walks - 1}), "
+                f"found {method}"
+            )
+        batch = int(node_offsets.shape[0]) - 1 if node_offsets.ndim == 1 else -1
+        _guard(node_offsets, "node_offsets", ("int64",), (max(batch, 0) + 1,))
+        num_nodes = int(draft_token_ids.shape[0]) if draft_token_ids.ndim == 1 else -1
+        _guard(draft_token_ids, "draft_token_ids", tuple(_ID_CTYPES), (num_nodes,))
+        _guard(tree_parents, "tree_parents", ("int64",), (num_nodes,))
+        _guard(target_rows, "target_rows", tuple(_PROB_CTYPES), (num_nodes + batch, None))
+        vocab = int(target_rows.shape[1])
+        if vocab < 1:
+            raise ValueError("target_rows: expected a non-empty vocabulary, found V = 0")
+        draft = None if point_mass_drafts else draft_rows
+        if draft is not None:
+            dtype = (np.dtype(target_rows.dtype).name,)
+            _guard(draft, "draft_rows", dtype, (num_nodes, vocab))
+        if request_methods is not None:
+            _guard(request_methods, "request_methods", ("int8",), (batch,))
+        greedy = list(_TREE_WALK_CONSTANTS).index("greedy_tree_walk")
+        stochastic = method != greedy or request_methods is not None
+        if stochastic:
+            _guard(uniforms, "uniforms", ("float64",), (batch, None))
+            if int(uniforms.shape[1]) < 1:
+                raise ValueError("uniforms: expected at least one column, found 0")
+            if working is None:
+                raise ValueError("working: expected float64 [B, 2 V] for a stochastic walk")
+            _guard(working, "working", ("float64",), (batch, 2 * vocab))
+        depth = int(accepted_nodes.shape[1]) if accepted_nodes.ndim == 2 else -1
+        _guard(accepted_nodes, "accepted_nodes", ("int64",), (batch, depth))
+        _guard(output, "output", ("int64",), (batch, depth + 1))
+        _guard(accepted_lengths, "accepted_lengths", ("int64",), (batch,))
+        _guard(row_status, "row_status", ("int64",), (batch,))
+        if batch == 0:
+            return
+        arguments = {
+            "target_rows": target_rows,
+            "draft_rows": draft,
+            "draft_token_ids": draft_token_ids,
+            "tree_parents": tree_parents,
+            "node_offsets": node_offsets,
+            "uniforms": uniforms if stochastic else None,
+            "uniform_width": np.int64(uniforms.shape[1] if stochastic else 0),
+            "request_methods": request_methods,
+            "method": np.int64(method),
+            "batch": np.int64(batch),
+            "num_nodes": np.int64(num_nodes),
+            "vocab": np.int64(vocab),
+            "depth_width": np.int64(depth),
+            "working": working if stochastic else None,
+            "accepted_nodes": accepted_nodes,
+            "output": output,
+            "accepted_lengths": accepted_lengths,
+            "row_status": row_status,
+        }
+        name = _tree_name(target_rows.dtype, draft_token_ids.dtype)
+        _launch("verify_trees", name, batch, BLOCK_SIZE, arguments)
 
 
 #: The kernels with ``specdec_np._core``'s calling convention, so that the chain driver's

@@ -466,7 +466,7 @@ class TreeBatch(NamedTuple):
     Attributes
     ----------
     xp : module
-        ``numpy`` (the tree drivers run on the CPU in this release).
+        ``numpy`` or ``cupy``.
     device : int or None
     target_rows : float32 or float64 [N + B, V], C-contiguous
     draft_rows : same dtype [N, V] or None

@@ -396,10 +396,11 @@ def verify_tree(
         target_name=target_name,
         draft_name=draft_name,
     )
-    if batch.device is not None:
+    if batch.device is not None and from_logits:
         raise TypeError(
-            f"{target_name} is on cuda:{batch.device}; tree verification runs on NumPy (CPU) "
-            "arrays in this release"
+            f"{target_name} is on cuda:{batch.device}; tree verification reads logits on "
+            "NumPy (CPU) arrays only in this release: pass target_probs (and draft_probs) on "
+            "CuPy, or NumPy logits"
         )
     layout = batch.layout
     sampling = _checked_sampling(
@@ -426,7 +427,7 @@ def verify_tree(
         counter_seeds=counter_seeds,
         row_widths=np.where(greedy, 0, layout.num_nodes + 1),
     )
-    block = None if out is None else _check_tree_out(out, layout)
+    block = None if out is None else _check_tree_out(out, batch)
     processing = None
     if from_logits:
         processing = batch.xp.asarray(_sampling_table(sampling, greedy, layout.batch_size))
@@ -435,7 +436,8 @@ def verify_tree(
     )
 
 
-def _check_tree_out(out: Any, layout: Any) -> _contract.TreeOutputBlock:
+def _check_tree_out(out: Any, batch: _trees.TreeBatch) -> _contract.TreeOutputBlock:
+    layout = batch.layout
     if not isinstance(out, _contract.TreeOutputBlock):
         raise TypeError(
             "out must be the TreeOutputBlock of specdec_np.tree_output_buffers(B, max_depth); "
@@ -454,8 +456,9 @@ def _check_tree_out(out: Any, layout: Any) -> _contract.TreeOutputBlock:
         "row_status": (rows,),
     }
     for name, array in zip(out._fields, out):
-        if not isinstance(array, np.ndarray) or array.dtype != np.int64:
-            raise TypeError(f"out.{name} must be an int64 NumPy array")
+        ours = isinstance(array, np.ndarray) if batch.xp is np else _backend.is_cupy_array(array)
+        if not ours or array.dtype != np.int64:
+            raise TypeError(f"out.{name} must be an int64 array of the inputs' backend")
         if tuple(array.shape) != expected[name]:
             raise ValueError(
                 f"out.{name} must have shape {list(expected[name])}; found "
@@ -463,6 +466,8 @@ def _check_tree_out(out: Any, layout: Any) -> _contract.TreeOutputBlock:
             )
         if not array.flags.c_contiguous or not array.flags.writeable:
             raise ValueError(f"out.{name} must be C-contiguous and writeable")
+    if _backend.device_of(out.accepted_nodes) != batch.device:
+        raise ValueError("out must be on the inputs' device")
     return out
 
 

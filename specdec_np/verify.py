@@ -295,13 +295,15 @@ def verify_tree_batch(
         options["scratch"] = xp.empty((threads, 2 * vocab_size), dtype=dtype)
     stochastic = method.stochastic or request_methods is not None
     if stochastic:
-        # Per thread, the residual and its update: allocated once per call, not per node.
-        options["working"] = xp.empty((threads, 2 * vocab_size), dtype=xp.float64)
+        # Per CPU thread (per request on CUDA, one block each), the residual and its
+        # update: allocated once per call, not per node.
+        rows = threads if batch.device is None else layout.batch_size
+        options["working"] = xp.empty((rows, 2 * vocab_size), dtype=xp.float64)
     snapshot = sources.snapshot()
     point_mass = batch.draft_rows is None
     try:
         uniforms = sources.draw()
-        first_bad_row = _core.verify_trees(
+        reported = _backend.kernels_for(batch.device).verify_trees(
             tree_walk_index(method),
             batch.target_rows,
             batch.target_rows if point_mass else batch.draft_rows,
@@ -314,6 +316,7 @@ def verify_tree_batch(
             threads,
             **options,
         )
+        first_bad_row = _backend.first_failed_row(reported, block.row_status)
         if first_bad_row >= 0:
             batch.raise_for_row_status(first_bad_row, int(block.row_status[first_bad_row]))
         nodes, output = block.accepted_nodes, block.output_token_ids

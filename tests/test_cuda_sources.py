@@ -19,6 +19,11 @@
   rounding of ``h_i`` (both checked explicitly).  Mutated sources (negative controls, one
   per rule: the draft in the residual, negative draft entries, overflow rescaling, argmax
   ties, block verification's top-down scan) must disagree.
+* ``verify_trees_kernel`` against ``_core.verify_trees`` on random trees (every walk, both
+  dtypes of each kind, mixed batches, zero-node requests, wide sibling lists, repeated sibling
+  tokens, bad ids, rows without mass): identical statuses and written cells, except where a
+  uniform lies within rounding of a boundary (a nudge of that uniform gives the CPU the
+  emulated result); three mutated tree kernels must disagree.
 * The launch surface ``_cuda.core_like`` runs against a stand-in ``cupy`` whose kernels
   are the emulated ones: argument order, instantiation, launch shape, memory guards.
 
@@ -185,6 +190,10 @@ def test_instantiation_names_cover_the_registry_and_dtypes() -> None:
                 assert f"verify_chains_kernel<{verifier.cuda_row}, {prob}, {ids}>" in names
     assert "create_output_kernel<int>" in names
     assert "create_output_kernel<long long>" in names
+    trees = _cuda.instantiation_names("verify_trees")
+    for prob in ("float", "double"):
+        for ids in ("int", "long long"):
+            assert f"verify_trees_kernel<{prob}, {ids}>" in trees
     assert sorted(names) == sorted(
         name for source in _cuda.cuda_sources() for name in _cuda.instantiation_names(source)
     )
@@ -398,6 +407,15 @@ _KERNEL_SIGNATURES = {
         "const double* sampling, P* scratch",
         "batch, specdec::kBlock",
     ),
+    "verify_trees_kernel": (
+        "const P* target_rows, const P* draft_rows, const I* draft_token_ids, "
+        "const long long* tree_parents, const long long* node_offsets, const double* uniforms, "
+        "long long uniform_width, const signed char* request_methods, long long method, "
+        "long long batch, long long num_nodes, long long vocab, long long depth_width, "
+        "double* working, long long* accepted_nodes, long long* output, "
+        "long long* accepted_lengths, long long* row_status",
+        "batch, specdec::kBlock",
+    ),
     "create_output_kernel": (
         "const unsigned char* accepted, const I* substitute_token_ids, "
         "const I* draft_token_ids, const I* bonus_token_ids, long long batch, long long k, "
@@ -567,6 +585,30 @@ VOCABULARIES = (1, 2, 7, 33, 64, 513, 1000, 2049, 9000)
 VOCABULARY_WEIGHTS = np.array([2, 3, 4, 4, 3, 2, 2, 1, 1], dtype=np.float64)
 
 
+def _boundary_uniforms(rng: np.random.Generator, uniforms: np.ndarray) -> None:
+    """Sometimes set every uniform, or some cells, to a boundary value (0, 0.5, below 1)."""
+    extreme = rng.random()
+    if extreme < 0.1:
+        uniforms[:] = np.nextafter(1.0, 0.0)
+    elif extreme < 0.2:
+        uniforms[:] = 0.0
+    elif extreme < 0.35:  # boundary values cell by cell
+        cells = rng.random(uniforms.shape) < 0.4
+        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
+
+
+def _spoilt_rows(rng: np.random.Generator, target: np.ndarray, draft: Any) -> tuple[Any, Any]:
+    """Sometimes a NaN or all-zero target row (a row without mass where one is drawn), and
+    target or draft rows that start off alignment."""
+    if rng.random() < 0.15:
+        target[rng.integers(target.shape[0])] = rng.choice([np.nan, 0.0])
+    if rng.random() < 0.3:
+        target = _misaligned(rng, target)
+    if draft is not None and rng.random() < 0.3:
+        draft = _misaligned(rng, draft)
+    return target, draft
+
+
 def _case(
     rng: np.random.Generator,
     prob_dtype: Any = None,
@@ -609,25 +651,13 @@ def _case(
     bonus = rng.integers(0, vocab, size=batch).astype(idt)
     width = int(lengths.max()) + 1
     uniforms = rng.random((batch, width + int(rng.integers(0, 3))))
-    extreme = rng.random()
-    if extreme < 0.1:
-        uniforms[:] = np.nextafter(1.0, 0.0)
-    elif extreme < 0.2:
-        uniforms[:] = 0.0
-    elif extreme < 0.35:  # boundary values cell by cell
-        cells = rng.random(uniforms.shape) < 0.4
-        uniforms[cells] = rng.choice([0.0, np.nextafter(1.0, 0.0), 0.5], cells.sum())
+    _boundary_uniforms(rng, uniforms)
     if rng.random() < 0.15:  # an out-of-range id
         if num_drafts and rng.random() < 0.6:
             ids[rng.integers(num_drafts)] = rng.choice([-1, vocab, vocab + 5])
         else:
             bonus[rng.integers(batch)] = rng.choice([-1, vocab])
-    if rng.random() < 0.15:  # a NaN or all-zero row (a row without mass where one is drawn)
-        target[rng.integers(num_drafts + batch)] = rng.choice([np.nan, 0.0])
-    if rng.random() < 0.3:
-        target = _misaligned(rng, target)
-    if draft is not None and rng.random() < 0.3:
-        draft = _misaligned(rng, draft)
+    target, draft = _spoilt_rows(rng, target, draft)
     if rng.random() < 0.15:  # outputs wider than the longest chain
         width += int(rng.integers(1, 3))
     posterior = np.array([rng.choice([0.09, 0.3, 0.7]), rng.choice([0.3, 0.05, 0.0])])
@@ -1453,3 +1483,356 @@ def test_law_probe_detects_mutated_laws(
     source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["verify_chains"])
     lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
     assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"
+
+
+def test_gpu_tree_tests_fail_on_a_fake_cupy_with_a_broken_tree_kernel(emulated: Any) -> None:
+    """Negative control: the GPU tree tests catch SpecInfer testing an unnormalised residual."""
+    result = _run_gpu_tests_on_fake_cupy(
+        "verify_tree_gpu_matches_cpu", "tree_residual_not_renormalised"
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "failed" in result.stdout.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree kernel, emulated on the CPU and compared with specdec_np._core.verify_trees
+# ---------------------------------------------------------------------------------------------
+
+TREE_WALKS = tuple(method.walk for method in registry.TREE_METHODS)
+
+
+class Trees:
+    """One ``verify_trees`` call's inputs (the tree layout of ``specdec_np._trees``)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    @property
+    def batch(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    def buffers(self) -> list[np.ndarray]:
+        """Outputs filled with a sentinel, so that cells a kernel leaves alone are compared."""
+        return [
+            np.full((self.batch, self.depth), -7, np.int64),
+            np.full((self.batch, self.depth + 1), -7, np.int64),
+            np.full(self.batch, -7, np.int64),
+            np.full(self.batch, -7, np.int64),
+        ]
+
+    def request(self, b: int, uniforms: np.ndarray | None = None) -> Trees:
+        """Request b alone (with other uniforms if given)."""
+        start, stop = int(self.offsets[b]), int(self.offsets[b + 1])
+        return Trees(
+            target=self.target[start + b : stop + b + 1],
+            draft=None if self.draft is None else self.draft[start:stop],
+            ids=self.ids[start:stop],
+            parents=self.parents[start:stop],
+            offsets=np.array([0, stop - start], np.int64),
+            uniforms=(self.uniforms[b] if uniforms is None else uniforms)[None, :],
+            methods=None if self.methods is None else self.methods[b : b + 1],
+            depth=self.depth,
+            kind=self.kind,
+        )
+
+
+def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None) -> Trees:
+    """Random trees: zero-node requests, deep chains and wide sibling lists, repeated sibling
+    tokens, both dtypes of each kind, dense (with negative and NaN entries) or no draft
+    rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs."""
+    batch = int(rng.integers(1, 5))
+    shape = str(rng.choice(["random", "wide", "chain"]))
+    most = 24 if shape == "wide" else 8
+    counts = rng.integers(0, most + 1, batch)
+    counts[rng.random(batch) < 0.2] = 0
+    parents = []
+    for n in counts:
+        for j in range(int(n)):
+            if shape == "wide":
+                parents.append(-1 if j < 2 or rng.random() < 0.7 else int(rng.integers(-1, 2)))
+            elif shape == "chain":
+                parents.append(j - 1)
+            else:
+                parents.append(int(rng.integers(-1, j)))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(offsets[-1])
+    weights = VOCABULARY_WEIGHTS[:-1]  # trees walk many rows: the largest V is left out
+    vocab = int(rng.choice(VOCABULARIES[:-1], p=weights / weights.sum()))
+    pdt = FLOAT_TYPES[int(rng.integers(2))] if prob_dtype is None else prob_dtype
+    idt = ID_TYPES[int(rng.integers(2))] if id_dtype is None else id_dtype
+    kind = str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
+    target = _probabilities(rng, (total + batch, vocab), pdt, kind)
+    draft = None
+    if rng.random() < 0.75:
+        draft = _probabilities(rng, (total, vocab), pdt, str(rng.choice(["flat", "peaked"])))
+        if rng.random() < 0.2:  # negative and NaN draft entries count as 0
+            spoilt = rng.random(draft.shape) < 0.3
+            draft[spoilt] = rng.choice(np.array([-0.5, np.nan, -0.0], dtype=pdt), spoilt.sum())
+    ids = np.empty(total, idt)
+    popular = rng.integers(0, vocab, 3)  # repeated sibling tokens
+    for b in range(batch):
+        for i in range(int(offsets[b]), int(offsets[b + 1])):
+            row = target[int(offsets[b]) + b + 1 + int(parents[i])]  # the parent's row
+            w = np.nan_to_num(row.astype(np.float64), nan=0.0).clip(0.0, None)
+            choice = rng.random()
+            if choice < 0.3:
+                ids[i] = rng.choice(popular)
+            elif choice < 0.8 and w.sum() > 0:
+                ids[i] = rng.choice(vocab, p=w / w.sum())
+            else:
+                ids[i] = rng.integers(0, vocab)
+    width = int(counts.max(initial=0)) + 1 + int(rng.integers(0, 3))
+    uniforms = rng.random((batch, width))
+    _boundary_uniforms(rng, uniforms)
+    if total and rng.random() < 0.1:  # an out-of-range id
+        ids[rng.integers(total)] = rng.choice([-1, vocab, vocab + 5])
+    target, draft = _spoilt_rows(rng, target, draft)
+    parents = np.asarray(parents, np.int64)
+    depths = np.zeros(total, np.int64)
+    for b in range(batch):
+        for i in range(int(offsets[b]), int(offsets[b + 1])):
+            p = int(parents[i])
+            depths[i] = 1 if p < 0 else depths[int(offsets[b]) + p] + 1
+    depth = int(depths.max(initial=0)) + (int(rng.integers(1, 3)) if rng.random() < 0.15 else 0)
+    methods = None
+    if rng.random() < 0.2:  # a mixed batch: per-request walks
+        methods = rng.integers(0, len(TREE_WALKS), batch).astype(np.int8)
+    return Trees(
+        target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
+        uniforms=uniforms, methods=methods, depth=depth, kind=kind,
+    )  # fmt: skip
+
+
+def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
+    out = c.buffers()
+    vocab = int(c.target.shape[1])
+    options = {} if c.methods is None else {"request_methods": c.methods}
+    core.verify_trees(
+        method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
+        c.parents, c.offsets, c.uniforms, *out, 1,
+        working=np.empty((1, 2 * vocab)), **options,
+    )  # fmt: skip
+    return out
+
+
+def _run_trees_emulated(lib: Any, method: int, c: Trees) -> list[np.ndarray]:
+    import ctypes
+
+    out = c.buffers()
+    vocab = int(c.target.shape[1])
+    working = np.full((c.batch, 2 * vocab), np.nan)  # stale rows must never be read
+    name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
+    getattr(lib, _symbol(name))(
+        _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.parents), _ptr(c.offsets),
+        _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(c.methods),
+        ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
+        ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(working),
+        *(_ptr(a) for a in out),
+    )  # fmt: skip
+    return out
+
+
+# A sum taken in another order differs by rounding: at most about V * 2**-53 relative, far
+# below this nudge (so a result it explains lies within rounding of a decision boundary) and
+# far above it (so a wrong kernel is not explained away: a random nudge of 1e-9 almost never
+# changes a decision).
+TREE_NUDGE = 1e-9
+
+
+def _request_result(out: list[np.ndarray], b: int) -> tuple:
+    nodes, tokens, lengths, status = out
+    return (nodes[b].tolist(), tokens[b].tolist(), int(lengths[b]), int(status[b]))
+
+
+def _explained_by_rounding(core: Any, method: int, c: Trees, b: int, mine: tuple) -> bool:
+    """Whether the CPU gives the emulated result of request b once one of its uniforms is
+    nudged by TREE_NUDGE (relative and absolute): the two differ only at a boundary."""
+    row = c.uniforms[b]
+    n = int(c.offsets[b + 1] - c.offsets[b])
+    for column in range(n + 1):
+        for sign in (1.0, -1.0):
+            nudged = row.copy()
+            value = row[column] * (1.0 + sign * TREE_NUDGE) + sign * TREE_NUDGE
+            nudged[column] = min(max(value, 0.0), float(np.nextafter(1.0, 0.0)))
+            with np.errstate(all="ignore"):
+                theirs = _run_trees_cpu(core, method, c.request(b, nudged))
+            if _request_result(theirs, 0) == mine:
+                return True
+    return False
+
+
+def _compare_trees(lib: Any, core: Any, seed: int, cases: int) -> Comparison:
+    """Every walk, emulated CUDA against ``_core.verify_trees``: statuses and the cells
+    written identical, except where a uniform lies within rounding of a boundary."""
+    rng = np.random.default_rng(seed)
+    tally = Comparison()
+    for number in range(cases):
+        c = _tree_case(rng)
+        tally.cases += 1
+        for walk in TREE_WALKS:
+            method = core.TREE_WALKS.index(walk)
+            where = (
+                f"case {number} {walk} {c.kind} V={c.target.shape[1]} {c.target.dtype} "
+                f"{c.ids.dtype} {'no drafts' if c.draft is None else 'drafts'}"
+                f"{' mixed' if c.methods is not None else ''}"
+            )
+            with np.errstate(all="ignore"):
+                cpu = _run_trees_cpu(core, method, c)
+                mine = _run_trees_emulated(lib, method, c)
+            tally.requests += c.batch
+            for b in range(c.batch):
+                tally.draws += int(cpu[3][b] == 0)
+                ours, theirs = _request_result(mine, b), _request_result(cpu, b)
+                if ours == theirs:
+                    continue
+                if _explained_by_rounding(core, method, c, b, ours):
+                    tally.boundary_draws += 1
+                else:
+                    tally.problems.append(f"{where}: request {b} {ours} != CPU {theirs}")
+    if lib.emu_errors_seen():
+        tally.problems.append("a divergent __syncthreads was detected")
+    return tally
+
+
+TREE_CASES = 300
+
+
+def test_tree_walk_constants_follow_the_cpu_numbering(core: Any) -> None:
+    assert tuple(_cuda._TREE_WALK_CONSTANTS) == tuple(core.TREE_WALKS)
+    assert set(TREE_WALKS) <= set(core.TREE_WALKS)
+    source = _cuda.cuda_sources()["verify_trees"]
+    for index, constant in enumerate(_cuda._TREE_WALK_CONSTANTS.values()):
+        assert f"constexpr int {constant} = {index};" in source
+
+
+def test_emulated_tree_kernel_matches_cpu_driver(emulated: Any, core: Any) -> None:
+    """``verify_trees_kernel`` agrees with ``_core.verify_trees`` on random trees for every
+    walk, both dtypes of each kind, mixed batches, zero-node requests and wide sibling lists:
+    statuses and every cell written (a sentinel marks those left alone), except where a
+    uniform lies within rounding of a decision or CDF boundary (checked by nudging it)."""
+    tally = _compare_trees(emulated, core, seed=20260101, cases=TREE_CASES)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    print(
+        f"\nemulated {tally.cases} tree cases, {tally.requests} requests x walk, "
+        f"{tally.boundary_draws} differing within rounding of a boundary"
+    )
+    assert tally.draws > 1000 and tally.boundary_draws < tally.requests // 100
+
+
+_TREE_MUTATIONS: dict[str, Callable[[str], str]] = {
+    # SpecInfer/RRS test r(x) without dividing by the residual's mass.
+    "tree_residual_not_renormalised": lambda s: _replace(
+        s, "if (mass != 1.0) r_x = r_x / mass;", ""
+    ),
+    # Point-mass candidates: a rejected sibling's token stays in r.
+    "tree_siblings_not_removed": lambda s: _replace(s, "removed += r_x;", ""),
+    # RRS: the tried siblings' tokens are not restored to the residual.
+    "tree_rrs_no_fix_up": lambda s: _replace(s, "update[t] = value;", ""),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_TREE_MUTATIONS))
+def test_emulation_detects_mutated_tree_kernels(
+    core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
+) -> None:
+    """Negative controls: a wrong tree kernel must disagree with the CPU driver."""
+    sources = _cuda.cuda_sources()
+    mutated = {"verify_trees": _TREE_MUTATIONS[mutation](sources["verify_trees"])}
+    lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
+    tally = _compare_trees(lib, core, seed=20260101, cases=100)
+    assert tally.problems, f"mutation {mutation} went unnoticed"
+
+
+def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
+    """``core_like.verify_trees`` on fake device arrays (``changes``: arguments replaced)."""
+    fake = sys.modules["cupy"]
+    vocab = int(c.target.shape[1])
+    wrap = fake.asarray
+    out = [wrap(buffer) for buffer in c.buffers()]
+    arguments = {
+        "method": method,
+        "target_rows": wrap(c.target),
+        "draft_rows": wrap(c.target if c.draft is None else c.draft),
+        "point_mass_drafts": c.draft is None,
+        "draft_token_ids": wrap(c.ids),
+        "tree_parents": wrap(c.parents),
+        "node_offsets": wrap(c.offsets),
+        "uniforms": wrap(c.uniforms),
+        "accepted_nodes": out[0],
+        "output": out[1],
+        "accepted_lengths": out[2],
+        "row_status": out[3],
+        "num_threads": 3,
+        "request_methods": None if c.methods is None else wrap(c.methods),
+        "working": wrap(np.empty((c.batch, 2 * vocab))),
+    }
+    arguments.update(changes)
+    assert _cuda.core_like.verify_trees(**arguments) is None, "reports through row_status"
+    return [fake.asnumpy(x) for x in out]
+
+
+def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
+    """End to end through ``core_like.verify_trees``: argument order, null pointers, the
+    instantiation chosen and the launch shape, for every walk and dtype pair; one
+    ``RawModule`` for the tree source, compiled once."""
+    rng = np.random.default_rng(13)
+    seen = set()
+    for prob_dtype, id_dtype, _ in itertools.product(FLOAT_TYPES, ID_TYPES, range(3)):
+        c = _tree_case(rng, prob_dtype, id_dtype)
+        for walk in TREE_WALKS:
+            method = core.TREE_WALKS.index(walk)
+            with np.errstate(all="ignore"):
+                launched = _launch_trees(c, method)
+                direct = _run_trees_emulated(fake_cupy._LIBRARY[0], method, c)
+            for mine, theirs in zip(launched, direct):
+                np.testing.assert_array_equal(mine, theirs)
+            name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
+            assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
+            seen.add(name)
+    assert seen == set(_cuda.instantiation_names("verify_trees"))
+    source = _cuda.cuda_sources()["verify_trees"]
+    names = tuple(_cuda.instantiation_names("verify_trees"))
+    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
+
+
+def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
+    """O(1) guards before a launch (logits, walks, dtypes, shapes, working rows, one device);
+    an empty batch launches nothing; a greedy call needs neither uniforms nor working rows."""
+    rng = np.random.default_rng(17)
+    c = _tree_case(rng)
+    while c.methods is not None or c.ids.shape[0] == 0:
+        c = _tree_case(rng)
+    wrap = fake_cupy.asarray
+    vocab = int(c.target.shape[1])
+    rrs = core.TREE_WALKS.index("rrs_tree_walk")
+    with pytest.raises(TypeError, match="sampling: the CUDA tree kernel reads probability"):
+        _launch_trees(c, rrs, sampling=wrap(np.ones((c.batch, 4))))
+    with pytest.raises(ValueError, match="method: expected an index into _core.TREE_WALKS"):
+        _launch_trees(c, len(core.TREE_WALKS))
+    with pytest.raises(ValueError, match="working: expected float64"):
+        _launch_trees(c, rrs, working=None)
+    with pytest.raises(ValueError, match="working: expected shape"):
+        _launch_trees(c, rrs, working=wrap(np.empty((1 + c.batch, 2 * vocab))))
+    with pytest.raises(ValueError, match="target_rows: expected shape"):
+        _launch_trees(c, rrs, target_rows=wrap(c.target[1:]))
+    with pytest.raises(TypeError, match="tree_parents: expected dtype"):
+        _launch_trees(c, rrs, tree_parents=wrap(c.parents.astype(np.int32)))
+    with pytest.raises(ValueError, match="uniforms on device 1"):
+        _launch_trees(c, rrs, uniforms=fake_cupy.ndarray(c.uniforms, 1))
+    with pytest.raises(ValueError, match="output: expected shape"):
+        _launch_trees(c, rrs, output=wrap(np.zeros((c.batch, c.depth + 2), np.int64)))
+    assert not fake_cupy.launches
+    greedy = core.TREE_WALKS.index("greedy_tree_walk")
+    with np.errstate(all="ignore"):
+        mine = _launch_trees(c, greedy, uniforms=wrap(np.empty((0, 0))), working=None)
+        cpu = _run_trees_cpu(core, greedy, c)
+    for a, b in zip(mine, cpu):
+        np.testing.assert_array_equal(a, b)
+    empty = Trees(
+        target=np.zeros((0, 5), np.float32), draft=None, ids=np.zeros(0, np.int64),
+        parents=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64), uniforms=np.zeros((0, 1)),
+        methods=None, depth=0, kind="empty",
+    )  # fmt: skip
+    count = len(fake_cupy.launches)
+    _launch_trees(empty, rrs)
+    assert len(fake_cupy.launches) == count

@@ -24,6 +24,10 @@ How the GPU may differ from the CPU, and why only there
   holds for both, so a decision may differ only where ``p(x)`` lies inside that rounding band
   around the float64 threshold (``typical_expectation``); everywhere else GPU, CPU and the
   float64 formula agree exactly, and the recovered argmax is identical.
+* Trees (``verify_tree``): every element of a residual update is the CPU's double (the same
+  operations in the same order); the masses and the final inverse-CDF totals are float64 sums
+  in another order.  A request's result must equal the CPU's, or equal the CPU's once one of
+  its uniforms is nudged by ``TREE_NUDGE`` (the uniform lay within rounding of a boundary).
 """
 
 from __future__ import annotations
@@ -1372,6 +1376,172 @@ def test_import_does_not_import_cupy(cp):
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "not imported by specdec_np" in completed.stdout
+
+
+# --------------------------------------------------------------------------------------
+# Trees: specdec_np.verify_tree on CuPy (verify_trees_kernel) against NumPy (_core)
+# --------------------------------------------------------------------------------------
+
+TREE_METHODS = tuple(method.name for method in registry.TREE_METHODS)
+# A sum taken in another order moves a decision only where a uniform lies within rounding of
+# its boundary: a request whose GPU result differs must get it on the CPU once one of its
+# uniforms is nudged by this much (random results almost never do).
+TREE_NUDGE = 1e-9
+
+
+def tree_case(seed, dtype, id_dtype, with_draft_probs, batch_size=5, vocab_size=37):
+    """Random trees (zero-node requests, a wide sibling list, repeated sibling tokens) with
+    probability rows and explicit uniforms."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 7, batch_size)
+    counts[0], counts[1] = 0, 12  # a request without nodes, a wide one
+    parents = []
+    for b, n in enumerate(counts):
+        parents += [-1 if b == 1 and j < 9 else int(rng.integers(-1, j)) for j in range(int(n))]
+    total = int(counts.sum())
+    target = random_rows(rng, (total + batch_size, vocab_size)).astype(dtype)
+    draft = random_rows(rng, (total, vocab_size)).astype(dtype)
+    ids = rng.integers(0, vocab_size, total)
+    ids[rng.random(total) < 0.3] = int(rng.integers(vocab_size))  # repeated sibling tokens
+    return {
+        "num_nodes": counts,
+        "tree_parents": np.asarray(parents, np.int64),
+        "draft_token_ids": ids.astype(id_dtype),
+        "target_probs": target,
+        "draft_probs": draft if with_draft_probs else None,
+        "uniforms": rng.random((batch_size, int(counts.max()) + 1)),
+    }
+
+
+def tree_on_device(cp, case):
+    arrays = ("tree_parents", "draft_token_ids", "target_probs", "draft_probs", "uniforms")
+    moved = on_device(cp, 0, *(case.get(name) for name in arrays))
+    return {**case, **dict(zip(arrays, moved))}
+
+
+def tree_request(case, b, uniforms=None):
+    """Request b of a tree case as a batch of one."""
+    counts = np.asarray(case["num_nodes"])
+    start, n = int(counts[:b].sum()), int(counts[b])
+    return {
+        **case,
+        "num_nodes": counts[b : b + 1],
+        "tree_parents": case["tree_parents"][start : start + n],
+        "draft_token_ids": case["draft_token_ids"][start : start + n],
+        "target_probs": case["target_probs"][start + b : start + b + n + 1],
+        "draft_probs": None
+        if case["draft_probs"] is None
+        else case["draft_probs"][start : start + n],
+        "uniforms": (case["uniforms"][b] if uniforms is None else uniforms)[None, : n + 1],
+        **({"temperature": case["temperature"][b : b + 1]} if "temperature" in case else {}),
+    }
+
+
+def assert_tree_results_match(case, method, gpu, cpu):
+    """Per request: the GPU's nodes, tokens and length equal the CPU's, or equal the CPU's
+    on one uniform nudged by TREE_NUDGE (a boundary within rounding)."""
+    gpu = [np.asarray(a) for a in gpu]
+    depth = gpu[0].shape[1]
+    for b in range(len(case["num_nodes"])):
+        ours = tuple(a[b].tolist() for a in gpu)
+        if ours == tuple(np.asarray(a)[b].tolist() for a in cpu):
+            continue
+        n = int(case["num_nodes"][b])
+        explained = False
+        for column, sign in itertools.product(range(n + 1), (1.0, -1.0)):
+            nudged = case["uniforms"][b].copy()
+            nudged[column] = min(
+                max(nudged[column] * (1 + sign * TREE_NUDGE) + sign * TREE_NUDGE, 0.0),
+                LARGEST_BELOW_ONE,
+            )
+            one = specdec_np.verify_tree(**tree_request(case, b, nudged), method=method)
+            more = depth - one.accepted_nodes.shape[1]  # the batch of one may be shallower
+            nodes, tokens = (np.pad(a[0], (0, more), constant_values=-1) for a in one[:2])
+            theirs = (nodes.tolist(), tokens.tolist(), int(one.accepted_lengths[0]))
+            explained = explained or theirs == ours
+        assert explained, f"{method} request {b}: GPU {ours} != CPU"
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "candidates"])
+@pytest.mark.parametrize("id_dtype", ID_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_verify_tree_gpu_matches_cpu(cp, method, dtype, id_dtype, with_draft_probs):
+    """verify_tree on CuPy probability rows: CuPy int64 results on the device, equal to
+    NumPy's on the same uniforms (within rounding of a boundary at most)."""
+    case = tree_case(stable_seed(method, dtype_id(dtype), dtype_id(id_dtype)), dtype, id_dtype,
+                     with_draft_probs)  # fmt: skip
+    cpu = specdec_np.verify_tree(**case, method=method)
+    gpu = specdec_np.verify_tree(**tree_on_device(cp, case), method=method)
+    for array, expected in zip(gpu, cpu):
+        assert_on_device(cp, array, 0, expected.shape)
+    assert_tree_results_match(case, method, to_host(cp, gpu), cpu)
+    synchronize(cp)
+
+
+@pytest.mark.parametrize("method", [m for m in TREE_METHODS if m != "greedy"])
+def test_verify_tree_gpu_mixed_greedy_requests(cp, method):
+    """temperature 0 walks a request greedily on CuPy as on NumPy (per-request walks)."""
+    case = tree_case(stable_seed("mixed", method), np.float32, np.int64, True)
+    case["temperature"] = np.array([0.0, 1.0, 0.0, 1.0, 1.0])
+    cpu = specdec_np.verify_tree(**case, method=method)
+    gpu = specdec_np.verify_tree(**tree_on_device(cp, case), method=method)
+    assert_tree_results_match(case, method, to_host(cp, gpu), cpu)
+
+
+def test_verify_tree_gpu_counter_seeds_and_out_buffers(cp):
+    """Counter-based uniforms are bit-identical on both backends; CuPy out buffers are
+    filled and returned, padded past the batch's depth."""
+    case = tree_case(stable_seed("seeds"), np.float64, np.int64, True)
+    del case["uniforms"]
+    seeds = {b: (11, 100 + b) for b in range(5)}
+    cpu = specdec_np.verify_tree(**case, method="rrs", counter_seeds=seeds)
+    out = specdec_np.tree_output_buffers(5, cpu.accepted_nodes.shape[1] + 2, xp=cp)
+    gpu = specdec_np.verify_tree(**tree_on_device(cp, case), method="rrs", counter_seeds=seeds,
+                                 out=out)  # fmt: skip
+    case["uniforms"] = specdec_np.counter_uniforms(
+        [s[0] for s in seeds.values()], [s[1] for s in seeds.values()],
+        int(case["num_nodes"].max()) + 1,
+    )  # fmt: skip
+    assert_tree_results_match(case, "rrs", to_host(cp, gpu), cpu)
+    assert gpu.output_token_ids.data.ptr == out.output_token_ids.data.ptr
+    assert (cp.asnumpy(out.accepted_nodes)[:, cpu.accepted_nodes.shape[1] :] == -1).all()
+    host_out = specdec_np.tree_output_buffers(5, 9)
+    with pytest.raises(TypeError, match="out.accepted_nodes must be an int64 array of the inputs"):
+        specdec_np.verify_tree(**tree_on_device(cp, case), out=host_out)
+
+
+def test_verify_tree_gpu_zero_nodes_empty_batch_and_errors(cp):
+    """Zero-node requests draw from the root row; B = 0 launches nothing; a row without
+    mass raises the CPU's ValueError; logits rows on CuPy are a TypeError."""
+    target = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    none = np.zeros(0, np.int64)
+    (g_target, g_none) = on_device(cp, 0, target, none)
+    result = specdec_np.verify_tree(
+        num_nodes=np.array([0, 0]), tree_parents=g_none, draft_token_ids=g_none,
+        target_probs=g_target, uniforms=cp.asarray(np.array([[0.5], [0.99]])),
+    )  # fmt: skip
+    assert_on_device(cp, result.output_token_ids, 0, (2, 1))
+    np.testing.assert_array_equal(cp.asnumpy(result.output_token_ids), [[1], [2]])
+    empty = specdec_np.verify_tree(
+        num_nodes=none, tree_parents=g_none, draft_token_ids=g_none,
+        target_probs=cp.zeros((0, 5)),
+    )  # fmt: skip
+    assert_on_device(cp, empty.output_token_ids, 0, (0, 1))
+    dead = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    arguments = {
+        "num_nodes": np.array([1]), "tree_parents": np.array([-1]),
+        "draft_token_ids": np.array([0]), "uniforms": np.array([[0.0, 0.5]]),
+    }  # fmt: skip
+    with pytest.raises(ValueError) as expected:
+        specdec_np.verify_tree(**arguments, target_probs=dead)
+    on_gpu = {**arguments, "draft_token_ids": cp.asarray(arguments["draft_token_ids"])}
+    with pytest.raises(ValueError) as found:
+        specdec_np.verify_tree(**on_gpu, target_probs=cp.asarray(dead))
+    assert str(found.value) == str(expected.value)
+    with pytest.raises(TypeError, match="logits on NumPy"):
+        specdec_np.verify_tree(**on_gpu, target_logits=cp.asarray(dead))
+    synchronize(cp)
 
 
 # --------------------------------------------------------------------------------------

@@ -274,7 +274,10 @@ def _emulation() -> Any:
 
         sources = _cuda.cuda_sources()
         mutation = os.environ.get("SPECDEC_FAKE_CUPY_MUTATION")
-        if mutation:  # a negative control: one of the emulation test's mutated kernels
+        if mutation in test_cuda_sources._TREE_MUTATIONS:  # a negative control of the trees
+            mutate = test_cuda_sources._TREE_MUTATIONS[mutation]
+            sources["verify_trees"] = mutate(sources["verify_trees"])
+        elif mutation:  # a negative control: one of the emulation test's mutated kernels
             mutate = test_cuda_sources._MUTATIONS[mutation]
             sources["verify_chains"] = mutate(sources["verify_chains"])
         folder = pathlib.Path(tempfile.mkdtemp(prefix="fake-cupy-"))
