@@ -1792,7 +1792,7 @@ def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
     assert seen == set(_cuda.instantiation_names("verify_trees"))
     source = _cuda.cuda_sources()["verify_trees"]
     names = tuple(_cuda.instantiation_names("verify_trees"))
-    assert fake_cupy.compiled == [(source, ("--std=c++17",), names)]
+    assert fake_cupy.compiled == [(source, _cuda._COMPILE_OPTIONS, names)]
 
 
 def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
