@@ -220,6 +220,12 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int,
             f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
             f"for request {negative}"
         )
+    if max_k > np.iinfo(np.int64).max // max(host.shape[0], 1):
+        # The offsets may have wrapped around int64: no array is that long anyway.
+        raise ValueError(
+            "num_draft_tokens must sum to T, the length of draft_token_ids; found sum "
+            f"{sum(int(count) for count in host)}"
+        )
     return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
 
 

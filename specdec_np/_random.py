@@ -52,7 +52,8 @@ def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
             raise ValueError(
                 f"{name} keys must be row indices in [0, {batch_size}); found {int(row)}"
             )
-    return rows
+    # Python ints: NumPy keys of mixed signedness would index as floats.
+    return {int(row): value for row, value in rows.items()}
 
 
 class CounterStream:

@@ -108,6 +108,12 @@ def _host_integers(x: Any, name: str) -> np.ndarray:
         array = np.asarray(x, dtype=np.int64) if len(x) == 0 else np.asarray(x)
     elif isinstance(x, np.ndarray):
         array = x
+    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
+        array = x.get()  # CuPy: the layout is O(N) host work
+    elif not (hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "__getitem__")):
+        raise TypeError(
+            f"{name} must be a 1-D integer array or a list of ints; found {type(x).__name__}"
+        )
     else:
         # Other array-API arrays (the reference accepts array_api_strict): element by
         # element, since not every namespace offers DLPack on the host.
@@ -167,6 +173,12 @@ def validate_tree(
     if negative.size:
         b = int(negative[0])
         raise ValueError(f"num_nodes[{b}] must be >= 0; found {int(counts[b])}")
+    if counts.size and int(counts.max()) > max(parents.shape[0], tokens.shape[0]):
+        # Counts this large cannot describe these arrays; summing them could wrap int64.
+        raise ValueError(
+            f"num_nodes must sum to N = {parents.shape[0]}, the length of tree_parents; "
+            f"found sum {sum(int(count) for count in counts)}"
+        )
     total = int(counts.sum())
     if parents.shape[0] != total:
         raise ValueError(

@@ -279,7 +279,7 @@ def check_seed(seed: Any) -> Any:
 
 def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarray:
     """A scalar or a ``[B]`` array of one sampling parameter, as a host array."""
-    if hasattr(value, "get") and not isinstance(value, np.ndarray):
+    if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
         value = value.get()  # CuPy: the parameters are O(B) host work
     array = np.asarray(value)
     if array.dtype == object or array.dtype.kind not in "biuf":

@@ -126,26 +126,10 @@ INT64_MAX = 2**63 - 1
 MISSING = object()  # an argument that is not passed at all
 MAX_FAILURES = 40  # distinct failure signatures kept in the summary
 # Inputs that package code mishandles today, found by this fuzz and reported: a full run
-# counts their cases as "known_bug" without making the call, and the test of each one
-# replays a case with --only (which always calls) under xfail.  Mutation label patterns;
-# remove an entry once its bug is fixed.
-KNOWN_BUGS = {
-    r"(num_nodes|num_draft_tokens): huge entries whose int64 sum wraps": "counts whose int64 "
-    "sum wraps around to N pass the sum checks of _trees.validate_tree and "
-    "_layout.ragged_chain; np.repeat over them then segfaults (validate_tree; strict greedy "
-    "requests in engine._verify_ragged) or an offset indexes past an array (IndexError)",
-    r"(temperature|top_k|top_p|min_p): container dict": "a dict sampling parameter: "
-    "_validate._per_request calls .get() on anything that has one (meant for CuPy), and "
-    "the TypeError names no argument",
-    r"(num_nodes|tree_parents): container (str|None|int|float|bytes|dict|memory)": "a "
-    "non-array num_nodes or tree_parents: _trees._host_integers reads .dtype of it and "
-    "raises AttributeError",
-}
-MIXED_KEYS_BUG = (
-    "verify_ragged and verify_tree: a numpy.uint64 request key in seeded_seqs or "
-    "counter_seeds next to a signed one: _random.RejectionUniforms._needs_own_generator "
-    "indexes with a list of both (float64) and raises IndexError"
-)
+# counts their cases as "known_bug" without making the call, and ``--only`` replays one
+# anyway.  Mutation label patterns -> reason; empty while every bug found is fixed (the
+# fixed ones are replayed by tests/test_fuzz.py's FIXED_BUG_CASES).
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def known_bug(case: Case) -> str | None:
@@ -153,16 +137,6 @@ def known_bug(case: Case) -> str | None:
     for pattern, reason in KNOWN_BUGS.items():
         if any(re.search(pattern, mutation) for mutation in case.mutations):
             return reason
-    if case.group in LAYOUT_GROUPS:
-        keys = [
-            key
-            for name in ("seeded_seqs", "counter_seeds")
-            if isinstance(case.args.get(name), dict)
-            for key in case.args[name]
-        ]
-        unsigned = [isinstance(key, np.unsignedinteger) for key in keys]
-        if any(unsigned) and not all(unsigned):
-            return MIXED_KEYS_BUG
     return None
 
 

@@ -1272,3 +1272,13 @@ def test_draft_probs_of_verifiers_that_do_not_read_them(verifier):
     want = specdec_np.verify_ragged(**dict(keywords, draft_probs=None), method=verifier.name)
     got = specdec_np.verify_ragged(**dict(keywords, draft_probs=wrong), method=verifier.name)
     np.testing.assert_array_equal(got.output_token_ids, want.output_token_ids)
+
+
+def test_counts_whose_sum_wraps_are_refused():
+    # Found by the fuzz: the int64 sum of these counts wraps around to T = 1.
+    with pytest.raises(ValueError, match="num_draft_tokens must sum to T"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=np.array([1] + [2**62] * 4),
+            draft_token_ids=np.array([0]),
+            target_probs=np.full((6, 2), 0.5),
+        )

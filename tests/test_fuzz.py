@@ -10,9 +10,9 @@ argument, and a call that raises must leave counters and generators as they were
 Environment knobs (for longer local runs): ``SPECDEC_FUZZ_CALLS`` (calls per worker,
 default 6000) and ``SPECDEC_FUZZ_SEED``.
 
-A bug the fuzz found and that is not fixed yet is listed in the worker's ``KNOWN_BUGS``: a
-full run counts its cases without calling, and ``test_known_bug_reproducer`` replays one
-of its cases under xfail.
+A bug the fuzz finds and that is not fixed yet is listed in the worker's ``KNOWN_BUGS``: a
+full run counts its cases without calling them.  The cases of the bugs found so far, all
+fixed, are replayed by ``test_fixed_bug_reproducer``.
 """
 
 from __future__ import annotations
@@ -280,30 +280,25 @@ def test_fuzz_kernel_classes(group: str, tmp_path: Path) -> None:
     assert summary["returned"] >= calls // 2, summary
 
 
-# Cases of the worker's KNOWN_BUGS, replayed alone: (family, group, seed, index).  A
-# bug the fuzz found that is not fixed yet; each test passes the day its bug is fixed,
-# which is when the entry and its KNOWN_BUGS pattern are to be removed.
-KNOWN_BUG_CASES = [
-    ("arrays", "tree", 20240607, 5),  # num_nodes whose sum wraps: segfault
-    ("arrays", "ragged", 20240607, 4311),  # num_draft_tokens whose sum wraps: segfault
+# Cases that found bugs, now fixed, replayed alone: (family, group, seed, index).  Each
+# must return a valid output or a TypeError/ValueError naming an argument.
+FIXED_BUG_CASES = [
+    ("arrays", "tree", 20240607, 5),  # num_nodes whose sum wrapped: segfault
+    ("arrays", "ragged", 20240607, 4311),  # num_draft_tokens whose sum wrapped: segfault
     ("arrays", "tree", 20240607, 29),  # a non-array tree_parents: AttributeError
     ("arrays", "tree", 20240607, 5586),  # temperature={...}: TypeError naming nothing
     ("arguments", "tree", 20240607, 1107),  # uint64 and int request keys: IndexError
 ]
 
 
-@pytest.mark.parametrize(("family", "group", "seed", "index"), KNOWN_BUG_CASES)
-def test_known_bug_reproducer(
+@pytest.mark.parametrize(("family", "group", "seed", "index"), FIXED_BUG_CASES)
+def test_fixed_bug_reproducer(
     family: str, group: str, seed: int, index: int, tmp_path: Path
 ) -> None:
     arguments = ("--family", family, "--group", group, "--seed", str(seed))
     run = run_worker(tmp_path, *arguments, "--only", str(index), timeout=60)
-    known = [line for line in run.stdout.splitlines() if line.startswith("known bug: ")]
-    # Not an xfail: the replayed case must still be one of a known bug.
-    assert known, f"case {index} is no longer a known bug's case; pick another\n{run.stdout}"
-    if run.crashed or run.summary["failed"]:
-        pytest.xfail(f"{known[0]} (replay: {' '.join(run.command[1:-2])})")
-    pytest.fail(f"fixed? {known[0]}: remove it from KNOWN_BUGS and KNOWN_BUG_CASES")
+    assert not run.crashed, failure_report(run)
+    assert not run.summary["failed"], failure_report(run)
 
 
 def load_worker() -> Any:

@@ -581,6 +581,11 @@ def base_arguments():
         ({"out": object()}, TypeError, "TreeOutputBlock"),
         ({"out": specdec_np.tree_output_buffers(2, 1)}, ValueError, "max depth"),
         ({"strict_mode": 1}, TypeError, "strict_mode"),
+        # Found by the fuzz: counts whose int64 sum wraps, non-arrays, dict parameters.
+        ({"num_nodes": np.array([3] + [2**62] * 4)}, ValueError, "num_nodes must sum"),
+        ({"tree_parents": None}, TypeError, "tree_parents must be a 1-D integer array"),
+        ({"num_nodes": "abc"}, TypeError, "num_nodes must be a 1-D integer array"),
+        ({"temperature": {"a": 1.0}}, TypeError, "temperature"),
     ],
 )
 def test_bad_input_names_the_argument(change, error, pattern):
@@ -729,3 +734,18 @@ def test_rows_off_the_walked_path_are_never_read(case, method):
             case["draft"].dtype
         )
     assert_same(run_kernel(poisoned, method), tuple(result))
+
+
+def test_request_keys_of_mixed_integer_types():
+    # Found by the fuzz: a numpy.uint64 key next to an int one indexed as floats.
+    arguments = base_arguments()
+    del arguments["uniforms"]
+    mixed = specdec_np.verify_tree(
+        **arguments,
+        counter_seeds={np.uint64(0): (1, 2)},
+        seeded_seqs={1: np.random.default_rng(3)},
+    )
+    plain = specdec_np.verify_tree(
+        **arguments, counter_seeds={0: (1, 2)}, seeded_seqs={1: np.random.default_rng(3)}
+    )
+    assert_same(mixed, tuple(plain))
