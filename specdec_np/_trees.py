@@ -173,7 +173,7 @@ def validate_tree(
     if negative.size:
         b = int(negative[0])
         raise ValueError(f"num_nodes[{b}] must be >= 0; found {int(counts[b])}")
-    if counts.size and int(counts.max()) > max(parents.shape[0], tokens.shape[0]):
+    if counts.size and int(counts.max()) > np.iinfo(np.int64).max // counts.size:
         # Counts this large cannot describe these arrays; summing them could wrap int64.
         raise ValueError(
             f"num_nodes must sum to N = {parents.shape[0]}, the length of tree_parents; "
