@@ -854,6 +854,29 @@ cdef inline void write_output_row(
         out[i] = -1
 
 
+cdef inline void init_request(
+    Request* request, Py_ssize_t k, Py_ssize_t V, const double* uniforms,
+    const double* parameters, bint causal, const double* sampling, probability_t* scratch
+) noexcept nogil:
+    """Fill a Request; ``sampling`` (temperature, top-k, top-p, min-p) is NULL for
+    probability rows, and ``scratch`` (two rows of V) is then unused."""
+    request.k = k
+    request.V = V
+    request.uniforms = uniforms
+    request.parameters = parameters
+    request.causal = causal
+    request.logits = sampling != NULL
+    request.target_law_row = -1
+    request.draft_law_row = -1
+    if sampling != NULL:
+        request.temperature = sampling[0]
+        request.top_k = <int64_t>sampling[1]
+        request.top_p = sampling[2]
+        request.min_p = sampling[3]
+        request.target_scratch = scratch
+        request.draft_scratch = scratch + V
+
+
 cdef inline int64_t verify_request(
     int method, const probability_t* target, const probability_t* draft,
     const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
@@ -872,21 +895,7 @@ cdef inline int64_t verify_request(
     cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
     if bad >= 0:
         return 1 + bad
-    request_fields.k = k
-    request_fields.V = V
-    request_fields.uniforms = uniforms
-    request_fields.parameters = parameters
-    request_fields.causal = causal
-    request_fields.logits = sampling != NULL
-    request_fields.target_law_row = -1
-    request_fields.draft_law_row = -1
-    if sampling != NULL:
-        request_fields.temperature = sampling[0]
-        request_fields.top_k = <int64_t>sampling[1]
-        request_fields.top_p = sampling[2]
-        request_fields.min_p = sampling[3]
-        request_fields.target_scratch = scratch
-        request_fields.draft_scratch = scratch + V
+    init_request(request, k, V, uniforms, parameters, causal, sampling, scratch)
     if method == ROW_REJECTION:
         status = rejection_row(
             target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
@@ -1599,21 +1608,7 @@ cdef int64_t walk_tree(
     cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
     if bad >= 0:
         return 1 + bad
-    request_fields.k = num_nodes
-    request_fields.V = V
-    request_fields.uniforms = uniforms
-    request_fields.parameters = NULL
-    request_fields.causal = True
-    request_fields.logits = sampling != NULL
-    request_fields.target_law_row = -1
-    request_fields.draft_law_row = -1
-    if sampling != NULL:
-        request_fields.temperature = sampling[0]
-        request_fields.top_k = <int64_t>sampling[1]
-        request_fields.top_p = sampling[2]
-        request_fields.min_p = sampling[3]
-        request_fields.target_scratch = scratch
-        request_fields.draft_scratch = scratch + V
+    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, scratch)
     # Without draft rows SpecInfer and RRS walk as point-mass candidates.
     use_drafts = draft != NULL and (method == WALK_SPECINFER or method == WALK_RRS)
     while True:

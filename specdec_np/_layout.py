@@ -201,6 +201,22 @@ def padded_chain(
     )
 
 
+def kernel_rows(
+    target: Any, drafts: Any, target_name: str, draft_name: str, xp: Any, strict: bool
+) -> tuple[Any, Any]:
+    """Target and draft rows (None: point-mass drafts) as the kernels read them: C-contiguous
+    float32 or float64 of one dtype (``_backend.probabilities``)."""
+    target = _backend.probabilities(target, target_name, xp, strict)
+    if drafts is not None:
+        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
+        if drafts.dtype != target.dtype:
+            raise TypeError(
+                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
+                f"found {drafts.dtype}"
+            )
+    return target, drafts
+
+
 def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
     """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
     largest count and ``T``."""
@@ -314,14 +330,7 @@ def ragged_chain(
         bonus = ids[1].reshape(batch_size)
     else:
         bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
-    target = _backend.probabilities(target, target_name, xp, strict)
-    if drafts is not None:
-        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
-        if drafts.dtype != target.dtype:
-            raise TypeError(
-                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
-                f"found {drafts.dtype}"
-            )
+    target, drafts = kernel_rows(target, drafts, target_name, draft_name, xp, strict)
     return ChainBatch(
         xp=xp,
         device=device,

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _validate
+from . import _backend, _layout, _validate
 
 __all__ = [
     "MAX_TREE_DEPTH",
@@ -597,14 +597,7 @@ def tree_batch(
             f"{draft_name} must have shape [N, V] = [{total}, {vocab_size}]; found shape "
             f"{_validate.shape_text(drafts.shape)}"
         )
-    target = _backend.probabilities(target, target_name, xp, strict)
-    if drafts is not None:
-        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
-        if drafts.dtype != target.dtype:
-            raise TypeError(
-                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
-                f"found {drafts.dtype}"
-            )
+    target, drafts = _layout.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
     return TreeBatch(
         xp=xp,
         device=device,

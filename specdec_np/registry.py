@@ -229,11 +229,15 @@ def get(name: str) -> Verifier:
     ValueError
         For an unknown name; the message lists the known ones.
     """
+    return _lookup(_BY_NAME, name)
+
+
+def _lookup(table: dict[str, Any], name: str) -> Any:
     try:
-        return _BY_NAME[name]
+        return table[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"method must be one of {', '.join(repr(n) for n in _BY_NAME)}; found {name!r}"
+            f"method must be one of {', '.join(repr(n) for n in table)}; found {name!r}"
         ) from None
 
 
@@ -322,10 +326,4 @@ def get_tree_method(name: str) -> TreeMethod:
     ValueError
         For an unknown name; the message lists the known ones.
     """
-    try:
-        return _TREE_BY_NAME[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"method must be one of {', '.join(repr(n) for n in _TREE_BY_NAME)}; "
-            f"found {name!r}"
-        ) from None
+    return _lookup(_TREE_BY_NAME, name)
