@@ -220,12 +220,10 @@ def test_a_chain_as_a_tree_equals_the_chain_verifiers(seed, counts, with_drafts,
     # The tree's last column serves the residual and the bonus alike (only one is drawn).
     chain_uniforms = uniforms.copy()
     chain_uniforms[np.arange(len(counts)), counts + 1] = uniforms[np.arange(len(counts)), counts]
-    for tree_method, chain_method in (
-        ("specinfer", "rejection"),
-        ("rrs", "rejection"),
-        ("point_mass", "rejection"),
-        ("greedy", "greedy"),
-    ):
+    # On a chain every stochastic walk is token-wise rejection and the greedy walk greedy.
+    chain_of = {True: registry.names(stochastic=True, lossless=True)[0], False: "greedy"}
+    for method in registry.TREE_METHODS:
+        tree_method, chain_method = method.name, chain_of[method.stochastic]
         tree = specdec_np.verify_tree(
             num_nodes=layout.num_nodes,
             tree_parents=layout.tree_parents,
