@@ -294,7 +294,7 @@ def tree_output_buffers(
     max_depth : int
         The deepest tree the buffers must hold.
     xp : module
-        ``numpy``.
+        ``numpy`` or ``cupy`` (on the current device; CuPy for probability rows).
 
     Returns
     -------
