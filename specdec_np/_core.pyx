@@ -372,6 +372,25 @@ cdef inline Py_ssize_t block_rows(
     return process_residual_block(request, p, i, q, point_mass, start, stop)
 
 
+cdef inline Py_ssize_t draw_block_size(Py_ssize_t V) noexcept nogil:
+    # MIN_BLOCK, or larger so that at most MAX_BLOCKS block sums are kept on the stack.
+    if V > MIN_BLOCK * MAX_BLOCKS:
+        return ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    return MIN_BLOCK
+
+
+cdef inline Py_ssize_t block_holding(
+    const double* block_sums, Py_ssize_t num_blocks, double threshold, double* running
+) noexcept nogil:
+    """The first block whose running sum passes ``threshold`` (``num_blocks`` if none),
+    adding the skipped blocks' sums to ``running``."""
+    cdef Py_ssize_t j = 0
+    while j < num_blocks and not running[0] + block_sums[j] > threshold:
+        running[0] += block_sums[j]
+        j += 1
+    return j
+
+
 cdef Py_ssize_t draw_by_blocks(
     Request* request, const probability_t* p, const probability_t* q, Py_ssize_t i,
     Py_ssize_t point_mass, double rho, Py_ssize_t V, double v
@@ -380,14 +399,13 @@ cdef Py_ssize_t draw_by_blocks(
     :func:`block_rows` gives block by block (probabilities, or logits processed into
     scratch: the same blocks, sums and scan either way)."""
     cdef double block_sums[MAX_BLOCKS]
-    cdef Py_ssize_t block = MIN_BLOCK
+    cdef Py_ssize_t block
     cdef Py_ssize_t num_blocks, j, y, start, stop, mass
     cdef double total, threshold, running = 0.0, w, scale = 1.0
     cdef int _attempt
     cdef const probability_t* block_p
     cdef const probability_t* block_q
-    if V > block * MAX_BLOCKS:
-        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    block = draw_block_size(V)
     num_blocks = (V + block - 1) // block
     for _attempt in range(2):
         total = 0.0
@@ -405,10 +423,7 @@ cdef Py_ssize_t draw_by_blocks(
     if not total > 0.0:
         return -1
     threshold = v * total
-    j = 0
-    while j < num_blocks and not running + block_sums[j] > threshold:
-        running += block_sums[j]
-        j += 1
+    j = block_holding(block_sums, num_blocks, threshold, &running)
     # Scan on from the chosen block; it normally ends inside it, but block sums and the
     # running sum round differently, so a miss simply continues to the next block.
     while j < num_blocks:
@@ -1354,7 +1369,7 @@ cdef Py_ssize_t draw_excluding_children(
     ``working`` with them zeroed instead."""
     cdef double block_sums[MAX_BLOCKS]
     cdef int64_t excluded[MAX_EXCLUDED]
-    cdef Py_ssize_t block = MIN_BLOCK
+    cdef Py_ssize_t block
     cdef Py_ssize_t num_blocks, j, y, start, stop, child, count = 0, e
     cdef double total, threshold, running = 0.0, w, scale = 1.0
     cdef int64_t token
@@ -1383,8 +1398,7 @@ cdef Py_ssize_t draw_excluding_children(
             excluded[e] = token
             count += 1
         child = next_child(parents, num_nodes, node, child)
-    if V > block * MAX_BLOCKS:
-        block = ((V + MAX_BLOCKS - 1) // MAX_BLOCKS + 7) // 8 * 8
+    block = draw_block_size(V)
     num_blocks = (V + block - 1) // block
     for _attempt in range(2):
         for j in range(num_blocks):
@@ -1410,10 +1424,7 @@ cdef Py_ssize_t draw_excluding_children(
     if not total > 0.0:
         return -1
     threshold = v * total
-    j = 0
-    while j < num_blocks and not running + block_sums[j] > threshold:
-        running += block_sums[j]
-        j += 1
+    j = block_holding(block_sums, num_blocks, threshold, &running)
     e = 0
     while e < count and excluded[e] < j * block:
         e += 1
