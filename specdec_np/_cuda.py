@@ -36,9 +36,11 @@ select over the keys of ``z``, never a sort); a row that is scanned whole (a res
 an entropy, a lazy bonus) is materialised into the request's two scratch rows of one
 per-call ``[B, 2 V]`` buffer. ``docs/semantics.md`` says where a real device can differ.
 
-``verify_trees_kernel<ProbT, IdT>`` is the tree driver's (``_core.verify_trees``) for
-probability rows: one block per request walks its tree from the root, reading only the rows
-on the walked path and the children tested there.  Per node the block shares the row passes
+``verify_trees_kernel<ProbT, IdT>`` is the tree driver's (``_core.verify_trees``): one
+block per request walks its tree from the root, reading only the rows on the walked path and
+the children tested there.  Logits rows go through the chain kernel's readers (a test reads
+one entry through its row's law; a row read whole is materialised into the request's
+scratch pair), as the CPU tree driver reads them.  Per node the block shares the row passes
 (the greedy argmax, an RRS draft row's mass, the residual update ``r <- (r - q_j)+`` into
 the request's float64 working pair, the final inverse-CDF draw) and every thread repeats the
 scalar steps (which child next, its test), so the whole block takes one path.  The working
@@ -1335,28 +1337,24 @@ _TREE_SOURCE = (
         for index, constant in enumerate(_TREE_WALK_CONSTANTS.values())
     )
     + r"""
-// One request of the tree layout as its block sees it: its N_b + 1 target rows (the root row,
-// then one per node), its N_b draft rows (nullptr: point-mass candidates), ids, parents (an
-// index within the request, -1 for the root), uniforms (column j for node j's test, column
-// N_b for the final token) and its two float64 working rows of V (the residual and its
+// One request of the tree layout as its block sees it: the fields of a chain request (its
+// N_b + 1 target rows: the root row, then one per node; its N_b draft rows, nullptr for
+// point-mass candidates; its ids; k = N_b; its uniforms, column j for node j's test and
+// column N_b for the final token; for logits rows its sampling parameters and two scratch
+// rows), so that the chain's row readers read its rows; then its parents (an index within
+// the request, -1 for the root) and its two float64 working rows of V (the residual and its
 // update, ping-pong as on the CPU; nullptr for greedy walks).
 template <typename ProbT, typename IdT>
-struct TreeArgs {
-    const ProbT* __restrict__ target;
-    const ProbT* __restrict__ draft;
-    const IdT* __restrict__ ids;
+struct TreeArgs : RowArgs<ProbT, IdT> {
     const long long* __restrict__ parents;
-    const double* __restrict__ uniforms;
     double* working;
-    long long nodes;
-    long long vocab;
 };
 
 // The first child of `node` (-1: the root) with an index above `after`, or -1. Children are
 // later nodes, so a walk only moves forward and ends within N_b steps whatever the parents.
 template <typename ProbT, typename IdT>
 __device__ long long next_child(const TreeArgs<ProbT, IdT>& a, long long node, long long after) {
-    for (long long j = after + 1; j < a.nodes; ++j) {
+    for (long long j = after + 1; j < a.k; ++j) {
         if (a.parents[j] == node) return j;
     }
     return -1;
@@ -1367,7 +1365,7 @@ template <typename ProbT, typename IdT>
 __device__ bool tried_before(const TreeArgs<ProbT, IdT>& a, long long node, long long first,
                              long long child, long long token) {
     for (long long j = first; j < child; ++j) {
-        if (a.parents[j] == node && static_cast<long long>(a.ids[j]) == token) return true;
+        if (a.parents[j] == node && static_cast<long long>(a.draft_ids[j]) == token) return true;
     }
     return false;
 }
@@ -1433,7 +1431,7 @@ __device__ long long greedy_tree_step(const TreeArgs<ProbT, IdT>& a, long long n
     const long long argmax = argmax_or_zero(best, best_index);
     for (long long child = next_child(a, node, node); child >= 0;
          child = next_child(a, node, child)) {
-        if (static_cast<long long>(a.ids[child]) == argmax) return child;
+        if (static_cast<long long>(a.draft_ids[child]) == argmax) return child;
     }
     final_token = argmax;
     return -1;
@@ -1442,26 +1440,28 @@ __device__ long long greedy_tree_step(const TreeArgs<ProbT, IdT>& a, long long n
 // Deterministic candidates: child j passes iff u_j (1 - removed) < r(x_j), r the node's row
 // with the tokens of the siblings tried before removed (their mass `removed`); when every
 // child fails, a draw from the row without them (copied, cleaned, to the working row).
-// Returns the accepted child, or -1 with the final token (-2: no mass).
+// As on the CPU, a logits row is read through its law for the tests and materialised for
+// the draw. Returns the accepted child, or -1 with the final token (-2: no mass).
 template <typename ProbT, typename IdT>
 __device__ long long point_mass_tree_step(const TreeArgs<ProbT, IdT>& a, long long node,
                                           long long& final_token, Scratch& s) {
     const long long vocab = a.vocab;
-    const ProbT* p = a.target + (node + 1) * vocab;
     const long long first = next_child(a, node, node);
     double removed = 0.0;
     long long last_removed = -1;
     for (long long child = first; child >= 0; child = next_child(a, node, child)) {
-        const long long x = static_cast<long long>(a.ids[child]);
-        const double r_x =
-            tried_before(a, node, first, child, x) ? 0.0 : static_cast<double>(p[x]);
+        const long long x = static_cast<long long>(a.draft_ids[child]);
+        const double r_x = tried_before(a, node, first, child, x)
+                               ? 0.0
+                               : read_probability(a, s, node + 1, x, false);
         if (a.uniforms[child] * (1.0 - removed) < r_x) return child;
         if (r_x > 0.0) {
             removed += r_x;
             last_removed = x;
         }
     }
-    const double v = a.uniforms[a.nodes];
+    const ProbT* p = processed_row(a, s, node + 1, false);
+    const double v = a.uniforms[a.k];
     long long token;
     if (first < 0) {
         token = draw_row(p, vocab, v, s.draw);
@@ -1473,7 +1473,7 @@ __device__ long long point_mass_tree_step(const TreeArgs<ProbT, IdT>& a, long lo
         __syncthreads();
         if (threadIdx.x == 0) {
             for (long long child = first; child >= 0; child = next_child(a, node, child)) {
-                row[a.ids[child]] = 0.0;
+                row[a.draft_ids[child]] = 0.0;
             }
         }
         __syncthreads();
@@ -1490,14 +1490,16 @@ __device__ long long point_mass_tree_step(const TreeArgs<ProbT, IdT>& a, long lo
 // SpecInfer (and, WithoutReplacement, RRS): child j passes iff u_j q_j(x_j) < r(x_j); on
 // rejection r <- (r - q_j)+ renormalised, kept only if it has mass. For RRS q_j is the draft
 // row with the tokens of the siblings tried before taken out and renormalised. The residual
-// lives in one working row and its update goes to the other. Returns the accepted child, or
-// -1 with the final token (-2: no mass). `fixed_mass` is shared memory for thread 0's result.
+// lives in one working row and its update goes to the other. As on the CPU, a logits row is
+// read through its law for a test and materialised (p once, q_j per child) where a whole row
+// is read. Returns the accepted child, or -1 with the final token (-2: no mass).
+// `fixed_mass` is shared memory for thread 0's result.
 template <typename ProbT, typename IdT>
 __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long node,
                                         bool without_replacement, long long& final_token,
                                         Scratch& s, double& fixed_mass) {
     const long long vocab = a.vocab;
-    const ProbT* p = a.target + (node + 1) * vocab;
+    const ProbT* p = nullptr;
     const long long first = next_child(a, node, node);
     // The parent's step ended on a read of its residual, which this step overwrites: no
     // thread may update a working row before every thread has read it.
@@ -1505,16 +1507,17 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
     const double* residual = nullptr;
     double mass = 1.0;
     for (long long child = first; child >= 0; child = next_child(a, node, child)) {
-        const long long x = static_cast<long long>(a.ids[child]);
-        const ProbT* q = a.draft + child * vocab;
+        const long long x = static_cast<long long>(a.draft_ids[child]);
+        const ProbT* q = nullptr;
         const bool reduced = without_replacement && child != first;
         double q_mass = 1.0;
         double q_x;
         if (reduced) {
+            q = processed_row(a, s, child, true);
             q_mass = clean_sum(q, vocab, s.reduce);
             for (long long sibling = first; sibling < child;
                  sibling = next_child(a, node, sibling)) {
-                const long long t = static_cast<long long>(a.ids[sibling]);
+                const long long t = static_cast<long long>(a.draft_ids[sibling]);
                 if (!tried_before(a, node, first, sibling, t)) {
                     q_mass -= clean_draft(static_cast<double>(q[t]));
                 }
@@ -1527,11 +1530,14 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
                 q_x = q_x / q_mass;
             }
         } else {
-            q_x = clean_draft(static_cast<double>(q[x]));
+            q_x = draft_p(a, s, child);
         }
-        double r_x = residual != nullptr ? residual[x] : static_cast<double>(p[x]);
+        double r_x =
+            residual != nullptr ? residual[x] : read_probability(a, s, node + 1, x, false);
         if (mass != 1.0) r_x = r_x / mass;
         if (a.uniforms[child] * q_x < r_x) return child;
+        if (q == nullptr) q = processed_row(a, s, child, true);
+        if (residual == nullptr && p == nullptr) p = processed_row(a, s, node + 1, false);
         double* update = residual != a.working ? a.working : a.working + vocab;
         double updated_mass =
             residual != nullptr
@@ -1543,7 +1549,7 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
             if (threadIdx.x == 0) {
                 for (long long sibling = first; sibling < child;
                      sibling = next_child(a, node, sibling)) {
-                    const long long t = static_cast<long long>(a.ids[sibling]);
+                    const long long t = static_cast<long long>(a.draft_ids[sibling]);
                     if (!tried_before(a, node, first, sibling, t)) {
                         double value =
                             residual != nullptr ? residual[t] : static_cast<double>(p[t]);
@@ -1564,7 +1570,8 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
             mass = updated_mass;
         }
     }
-    const double v = a.uniforms[a.nodes];
+    const double v = a.uniforms[a.k];
+    if (residual == nullptr && p == nullptr) p = processed_row(a, s, node + 1, false);
     const long long token =
         residual != nullptr ? draw_row(residual, vocab, v, s.draw) : draw_row(p, vocab, v, s.draw);
     if (token < 0) return -2;
@@ -1573,15 +1580,18 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
 }
 }  // namespace specdec
 
-// Tree verification with the arguments of specdec_np._core.verify_trees (probability rows):
+// Tree verification with the arguments of specdec_np._core.verify_trees:
 // target_rows [N + B, V], draft_rows [N, V] or nullptr (point-mass candidates),
 // draft_token_ids and tree_parents [N], node_offsets [B + 1], uniforms [B, uniform_width],
 // request_methods [B] or nullptr (then every request walks `method`), working [B, 2 V] (a
 // request's residual rows; nullptr when no request walks stochastically); outputs
 // accepted_nodes [B, depth_width], output [B, depth_width + 1], accepted_lengths and
-// row_status [B], written where and as the CPU driver writes them. Launch: grid B, block
-// kBlock. Every thread of a block walks the same path (the scalar steps are repeated by each
-// thread, the row passes are shared), so every __syncthreads is reached by the whole block.
+// row_status [B], written where and as the CPU driver writes them; then sampling [B, 4]
+// (the rows are logits: temperature, top-k, top-p, min-p; nullptr for probabilities) and
+// scratch [B, 2 V] (a request's processed target and draft row; with sampling only).
+// Launch: grid B, block kBlock. Every thread of a block walks the same path (the scalar steps
+// are repeated by each thread, the row passes are shared), so every __syncthreads is reached
+// by the whole block.
 template <typename ProbT, typename IdT>
 __global__ void __launch_bounds__(specdec::kBlock, 1)
 verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restrict__ draft_rows,
@@ -1593,8 +1603,9 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
                     long long batch, long long num_nodes, long long vocab, long long depth_width,
                     double* __restrict__ working, long long* __restrict__ accepted_nodes,
                     long long* __restrict__ output, long long* __restrict__ accepted_lengths,
-                    long long* __restrict__ row_status) {
-    __shared__ specdec::Scratch scratch;
+                    long long* __restrict__ row_status, const double* __restrict__ sampling,
+                    ProbT* scratch) {
+    __shared__ specdec::Scratch shared;
     __shared__ double fixed_mass;
     const long long b = blockIdx.x;
     if (b >= batch) return;
@@ -1617,28 +1628,40 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
     const IdT* ids = draft_token_ids + start;
 
     // Ids first: a bad one is reported by its node and never used as an index.
-    if (t == 0) scratch.first_bad = specdec::kNone;
+    if (t == 0) {
+        shared.first_bad = specdec::kNone;
+        shared.target_law_row = -1;
+        shared.draft_law_row = -1;
+    }
     __syncthreads();
     for (long long j = t; j < nodes; j += specdec::kBlock) {
         const long long id = static_cast<long long>(ids[j]);
-        if (id < 0 || id >= vocab) atomicMin(&scratch.first_bad, j);
+        if (id < 0 || id >= vocab) atomicMin(&shared.first_bad, j);
     }
     __syncthreads();
-    const long long bad = scratch.first_bad;
+    const long long bad = shared.first_bad;
     if (bad != specdec::kNone) {
         if (t == 0) row_status[b] = 1 + bad;
         return;
     }
 
     const specdec::TreeArgs<ProbT, IdT> args{
-        target_rows + (start + b) * vocab,
-        draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
-        ids,
+        {
+            target_rows + (start + b) * vocab,
+            draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
+            ids,
+            0,  // a tree has no bonus id
+            stochastic ? uniforms + b * uniform_width : nullptr,
+            nullptr,  // nor verifier parameters
+            nodes,
+            vocab,
+            -1,
+            false,
+            sampling != nullptr ? sampling + 4 * b : nullptr,
+            sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
+        },
         tree_parents + start,
-        stochastic ? uniforms + b * uniform_width : nullptr,
         stochastic ? working + b * 2 * vocab : nullptr,
-        nodes,
-        vocab,
     };
     // Without draft rows SpecInfer and RRS walk as point-mass candidates.
     const bool use_drafts =
@@ -1652,12 +1675,12 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
     for (;;) {  // uniform loop: every thread takes the same path
         long long child;
         if (walk == specdec::kWalkGreedy) {
-            child = specdec::greedy_tree_step(args, node, final_token, scratch);
+            child = specdec::greedy_tree_step(args, node, final_token, shared);
         } else if (use_drafts) {
             child = specdec::residual_tree_step(args, node, walk == specdec::kWalkRrs,
-                                                final_token, scratch, fixed_mass);
+                                                final_token, shared, fixed_mass);
         } else {
-            child = specdec::point_mass_tree_step(args, node, final_token, scratch);
+            child = specdec::point_mass_tree_step(args, node, final_token, shared);
         }
         if (child == -2) {
             status = -(1 + node + 1);
@@ -1870,6 +1893,17 @@ def _guard_outputs(batch: int, width: int | None, buffers: tuple[Any, Any, Any, 
         _guard(array, name, ("int64",), (batch, width) if name == "output" else (batch,))
 
 
+def _guard_sampling(batch: int, vocab: int, dtype: Any, sampling: Any, scratch: Any) -> None:
+    """With logits rows, ``sampling`` is float64 ``[B, 4]`` and ``scratch`` the rows' dtype
+    ``[B, 2 V]`` (a request's processed target and draft row)."""
+    if sampling is None:
+        return
+    _guard(sampling, "sampling", ("float64",), (batch, 4))
+    if scratch is None:
+        raise ValueError("scratch: expected a [B, 2 V] array with sampling, found None")
+    _guard(scratch, "scratch", (np.dtype(dtype).name,), (batch, 2 * vocab))
+
+
 def _launch(source: str, name: str, grid: int, block: int, arguments: dict[str, Any]) -> None:
     """Launch kernel ``name`` of ``source`` with ``arguments`` (the kernel's parameters, by
     name, in order) on the device of its arrays, after checking that they share one (O(1),
@@ -1985,11 +2019,7 @@ class _CoreLikeKernels:
                 f"parameters: expected {len(verifier.parameters)} for {verifier.name}, "
                 f"found {int(parameters.shape[0])}"
             )
-        if sampling is not None:
-            _guard(sampling, "sampling", ("float64",), (batch, 4))
-            if scratch is None:
-                raise ValueError("scratch: expected a [B, 2 V] array with sampling, found None")
-            _guard(scratch, "scratch", (np.dtype(target_rows.dtype).name,), (batch, 2 * vocab))
+        _guard_sampling(batch, vocab, target_rows.dtype, sampling, scratch)
         buffers = (output, accepted_lengths, num_accepted, row_status)
         _guard_outputs(batch, None, buffers)
         width = int(output.shape[1])
@@ -2083,28 +2113,23 @@ class _CoreLikeKernels:
         scratch: Any = None,
         working: Any = None,
     ) -> None:
-        """Verify a batch of draft trees (``_core.verify_trees``'s signature and meaning) on
-        probability rows.
+        """Verify a batch of draft trees (``_core.verify_trees``'s signature and meaning).
 
         Launches ``verify_trees_kernel<ProbT, IdT>``: grid ``B``, :data:`BLOCK_SIZE` threads,
         one block walking each request.  ``working`` must be float64 ``[B, 2 V]`` (one pair of
-        residual rows per request, not per thread) whenever a walk is stochastic.  Offsets
-        are used as given, clamped on the device to the arrays (and ``N_b`` to the uniform
-        width); a walk deeper than ``accepted_nodes`` reports ``1 + node`` in ``row_status``.
+        residual rows per request, not per thread) whenever a walk is stochastic, and with
+        ``sampling`` (logits rows) ``scratch`` must be ``[B, 2 V]`` in the rows' dtype (one
+        processed target and draft row per request).  Offsets are used as given, clamped on
+        the device to the arrays (and ``N_b`` to the uniform width); a walk deeper than
+        ``accepted_nodes`` reports ``1 + node`` in ``row_status``.
 
         Raises
         ------
         TypeError
-            For logits rows (``sampling``), which the CUDA tree kernel does not read, and
-            for arrays of the wrong dtype.
+            For arrays of the wrong dtype.
         ValueError
             For an unknown walk, inconsistent shapes or arrays on several devices.
         """
-        if sampling is not None or scratch is not None:
-            raise TypeError(
-                "sampling: the CUDA tree kernel reads probability rows only; expected "
-                "sampling=None (logits rows run on NumPy), found a sampling table"
-            )
         walks = len(_TREE_WALK_CONSTANTS)
         if not 0 <= method < walks:
             raise ValueError(
@@ -2140,6 +2165,7 @@ class _CoreLikeKernels:
         _guard(output, "output", ("int64",), (batch, depth + 1))
         _guard(accepted_lengths, "accepted_lengths", ("int64",), (batch,))
         _guard(row_status, "row_status", ("int64",), (batch,))
+        _guard_sampling(batch, vocab, target_rows.dtype, sampling, scratch)
         if batch == 0:
             return
         arguments = {
@@ -2161,6 +2187,8 @@ class _CoreLikeKernels:
             "output": output,
             "accepted_lengths": accepted_lengths,
             "row_status": row_status,
+            "sampling": sampling,
+            "scratch": scratch if sampling is not None else None,
         }
         name = _tree_name(target_rows.dtype, draft_token_ids.dtype)
         _launch("verify_trees", name, batch, BLOCK_SIZE, arguments)

@@ -294,7 +294,7 @@ def tree_output_buffers(
     max_depth : int
         The deepest tree the buffers must hold.
     xp : module
-        ``numpy`` or ``cupy`` (on the current device; CuPy for probability rows).
+        ``numpy`` or ``cupy`` (on the current device).
 
     Returns
     -------
@@ -396,12 +396,6 @@ def verify_tree(
         target_name=target_name,
         draft_name=draft_name,
     )
-    if batch.device is not None and from_logits:
-        raise TypeError(
-            f"{target_name} is on cuda:{batch.device}; tree verification reads logits on "
-            "NumPy (CPU) arrays only in this release: pass target_probs (and draft_probs) on "
-            "CuPy, or NumPy logits"
-        )
     layout = batch.layout
     sampling = _checked_sampling(
         batch.xp, layout.batch_size, batch.vocab_size, strict, from_logits,

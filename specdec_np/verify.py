@@ -285,19 +285,18 @@ def verify_tree_batch(
     if block is None:
         block = _contract.allocate_tree_output_block(xp, layout.batch_size, layout.max_depth)
     threads = _backend.thread_count(layout.batch_size, 2 * vocab_size)
-    dtype = batch.target_rows.dtype
+    # Working rows are per CPU thread, or per request on the GPU (one thread block each).
+    rows = threads if batch.device is None else layout.batch_size
     options: dict[str, Any] = {}
     if request_methods is not None:
         options["request_methods"] = request_methods
     if sampling is not None:
         options["sampling"] = sampling
-        # Per thread, the processed target and draft row of the node it works on.
-        options["scratch"] = xp.empty((threads, 2 * vocab_size), dtype=dtype)
+        # The processed target and draft row of the node being walked.
+        options["scratch"] = _scratch_rows(xp, rows, vocab_size, batch.target_rows.dtype)
     stochastic = method.stochastic or request_methods is not None
     if stochastic:
-        # Per CPU thread (per request on CUDA, one block each), the residual and its
-        # update: allocated once per call, not per node.
-        rows = threads if batch.device is None else layout.batch_size
+        # The residual and its update: allocated once per call, not per node.
         options["working"] = xp.empty((rows, 2 * vocab_size), dtype=xp.float64)
     snapshot = sources.snapshot()
     point_mass = batch.draft_rows is None

@@ -413,7 +413,8 @@ _KERNEL_SIGNATURES = {
         "long long uniform_width, const signed char* request_methods, long long method, "
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
-        "long long* accepted_lengths, long long* row_status",
+        "long long* accepted_lengths, long long* row_status, const double* sampling, "
+        "P* scratch",
         "batch, specdec::kBlock",
     ),
     "create_output_kernel": (
@@ -1533,13 +1534,18 @@ class Trees:
             methods=None if self.methods is None else self.methods[b : b + 1],
             depth=self.depth,
             kind=self.kind,
+            sampling=None if self.sampling is None else self.sampling[b : b + 1],
         )
 
 
-def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None) -> Trees:
+def _tree_case(
+    rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None, logits: bool = False
+) -> Trees:
     """Random trees: zero-node requests, deep chains and wide sibling lists, repeated sibling
     tokens, both dtypes of each kind, dense (with negative and NaN entries) or no draft
-    rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs."""
+    rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs.
+    With ``logits``, the rows are logits (ties at the filter boundaries, masked, NaN and
+    ``+inf`` entries) with per-request temperature, top-k, top-p and min-p."""
     batch = int(rng.integers(1, 5))
     shape = str(rng.choice(["random", "wide", "chain"]))
     most = 24 if shape == "wide" else 8
@@ -1560,10 +1566,15 @@ def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any =
     vocab = int(rng.choice(VOCABULARIES[:-1], p=weights / weights.sum()))
     pdt = FLOAT_TYPES[int(rng.integers(2))] if prob_dtype is None else prob_dtype
     idt = ID_TYPES[int(rng.integers(2))] if id_dtype is None else id_dtype
-    kind = str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
-    target = _probabilities(rng, (total + batch, vocab), pdt, kind)
+    kind = "logits" if logits else str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
+    if logits:
+        target = _logit_rows(rng, (total + batch, vocab), pdt)
+    else:
+        target = _probabilities(rng, (total + batch, vocab), pdt, kind)
     draft = None
-    if rng.random() < 0.75:
+    if rng.random() < 0.75 and logits:
+        draft = _logit_rows(rng, (total, vocab), pdt)
+    elif rng.random() < 0.75:
         draft = _probabilities(rng, (total, vocab), pdt, str(rng.choice(["flat", "peaked"])))
         if rng.random() < 0.2:  # negative and NaN draft entries count as 0
             spoilt = rng.random(draft.shape) < 0.3
@@ -1574,6 +1585,10 @@ def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any =
         for i in range(int(offsets[b]), int(offsets[b + 1])):
             row = target[int(offsets[b]) + b + 1 + int(parents[i])]  # the parent's row
             w = np.nan_to_num(row.astype(np.float64), nan=0.0).clip(0.0, None)
+            if logits:  # a peaked law of the logits, so that children get accepted
+                z = np.nan_to_num(row.astype(np.float64), nan=-np.inf, neginf=-np.inf)
+                z = np.minimum(z, 50.0)
+                w = np.exp(2.0 * (z - z.max())) if np.isfinite(z.max()) else np.zeros(vocab)
             choice = rng.random()
             if choice < 0.3:
                 ids[i] = rng.choice(popular)
@@ -1586,7 +1601,8 @@ def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any =
     _boundary_uniforms(rng, uniforms)
     if total and rng.random() < 0.1:  # an out-of-range id
         ids[rng.integers(total)] = rng.choice([-1, vocab, vocab + 5])
-    target, draft = _spoilt_rows(rng, target, draft)
+    if not logits:
+        target, draft = _spoilt_rows(rng, target, draft)
     parents = np.asarray(parents, np.int64)
     depths = np.zeros(total, np.int64)
     for b in range(batch):
@@ -1597,16 +1613,30 @@ def _tree_case(rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any =
     methods = None
     if rng.random() < 0.2:  # a mixed batch: per-request walks
         methods = rng.integers(0, len(TREE_WALKS), batch).astype(np.int8)
+    sampling = None
+    if logits:
+        sampling = np.stack(
+            [
+                rng.choice([0.5, 1.0, 1.7], batch),
+                rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+                rng.choice([1.0, 0.9, 0.5, 0.3], batch),
+                rng.choice([0.0, 0.0, 0.05, 0.2], batch),
+            ],
+            axis=1,
+        )
     return Trees(
         target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
-        uniforms=uniforms, methods=methods, depth=depth, kind=kind,
+        uniforms=uniforms, methods=methods, depth=depth, kind=kind, sampling=sampling,
     )  # fmt: skip
 
 
 def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
     out = c.buffers()
     vocab = int(c.target.shape[1])
-    options = {} if c.methods is None else {"request_methods": c.methods}
+    options: dict[str, Any] = {} if c.methods is None else {"request_methods": c.methods}
+    if c.sampling is not None:
+        options["sampling"] = c.sampling
+        options["scratch"] = np.empty((1, 2 * vocab), c.target.dtype)
     core.verify_trees(
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
         c.parents, c.offsets, c.uniforms, *out, 1,
@@ -1621,13 +1651,14 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees) -> list[np.ndarray]:
     out = c.buffers()
     vocab = int(c.target.shape[1])
     working = np.full((c.batch, 2 * vocab), np.nan)  # stale rows must never be read
+    scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
     name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.parents), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(c.methods),
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(working),
-        *(_ptr(a) for a in out),
+        *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch),
     )  # fmt: skip
     return out
 
@@ -1661,13 +1692,13 @@ def _explained_by_rounding(core: Any, method: int, c: Trees, b: int, mine: tuple
     return False
 
 
-def _compare_trees(lib: Any, core: Any, seed: int, cases: int) -> Comparison:
+def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = False) -> Comparison:
     """Every walk, emulated CUDA against ``_core.verify_trees``: statuses and the cells
     written identical, except where a uniform lies within rounding of a boundary."""
     rng = np.random.default_rng(seed)
     tally = Comparison()
     for number in range(cases):
-        c = _tree_case(rng)
+        c = _tree_case(rng, logits=logits)
         tally.cases += 1
         for walk in TREE_WALKS:
             method = core.TREE_WALKS.index(walk)
@@ -1705,12 +1736,14 @@ def test_tree_walk_constants_follow_the_cpu_numbering(core: Any) -> None:
         assert f"constexpr int {constant} = {index};" in source
 
 
-def test_emulated_tree_kernel_matches_cpu_driver(emulated: Any, core: Any) -> None:
+@pytest.mark.parametrize("logits", [False, True], ids=["probabilities", "logits"])
+def test_emulated_tree_kernel_matches_cpu_driver(emulated: Any, core: Any, logits: bool) -> None:
     """``verify_trees_kernel`` agrees with ``_core.verify_trees`` on random trees for every
-    walk, both dtypes of each kind, mixed batches, zero-node requests and wide sibling lists:
-    statuses and every cell written (a sentinel marks those left alone), except where a
-    uniform lies within rounding of a decision or CDF boundary (checked by nudging it)."""
-    tally = _compare_trees(emulated, core, seed=20260101, cases=TREE_CASES)
+    walk, both dtypes of each kind, mixed batches, zero-node requests and wide sibling lists,
+    on probability rows and on logits rows processed on the device: statuses and every cell
+    written (a sentinel marks those left alone), except where a uniform lies within rounding
+    of a decision or CDF boundary (checked by nudging it)."""
+    tally = _compare_trees(emulated, core, seed=20260101, cases=TREE_CASES, logits=logits)
     assert not tally.problems, "\n".join(tally.problems[:20])
     print(
         f"\nemulated {tally.cases} tree cases, {tally.requests} requests x walk, "
@@ -1728,19 +1761,33 @@ _TREE_MUTATIONS: dict[str, Callable[[str], str]] = {
     "tree_siblings_not_removed": lambda s: _replace(s, "removed += r_x;", ""),
     # RRS: the tried siblings' tokens are not restored to the residual.
     "tree_rrs_no_fix_up": lambda s: _replace(s, "update[t] = value;", ""),
-}
+    # Logits: point-mass candidates' final draw reads the raw logits row.
+    "tree_logits_draw_unprocessed": lambda s: _replace(
+        s, "const ProbT* p = processed_row(a, s, node + 1, false);",
+        "const ProbT* p = a.target + (node + 1) * vocab;",
+    ),
+    # Logits: a rejected SpecInfer/RRS child's residual update reads its raw draft logits.
+    "tree_logits_update_unprocessed": lambda s: _replace(
+        s, "if (q == nullptr) q = processed_row(a, s, child, true);",
+        "if (q == nullptr) q = a.draft + child * vocab;",
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("mutation", sorted(_TREE_MUTATIONS))
 def test_emulation_detects_mutated_tree_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
-    """Negative controls: a wrong tree kernel must disagree with the CPU driver."""
+    """Negative controls: a wrong tree kernel must disagree with the CPU driver (on
+    probability rows or on logits rows)."""
     sources = _cuda.cuda_sources()
     mutated = {"verify_trees": _TREE_MUTATIONS[mutation](sources["verify_trees"])}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
-    tally = _compare_trees(lib, core, seed=20260101, cases=100)
-    assert tally.problems, f"mutation {mutation} went unnoticed"
+    tallies = [
+        _compare_trees(lib, core, seed=20260101, cases=100, logits=logits)
+        for logits in (False, True)
+    ]
+    assert any(tally.problems for tally in tallies), f"mutation {mutation} went unnoticed"
 
 
 def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
@@ -1766,6 +1813,9 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
         "request_methods": None if c.methods is None else wrap(c.methods),
         "working": wrap(np.empty((c.batch, 2 * vocab))),
     }
+    if c.sampling is not None:
+        arguments["sampling"] = wrap(c.sampling)
+        arguments["scratch"] = wrap(np.empty((c.batch, 2 * vocab), c.target.dtype))
     arguments.update(changes)
     assert _cuda.core_like.verify_trees(**arguments) is None, "reports through row_status"
     return [fake.asnumpy(x) for x in out]
@@ -1774,11 +1824,11 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
 def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
     """End to end through ``core_like.verify_trees``: argument order, null pointers, the
     instantiation chosen and the launch shape, for every walk and dtype pair; one
-    ``RawModule`` for the tree source, compiled once."""
+    ``RawModule`` for the tree source, compiled once; probability and logits rows."""
     rng = np.random.default_rng(13)
     seen = set()
-    for prob_dtype, id_dtype, _ in itertools.product(FLOAT_TYPES, ID_TYPES, range(3)):
-        c = _tree_case(rng, prob_dtype, id_dtype)
+    for prob_dtype, id_dtype, logits in itertools.product(FLOAT_TYPES, ID_TYPES, [0, 1, 0, 1]):
+        c = _tree_case(rng, prob_dtype, id_dtype, logits=bool(logits))
         for walk in TREE_WALKS:
             method = core.TREE_WALKS.index(walk)
             with np.errstate(all="ignore"):
@@ -1796,8 +1846,9 @@ def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
 
 
 def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
-    """O(1) guards before a launch (logits, walks, dtypes, shapes, working rows, one device);
-    an empty batch launches nothing; a greedy call needs neither uniforms nor working rows."""
+    """O(1) guards before a launch (sampling and scratch rows, walks, dtypes, shapes, working
+    rows, one device); an empty batch launches nothing; a greedy call needs neither uniforms
+    nor working rows."""
     rng = np.random.default_rng(17)
     c = _tree_case(rng)
     while c.methods is not None or c.ids.shape[0] == 0:
@@ -1805,8 +1856,20 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
     wrap = fake_cupy.asarray
     vocab = int(c.target.shape[1])
     rrs = core.TREE_WALKS.index("rrs_tree_walk")
-    with pytest.raises(TypeError, match="sampling: the CUDA tree kernel reads probability"):
-        _launch_trees(c, rrs, sampling=wrap(np.ones((c.batch, 4))))
+    sampling = wrap(np.ones((c.batch, 4)))
+    with pytest.raises(ValueError, match="scratch: expected a"):
+        _launch_trees(c, rrs, sampling=sampling)
+    with pytest.raises(ValueError, match="sampling: expected shape"):
+        _launch_trees(c, rrs, sampling=wrap(np.ones((c.batch, 3))))
+    other = np.float64 if c.target.dtype == np.float32 else np.float32
+    with pytest.raises(TypeError, match="scratch: expected dtype"):
+        _launch_trees(
+            c, rrs, sampling=sampling, scratch=wrap(np.empty((c.batch, 2 * vocab), other))
+        )
+    with pytest.raises(ValueError, match="scratch: expected shape"):
+        _launch_trees(
+            c, rrs, sampling=sampling, scratch=wrap(np.empty((c.batch, vocab), c.target.dtype))
+        )
     with pytest.raises(ValueError, match="method: expected an index into _core.TREE_WALKS"):
         _launch_trees(c, len(core.TREE_WALKS))
     with pytest.raises(ValueError, match="working: expected float64"):
@@ -1831,7 +1894,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
     empty = Trees(
         target=np.zeros((0, 5), np.float32), draft=None, ids=np.zeros(0, np.int64),
         parents=np.zeros(0, np.int64), offsets=np.zeros(1, np.int64), uniforms=np.zeros((0, 1)),
-        methods=None, depth=0, kind="empty",
+        methods=None, depth=0, kind="empty", sampling=None,
     )  # fmt: skip
     count = len(fake_cupy.launches)
     _launch_trees(empty, rrs)

@@ -1413,27 +1413,57 @@ def tree_case(seed, dtype, id_dtype, with_draft_probs, batch_size=5, vocab_size=
     }
 
 
+TREE_ROWS = ("target_probs", "draft_probs", "target_logits", "draft_logits")
+TREE_SAMPLING = ("temperature", "top_k", "top_p", "min_p")
+
+
+def tree_logits_case(seed, dtype, id_dtype, with_draft_logits):
+    """``tree_case`` with logits rows: ties at the top-k and top-p boundaries, masked entries,
+    per-request temperature, top-k, top-p and min-p, and greedy requests (temperature 0)."""
+    case = tree_case(seed, dtype, id_dtype, with_draft_logits)
+    rng = np.random.default_rng(seed + 1)
+    for name in ("target", "draft"):
+        rows = case.pop(f"{name}_probs")
+        if rows is not None:
+            logits = rng.choice(np.array([0.0, 1.0, 2.0, 2.5, -np.inf]), rows.shape)
+            with np.errstate(divide="ignore"):  # a zero probability is a masked logit
+                logits[::3] = np.log(rows[::3].astype(np.float64))
+            rows = logits.astype(dtype)
+        case[f"{name}_logits"] = rows
+    case.update(
+        temperature=np.array([0.7, 1.0, 0.0, 1.5, 1.0]),
+        top_k=np.array([0, 3, 5, 0, 37]),
+        top_p=np.array([0.9, 1.0, 0.5, 0.3, 0.8]),
+        min_p=np.array([0.0, 0.1, 0.0, 0.0, 0.05]),
+    )
+    return case
+
+
 def tree_on_device(cp, case):
-    arrays = ("tree_parents", "draft_token_ids", "target_probs", "draft_probs", "uniforms")
+    arrays = ("tree_parents", "draft_token_ids", "uniforms", *TREE_ROWS)
     moved = on_device(cp, 0, *(case.get(name) for name in arrays))
-    return {**case, **dict(zip(arrays, moved))}
+    return {**case, **{name: array for name, array in zip(arrays, moved) if name in case}}
 
 
 def tree_request(case, b, uniforms=None):
     """Request b of a tree case as a batch of one."""
     counts = np.asarray(case["num_nodes"])
     start, n = int(counts[:b].sum()), int(counts[b])
+    rows = {
+        name: case[name][start + b : start + b + n + 1]
+        if name.startswith("target")
+        else case[name][start : start + n]
+        for name in TREE_ROWS
+        if case.get(name) is not None
+    }
     return {
         **case,
+        **rows,
         "num_nodes": counts[b : b + 1],
         "tree_parents": case["tree_parents"][start : start + n],
         "draft_token_ids": case["draft_token_ids"][start : start + n],
-        "target_probs": case["target_probs"][start + b : start + b + n + 1],
-        "draft_probs": None
-        if case["draft_probs"] is None
-        else case["draft_probs"][start : start + n],
         "uniforms": (case["uniforms"][b] if uniforms is None else uniforms)[None, : n + 1],
-        **({"temperature": case["temperature"][b : b + 1]} if "temperature" in case else {}),
+        **{name: case[name][b : b + 1] for name in TREE_SAMPLING if name in case},
     }
 
 
@@ -1479,6 +1509,23 @@ def test_verify_tree_gpu_matches_cpu(cp, method, dtype, id_dtype, with_draft_pro
     synchronize(cp)
 
 
+@pytest.mark.parametrize("with_draft_logits", [True, False], ids=["draft_logits", "candidates"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_verify_tree_gpu_logits_match_cpu(cp, method, dtype, with_draft_logits):
+    """verify_tree on CuPy logits rows, processed on the device with per-request
+    temperature, top-k, top-p and min-p (a greedy request among them): the NumPy results on
+    the same uniforms (within rounding of a boundary at most)."""
+    case = tree_logits_case(stable_seed("logits", method, dtype_id(dtype)), dtype, np.int64,
+                            with_draft_logits)  # fmt: skip
+    cpu = specdec_np.verify_tree(**case, method=method)
+    gpu = specdec_np.verify_tree(**tree_on_device(cp, case), method=method)
+    for array, expected in zip(gpu, cpu):
+        assert_on_device(cp, array, 0, expected.shape)
+    assert_tree_results_match(case, method, to_host(cp, gpu), cpu)
+    synchronize(cp)
+
+
 @pytest.mark.parametrize("method", [m for m in TREE_METHODS if m != "greedy"])
 def test_verify_tree_gpu_mixed_greedy_requests(cp, method):
     """temperature 0 walks a request greedily on CuPy as on NumPy (per-request walks)."""
@@ -1513,7 +1560,7 @@ def test_verify_tree_gpu_counter_seeds_and_out_buffers(cp):
 
 def test_verify_tree_gpu_zero_nodes_empty_batch_and_errors(cp):
     """Zero-node requests draw from the root row; B = 0 launches nothing; a row without
-    mass raises the CPU's ValueError; logits rows on CuPy are a TypeError."""
+    mass raises the CPU's ValueError, from probabilities and from logits."""
     target = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     none = np.zeros(0, np.int64)
     (g_target, g_none) = on_device(cp, 0, target, none)
@@ -1539,8 +1586,12 @@ def test_verify_tree_gpu_zero_nodes_empty_batch_and_errors(cp):
     with pytest.raises(ValueError) as found:
         specdec_np.verify_tree(**on_gpu, target_probs=cp.asarray(dead))
     assert str(found.value) == str(expected.value)
-    with pytest.raises(TypeError, match="logits on NumPy"):
-        specdec_np.verify_tree(**on_gpu, target_logits=cp.asarray(dead))
+    masked = np.where(dead > 0.0, 0.0, -np.inf)
+    with pytest.raises(ValueError) as expected:
+        specdec_np.verify_tree(**arguments, target_logits=masked, method="specinfer")
+    with pytest.raises(ValueError) as found:
+        specdec_np.verify_tree(**on_gpu, target_logits=cp.asarray(masked), method="specinfer")
+    assert str(found.value) == str(expected.value)
     synchronize(cp)
 
 
