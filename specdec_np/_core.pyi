@@ -69,6 +69,15 @@ def first_invalid_id(
     vocab_size: int,
 ) -> tuple[int, int] | None: ...
 def ragged_offsets(counts: Int64Array, offsets: Int64Array) -> tuple[int, int]: ...
+def tree_layout_is_valid(
+    num_nodes: Int64Array,
+    tree_parents: Int64Array,
+    draft_token_ids: Int64Array,
+    vocab_size: int,
+    max_depth: int,
+    node_offsets: Int64Array,
+    depths: Int64Array,
+) -> bool: ...
 def create_output(
     accepted: npt.NDArray[np.uint8],
     substitute_token_ids: IdArray,

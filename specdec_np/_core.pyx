@@ -1447,6 +1447,88 @@ cdef Py_ssize_t draw_excluding_children(
     return -1
 
 
+cdef bint layout_is_valid(
+    const int64_t[::1] num_nodes, const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids, int64_t vocab_size, int64_t max_depth,
+    int64_t[::1] node_offsets, int64_t[::1] depths,
+) noexcept nogil:
+    cdef Py_ssize_t B = num_nodes.shape[0], N = tree_parents.shape[0]
+    cdef Py_ssize_t b, j, start = 0
+    cdef int64_t count, parent, token, depth
+    node_offsets[0] = 0
+    for b in range(B):
+        count = num_nodes[b]
+        # Compared with what is left of N, so that the running sum never wraps.
+        if count < 0 or count > N - start:
+            return False
+        for j in range(count):
+            parent = tree_parents[start + j]
+            if parent < -1 or parent >= j:
+                return False
+            token = draft_token_ids[start + j]
+            if vocab_size >= 0 and (token < 0 or token >= vocab_size):
+                return False
+            depth = 1 if parent < 0 else depths[start + parent] + 1
+            if depth > max_depth:
+                return False
+            depths[start + j] = depth
+        start += count
+        node_offsets[b + 1] = start
+    return start == N
+
+
+def tree_layout_is_valid(
+    const int64_t[::1] num_nodes,
+    const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids,
+    int64_t vocab_size,
+    int64_t max_depth,
+    int64_t[::1] node_offsets,
+    int64_t[::1] depths,
+):
+    """Check a tree layout in one O(N) pass, filling its offsets and depths.
+
+    The checks of ``specdec_np._trees.validate_tree``, whose NumPy passes have fixed costs
+    that dominate a small batch: the tree layer calls this first and runs those passes
+    (which say what is wrong) only when it fails.
+
+    Parameters
+    ----------
+    num_nodes : int64 [B]
+    tree_parents : int64 [N]
+    draft_token_ids : int64 [N]
+    vocab_size : int
+        Tokens must lie in ``0 .. vocab_size - 1``; negative: not checked.
+    max_depth : int
+        The deepest node allowed (a child of the root has depth 1).
+    node_offsets : int64 [B + 1]
+        Written: ``[0, cumsum(num_nodes)]``.
+    depths : int64 [N]
+        Written: each node's depth.
+
+    Returns
+    -------
+    bool
+        True when every count is ``>= 0`` and they sum to ``N``, every parent lies in
+        ``-1 .. node index - 1`` of its request, every token in the vocabulary and every
+        depth ``<= max_depth``; False at the first violation (the outputs are then
+        partial).
+    """
+    cdef bint valid
+    if (
+        node_offsets.shape[0] != num_nodes.shape[0] + 1
+        or depths.shape[0] != tree_parents.shape[0]
+        or draft_token_ids.shape[0] != tree_parents.shape[0]
+    ):
+        return False
+    with nogil:
+        valid = layout_is_valid(
+            num_nodes, tree_parents, draft_token_ids, vocab_size, max_depth, node_offsets,
+            depths,
+        )
+    return valid
+
+
 cdef Py_ssize_t greedy_tree_step(
     const probability_t* target, const token_id_t* ids, const int64_t* parents,
     Request* request, Py_ssize_t node, int64_t* final_token

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _layout, _validate
+from . import _backend, _core, _layout, _validate
 
 __all__ = [
     "MAX_TREE_DEPTH",
@@ -232,6 +232,32 @@ def validate_tree(
         depths=depths,
         max_nodes=int(counts.max()) if counts.size else 0,
         max_depth=int(depths.max()) if total else 0,
+    )
+
+
+def _checked_layout(
+    num_nodes: Any, tree_parents: Any, draft_token_ids: Any, vocab_size: int
+) -> TreeLayout:
+    """:func:`validate_tree`'s layout from one compiled pass (``_core.tree_layout_is_valid``);
+    :func:`validate_tree` itself, whose NumPy passes cost more than a small batch's walk,
+    runs only when that pass finds a fault, to say what it is."""
+    counts = _host_integers(num_nodes, "num_nodes")
+    parents = _host_integers(tree_parents, "tree_parents")
+    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    offsets = np.empty(counts.shape[0] + 1, dtype=np.int64)
+    depths = np.empty(parents.shape[0], dtype=np.int64)
+    if not _core.tree_layout_is_valid(
+        counts, parents, tokens, vocab_size, MAX_TREE_DEPTH, offsets, depths
+    ):
+        return validate_tree(counts, parents, tokens, vocab_size)
+    return TreeLayout(
+        num_nodes=counts,
+        tree_parents=parents,
+        draft_token_ids=tokens,
+        node_offsets=offsets,
+        depths=depths,
+        max_nodes=int(counts.max()) if counts.size else 0,
+        max_depth=int(depths.max()) if depths.size else 0,
     )
 
 
@@ -583,7 +609,7 @@ def tree_batch(
     # The kernel reads a private copy, checked here: a caller writing its own array during
     # the call cannot change what was checked.
     (private_ids,) = _backend.token_ids({"draft_token_ids": ids}, xp, strict)
-    layout = validate_tree(
+    layout = _checked_layout(
         num_nodes, tree_parents, private_ids.get() if xp is not np else private_ids, vocab_size
     )
     total = int(layout.node_offsets[-1])

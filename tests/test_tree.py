@@ -605,6 +605,55 @@ def test_depth_over_the_limit():
         )
 
 
+@st.composite
+def raw_layouts(draw):
+    """Layouts as a caller may pass them, valid or not: counts (some negative or not summing
+    to N), parents (some forward, below -1 or beyond the request), tokens (some outside the
+    vocabulary) and now and then a chain deeper than MAX_TREE_DEPTH."""
+    vocab = draw(st.integers(1, 6))
+    if draw(st.integers(0, 9)) == 0:
+        depth = _trees.MAX_TREE_DEPTH + draw(st.integers(-1, 1))
+        counts = [depth]
+        parents = list(range(-1, depth - 1))
+    else:
+        counts = draw(st.lists(st.integers(0, 6), max_size=4))
+        parents = [draw(st.integers(-1, j - 1)) for n in counts for j in range(n)]
+    tokens = [draw(st.integers(0, vocab - 1)) for _ in parents]
+    fault = draw(st.sampled_from(["none", "count", "parent", "token", "length"]))
+    if fault == "count" and counts:
+        counts[draw(st.integers(0, len(counts) - 1))] += draw(st.sampled_from([-7, -1, 1, 2**62]))
+    elif fault == "parent" and parents:
+        parents[draw(st.integers(0, len(parents) - 1))] += draw(st.sampled_from([-9, 1, 5]))
+    elif fault == "token" and tokens:
+        tokens[draw(st.integers(0, len(tokens) - 1))] = draw(st.sampled_from([-1, vocab, 99]))
+    elif fault == "length":
+        tokens.append(0)
+    as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    return as_array(counts), as_array(parents), as_array(tokens), vocab
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=raw_layouts())
+def test_the_compiled_layout_check_agrees_with_validate_tree(case):
+    """``tree_batch``'s one-pass check accepts exactly the layouts ``validate_tree`` accepts,
+    builds the same layout, and leaves the messages to ``validate_tree``."""
+    counts, parents, tokens, vocab = case
+    try:
+        expected = _trees.validate_tree(counts, parents, tokens, vocab)
+    except ValueError as error:
+        with pytest.raises(ValueError) as found:
+            _trees._checked_layout(counts, parents, tokens, vocab)
+        assert str(found.value) == str(error)
+        offsets = np.empty(counts.shape[0] + 1, np.int64)
+        depths = np.empty(parents.shape[0], np.int64)
+        args = (counts, parents, tokens, vocab, _trees.MAX_TREE_DEPTH, offsets, depths)
+        assert not _core.tree_layout_is_valid(*args)
+        return
+    found = _trees._checked_layout(counts, parents, tokens, vocab)
+    for name, value in expected._asdict().items():
+        np.testing.assert_array_equal(getattr(found, name), value, err_msg=name)
+
+
 def test_a_row_without_mass_names_the_row_and_moves_no_generator():
     arguments = base_arguments()
     del arguments["uniforms"]
