@@ -162,7 +162,10 @@ SPECDEC_INLINE void specdec_load8_f(const float *x, ptrdiff_t left, specdec_v4d 
 SPECDEC_INLINE void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d out[2])
 {
     if (left >= 8) {
-        memcpy(out, x, 2 * sizeof(specdec_v4d));
+        /* Two 32-byte copies: GCC lowers one 64-byte copy into the pair so that a float64
+         * row scans six times slower (measured at V = 128256; see benchmarks/README.md). */
+        memcpy(&out[0], x, sizeof out[0]);
+        memcpy(&out[1], x + 4, sizeof out[1]);
     } else {
         double padded[8] = {0.0};
         memcpy(padded, x, (size_t)left * sizeof(double));
