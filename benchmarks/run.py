@@ -1197,6 +1197,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32",
+        help="dtype of the probability rows (float64: the float32 rows widened)",
+    )  # fmt: skip
+    parser.add_argument(
         "--backends",
         nargs="+",
         choices=("numpy", "cupy"),
@@ -1324,6 +1328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cell = make_cell(
             regime, batch, k, vocab, seed=args.seed, flat_draft_scale=args.flat_draft_scale
         )
+        if args.dtype != "float32":
+            # The same float32 rows widened: both dtypes verify the same draws.
+            cell.target = cell.target.astype(args.dtype)
+            cell.draft_probs = cell.draft_probs.astype(args.dtype)
         cell_rows, cell_profiles = run_cell(cell, args, tb, cupy)
         rows += cell_rows
         profiles += cell_profiles
