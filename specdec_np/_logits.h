@@ -388,10 +388,10 @@ SPECDEC_INLINE specdec_v8f specdec_splat8(float x)
 
 SPECDEC_INLINE void specdec_add_widened(specdec_v8f w, specdec_v4d *low, specdec_v4d *high)
 {
-    specdec_v4f w_low = {w[0], w[1], w[2], w[3]};
-    specdec_v4f w_high = {w[4], w[5], w[6], w[7]};
-    *low += __builtin_convertvector(w_low, specdec_v4d);
-    *high += __builtin_convertvector(w_high, specdec_v4d);
+    specdec_v4d w_low, w_high;
+    specdec_widen8(w, &w_low, &w_high);
+    *low += w_low;
+    *high += w_high;
 }
 
 /* Eight z values from logits + y, -inf past `left`. */
@@ -520,14 +520,10 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
     for (; y + 8 <= V; y += 8) {
         specdec_v8f z = specdec_load_z8(logits + y, 8, t8, 1);
         specdec_v8i kept = (specdec_v8i)(z >= c8);
-        specdec_v8f w = specdec_fast_expf8(z - m8);
-        specdec_v4f w_low = {w[0], w[1], w[2], w[3]}, w_high = {w[4], w[5], w[6], w[7]};
-        specdec_v4f p_low = __builtin_convertvector(
-            __builtin_convertvector(w_low, specdec_v4d) / s4, specdec_v4f);
-        specdec_v4f p_high = __builtin_convertvector(
-            __builtin_convertvector(w_high, specdec_v4d) / s4, specdec_v4f);
-        specdec_v8f p = {p_low[0], p_low[1], p_low[2], p_low[3],
-                         p_high[0], p_high[1], p_high[2], p_high[3]};
+        specdec_v4d w_low, w_high;
+        specdec_widen8(specdec_fast_expf8(z - m8), &w_low, &w_high);
+        specdec_v8f p = specdec_join8(__builtin_convertvector(w_low / s4, specdec_v4f),
+                                      __builtin_convertvector(w_high / s4, specdec_v4f));
         p = (specdec_v8f)((specdec_v8i)p & kept);
         memcpy(out + y, &p, sizeof p);
     }

@@ -288,13 +288,32 @@ SPECDEC_INLINE specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best
     return (specdec_v8f)(((specdec_v8i)candidates & wins) | ((specdec_v8i)best & ~wins));
 }
 
+/* Eight floats as two float64 quadruples, lanes 0-3 and 4-7.  The halves are copied out:
+ * written element by element ({x[0], x[1], ...}) GCC builds them with scalar moves. */
+SPECDEC_INLINE void specdec_widen8(specdec_v8f x, specdec_v4d *low, specdec_v4d *high)
+{
+    specdec_v4f half[2];
+    memcpy(half, &x, sizeof half);
+    *low = __builtin_convertvector(half[0], specdec_v4d);
+    *high = __builtin_convertvector(half[1], specdec_v4d);
+}
+
+/* Two float quadruples as eight floats, lanes 0-3 then 4-7. */
+SPECDEC_INLINE specdec_v8f specdec_join8(specdec_v4f low, specdec_v4f high)
+{
+    specdec_v4f half[2] = {low, high};
+    specdec_v8f x;
+    memcpy(&x, half, sizeof x);
+    return x;
+}
+
 SPECDEC_INLINE void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
 {
-    specdec_v8f term = p * specdec_fast_logf8(p + (float)SPECDEC_ENTROPY_EPSILON);
-    specdec_v4f term_low = {term[0], term[1], term[2], term[3]};
-    specdec_v4f term_high = {term[4], term[5], term[6], term[7]};
-    *low += __builtin_convertvector(term_low, specdec_v4d);
-    *high += __builtin_convertvector(term_high, specdec_v4d);
+    specdec_v4d term_low, term_high;
+    specdec_widen8(p * specdec_fast_logf8(p + (float)SPECDEC_ENTROPY_EPSILON), &term_low,
+                   &term_high);
+    *low += term_low;
+    *high += term_high;
 }
 
 SPECDEC_CLONES
