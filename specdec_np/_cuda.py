@@ -936,6 +936,28 @@ __device__ const ProbT* processed_row(const RowArgs<ProbT, IdT>& a, Scratch& s, 
     __syncthreads();
     return out;
 }
+
+// Block-wide, at the start of a request: forgets the row laws cached for the block's previous
+// request and returns the first position j < count whose id ids[j] lies outside [0, vocab)
+// (with check_last, position count holds `last`, a chain's bonus id), or kNone. A bad id is
+// reported by its position and never used as an index.
+template <typename IdT>
+__device__ long long start_request(const IdT* __restrict__ ids, long long count, long long last,
+                                   bool check_last, long long vocab, Scratch& s) {
+    if (threadIdx.x == 0) {
+        s.first_bad = kNone;
+        s.target_law_row = -1;
+        s.draft_law_row = -1;
+    }
+    __syncthreads();
+    const long long positions = check_last ? count + 1 : count;
+    for (long long j = threadIdx.x; j < positions; j += kBlock) {
+        const long long id = j < count ? static_cast<long long>(ids[j]) : last;
+        if (id < 0 || id >= vocab) atomicMin(&s.first_bad, j);
+    }
+    __syncthreads();
+    return s.first_bad;
+}
 }  // namespace specdec
 """
 
@@ -1201,19 +1223,8 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
     // A lazy bonus is drawn, not read: its id is neither checked nor used.
     const long long bonus = lazy_bonus ? 0 : static_cast<long long>(bonus_token_ids[b]);
 
-    // Ids first: a bad one is reported by its column and never used as an index.
-    if (t == 0) {
-        shared.first_bad = specdec::kNone;
-        shared.target_law_row = -1;
-        shared.draft_law_row = -1;
-    }
-    __syncthreads();
-    for (long long j = t; j <= k; j += specdec::kBlock) {
-        const long long id = j < k ? static_cast<long long>(ids[j]) : bonus;
-        if (id < 0 || id >= vocab) atomicMin(&shared.first_bad, j);
-    }
-    __syncthreads();
-    const long long bad = shared.first_bad;
+    // Ids first (column k_b is the bonus id).
+    const long long bad = specdec::start_request(ids, k, bonus, true, vocab, shared);
     if (bad != specdec::kNone) {
         if (t == 0) row_status[b] = 1 + bad;
         return;
@@ -1627,19 +1638,8 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
         stochastic ? specdec::min_ll(stop - start, uniform_width - 1) : stop - start;
     const IdT* ids = draft_token_ids + start;
 
-    // Ids first: a bad one is reported by its node and never used as an index.
-    if (t == 0) {
-        shared.first_bad = specdec::kNone;
-        shared.target_law_row = -1;
-        shared.draft_law_row = -1;
-    }
-    __syncthreads();
-    for (long long j = t; j < nodes; j += specdec::kBlock) {
-        const long long id = static_cast<long long>(ids[j]);
-        if (id < 0 || id >= vocab) atomicMin(&shared.first_bad, j);
-    }
-    __syncthreads();
-    const long long bad = shared.first_bad;
+    // Ids first (by node).
+    const long long bad = specdec::start_request(ids, nodes, 0, false, vocab, shared);
     if (bad != specdec::kNone) {
         if (t == 0) row_status[b] = 1 + bad;
         return;

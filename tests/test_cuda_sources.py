@@ -1168,6 +1168,20 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) ->
     return rows
 
 
+def _sampling_table(rng: np.random.Generator, batch: int, vocab: int) -> np.ndarray:
+    """Per-request (temperature, top-k, top-p, min-p) ``[B, 4]``: top-k 0 (off), 1, small,
+    ``V`` and above ``V``; top-p and min-p on and off."""
+    return np.stack(
+        [
+            rng.choice([0.5, 1.0, 1.7], batch),
+            rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+            rng.choice([1.0, 0.9, 0.5, 0.3], batch),
+            rng.choice([0.0, 0.0, 0.05, 0.2], batch),
+        ],
+        axis=1,
+    )
+
+
 def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
     """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
     and for logits rows per-request temperature, top-k, top-p and min-p."""
@@ -1198,15 +1212,7 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
             )
     sampling = None
     if logits:
-        sampling = np.stack(
-            [
-                rng.choice([0.5, 1.0, 1.7], batch),
-                rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
-                rng.choice([1.0, 0.9, 0.5, 0.3], batch),
-                rng.choice([0.0, 0.0, 0.05, 0.2], batch),
-            ],
-            axis=1,
-        )
+        sampling = _sampling_table(rng, batch, vocab)
     width = int(lengths.max()) + 1
     return Chains(
         target=target, draft=draft, ids=ids, bonus=rng.integers(0, vocab, batch).astype(idt),
@@ -1615,15 +1621,7 @@ def _tree_case(
         methods = rng.integers(0, len(TREE_WALKS), batch).astype(np.int8)
     sampling = None
     if logits:
-        sampling = np.stack(
-            [
-                rng.choice([0.5, 1.0, 1.7], batch),
-                rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
-                rng.choice([1.0, 0.9, 0.5, 0.3], batch),
-                rng.choice([0.0, 0.0, 0.05, 0.2], batch),
-            ],
-            axis=1,
-        )
+        sampling = _sampling_table(rng, batch, vocab)
     return Trees(
         target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
         uniforms=uniforms, methods=methods, depth=depth, kind=kind, sampling=sampling,
