@@ -20,22 +20,16 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from c_headers import build_library
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_np import _contract
 from specdec_np._reference import _processed_law, fast_expf, process_logits
-
-HEADER_DIR = Path(__file__).resolve().parent.parent / "specdec_np"
-COMPILE_TIMEOUT_S = 120
 
 _WRAPPER = r"""
 #include "_logits.h"
@@ -205,32 +199,8 @@ class Logits:
         return float(function(row.ctypes.data, y, temperature, ctypes.byref(law)))
 
 
-def _compiler() -> str | None:
-    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if candidate and shutil.which(candidate):
-            return candidate
-    return None
-
-
 def _build(tmp: Path, stem: str, *defines: str) -> Logits:
-    cc = _compiler()
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc, clang or $CC) to build _logits.h")
-    source = tmp / f"{stem}.c"
-    lib = tmp / f"lib{stem}.so"
-    source.write_text(_WRAPPER)
-    macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
-    cmd = [
-        cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-psabi",
-        "-Wno-unused-function", *macros, *defines, f"-I{HEADER_DIR}", str(source), "-o",
-        str(lib), "-lm",
-    ]  # fmt: skip
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
-    )
-    assert result.returncode == 0, f"compiling _logits.h failed:\n{result.stderr}"
-    assert "warning" not in result.stderr, result.stderr
-    return Logits(ctypes.CDLL(str(lib)))
+    return Logits(build_library(tmp, stem, _WRAPPER, *defines))
 
 
 @pytest.fixture(scope="module")
