@@ -476,7 +476,7 @@ def reference_call(verifier: registry.Verifier, cell: Cell) -> Callable[[], Any]
     verifier (said so on stderr by the caller)."""
     if not hasattr(_reference, verifier.reference_name):
         return None
-    reference = verifier.reference
+    reference = _reference.reference_for(verifier)
     target, bonus, draft, ids = cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids
     if verifier.stochastic:
         generator = np.random.default_rng(0)

@@ -58,6 +58,7 @@ __all__ = [
     "grid_error_bound",
     "grid_output_distribution",
     "kernel_sampler",
+    "oracle_for",
     "monte_carlo_chain",
     "monte_carlo_rejection",
     "prefix_laws",
@@ -748,6 +749,18 @@ def chain_grid_error_bound(p: Any, q: Any, num_strata: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 # Chi-square test
 # --------------------------------------------------------------------------------------
+
+
+def oracle_for(verifier: Any) -> Callable[[Any, Any], ChainLaw] | None:
+    """A registry verifier's exact law, ``oracle(p, q) -> ChainLaw`` (None for a lossy
+    verifier): the law of the emitted tokens continued by the target, and the expected
+    accepted length.
+
+    Parameters
+    ----------
+    verifier : specdec_np.registry.Verifier
+    """
+    return None if verifier.oracle_name is None else globals()[verifier.oracle_name]
 
 
 def regularized_upper_gamma(a: float, x: float) -> float:

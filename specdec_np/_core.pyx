@@ -1282,10 +1282,10 @@ cdef extern from "_treescan.h" nogil:
 
 # Tree walks, by index: the registry's tree methods name them, the driver switches on it.
 TREE_WALKS = (
-    "greedy_tree_walk",
-    "point_mass_tree_walk",
-    "specinfer_tree_walk",
-    "rrs_tree_walk",
+    "greedy_tree_step",
+    "point_mass_tree_step",
+    "specinfer_tree_step",
+    "rrs_tree_step",
 )
 DEF WALK_GREEDY = 0
 DEF WALK_POINT_MASS = 1

@@ -1334,10 +1334,10 @@ create_output_kernel(const unsigned char* __restrict__ accepted,
 # The tree kernel: one block per request walks its draft tree (the CPU's ``walk_tree``).
 _TREE_WALK_CONSTANTS: dict[str, str] = {
     # Walk name (``specdec_np._core.TREE_WALKS``, in its order) -> the kernel's constant.
-    "greedy_tree_walk": "kWalkGreedy",
-    "point_mass_tree_walk": "kWalkPointMass",
-    "specinfer_tree_walk": "kWalkSpecInfer",
-    "rrs_tree_walk": "kWalkRrs",
+    "greedy_tree_step": "kWalkGreedy",
+    "point_mass_tree_step": "kWalkPointMass",
+    "specinfer_tree_step": "kWalkSpecInfer",
+    "rrs_tree_step": "kWalkRrs",
 }
 
 _TREE_SOURCE = (
@@ -2151,7 +2151,7 @@ class _CoreLikeKernels:
             _guard(draft, "draft_rows", dtype, (num_nodes, vocab))
         if request_methods is not None:
             _guard(request_methods, "request_methods", ("int8",), (batch,))
-        greedy = list(_TREE_WALK_CONSTANTS).index("greedy_tree_walk")
+        greedy = list(_TREE_WALK_CONSTANTS).index("greedy_tree_step")
         stochastic = method != greedy or request_methods is not None
         if stochastic:
             _guard(uniforms, "uniforms", ("float64",), (batch, None))

@@ -562,6 +562,26 @@ def _process_request_rows(xp: Any, rows: Any, settings: tuple[float, ...]) -> An
     return process_logits(rows, temperature, xp.astype(top_k, xp.int64), top_p, min_p)
 
 
+def reference_for(verifier: Any) -> Any:
+    """A registry verifier's reference, called as ``reference(target_with_bonus_probs,
+    bonus_token_ids, draft_probs, draft_token_ids, uniforms, **parameters)`` whatever the
+    verifier reads, returning ``(output_token_ids, accepted_lengths, num_accepted)``.
+
+    Parameters
+    ----------
+    verifier : specdec_np.registry.Verifier
+    """
+    function = globals()[verifier.reference_name]
+    if verifier.stochastic:
+        return function
+
+    def deterministic(target, bonus, draft_probs, draft_ids, uniforms=None, **parameters):
+        values = [parameters.get(p.name, p.default) for p in verifier.parameters]
+        return function(target, bonus, draft_ids, *values)
+
+    return deterministic
+
+
 def verify_ragged(
     num_draft_tokens: Any,
     draft_token_ids: Any,
@@ -659,7 +679,7 @@ def verify_ragged(
         if k == 0:
             length, tokens = 0, []
         else:
-            reference = greedy_verifier.reference if greedy else verifier.reference
+            reference = reference_for(greedy_verifier if greedy else verifier)
             output, length_array, _ = reference(
                 target[None, :, :],
                 xp.zeros((1,), dtype=xp.int64),

@@ -243,7 +243,7 @@ def _verify_ragged(
         _validate.check_row_sums(target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp)
     request_methods = None
     if num_greedy and not all_greedy:
-        codes = np.where(greedy, verify.row_index(_GREEDY), verify.row_index(verifier))
+        codes = np.where(greedy, _GREEDY.code, verifier.code)
         request_methods = batch.xp.asarray(codes.astype(np.int8))
     chosen = _GREEDY if all_greedy and batch_size else verifier
     draw_bonus = bonus_token_ids is None
@@ -405,9 +405,7 @@ def verify_tree(
     greedy = _greedy_requests(sampling, tree_method is _GREEDY_TREE, layout.batch_size)
     request_methods = None
     if greedy.any() and not greedy.all():
-        codes = np.where(
-            greedy, verify.tree_walk_index(_GREEDY_TREE), verify.tree_walk_index(tree_method)
-        )
+        codes = np.where(greedy, _GREEDY_TREE.code, tree_method.code)
         request_methods = batch.xp.asarray(codes.astype(np.int8))
     chosen = _GREEDY_TREE if greedy.all() and layout.batch_size else tree_method
     sources = _random.RejectionUniforms(

@@ -1,10 +1,19 @@
-"""The verifier registry: every verifier of specdec_np, declared once.
+"""The verifier registry: every verifier and tree method of specdec_np, declared once.
 
-The stateless functions of :mod:`specdec_np.verify`, the sampler classes of
-:mod:`specdec_np.samplers`, the command line, ``specdec-np check``, the benchmarks, the fuzz
-worker and the test matrices all iterate over :data:`VERIFIERS`; nothing else lists
-verifiers.  Adding a verifier means adding its entry here, its reference function, one row
-kernel per backend, its oracle and its tests (see ``docs/semantics.md``).
+Each entry says everything the rest of the package needs to know about its verifier: its
+name, its flags (reads uniforms, lossless, causal counting, reads draft rows, needs
+normalised rows, how a lazily drawn bonus token is chosen), its parameters, the names of
+its kernels on both backends, of its reference and of its exact oracle, and what a check
+compares its uniforms with (its decisions, for the knife-edge rule of the tests).  Its
+code (its position in :data:`VERIFIERS`) is the number the kernels of both backends
+dispatch on.
+
+The stateless functions, the samplers, the dispatch layer, the command line,
+``specdec-np check``, the kit, the benchmarks, the fuzz worker and the test matrices all
+iterate over :data:`VERIFIERS` and :data:`TREE_METHODS`; nothing else lists verifiers.
+This module imports nothing of the package: the modules that own a kernel, a reference or
+an oracle resolve the names given here (``docs/semantics.md`` §10-11 say how to add a
+verifier, a tree method and a layout).
 
 Examples
 --------
@@ -13,16 +22,17 @@ Examples
 ['rejection', 'block', 'typical', 'greedy']
 >>> registry.get("block").sampler_name
 'BlockVerificationSampler'
+>>> registry.get("greedy").code
+3
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DRAFTINGS",
     "TREE_METHODS",
     "VERIFIERS",
     "Parameter",
@@ -31,6 +41,7 @@ __all__ = [
     "get",
     "get_tree_method",
     "names",
+    "tree_method_names",
 ]
 
 
@@ -52,52 +63,70 @@ class Parameter:
 
 @dataclass(frozen=True)
 class Verifier:
-    """One verifier.
+    """One chain verifier.
 
     Attributes
     ----------
     name : str
         Short name, used by the command line and ``method=`` arguments.
-    function_name, sampler_name : str
-        Names of the stateless function and of the sampler class made from this entry.
     summary : str
-        One paragraph for the generated docstrings.
+        One paragraph for the docstrings and the command line.
     stochastic : bool
-        Reads uniforms: ``k`` acceptance uniforms and one residual uniform per row.
+        Reads uniforms: ``k`` acceptance uniforms and one residual uniform per request.
     lossless : bool
         The output has exactly the target's distribution.
     reads_draft_probs : bool
-        Uses ``draft_probs`` (None means point-mass drafts); the others ignore them.
+        Uses the draft rows (None means point-mass drafts); the others ignore them.
     causal_counts : bool
         ``num_accepted`` counts the accepted prefix only; otherwise every position is
         tested and counted independently (vLLM's counter semantics).
     requires_normalised_rows : bool
         Relies on rows summing to one (checked in strict mode).
-    parameters : tuple of Parameter
+    bonus_by_argmax : bool
+        A bonus token the verifier draws itself (``bonus_token_ids=None``) is the argmax
+        of the raw bonus row, not a draw from its processed law with the last uniform.
     row_function : str
-        The CPU row function, an entry of ``specdec_np._core.ROW_FUNCTIONS``.
+        The CPU row kernel, a function of ``specdec_np/kernels/chain_rows.pxi``.
     cuda_row : str
-        The CUDA row functor of ``specdec_np._cuda``.
+        The CUDA row functor, a struct of ``specdec_np/kernels/chain_rows.cuh``.
     reference_name : str
         The function of ``specdec_np._reference`` that is this verifier's oracle of record.
+    decisions_name : str
+        The function of ``specdec_np._reference`` that gives, per position, the quantity
+        the verifier compares and its threshold: where the two are within rounding of each
+        other, two correct implementations may decide differently.
     oracle_name : str or None
-        The exact-law function of ``specdec_np._conformance`` (lossless verifiers).
+        The exact-law function of ``specdec_np._oracles`` (lossless verifiers).
+    parameters : tuple of Parameter
+    function_name, sampler_name : str or None
+        The names of the stateless function and of the sampler class that front this
+        verifier in the padded vLLM layout (:mod:`specdec_np.verify`,
+        :mod:`specdec_np.samplers`); None for a verifier reached through ``method=``
+        only.
     """
 
     name: str
-    function_name: str
-    sampler_name: str
     summary: str
     stochastic: bool
     lossless: bool
     reads_draft_probs: bool
     causal_counts: bool
     requires_normalised_rows: bool
+    bonus_by_argmax: bool
     row_function: str
     cuda_row: str
     reference_name: str
+    decisions_name: str
     oracle_name: str | None = None
     parameters: tuple[Parameter, ...] = field(default=())
+    function_name: str | None = None
+    sampler_name: str | None = None
+
+    @property
+    def code(self) -> int:
+        """The number the kernels of both backends know this verifier by: its position in
+        :data:`VERIFIERS`."""
+        return _CODES[self.name]
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -105,27 +134,9 @@ class Verifier:
         return tuple(parameter.name for parameter in self.parameters)
 
     @property
-    def reference(self) -> Callable[..., Any]:
-        """The array-API reference, called as ``reference(target_with_bonus_probs,
-        bonus_token_ids, draft_probs, draft_token_ids, uniforms, **parameters)`` and
-        returning ``(output_token_ids, accepted_lengths, num_accepted)``."""
-        function = getattr(importlib.import_module("specdec_np._reference"), self.reference_name)
-        if self.stochastic:
-            return function
-
-        def deterministic(target, bonus, draft_probs, draft_ids, uniforms=None, **parameters):
-            values = [parameters.get(p.name, p.default) for p in self.parameters]
-            return function(target, bonus, draft_ids, *values)
-
-        return deterministic
-
-    @property
-    def oracle(self) -> Callable[..., Any] | None:
-        """``oracle(p, q) -> ChainLaw``: the exact law of the emitted tokens continued by
-        the target, and the expected accepted length (None for lossy verifiers)."""
-        if self.oracle_name is None:
-            return None
-        return getattr(importlib.import_module("specdec_np._conformance"), self.oracle_name)
+    def parameter_defaults(self) -> tuple[float, ...]:
+        """The defaults of :attr:`parameters`, in order."""
+        return tuple(parameter.default for parameter in self.parameters)
 
 
 _TYPICAL_PARAMETERS = (
@@ -133,12 +144,10 @@ _TYPICAL_PARAMETERS = (
     Parameter("posterior_alpha", 0.3, "scale of exp(-entropy) in the threshold"),
 )
 
-#: Every verifier, in the order the command line and the reports list them.
+#: Every chain verifier, in the order the command line and the reports list them.
 VERIFIERS: tuple[Verifier, ...] = (
     Verifier(
         name="rejection",
-        function_name="rejection_sample",
-        sampler_name="RejectionSampler",
         summary=(
             "Lossless verification by token-wise rejection sampling (Leviathan et al., Chen "
             "et al. 2023). Position i is accepted iff u_i * q_i(x_i) < p_i(x_i) (float64); at "
@@ -150,15 +159,17 @@ VERIFIERS: tuple[Verifier, ...] = (
         reads_draft_probs=True,
         causal_counts=False,
         requires_normalised_rows=False,
+        bonus_by_argmax=False,
         row_function="rejection_row",
         cuda_row="RejectionRow",
         reference_name="rejection_sample",
+        decisions_name="rejection_decisions",
         oracle_name="rejection_law",
+        function_name="rejection_sample",
+        sampler_name="RejectionSampler",
     ),
     Verifier(
         name="block",
-        function_name="block_verification_sample",
-        sampler_name="BlockVerificationSampler",
         summary=(
             "Lossless block verification (Sun et al., ICLR 2025): accepts the longest prefix "
             "tau whose weighted check eta_tau < h_tau passes, scanning from the last "
@@ -171,15 +182,17 @@ VERIFIERS: tuple[Verifier, ...] = (
         reads_draft_probs=True,
         causal_counts=True,
         requires_normalised_rows=False,
+        bonus_by_argmax=False,
         row_function="block_verification_row",
         cuda_row="BlockVerificationRow",
         reference_name="block_verification_sample",
+        decisions_name="block_verification_decisions",
         oracle_name="block_verification_law",
+        function_name="block_verification_sample",
+        sampler_name="BlockVerificationSampler",
     ),
     Verifier(
         name="typical",
-        function_name="typical_acceptance_sample",
-        sampler_name="TypicalAcceptanceSampler",
         summary=(
             "Typical acceptance (Medusa; lossy by design). Position i is accepted iff "
             "p_i(x_i) > min(posterior_threshold, posterior_alpha * exp(-H_i)) with "
@@ -192,15 +205,17 @@ VERIFIERS: tuple[Verifier, ...] = (
         reads_draft_probs=False,
         causal_counts=False,
         requires_normalised_rows=False,
+        bonus_by_argmax=False,
         row_function="typical_acceptance_row",
         cuda_row="TypicalAcceptanceRow",
         reference_name="typical_acceptance_sample",
+        decisions_name="typical_acceptance_decisions",
         parameters=_TYPICAL_PARAMETERS,
+        function_name="typical_acceptance_sample",
+        sampler_name="TypicalAcceptanceSampler",
     ),
     Verifier(
         name="greedy",
-        function_name="greedy_sample",
-        sampler_name="GreedySampler",
         summary=(
             "Greedy (temperature 0) verification: position i is accepted iff x_i is the "
             "first index of the maximum of p_i; at the first mismatch the argmax is emitted. "
@@ -212,12 +227,17 @@ VERIFIERS: tuple[Verifier, ...] = (
         reads_draft_probs=False,
         causal_counts=False,
         requires_normalised_rows=True,
+        bonus_by_argmax=True,
         row_function="greedy_row",
         cuda_row="GreedyRow",
         reference_name="greedy_sample",
+        decisions_name="greedy_decisions",
+        function_name="greedy_sample",
+        sampler_name="GreedySampler",
     ),
 )
 
+_CODES = {verifier.name: code for code, verifier in enumerate(VERIFIERS)}
 _BY_NAME = {verifier.name: verifier for verifier in VERIFIERS}
 
 
@@ -251,6 +271,12 @@ def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tu
     )
 
 
+#: How a tree method assumes the children of a node were drafted: given (deterministic
+#: candidates), each independently from its own draft row, or the siblings without
+#: replacement from one row.  The oracles draw trees the same ways.
+DRAFTINGS: tuple[str, ...] = ("fixed", "independent", "without_replacement")
+
+
 @dataclass(frozen=True)
 class TreeMethod:
     """One verification method of the tree layout (``docs/semantics.md``, trees).
@@ -260,61 +286,90 @@ class TreeMethod:
     name : str
     summary : str
     drafting : str or None
-        How the method assumes siblings were drafted: ``"fixed"`` (deterministic
-        candidates), ``"independent"`` (each child from its own ``q_j``),
-        ``"without_replacement"`` (siblings from one ``q``), or None (greedy: no law).
-    walk : str
-        The CPU walk, a name in ``specdec_np._core.TREE_WALKS``.
+        One of :data:`DRAFTINGS`, or None (greedy: no law).
     reads_draft_probs : bool
         Whether the walk reads draft rows (without them it walks as ``point_mass``).
+    walk : str
+        The CPU walk step, a function of ``specdec_np/kernels/tree_walks.pxi``.
+    cuda_walk : str
+        The CUDA walk step, a struct of ``specdec_np/kernels/tree_walks.cuh``.
+    reference_name : str
+        The request walk of ``specdec_np._tree_reference`` that is its oracle of record.
+    oracle_name : str or None
+        The exact emission law of ``specdec_np._tree_reference`` (stochastic methods).
     """
 
     name: str
     summary: str
     drafting: str | None
-    walk: str
     reads_draft_probs: bool
+    walk: str
+    cuda_walk: str
+    reference_name: str
+    oracle_name: str | None = None
 
     @property
     def stochastic(self) -> bool:
         """Whether the walk reads uniforms (every method but greedy)."""
         return self.drafting is not None
 
+    @property
+    def code(self) -> int:
+        """The number the tree kernels of both backends know this method by: its position
+        in :data:`TREE_METHODS`."""
+        return _TREE_CODES[self.name]
+
 
 #: The tree methods of ``specdec_np.verify_tree``.
 TREE_METHODS: tuple[TreeMethod, ...] = (
     TreeMethod(
-        "greedy",
-        "follow the child equal to the argmax of the node's row",
-        None,
-        walk="greedy_tree_walk",
+        name="greedy",
+        summary="follow the child equal to the argmax of the node's row",
+        drafting=None,
         reads_draft_probs=False,
+        walk="greedy_tree_step",
+        cuda_walk="GreedyTreeStep",
+        reference_name="greedy_tree_walk",
     ),
     TreeMethod(
-        "point_mass",
-        "deterministic candidates (EAGLE-2, SGLang): accept child j with probability r(x_j) "
-        "under r with earlier siblings removed and renormalised",
-        "fixed",
-        walk="point_mass_tree_walk",
+        name="point_mass",
+        summary=(
+            "deterministic candidates (EAGLE-2, SGLang): accept child j with probability "
+            "r(x_j) under r with earlier siblings removed and renormalised"
+        ),
+        drafting="fixed",
         reads_draft_probs=False,
+        walk="point_mass_tree_step",
+        cuda_walk="PointMassTreeStep",
+        reference_name="point_mass_tree_walk",
+        oracle_name="point_mass_tree_law",
     ),
     TreeMethod(
-        "specinfer",
-        "independently drafted children: accept x_j with probability min(1, r(x_j)/q_j(x_j)); "
-        "on rejection r <- (r - q_j)+ renormalised",
-        "independent",
-        walk="specinfer_tree_walk",
+        name="specinfer",
+        summary=(
+            "independently drafted children: accept x_j with probability "
+            "min(1, r(x_j)/q_j(x_j)); on rejection r <- (r - q_j)+ renormalised"
+        ),
+        drafting="independent",
         reads_draft_probs=True,
+        walk="specinfer_tree_step",
+        cuda_walk="SpecInferTreeStep",
+        reference_name="specinfer_tree_walk",
+        oracle_name="specinfer_tree_law",
     ),
     TreeMethod(
-        "rrs",
-        "recursive rejection sampling: siblings drawn without replacement from one q",
-        "without_replacement",
-        walk="rrs_tree_walk",
+        name="rrs",
+        summary="recursive rejection sampling: siblings drawn without replacement from one q",
+        drafting="without_replacement",
         reads_draft_probs=True,
+        walk="rrs_tree_step",
+        cuda_walk="RrsTreeStep",
+        reference_name="rrs_tree_walk",
+        oracle_name="rrs_tree_law",
     ),
 )
 
+_TREE_CODES = {method.name: code for code, method in enumerate(TREE_METHODS)}
 _TREE_BY_NAME = {method.name: method for method in TREE_METHODS}
 
 
@@ -327,3 +382,12 @@ def get_tree_method(name: str) -> TreeMethod:
         For an unknown name; the message lists the known ones.
     """
     return _lookup(_TREE_BY_NAME, name)
+
+
+def tree_method_names(*, stochastic: bool | None = None) -> tuple[str, ...]:
+    """Names of the tree methods, optionally only the (non-)stochastic ones."""
+    return tuple(
+        method.name
+        for method in TREE_METHODS
+        if stochastic is None or method.stochastic == stochastic
+    )

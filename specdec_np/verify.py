@@ -108,7 +108,7 @@ def verify_chain_batch(
         Called with the result before the call counts as done (a sampler's counters), so
         that an interrupt leaves the generators and the counters both updated or both not.
     request_methods : int8 array [B], optional
-        Per-request row functions (indices into ``_core.ROW_FUNCTIONS``).
+        Per-request row functions (registry codes).
     causal, draw_bonus : bool
         As the chain driver takes them (the engine layout sets both).
     sampling : float64 array [B, 4], optional
@@ -148,7 +148,7 @@ def verify_chain_batch(
         else:
             uniforms = _EMPTY_UNIFORMS if xp is np else xp.empty((0, 0), dtype=xp.float64)
         first_bad_row = _chain_kernel(batch)(
-            row_index(verifier),
+            verifier.code,
             batch.target_rows,
             batch.target_rows if point_mass else batch.draft_rows,
             point_mass,
@@ -241,16 +241,6 @@ class TreeVerificationResult(NamedTuple):
     accepted_lengths: Any
 
 
-_TREE_WALK_INDEX: dict[str, int] = {}
-
-
-def tree_walk_index(method: registry.TreeMethod) -> int:
-    """The method's walk as an index into ``_core.TREE_WALKS``."""
-    if not _TREE_WALK_INDEX:
-        _TREE_WALK_INDEX.update({name: i for i, name in enumerate(_core.TREE_WALKS)})
-    return _TREE_WALK_INDEX[method.walk]
-
-
 def verify_tree_batch(
     method: registry.TreeMethod,
     batch: Any,
@@ -269,7 +259,7 @@ def verify_tree_batch(
     sources : RejectionUniforms
         The checked uniform sources (``[B, max_nodes + 1]``).
     request_methods : int8 array [B], optional
-        Per-request walks (indices into ``_core.TREE_WALKS``).
+        Per-request walks (registry codes).
     sampling : float64 array [B, 4], optional
         The rows are logits, processed with these per-request parameters.
     block : TreeOutputBlock, optional
@@ -303,7 +293,7 @@ def verify_tree_batch(
     try:
         uniforms = sources.draw()
         reported = _backend.kernels_for(batch.device).verify_trees(
-            tree_walk_index(method),
+            method.code,
             batch.target_rows,
             batch.target_rows if point_mass else batch.draft_rows,
             point_mass,
@@ -338,18 +328,6 @@ def _driver_options(request_methods: Any, causal: bool, draw_bonus: bool) -> dic
     if draw_bonus:
         options["draw_bonus"] = True
     return options
-
-
-_ROW_INDEX: dict[str, int] = {}
-
-
-def row_index(verifier: registry.Verifier) -> int:
-    """The verifier's row function as an index into ``_core.ROW_FUNCTIONS``."""
-    index = _ROW_INDEX.get(verifier.name)
-    if index is None:
-        index = _core.ROW_FUNCTIONS.index(verifier.row_function)
-        _ROW_INDEX[verifier.name] = index
-    return index
 
 
 def check_parameters(verifier: registry.Verifier, given: Mapping[str, Any]) -> tuple[float, ...]:

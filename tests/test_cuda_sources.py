@@ -1853,7 +1853,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
         c = _tree_case(rng)
     wrap = fake_cupy.asarray
     vocab = int(c.target.shape[1])
-    rrs = core.TREE_WALKS.index("rrs_tree_walk")
+    rrs = registry.get_tree_method("rrs").code
     sampling = wrap(np.ones((c.batch, 4)))
     with pytest.raises(ValueError, match="scratch: expected a"):
         _launch_trees(c, rrs, sampling=sampling)
@@ -1883,7 +1883,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
     with pytest.raises(ValueError, match="output: expected shape"):
         _launch_trees(c, rrs, output=wrap(np.zeros((c.batch, c.depth + 2), np.int64)))
     assert not fake_cupy.launches
-    greedy = core.TREE_WALKS.index("greedy_tree_walk")
+    greedy = registry.get_tree_method("greedy").code
     with np.errstate(all="ignore"):
         mine = _launch_trees(c, greedy, uniforms=wrap(np.empty((0, 0))), working=None)
         cpu = _run_trees_cpu(core, greedy, c)
