@@ -512,7 +512,6 @@ def test_ragged_equals_the_reference_request_by_request(verifier, data):
     """Each request against the array-API reference of its verifier (the greedy one for
     temperature 0) on its own rows and uniforms; a lazy bonus against the reference's
     inverse-CDF draw from the bonus row (or its argmax for a greedy request)."""
-    from specdec_np import _reference
 
     batch = data.draw(batches(greedy_share=0.5))
     batch["target_probs"] = batch["target_probs"].astype(np.float64)
