@@ -52,7 +52,17 @@ from typing import Any
 import numpy as np
 
 import specdec_np
-from specdec_np import _backend, _contract, _core, _layout, _random, _reference, registry, verify
+from specdec_np import (
+    _backend,
+    _chains,
+    _contract,
+    _core,
+    _random,
+    _reference,
+    _validate,
+    registry,
+    verify,
+)
 
 VERIFIERS = registry.VERIFIERS
 VERIFIER_NAMES = tuple(verifier.name for verifier in VERIFIERS)
@@ -517,7 +527,7 @@ def stage_calls(
 ) -> dict[str, Callable[[], Any]]:
     """The entry point's work split into its stages, each callable on its own.
 
-    * intake: parameter check and ``_layout.padded_chain`` (shapes, dtypes, devices,
+    * intake: parameter check and ``_chains.padded_chain`` (shapes, dtypes, devices,
       kernel-ready views);
     * id_check: ``_core.first_invalid_id`` (ids are checked before any draw);
     * uniforms: ``_random.RejectionUniforms`` from a generator made before the clock
@@ -533,9 +543,9 @@ def stage_calls(
     parameters = parameters_of(verifier)
     generators = iter([np.random.default_rng(seed) for _ in range(calls + 2)])
 
-    def intake() -> tuple[np.ndarray, _layout.ChainBatch]:
-        values = verify.check_parameters(verifier, parameters)
-        batch = _layout.padded_chain(
+    def intake() -> tuple[np.ndarray, _chains.ChainBatch]:
+        values = _validate.check_method_parameters(verifier, parameters)
+        batch = _chains.padded_chain(
             cell.target,
             cell.bonus_ids,
             cell.draft_probs,
@@ -568,7 +578,7 @@ def stage_calls(
     block = output_block()
     point_mass = batch.draft_rows is None
     kernel_arguments = (
-        _core.ROW_FUNCTIONS.index(verifier.row_function),
+        verifier.code,
         batch.target_rows,
         batch.target_rows if point_mass else batch.draft_rows,
         point_mass,

@@ -9,8 +9,10 @@ per-request sampling parameters) and :func:`verify_tree` draft trees, with the b
 :func:`chain_tree`, :func:`multi_draft_tree` and :func:`from_next_arrays`.
 """
 
-from . import registry, samplers, verify
+from . import registry
 from ._philox import counter_uniforms
+from ._ragged import output_buffers, verify_ragged
+from ._results import TreeVerificationResult, VerificationResult
 from ._trees import (
     MAX_TREE_DEPTH,
     TreeLayout,
@@ -18,54 +20,60 @@ from ._trees import (
     from_next_arrays,
     multi_draft_tree,
     to_next_arrays,
-    validate_tree,
-)
-from .engine import (
-    EngineVerifier,
-    output_buffers,
     tree_output_buffers,
-    verify_ragged,
+    validate_tree,
     verify_tree,
 )
+from .engine import EngineVerifier
 from .metrics import VerificationMetrics
 from .samplers import (
+    BlockVerificationSampler,
+    GreedySampler,
+    RejectionSampler,
     SpecDecodeBaseSampler,
     SpecDecodeDeterministicBaseSampler,
     SpecDecodeStochasticBaseSampler,
+    TypicalAcceptanceSampler,
 )
-from .verify import TreeVerificationResult, VerificationResult, create_output
+from .verify import (
+    block_verification_sample,
+    create_output,
+    greedy_sample,
+    rejection_sample,
+    typical_acceptance_sample,
+)
 
 __version__ = "0.1.0"
 
-# One stateless function and one sampler class per registered verifier.
-for _verifier in registry.VERIFIERS:
-    globals()[_verifier.function_name] = getattr(verify, _verifier.function_name)
-    globals()[_verifier.sampler_name] = getattr(samplers, _verifier.sampler_name)
-del _verifier
-
 __all__ = [
+    "MAX_TREE_DEPTH",
+    "BlockVerificationSampler",
+    "EngineVerifier",
+    "GreedySampler",
+    "RejectionSampler",
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",
-    "EngineVerifier",
-    "MAX_TREE_DEPTH",
     "TreeLayout",
     "TreeVerificationResult",
+    "TypicalAcceptanceSampler",
     "VerificationMetrics",
     "VerificationResult",
     "__version__",
+    "block_verification_sample",
     "chain_tree",
     "counter_uniforms",
     "create_output",
     "from_next_arrays",
+    "greedy_sample",
     "multi_draft_tree",
     "output_buffers",
     "registry",
+    "rejection_sample",
     "to_next_arrays",
     "tree_output_buffers",
+    "typical_acceptance_sample",
     "validate_tree",
     "verify_ragged",
     "verify_tree",
-    *(verifier.function_name for verifier in registry.VERIFIERS),
-    *(verifier.sampler_name for verifier in registry.VERIFIERS),
 ]

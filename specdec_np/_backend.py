@@ -1,4 +1,4 @@
-"""Array intake, device and dtype policy, and the choice of kernels.
+"""Array intake, device and dtype policy.
 
 * NumPy arrays are used as they are; CuPy arrays too (recognised by their type's module, so
   that ``import specdec_np`` never imports cupy).  Any other object that exports DLPack is
@@ -7,6 +7,8 @@
   Token ids: int64 and int32 (both id arrays end up with one dtype).  Output: int64.
 * Non-contiguous, read-only and broadcast inputs work; they are copied only when they are
   not already C-contiguous.
+
+Which kernels run a checked batch is :mod:`specdec_np._dispatch`'s choice.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ __all__ = [
     "device_context",
     "device_of",
     "intake",
+    "is_array_of",
     "is_cupy_array",
     "first_failed_row",
-    "kernels_for",
     "on_inputs_device",
+    "kernel_rows",
     "probabilities",
     "thread_count",
     "token_ids",
@@ -175,6 +178,11 @@ def _raise_unless_capsule(x: Any, name: str, device_type: int) -> None:
         )
 
 
+def is_array_of(x: Any, xp: Any) -> bool:
+    """Whether ``x`` is an array of the backend ``xp`` (``numpy`` or ``cupy``)."""
+    return isinstance(x, np.ndarray) if xp is np else is_cupy_array(x)
+
+
 def array_namespace(x: Any) -> Any:
     """``numpy`` or ``cupy``: the module that owns an array returned by :func:`intake`."""
     if isinstance(x, np.ndarray):
@@ -225,6 +233,28 @@ def probabilities(x: Any, name: str, xp: Any, strict: bool) -> Any:
             # float16 and bfloat16 (the only other dtypes the check lets through).
             x = x.astype(np.float32)
     return xp.ascontiguousarray(x)
+
+
+def kernel_rows(
+    target: Any, drafts: Any, target_name: str, draft_name: str, xp: Any, strict: bool
+) -> tuple[Any, Any]:
+    """Target and draft rows (None: point-mass drafts) as the kernels read them: C-contiguous
+    float32 or float64 of one dtype (:func:`probabilities`).
+
+    Raises
+    ------
+    TypeError
+        If the draft rows' dtype is not the target's.
+    """
+    target = probabilities(target, target_name, xp, strict)
+    if drafts is not None:
+        drafts = probabilities(drafts, draft_name, xp, strict)
+        if drafts.dtype != target.dtype:
+            raise TypeError(
+                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
+                f"found {drafts.dtype}"
+            )
+    return target, drafts
 
 
 def token_ids(named: dict[str, Any], xp: Any, strict: bool) -> list[Any]:
@@ -280,17 +310,6 @@ def available_cores() -> int:
         except OSError:  # pragma: no cover - depends on the OS
             pass
     return max(1, os.cpu_count() or 1)
-
-
-def kernels_for(device: int | None) -> Any:
-    """The kernels for a device, with the signatures of ``_core.pyi``: ``_core`` (NumPy,
-    CPU) or ``_cuda.core_like`` (CuPy; its kernels return None, see :func:`first_failed_row`).
-    """
-    if device is None:
-        return _core
-    from . import _cuda
-
-    return _cuda.core_like
 
 
 def device_context(first: Any) -> Any:

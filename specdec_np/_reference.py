@@ -4,6 +4,9 @@ Each function works on any namespace that implements the Python array API standa
 (NumPy, CuPy, ``array_api_strict``) and computes everything for every position, with none
 of the shortcuts of the fast kernels.  The tests compare the kernels against it.
 
+The ``*_decisions`` functions (NumPy, for the tests' knife-edge rule) say how close each
+decision of one request lies to its boundary.
+
 Every verifier returns ``(output_token_ids, accepted_lengths, num_accepted)``:
 ``int64 [B, k+1]`` in the output format of docs/semantics.md §1, the accepted prefix length
 ``r_b`` ``int64 [B]``, and the number of positions whose acceptance test passed ``int64 [B]``
@@ -13,16 +16,30 @@ whose positions are not tested independently, counts its accepted prefix ``tau``
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import registry
+from ._contract import ENTROPY_EPSILON
 
 __all__ = [
     "block_verification_sample",
+    "Decisions",
+    "block_verification_decisions",
     "create_output",
+    "decisions_for",
     "fast_expf",
+    "greedy_decisions",
     "greedy_sample",
     "process_logits",
+    "reference_for",
+    "rejection_decisions",
     "rejection_sample",
     "residual_draw",
+    "typical_acceptance_decisions",
     "typical_acceptance_sample",
     "verify_ragged",
 ]
@@ -571,7 +588,7 @@ def reference_for(verifier: Any) -> Any:
     ----------
     verifier : specdec_np.registry.Verifier
     """
-    function = globals()[verifier.reference_name]
+    function = getattr(sys.modules[__name__], verifier.reference_name)
     if verifier.stochastic:
         return function
 
@@ -580,6 +597,175 @@ def reference_for(verifier: Any) -> Any:
         return function(target, bonus, draft_ids, *values)
 
     return deterministic
+
+
+class Decisions(NamedTuple):
+    """How close each decision of one request is to its boundary (the checks' knife-edge
+    rule): where two correct implementations round differently they may decide differently
+    only there.
+
+    Attributes
+    ----------
+    margins : float64 [k]
+        Position ``i``'s distance from its boundary, relative to the size of the rounding
+        of the rows' values that could move it (a position is on a knife edge when its
+        margin is at most the relative rounding ``delta`` of the comparison, plus its
+        floor); ``inf`` for an exact decision.
+    floors : float64 [k]
+        The rounding of the verifier's own arithmetic at position ``i`` (typical
+        acceptance's entropy), in the units of ``margins``.
+    rho : float64 [k + 1]
+        The residual's scale of the target row at each position: the draw after a
+        rejection at ``r`` weighs ``max(rho_r p_r - q_r, 0)``.
+    residual_rounding : float
+        How much a relative rounding ``delta`` of the rows can move a residual weight,
+        relative to the row's mass, in units of ``delta``.
+    """
+
+    margins: Any
+    floors: Any
+    rho: Any
+    residual_rounding: float = 4.0
+
+    def knife_edge(self, delta: float, upto: int | None = None) -> bool:
+        """Whether a decision at a position below ``upto`` (all of them by default) lies
+        within relative rounding ``delta`` of its boundary."""
+        margins, floors = self.margins[:upto], self.floors[:upto]
+        return bool(np.any(margins <= delta + floors))
+
+
+def _relative_distance(a: Any, b: Any) -> Any:
+    """``|a - b| / (|a| + |b|)``, 0 where both are 0 (a tie is always a knife edge)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = np.abs(a) + np.abs(b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(scale > 0, np.abs(a - b) / np.where(scale > 0, scale, 1.0), 0.0)
+
+
+def _request_rows(target_rows: Any, draft_rows: Any, draft_ids: Any) -> tuple[Any, Any, Any]:
+    """float64 p ``[k + 1, V]``, clean q ``[k, V]`` (one-hot for point-mass drafts) and
+    int64 ids ``[k]`` of one request."""
+    p = np.asarray(target_rows, dtype=np.float64)
+    ids = np.asarray(draft_ids, dtype=np.int64)
+    if draft_rows is None:
+        q = np.zeros((ids.shape[0], p.shape[1]))
+        q[np.arange(ids.shape[0]), ids] = 1.0
+    else:
+        q = np.asarray(draft_rows, dtype=np.float64)
+        q = np.where(q > 0, q, 0.0)
+    return p, q, ids
+
+
+def rejection_decisions(
+    target_rows: Any, draft_rows: Any, draft_ids: Any, uniforms: Any, **parameters: float
+) -> Decisions:
+    """:class:`Decisions` of token-wise rejection: position ``i`` compares ``u_i q(x_i)``
+    with ``p(x_i)``; the residual is unscaled.
+
+    Parameters
+    ----------
+    target_rows : float [k + 1, V]
+    draft_rows : float [k, V] or None
+    draft_ids : int [k]
+    uniforms : float64 [>= k]
+    **parameters : float
+        None for this verifier.
+    """
+    p, q, ids = _request_rows(target_rows, draft_rows, draft_ids)
+    k = ids.shape[0]
+    positions = np.arange(k)
+    u = np.asarray(uniforms, dtype=np.float64)[:k]
+    margins = _relative_distance(u * q[positions, ids], p[positions, ids])
+    return Decisions(margins, np.zeros(k), np.ones(k + 1))
+
+
+def block_verification_decisions(
+    target_rows: Any, draft_rows: Any, draft_ids: Any, uniforms: Any, **parameters: float
+) -> Decisions:
+    """:class:`Decisions` of block verification: the path weights (``rho_j p(x_j)`` against
+    ``q(x_j)``, which sets ``rho`` to 1) and the checks ``eta_i < h_i``, each with the
+    growth of its rounding along the chain; ``rho`` is the path's weights.  Arguments as
+    :func:`rejection_decisions`."""
+    p, q, ids = _request_rows(target_rows, draft_rows, draft_ids)
+    k = ids.shape[0]
+    positions = np.arange(k)
+    p_x, q_x = p[positions, ids], q[positions, ids]
+    rho = _path_weights(np, p_x[None, :], q_x[None, :])[0]
+    u = np.asarray(uniforms, dtype=np.float64)[:k]
+    residual = np.maximum(rho[:k, None] * p[:k] - q, 0.0)
+    total = residual.sum(axis=1)
+    growth = 4.0 * (k + 1)
+    path = np.where(rho[:k] > 0, _relative_distance(rho[:k] * p_x, q_x) / growth, np.inf)
+    checks = np.empty(k)
+    floors = np.zeros(k)
+    for i in range(1, k + 1):
+        if i == k:
+            h, unit = rho[k], growth * rho[k]
+        else:
+            slack = total[i] + 1.0 - rho[i]
+            h = total[i] / slack if slack > 0 else 1.0
+            unit = 2.0 * growth * (1.0 + total[i]) / slack**2 if slack > 0 else 0.0
+        distance = abs(u[i - 1] - h)
+        checks[i - 1] = distance / unit if unit > 0 else (np.inf if distance > 0 else 0.0)
+        floors[i - 1] = 1e-15 / unit if unit > 0 else 0.0
+    # A rounding at position j moves every later rho, so a check sees the path before it.
+    margins = np.minimum(checks, np.minimum.accumulate(path))
+    return Decisions(margins, floors, rho, 2.0 * growth)
+
+
+def typical_acceptance_decisions(
+    target_rows: Any,
+    draft_rows: Any,
+    draft_ids: Any,
+    uniforms: Any = None,
+    *,
+    posterior_threshold: float = registry.get("typical").parameter_defaults[0],
+    posterior_alpha: float = registry.get("typical").parameter_defaults[1],
+) -> Decisions:
+    """:class:`Decisions` of typical acceptance: ``p(x_i)`` against
+    ``min(threshold, alpha exp(-H_i))``; the floor is the rounding of the entropy (a float32
+    logarithm per entry for float32 rows, as the kernels take it).  Arguments as
+    :func:`rejection_decisions`, with the verifier's two parameters."""
+    p, _, ids = _request_rows(target_rows, None, draft_ids)
+    k = ids.shape[0]
+    # The entropy's own rounding: float32 logarithms for float32 rows, else float64 sums.
+    if np.asarray(target_rows).dtype == np.float32:
+        per_unit = 1e-6
+    else:
+        per_unit = (p.shape[1] + 8) * 2.3e-16
+    margins = np.empty(k)
+    floors = np.empty(k)
+    for i in range(k):
+        row = p[i]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = row * np.log(row + ENTROPY_EPSILON)
+        entropy = -terms.sum()
+        scaled = posterior_alpha * math.exp(-entropy) if posterior_alpha > 0 else 0.0
+        limit = min(posterior_threshold, scaled)
+        margins[i] = _relative_distance(row[ids[i]], limit) / 2.0
+        floors[i] = per_unit * (row.sum() + np.abs(terms).sum()) / 2.0
+    return Decisions(margins, floors, np.ones(k + 1))
+
+
+def greedy_decisions(
+    target_rows: Any, draft_rows: Any, draft_ids: Any, uniforms: Any = None, **parameters: float
+) -> Decisions:
+    """:class:`Decisions` of greedy verification: comparisons of raw values, exact
+    everywhere."""
+    k = np.asarray(draft_ids).shape[0]
+    return Decisions(np.full(k, np.inf), np.zeros(k), np.ones(k + 1))
+
+
+def decisions_for(verifier: Any) -> Any:
+    """A registry verifier's :class:`Decisions` function, called as ``decisions(target_rows
+    [k + 1, V], draft_rows [k, V] or None, draft_ids [k], uniforms [>= k],
+    **parameters)``.
+
+    Parameters
+    ----------
+    verifier : specdec_np.registry.Verifier
+    """
+    return getattr(sys.modules[__name__], verifier.decisions_name)
 
 
 def verify_ragged(
@@ -644,8 +830,6 @@ def verify_ragged(
     ValueError
         If a token must be drawn from a target row without positive probability.
     """
-    from . import registry
-
     xp = _namespace(target_rows)
     verifier = registry.get(method)
     greedy_verifier = registry.get("greedy")

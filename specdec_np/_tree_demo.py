@@ -43,7 +43,7 @@ from ._demo import (
     build_models,
 )
 from ._reference import process_logits
-from .engine import verify_tree
+from ._trees import verify_tree
 
 __all__ = ["SHAPES", "TreeDemoResult", "best_first_tree", "chain_parents", "run_tree_demo"]
 

@@ -37,6 +37,7 @@ verifier's draw from the target row.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,29 +48,24 @@ from ._reference import _per_request, _process_request_rows, residual_draw
 from ._trees import validate_tree
 
 __all__ = [
-    "TREE_METHODS",
     "continued_law",
     "expected_accepted_length",
+    "greedy_tree_walk",
+    "point_mass_tree_law",
+    "point_mass_tree_walk",
+    "rrs_tree_law",
+    "rrs_tree_walk",
+    "sibling_walk",
+    "specinfer_tree_law",
+    "specinfer_tree_walk",
     "tree_emission_law",
     "tree_output_law",
     "verify_tree",
     "verify_tree_requests",
 ]
 
-#: The tree methods, from the registry.
-TREE_METHODS = tuple(method.name for method in registry.TREE_METHODS)
-
-#: How the oracle's children were drawn: given, independently from their own rows, or
-#: without replacement from one row.
-DRAFTINGS = ("fixed", "independent", "without_replacement")
-
 #: Deliberately broken walks the tests must catch (the oracle only).
 VARIANTS = (None, "no_renormalise", "final_keeps_rejected")
-
-
-def _check_method(method: str) -> None:
-    if method not in TREE_METHODS:
-        raise ValueError(f"method must be one of {list(TREE_METHODS)}; found {method!r}")
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -117,7 +113,7 @@ def verify_tree(
         On a bad layout (see :func:`specdec_np._trees.validate_tree`), mismatched shapes, an
         unknown method, or a final draw from a row without positive probability.
     """
-    _check_method(method)
+    walk = getattr(sys.modules[__name__], registry.get_tree_method(method).reference_name)
     xp = target_probs.__array_namespace__()
     target_shape = _shape(target_probs)
     if len(target_shape) != 2:
@@ -135,7 +131,7 @@ def verify_tree(
             f"draft_probs must have shape [N, V] = {[total, vocab_size]}; "
             f"found {list(_shape(draft_probs))}"
         )
-    if method != "greedy":
+    if registry.get_tree_method(method).stochastic:
         if uniforms is None:
             raise ValueError(f"uniforms are required for method {method!r}")
         if (
@@ -153,9 +149,7 @@ def verify_tree(
     output_rows = []
     lengths = []
     for b in range(batch_size):
-        nodes, final = _walk(
-            xp, layout, b, target_probs, draft_probs, uniforms, method, vocabulary
-        )
+        nodes, final = _walk(xp, layout, b, target_probs, draft_probs, uniforms, vocabulary, walk)
         tokens = layout.tokens_of(b)
         padding = layout.max_depth - len(nodes)
         accepted_rows.append(nodes + [-1] * padding)
@@ -224,7 +218,7 @@ def verify_tree_requests(
         start, stop = int(layout.node_offsets[b]), int(layout.node_offsets[b + 1])
         target = target_rows[start + b : stop + b + 1, :]
         draft = None if draft_rows is None else draft_rows[start:stop, :]
-        greedy = method == "greedy" or settings[0][b] == 0.0
+        greedy = not registry.get_tree_method(method).stochastic or settings[0][b] == 0.0
         if from_logits and not greedy:
             request_settings = tuple(column[b] for column in settings)
             target = _process_request_rows(xp, target, request_settings)
@@ -269,10 +263,12 @@ def _walk(
     target_probs: Any,
     draft_probs: Any,
     uniforms: Any,
-    method: str,
     vocabulary: Any,
+    step: Callable[..., tuple[int | None, Any]],
 ) -> tuple[list[int], int]:
-    """One request's walk: its accepted nodes and its final token."""
+    """One request's walk with a method's sibling step: its accepted nodes and its final
+    token.  ``step(xp, p, kids, tokens, uniforms, q_rows, vocabulary)`` returns the
+    accepted child, or None and the final token (an int) or the final draw's inputs."""
     children = layout.children(b)
     tokens = layout.tokens_of(b)
     start = int(layout.node_offsets[b])
@@ -281,27 +277,20 @@ def _walk(
     while True:
         p = xp.astype(target_probs[layout.target_row(b, node), :], xp.float64)
         kids = children[node + 1]
-        if method == "greedy":
-            # NaN never wins the greedy argmax, as in the chain layout.
-            best = int(xp.argmax(xp.where(xp.isnan(p), -xp.inf, p)))
-            matching = [child for child in kids if tokens[child] == best]
-            if matching:
-                node = matching[0]
-                accepted.append(node)
-                continue
-            return accepted, best
-        if method == "point_mass" or draft_probs is None:
-            chosen, final = _point_mass_siblings(xp, p, kids, tokens, uniforms[b, :], vocabulary)
-        else:
-            chosen, final = _residual_siblings(
-                xp, p, kids, tokens, uniforms[b, :], method == "rrs",
-                [_draft_row(xp, draft_probs, start + child, None, vocabulary) for child in kids],
-                vocabulary,
-            )
+        q_rows = None
+        if draft_probs is not None:
+            q_rows = [
+                _draft_row(xp, draft_probs, start + child, None, vocabulary) for child in kids
+            ]
+        chosen, final = step(
+            xp, p, kids, tokens, None if uniforms is None else uniforms[b, :], q_rows, vocabulary
+        )
         if chosen is not None:
             node = chosen
             accepted.append(node)
             continue
+        if isinstance(final, int):
+            return accepted, final
         token = _final_draw(xp, final, uniforms[b, len(tokens)])
         if token < 0:
             row = layout.target_row(b, node)
@@ -310,6 +299,47 @@ def _walk(
                 "probability to draw the final token from"
             )
         return accepted, token
+
+
+def greedy_tree_walk(
+    xp: Any, p: Any, kids: list[int], tokens: list[int], uniforms: Any, q_rows: Any,
+    vocabulary: Any,
+) -> tuple[int | None, Any]:
+    """Greedy: the first child whose token is the argmax of the row (NaN never wins, as in
+    the chain layout), else that argmax as the final token."""
+    best = int(xp.argmax(xp.where(xp.isnan(p), -xp.inf, p)))
+    matching = [child for child in kids if tokens[child] == best]
+    return (matching[0], None) if matching else (None, best)
+
+
+def point_mass_tree_walk(
+    xp: Any, p: Any, kids: list[int], tokens: list[int], uniforms: Any, q_rows: Any,
+    vocabulary: Any,
+) -> tuple[int | None, Any]:
+    """Deterministic candidates (:func:`_point_mass_siblings`); draft rows are not read."""
+    return _point_mass_siblings(xp, p, kids, tokens, uniforms, vocabulary)
+
+
+def specinfer_tree_walk(
+    xp: Any, p: Any, kids: list[int], tokens: list[int], uniforms: Any, q_rows: Any,
+    vocabulary: Any,
+) -> tuple[int | None, Any]:
+    """Independently drafted children (:func:`_residual_siblings`); without draft rows the
+    children are point-mass candidates."""
+    if q_rows is None:
+        return _point_mass_siblings(xp, p, kids, tokens, uniforms, vocabulary)
+    return _residual_siblings(xp, p, kids, tokens, uniforms, False, q_rows, vocabulary)
+
+
+def rrs_tree_walk(
+    xp: Any, p: Any, kids: list[int], tokens: list[int], uniforms: Any, q_rows: Any,
+    vocabulary: Any,
+) -> tuple[int | None, Any]:
+    """Siblings drawn without replacement from one row (:func:`_residual_siblings`);
+    without draft rows the children are point-mass candidates."""
+    if q_rows is None:
+        return _point_mass_siblings(xp, p, kids, tokens, uniforms, vocabulary)
+    return _residual_siblings(xp, p, kids, tokens, uniforms, True, q_rows, vocabulary)
 
 
 def _final_draw(xp: Any, final: tuple[Any, int | None], v: Any) -> int:
@@ -403,26 +433,48 @@ def _normalised(row: list[float]) -> list[float]:
     return [value / total for value in row] if total > 0 else list(row)
 
 
+DraftRule = Callable[[int, "list[float] | None", "list[int]", int], "list[float]"]
+
+
+def _point_mass_rule(x: int, row: list[float] | None, tried: list[int], vocab_size: int):
+    """The law a deterministic candidate ``x`` is tested against: its point mass."""
+    return [1.0 if y == x else 0.0 for y in range(vocab_size)]
+
+
+def _independent_rule(x: int, row: list[float] | None, tried: list[int], vocab_size: int):
+    """An independently drafted child: its own draft row (a point mass without one)."""
+    if row is None:
+        return _point_mass_rule(x, row, tried, vocab_size)
+    return [max(value, 0.0) for value in row]
+
+
+def _without_replacement_rule(
+    x: int, row: list[float] | None, tried: list[int], vocab_size: int
+):
+    """A sibling drawn without replacement: the row without the earlier siblings' tokens,
+    renormalised (a point mass without a row)."""
+    q = _independent_rule(x, row, tried, vocab_size)
+    if row is None:
+        return q
+    return _normalised([0.0 if y in tried else q[y] for y in range(vocab_size)])
+
+
 def _sibling_walk(
-    method: str,
+    rule: DraftRule,
     p: list[float],
     tokens: tuple[int, ...],
     q_rows: list[list[float] | None],
     variant: str | None,
 ) -> tuple[list[float], list[float]]:
     """Conditional acceptance probability of each child (given the ones before failed) and
-    the law of the final token when all fail."""
+    the law of the final token when all fail; ``rule`` gives the law each child is tested
+    against."""
     vocab_size = len(p)
     r = _normalised(p)
     conditional = []
     tried: list[int] = []
     for x, row in zip(tokens, q_rows):
-        if method == "point_mass" or row is None:
-            q = [1.0 if y == x else 0.0 for y in range(vocab_size)]
-        else:
-            q = [max(value, 0.0) for value in row]
-        if method == "rrs":
-            q = _normalised([0.0 if y in tried else q[y] for y in range(vocab_size)])
+        q = rule(x, row, tried, vocab_size)
         if q[x] > 0:
             a = min(1.0, r[x] / q[x])
         else:
@@ -476,11 +528,13 @@ def tree_emission_law(
     drafting: str | None = None,
     variant: str | None = None,
 ) -> Law:
-    """The exact law of the tokens one request's walk emits.
+    """The exact law of the tokens one request's walk emits: the oracle the registry names
+    for ``method`` (``oracle_name``).
 
     Parameters
     ----------
-    method : {"point_mass", "specinfer", "rrs"}
+    method : str
+        A stochastic tree method of the registry.
     target : callable, path -> float [V]
         The target's law of the next token after ``path`` (a tuple of emitted tokens); a
         node's target row is ``target`` at the path to it.
@@ -493,9 +547,9 @@ def tree_emission_law(
         the verifier is given for each of them.  None: point-mass drafts.
     draft_token_ids : int [n], optional
         The tokens, for ``drafting="fixed"``.
-    drafting : {"fixed", "independent", "without_replacement"}, optional
-        How the children were drawn; by default ``"fixed"`` for ``"point_mass"``,
-        ``"independent"`` for ``"specinfer"``, ``"without_replacement"`` for ``"rrs"``.
+    drafting : str, optional
+        How the children were drawn (one of ``registry.DRAFTINGS``); by default the
+        method's own drafting.
     variant : {None, "no_renormalise", "final_keeps_rejected"}
         A deliberately broken walk, for negative controls.
 
@@ -504,11 +558,86 @@ def tree_emission_law(
     dict
         Emitted token tuple (accepted tokens, then the final token) -> probability.
     """
-    if method not in TREE_METHODS or method == "greedy":
-        raise ValueError(f"method must be point_mass, specinfer or rrs; found {method!r}")
-    if drafting is None:
-        drafting = next(m.drafting for m in registry.TREE_METHODS if m.name == method)
-    if drafting not in DRAFTINGS or variant not in VARIANTS:
+    tree_method = registry.get_tree_method(method)
+    if tree_method.oracle_name is None:
+        raise ValueError(f"tree method {method!r} has no law (it draws nothing)")
+    oracle = getattr(sys.modules[__name__], tree_method.oracle_name)
+    return oracle(
+        target, tree_parents, vocab_size, draft=draft, draft_token_ids=draft_token_ids,
+        drafting=drafting or tree_method.drafting, variant=variant,
+    )
+
+
+def point_mass_tree_law(
+    target: PathRow, tree_parents: Any, vocab_size: int, **options: Any
+) -> Law:
+    """The law of the point-mass walk (:func:`tree_emission_law`'s arguments)."""
+    return _sibling_law(_point_mass_rule, target, tree_parents, vocab_size, **options)
+
+
+def specinfer_tree_law(
+    target: PathRow, tree_parents: Any, vocab_size: int, **options: Any
+) -> Law:
+    """The law of the SpecInfer walk (:func:`tree_emission_law`'s arguments)."""
+    return _sibling_law(_independent_rule, target, tree_parents, vocab_size, **options)
+
+
+def rrs_tree_law(
+    target: PathRow, tree_parents: Any, vocab_size: int, **options: Any
+) -> Law:
+    """The law of the RRS walk (:func:`tree_emission_law`'s arguments)."""
+    return _sibling_law(_without_replacement_rule, target, tree_parents, vocab_size, **options)
+
+
+#: The law each sibling-walk oracle tests a child against.
+_SIBLING_RULES: dict[str, DraftRule] = {
+    "point_mass_tree_law": _point_mass_rule,
+    "specinfer_tree_law": _independent_rule,
+    "rrs_tree_law": _without_replacement_rule,
+}
+
+
+def sibling_walk(
+    method: str,
+    p: list[float],
+    tokens: tuple[int, ...],
+    q_rows: list[list[float] | None],
+    variant: str | None = None,
+) -> tuple[list[float], list[float]]:
+    """One node of a sibling-walk method's oracle: the conditional acceptance probability
+    of each child (given the ones before failed) and the law of the final token.
+
+    Parameters
+    ----------
+    method : str
+        A registry tree method whose oracle walks siblings.
+    p : list of float [V]
+        The node's target row.
+    tokens : tuple of int
+        The children's tokens, in sibling order.
+    q_rows : list of (list of float [V] or None)
+        Their draft rows.
+    variant : str, optional
+        A deliberately broken walk (``VARIANTS``).
+    """
+    oracle_name = registry.get_tree_method(method).oracle_name
+    return _sibling_walk(_SIBLING_RULES[str(oracle_name)], p, tokens, q_rows, variant)
+
+
+def _sibling_law(
+    rule: DraftRule,
+    target: PathRow,
+    tree_parents: Any,
+    vocab_size: int,
+    *,
+    draft: Callable[[tuple[int, ...], int], Any] | None,
+    draft_token_ids: Any,
+    drafting: str,
+    variant: str | None,
+) -> Law:
+    """The law of a walk that tests each child against ``rule``'s law, on children drawn
+    as ``drafting`` says."""
+    if drafting not in registry.DRAFTINGS or variant not in VARIANTS:
         raise ValueError(f"unknown drafting {drafting!r} or variant {variant!r}")
     if drafting != "fixed" and draft is None:
         raise ValueError(f"drafting {drafting!r} needs a draft")
@@ -546,7 +675,7 @@ def tree_emission_law(
                 f"({drafting}): its rows lack the support"
             )
         for tokens, weight in assignments:
-            conditional, final = _sibling_walk(method, p, tokens, drawn_rows, variant)
+            conditional, final = _sibling_walk(rule, p, tokens, drawn_rows, variant)
             reach = weight
             for child, x, a in zip(kids, tokens, conditional):
                 if reach * a > 0:

@@ -20,12 +20,22 @@ from several independent chains per request, and from SGLang's ``retrieve_next_t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _core, _layout, _validate
+from . import (
+    _backend,
+    _contract,
+    _core,
+    _dispatch,
+    _random,
+    _results,
+    _sampling,
+    _validate,
+    registry,
+)
 
 __all__ = [
     "MAX_TREE_DEPTH",
@@ -37,8 +47,12 @@ __all__ = [
     "multi_draft_tree",
     "to_next_arrays",
     "tree_batch",
+    "tree_output_buffers",
     "validate_tree",
+    "verify_tree",
 ]
+
+_GREEDY = registry.get_tree_method("greedy")
 
 #: The deepest node a tree may hold (a child of the root has depth 1).  The output rows
 #: are ``[B, max_depth + 1]`` and the kernels keep the walked path in a fixed buffer, so
@@ -529,12 +543,45 @@ class TreeBatch(NamedTuple):
     target_name: str
 
     @property
+    def kernel_name(self) -> str:
+        """The kernel family of tree batches."""
+        return "verify_trees"
+
+    @property
     def batch_size(self) -> int:
         """``B``."""
         return self.layout.batch_size
 
-    def raise_for_row_status(self, request: int, status: int) -> None:
-        """The kernel's status of request ``request`` as a ``ValueError``."""
+    def kernel_inputs(self) -> tuple[Any, ...]:
+        """``_core.verify_trees``'s arguments between the code and the uniforms."""
+        point_mass = self.draft_rows is None
+        return (
+            self.target_rows,
+            self.target_rows if point_mass else self.draft_rows,
+            point_mass,
+            self.draft_token_ids,
+            self.tree_parents,
+            self.xp.asarray(self.layout.node_offsets),
+        )
+
+    def check_ids(self) -> None:
+        """Nothing to do: the layout check read every id before anything is drawn."""
+
+    def result(self, block: _contract.TreeOutputBlock) -> _results.TreeVerificationResult:
+        """The result of a call whose kernel wrote ``block``."""
+        layout = self.layout
+        nodes, output = block.accepted_nodes, block.output_token_ids
+        if nodes.shape[1] != layout.max_depth:
+            # Caller's buffers deeper than this batch: the kernel padded them with -1.
+            nodes = nodes[:, : layout.max_depth]
+            output = output[:, : layout.max_depth + 1]
+        return _results.TreeVerificationResult(
+            nodes, output, block.accepted_lengths, int(layout.node_offsets[-1])
+        )
+
+    def raise_for_row_status(self, first_bad_row: int, row_status: Any) -> None:
+        """The kernel's status of request ``first_bad_row`` as a ``ValueError``."""
+        request, status = first_bad_row, int(row_status[first_bad_row])
         if status > 0:
             node = status - 1
             start = int(self.layout.node_offsets[request])
@@ -623,7 +670,7 @@ def tree_batch(
             f"{draft_name} must have shape [N, V] = [{total}, {vocab_size}]; found shape "
             f"{_validate.shape_text(drafts.shape)}"
         )
-    target, drafts = _layout.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
+    target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
     return TreeBatch(
         xp=xp,
         device=device,
@@ -635,3 +682,211 @@ def tree_batch(
         vocab_size=vocab_size,
         target_name=target_name,
     )
+
+
+def tree_output_buffers(
+    batch_size: int, max_depth: int, xp: Any = np
+) -> _contract.TreeOutputBlock:
+    """Buffers for ``verify_tree(..., out=...)``, so that a steady-state engine allocates
+    nothing per call.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``.
+    max_depth : int
+        The deepest tree the buffers must hold.
+    xp : module
+        ``numpy`` or ``cupy`` (on the current device).
+
+    Returns
+    -------
+    TreeOutputBlock
+        ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
+        ``[B, max_depth + 1]`` and two int64 ``[B]`` arrays (accepted lengths, row status).
+    """
+    return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
+
+
+def verify_tree(
+    *,
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_logits: Any = None,
+    target_probs: Any = None,
+    draft_logits: Any = None,
+    draft_probs: Any = None,
+    method: str = "point_mass",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    strict_mode: bool = False,
+    out: _contract.TreeOutputBlock | None = None,
+) -> _results.TreeVerificationResult:
+    """Verify a batch of draft trees (EAGLE, Medusa, SpecInfer, multi-draft).
+
+    Parameters
+    ----------
+    num_nodes : int array [B]
+        ``N_b >= 0`` nodes per request.
+    tree_parents : int array [N], ``N = sum N_b``
+        Each node's parent as an index within its request, ``-1`` for a child of the root;
+        a parent comes before its children.  Siblings are tried in node order.
+    draft_token_ids : int64 or int32 [N]
+        The token each node proposes.
+    target_probs : float32 or float64 [N + B, V], optional
+        Per request its root row (the law of the first new token), then one row per node
+        (the law of the token after it).  Taken as already processed.
+    target_logits : float32 or float64 [N + B, V], optional
+        The same rows as logits; each row the walk reads is processed with the request's
+        ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (exactly one of the two).
+    draft_probs, draft_logits : same dtype [N, V], optional
+        The distribution each node was drawn from (``"specinfer"``, ``"rrs"``); None for
+        deterministic candidates.
+    method : str, default "point_mass"
+        A tree method (``specdec_np.registry.TREE_METHODS``): ``"greedy"``,
+        ``"point_mass"`` (lossless whatever drew the children), ``"specinfer"``
+        (children drawn independently from their rows) or ``"rrs"`` (siblings drawn
+        without replacement from one row).  The walks are in ``docs/semantics.md``.
+    temperature : scalar or array [B], optional
+        ``0`` walks a request greedily on its raw rows, the others by ``method``.  With
+        logits it also scales them.
+    top_k, top_p, min_p : scalar or array [B], optional
+        Sampling filters of logits rows; a ValueError with probabilities.
+    uniforms : float64 [B, max_nodes + 1], optional
+        Request ``b`` uses column ``j`` for node ``j``'s test and column ``N_b`` for the
+        final token.
+    generator, seeded_seqs, counter_seeds
+        The other sources of uniforms, keyed by request: a sampled request consumes
+        exactly ``N_b + 1`` draws from its source whatever the walk, a greedy one none.
+    strict_mode : bool
+        Also check exact dtypes and finite (non-negative) row values.
+    out : TreeOutputBlock, optional
+        Buffers from :func:`tree_output_buffers` to write into.
+
+    Returns
+    -------
+    TreeVerificationResult
+        ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
+        ``[B, max_depth + 1]`` (both ``-1`` padded; ``max_depth`` the deepest node of the
+        batch) and ``accepted_lengths`` int64 ``[B]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument and ``(request, node)``, before any uniform is
+        drawn.
+    """
+    with _backend.device_context(target_probs if target_probs is not None else target_logits):
+        return _verify_tree(
+            num_nodes, tree_parents, draft_token_ids, target_logits, target_probs, draft_logits,
+            draft_probs, method, temperature, top_k, top_p, min_p, uniforms, generator,
+            seeded_seqs, counter_seeds, strict_mode, out,
+        )
+
+
+def _verify_tree(
+    num_nodes: Any,
+    tree_parents: Any,
+    draft_token_ids: Any,
+    target_logits: Any,
+    target_probs: Any,
+    draft_logits: Any,
+    draft_probs: Any,
+    method: str,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    uniforms: Any,
+    generator: Any,
+    seeded_seqs: Any,
+    counter_seeds: Any,
+    strict_mode: bool,
+    out: Any,
+) -> _results.TreeVerificationResult:
+    strict = _validate.check_strict_mode(strict_mode)
+    tree_method = registry.get_tree_method(method)
+    form = _sampling.row_form(target_logits, target_probs, draft_logits, draft_probs)
+    batch = tree_batch(
+        num_nodes,
+        tree_parents,
+        draft_token_ids,
+        form.target,
+        form.draft,
+        strict=strict,
+        reads_draft_probs=tree_method.reads_draft_probs,
+        target_name=form.target_name,
+        draft_name=form.draft_name,
+    )
+    layout = batch.layout
+    sampling = _sampling.request_sampling(
+        batch.xp, layout.batch_size, batch.vocab_size, strict, form,
+        (batch.target_rows, batch.draft_rows), every_request_greedy=tree_method is _GREEDY,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    )
+    chosen = _GREEDY if sampling.all_greedy else tree_method
+    sources = _random.RejectionUniforms(
+        layout.batch_size,
+        layout.max_nodes,
+        batch.xp,
+        uniforms=uniforms,
+        generator=generator,
+        device=batch.device,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
+        row_widths=np.where(sampling.greedy, 0, layout.num_nodes + 1),
+    )
+    if out is None:
+        block = _contract.allocate_tree_output_block(
+            batch.xp, layout.batch_size, layout.max_depth
+        )
+    else:
+        block = _check_tree_out(out, batch)
+    threads = _backend.thread_count(layout.batch_size, 2 * batch.vocab_size)
+    options = _dispatch.sampling_options(batch, threads, sampling.table)
+    request_codes = sampling.request_codes(_GREEDY.code, tree_method.code, batch.xp)
+    if request_codes is not None:
+        options["request_methods"] = request_codes
+    if chosen.stochastic or request_codes is not None:
+        # The residual and its update: allocated once per call, not per node.
+        rows = _dispatch.working_rows(batch.device, threads, layout.batch_size)
+        options["working"] = batch.xp.empty((rows, 2 * batch.vocab_size), dtype=batch.xp.float64)
+    return _dispatch.run(batch, chosen.code, sources, block, threads, options=options)
+
+
+def _check_tree_out(out: Any, batch: TreeBatch) -> _contract.TreeOutputBlock:
+    layout = batch.layout
+
+    def shapes(block: _contract.TreeOutputBlock) -> dict[str, tuple[int, ...]]:
+        found = tuple(block.accepted_nodes.shape)
+        if len(found) != 2 or found[0] != layout.batch_size or found[1] < layout.max_depth:
+            raise ValueError(
+                f"out must hold [B, >= max depth] = [{layout.batch_size}, {layout.max_depth}] "
+                f"nodes; found {_validate.shape_text(found)}"
+            )
+        rows, depth = found
+        return {
+            "accepted_nodes": (rows, depth),
+            "output_token_ids": (rows, depth + 1),
+            "accepted_lengths": (rows,),
+            "row_status": (rows,),
+        }
+
+    xp = batch.xp
+    _validate.check_out_block(
+        out,
+        _contract.TreeOutputBlock,
+        "tree_output_buffers(B, max_depth)",
+        shapes,
+        lambda array: _backend.is_array_of(array, xp),
+        _backend.device_of,
+        batch.device,
+    )
+    return out

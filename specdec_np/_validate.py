@@ -403,3 +403,90 @@ def check_logit_values(name: str, array: Any, xp: Any) -> None:
             f"{name} must not be NaN or +inf in strict mode; found {float(array[index])} at "
             f"index {list(index)}"
         )
+
+
+def check_out_block(
+    out: Any,
+    block_type: type,
+    maker: str,
+    shapes: Any,
+    is_ours: Any,
+    device_of: Any,
+    device: Any,
+) -> None:
+    """Check ``out=`` buffers against the shapes a call writes.
+
+    Parameters
+    ----------
+    out : object
+        What the caller passed.
+    block_type : type
+        The output block the layout expects (``OutputBlock``, ``TreeOutputBlock``).
+    maker : str
+        The public function that makes such buffers, for the message.
+    shapes : callable
+        ``shapes(out) -> dict`` of field name to the shape the call needs; called once
+        every field is known to be an int64 array (it may raise its own ValueError).
+    is_ours : callable
+        ``is_ours(array)``: an array of the inputs' backend.
+    device_of : callable
+        ``device_of(array)``: its device (None on the CPU).
+    device : int or None
+        The inputs' device.
+
+    Raises
+    ------
+    TypeError
+        For another type of block, or a field that is not an int64 array of the inputs'
+        backend.
+    ValueError
+        For a field of another shape, not C-contiguous or read-only, or on another device.
+    """
+    if not isinstance(out, block_type):
+        raise TypeError(
+            f"out must be the {block_type.__name__} of specdec_np.{maker}; "
+            f"found {type(out).__name__}"
+        )
+    for name, array in zip(out._fields, out):
+        if not is_ours(array) or array.dtype != np.int64:
+            raise TypeError(f"out.{name} must be an int64 array of the inputs' backend")
+    expected = shapes(out)
+    for name, array in zip(out._fields, out):
+        if tuple(array.shape) != expected[name]:
+            raise ValueError(
+                f"out.{name} must have shape {list(expected[name])}; found "
+                f"{shape_text(array.shape)}"
+            )
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise ValueError(f"out.{name} must be C-contiguous and writeable")
+    if device_of(out[0]) != device:
+        raise ValueError("out must be on the inputs' device")
+
+
+def check_method_parameters(verifier: Any, given: Any) -> tuple[float, ...]:
+    """A registry verifier's parameters from keyword arguments, checked, in registry order.
+
+    Parameters
+    ----------
+    verifier : specdec_np.registry.Verifier
+    given : mapping of str to real number
+
+    Raises
+    ------
+    TypeError
+        For an unknown keyword or a parameter that is not a real number.
+    ValueError
+        For a parameter that is negative or not finite.
+    """
+    if not given and not verifier.parameters:
+        return ()
+    unknown = set(given).difference(verifier.parameter_names)
+    if unknown:
+        expected = ", ".join(verifier.parameter_names) or "none"
+        raise TypeError(
+            f"{verifier.function_name or verifier.name}() got unexpected keyword argument(s) "
+            f"{', '.join(sorted(unknown))}; its parameters are: {expected}"
+        )
+    return tuple(
+        check_posterior(p.name, given.get(p.name, p.default)) for p in verifier.parameters
+    )

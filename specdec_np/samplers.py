@@ -1,8 +1,9 @@
 """The sampler classes: vLLM's names and semantics, counters and derived metrics.
 
-One class per verifier of :mod:`specdec_np.registry` (``RejectionSampler``,
-``BlockVerificationSampler``, ``TypicalAcceptanceSampler``, ``GreedySampler``), made here
-from its registry entry on one ``forward`` template.  The work is done by the verifiers of
+One class per verifier of :mod:`specdec_np.registry` that has a padded front
+(``RejectionSampler``, ``BlockVerificationSampler``, ``TypicalAcceptanceSampler``,
+``GreedySampler``), each a ``class`` statement over one ``forward`` template of its kind
+(stochastic or deterministic) that names its registry entry.  The work is done by the verifiers of
 :mod:`specdec_np.verify`; a sampler adds
 vLLM's counters (``num_accepted_tokens``, ``num_emitted_tokens`` as 0-d int64 arrays on the
 sampler's device, ``num_draft_tokens`` as an int), its own random generator, and the
@@ -16,7 +17,6 @@ Separate instances run concurrently and release the GIL inside the kernels.
 from __future__ import annotations
 
 import abc
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,12 +24,16 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _random, _validate, registry, verify
+from ._results import VerificationResult
 
 __all__ = [
+    "BlockVerificationSampler",
+    "GreedySampler",
+    "RejectionSampler",
     "SpecDecodeBaseSampler",
     "SpecDecodeDeterministicBaseSampler",
     "SpecDecodeStochasticBaseSampler",
-    *(verifier.sampler_name for verifier in registry.VERIFIERS),
+    "TypicalAcceptanceSampler",
 ]
 
 
@@ -123,7 +127,7 @@ class SpecDecodeBaseSampler:
                 f"{_device_name(self._device)}"
             )
 
-    def _record(self, result: verify.VerificationResult, device: int | None) -> None:
+    def _record(self, result: VerificationResult, device: int | None) -> None:
         """Add one call's statistics to the counters (created on ``device`` if needed).
 
         All or nothing, a ``KeyboardInterrupt`` included: the new totals are computed
@@ -396,7 +400,7 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         return self.forward(*args, **kwargs)
 
 
-class _RegisteredSampler:
+class _RegisteredSampler(SpecDecodeBaseSampler):
     """The ``forward`` template shared by every registered verifier's sampler class."""
 
     _verifier: registry.Verifier
@@ -419,7 +423,7 @@ class _RegisteredSampler:
         self._check_device(device)
         return None
 
-    def _record_result(self, result: verify.VerificationResult) -> None:
+    def _record_result(self, result: VerificationResult) -> None:
         self._record(result, _backend.device_of(result.output_token_ids))
 
 
@@ -427,7 +431,7 @@ class _StochasticSampler(_RegisteredSampler):
     """Constructor and ``forward`` of a stochastic verifier's sampler."""
 
     def __init__(self, strict_mode: bool = False, *, seed: int | None = None) -> None:
-        super().__init__(strict_mode)  # type: ignore[call-arg]
+        super().__init__(strict_mode)
         self._parameters = {}
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
         self._generator = self._own_generator.numpy
@@ -480,25 +484,11 @@ class _StochasticSampler(_RegisteredSampler):
 
 
 class _DeterministicSampler(_RegisteredSampler):
-    """Constructor and ``forward`` of a deterministic verifier's sampler: the verifier's
-    parameters (positional or keyword, in registry order), then ``strict_mode``."""
+    """``forward`` of a deterministic verifier's sampler (``draft_probs`` is ignored)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        names = (*self._verifier.parameter_names, "strict_mode")
-        if len(args) > len(names):
-            raise TypeError(
-                f"{type(self).__name__}() takes at most {len(names)} arguments "
-                f"({', '.join(names)}); found {len(args)}"
-            )
-        given = dict(zip(names, args))
-        for name, value in kwargs.items():
-            if name in given or name not in names:
-                raise TypeError(f"{type(self).__name__}() got an unexpected or repeated "
-                                f"argument {name!r}")
-            given[name] = value
-        strict_mode = given.pop("strict_mode", False)
-        super().__init__(strict_mode)  # type: ignore[call-arg]
-        values = verify.check_parameters(self._verifier, given)
+    def __init__(self, strict_mode: bool = False, **parameters: float) -> None:
+        super().__init__(strict_mode)
+        values = _validate.check_method_parameters(self._verifier, parameters)
         self._parameters = dict(zip(self._verifier.parameter_names, values))
 
     def forward(
@@ -524,22 +514,20 @@ class _DeterministicSampler(_RegisteredSampler):
         return self._verify(target_with_bonus_probs, bonus_token_ids, None, draft_token_ids)
 
 
-def _constructor_signature(verifier: registry.Verifier) -> inspect.Signature:
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    listed = [inspect.Parameter("self", positional)]
-    if verifier.stochastic:
-        listed.append(inspect.Parameter("strict_mode", positional, default=False))
-        listed.append(inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=None))
-    else:
-        listed += [inspect.Parameter(p.name, positional, default=p.default)
-                   for p in verifier.parameters]
-        listed.append(inspect.Parameter("strict_mode", positional, default=False))
-    return inspect.Signature(listed)
+_SEED_DOC = """seed : int, optional
+    Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of the
+    uniforms of unseeded rows (on a GPU: of the key of a counter-based Philox stream made
+    on the device).  None seeds it from the OS.
+"""
 
 
-def _class_doc(verifier: registry.Verifier) -> str:
+def _sampler_doc(cls: type) -> type:
+    """Complete a sampler's docstring with its verifier's rule and parameters."""
+    verifier = cls._verifier  # type: ignore[attr-defined]
     lines = [
-        f"{verifier.summary}",
+        (cls.__doc__ or "").strip(),
+        "",
+        verifier.summary,
         "",
         f"The sampler form of :func:`specdec_np.{verifier.function_name}`, with vLLM's "
         "counters.",
@@ -547,44 +535,55 @@ def _class_doc(verifier: registry.Verifier) -> str:
         "Parameters",
         "----------",
     ]
-    for parameter in () if verifier.stochastic else verifier.parameters:
+    for parameter in verifier.parameters:
         lines += [
             f"{parameter.name} : float, default {parameter.default}",
             f"    {parameter.description.capitalize()}; finite, non-negative.",
         ]
     lines += ["strict_mode : bool, default False"]
-    if verifier.stochastic:
-        lines += [
-            "seed : int, optional",
-            "    Seed of the sampler's own ``numpy.random.Generator`` (PCG64), the source of",
-            "    the uniforms of unseeded rows (on a GPU: of the key of a counter-based Philox",
-            "    stream made on the device).  None seeds it from the OS.",
-        ]
-    return "\n".join(lines) + "\n"
+    cls.__doc__ = "\n".join(lines) + "\n" + (_SEED_DOC if verifier.stochastic else "")
+    return cls
 
 
-def _sampler_class(verifier: registry.Verifier) -> type:
-    if verifier.stochastic:
-        bases: tuple[type, ...] = (_StochasticSampler, SpecDecodeStochasticBaseSampler)
-    else:
-        bases = (_DeterministicSampler, SpecDecodeDeterministicBaseSampler)
-    namespace = {
-        "__doc__": _class_doc(verifier),
-        "__module__": __name__,
-        "__qualname__": verifier.sampler_name,
-        "_verifier": verifier,
-    }
-    base_init = bases[0].__init__
+@_sampler_doc
+class RejectionSampler(_StochasticSampler, SpecDecodeStochasticBaseSampler):
+    """Token-wise rejection sampling (lossless), vLLM's ``RejectionSampler``."""
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        base_init(self, *args, **kwargs)
-
-    __init__.__signature__ = _constructor_signature(verifier)  # type: ignore[attr-defined]
-    __init__.__qualname__ = f"{verifier.sampler_name}.__init__"
-    namespace["__init__"] = __init__
-    return type(verifier.sampler_name, bases, namespace)
+    _verifier = registry.get("rejection")
 
 
-for _verifier in registry.VERIFIERS:
-    globals()[_verifier.sampler_name] = _sampler_class(_verifier)
-del _verifier
+@_sampler_doc
+class BlockVerificationSampler(_StochasticSampler, SpecDecodeStochasticBaseSampler):
+    """Block verification (lossless, Sun et al., ICLR 2025)."""
+
+    _verifier = registry.get("block")
+
+
+_TYPICAL = registry.get("typical")
+
+
+@_sampler_doc
+class TypicalAcceptanceSampler(_DeterministicSampler, SpecDecodeDeterministicBaseSampler):
+    """Typical acceptance (Medusa; lossy by design), vLLM's ``TypicalAcceptanceSampler``."""
+
+    _verifier = _TYPICAL
+
+    def __init__(
+        self,
+        posterior_threshold: float = _TYPICAL.parameter_defaults[0],
+        posterior_alpha: float = _TYPICAL.parameter_defaults[1],
+        strict_mode: bool = False,
+    ) -> None:
+        super().__init__(
+            strict_mode, posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha
+        )
+
+
+@_sampler_doc
+class GreedySampler(_DeterministicSampler, SpecDecodeDeterministicBaseSampler):
+    """Greedy verification (temperature 0), vLLM v1's greedy path."""
+
+    _verifier = registry.get("greedy")
+
+    def __init__(self, strict_mode: bool = False) -> None:
+        super().__init__(strict_mode)

@@ -100,6 +100,15 @@ def is_stochastic(group: str) -> bool:
     return group in registry.names(stochastic=True)
 
 
+def takes_generator(entry: str) -> bool:
+    """Whether the entry point has a ``generator=`` argument (every stateless front of a
+    stochastic verifier, and the engine layouts'), asked of its signature."""
+    function = getattr(specdec_np, entry, None)
+    if function is None or isinstance(function, type):
+        return False
+    return "generator" in inspect.signature(function).parameters
+
+
 def parameters_of(group: str) -> tuple[registry.Parameter, ...]:
     return () if group == "output" else registry.get(group).parameters
 
@@ -374,7 +383,7 @@ def rejection_sources(rng: np.random.Generator, case: Case, batch: int, k: int) 
         case.args["counter_seeds"] = {
             b: (int(rng.integers(2**63)) * 2 + 1, int(rng.integers(2**40))) for b in others
         }
-    if case.entry == "rejection_sample":
+    if takes_generator(case.entry):
         case.args["generator"] = pick(rng, [None, MISSING, np.random.default_rng(case.index)])
 
 
@@ -741,7 +750,7 @@ def mutate_rejection_arguments(rng: np.random.Generator, case: Case, batch: int)
             "strict",
         ],
     )
-    if what == "generator" and case.entry != "rejection_sample":
+    if what == "generator" and not takes_generator(case.entry):
         what = "seeded_value"
     if what == "seeded_value":
         seeded = dict(case.args.get("seeded_seqs") or {})
@@ -899,7 +908,7 @@ def mutate_hardening(rng: np.random.Generator, case: Case) -> str:
                 look_alike("cupy._core"),
             ],
         )
-        if case.entry == "rejection_sample" and rng.random() < 0.5:
+        if takes_generator(case.entry) and rng.random() < 0.5:
             case.args["generator"] = bad
             case.args.pop("uniforms", None)
             name = "generator"
@@ -994,7 +1003,7 @@ def overflowing_residual(rng: np.random.Generator, case: Case) -> str:
         "draft_probs": draft,
         "draft_token_ids": np.zeros((n, 1), dtype=np.int64),
     }
-    if case.entry == "RejectionSampler":
+    if case.entry[0].isupper():
         case.args["seeded_seqs"] = None
     case.args["uniforms"] = np.column_stack([np.full(n, 0.5), (np.arange(n) + 0.5) / n])
     case.expect = "even"
@@ -1507,11 +1516,7 @@ def mutate_layout_arguments(rng: np.random.Generator, case: Case) -> None:
     if what == "edge":
         case.mutations.append(valid_edge(rng, case))
     elif what == "sources":
-        saved = case.entry
-        case.entry = "rejection_sample"  # lets the helper corrupt ``generator`` as well
-        label = mutate_rejection_arguments(rng, case, case.batch)
-        case.entry = saved
-        case.mutations.append(label)
+        case.mutations.append(mutate_rejection_arguments(rng, case, case.batch))
     elif what == "sampling":
         for name in SAMPLING_PARAMETERS:
             if rng.random() < 0.4:

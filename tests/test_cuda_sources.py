@@ -507,7 +507,7 @@ def _ptr(array: np.ndarray | None) -> Any:
 
 
 class Chains:
-    """One ``verify_chains`` call's inputs, in the flat layout of ``specdec_np._layout``."""
+    """One ``verify_chains`` call's inputs, in the flat layout of ``specdec_np._chains``."""
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)

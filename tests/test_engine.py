@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance, _reference, engine, registry
+from specdec_np import _conformance, _reference, registry
 from specdec_np._philox import counter_uniforms
 
 VERIFIERS = registry.VERIFIERS
 VERIFIER_IDS = [verifier.name for verifier in VERIFIERS]
 # The engine's own verifier of temperature-0 requests.
-GREEDY = engine._GREEDY
+GREEDY = registry.get("greedy")
 LOSSLESS = [registry.get(name) for name in registry.names(lossless=True)]
 # Verifiers that draw a lazy bonus from the bonus row (the greedy one takes its argmax).
 SAMPLING = [verifier for verifier in VERIFIERS if verifier is not GREEDY]

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 
 import specdec_np
 from specdec_np import _conformance, _reference, registry
-from specdec_np._reference import _path_weights, _processed_law, fast_expf, process_logits
+from specdec_np._reference import _processed_law, fast_expf, process_logits
 
 METHODS = registry.names()
 LOSSLESS = registry.names(lossless=True)
@@ -174,70 +174,14 @@ def _residual_explained(request: Request, token: int, expected: int, weights, p_
     _draw_explained(token, expected, np.maximum(weights, 0.0), request.uniforms[request.k], tol)
 
 
-def _rejection_decisions_knife_edge(request: Request, upto: int) -> bool:
-    q = request.q_rows()
-    for i in range(upto):
-        x = request.ids[i]
-        if _near(request.uniforms[i] * q[i, x], request.p[i, x], request.delta):
-            return True
-    return False
-
-
-def _block_quantities(request: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rho [k+1], Z [k], h [k]) of block verification on the reference's rows."""
-    k, p, q = request.k, request.p, request.q_rows()
-    p_x = p[np.arange(k), request.ids][None, :]
-    q_x = q[np.arange(k), request.ids][None, :]
-    rho = _path_weights(np, p_x, q_x)[0]
-    residual = np.maximum(rho[:k, None] * p[:k] - q, 0.0)
-    z = residual.sum(axis=1)
-    h = np.empty(k)
-    for i in range(1, k + 1):
-        if i == k:
-            h[i - 1] = rho[k]
-        else:
-            slack = z[i] + 1.0 - rho[i]
-            h[i - 1] = z[i] / slack if slack > 0 else 1.0
-    return rho, z, h
-
-
-def _block_decisions_knife_edge(request: Request) -> bool:
-    k, delta = request.k, request.delta
-    p, q = request.p, request.q_rows()
-    rho, z, h = _block_quantities(request)
-    for j in range(k):
-        x = request.ids[j]
-        if rho[j] > 0 and _near(rho[j] * p[j, x], q[j, x], 4 * (k + 1) * delta):
-            return True
-    for i in range(1, k + 1):
-        if i == k:
-            tol = 4 * (k + 1) * delta * rho[k]
-        else:
-            slack = z[i] + 1.0 - rho[i]
-            tol = 8 * (k + 1) * delta * (1.0 + z[i]) / slack**2 if slack > 0 else 0.0
-        if abs(request.uniforms[i - 1] - h[i - 1]) <= tol + 1e-15:
-            return True
-    return False
-
-
-def _typical_knife_edge(request: Request, upto: int, threshold: float, alpha: float) -> bool:
-    p = request.p
-    per_unit = 1e-6 if request.dtype == np.float32 else (request.vocab_size + 8) * 2.3e-16
-    for i in range(min(upto + 1, request.k)):
-        row = p[i]
-        terms = row * np.log(row + 1e-5)
-        entropy = -terms.sum()
-        entropy_error = per_unit * (row.sum() + np.abs(terms).sum())
-        scaled = alpha * math.exp(-entropy) if alpha > 0 else 0.0
-        limit = min(threshold, scaled)
-        relative = entropy_error + 2 * request.delta
-        if _near(p[i, request.ids[i]], limit, relative):
-            return True
-        ordered = np.sort(row)[::-1]
-        if i == upto and ordered.size > 1 and ordered[0] > 0:
-            if ordered[0] != ordered[1] and _near(ordered[0], ordered[1], 2 * request.delta):
-                return True
-    return False
+def _argmax_near_tie(row: np.ndarray, relative: float) -> bool:
+    """Whether the two largest distinct values of a row are within ``relative`` of each
+    other (two roundings of the row may then disagree on its argmax)."""
+    ordered = np.sort(row)[::-1]
+    return (
+        ordered.size > 1 and ordered[0] > 0 and ordered[0] != ordered[1]
+        and _near(ordered[0], ordered[1], relative)
+    )
 
 
 def check_request(
@@ -260,20 +204,13 @@ def check_request(
     assert np.all(kernel[kernel_length + 1 :] == -1)
     if request.any_kept_set_knife_edge():
         return "kept set"
+    verifier = registry.get(method)
+    decisions = _reference.decisions_for(verifier)(
+        request.p.astype(request.dtype), request.q, request.ids, request.uniforms, **parameters
+    )
     if kernel_length != reference_length:
         upto = min(kernel_length, reference_length) + 1
-        if method == "rejection":
-            explained = _rejection_decisions_knife_edge(request, min(upto, k))
-        elif method == "block":
-            explained = _block_decisions_knife_edge(request)
-        else:
-            explained = _typical_knife_edge(
-                request,
-                upto - 1,
-                parameters.get("posterior_threshold", 0.09),
-                parameters.get("posterior_alpha", 0.3),
-            )
-        assert explained, (
+        assert decisions.knife_edge(request.delta, min(upto, k)), (
             f"accepted {kernel_length} (kernel) vs {reference_length} (reference) with no "
             "acceptance knife-edge"
         )
@@ -284,19 +221,14 @@ def check_request(
         assert not request.bonus_given, "a given bonus token is emitted as given"
         _draw_explained(token, expected, request.p[k], request.uniforms[k + 1], 2 * request.delta)
         return "bonus draw"
-    if method == "typical":
-        threshold = parameters.get("posterior_threshold", 0.09)
-        alpha = parameters.get("posterior_alpha", 0.3)
-        assert _typical_knife_edge(request, r, threshold, alpha), (token, expected)
+    if not verifier.stochastic:
+        # A deterministic verifier emits the argmax at its first rejection.
+        assert decisions.knife_edge(request.delta, r + 1) or _argmax_near_tie(
+            request.p[r], 2 * request.delta
+        ), (token, expected)
         return "argmax near-tie"
-    q = request.q_rows()
-    if method == "rejection":
-        weights = request.p[r] - q[r]
-        tol = 4 * request.delta
-    else:
-        rho, _, _ = _block_quantities(request)
-        weights = rho[r] * request.p[r] - q[r]
-        tol = 8 * (k + 1) * request.delta
+    weights = decisions.rho[r] * request.p[r] - request.q_rows()[r]
+    tol = decisions.residual_rounding * request.delta
     _residual_explained(request, token, expected, weights, request.p[r], tol)
     return "residual draw"
 
@@ -754,7 +686,10 @@ def test_knife_edges_are_explained_not_ignored(method: str, dtype: Any) -> None:
         if method == "rejection":
             uniforms[b, 0] = request.p[0, x]  # u * q == p with a point-mass draft
         else:
-            uniforms[b, 0] = _block_quantities(request)[2][0]  # eta_1 == h_1
+            _, h = _reference._block_thresholds(
+                np, request.p[None], request.q_rows()[None], request.ids[None]
+            )
+            uniforms[b, 0] = h[0, 0]  # eta_1 == h_1
         # v * Z on the boundary after token 2 of the row the residual or bonus reads.
         row = request.p[1]
         uniforms[b, 2] = math.fsum(row[:3].tolist())

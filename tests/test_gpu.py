@@ -981,7 +981,7 @@ def test_zero_mass_row_raises_on_gpu(cp, kind):
 
 
 def ragged_case(seed, id_dtype, with_draft_probs):
-    """A ragged chain batch in the flat layout of ``_layout`` (requests with k_b = 0 among
+    """A ragged chain batch in the flat layout of ``_chains`` (requests with k_b = 0 among
     them), float64 rows (so that typical acceptance has no decision within rounding of its
     threshold), a bad draft id in one request and a bonus id outside V in another."""
     rng = np.random.default_rng(seed)

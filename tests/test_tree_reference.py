@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_np import _reference, _trees
+from specdec_np import _reference, _trees, registry
 from specdec_np import _tree_reference as tree_reference
 
 EXACT = 1e-9
@@ -275,7 +275,7 @@ def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, sha
     for node in range(-1, len(parents)):
         kids = children[node + 1]
         rows = [None if draft_rows is None else list(draft_rows[k]) for k in kids]
-        conditional, final = tree_reference._sibling_walk(
+        conditional, final = tree_reference.sibling_walk(
             method,
             list(target_rows[node + 1]),
             tuple(tokens[k] for k in kids),
@@ -337,7 +337,7 @@ def test_reference_accepts_exactly_below_the_oracle_thresholds(method, shape):
     for node in range(-1, len(parents)):
         kids = children[node + 1]
         rows = [None if draft_rows is None else list(draft_rows[k]) for k in kids]
-        conditional, _ = tree_reference._sibling_walk(
+        conditional, _ = tree_reference.sibling_walk(
             method, list(target_rows[node + 1]), tuple(tokens[k] for k in kids), rows, None
         )
         threshold.update(zip(kids, conditional))
@@ -444,7 +444,7 @@ def test_reference_runs_on_array_api_strict_and_matches_numpy():
     target = rng.dirichlet(np.ones(4), size=total + 2)
     draft = rng.dirichlet(np.ones(4), size=total)
     uniforms = rng.random((2, layout.max_nodes + 1))
-    for method in tree_reference.TREE_METHODS:
+    for method in registry.tree_method_names():
         arguments = (layout.num_nodes, layout.tree_parents, layout.draft_token_ids)
         expected = tree_reference.verify_tree(*arguments, target, draft, uniforms, method)
         strict = tree_reference.verify_tree(

@@ -1,14 +1,15 @@
-"""Batch layouts: where each request's rows, ids and uniforms live.
+"""Chain batches: the one description the chain drivers of both backends read, and the
+padded layout.
 
-A layout turns the caller's arrays into a :class:`ChainBatch`, the one description the
-chain drivers of both backends read: flat target rows ``[T + B, V]``, flat draft rows
-``[T, V]`` (or None for point-mass drafts), flat draft ids ``[T]``, bonus ids ``[B]`` and
-``draft_offsets [B + 1]`` (request ``b`` owns drafts ``draft_offsets[b] ..
-draft_offsets[b + 1]`` and the ``k_b + 1`` target rows from ``draft_offsets[b] + b``).
-The verifiers never see the caller's layout; the layout never sees the verifier.
+A chain layout turns the caller's arrays into a :class:`ChainBatch`: flat target rows
+``[T + B, V]``, flat draft rows ``[T, V]`` (or None for point-mass drafts), flat draft ids
+``[T]``, bonus ids ``[B]`` and ``draft_offsets [B + 1]`` (request ``b`` owns drafts
+``draft_offsets[b] .. draft_offsets[b + 1]`` and the ``k_b + 1`` target rows from
+``draft_offsets[b] + b``).  The verifiers never see the caller's layout; the layout never
+sees the verifier.
 
-:func:`padded_chain` is the vLLM layout ``[B, k+1, V]``; :func:`ragged_chain` is the flat
-layout engines use (``num_draft_tokens [B]``, ``k_b >= 0``, rows ``[T + B, V]``).
+:func:`padded_chain` is the vLLM layout ``[B, k+1, V]``; the ragged layout engines use
+(``num_draft_tokens [B]``, ``k_b >= 0``) is :mod:`specdec_np._ragged`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _contract, _core, _validate
+from . import _backend, _contract, _core, _results, _validate
 
-__all__ = ["ChainBatch", "padded_chain", "ragged_chain"]
+__all__ = ["ChainBatch", "padded_chain"]
 
 
 class ChainBatch(NamedTuple):
@@ -68,6 +69,53 @@ class ChainBatch(NamedTuple):
     target_name: str = "target_with_bonus_probs"
     index_label: str = "(row, position)"
     draft_counts: Any = None
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel family of chain batches."""
+        return "verify_chains"
+
+    def kernel_inputs(self) -> tuple[Any, ...]:
+        """``_core.verify_chains``'s arguments between the code and the uniforms."""
+        point_mass = self.draft_rows is None
+        return (
+            self.target_rows,
+            self.target_rows if point_mass else self.draft_rows,
+            point_mass,
+            self.draft_token_ids,
+            self.bonus_token_ids,
+            self.draft_offsets,
+        )
+
+    def threads(self, verifier: Any) -> int:
+        """CPU threads for a call of ``verifier`` (a registry entry): a stochastic request
+        reads at most two rows, a deterministic one up to ``k_b``."""
+        rows = 2 if verifier.stochastic else max(self.max_k, 1)
+        return _backend.thread_count(self.batch_size, rows * self.vocab_size)
+
+    def parameters(self, values: tuple[float, ...]) -> Any:
+        """A verifier's checked parameters as the kernels read them (float64 ``[P]``)."""
+        return self.xp.asarray(values, dtype=self.xp.float64)
+
+    def check_ids(self) -> None:
+        """Raise for the first out-of-vocabulary id before anything is drawn (on the GPU
+        the kernel reports it, read with the row status)."""
+        if self.device is None:
+            bad = _core.first_invalid_id(
+                self.draft_token_ids, self.bonus_token_ids, self.draft_offsets, self.vocab_size
+            )
+            if bad is not None:
+                self.raise_for_invalid_id(*bad)
+
+    def result(self, block: _contract.OutputBlock) -> _results.VerificationResult:
+        """The result of a call whose kernel wrote ``block``."""
+        output = block.output_token_ids
+        if output.shape[1] != self.max_k + 1:
+            # Caller's buffers wider than this batch: the kernel padded them with -1.
+            output = output[:, : self.max_k + 1]
+        return _results.VerificationResult(
+            output, block.accepted_lengths, block.num_accepted, self.num_draft_tokens
+        )
 
     def raise_for_row_status(self, first_bad_row: int, row_status: Any) -> None:
         """The kernel's first failed request as a ``ValueError`` in this layout's terms."""
@@ -198,153 +246,4 @@ def padded_chain(
         vocab_size=vocab_size,
         num_draft_tokens=batch_size * k,
         padded_k=k,
-    )
-
-
-def kernel_rows(
-    target: Any, drafts: Any, target_name: str, draft_name: str, xp: Any, strict: bool
-) -> tuple[Any, Any]:
-    """Target and draft rows (None: point-mass drafts) as the kernels read them: C-contiguous
-    float32 or float64 of one dtype (``_backend.probabilities``)."""
-    target = _backend.probabilities(target, target_name, xp, strict)
-    if drafts is not None:
-        drafts = _backend.probabilities(drafts, draft_name, xp, strict)
-        if drafts.dtype != target.dtype:
-            raise TypeError(
-                f"{draft_name} must have the same dtype as {target_name} ({target.dtype}); "
-                f"found {drafts.dtype}"
-            )
-    return target, drafts
-
-
-def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
-    """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
-    largest count and ``T``."""
-    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
-    if counts.ndim != 1:
-        raise ValueError(
-            "num_draft_tokens must have shape [B] (1 dimension); found shape "
-            f"{_validate.shape_text(counts.shape)}"
-        )
-    if getattr(counts.dtype, "kind", None) not in ("i", "u"):
-        raise TypeError(f"num_draft_tokens must have an integer dtype; found {counts.dtype}")
-    host = np.asarray(counts.get() if hasattr(counts, "get") else counts).astype(np.int64)
-    offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
-    max_k, negative = _core.ragged_offsets(host, offsets)
-    if negative >= 0:
-        raise ValueError(
-            f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
-            f"for request {negative}"
-        )
-    if max_k > np.iinfo(np.int64).max // max(host.shape[0], 1):
-        # The offsets may have wrapped around int64: no array is that long anyway.
-        raise ValueError(
-            "num_draft_tokens must sum to T, the length of draft_token_ids; found sum "
-            f"{sum(int(count) for count in host)}"
-        )
-    return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
-
-
-def ragged_chain(
-    num_draft_tokens: Any,
-    draft_token_ids: Any,
-    target_rows: Any,
-    draft_rows: Any,
-    bonus_token_ids: Any,
-    *,
-    strict: bool,
-    reads_draft_probs: bool,
-    target_name: str = "target_probs",
-    draft_name: str = "draft_probs",
-) -> ChainBatch:
-    """Take a flat engine batch in, check it and make it kernel-ready.
-
-    Parameters
-    ----------
-    num_draft_tokens : int array [B]
-        ``k_b >= 0`` drafts per request.
-    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
-        Request by request.
-    target_rows : float32 or float64 [T + B, V]
-        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
-        bonus position.
-    draft_rows : same dtype [T, V] or None
-        None for point-mass drafts.
-    bonus_token_ids : int [B] or None
-        None: each fully accepted request draws its bonus from its bonus row.
-    strict : bool
-        Also exact dtypes (float32 rows, int64 ids) and finite, non-negative values.
-    reads_draft_probs : bool
-    target_name, draft_name : str
-        The arguments' names in messages (``target_probs`` or ``target_logits``).
-
-    Returns
-    -------
-    ChainBatch
-        With ``padded_k`` None and, when ``bonus_token_ids`` is None, zeros as bonus ids.
-    """
-    target = _backend.intake(target_rows, target_name)
-    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids")
-    drafts = (
-        _backend.intake(draft_rows, draft_name)
-        if reads_draft_probs and draft_rows is not None
-        else None
-    )
-    bonus = None
-    if bonus_token_ids is not None:
-        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids")
-    device = _backend.check_one_device(
-        {target_name: target, "draft_token_ids": draft_ids, draft_name: drafts,
-         "bonus_token_ids": bonus}
-    )
-    xp = _backend.array_namespace(target)
-    counts, offsets, max_k, total = _draft_counts(num_draft_tokens, xp)
-    batch_size = int(counts.shape[0])
-    if tuple(draft_ids.shape) != (total,):
-        raise ValueError(
-            f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
-            f"found shape {_validate.shape_text(draft_ids.shape)}"
-        )
-    if target.ndim != 2 or target.shape[0] != total + batch_size or target.shape[1] < 1:
-        raise ValueError(
-            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with V >= 1; "
-            f"found shape {_validate.shape_text(target.shape)}"
-        )
-    vocab_size = int(target.shape[1])
-    if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
-        raise ValueError(
-            f"{draft_name} must have shape [T, V] = [{total}, {vocab_size}]; found shape "
-            f"{_validate.shape_text(drafts.shape)}"
-        )
-    if bonus is not None and tuple(bonus.shape) not in ((batch_size,), (batch_size, 1)):
-        raise ValueError(
-            f"bonus_token_ids must have shape [B] = [{batch_size}]; found shape "
-            f"{_validate.shape_text(bonus.shape)}"
-        )
-    named = {"draft_token_ids": draft_ids}
-    if bonus is not None:
-        named["bonus_token_ids"] = bonus
-    ids = _backend.token_ids(named, xp, strict)
-    draft_ids = ids[0]
-    if bonus is not None:
-        bonus = ids[1].reshape(batch_size)
-    else:
-        bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
-    target, drafts = kernel_rows(target, drafts, target_name, draft_name, xp, strict)
-    return ChainBatch(
-        xp=xp,
-        device=device,
-        target_rows=target,
-        draft_rows=drafts,
-        draft_token_ids=draft_ids,
-        bonus_token_ids=bonus,
-        draft_offsets=offsets,
-        batch_size=batch_size,
-        max_k=max_k,
-        vocab_size=vocab_size,
-        num_draft_tokens=total,
-        padded_k=None,
-        target_name=target_name,
-        index_label="(request, position)",
-        draft_counts=counts,
     )

@@ -1,0 +1,421 @@
+"""The ragged layout of engines and its front, :func:`verify_ragged`.
+
+:func:`verify_ragged` verifies the flat batch that vLLM v1, SGLang and the llama.cpp server
+hand a verifier: request ``b`` proposes ``k_b >= 0`` drafts, the target rows of all
+requests are stacked ``[T + B, V]`` (request ``b``'s ``k_b`` draft positions, then its
+bonus position), and greedy (``temperature == 0``) and sampled requests share one call and
+one kernel launch.  :func:`ragged_chain` checks such a batch and makes it the
+:class:`~specdec_np._chains.ChainBatch` the chain drivers read; :func:`output_buffers`
+makes the ``out=`` buffers of a steady-state engine.  ``docs/semantics.md`` states the
+rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import (
+    _backend,
+    _chains,
+    _contract,
+    _core,
+    _dispatch,
+    _random,
+    _results,
+    _sampling,
+    _validate,
+    registry,
+)
+
+__all__ = ["output_buffers", "ragged_chain", "verify_ragged"]
+
+_GREEDY = registry.get("greedy")
+
+
+def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _contract.OutputBlock:
+    """Buffers for ``verify_ragged(..., out=...)``, so that a steady-state engine allocates
+    nothing per call.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``.
+    max_draft_tokens : int
+        The largest ``k_b`` the buffers must hold (output width ``max_draft_tokens + 1``).
+    xp : module
+        ``numpy`` or ``cupy`` (on the current device).
+
+    Returns
+    -------
+    OutputBlock
+        ``output_token_ids`` int64 ``[B, max_draft_tokens + 1]`` and three int64 ``[B]``
+        arrays (accepted lengths, acceptance counts, row status).
+    """
+    return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
+
+
+def _check_out(out: Any, batch: _chains.ChainBatch) -> _contract.OutputBlock:
+    def shapes(block: _contract.OutputBlock) -> dict[str, tuple[int, ...]]:
+        found = tuple(block.output_token_ids.shape)
+        if len(found) != 2 or found[0] != batch.batch_size or found[1] < batch.max_k + 1:
+            raise ValueError(
+                f"out must hold [B, >= max k + 1] = [{batch.batch_size}, {batch.max_k + 1}] "
+                f"outputs; found {_validate.shape_text(found)}"
+            )
+        expected: dict[str, tuple[int, ...]] = {
+            name: (batch.batch_size,) for name in block._fields
+        }
+        expected["output_token_ids"] = found
+        return expected
+
+    xp = batch.xp
+    _validate.check_out_block(
+        out,
+        _contract.OutputBlock,
+        "output_buffers(B, max_k)",
+        shapes,
+        lambda array: _backend.is_array_of(array, xp),
+        _backend.device_of,
+        batch.device,
+    )
+    return out
+
+
+def verify_ragged(
+    *,
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_logits: Any = None,
+    target_probs: Any = None,
+    draft_logits: Any = None,
+    draft_probs: Any = None,
+    method: str = "rejection",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    bonus_token_ids: Any = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    strict_mode: bool = False,
+    out: _contract.OutputBlock | None = None,
+    **method_parameters: float,
+) -> _results.VerificationResult:
+    """Verify a flat engine batch: ragged drafts, per-request parameters, mixed methods.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request (0: the request only gets its bonus token).
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        The drafts, request by request.
+    target_probs : float32 or float64 [T + B, V], optional
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.  Taken as already processed (exactly one of ``target_logits`` and
+        ``target_probs``).
+    target_logits : float32 or float64 [T + B, V], optional
+        The target's logits, in the layout of ``target_probs``; each row a request reads
+        is processed with its ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (the law
+        of ``docs/semantics.md``), and only the rows it reads are.
+    draft_probs : same dtype [T, V] or None
+        The distributions the drafts were drawn from; None for point-mass drafts.
+    draft_logits : same dtype [T, V], optional
+        The draft's logits (with ``target_logits``), processed like the target's.
+    method : str
+        A registry name (``specdec_np.registry.names()``): the verifier of the requests
+        with ``temperature != 0``.
+    temperature : scalar or array [B], optional
+        ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
+        the argmax), the others by ``method``.  With logits it also scales them; with
+        probabilities it only says which requests are greedy.  None: 1, every request
+        uses ``method``.
+    top_k, top_p, min_p : scalar or array [B], optional
+        Sampling filters of logits rows (``top_k`` 0 or >= V, ``top_p`` 1 and ``min_p``
+        0 are off); a ValueError with probabilities, which are taken as processed.
+    bonus_token_ids : int [B], optional
+        None: a request whose drafts are all accepted draws its bonus token from its
+        processed bonus row (the argmax for a greedy request), reading that row only then.
+    uniforms : float64 [B, max_k + 2], optional
+        Explicit uniforms in ``[0, 1)``: request ``b`` uses columns ``0 .. k_b - 1``
+        (acceptance), ``k_b`` (residual) and ``k_b + 1`` (bonus).  Every entry is checked.
+    generator, seeded_seqs, counter_seeds
+        The other sources of uniforms, keyed by request: a sampled request consumes
+        exactly ``k_b + 2`` draws from its source whatever the outcome, a greedy one none.
+    strict_mode : bool
+        Also check exact dtypes and finite, non-negative probabilities.
+    out : OutputBlock, optional
+        Buffers from :func:`output_buffers` to write into.
+    **method_parameters : float
+        The method's parameters (typical acceptance: ``posterior_threshold``,
+        ``posterior_alpha``).
+
+    Returns
+    -------
+    VerificationResult
+        ``output_token_ids`` int64 ``[B, max_k + 1]`` (-1 padded), ``accepted_lengths``
+        int64 ``[B]`` (causal), ``num_accepted`` (equal to ``accepted_lengths``: every
+        request stops at its first rejection and the rows after it are never read), and
+        ``num_draft_tokens`` ``T``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument and the request, before any uniform is drawn.
+    """
+    with _backend.device_context(target_probs if target_probs is not None else target_logits):
+        return run_ragged(
+            num_draft_tokens=num_draft_tokens,
+            draft_token_ids=draft_token_ids,
+            target_logits=target_logits,
+            target_probs=target_probs,
+            draft_logits=draft_logits,
+            draft_probs=draft_probs,
+            method=method,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            bonus_token_ids=bonus_token_ids,
+            uniforms=uniforms,
+            generator=generator,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            strict_mode=strict_mode,
+            out=out,
+            method_parameters=method_parameters,
+        )
+
+
+def run_ragged(
+    *,
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_logits: Any,
+    target_probs: Any,
+    draft_logits: Any,
+    draft_probs: Any,
+    method: str,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    bonus_token_ids: Any,
+    uniforms: Any,
+    generator: Any,
+    seeded_seqs: Any,
+    counter_seeds: Any,
+    strict_mode: bool,
+    out: Any,
+    method_parameters: Mapping[str, Any],
+    generator_for: Callable[[Any], Any] | None = None,
+    on_success: Callable[[Any, Any], None] | None = None,
+) -> _results.VerificationResult:
+    """:func:`verify_ragged` with a sampler's hooks: ``generator_for(device)`` gives the
+    generator once every argument is checked, and ``on_success(num_draft_tokens,
+    accepted_lengths)`` records a successful call before it counts as done."""
+    strict = _validate.check_strict_mode(strict_mode)
+    verifier = registry.get(method)
+    parameters = _validate.check_method_parameters(verifier, method_parameters)
+    form = _sampling.row_form(target_logits, target_probs, draft_logits, draft_probs)
+    batch = ragged_chain(
+        num_draft_tokens,
+        draft_token_ids,
+        form.target,
+        form.draft,
+        bonus_token_ids,
+        strict=strict,
+        reads_draft_probs=verifier.reads_draft_probs,
+        target_name=form.target_name,
+        draft_name=form.draft_name,
+    )
+    sampling = _sampling.request_sampling(
+        batch.xp, batch.batch_size, batch.vocab_size, strict, form,
+        (batch.target_rows, batch.draft_rows), every_request_greedy=verifier is _GREEDY,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    )
+    counts = batch.draft_counts
+    greedy = sampling.greedy
+    if strict and not form.from_logits and greedy.any():
+        # Greedy verification of probabilities accepts p(x) > 1/2 unread: its rows must
+        # be distributions, as for the padded greedy verifier.
+        rows = np.repeat(greedy, counts + 1)
+        rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
+        _validate.check_row_sums(
+            form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
+        )
+    chosen = _GREEDY if sampling.all_greedy else verifier
+    # Built even when every request is greedy, so that a bad source is refused whatever
+    # the batch holds; greedy requests draw nothing from it.
+    sources = _random.RejectionUniforms(
+        batch.batch_size,
+        batch.max_k + 1,
+        batch.xp,
+        uniforms=uniforms,
+        generator=generator,
+        generator_for=generator_for,
+        device=batch.device,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
+        row_widths=np.where(greedy, 0, counts + 2),
+    )
+    if out is None:
+        block = _contract.allocate_output_block(batch.xp, batch.batch_size, batch.max_k + 1)
+    else:
+        block = _check_out(out, batch)
+    threads = batch.threads(chosen)
+    options = _dispatch.sampling_options(batch, threads, sampling.table)
+    options["causal"] = True
+    if bonus_token_ids is None:
+        options["draw_bonus"] = True
+    request_codes = sampling.request_codes(_GREEDY.code, verifier.code, batch.xp)
+    if request_codes is not None:
+        options["request_methods"] = request_codes
+    return _dispatch.run(
+        batch,
+        chosen.code,
+        sources,
+        block,
+        threads,
+        after_uniforms=(batch.parameters(parameters if chosen is verifier else ()),),
+        options=options,
+        on_success=None if on_success is None
+        else lambda result: on_success(counts, result.accepted_lengths),
+    )
+
+
+def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
+    """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
+    largest count and ``T``."""
+    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
+    if counts.ndim != 1:
+        raise ValueError(
+            "num_draft_tokens must have shape [B] (1 dimension); found shape "
+            f"{_validate.shape_text(counts.shape)}"
+        )
+    if getattr(counts.dtype, "kind", None) not in ("i", "u"):
+        raise TypeError(f"num_draft_tokens must have an integer dtype; found {counts.dtype}")
+    host = np.asarray(counts.get() if hasattr(counts, "get") else counts).astype(np.int64)
+    offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
+    max_k, negative = _core.ragged_offsets(host, offsets)
+    if negative >= 0:
+        raise ValueError(
+            f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
+            f"for request {negative}"
+        )
+    if max_k > np.iinfo(np.int64).max // max(host.shape[0], 1):
+        # The offsets may have wrapped around int64: no array is that long anyway.
+        raise ValueError(
+            "num_draft_tokens must sum to T, the length of draft_token_ids; found sum "
+            f"{sum(int(count) for count in host)}"
+        )
+    return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
+
+
+def ragged_chain(
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any,
+    bonus_token_ids: Any,
+    *,
+    strict: bool,
+    reads_draft_probs: bool,
+    target_name: str = "target_probs",
+    draft_name: str = "draft_probs",
+) -> _chains.ChainBatch:
+    """Take a flat engine batch in, check it and make it kernel-ready.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request.
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        Request by request.
+    target_rows : float32 or float64 [T + B, V]
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.
+    draft_rows : same dtype [T, V] or None
+        None for point-mass drafts.
+    bonus_token_ids : int [B] or None
+        None: each fully accepted request draws its bonus from its bonus row.
+    strict : bool
+        Also exact dtypes (float32 rows, int64 ids) and finite, non-negative values.
+    reads_draft_probs : bool
+    target_name, draft_name : str
+        The arguments' names in messages (``target_probs`` or ``target_logits``).
+
+    Returns
+    -------
+    ChainBatch
+        With ``padded_k`` None and, when ``bonus_token_ids`` is None, zeros as bonus ids.
+    """
+    target = _backend.intake(target_rows, target_name)
+    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    drafts = (
+        _backend.intake(draft_rows, draft_name)
+        if reads_draft_probs and draft_rows is not None
+        else None
+    )
+    bonus = None
+    if bonus_token_ids is not None:
+        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids")
+    device = _backend.check_one_device(
+        {target_name: target, "draft_token_ids": draft_ids, draft_name: drafts,
+         "bonus_token_ids": bonus}
+    )
+    xp = _backend.array_namespace(target)
+    counts, offsets, max_k, total = _draft_counts(num_draft_tokens, xp)
+    batch_size = int(counts.shape[0])
+    if tuple(draft_ids.shape) != (total,):
+        raise ValueError(
+            f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
+            f"found shape {_validate.shape_text(draft_ids.shape)}"
+        )
+    if target.ndim != 2 or target.shape[0] != total + batch_size or target.shape[1] < 1:
+        raise ValueError(
+            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with V >= 1; "
+            f"found shape {_validate.shape_text(target.shape)}"
+        )
+    vocab_size = int(target.shape[1])
+    if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
+        raise ValueError(
+            f"{draft_name} must have shape [T, V] = [{total}, {vocab_size}]; found shape "
+            f"{_validate.shape_text(drafts.shape)}"
+        )
+    if bonus is not None and tuple(bonus.shape) not in ((batch_size,), (batch_size, 1)):
+        raise ValueError(
+            f"bonus_token_ids must have shape [B] = [{batch_size}]; found shape "
+            f"{_validate.shape_text(bonus.shape)}"
+        )
+    named = {"draft_token_ids": draft_ids}
+    if bonus is not None:
+        named["bonus_token_ids"] = bonus
+    ids = _backend.token_ids(named, xp, strict)
+    draft_ids = ids[0]
+    if bonus is not None:
+        bonus = ids[1].reshape(batch_size)
+    else:
+        bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
+    target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
+    return _chains.ChainBatch(
+        xp=xp,
+        device=device,
+        target_rows=target,
+        draft_rows=drafts,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus,
+        draft_offsets=offsets,
+        batch_size=batch_size,
+        max_k=max_k,
+        vocab_size=vocab_size,
+        num_draft_tokens=total,
+        padded_k=None,
+        target_name=target_name,
+        index_label="(request, position)",
+        draft_counts=counts,
+    )

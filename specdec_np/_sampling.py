@@ -1,0 +1,162 @@
+"""Rows and sampling parameters of the engine layouts (ragged chains and trees).
+
+Both engine layouts take their target (and draft) rows as logits or as probabilities and
+per-request sampling parameters (``docs/semantics.md`` §8).  This module says which form
+was given, checks the parameters, tells the greedy requests (``temperature == 0``) from
+the sampled ones, and writes the float64 ``[B, 4]`` table the kernels read with logits
+rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _validate
+
+__all__ = ["RowForm", "RequestSampling", "request_sampling", "row_form"]
+
+
+class RowForm(NamedTuple):
+    """Which form the rows were given in.
+
+    Attributes
+    ----------
+    from_logits : bool
+    target_name, draft_name : str
+        The arguments' names (``target_logits``/``draft_logits`` or the ``_probs`` pair).
+    target, draft : array or None
+        The arguments themselves.
+    """
+
+    from_logits: bool
+    target_name: str
+    draft_name: str
+    target: Any
+    draft: Any
+
+
+def row_form(
+    target_logits: Any, target_probs: Any, draft_logits: Any, draft_probs: Any
+) -> RowForm:
+    """The form of the rows; a ValueError unless exactly one target form is given and the
+    draft, if any, is in the same form."""
+    if (target_logits is None) == (target_probs is None):
+        raise ValueError("give exactly one of target_logits and target_probs")
+    if draft_logits is not None and draft_probs is not None:
+        raise ValueError("give at most one of draft_logits and draft_probs")
+    from_logits = target_logits is not None
+    if (draft_logits is not None and not from_logits) or (draft_probs is not None and from_logits):
+        raise ValueError(
+            "give the draft rows in the target's form: draft_logits with target_logits, "
+            "draft_probs with target_probs"
+        )
+    if from_logits:
+        return RowForm(True, "target_logits", "draft_logits", target_logits, draft_logits)
+    return RowForm(False, "target_probs", "draft_probs", target_probs, draft_probs)
+
+
+class RequestSampling(NamedTuple):
+    """The checked sampling of a batch's requests.
+
+    Attributes
+    ----------
+    greedy : bool numpy array [B]
+        The requests verified greedily on their raw rows.
+    table : float64 array [B, 4] or None
+        With logits rows, per request ``(temperature, top_k, top_p, min_p)`` with the
+        values of "off" (temperature 1, top-k 0, top-p 1, min-p 0), on the rows' backend;
+        None with probability rows.
+    """
+
+    greedy: np.ndarray
+    table: Any
+
+    @property
+    def all_greedy(self) -> bool:
+        """Every request is greedy (and there is at least one)."""
+        return bool(self.greedy.size) and bool(self.greedy.all())
+
+    def request_codes(self, greedy_code: int, code: int, xp: Any) -> Any:
+        """int8 ``[B]`` kernel codes for a batch that mixes greedy and sampled requests;
+        None when every request takes the same code."""
+        if not self.greedy.any() or self.greedy.all():
+            return None
+        return xp.asarray(np.where(self.greedy, greedy_code, code).astype(np.int8))
+
+
+def request_sampling(
+    xp: Any,
+    batch_size: int,
+    vocab_size: int,
+    strict: bool,
+    form: RowForm,
+    rows: tuple[Any, Any],
+    *,
+    every_request_greedy: bool,
+    **parameters: Any,
+) -> RequestSampling:
+    """The per-request sampling parameters, checked, and in strict mode the row values.
+
+    Parameters
+    ----------
+    xp : module
+    batch_size, vocab_size : int
+    strict : bool
+    form : RowForm
+    rows : (target rows, draft rows or None)
+        The kernel-ready rows, for the strict checks.
+    every_request_greedy : bool
+        The call's method is greedy: every request is.
+    **parameters
+        ``temperature``, ``top_k``, ``top_p`` and ``min_p`` as given.
+
+    Returns
+    -------
+    RequestSampling
+    """
+    sampling = _validate.check_sampling_parameters(
+        batch_size, vocab_size, from_logits=form.from_logits, **parameters
+    )
+    if strict:
+        if form.from_logits:
+            check_values = _validate.check_logit_values
+        else:
+            check_values = _validate.check_probability_values
+        for name, values in zip((form.target_name, form.draft_name), rows):
+            check_values(name, values, xp)
+    greedy = _greedy_requests(sampling, every_request_greedy, batch_size)
+    table = None
+    if form.from_logits:
+        table = xp.asarray(_sampling_table(sampling, greedy, batch_size))
+    return RequestSampling(greedy, table)
+
+
+def _greedy_requests(
+    sampling: Mapping[str, Any], every_request: bool, batch_size: int
+) -> np.ndarray:
+    """bool [B]: the requests verified greedily (``temperature == 0``, or all of them)."""
+    if every_request:
+        return np.ones(batch_size, dtype=bool)
+    if sampling["temperature"] is None:
+        return np.zeros(batch_size, dtype=bool)
+    return np.asarray(sampling["temperature"] == 0)
+
+
+_SAMPLING_COLUMNS = (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
+
+
+def _sampling_table(
+    sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int
+) -> np.ndarray:
+    """float64 [B, 4]: temperature, top-k (0 = off), top-p, min-p of every request, with
+    the defaults of "off" (a greedy request reads its rows raw; its entries are unused)."""
+    table = np.empty((batch_size, 4), dtype=np.float64)
+    for column, (name, off) in enumerate(_SAMPLING_COLUMNS):
+        values = sampling[name]
+        table[:, column] = off if values is None else values
+    if sampling["temperature"] is not None:
+        np.copyto(table[:, 0], 1.0, where=greedy)
+    return table
