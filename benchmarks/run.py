@@ -531,7 +531,7 @@ def stage_calls(
       kernel-ready views);
     * id_check: ``_core.first_invalid_id`` (ids are checked before any draw);
     * uniforms: ``_random.RejectionUniforms`` from a generator made before the clock
-      starts, its snapshot and ``draw()``;
+      starts, and its logged ``draw()``;
     * output_block: ``_contract.allocate_output_block``;
     * kernel: ``_core.verify_chains`` alone;
     * finish: the row-status check and the ``VerificationResult``.
@@ -568,7 +568,6 @@ def stage_calls(
         sources = _random.RejectionUniforms(
             batch.batch_size, batch.max_k, np, generator=next(generators)
         )
-        sources.snapshot()
         return sources.draw()
 
     def output_block() -> _contract.OutputBlock:

@@ -8,13 +8,13 @@ output buffers become a result (``result``).  :func:`run` does the rest, the sam
 every layout and both backends:
 
 1. the checks that need no draw (``check_ids``: a bad token id must not move a generator);
-2. a snapshot of the generators the uniform sources will consume, then the draws;
+2. the draws, logged by the uniform sources;
 3. the kernel call, on ``_core`` (NumPy) or the CUDA launch surface (CuPy);
 4. the first failed request, as the layout's exception;
 5. the caller's ``on_success`` (a sampler's counters, an engine's metrics) before the call
    counts as done, so that an interrupt leaves generators and counters both updated or
    both untouched;
-6. on any exception, the generators put back.
+6. on any exception, the draws put back where no other thread drew around them.
 
 The kernels of both backends dispatch on registry codes (:attr:`Verifier.code`,
 :attr:`TreeMethod.code`).
@@ -151,7 +151,6 @@ def run(
     batch.check_ids()
     inputs = batch.kernel_inputs()
     launch = kernel(batch.kernel_name, batch.device, batch.target_rows, batch.draft_token_ids)
-    snapshot = sources.snapshot() if sources is not None else None
     try:
         if sources is not None:
             uniforms = sources.draw()
@@ -168,8 +167,8 @@ def run(
             on_success(result)
         return result
     except BaseException:
-        if snapshot is not None:
-            snapshot.restore()
+        if sources is not None:
+            sources.undo()
         raise
 
 

@@ -21,7 +21,7 @@ No global random state is read or changed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from ._validate import check_uniforms
 
 __all__ = [
     "CounterStream",
-    "GeneratorSnapshot",
+    "DrawLog",
     "OwnGenerator",
     "RejectionUniforms",
     "counter_uniforms",
@@ -142,38 +142,81 @@ def _check_generator(name: str, generator: Any) -> None:
         )
 
 
-class GeneratorSnapshot:
-    """Saved states of the generators a call may consume, restored if the call fails.
+class _Draw(NamedTuple):
+    """One call ``generator.random(size)`` of a verifier call, and the state before it."""
 
-    Parameters
-    ----------
-    generators : iterable of numpy.random.Generator, CounterStream or cupy.random.Generator
-        CuPy's generators cannot be saved cheaply and are skipped: a caller's CuPy generator
-        in ``seeded_seqs`` may have moved after a call that failed on the device.
+    generator: Any
+    size: Any
+    before: Any
+
+
+class DrawLog:
+    """The draws a call made from the generators it consumed, so that a call that fails
+    after drawing can put them back without rewinding over draws that other threads made.
+
+    A draw is undone only when nothing else drew from its generator between the state saved
+    before it and now: the generator is in the state that replaying the draw from the saved
+    one reaches, checked under the bit generator's lock.  Otherwise it is left as it is:
+    its next uniforms are fresh ones either way, and rewinding would hand another thread's
+    uniforms out a second time.  CuPy generators cannot be saved cheaply and are not
+    logged: a caller's CuPy generator in ``seeded_seqs`` may have moved after a call that
+    failed on the device.
     """
 
-    __slots__ = ("_saved",)
+    __slots__ = ("_draws",)
 
-    def __init__(self, generators: Any) -> None:
-        self._saved = [
-            (generator.bit_generator, generator.bit_generator.state)
-            if isinstance(generator, np.random.Generator)
-            else (generator, generator.state)
-            for generator in generators
-            if isinstance(generator, (np.random.Generator, CounterStream))
-        ]
+    def __init__(self) -> None:
+        self._draws: list[_Draw] = []
 
-    def restore(self) -> None:
-        """Put every saved generator back in the state it had at construction."""
-        for bit_generator, state in self._saved:
-            bit_generator.state = state
+    def random(self, generator: Any, size: Any) -> Any:
+        """``generator.random(size)``, logged."""
+        if isinstance(generator, np.random.Generator):
+            self._draws.append(_Draw(generator, size, generator.bit_generator.state))
+        elif isinstance(generator, CounterStream):
+            self._draws.append(_Draw(generator, size, generator.state))
+        return generator.random(size)
+
+    def undo(self) -> None:
+        """Put back every logged draw that nothing else drew around, newest first."""
+        while self._draws:
+            draw = self._draws.pop()
+            if isinstance(draw.generator, CounterStream):
+                rows = draw.size[0]
+                if draw.generator.state == draw.before + rows:
+                    draw.generator.state = draw.before
+                continue
+            after = _state_after(draw)
+            bit_generator = draw.generator.bit_generator
+            with bit_generator.lock:
+                if _same_state(bit_generator.state, after):
+                    bit_generator.state = draw.before
+
+
+def _state_after(draw: _Draw) -> Any:
+    """The state ``random(size)`` leaves from the state before the draw (on a replica)."""
+    bit_generator = draw.generator.bit_generator
+    replica = np.random.Generator(type(bit_generator)())
+    replica.bit_generator.state = draw.before
+    replica.random(draw.size)
+    return replica.bit_generator.state
+
+
+def _same_state(first: Any, second: Any) -> bool:
+    """Equality of two bit-generator states (dicts that may hold arrays)."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(
+            _same_state(first[key], second[key]) for key in first
+        )
+    if isinstance(first, np.ndarray) or isinstance(second, np.ndarray):
+        return bool(np.array_equal(first, second))
+    return bool(first == second)
 
 
 class RejectionUniforms:
     """The checked uniform sources of one rejection-sampling call.
 
     The constructor checks every source, so that a bad argument raises before any generator
-    has moved; :meth:`snapshot` saves the generators that :meth:`draw` will consume.
+    has moved; :meth:`undo` puts back what :meth:`draw` drew when the call fails later.
 
     Parameters
     ----------
@@ -256,6 +299,7 @@ class RejectionUniforms:
             # Seeding from the OS costs tens of microseconds: only when rows draw from it.
             generator = np.random.default_rng()
         self._generator = generator
+        self._log = DrawLog()
 
     def _needs_own_generator(self, batch_size: int) -> bool:
         if self._explicit is not None:
@@ -267,15 +311,14 @@ class RejectionUniforms:
         own[[*self._seeded, *self._counter_rows]] = False
         return bool((self._row_widths[own] > 0).any())
 
-    def snapshot(self) -> GeneratorSnapshot:
-        """The states of the generators :meth:`draw` consumes."""
-        if self._explicit is not None or self._draws_nothing:
-            return GeneratorSnapshot(())
-        own = () if self._generator is None else (self._generator,)
-        return GeneratorSnapshot((*own, *self._seeded.values()))
+    def undo(self) -> None:
+        """Put back what :meth:`draw` drew, where nothing else drew around it
+        (:class:`DrawLog`); called by a call that fails after drawing."""
+        self._log.undo()
 
     def draw(self) -> Any:
         """The float64 ``[B, k+1]`` uniforms (explicit, or drawn from the sources)."""
+        log = self._log
         if self._explicit is not None:
             return self._explicit
         xp = self._xp
@@ -288,18 +331,18 @@ class RejectionUniforms:
         if widths is None and not self._seeded and not self._counter_rows:
             # The kernels read [B, k+1] row-major; a counter stream with an odd width
             # returns a column slice.
-            return xp.ascontiguousarray(xp.asarray(self._generator.random(self._shape)))
+            return xp.ascontiguousarray(xp.asarray(log.random(self._generator, self._shape)))
         result = xp.empty(self._shape, dtype=xp.float64)
         taken = set(self._seeded).union(self._counter_rows)
         own_rows = [b for b in range(batch_size) if b not in taken]
         if own_rows and widths is None:
-            result[own_rows] = xp.asarray(self._generator.random((len(own_rows), width)))
+            result[own_rows] = xp.asarray(log.random(self._generator, (len(own_rows), width)))
         elif own_rows and isinstance(self._generator, CounterStream):
             # A counter stream is counted in rows: each row that draws takes one stream row
             # (its leading widths[b] entries are used), made on the device.
             drawing = [b for b in own_rows if widths[b] > 0]
             if drawing:
-                result[drawing] = self._generator.random((len(drawing), width))
+                result[drawing] = log.random(self._generator, (len(drawing), width))
         elif own_rows:
             # One flat draw of exactly the rows' counts, laid out row by row: a boolean
             # mask assigns in row-major order.
@@ -308,11 +351,11 @@ class RejectionUniforms:
             mask = own[:, None] & (np.arange(width)[None, :] < widths[:, None])
             count = int(widths[own].sum())
             if count:
-                result[xp.asarray(mask)] = xp.asarray(self._generator.random(count))
+                result[xp.asarray(mask)] = xp.asarray(log.random(self._generator, count))
         for row, row_generator in self._seeded.items():
             row_width = width if widths is None else int(widths[row])
             if row_width:
-                result[row, :row_width] = xp.asarray(row_generator.random(row_width))
+                result[row, :row_width] = xp.asarray(log.random(row_generator, row_width))
         if self._counter_rows:
             result[self._counter_rows] = counter_uniforms(
                 xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp

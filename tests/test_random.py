@@ -326,11 +326,89 @@ def test_counter_stream_rows_are_counter_uniforms_and_rewind():
         np.full(3, 12345, np.uint64), np.arange(3, dtype=np.uint64), 5
     )
     np.testing.assert_array_equal(first, expected)
-    snapshot = _random.GeneratorSnapshot([stream])
-    second = stream.random((2, 5))
-    snapshot.restore()
+    log = _random.DrawLog()
+    second = log.random(stream, (2, 5))
+    log.undo()
     np.testing.assert_array_equal(stream.random((2, 5)), second)
     assert stream.state == 5
+
+
+def test_a_failed_call_puts_back_only_its_own_draws():
+    """A logged draw is undone when nothing drew since; after another draw of the same
+    generator (another thread's) it is left alone, so no uniform is handed out twice."""
+    from specdec_np import _random
+
+    for make in (lambda: np.random.default_rng(3), lambda: _random.CounterStream(7, np)):
+        generator = make()
+        log = _random.DrawLog()
+        mine = log.random(generator, (2, 3))
+        log.undo()
+        np.testing.assert_array_equal(generator.random((2, 3)), mine)
+
+        generator = make()
+        log = _random.DrawLog()
+        mine = log.random(generator, (2, 3))
+        theirs = generator.random((1, 3))  # another thread, after the call drew
+        log.undo()
+        following = generator.random((4, 3))
+        seen = np.concatenate([mine.ravel(), theirs.ravel()])
+        assert not np.isin(following.ravel(), seen).any(), "a uniform was handed out twice"
+
+
+def test_no_rewind_over_a_draw_made_between_the_saved_state_and_the_call():
+    """Another thread draws between the state a call saves and its own draw: the replay
+    from the saved state does not reach the generator's state, so nothing is rewound."""
+    from specdec_np import _random
+
+    generator = np.random.default_rng(11)
+    log = _random.DrawLog()
+    log._draws.append(_random._Draw(generator, (2,), generator.bit_generator.state))
+    theirs = generator.random(1)  # drawn after the state was saved, before the call's draw
+    mine = generator.random(2)
+    log.undo()
+    following = generator.random(8)
+    assert not np.isin(following, np.concatenate([theirs, mine])).any()
+
+
+def test_a_failed_call_does_not_repeat_other_threads_uniforms():
+    """End to end (issue 20, class 2): calls that fail late (the kernel finds a target row
+    without mass after the draws) share a generator with a thread that draws from it
+    directly; none of that thread's uniforms may come out twice."""
+    import threading
+    import time
+
+    rng = np.random.default_rng(0)
+    shared = np.random.default_rng(1)
+    # Rows long enough that the kernel (which releases the GIL) gives the drawing thread
+    # time to draw between a failing call's draws and its undo.
+    batch, k, vocab = 16, 1, 100_000
+    target = rng.random((batch, k + 1, vocab))
+    target[:, 0] = 0.0  # position 0 rejected on a row without mass: a late ValueError
+    draft = rng.random((batch, k, vocab))
+    ids = rng.integers(0, vocab, (batch, k))
+    bonus = np.zeros((batch, 1), dtype=np.int64)
+    direct: list[np.ndarray] = []
+    stop = threading.Event()
+
+    def failing() -> None:
+        while not stop.is_set():
+            with pytest.raises(ValueError, match="no positive probability"):
+                specdec_np.rejection_sample(target, bonus, draft, ids, generator=shared)
+
+    def drawing() -> None:
+        for _ in range(3000):
+            direct.append(shared.random(4))
+            time.sleep(0)
+        stop.set()
+
+    threads = [threading.Thread(target=failing) for _ in range(2)]
+    threads.append(threading.Thread(target=drawing))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    values = np.concatenate(direct)
+    assert np.unique(values).size == values.size, "uniforms were handed out twice"
 
 
 def test_counter_stream_uniforms_reach_the_kernel_contiguous():
