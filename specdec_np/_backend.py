@@ -97,7 +97,7 @@ def intake(x: Any, name: str) -> Any:
     """
     if isinstance(x, np.ndarray):
         if type(x) is not np.ndarray:
-            _refuse_subclass(x, name)
+            _validate.refuse_array_subclass(x, name)
         if not x.dtype.isnative:
             # The kernels read native numbers; the same dtype in native order keeps every
             # value (a byte-swapped float64 must not become float32).
@@ -130,21 +130,6 @@ def intake(x: Any, name: str) -> Any:
         f"{name} must be a NumPy array, a CuPy array or an array that exports DLPack; "
         f"found {type(x).__name__}"
     )
-
-
-def _refuse_subclass(x: np.ndarray, name: str) -> None:
-    """Masked arrays and matrices are ndarrays whose meaning the kernels would not honour
-    (the mask would be ignored, a matrix is always 2-d): refuse them rather than guess."""
-    if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(
-            f"{name} must be a plain NumPy array, not a masked array (the mask would be "
-            "ignored); pass numpy.ma.filled(x, fill_value) or x.data; found MaskedArray"
-        )
-    if isinstance(x, np.matrix):
-        raise TypeError(
-            f"{name} must be a plain NumPy array, not a numpy.matrix; pass numpy.asarray(x); "
-            "found matrix"
-        )
 
 
 def _dlpack_device_type(x: Any, name: str) -> int:
@@ -180,7 +165,8 @@ def _raise_unless_capsule(x: Any, name: str, device_type: int) -> None:
 
 def is_array_of(x: Any, xp: Any) -> bool:
     """Whether ``x`` is an array of the backend ``xp`` (``numpy`` or ``cupy``)."""
-    return isinstance(x, np.ndarray) if xp is np else is_cupy_array(x)
+    # Exactly an ndarray: a masked array or a matrix would be written without its meaning.
+    return type(x) is np.ndarray if xp is np else is_cupy_array(x)
 
 
 def array_namespace(x: Any) -> Any:

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _backend, _core, _cuda
 
-__all__ = ["Batch", "kernel", "kernels_for", "run", "sampling_options", "scratch_rows"]
+__all__ = ["Batch", "Commit", "kernel", "kernels_for", "run", "sampling_options", "scratch_rows"]
 
 
 class Batch(Protocol):
@@ -111,6 +111,17 @@ def kernel(name: str, device: int | None, rows: Any, ids: Any) -> Callable[..., 
 _EMPTY_UNIFORMS = np.empty((0, 0), dtype=np.float64)
 
 
+class Commit:
+    """Whether a call's ``on_success`` recorded it: set as the last operation of the
+    recording's own all-or-nothing block, so that an interrupt anywhere leaves the record
+    and the draws both done (``done``) or both undone."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+
 def run(
     batch: Batch,
     code: int,
@@ -120,7 +131,7 @@ def run(
     *,
     after_uniforms: tuple[Any, ...] = (),
     options: dict[str, Any] | None = None,
-    on_success: Callable[[Any], None] | None = None,
+    on_success: Callable[[Any, Commit], None] | None = None,
 ) -> Any:
     """Verify a checked batch: draws, kernel, row status, result (the module docstring).
 
@@ -141,7 +152,8 @@ def run(
     options : dict, optional
         The kernel's keyword options (per-request codes, sampling table, scratch rows).
     on_success : callable, optional
-        Called with the result before the call counts as done.
+        ``on_success(result, commit)`` records the result before the call counts as done,
+        all or nothing, and sets ``commit.done`` as the last step of its record.
 
     Returns
     -------
@@ -151,6 +163,7 @@ def run(
     batch.check_ids()
     inputs = batch.kernel_inputs()
     launch = kernel(batch.kernel_name, batch.device, batch.target_rows, batch.draft_token_ids)
+    commit = Commit()
     try:
         if sources is not None:
             uniforms = sources.draw()
@@ -164,10 +177,10 @@ def run(
             batch.raise_for_row_status(first_bad_row, block.row_status)
         result = batch.result(block)
         if on_success is not None:
-            on_success(result)
+            on_success(result, commit)
         return result
     except BaseException:
-        if sources is not None:
+        if sources is not None and not commit.done:
             sources.undo()
         raise
 

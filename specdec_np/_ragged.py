@@ -57,7 +57,9 @@ def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _con
     return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
 
 
-def _check_out(out: Any, batch: _chains.ChainBatch) -> _contract.OutputBlock:
+def _check_out(
+    out: Any, batch: _chains.ChainBatch, inputs: dict[str, Any]
+) -> _contract.OutputBlock:
     def shapes(block: _contract.OutputBlock) -> dict[str, tuple[int, ...]]:
         found = tuple(block.output_token_ids.shape)
         if len(found) != 2 or found[0] != batch.batch_size or found[1] < batch.max_k + 1:
@@ -80,6 +82,8 @@ def _check_out(out: Any, batch: _chains.ChainBatch) -> _contract.OutputBlock:
         lambda array: _backend.is_array_of(array, xp),
         _backend.device_of,
         batch.device,
+        xp,
+        inputs,
     )
     return out
 
@@ -213,11 +217,12 @@ def run_ragged(
     out: Any,
     method_parameters: Mapping[str, Any],
     generator_for: Callable[[Any], Any] | None = None,
-    on_success: Callable[[Any, Any], None] | None = None,
+    on_success: Callable[[Any, Any, Any], None] | None = None,
 ) -> _results.VerificationResult:
     """:func:`verify_ragged` with a sampler's hooks: ``generator_for(device)`` gives the
     generator once every argument is checked, and ``on_success(num_draft_tokens,
-    accepted_lengths)`` records a successful call before it counts as done."""
+    accepted_lengths, commit)`` records a successful call before it counts as done (all or
+    nothing, setting ``commit.done`` last: :class:`specdec_np._dispatch.Commit`)."""
     strict = _validate.check_strict_mode(strict_mode)
     verifier = registry.get(method)
     parameters = _validate.check_method_parameters(verifier, method_parameters)
@@ -266,7 +271,9 @@ def run_ragged(
     if out is None:
         block = _contract.allocate_output_block(batch.xp, batch.batch_size, batch.max_k + 1)
     else:
-        block = _check_out(out, batch)
+        block = _check_out(
+            out, batch, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
+        )
     threads = batch.threads(chosen)
     options = _dispatch.sampling_options(batch, threads, sampling.table)
     options["causal"] = True
@@ -284,7 +291,7 @@ def run_ragged(
         after_uniforms=(batch.parameters(parameters if chosen is verifier else ()),),
         options=options,
         on_success=None if on_success is None
-        else lambda result: on_success(counts, result.accepted_lengths),
+        else lambda result, commit: on_success(counts, result.accepted_lengths, commit),
     )
 
 
@@ -297,9 +304,9 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int,
             "num_draft_tokens must have shape [B] (1 dimension); found shape "
             f"{_validate.shape_text(counts.shape)}"
         )
-    if getattr(counts.dtype, "kind", None) not in ("i", "u"):
-        raise TypeError(f"num_draft_tokens must have an integer dtype; found {counts.dtype}")
-    host = np.asarray(counts.get() if hasattr(counts, "get") else counts).astype(np.int64)
+    host = _validate.int64_values(
+        np.asarray(counts.get() if hasattr(counts, "get") else counts), "num_draft_tokens"
+    )
     offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
     max_k, negative = _core.ragged_offsets(host, offsets)
     if negative >= 0:

@@ -275,9 +275,12 @@ class RejectionUniforms:
             uniforms = intake(uniforms, "uniforms")
             if uniforms.dtype != np.float64:
                 raise TypeError(f"uniforms must be a float64 array; found {uniforms.dtype}")
-            # The shape is checked before any copy: ascontiguousarray makes 0-d arrays 1-d.
+            # The values are checked on a private copy, which is what the kernels read: a
+            # caller's thread writing its own array during the call cannot slip an
+            # unchecked value past the check.
+            uniforms = xp.array(uniforms, dtype=xp.float64, order="C", copy=True)
             check_uniforms(uniforms, batch_size, k)
-            self._explicit = xp.ascontiguousarray(uniforms)
+            self._explicit = uniforms
         for row, row_generator in self._seeded.items():
             _check_generator(f"seeded_seqs[{row}]", row_generator)
         both = set(self._seeded).intersection(counter_rows)

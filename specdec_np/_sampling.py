@@ -118,7 +118,8 @@ def request_sampling(
     RequestSampling
     """
     sampling = _validate.check_sampling_parameters(
-        batch_size, vocab_size, from_logits=form.from_logits, **parameters
+        batch_size, vocab_size, from_logits=form.from_logits, row_dtype=rows[0].dtype,
+        **parameters,
     )
     if strict:
         if form.from_logits:

@@ -117,10 +117,12 @@ class TreeLayout(NamedTuple):
 
 
 def _host_integers(x: Any, name: str) -> np.ndarray:
-    """``x`` as a 1-D int64 NumPy array, refusing non-integer dtypes."""
+    """``x`` as a private 1-D int64 NumPy array, refusing non-integer dtypes, masked arrays
+    and matrices, and values outside int64."""
     if isinstance(x, (list, tuple)):
         array = np.asarray(x, dtype=np.int64) if len(x) == 0 else np.asarray(x)
     elif isinstance(x, np.ndarray):
+        _validate.refuse_array_subclass(x, name)
         array = x
     elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
         array = x.get()  # CuPy: the layout is O(N) host work
@@ -136,12 +138,13 @@ def _host_integers(x: Any, name: str) -> np.ndarray:
             raise TypeError(f"{name} must have an integer dtype; found {kind}")
         if len(x.shape) != 1:
             raise ValueError(f"{name} must be 1-D; found {len(x.shape)} dimensions")
-        array = np.asarray([int(x[i]) for i in range(x.shape[0])], dtype=np.int64)
+        values = [int(x[i]) for i in range(x.shape[0])]
+        array = np.asarray(values, dtype=np.uint64 if "uint" in kind else np.int64)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D; found {array.ndim} dimensions")
-    return array.astype(np.int64)
+    return _validate.int64_values(array, name)
 
 
 def validate_tree(
@@ -290,6 +293,22 @@ def _depths(global_parents: np.ndarray) -> np.ndarray:
         ancestor[pending] = ancestor[above]
 
 
+def _token(value: Any, where: str) -> int:
+    """A builder's token as a Python int: an int or a NumPy integer, nothing that merely
+    converts to one (``1.0`` or ``"1"`` is not a token id).
+
+    Raises
+    ------
+    TypeError
+        Naming where the value is.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where} must be an integer token id; found {type(value).__name__}")
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{where} must fit in int64; found {int(value)}")
+    return int(value)
+
+
 def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
     counts = [len(parents) for parents, _ in per_request]
     parents = [parent for request_parents, _ in per_request for parent in request_parents]
@@ -319,8 +338,8 @@ def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
         rows ``[k_b + 1, V]`` in order, the last one the bonus position.
     """
     per_request = []
-    for chain in chains:
-        tokens = [int(token) for token in chain]
+    for b, chain in enumerate(chains):
+        tokens = [_token(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
         per_request.append((list(range(-1, len(tokens) - 1)), tokens))
     return _concatenate(per_request, vocab_size)
 
@@ -345,14 +364,14 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
         The nodes of chain 0, then those of chain 1, and so on, each chain in order.
     """
     per_request = []
-    for request_chains in drafts:
+    for b, request_chains in enumerate(drafts):
         parents: list[int] = []
         tokens: list[int] = []
-        for chain in request_chains:
+        for c, chain in enumerate(request_chains):
             previous = -1
-            for token in chain:
+            for i, token in enumerate(chain):
                 parents.append(previous)
-                tokens.append(int(token))
+                tokens.append(_token(token, f"drafts[{b}][{c}][{i}]"))
                 previous = len(parents) - 1
         per_request.append((parents, tokens))
     return _concatenate(per_request, vocab_size)
@@ -467,7 +486,7 @@ def from_next_arrays(
             seen[column] = True
             node = len(parents)
             parents.append(parent)
-            node_tokens.append(int(tokens[b, column]))
+            node_tokens.append(_token(tokens[b, column], f"candidates[{b}, {column}]"))
             sources.append(column)
             sibling = int(next_sibling[b, column])
             if sibling != -1:
@@ -848,7 +867,9 @@ def _verify_tree(
             batch.xp, layout.batch_size, layout.max_depth
         )
     else:
-        block = _check_tree_out(out, batch)
+        block = _check_tree_out(
+            out, batch, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
+        )
     threads = _backend.thread_count(layout.batch_size, 2 * batch.vocab_size)
     options = _dispatch.sampling_options(batch, threads, sampling.table)
     request_codes = sampling.request_codes(_GREEDY.code, tree_method.code, batch.xp)
@@ -861,7 +882,9 @@ def _verify_tree(
     return _dispatch.run(batch, chosen.code, sources, block, threads, options=options)
 
 
-def _check_tree_out(out: Any, batch: TreeBatch) -> _contract.TreeOutputBlock:
+def _check_tree_out(
+    out: Any, batch: TreeBatch, inputs: dict[str, Any]
+) -> _contract.TreeOutputBlock:
     layout = batch.layout
 
     def shapes(block: _contract.TreeOutputBlock) -> dict[str, tuple[int, ...]]:
@@ -888,5 +911,7 @@ def _check_tree_out(out: Any, batch: TreeBatch) -> _contract.TreeOutputBlock:
         lambda array: _backend.is_array_of(array, xp),
         _backend.device_of,
         batch.device,
+        xp,
+        inputs,
     )
     return out

@@ -281,6 +281,7 @@ def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarr
     """A scalar or a ``[B]`` array of one sampling parameter, as a host array."""
     if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
         value = value.get()  # CuPy: the parameters are O(B) host work
+    refuse_array_subclass(value, name)
     array = np.asarray(value)
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real number or a [B] array; found {array.dtype}")
@@ -330,6 +331,7 @@ def check_sampling_parameters(
     top_p: Any,
     min_p: Any,
     from_logits: bool,
+    row_dtype: Any = np.float64,
 ) -> dict[str, np.ndarray | None]:
     """The per-request sampling parameters of the engine layout, checked.
 
@@ -342,6 +344,9 @@ def check_sampling_parameters(
     from_logits : bool
         With probabilities only ``temperature`` may be given, and only to say which
         requests are greedy; the filters must be None.
+    row_dtype : dtype
+        The dtype logits are divided by the temperature in: a positive temperature must be
+        a normal, finite number of that dtype (a float32 1e-50 is 0, and 1e300 is inf).
 
     Returns
     -------
@@ -370,6 +375,8 @@ def check_sampling_parameters(
             _first_bad(
                 "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
             )
+        if from_logits:
+            _check_temperature_in(values, np.dtype(row_dtype))
         result["temperature"] = values
     if top_k is None:
         result["top_k"] = None
@@ -390,6 +397,68 @@ def check_sampling_parameters(
             _first_bad(name, values, ~(low_ok & (values <= 1)), expected)
         result[name] = values
     return result
+
+
+def _check_temperature_in(values: np.ndarray, dtype: np.dtype) -> None:
+    """Positive temperatures must survive the cast to the rows' dtype as normal numbers."""
+    info = np.finfo(dtype)
+    if values.shape[0] <= _PYTHON_CHECK_MAX and dtype == np.float64:
+        if all(value == 0.0 or value >= info.tiny for value in values.tolist()):
+            return
+    with np.errstate(over="ignore"):
+        cast = values.astype(dtype)
+    bad = (values > 0) & ~((cast >= info.tiny) & np.isfinite(cast))
+    _first_bad(
+        "temperature", values, bad,
+        f"0 or a normal {dtype} number (in [{info.tiny:.3g}, {info.max:.3g}]: the logits "
+        f"are divided by it in {dtype})",
+    )
+
+
+def refuse_array_subclass(x: Any, name: str) -> None:
+    """Masked arrays and matrices are ndarrays whose meaning the kernels would not honour
+    (the mask would be ignored, a matrix is always 2-d): refuse them rather than guess.
+
+    Raises
+    ------
+    TypeError
+        Naming the argument and what to pass instead.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} must be a plain NumPy array, not a masked array (the mask would be "
+            "ignored); pass numpy.ma.filled(x, fill_value) or x.data; found MaskedArray"
+        )
+    if isinstance(x, np.matrix):
+        raise TypeError(
+            f"{name} must be a plain NumPy array, not a numpy.matrix; pass numpy.asarray(x); "
+            "found matrix"
+        )
+
+
+def int64_values(array: np.ndarray, name: str) -> np.ndarray:
+    """An integer host array as a private int64 copy, refusing values above the int64
+    range (a uint64 2**64 - 1 would otherwise wrap to -1).
+
+    Raises
+    ------
+    TypeError
+        For a dtype that is not an integer one (bool, float and string dtypes included:
+        ``1.0`` is not a token id).
+    ValueError
+        For a value above ``2**63 - 1``, naming its index and its true value.
+    """
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
+        too_large = array > np.uint64(np.iinfo(np.int64).max)
+        if too_large.any():
+            index = first_index(too_large, np)
+            raise ValueError(
+                f"{name} must fit in int64; found {int(array[index])} at index "
+                f"{index[0] if len(index) == 1 else index}"
+            )
+    return array.astype(np.int64)
 
 
 def check_logit_values(name: str, array: Any, xp: Any) -> None:
@@ -413,6 +482,8 @@ def check_out_block(
     is_ours: Any,
     device_of: Any,
     device: Any,
+    xp: Any = np,
+    inputs: dict[str, Any] | None = None,
 ) -> None:
     """Check ``out=`` buffers against the shapes a call writes.
 
@@ -433,6 +504,10 @@ def check_out_block(
         ``device_of(array)``: its device (None on the CPU).
     device : int or None
         The inputs' device.
+    xp : module
+        ``numpy`` or ``cupy``.
+    inputs : dict[str, array or None], optional
+        The arrays the kernel reads while it writes the buffers.
 
     Raises
     ------
@@ -440,7 +515,9 @@ def check_out_block(
         For another type of block, or a field that is not an int64 array of the inputs'
         backend.
     ValueError
-        For a field of another shape, not C-contiguous or read-only, or on another device.
+        For a field of another shape, not C-contiguous or read-only, on another device, or
+        sharing memory with another field or an input (the kernel would read what it
+        writes).
     """
     if not isinstance(out, block_type):
         raise TypeError(
@@ -461,6 +538,15 @@ def check_out_block(
             raise ValueError(f"out.{name} must be C-contiguous and writeable")
     if device_of(out[0]) != device:
         raise ValueError("out must be on the inputs' device")
+    fields = list(zip(out._fields, out))
+    for position, (name, array) in enumerate(fields):
+        # The buffers are C-contiguous, so overlapping bounds are overlapping memory.
+        for other, other_array in fields[position + 1 :]:
+            if xp.may_share_memory(array, other_array):
+                raise ValueError(f"out.{name} and out.{other} share memory; give separate buffers")
+        for input_name, input_array in (inputs or {}).items():
+            if input_array is not None and xp.may_share_memory(array, input_array):
+                raise ValueError(f"out.{name} shares memory with {input_name}")
 
 
 def check_method_parameters(verifier: Any, given: Any) -> tuple[float, ...]:

@@ -9,6 +9,7 @@ own, and :class:`~specdec_np.metrics.VerificationMetrics` over every successful 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,12 @@ class EngineVerifier:
     ----------
     metrics : VerificationMetrics
         Sums over every successful call; merge across workers with ``+``.
+
+    Notes
+    -----
+    One instance may be shared by threads: its generator is NumPy's (which draws under
+    its own lock), a failed call puts back only its own draws, and the metrics are updated
+    under a lock, whole or not at all, a ``KeyboardInterrupt`` included.
     """
 
     def __init__(
@@ -55,6 +62,7 @@ class EngineVerifier:
         self._strict_mode = _validate.check_strict_mode(strict_mode)
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
         self.metrics = VerificationMetrics()
+        self._metrics_lock = threading.RLock()
 
     @property
     def method(self) -> str:
@@ -110,5 +118,16 @@ class EngineVerifier:
                 out=out,
                 method_parameters=self._method_parameters,
                 generator_for=self._own_generator.for_device,
-                on_success=self.metrics.record,
+                on_success=self._record,
             )
+
+    def _record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any) -> None:
+        # Not ``with``: an interrupt between acquiring the lock and entering the block would
+        # keep it for good.  The ``finally`` releases it whenever this thread holds it.
+        lock = self._metrics_lock
+        try:
+            lock.acquire()
+            self.metrics.record(num_draft_tokens, accepted_lengths, commit)
+        finally:
+            if lock._is_owned():  # type: ignore[attr-defined]
+                lock.release()

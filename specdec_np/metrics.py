@@ -46,7 +46,7 @@ class VerificationMetrics:
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     drafted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def record(self, num_draft_tokens: Any, accepted_lengths: Any) -> None:
+    def record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any = None) -> None:
         """Add one verification call.
 
         Parameters
@@ -55,24 +55,46 @@ class VerificationMetrics:
             ``k_b`` per request.
         accepted_lengths : int [B]
             Causal accepted length per request (NumPy or CuPy; read once).
+        commit : object with a ``done`` attribute, optional
+            Set to True as the last step of the record (a verifier's call then keeps its
+            draws; see ``specdec_np._dispatch.Commit``).
         """
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)
         width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
-        self._grow(width)
         positions = np.arange(width)
-        self.accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
-        self.drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
-        self.requests += int(drafted.shape[0])
-        self.drafted += int(drafted.sum())
-        self.accepted += int(accepted.sum())
-        self.emitted += int(accepted.sum()) + int(drafted.shape[0])
+        accepted_at, drafted_at = self._grown(width)
+        accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
+        drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
+        new = (
+            self.requests + int(drafted.shape[0]),
+            self.drafted + int(drafted.sum()),
+            self.accepted + int(accepted.sum()),
+            self.emitted + int(accepted.sum()) + int(drafted.shape[0]),
+            accepted_at,
+            drafted_at,
+        )
+        # Everything is computed on copies first; the six assignments below are undone if
+        # an interrupt lands between them, so a call is recorded whole or not at all.
+        old = tuple(getattr(self, name) for name in _FIELDS)
+        try:
+            for name, value in zip(_FIELDS, new):
+                setattr(self, name, value)
+            if commit is not None:
+                commit.done = True
+        except BaseException:
+            for name, value in zip(_FIELDS, old):
+                setattr(self, name, value)
+            raise
 
-    def _grow(self, width: int) -> None:
-        if width > self.accepted_at.shape[0]:
-            extra = width - self.accepted_at.shape[0]
-            self.accepted_at = np.concatenate([self.accepted_at, np.zeros(extra, np.int64)])
-            self.drafted_at = np.concatenate([self.drafted_at, np.zeros(extra, np.int64)])
+    def _grown(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the per-position counts, at least ``width`` long."""
+        extra = max(width - self.accepted_at.shape[0], 0)
+        padding = np.zeros(extra, np.int64)
+        return (
+            np.concatenate([self.accepted_at, padding]),
+            np.concatenate([self.drafted_at, padding]),
+        )
 
     def merge(self, other: VerificationMetrics) -> VerificationMetrics:
         """The metrics of both (a new object); the same as ``self + other``."""
@@ -83,7 +105,7 @@ class VerificationMetrics:
             self.accepted + other.accepted,
             self.emitted + other.emitted,
         )
-        merged._grow(width)
+        merged.accepted_at, merged.drafted_at = merged._grown(width)
         for part in (self, other):
             merged.accepted_at[: part.accepted_at.shape[0]] += part.accepted_at
             merged.drafted_at[: part.drafted_at.shape[0]] += part.drafted_at
@@ -133,6 +155,9 @@ class VerificationMetrics:
             return np.where(
                 self.drafted_at > 0, self.accepted_at / np.maximum(self.drafted_at, 1), np.nan
             )
+
+
+_FIELDS = ("requests", "drafted", "accepted", "emitted", "accepted_at", "drafted_at")
 
 
 def _host(values: Any) -> np.ndarray:

@@ -127,18 +127,21 @@ class SpecDecodeBaseSampler:
                 f"{_device_name(self._device)}"
             )
 
-    def _record(self, result: VerificationResult, device: int | None) -> None:
+    def _record(self, result: VerificationResult, device: int | None, commit: Any = None) -> None:
         """Add one call's statistics to the counters (created on ``device`` if needed).
 
         All or nothing, a ``KeyboardInterrupt`` included: the new totals are computed
         first, then stored by a few assignments that are undone if anything interrupts
-        them.  An empty batch changes nothing and creates no counters (``init_tensors``
-        still works after it).
+        them; ``commit.done`` (:class:`specdec_np._dispatch.Commit`) is set last.  An empty
+        batch changes nothing and creates no counters (``init_tensors`` still works after
+        it).
         """
         self._check_device(device)
         existing = self.num_accepted_tokens is not None
         batch_size = result.output_token_ids.shape[0]
         if batch_size == 0:
+            if commit is not None:
+                commit.done = True
             return
         if existing:
             accepted_counter, emitted_counter = self.num_accepted_tokens, self.num_emitted_tokens
@@ -167,6 +170,8 @@ class SpecDecodeBaseSampler:
                 self.num_accepted_tokens = accepted_counter
                 self.num_emitted_tokens = emitted_counter
                 self._device = device
+            if commit is not None:
+                commit.done = True
         except BaseException:
             accepted_counter[...] = old_accepted
             emitted_counter[...] = old_emitted
@@ -423,8 +428,8 @@ class _RegisteredSampler(SpecDecodeBaseSampler):
         self._check_device(device)
         return None
 
-    def _record_result(self, result: VerificationResult) -> None:
-        self._record(result, _backend.device_of(result.output_token_ids))
+    def _record_result(self, result: VerificationResult, commit: Any) -> None:
+        self._record(result, _backend.device_of(result.output_token_ids), commit)
 
 
 class _StochasticSampler(_RegisteredSampler):

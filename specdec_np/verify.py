@@ -49,7 +49,7 @@ def run_padded(
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
-    on_success: Callable[[VerificationResult], None] | None = None,
+    on_success: Callable[[VerificationResult, Any], None] | None = None,
 ) -> VerificationResult:
     """Verify a padded ``[B, k+1, V]`` batch with any registered verifier.
 
@@ -71,7 +71,8 @@ def run_padded(
         argument has been checked, with the inputs' device.
     strict_mode : bool
     on_success : callable, optional
-        Called with the result before the call counts as done (a sampler's counters).
+        ``on_success(result, commit)`` records the result before the call counts as done (a
+        sampler's counters; see :class:`specdec_np._dispatch.Commit`).
 
     Returns
     -------

@@ -1,0 +1,271 @@
+"""Bad input on the engine, tree and layout surfaces (issue 20, docs/semantics.md §8).
+
+Each test is a regression test of one class of defect an outside attack found; each failed
+before its fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import pytest
+from test_hardening import interrupted
+
+import specdec_np
+
+VOCAB = 12
+
+
+def _ragged(seed: int = 0, counts=(2, 0, 3), logits: bool = False) -> dict:
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    rows = rng.dirichlet(np.ones(VOCAB), size=total + counts.size)
+    batch = {
+        "num_draft_tokens": counts,
+        "draft_token_ids": rng.integers(0, VOCAB, total),
+    }
+    if logits:
+        batch["target_logits"] = np.log(rows)
+    else:
+        batch["target_probs"] = rows
+        batch["draft_probs"] = rng.dirichlet(np.ones(VOCAB), size=total)
+    return batch
+
+
+def _tree() -> dict:
+    rng = np.random.default_rng(1)
+    parents = np.array([-1, 0, 0, -1, -1])
+    return {
+        "num_nodes": np.array([3, 2]),
+        "tree_parents": parents,
+        "draft_token_ids": rng.integers(0, VOCAB, 5),
+        "target_probs": rng.dirichlet(np.ones(VOCAB), size=7),
+    }
+
+
+# -- 3. arrays read after they were checked are private copies ---------------------------
+
+
+def test_explicit_uniforms_written_during_the_call_never_accept_a_zero_probability_draft():
+    """A writer thread flips the caller's uniforms between valid values and -1 (which would
+    make u * q < p hold for p = 0): the kernel reads the checked copy, so a draft the
+    target gives probability zero is never accepted."""
+    rng = np.random.default_rng(2)
+    batch, k, vocab = 32, 4, 50_000
+    target = rng.random((batch, k + 1, vocab))
+    ids = rng.integers(0, vocab, (batch, k))
+    target[np.arange(batch)[:, None], np.arange(k)[None, :], ids] = 0.0  # p(x) = 0
+    draft = rng.random((batch, k, vocab))
+    bonus = np.zeros((batch, 1), dtype=np.int64)
+    uniforms = np.full((batch, k + 1), 0.5)
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            uniforms[:, :k] = -1.0
+            uniforms[:, :k] = 0.5
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        accepted = 0
+        for _ in range(100):
+            try:
+                result = specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms)
+            except ValueError as error:
+                assert "uniforms" in str(error)
+                continue
+            accepted += int(result.num_accepted.sum())
+    finally:
+        stop.set()
+        thread.join()
+    assert accepted == 0, "a draft with target probability zero was accepted"
+
+
+# -- 5. temperatures are checked in the dtype they are used in ----------------------------
+
+
+@pytest.mark.parametrize("value", [1e-50, 1e300])
+def test_a_temperature_that_float32_cannot_hold_is_refused(value: float):
+    batch = _ragged(logits=True)
+    batch["target_logits"] = batch["target_logits"].astype(np.float32)
+    with pytest.raises(ValueError, match="temperature"):
+        specdec_np.verify_ragged(**batch, temperature=value)
+    # The same value is a normal float64: float64 logits take it.
+    batch["target_logits"] = batch["target_logits"].astype(np.float64)
+    specdec_np.verify_ragged(**batch, temperature=value, generator=np.random.default_rng(0))
+
+
+def test_a_subnormal_float64_temperature_is_refused():
+    batch = _ragged(logits=True)
+    with pytest.raises(ValueError, match="temperature"):
+        specdec_np.verify_ragged(**batch, temperature=5e-324)
+
+
+# -- 6. masked arrays and matrices are refused on every surface ----------------------------
+
+
+def test_masked_sampling_parameters_are_refused():
+    batch = _ragged(logits=True)
+    masked = np.ma.masked_array([1.0, 0.0, 1.0], mask=[False, True, False])
+    with pytest.raises(TypeError, match="temperature.*masked"):
+        specdec_np.verify_ragged(**batch, temperature=masked)
+    with pytest.raises(TypeError, match="top_p.*matrix"):
+        specdec_np.verify_ragged(**batch, top_p=np.matrix([0.9, 0.9, 0.9]))
+
+
+@pytest.mark.parametrize("name", ["num_nodes", "tree_parents", "draft_token_ids"])
+def test_masked_tree_arrays_are_refused(name: str):
+    arguments = _tree()
+    arguments[name] = np.ma.masked_array(arguments[name], mask=False)
+    with pytest.raises(TypeError, match=f"{name}.*masked"):
+        specdec_np.verify_tree(**arguments)
+    arguments = _tree()
+    arguments[name] = np.asmatrix(arguments[name])
+    with pytest.raises(TypeError, match=f"{name}.*matrix"):
+        specdec_np.verify_tree(**arguments)
+
+
+def test_masked_out_buffers_are_refused():
+    batch = _ragged()
+    good = specdec_np.output_buffers(3, 3)
+    bad = good._replace(accepted_lengths=np.ma.masked_array(good.accepted_lengths))
+    with pytest.raises(TypeError, match="out.accepted_lengths"):
+        specdec_np.verify_ragged(**batch, out=bad)
+
+
+# -- 7. out= buffers must not overlap --------------------------------------------------------
+
+
+def test_overlapping_out_buffers_are_refused():
+    batch = _ragged()
+    good = specdec_np.output_buffers(3, 3)
+    shared = good._replace(num_accepted=good.accepted_lengths)
+    with pytest.raises(ValueError, match="share memory"):
+        specdec_np.verify_ragged(**batch, out=shared)
+    inside = good._replace(row_status=good.output_token_ids[:, 0].copy())
+    specdec_np.verify_ragged(**batch, out=inside, generator=np.random.default_rng(0))
+    tree = _tree()
+    buffers = specdec_np.tree_output_buffers(2, 3)
+    overlapping = buffers._replace(row_status=buffers.accepted_lengths)
+    with pytest.raises(ValueError, match="share memory"):
+        specdec_np.verify_tree(**tree, out=overlapping)
+
+
+def test_out_buffers_that_alias_an_input_are_refused():
+    batch = _ragged()
+    rows = np.zeros((5 + 3, VOCAB), dtype=np.float64)
+    rows[:] = batch["target_probs"]
+    batch["target_probs"] = rows
+    out = specdec_np.output_buffers(3, 3)
+    alias = out._replace(accepted_lengths=rows.view(np.int64)[0, :3])
+    with pytest.raises(ValueError, match="shares memory with target_probs"):
+        specdec_np.verify_ragged(**batch, out=alias)
+
+
+# -- 8. ids, parents and counts are integers within int64 --------------------------------------
+
+
+def test_huge_uint64_parents_are_refused_not_wrapped():
+    arguments = _tree()
+    parents = arguments["tree_parents"].astype(np.uint64)
+    parents[3] = np.uint64(2**64 - 1)  # wraps to -1: a node re-attached to the root
+    arguments["tree_parents"] = parents
+    with pytest.raises(ValueError, match="tree_parents must fit in int64; found 1844674"):
+        specdec_np.verify_tree(**arguments)
+
+
+@pytest.mark.parametrize("token", [1.0, "1", True, np.float64(2.0)])
+def test_tree_builders_refuse_tokens_that_are_not_integers(token):
+    with pytest.raises(TypeError, match="integer token id"):
+        specdec_np.chain_tree([[1, token]])
+    with pytest.raises(TypeError, match="integer token id"):
+        specdec_np.multi_draft_tree([[[token]]])
+
+
+def test_tree_builders_refuse_tokens_beyond_int64():
+    with pytest.raises(ValueError, match="fit in int64"):
+        specdec_np.chain_tree([[2**63]])
+
+
+def test_float_parents_are_a_type_error():
+    arguments = _tree()
+    arguments["tree_parents"] = arguments["tree_parents"].astype(np.float64)
+    with pytest.raises(TypeError, match="tree_parents"):
+        specdec_np.verify_tree(**arguments)
+
+
+# -- 9. metrics and generators move together ------------------------------------------------
+
+
+def test_keyboard_interrupt_leaves_engine_metrics_and_generator_together():
+    batch = _ragged(seed=3, counts=(2, 1, 3))
+    make = lambda: specdec_np.EngineVerifier("rejection", seed=5)  # noqa: E731
+    _, total = interrupted(lambda: make()(**batch), at=10**9)
+    _, in_record = interrupted(lambda: make()(**batch), at=10**9, only="record")
+    assert in_record > 0
+    rng = np.random.default_rng(11)
+    engine = make()
+    problems = []
+    for trial in range(2000):
+        if trial % 200 == 0:
+            engine = make()
+        before = (engine.metrics.requests, engine.metrics.drafted, engine.metrics.emitted)
+        state = engine._own_generator.numpy.bit_generator.state
+        only = "record" if trial % 2 else None
+        at = int(rng.integers(1, (in_record if only else total) + 2))
+        interrupted(functools.partial(engine, **batch), at, only)
+        after = (engine.metrics.requests, engine.metrics.drafted, engine.metrics.emitted)
+        moved = engine._own_generator.numpy.bit_generator.state != state
+        widths = engine.metrics.accepted_at.shape[0], engine.metrics.drafted_at.shape[0]
+        if after == before and moved:
+            problems.append((trial, at, only, "generator moved, metrics did not"))
+        elif after != before and not moved:
+            problems.append((trial, at, only, "metrics moved, generator did not"))
+        elif after != before and after != (before[0] + 3, before[1] + 6, after[2]):
+            problems.append((trial, at, only, f"metrics half updated: {before} -> {after}"))
+        elif widths[0] != widths[1]:
+            problems.append((trial, at, only, "per-position counts of unequal length"))
+    assert not problems, problems[:5]
+
+
+def test_one_engine_verifier_shared_by_threads_counts_every_call():
+    batch = _ragged(seed=4)
+    engine = specdec_np.EngineVerifier("block", seed=1)
+    calls = 200
+
+    def worker() -> None:
+        for _ in range(calls):
+            engine(**batch)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert engine.metrics.requests == 4 * calls * 3
+    assert engine.metrics.drafted == 4 * calls * 5
+
+
+# -- 13. clear errors ---------------------------------------------------------------------
+
+
+def test_uint64_counts_are_printed_as_they_are():
+    batch = _ragged()
+    batch["num_draft_tokens"] = np.array([2**64 - 1, 0, 3], dtype=np.uint64)
+    with pytest.raises(ValueError, match="18446744073709551615"):
+        specdec_np.verify_ragged(**batch)
+
+
+@pytest.mark.parametrize("field", ["output_token_ids", "accepted_lengths"])
+def test_wrong_rank_or_list_out_fields_name_the_field(field: str):
+    batch = _ragged()
+    good = specdec_np.output_buffers(3, 3)
+    with pytest.raises(TypeError, match=f"out.{field}"):
+        specdec_np.verify_ragged(**batch, out=good._replace(**{field: [0, 0, 0]}))
+    flat = np.zeros(good._asdict()[field].size + 1, dtype=np.int64)[1:]
+    with pytest.raises(ValueError, match="out"):
+        specdec_np.verify_ragged(**batch, out=good._replace(**{field: flat.reshape(-1, 1)}))
