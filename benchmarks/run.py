@@ -568,7 +568,7 @@ def stage_calls(
     block = output_block()
     point_mass = batch.draft_rows is None
     kernel_arguments = (
-        _core.ROW_FUNCTIONS.index(verifier.row_function),
+        verifier.code,
         batch.target_rows,
         batch.target_rows if point_mass else batch.draft_rows,
         point_mass,

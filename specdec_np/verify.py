@@ -23,7 +23,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _backend, _contract, _core, _layout, _random, _validate, registry
+from . import (
+    _backend,
+    _contract,
+    _core,
+    _dispatch,  # noqa: F401  (importing it binds the kernels' tables from the registry)
+    _layout,
+    _random,
+    _validate,
+    registry,
+)
 
 __all__ = [
     "TreeVerificationResult",
