@@ -1,18 +1,22 @@
-"""Type stub of the compiled CPU kernels (``specdec_np/_core.pyx``).
+"""Type stub of the compiled CPU kernels (``specdec_np/_core.pyx`` and the include files
+of ``specdec_np/kernels/``).
 
 Probability arrays are float32 or float64 and C-contiguous; token ids are int32 or int64
 (one dtype per call); every output buffer is int64 and written by the kernel.  The
-``row_status`` codes are those of ``specdec_np._contract``.  ``specdec_np._cuda.core_like``
-has the same signatures on CuPy arrays (its kernels return None).
+``row_status`` codes are those of ``specdec_np._contract``.  The ``method`` of
+:func:`verify_chains` and :func:`verify_trees` (and the entries of ``request_methods``) are
+registry codes (``Verifier.code``, ``TreeMethod.code``), bound to the kernels once by
+``specdec_np._dispatch`` through :func:`bind_chain_rows` and :func:`bind_tree_steps`.
+``specdec_np._cuda.core_like`` has the same kernel signatures on CuPy arrays (its kernels
+return None).
 """
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 GREEDY_MARGIN: float
-#: Row functions by index, the ``method`` of :func:`verify_chains` (registry ``row_function``).
-ROW_FUNCTIONS: tuple[str, ...]
-TREE_WALKS: tuple[str, ...]
 
 FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float64]
 IdArray = npt.NDArray[np.int32] | npt.NDArray[np.int64]
@@ -22,6 +26,19 @@ Float64Array = npt.NDArray[np.float64]
 def openmp_enabled() -> bool: ...
 def debug_build() -> bool: ...
 def openmp_max_threads() -> int: ...
+def row_function_names() -> tuple[str, ...]: ...
+def tree_step_names() -> tuple[str, ...]: ...
+def bind_chain_rows(
+    row_functions: Sequence[str],
+    reads_uniforms: Sequence[bool],
+    bonus_by_argmax: Sequence[bool],
+    num_parameters: Sequence[int],
+) -> None: ...
+def bind_tree_steps(
+    steps: Sequence[str],
+    reads_uniforms: Sequence[bool],
+    reads_draft_rows: Sequence[bool],
+) -> None: ...
 def verify_chains(
     method: int,
     target_rows: FloatArray,

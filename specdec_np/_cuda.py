@@ -1722,12 +1722,7 @@ def _mixed_row() -> str:
     row-function index (the numbering of ``_core.ROW_FUNCTIONS``, which the callers of
     ``verify_chains`` use on both backends), so mixed greedy and sampled requests share one
     launch.  Indices outside it (the caller validates them) take the last case."""
-    from . import _core
-
-    cases = [
-        (_core.ROW_FUNCTIONS.index(verifier.row_function), verifier.cuda_row)
-        for verifier in registry.VERIFIERS
-    ]
+    cases = [(verifier.code, verifier.cuda_row) for verifier in registry.VERIFIERS]
 
     def switch(subject: str, call: str) -> str:
         lines = [f"        switch ({subject}) {{"]
@@ -1929,15 +1924,12 @@ def _verifier_of_row(method: int) -> registry.Verifier:
     ``_core.ROW_FUNCTIONS``, which ``verify_chains`` callers use on both backends)."""
     verifier = _VERIFIER_OF_ROW.get(method)
     if verifier is None:
-        from . import _core
-
-        by_row = {v.row_function: v for v in registry.VERIFIERS}
-        if not 0 <= method < len(_core.ROW_FUNCTIONS):
+        if not 0 <= method < len(registry.VERIFIERS):
             raise ValueError(
                 f"method: expected an index into _core.ROW_FUNCTIONS "
-                f"(0 .. {len(_core.ROW_FUNCTIONS) - 1}), found {method}"
+                f"(0 .. {len(registry.VERIFIERS) - 1}), found {method}"
             )
-        verifier = by_row[_core.ROW_FUNCTIONS[method]]
+        verifier = registry.VERIFIERS[method]
         _VERIFIER_OF_ROW[method] = verifier
     return verifier
 

@@ -790,7 +790,7 @@ def _compare(lib: Any, core: Any, seed: int, cases: int) -> Comparison:
         c = _case(rng)
         tally.cases += 1
         for verifier in registry.VERIFIERS:
-            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            method = verifier.code
             parameters = c.posterior if verifier.parameters else np.empty(0)
             shape = "padded" if len(set(np.diff(c.offsets))) == 1 else "ragged"
             where = (
@@ -952,7 +952,7 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: A
     for prob_dtype, id_dtype, point_mass, padded, _ in choices:
         c = _case(rng, prob_dtype, id_dtype, point_mass, padded)
         for verifier in registry.VERIFIERS:
-            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            method = verifier.code
             parameters = c.posterior if verifier.parameters else np.empty(0)
             with np.errstate(all="ignore"):
                 launched = _launch(c, method, parameters)
@@ -982,8 +982,8 @@ def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     wrap = fake_cupy.asarray
     rng = np.random.default_rng(5)
     c = _case(rng)
-    rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)
-    typical = core.ROW_FUNCTIONS.index(registry.get("typical").row_function)
+    rejection = registry.get("rejection").code
+    typical = registry.get("typical").code
     with pytest.raises(ValueError, match="uniforms on device 1"):
         _launch(c, rejection, np.empty(0), uniforms=1)
     with pytest.raises(ValueError, match="parameters: expected 2 for typical, found 1"):
@@ -1000,7 +1000,7 @@ def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     with pytest.raises(TypeError, match="draft_token_ids: expected dtype"):
         _launch(wide, rejection, np.empty(0))
     with pytest.raises(ValueError, match="method"):
-        _launch(c, len(core.ROW_FUNCTIONS), np.empty(0))
+        _launch(c, len(registry.VERIFIERS), np.empty(0))
     strided = wrap(np.zeros((c.batch, 2 * c.width), np.int64))[:, ::2]
     with pytest.raises(ValueError, match="output: expected a C-contiguous array"):
         _cuda.core_like.verify_chains(
@@ -1026,7 +1026,7 @@ def test_launcher_guards_the_engine_options(fake_cupy: Any, core: Any) -> None:
     rng = np.random.default_rng(9)
     c = _engine_case(rng, logits=True)
     vocab = c.target.shape[1]
-    rejection = core.ROW_FUNCTIONS.index(registry.get("rejection").row_function)
+    rejection = registry.get("rejection").code
     methods = np.full(c.batch, rejection, np.int8)
     good = {
         "request_methods": wrap(methods),
@@ -1226,8 +1226,8 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
 def _engine_methods(core: Any, c: Chains, verifier: registry.Verifier, rng: Any) -> Any:
     if not c.mixed:
         return None
-    greedy = core.ROW_FUNCTIONS.index(registry.get("greedy").row_function)
-    own = core.ROW_FUNCTIONS.index(verifier.row_function)
+    greedy = registry.get("greedy").code
+    own = verifier.code
     return np.where(rng.random(c.batch) < 0.5, greedy, own).astype(np.int8)
 
 
@@ -1269,7 +1269,7 @@ def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) ->
         c = _engine_case(rng, logits)
         tally.cases += 1
         for verifier in registry.VERIFIERS:
-            method = core.ROW_FUNCTIONS.index(verifier.row_function)
+            method = verifier.code
             methods = _engine_methods(core, c, verifier, rng)
             parameters = c.posterior if verifier.parameters else np.empty(0)
             row = _cuda.MIXED_ROW if methods is not None else verifier.cuda_row
@@ -1698,8 +1698,8 @@ def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = Fa
     for number in range(cases):
         c = _tree_case(rng, logits=logits)
         tally.cases += 1
-        for walk in TREE_WALKS:
-            method = core.TREE_WALKS.index(walk)
+        for tree_method in registry.TREE_METHODS:
+            walk, method = tree_method.walk, tree_method.code
             where = (
                 f"case {number} {walk} {c.kind} V={c.target.shape[1]} {c.target.dtype} "
                 f"{c.ids.dtype} {'no drafts' if c.draft is None else 'drafts'}"
@@ -1727,8 +1727,8 @@ TREE_CASES = 300
 
 
 def test_tree_walk_constants_follow_the_cpu_numbering(core: Any) -> None:
-    assert tuple(_cuda._TREE_WALK_CONSTANTS) == tuple(core.TREE_WALKS)
-    assert set(TREE_WALKS) <= set(core.TREE_WALKS)
+    assert tuple(_cuda._TREE_WALK_CONSTANTS) == TREE_WALKS
+    assert set(TREE_WALKS) <= set(core.tree_step_names())
     source = _cuda.cuda_sources()["verify_trees"]
     for index, constant in enumerate(_cuda._TREE_WALK_CONSTANTS.values()):
         assert f"constexpr int {constant} = {index};" in source
@@ -1827,8 +1827,8 @@ def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
     seen = set()
     for prob_dtype, id_dtype, logits in itertools.product(FLOAT_TYPES, ID_TYPES, [0, 1, 0, 1]):
         c = _tree_case(rng, prob_dtype, id_dtype, logits=bool(logits))
-        for walk in TREE_WALKS:
-            method = core.TREE_WALKS.index(walk)
+        for tree_method in registry.TREE_METHODS:
+            method = tree_method.code
             with np.errstate(all="ignore"):
                 launched = _launch_trees(c, method)
                 direct = _run_trees_emulated(fake_cupy._LIBRARY[0], method, c)
@@ -1869,7 +1869,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
             c, rrs, sampling=sampling, scratch=wrap(np.empty((c.batch, vocab), c.target.dtype))
         )
     with pytest.raises(ValueError, match="method: expected an index into _core.TREE_WALKS"):
-        _launch_trees(c, len(core.TREE_WALKS))
+        _launch_trees(c, len(registry.TREE_METHODS))
     with pytest.raises(ValueError, match="working: expected float64"):
         _launch_trees(c, rrs, working=None)
     with pytest.raises(ValueError, match="working: expected shape"):

@@ -1016,7 +1016,7 @@ def test_ragged_chains_on_the_launch_surface_match_cpu(cp, kind, id_dtype, with_
     if not verifier.stochastic:
         uniforms = np.empty((0, 0))
     parameters = np.array([p.default for p in verifier.parameters], dtype=np.float64)
-    method = _core.ROW_FUNCTIONS.index(verifier.row_function)
+    method = verifier.code
     batch_size, width = bonus.size, int(np.diff(offsets).max()) + 1
     inputs = (target, target if draft is None else draft, draft is None, ids, bonus, offsets)
     host = [np.full((batch_size, width), -7, np.int64)]

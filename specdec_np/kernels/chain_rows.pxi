@@ -1,0 +1,256 @@
+# --------------------------------------------------------------------------------------
+# Chain row functions (the registry's ``row_function``): one request of any chain layout,
+# with the signature of the ``*_chain_row`` pointers (registry_binding.pxi).  Each is
+# registered under its name right after its definition.
+# --------------------------------------------------------------------------------------
+
+cdef int64_t rejection_row(
+    const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t* num_accepted
+) noexcept nogil:
+    cdef Py_ssize_t k = request.k
+    cdef const double* uniforms = request.uniforms
+    cdef Py_ssize_t i, r = k, token
+    cdef int64_t passed = 0
+    cdef double p_x, q_x
+    for i in range(k):
+        # Each position is tested independently, as vLLM counts acceptances.
+        p_x = target_probability(request, target, i, draft_ids[i])
+        q_x = draft_probability(request, draft, i, draft_ids[i])
+        if uniforms[i] * q_x < p_x:
+            passed += 1
+        elif r == k:
+            r = i
+            if request.causal:
+                break
+    num_accepted[0] = passed
+    accepted_length[0] = r
+    if r == k:
+        last_token[0] = bonus_id
+        return 0
+    token = residual_token(request, target, draft, r, draft_ids[r], 1.0, uniforms[k])
+    if token < 0:
+        return -(1 + r)
+    last_token[0] = token
+    return 0
+
+
+define_chain_row(
+    "rejection_row",
+    rejection_row[float, int32_t],
+    rejection_row[float, int64_t],
+    rejection_row[double, int32_t],
+    rejection_row[double, int64_t],
+)
+
+
+cdef enum:
+    # Block verification keeps the path's p(x_j) and q(x_j) on the stack up to this k.
+    PATH_STACK = 64
+
+
+cdef inline double next_block_weight(double rho, double p_x, double q_x) noexcept nogil:
+    # rho_j = min(1, rho_{j-1} p(x) / q(x)), computed as 1 when rho p >= q (so q = 0 is
+    # safe).  A token with p <= 0 (or NaN) sets rho to 0 for good, so no later q = 0 can
+    # revive it.
+    if not p_x > 0.0 or rho == 0.0:
+        return 0.0
+    if rho * p_x >= q_x:
+        return 1.0
+    return rho * p_x / q_x
+
+
+cdef double block_weight(
+    Request* request, const probability_t* target, const probability_t* draft,
+    const token_id_t* draft_ids, const double* path_p, const double* path_q, Py_ssize_t i
+) noexcept nogil:
+    """rho_i of block verification, recomputed from rho_0 = 1 in one fixed order (the
+    backward scan needs it at a few positions only).  ``path_p``/``path_q`` hold the
+    path's p(x_j) and q(x_j) when the request is short enough to keep them; otherwise they
+    are NULL and read again (a row read costs far more than these scalars)."""
+    cdef double rho = 1.0
+    cdef Py_ssize_t j
+    for j in range(i):
+        if path_p != NULL:
+            rho = next_block_weight(rho, path_p[j], path_q[j])
+        else:
+            rho = next_block_weight(
+                rho, target_probability(request, target, j, draft_ids[j]),
+                draft_probability(request, draft, j, draft_ids[j]),
+            )
+    return rho
+
+
+cdef int64_t block_verification_row(
+    const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t* num_accepted
+) noexcept nogil:
+    cdef Py_ssize_t k = request.k
+    cdef const double* uniforms = request.uniforms
+    cdef Py_ssize_t i, j, tau = 0, token
+    cdef double rho, h, total, denominator
+    cdef double path_p_stack[PATH_STACK]
+    cdef double path_q_stack[PATH_STACK]
+    cdef double* path_p = NULL
+    cdef double* path_q = NULL
+    if k <= PATH_STACK:
+        # Each p(x_j) is read once: from logits it costs a pass over row j.
+        path_p = path_p_stack
+        path_q = path_q_stack
+        for j in range(k):
+            path_p[j] = target_probability(request, target, j, draft_ids[j])
+            path_q[j] = draft_probability(request, draft, j, draft_ids[j])
+    # tau is the largest i whose check passes: scan down and stop there, so that no row
+    # below tau is read (a later position can rescue an earlier failed check).
+    i = k
+    while i >= 1:
+        rho = block_weight(request, target, draft, draft_ids, path_p, path_q, i)
+        if i == k or rho >= 1.0 or rho == 0.0:
+            # h_k = rho_k; rho_i = 1 gives h_i = 1 and rho_i = 0 gives h_i = 0 unread.
+            h = rho
+        else:
+            total = row_residual_total(
+                request, target, draft, i, -1 if draft != NULL else draft_ids[i], rho
+            )
+            denominator = total + (1.0 - rho)
+            # NaN (a NaN target entry on the path) fails every check.
+            h = total / denominator if denominator > 0.0 else 0.0
+        if uniforms[i - 1] < h:
+            tau = i
+            break
+        i -= 1
+    num_accepted[0] = tau
+    accepted_length[0] = tau
+    if tau == k:
+        last_token[0] = bonus_id
+        return 0
+    rho = block_weight(request, target, draft, draft_ids, path_p, path_q, tau)
+    token = residual_token(request, target, draft, tau, draft_ids[tau], rho, uniforms[k])
+    if token < 0:
+        return -(1 + tau)
+    last_token[0] = token
+    return 0
+
+
+define_chain_row(
+    "block_verification_row",
+    block_verification_row[float, int32_t],
+    block_verification_row[float, int64_t],
+    block_verification_row[double, int32_t],
+    block_verification_row[double, int64_t],
+)
+
+
+cdef int64_t typical_acceptance_row(
+    const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t* num_accepted
+) noexcept nogil:
+    cdef Py_ssize_t k = request.k
+    cdef Py_ssize_t i, r = k, recovered = 0, argmax = 0
+    cdef int64_t passed = 0
+    cdef double p_x, entropy, threshold
+    cdef double posterior_threshold = request.parameters[0]
+    cdef double posterior_alpha = request.parameters[1]
+    for i in range(k):
+        p_x = target_probability(request, target, i, draft_ids[i])
+        # The threshold never exceeds posterior_threshold: above it, no entropy is needed.
+        if p_x > posterior_threshold:
+            passed += 1
+            continue
+        # The argmax is only needed at the first rejection, so only while none was seen.
+        entropy = row_entropy_and_argmax(request, target, i, &argmax if r == k else NULL)
+        # alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
+        threshold = posterior_alpha * exp(-entropy) if posterior_alpha > 0.0 else 0.0
+        if threshold > posterior_threshold:
+            threshold = posterior_threshold
+        if p_x > threshold:
+            passed += 1
+        elif r == k:
+            r = i
+            recovered = argmax
+            if request.causal:
+                break
+    num_accepted[0] = passed
+    accepted_length[0] = r
+    last_token[0] = bonus_id if r == k else recovered
+    return 0
+
+
+define_chain_row(
+    "typical_acceptance_row",
+    typical_acceptance_row[float, int32_t],
+    typical_acceptance_row[float, int64_t],
+    typical_acceptance_row[double, int32_t],
+    typical_acceptance_row[double, int64_t],
+)
+
+
+cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) noexcept nogil:
+    """Whether x is the first index of the maximum: stops at the first block with an entry
+    that beats row[x] (larger, or equal at a lower index)."""
+    cdef probability_t p_x = row[x]
+    cdef Py_ssize_t start, stop, beaten
+    cdef Py_ssize_t argmax = 0
+    if p_x != p_x or p_x == -1.0 / 0.0:
+        # NaN and -inf never win the scan's comparisons; the argmax rule decides for them
+        # (a row with nothing above -inf has argmax 0), as at the first rejection.
+        entropy_and_argmax(row, V, False, &argmax)
+        return argmax == x
+    start = 0
+    while start < V:
+        stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
+        if probability_t is float:
+            beaten = specdec_count_beating_f(row, start, stop, p_x, x)
+        else:
+            beaten = specdec_count_beating_d(row, start, stop, p_x, x)
+        if beaten:
+            return False
+        start += SCAN_BLOCK
+    return True
+
+
+cdef int64_t greedy_row(
+    const probability_t* target, const probability_t* draft, const token_id_t* draft_ids,
+    int64_t bonus_id, Request* request, int64_t* last_token, int64_t* accepted_length,
+    int64_t* num_accepted
+) noexcept nogil:
+    cdef Py_ssize_t k = request.k, V = request.V
+    cdef Py_ssize_t i, x, r = k, recovered = 0, argmax = 0
+    cdef int64_t passed = 0
+    cdef bint accepted
+    for i in range(k):
+        x = draft_ids[i]
+        if request.logits:
+            # Raw logits: no probability shortcut, the full argmax decides.
+            argmax = raw_argmax(target, i, V)
+            accepted = argmax == x
+        elif target[i * V + x] > 0.5 + SPECDEC_GREEDY_MARGIN:
+            accepted = True
+        elif r == k:
+            entropy_and_argmax(target + i * V, V, False, &argmax)
+            accepted = argmax == x
+        else:
+            accepted = is_first_argmax(target + i * V, V, x)
+        if accepted:
+            passed += 1
+        elif r == k:
+            r = i
+            recovered = argmax
+            if request.causal:
+                break
+    num_accepted[0] = passed
+    accepted_length[0] = r
+    last_token[0] = bonus_id if r == k else recovered
+    return 0
+
+
+define_chain_row(
+    "greedy_row",
+    greedy_row[float, int32_t],
+    greedy_row[float, int64_t],
+    greedy_row[double, int32_t],
+    greedy_row[double, int64_t],
+)

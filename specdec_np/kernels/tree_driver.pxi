@@ -1,0 +1,300 @@
+# --------------------------------------------------------------------------------------
+# The tree driver (docs/semantics.md, trees).  Request b owns nodes node_offsets[b] ..
+# node_offsets[b + 1] - 1; its N_b + 1 target rows start at node_offsets[b] + b (the root
+# row, then one row per node) and its draft rows at node_offsets[b].  Each request walks
+# from the root with the tree step bound to its code.
+# --------------------------------------------------------------------------------------
+
+cdef bint layout_is_valid(
+    const int64_t[::1] num_nodes, const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids, int64_t vocab_size, int64_t max_depth,
+    int64_t[::1] node_offsets, int64_t[::1] depths,
+) noexcept nogil:
+    cdef Py_ssize_t B = num_nodes.shape[0], N = tree_parents.shape[0]
+    cdef Py_ssize_t b, j, start = 0
+    cdef int64_t count, parent, token, depth
+    node_offsets[0] = 0
+    for b in range(B):
+        count = num_nodes[b]
+        # Compared with what is left of N, so that the running sum never wraps.
+        if count < 0 or count > N - start:
+            return False
+        for j in range(count):
+            parent = tree_parents[start + j]
+            if parent < -1 or parent >= j:
+                return False
+            token = draft_token_ids[start + j]
+            if vocab_size >= 0 and (token < 0 or token >= vocab_size):
+                return False
+            depth = 1 if parent < 0 else depths[start + parent] + 1
+            if depth > max_depth:
+                return False
+            depths[start + j] = depth
+        start += count
+        node_offsets[b + 1] = start
+    return start == N
+
+
+def tree_layout_is_valid(
+    const int64_t[::1] num_nodes,
+    const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids,
+    int64_t vocab_size,
+    int64_t max_depth,
+    int64_t[::1] node_offsets,
+    int64_t[::1] depths,
+):
+    """Check a tree layout in one O(N) pass, filling its offsets and depths.
+
+    The checks of ``specdec_np._trees.validate_tree``, whose NumPy passes have fixed costs
+    that dominate a small batch: the tree layer calls this first and runs those passes
+    (which say what is wrong) only when it fails.
+
+    Parameters
+    ----------
+    num_nodes : int64 [B]
+    tree_parents : int64 [N]
+    draft_token_ids : int64 [N]
+    vocab_size : int
+        Tokens must lie in ``0 .. vocab_size - 1``; negative: not checked.
+    max_depth : int
+        The deepest node allowed (a child of the root has depth 1).
+    node_offsets : int64 [B + 1]
+        Written: ``[0, cumsum(num_nodes)]``.
+    depths : int64 [N]
+        Written: each node's depth.
+
+    Returns
+    -------
+    bool
+        True when every count is ``>= 0`` and they sum to ``N``, every parent lies in
+        ``-1 .. node index - 1`` of its request, every token in the vocabulary and every
+        depth ``<= max_depth``; False at the first violation (the outputs are then
+        partial).
+    """
+    cdef bint valid
+    if (
+        node_offsets.shape[0] != num_nodes.shape[0] + 1
+        or depths.shape[0] != tree_parents.shape[0]
+        or draft_token_ids.shape[0] != tree_parents.shape[0]
+    ):
+        return False
+    with nogil:
+        valid = layout_is_valid(
+            num_nodes, tree_parents, draft_token_ids, vocab_size, max_depth, node_offsets,
+            depths,
+        )
+    return valid
+
+
+cdef int64_t walk_tree(
+    int method, const probability_t* target, const probability_t* draft,
+    const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t V,
+    const double* uniforms, const double* sampling, probability_t* scratch, double* working,
+    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
+) noexcept nogil:
+    """One request's walk with the tree step bound to code ``method``: id check, steps
+    from the root, output rows; a row status."""
+    cdef Request request_fields
+    cdef Request* request = &request_fields
+    cdef Py_ssize_t node = -1, child, depth = 0, i
+    cdef int64_t final_token = -1
+    cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
+    if bad >= 0:
+        return 1 + bad
+    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, scratch)
+    if not bound_tree_steps[method].reads_draft_rows:
+        draft = NULL
+    while True:
+        child = call_tree_step(
+            method, target, draft, ids, parents, request, node, working, &final_token
+        )
+        if child == -2:
+            return -(1 + node + 1)
+        if child < 0:
+            break
+        if depth == depth_width:
+            # The driver checked the output against the deepest node; this bound only
+            # keeps a write inside the row whatever happens.
+            return 1 + child
+        nodes_out[depth] = child
+        tokens_out[depth] = ids[child]
+        depth += 1
+        node = child
+    tokens_out[depth] = final_token
+    length[0] = depth
+    for i in range(depth, depth_width):
+        nodes_out[i] = -1
+        tokens_out[i + 1] = -1
+    return 0
+
+
+def verify_trees(
+    int method,
+    const probability_t[:, ::1] target_rows,
+    const probability_t[:, ::1] draft_rows,
+    bint point_mass_drafts,
+    const token_id_t[::1] draft_token_ids,
+    const int64_t[::1] tree_parents,
+    const int64_t[::1] node_offsets,
+    const double[:, ::1] uniforms,
+    int64_t[:, ::1] accepted_nodes,
+    int64_t[:, ::1] output,
+    int64_t[::1] accepted_lengths,
+    int64_t[::1] row_status,
+    int num_threads,
+    const int8_t[::1] request_methods=None,
+    const double[:, ::1] sampling=None,
+    probability_t[:, ::1] scratch=None,
+    double[:, ::1] working=None,
+):
+    """Verify a batch of draft trees with the tree steps bound to the registry codes.
+
+    Parameters
+    ----------
+    method : int
+        The registry code (:attr:`specdec_np.registry.TreeMethod.code`) of every request's
+        walk, unless ``request_methods`` is given (it is checked either way).
+    target_rows : float32 or float64 [N + B, V], C-contiguous
+        Request ``b`` owns the ``N_b + 1`` rows from ``node_offsets[b] + b`` on: its root
+        row, then one row per node.
+    draft_rows : same dtype [N, V]
+        The row each node was drawn from; ignored when ``point_mass_drafts`` and by the
+        codes bound as reading no draft rows.
+    point_mass_drafts : bool
+    draft_token_ids : int32 or int64 [N]
+    tree_parents : int64 [N]
+        Parent of each node within its request (``-1``: the root), below the node's index.
+    node_offsets : int64 [B + 1]
+        ``0 = node_offsets[0] <= ... <= node_offsets[B] = N``.
+    uniforms : float64 [B, W]
+        Request ``b`` reads column ``j`` for node ``j``'s test and column ``N_b`` for the
+        final token; ``W >= max N_b + 1`` when a code in use reads uniforms, else any.
+    accepted_nodes : int64 [B, D]
+        ``D`` at least the deepest node of the batch; written ``-1`` padded.
+    output : int64 [B, D + 1]
+    accepted_lengths, row_status : int64 [B]
+        Row status: 0, ``1 + j`` for a bad token id at node ``j``, ``-(1 + i)`` for a row
+        without mass (``i = 0`` the root, ``j + 1`` node ``j``).
+    num_threads : int
+    request_methods : int8 [B], optional
+        Per-request registry code (mixed greedy and sampled batches).
+    sampling : float64 [B, 4], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p)``.
+    scratch : same dtype as the rows [num_threads, 2 V], optional
+        With ``sampling``: a thread's processed target and draft row.
+    working : float64 [num_threads, 2 V], optional
+        A thread's residual rows; required when a code in use reads uniforms.
+
+    Returns
+    -------
+    int
+        The first request whose ``row_status`` is not 0, or -1.
+
+    Raises
+    ------
+    ValueError
+        For inconsistent shapes, offsets or parents, or a code (``method`` or an entry of
+        ``request_methods``) outside the bound table.
+    RuntimeError
+        When the tree steps were never bound (:func:`bind_tree_steps`).
+    """
+    cdef Py_ssize_t B = node_offsets.shape[0] - 1
+    cdef Py_ssize_t V = target_rows.shape[1]
+    cdef Py_ssize_t N = draft_token_ids.shape[0]
+    cdef Py_ssize_t D = accepted_nodes.shape[1]
+    cdef Py_ssize_t b, j, start, max_nodes, thread, parent, max_depth = 0
+    cdef int64_t[::1] depths
+    cdef int request_method
+    cdef bint stochastic
+    cdef bint per_request = request_methods is not None
+    cdef Py_ssize_t threads = num_threads if num_threads > 1 else 1
+    cdef const probability_t* draft_base
+    cdef const token_id_t* ids_base
+    cdef const int64_t* parents_base
+    cdef const double* uniform_base
+    cdef const double* sampling_base = NULL
+    cdef probability_t* scratch_base = NULL
+    cdef double* working_base = NULL
+    require(B >= 0, "node_offsets must have B + 1 entries")
+    require_tree_step_code(method)
+    stochastic = bound_tree_steps[method].reads_uniforms
+    require(V >= 1, "the vocabulary must not be empty")
+    max_nodes = require_offsets(node_offsets, B, N)
+    require(tree_parents.shape[0] == N, "tree_parents must have N entries")
+    depths = array((N if N > 0 else 1,), sizeof(int64_t), "q")
+    for b in range(B):
+        start = node_offsets[b]
+        for j in range(node_offsets[b + 1] - start):
+            parent = tree_parents[start + j]
+            require(
+                -1 <= parent < j, "tree_parents must name an earlier node of the request or -1"
+            )
+            depths[start + j] = 1 if parent < 0 else depths[start + parent] + 1
+            max_depth = depths[start + j] if depths[start + j] > max_depth else max_depth
+    require(D >= max_depth, "accepted_nodes must be [B, >= the deepest node]")
+    require(target_rows.shape[0] == N + B, "target_rows must have N + B rows")
+    require(
+        point_mass_drafts or (draft_rows.shape[0] == N and draft_rows.shape[1] == V),
+        "draft_rows must be [N, V]",
+    )
+    require(
+        accepted_nodes.shape[0] == B and output.shape[0] == B and output.shape[1] == D + 1
+        and accepted_lengths.shape[0] == B and row_status.shape[0] == B,
+        "outputs must be [B, D], [B, D + 1] and [B]",
+    )
+    if per_request:
+        require(request_methods.shape[0] == B, "request_methods must have B entries")
+        for b in range(B):
+            request_method = request_methods[b]
+            require_tree_step_code(request_method)
+            stochastic = stochastic or bound_tree_steps[request_method].reads_uniforms
+    require(
+        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_nodes + 1),
+        "uniforms must be [B, >= max N_b + 1]",
+    )
+    require(
+        not stochastic or (
+            working is not None and working.shape[0] >= threads and working.shape[1] == 2 * V
+        ),
+        "working must be [num_threads, 2 V]",
+    )
+    if sampling is not None:
+        require(sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]")
+        require(
+            scratch is not None and scratch.shape[0] >= threads and scratch.shape[1] == 2 * V,
+            "scratch must be [num_threads, 2 V]",
+        )
+    if B == 0:
+        return -1
+    if sampling is not None:
+        sampling_base = &sampling[0, 0]
+        scratch_base = &scratch[0, 0]
+    if stochastic:
+        working_base = &working[0, 0]
+    draft_base = NULL if point_mass_drafts or N == 0 else &draft_rows[0, 0]
+    ids_base = &draft_token_ids[0] if N > 0 else NULL
+    parents_base = &tree_parents[0] if N > 0 else NULL
+    uniform_base = &uniforms[0, 0] if stochastic else NULL
+    for b in prange(
+        B, nogil=True, num_threads=num_threads, schedule="dynamic",
+        use_threads_if=num_threads > 1,
+    ):
+        start = node_offsets[b]
+        thread = threadid()
+        request_method = request_methods[b] if per_request else method
+        row_status[b] = walk_tree(
+            request_method,
+            &target_rows[start + b, 0],
+            NULL if draft_base == NULL else draft_base + start * V,
+            ids_base + start if ids_base != NULL else ids_base,
+            parents_base + start if parents_base != NULL else parents_base,
+            node_offsets[b + 1] - start, V,
+            NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+            NULL if sampling_base == NULL else sampling_base + 4 * b,
+            NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
+            NULL if working_base == NULL else working_base + thread * 2 * V,
+            D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+            &accepted_lengths[b],
+        )
+    return first_failed_row(row_status)

@@ -1,0 +1,349 @@
+# --------------------------------------------------------------------------------------
+# Tree steps (the registry's ``walk``), with the signature of the ``*_tree_step`` pointers
+# (registry_binding.pxi); each is registered under its name right after its definition.
+# A node's children are the later nodes whose parent it is, tried in node order; a step
+# only moves to a higher node index, so a walk ends within N_b steps whatever the parents
+# say.
+# --------------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t next_child(
+    const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t after
+) noexcept nogil:
+    """The first child of ``node`` (-1: the root) with an index above ``after``, or -1."""
+    cdef Py_ssize_t j
+    for j in range(after + 1, num_nodes):
+        if parents[j] == node:
+            return j
+    return -1
+
+
+cdef inline bint tried_before(
+    const int64_t* parents, const token_id_t* ids, Py_ssize_t node, Py_ssize_t first,
+    Py_ssize_t child, int64_t token
+) noexcept nogil:
+    """Whether a sibling tried before ``child`` (from ``first`` on) proposed ``token``."""
+    cdef Py_ssize_t j
+    for j in range(first, child):
+        if parents[j] == node and ids[j] == token:
+            return True
+    return False
+
+
+cdef inline double clean(double value) noexcept nogil:
+    # Negative and NaN entries weigh 0.
+    return value if value > 0.0 else 0.0
+
+
+cdef inline double residual_update(
+    const probability_t* p, const double* residual, double mass, const probability_t* q,
+    double q_mass, Py_ssize_t V, double* out
+) noexcept nogil:
+    """out = (r - q / q_mass)+ with r = residual / mass, or the target row p while no
+    residual was kept; returns its float64 sum (``_treescan.h``)."""
+    if residual == NULL:
+        if probability_t is float:
+            return specdec_residual_update_ff(p, 1.0, q, q_mass, V, out)
+        else:
+            return specdec_residual_update_dd(p, 1.0, q, q_mass, V, out)
+    if probability_t is float:
+        return specdec_residual_update_df(residual, mass, q, q_mass, V, out)
+    else:
+        return specdec_residual_update_dd(residual, mass, q, q_mass, V, out)
+
+
+cdef inline double draft_row_mass(const probability_t* q, Py_ssize_t V) noexcept nogil:
+    if probability_t is float:
+        return specdec_clean_sum_f(q, V)
+    else:
+        return specdec_clean_sum_d(q, V)
+
+
+cdef inline void clean_copy(const probability_t* src, Py_ssize_t V, double* out) noexcept nogil:
+    if probability_t is float:
+        specdec_clean_copy_f(src, V, out)
+    else:
+        specdec_clean_copy_d(src, V, out)
+
+
+cdef enum:
+    # The point-mass step keeps at most this many distinct child tokens on the stack.
+    MAX_EXCLUDED = 256
+
+
+cdef Py_ssize_t children_tokens(
+    const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t node,
+    Py_ssize_t first, int64_t* excluded
+) noexcept nogil:
+    """The distinct tokens of ``node``'s children (from child ``first`` on; -1: none),
+    sorted into ``excluded[0 ..]``: their count, or -1 past ``MAX_EXCLUDED``."""
+    cdef Py_ssize_t child = first, count = 0, e, j
+    cdef int64_t token
+    while child >= 0:
+        token = ids[child]
+        # Insertion into the sorted distinct tokens.
+        e = count
+        while e > 0 and excluded[e - 1] > token:
+            e -= 1
+        if e == 0 or excluded[e - 1] != token:
+            if count == MAX_EXCLUDED:
+                return -1
+            for j in range(count, e, -1):
+                excluded[j] = excluded[j - 1]
+            excluded[e] = token
+            count += 1
+        child = next_child(parents, num_nodes, node, child)
+    return count
+
+
+cdef Py_ssize_t draw_without_children(
+    const probability_t* p, const token_id_t* ids, const int64_t* parents,
+    Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t first, Py_ssize_t V, double v,
+    double* working
+) noexcept nogil:
+    """Inverse-CDF draw at ``v`` from the row ``p`` without the tokens of ``node``'s
+    children (from child ``first`` on; -1: none); -1 if nothing with mass is left.
+
+    The children's tokens are few: :func:`draw_by_blocks` takes them out of its block sums
+    and skips them in its scan, so the row is read about once and never copied.  Past
+    ``MAX_EXCLUDED`` distinct tokens the row is copied to ``working`` with them zeroed
+    instead."""
+    cdef int64_t excluded[MAX_EXCLUDED]
+    cdef Py_ssize_t child
+    cdef Py_ssize_t count = children_tokens(ids, parents, num_nodes, node, first, excluded)
+    if count >= 0:
+        return draw_by_blocks(
+            <Request*>NULL, p, <const probability_t*>NULL, 0, -1, 1.0, V, v, excluded, count
+        )
+    clean_copy(p, V, working)
+    child = first
+    while child >= 0:
+        working[ids[child]] = 0.0
+        child = next_child(parents, num_nodes, node, child)
+    return draw_inverse_cdf(<const double*>working, <const double*>NULL, -1, 1.0, V, v)
+
+
+cdef Py_ssize_t greedy_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, double* working,
+    int64_t* final_token
+) noexcept nogil:
+    """The child of ``node`` whose token is the argmax of its row, or -1 with that argmax
+    in ``final_token``.  Reads neither draft rows nor uniforms."""
+    cdef Py_ssize_t argmax = raw_argmax(target, node + 1, request.V)
+    cdef Py_ssize_t child = next_child(parents, request.k, node, node)
+    while child >= 0:
+        if ids[child] == argmax:
+            return child
+        child = next_child(parents, request.k, node, child)
+    final_token[0] = argmax
+    return -1
+
+
+define_tree_step(
+    "greedy_tree_step",
+    greedy_tree_step[float, int32_t],
+    greedy_tree_step[float, int64_t],
+    greedy_tree_step[double, int32_t],
+    greedy_tree_step[double, int64_t],
+)
+
+
+cdef Py_ssize_t point_mass_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, double* working,
+    int64_t* final_token
+) noexcept nogil:
+    """Deterministic candidates: accept child j iff u_j (1 - removed) < r(x_j), where r is
+    the row with the tokens of the siblings tried before removed (``removed`` their mass);
+    if every child fails, draw from the row without them.  Returns the accepted child, or
+    -1 with the final token (-2: the row has no mass).  Reads no draft rows."""
+    cdef Py_ssize_t V = request.V, row = node + 1
+    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t child = first
+    cdef double removed = 0.0, r_x
+    cdef int64_t x, last_removed = -1
+    cdef Py_ssize_t token
+    cdef const probability_t* p
+    while child >= 0:
+        x = ids[child]
+        if tried_before(parents, ids, node, first, child, x):
+            r_x = 0.0
+        else:
+            r_x = target_probability(request, target, row, x)
+        if request.uniforms[child] * (1.0 - removed) < r_x:
+            return child
+        if r_x > 0.0:
+            removed += r_x
+            last_removed = x
+        child = next_child(parents, request.k, node, child)
+    p = probability_row(request, target, row, False)
+    token = draw_without_children(
+        p, ids, parents, request.k, node, first, V, request.uniforms[request.k], working
+    )
+    if token < 0 and first >= 0:
+        # Only rounding leaves nothing: the last rejection removed the last token with
+        # mass, which the exact walk would have accepted.
+        token = last_removed
+    if token < 0:
+        return -2
+    final_token[0] = token
+    return -1
+
+
+define_tree_step(
+    "point_mass_tree_step",
+    point_mass_tree_step[float, int32_t],
+    point_mass_tree_step[float, int64_t],
+    point_mass_tree_step[double, int32_t],
+    point_mass_tree_step[double, int64_t],
+)
+
+
+cdef Py_ssize_t residual_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, bint without_replacement,
+    double* working, int64_t* final_token
+) noexcept nogil:
+    """SpecInfer (and, ``without_replacement``, RRS): accept child j iff u_j q_j(x_j) <
+    r(x_j); on rejection r <- (r - q_j)+ renormalised, kept only if it has mass.  For RRS
+    q_j is the draft row with the tokens of the siblings tried before taken out and
+    renormalised.  ``working`` holds two rows of V (the residual and its update).
+    Returns the accepted child, or -1 with the final token (-2: no mass)."""
+    cdef Py_ssize_t V = request.V, row = node + 1
+    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t child = first, sibling
+    cdef double* residual = NULL
+    cdef double* update
+    cdef double mass = 1.0, q_mass, r_x, q_x, updated_mass, a
+    cdef int64_t x, t
+    cdef Py_ssize_t token
+    cdef const probability_t* p = NULL
+    cdef const probability_t* q
+    while child >= 0:
+        x = ids[child]
+        q = NULL
+        q_mass = 1.0
+        if without_replacement and child != first:
+            q = probability_row(request, draft, child, True)
+            q_mass = draft_row_mass(q, V)
+            sibling = first
+            while sibling < child:
+                t = ids[sibling]
+                if not tried_before(parents, ids, node, first, sibling, t):
+                    q_mass -= clean(q[t])
+                sibling = next_child(parents, request.k, node, sibling)
+            if tried_before(parents, ids, node, first, child, x):
+                q_x = 0.0
+            else:
+                q_x = clean(q[x])
+            if not q_mass > 0.0:
+                q_mass = 1.0
+            elif q_mass != 1.0:
+                q_x = q_x / q_mass
+        else:
+            q_x = draft_probability(request, draft, child, x)
+        if residual != NULL:
+            r_x = residual[x]
+        else:
+            r_x = target_probability(request, target, row, x)
+        if mass != 1.0:
+            r_x = r_x / mass
+        if request.uniforms[child] * q_x < r_x:
+            return child
+        if q == NULL:
+            q = probability_row(request, draft, child, True)
+        if residual == NULL and p == NULL:
+            p = probability_row(request, target, row, False)
+        if residual == NULL and q_mass == 1.0 and next_child(parents, request.k, node, child) < 0:
+            # The last child of a node whose residual is still its row (a chain's case):
+            # the draw from (p - q)+, or from p if that has no mass, reads both rows as the
+            # chain verifiers do, instead of writing the update first.  The weights, block
+            # sums and fallback are those of the update and the draw below.
+            token = draw_residual(p, q, -1, 1.0, V, request.uniforms[request.k])
+            if token < 0:
+                return -2
+            final_token[0] = token
+            return -1
+        update = working if residual != working else working + V
+        updated_mass = residual_update(p, residual, mass, q, q_mass, V, update)
+        if without_replacement and child != first:
+            # The tried siblings' tokens are out of q_j: their residual is r alone.
+            sibling = first
+            while sibling < child:
+                t = ids[sibling]
+                if not tried_before(parents, ids, node, first, sibling, t):
+                    a = residual[t] if residual != NULL else <double>p[t]
+                    if mass != 1.0:
+                        a = a / mass
+                    a = clean(a)
+                    updated_mass += a - update[t]
+                    update[t] = a
+                sibling = next_child(parents, request.k, node, sibling)
+        if updated_mass > 0.0:
+            residual = update
+            mass = updated_mass
+        child = next_child(parents, request.k, node, child)
+    if residual != NULL:
+        token = draw_inverse_cdf(
+            <const double*>residual, <const double*>NULL, -1, 1.0, V, request.uniforms[request.k]
+        )
+    else:
+        if p == NULL:
+            p = probability_row(request, target, row, False)
+        token = draw_inverse_cdf(
+            p, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[request.k]
+        )
+    if token < 0:
+        return -2
+    final_token[0] = token
+    return -1
+
+
+cdef Py_ssize_t specinfer_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, double* working,
+    int64_t* final_token
+) noexcept nogil:
+    """SpecInfer: :func:`residual_tree_step` with independently drafted children; without
+    draft rows, the point-mass walk."""
+    if draft == NULL:
+        return point_mass_tree_step(
+            target, draft, ids, parents, request, node, working, final_token
+        )
+    return residual_tree_step(
+        target, draft, ids, parents, request, node, False, working, final_token
+    )
+
+
+define_tree_step(
+    "specinfer_tree_step",
+    specinfer_tree_step[float, int32_t],
+    specinfer_tree_step[float, int64_t],
+    specinfer_tree_step[double, int32_t],
+    specinfer_tree_step[double, int64_t],
+)
+
+
+cdef Py_ssize_t rrs_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, double* working,
+    int64_t* final_token
+) noexcept nogil:
+    """Recursive rejection sampling: :func:`residual_tree_step` with the siblings drafted
+    without replacement; without draft rows, the point-mass walk."""
+    if draft == NULL:
+        return point_mass_tree_step(
+            target, draft, ids, parents, request, node, working, final_token
+        )
+    return residual_tree_step(
+        target, draft, ids, parents, request, node, True, working, final_token
+    )
+
+
+define_tree_step(
+    "rrs_tree_step",
+    rrs_tree_step[float, int32_t],
+    rrs_tree_step[float, int64_t],
+    rrs_tree_step[double, int32_t],
+    rrs_tree_step[double, int64_t],
+)
