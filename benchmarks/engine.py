@@ -33,10 +33,7 @@ one thread)::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import run as harness  # noqa: E402  (the timing and bandwidth helpers of benchmarks/run.py)
+import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
 
 import specdec_np  # noqa: E402
 from specdec_np import _reference  # noqa: E402
@@ -82,8 +79,7 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+log = harness.log
 
 
 # --------------------------------------------------------------------------------------
@@ -363,19 +359,6 @@ def argmax_call(inputs: Inputs, accepted_lengths: np.ndarray, greedy: np.ndarray
 # --------------------------------------------------------------------------------------
 
 
-def load_torch(args: argparse.Namespace) -> tuple[Any, str]:
-    if args.skip_torch:
-        return None, "torch baseline skipped (--skip-torch)"
-    try:
-        import torch_baselines
-    except ImportError as error:
-        return None, f"torch baseline skipped: torch is not installed ({error})"
-    torch_baselines.configure(args.threads)
-    import torch
-
-    return torch_baselines, f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
-
-
 def run_cell(
     inputs: Inputs, filters: str, share: float, args: argparse.Namespace, tb: Any, bandwidth: float
 ) -> dict[str, Any]:
@@ -487,17 +470,8 @@ def _fmt(key: str, value: Any) -> str:
 
 
 def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
-    lines = []
     cells = [[_fmt(key, _value(row, key)) for key in COLUMNS] for row in rows]
-    if markdown:
-        lines.append("| " + " | ".join(COLUMNS) + " |")
-        lines.append("|" + "---|" * len(COLUMNS))
-        lines += ["| " + " | ".join(cell) + " |" for cell in cells]
-    else:
-        widths = [max(len(c), *(len(cell[i]) for cell in cells)) for i, c in enumerate(COLUMNS)]
-        lines.append("  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths)))
-        lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
-    return "\n".join(lines)
+    return harness.render_table(COLUMNS, cells, markdown, align="none")
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -546,13 +520,10 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def render(path: str, markdown: bool) -> int:
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
+    records = harness.read_jsonl(path)
     rows = [record for record in records if record.get("kind") == "cell"]
-    for record in records:
-        if record.get("kind") == "meta":
-            keys = ("date", "uptime_start", "uptime", "torch", "reference", "bandwidth_gb_per_s")
-            print(json.dumps({key: record.get(key) for key in keys}))
+    keys = ("date", "uptime_start", "uptime", "torch", "reference", "bandwidth_gb_per_s")
+    harness.print_meta(records, keys)
     print(format_table(rows, markdown))
     print("\n".join(targets(rows)))
     return 0
@@ -574,21 +545,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny grid (smoke test)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--skip-padded", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--flat-draft-scale", type=float, default=3.0)
-    parser.add_argument("--bandwidth-mib", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="append JSON lines (meta, cells)")
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--render", metavar="FILE", help="reprint a saved run")
+    harness.add_run_options(parser, flat_draft_scale=3.0)
     args = parser.parse_args(argv)
     args.batch = args.batch or list(QUICK_BATCH if args.quick else FULL_BATCH)
     args.k = args.k or list(QUICK_K if args.quick else FULL_K)
     args.vocab = args.vocab or list(QUICK_VOCAB if args.quick else FULL_VOCAB)
     if args.quick:
         args.bandwidth_mib = min(args.bandwidth_mib, 16)
-        args.engine_policy = harness.Policy(budget_s=0.01, min_repeats=2, max_repeats=3)
-        args.baseline_policy = harness.Policy(budget_s=0.01, min_repeats=1, max_repeats=2)
+        args.engine_policy, args.baseline_policy = (
+            harness.QUICK_POLICY,
+            harness.QUICK_BASELINE_POLICY,
+        )
     else:
         args.engine_policy, args.baseline_policy = ENGINE_POLICY, BASELINE_POLICY
     return args
@@ -598,7 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(args.render, args.markdown)
-    tb, torch_note = load_torch(args)
+    tb, torch_note = harness.load_torch_baseline(
+        "torch_baselines", args.threads, skip=args.skip_torch
+    )
     log(torch_note)
     reference_note = (
         "reference: run"
@@ -613,18 +582,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bandwidth = start_bandwidth["bandwidth_gb_per_s"]
     log(f"streaming read bandwidth (1 thread): {bandwidth:.2f} GB/s")
     meta = {
-        "kind": "meta",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "uptime_start": harness._uptime(),
-        "machine": platform.platform(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "specdec_np": getattr(specdec_np, "__version__", None),
+        **harness.run_metadata(),
         "torch": torch_note,
         "reference": reference_note,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "bandwidth_start": start_bandwidth,
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "bytes_model": must_read_rows.__doc__.split("\n\n")[0].strip(),
     }
     rows = []
@@ -644,24 +606,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{_fmt('roofline', row['roofline'])}"
             )
         del inputs
-    end_bandwidth = harness.measure_bandwidth(nbytes, threads=1)
-    meta["bandwidth_end"] = end_bandwidth
-    meta["uptime"] = harness._uptime()
-    if end_bandwidth["bandwidth_gb_per_s"] > bandwidth:
-        # The roofline uses the larger of the two probes, so a slow probe never flatters.
-        scale = bandwidth / end_bandwidth["bandwidth_gb_per_s"]
-        for row in rows:
-            row["roofline"] *= scale
-        bandwidth = end_bandwidth["bandwidth_gb_per_s"]
-    meta["bandwidth_gb_per_s"] = bandwidth
+    harness.finish_roofline(meta, rows, nbytes, 1, bandwidth)
     print(format_table(rows, args.markdown))
     report = targets(rows)
     print("\n".join(report))
     meta["targets"] = report
     if args.json:
-        with open(args.json, "a") as handle:
-            for record in (meta, *rows):
-                handle.write(json.dumps(record) + "\n")
+        harness.write_jsonl(args.json, (meta, *rows), append=True)
     return 0
 
 

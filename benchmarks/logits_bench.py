@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import shutil
-import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-HEADER_DIR = Path(__file__).resolve().parent.parent / "specdec_np"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402  (the C build and the best-of timing)
 
 _SOURCE = r"""
 #include "_logits.h"
@@ -45,27 +45,12 @@ class _Law(ctypes.Structure):
 
 
 def _build(directory: Path) -> ctypes.CDLL:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise SystemExit("no C compiler found ($CC, cc or gcc)")
-    source, lib = directory / "bench.c", directory / "libbench.so"
-    source.write_text(_SOURCE)
-    subprocess.run(
-        [cc, "-O3", "-shared", "-fPIC", "-std=c11", "-fno-math-errno", "-Wno-psabi",
-         "-DSPECDEC_ENTROPY_EPSILON=1e-05", f"-I{HEADER_DIR}", str(source), "-o", str(lib),
-         "-lm"],
-        check=True,
-    )  # fmt: skip
-    return ctypes.CDLL(str(lib))
+    return harness.compile_library(_SOURCE, directory, flags=["-fno-math-errno"])
 
 
 def _seconds_per_call(call, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        call(repeats)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+    """Best of 5 rounds of ``call(repeats)``, per call."""
+    return harness.best_seconds(lambda: call(repeats), 5) / repeats
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ materialisation of a logits row's law.  This script compiles the headers with th
 extension's flags and macros into a small library, calls each pass through ctypes over
 ``--rows`` distinct rows (so that they come from memory, not cache), and prints the time per
 row, per element, and the bytes the pass reads and writes per second.  It says which passes
-are bound by compute (far below the streaming bandwidth of ``run.py``'s probe) rather than by
-memory.
+are bound by compute (far below the streaming bandwidth of the harness's probe) rather
+than by memory.
 
 ``--include DIR`` compiles another copy of the headers (for instance those of an earlier
 commit: ``git show REV:specdec_np/_rowscan.h > DIR/_rowscan.h``, and the same for the other
@@ -23,22 +23,20 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specdec_np import _contract
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-HEADERS = Path(__file__).resolve().parent.parent / "specdec_np"
+import harness  # noqa: E402  (the C build, best-of timing, JSON lines and tables)
+
+HEADERS = harness.HEADERS
 
 _SOURCE = r"""
 #include "_treescan.h"
@@ -102,29 +100,10 @@ PASSES: dict[str, tuple[str, int, str]] = {
 }
 
 
-def _compiler() -> str:
-    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if candidate and shutil.which(candidate):
-            return candidate
-    raise SystemExit("row_scans.py needs a C compiler (cc, gcc, clang or $CC)")
-
-
 def build(include: Path, directory: Path) -> ctypes.CDLL:
     """The passes compiled against the headers in ``include`` with the extension's
     optimisation level and the contract's macros."""
-    source = directory / "row_scans.c"
-    library = directory / "librow_scans.so"
-    source.write_text(_SOURCE)
-    macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
-    command = [
-        _compiler(), "-O3", "-shared", "-fPIC", "-std=c11", "-w", "-Wno-psabi", *macros,
-        f"-I{include}",
-        str(source), "-o", str(library), "-lm",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"compiling the headers of {include} failed:\n{result.stderr}")
-    return ctypes.CDLL(str(library))
+    return harness.compile_library(_SOURCE, directory, include=include, flags=["-w"])
 
 
 def inputs(rows: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
@@ -157,7 +136,7 @@ def measure(library: ctypes.CDLL, arrays: dict[str, np.ndarray], repeats: int) -
     for name, (_, bytes_per_element, what) in PASSES.items():
         call = _call(library, name, arrays)
         call()  # fault the pages in
-        best = min(_timed(call) for _ in range(repeats))
+        best = harness.best_seconds(call, repeats)
         per_row = best / rows
         results.append({
             "pass": name, "us_per_row": per_row * 1e6, "ns_per_element": per_row / vocab * 1e9,
@@ -166,23 +145,14 @@ def measure(library: ctypes.CDLL, arrays: dict[str, np.ndarray], repeats: int) -
     return results
 
 
-def _timed(call: Callable[[], float]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| pass | us_per_row | ns_per_element | GB/s | what |",
-        "|---:|---:|---:|---:|:---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['pass']} | {r['us_per_row']:.1f} | {r['ns_per_element']:.3f} | "
-            f"{r['gb_per_s']:.1f} | {r['what']} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        (r["pass"], f"{r['us_per_row']:.1f}", f"{r['ns_per_element']:.3f}",
+         f"{r['gb_per_s']:.1f}", r["what"])
+        for r in results
+    ]  # fmt: skip
+    headers = ("pass", "us_per_row", "ns_per_element", "GB/s", "what")
+    return harness.render_table(headers, cells, True, align=("right",) * 4 + ("left",))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -210,9 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"V = {args.vocab}, {args.rows} rows per pass, headers from {args.include}")
     print(format_table(results))
     if args.json:
-        with open(args.json, "w") as handle:
-            for row in results:
-                handle.write(json.dumps({**row, "V": args.vocab, "rows": args.rows}) + "\n")
+        records = ({**row, "V": args.vocab, "rows": args.rows} for row in results)
+        harness.write_jsonl(args.json, records, append=False)
     return 0
 
 

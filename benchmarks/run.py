@@ -29,57 +29,55 @@ Usage::
     python benchmarks/run.py --quick                  # tiny grid (smoke test)
     python benchmarks/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
     python benchmarks/run.py --json out.jsonl --plot out.png --markdown
+    python benchmarks/run.py --backends cupy --k 4 --dry-run   # the options, as JSON
+
+The cells, read models and timed calls are ``benchmarks/chain_cells.py``; timing, the
+bandwidth probe, metadata, JSON lines and tables are ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import dataclasses
-import datetime
 import gc
 import itertools
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-import specdec_np
-from specdec_np import (
-    _backend,
-    _chains,
-    _contract,
-    _core,
-    _random,
-    _reference,
-    _validate,
-    registry,
-    verify,
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
+from chain_cells import (  # noqa: E402  (the grid's inputs, read models and calls)
+    BYTES_MODELS,
+    REGIMES,
+    TOKENWISE,
+    VERIFIER_NAMES,
+    Cell,
+    class_call,
+    make_cell,
+    paired_lengths,
+    parameters_of,
+    reference_call,
+    rows_equal,
+    specdec_call,
+    stage_calls,
+    torch_call,
 )
 
-VERIFIERS = registry.VERIFIERS
-VERIFIER_NAMES = tuple(verifier.name for verifier in VERIFIERS)
-REGIMES = ("flat", "realistic")
+from specdec_np import _core, registry  # noqa: E402
+
 FULL_BATCH = (1, 8, 64)
 FULL_K = (1, 4, 8)
 FULL_VOCAB = (32000, 128256, 256000)
 QUICK_BATCH = (1, 2)
 QUICK_K = (1, 2)
 QUICK_VOCAB = (1000,)
-
-# A draft with p(x) > 1/2 + margin is the argmax without reading its row.
-GREEDY_SHORTCUT = 0.5 + _contract.GREEDY_MARGIN
-ID_BYTES = 8
-UNIFORM_BYTES = 8
-#: The token-wise verifier that the paired accepted-length comparison divides by.
-TOKENWISE = "rejection"
 
 # Targets of issues 3 and 4 (ratios against the torch baseline, 2-core machine).
 REJECTION_MIN_SPEEDUP = 50.0
@@ -88,641 +86,17 @@ REJECTION_KEY_SPEEDUP = 150.0
 REJECTION_KEY_ROOFLINE = 0.5
 DETERMINISTIC_MIN_SPEEDUP = {"flat": 5.0, "realistic": 20.0}
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    """How many calls to time: ``budget_s / first call``, clamped to the repeat limits."""
-
-    budget_s: float
-    min_repeats: int
-    max_repeats: int
-    warmup_s: float = 0.05
-    max_warmups: int = 20
-    # A call slower than the budget is timed once: its warm-up call is the sample.
-    first_call_counts: bool = False
-
-    @property
-    def max_calls(self) -> int:
-        """Most calls :func:`time_calls` makes: first call, warm-ups, timed calls."""
-        return 1 + self.max_warmups + self.max_repeats
-
-    def limited(self, repeats: int | None, min_repeats: int | None = None) -> Policy:
-        """At most ``repeats`` timed calls, at least ``min_repeats`` (a noisy machine)."""
-        policy = self
-        if repeats is not None:
-            policy = dataclasses.replace(
-                policy,
-                min_repeats=min(policy.min_repeats, repeats),
-                max_repeats=repeats,
-                max_warmups=min(policy.max_warmups, repeats),
-            )
-        if min_repeats is not None:
-            floor = min(min_repeats, policy.max_repeats) if repeats is not None else min_repeats
-            policy = dataclasses.replace(
-                policy,
-                min_repeats=floor,
-                max_repeats=max(policy.max_repeats, floor),
-                first_call_counts=False,
-            )
-        return policy
-
-
-@dataclasses.dataclass
-class Timing:
-    median_ns: float
-    repeats: int
-    results: list[Any]
-    mean_ns: float | None = None
-    min_ns: float | None = None
-
-
-def time_calls(fn: Callable[[], Any], policy: Policy) -> Timing:
-    """Warm up, then time ``fn`` with ``perf_counter_ns``; keep each call's result."""
-    gc_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.perf_counter_ns()
-        result = fn()
-        first_ns = max(time.perf_counter_ns() - start, 1)
-        if policy.first_call_counts and first_ns >= policy.budget_s * 1e9:
-            return Timing(float(first_ns), 1, [result])
-        for _ in range(min(policy.max_warmups, int(policy.warmup_s * 1e9 / first_ns))):
-            fn()
-        repeats = int(policy.budget_s * 1e9 / first_ns)
-        repeats = max(policy.min_repeats, min(policy.max_repeats, repeats))
-        times = np.empty(max(repeats, 1), dtype=np.int64)
-        results = []
-        for j in range(len(times)):
-            start = time.perf_counter_ns()
-            result = fn()
-            times[j] = time.perf_counter_ns() - start
-            results.append(result)
-        return Timing(
-            float(np.median(times)), len(times), results, float(np.mean(times)), float(times.min())
-        )
-    finally:
-        if gc_enabled:
-            gc.enable()
-
-
-def time_cuda_calls(cupy: Any, fn: Callable[[], Any], policy: Policy) -> Timing:
-    """CuPy timing: warm-up and synchronise, then CUDA events around each call."""
-    for _ in range(3):
-        fn()
-    cupy.cuda.Device().synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    repeats = max(policy.min_repeats, min(policy.max_repeats, 50))
-    times, results = [], []
-    for _ in range(repeats):
-        start.record()
-        result = fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e6)  # ms -> ns
-        results.append(result)
-    return Timing(float(np.median(times)), repeats, results)
-
-
-SPECDEC_POLICY = Policy(budget_s=0.25, min_repeats=5, max_repeats=300)
-TORCH_POLICY = Policy(budget_s=1.0, min_repeats=2, max_repeats=30)
-REFERENCE_POLICY = Policy(budget_s=0.5, min_repeats=1, max_repeats=10, first_call_counts=True)
-
-
-# --------------------------------------------------------------------------------------
-# Streaming bandwidth (the roofline's denominator)
-# --------------------------------------------------------------------------------------
-
-
-def measure_bandwidth(nbytes: int, threads: int = 2, repeats: int = 9) -> dict[str, Any]:
-    """Streaming read bandwidth of this machine, measured with NumPy reductions.
-
-    ``np.maximum.reduce`` (SIMD, no float rounding work, releases the GIL) and ``np.sum``
-    over a float32 array of ``nbytes``, on 1 thread and on ``threads`` threads (each
-    reducing one contiguous slice); the best median is the roofline bandwidth.
-    """
-    array = np.ones(nbytes // 4, dtype=np.float32)  # also faults every page in
-    slices = np.array_split(array, threads)
-    measured: dict[str, float] = {}
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        for name, reduce in (("max", np.maximum.reduce), ("sum", np.add.reduce)):
-            reduce(array)
-            single, multi = [], []
-            for _ in range(repeats):
-                start = time.perf_counter_ns()
-                reduce(array)
-                single.append(time.perf_counter_ns() - start)
-                start = time.perf_counter_ns()
-                list(pool.map(reduce, slices))
-                multi.append(time.perf_counter_ns() - start)
-            measured[f"{name}_1t"] = float(array.nbytes / np.median(single))  # B/ns = GB/s
-            measured[f"{name}_{threads}t"] = float(array.nbytes / np.median(multi))
-    best = max(measured, key=measured.get)
-    del array, slices
-    return {
-        "bytes": nbytes,
-        "gb_per_s": {name: round(value, 3) for name, value in measured.items()},
-        "best": best,
-        "bandwidth_gb_per_s": measured[best],
-        "loadavg": _loadavg(),
-    }
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:  # pragma: no cover - not on every platform
-        return None
-
-
-def _uptime() -> str | None:
-    """What ``uptime`` prints (the machine's load, for the record); None without it."""
-    try:
-        completed = subprocess.run(
-            ["uptime"], capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return completed.stdout.strip() or None
-
-
-def measure_cuda_bandwidth(cupy: Any, nbytes: int) -> float:
-    """Device read bandwidth (GB/s) from the median time of ``cupy.max`` over nbytes."""
-    array = cupy.ones(nbytes // 4, dtype=cupy.float32)
-    timing = time_cuda_calls(cupy, lambda: array.max(), Policy(0, 10, 10))
-    return nbytes / timing.median_ns
-
-
-# --------------------------------------------------------------------------------------
-# Inputs (SPEC 8 regimes)
-# --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Cell:
-    regime: str
-    batch: int
-    k: int
-    vocab: int
-    target: np.ndarray  # float32 [B, k+1, V]
-    draft_probs: np.ndarray  # float32 [B, k, V]
-    draft_ids: np.ndarray  # int64 [B, k]
-    bonus_ids: np.ndarray  # int64 [B, 1]
-
-
-def _softmax_of_normals(
-    rng: np.random.Generator, shape: tuple[int, ...], scale: float
-) -> np.ndarray:
-    logits = rng.standard_normal(shape, dtype=np.float32)
-    if scale != 1.0:
-        logits *= np.float32(scale)
-        logits -= logits.max(axis=-1, keepdims=True)
-    np.exp(logits, out=logits)
-    logits /= logits.sum(axis=-1, keepdims=True)
-    return logits
-
-
-def _peaked(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
-    """Softmax-of-normals tail with one random top token holding U(0.35, 0.65) of the mass."""
-    probs = rng.standard_normal((rows, vocab), dtype=np.float32)
-    np.exp(probs, out=probs)
-    top = rng.integers(0, vocab, size=(rows, 1))
-    top_mass = rng.uniform(0.35, 0.65, size=(rows, 1)).astype(np.float32)
-    np.put_along_axis(probs, top, 0.0, axis=1)
-    probs *= (1 - top_mass) / probs.sum(axis=1, keepdims=True)
-    np.put_along_axis(probs, top, top_mass, axis=1)
-    return probs
-
-
-def _sample_rows(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
-    """One token per row of ``probs [n, V]`` by inverse CDF (float64)."""
-    cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
-    draws = rng.random(len(probs)) * cdf[:, -1]
-    ids = np.array([np.searchsorted(cdf[i], draws[i], side="right") for i in range(len(probs))])
-    return np.minimum(ids, probs.shape[-1] - 1)
-
-
-def make_cell(
-    regime: str, batch: int, k: int, vocab: int, *, seed: int, flat_draft_scale: float
-) -> Cell:
-    """Inputs of one grid cell, generated row by row to keep temporaries small.
-
-    * flat: target = softmax of standard-normal logits; draft_probs = softmax of
-      ``flat_draft_scale`` x independent normals (a confident drafter unrelated to the
-      target); draft ids sampled from draft_probs.  Almost every draft is rejected.
-    * realistic: target = peaked (top token ~half the mass, softmax-of-normals tail);
-      draft_probs = 0.9 target + 0.1 softmax(normals); draft ids sampled from draft_probs.
-      Most drafts are accepted (sum min(p, q) >= 0.9).
-    """
-    rng = np.random.default_rng([seed, REGIMES.index(regime), batch, k, vocab])
-    target = np.empty((batch, k + 1, vocab), dtype=np.float32)
-    draft_probs = np.empty((batch, k, vocab), dtype=np.float32)
-    draft_ids = np.empty((batch, k), dtype=np.int64)
-    for b in range(batch):
-        if regime == "flat":
-            target[b] = _softmax_of_normals(rng, (k + 1, vocab), 1.0)
-            draft_probs[b] = _softmax_of_normals(rng, (k, vocab), flat_draft_scale)
-        else:
-            target[b] = _peaked(rng, k + 1, vocab)
-            noise = _softmax_of_normals(rng, (k, vocab), 1.0)
-            np.multiply(target[b, :k], np.float32(0.9), out=draft_probs[b])
-            draft_probs[b] += np.float32(0.1) * noise
-            draft_probs[b] /= draft_probs[b].sum(axis=-1, keepdims=True)
-        draft_ids[b] = _sample_rows(rng, draft_probs[b])
-    bonus_ids = rng.integers(0, vocab, size=(batch, 1), dtype=np.int64)
-    return Cell(regime, batch, k, vocab, target, draft_probs, draft_ids, bonus_ids)
-
-
-# --------------------------------------------------------------------------------------
-# Bytes each algorithm must read (for the outcome it actually had)
-# --------------------------------------------------------------------------------------
-
-
-def _p_at_drafts(cell: Cell) -> np.ndarray:
-    return np.take_along_axis(cell.target[:, : cell.k], cell.draft_ids[:, :, None], axis=2)[
-        :, :, 0
-    ]
-
-
-def _q_at_drafts(cell: Cell) -> np.ndarray:
-    return np.take_along_axis(cell.draft_probs, cell.draft_ids[:, :, None], axis=2)[:, :, 0]
-
-
-def _stochastic_scalars(cell: Cell) -> float:
-    """p(x), q(x), the acceptance uniform and the draft id per position; the bonus id and
-    the residual uniform per row."""
-    item = cell.target.itemsize
-    return cell.batch * (cell.k * (2 * item + UNIFORM_BYTES + ID_BYTES) + ID_BYTES + UNIFORM_BYTES)
-
-
-def rejection_bytes(
-    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
-) -> float:
-    """Scalars plus one target row and one draft row of V at the first rejection of each row
-    that has one, averaged over the timed calls."""
-    rows = np.mean(
-        [np.count_nonzero(np.asarray(lengths) < cell.k) for lengths in accepted_lengths]
-    )
-    return _stochastic_scalars(cell) + rows * 2 * cell.vocab * cell.target.itemsize
-
-
-def block_weights(cell: Cell) -> np.ndarray:
-    """``rho [B, k+1]`` of block verification (float64), as the kernels compute it."""
-    p_x = _p_at_drafts(cell).astype(np.float64)
-    q_x = _q_at_drafts(cell).astype(np.float64)
-    rho = np.ones((cell.batch, cell.k + 1))
-    for i in range(cell.k):
-        weighted = rho[:, i] * p_x[:, i]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(weighted >= q_x[:, i], 1.0, weighted / q_x[:, i])
-        rho[:, i + 1] = np.where((p_x[:, i] > 0) & (rho[:, i] > 0), ratio, 0.0)
-    return rho
-
-
-def block_bytes(
-    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
-) -> float:
-    """Scalars plus a target row and a draft row for every position the top-down scan has to
-    sum (``i`` from ``k - 1`` down to ``max(tau, 1)`` with ``0 < rho_i < 1``; ``h_k`` and
-    positions with ``rho_i`` in {0, 1} need no row) and for the draw at ``tau < k`` (counted
-    once when the scan already read it), averaged over the timed calls."""
-    rho = block_weights(cell)
-    summed = (rho[:, : cell.k] > 0) & (rho[:, : cell.k] < 1)
-    summed[:, 0] = False
-    columns = np.arange(cell.k)
-    counts = []
-    for lengths in accepted_lengths:
-        tau = np.asarray(lengths)[:, None]
-        read = summed & (columns >= tau)
-        read |= columns == tau  # the draw's row (tau == k matches no column)
-        counts.append(np.count_nonzero(read))
-    return _stochastic_scalars(cell) + np.mean(counts) * 2 * cell.vocab * cell.target.itemsize
-
-
-def typical_bytes(
-    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
-) -> float:
-    """Scalars plus one full row for every position whose p(x) <= posterior_threshold (the
-    only ones whose test needs the entropy; the argmax rides along in the same pass)."""
-    item = cell.target.itemsize
-    scalars = cell.batch * (cell.k * (item + ID_BYTES) + ID_BYTES)
-    passes = np.count_nonzero(_p_at_drafts(cell) <= parameters["posterior_threshold"])
-    return scalars + passes * cell.vocab * item
-
-
-def greedy_bytes(
-    cell: Cell, accepted_lengths: Sequence[np.ndarray], parameters: dict[str, float]
-) -> float:
-    """Scalars plus, for each position with p(x) <= 1/2 + margin: the full row up to and at
-    the first rejection (the argmax must be proven or found) and for accepted positions
-    after it; for rejected positions after it, the row up to the first entry that beats
-    p(x) (or ties it at a lower index)."""
-    item = cell.target.itemsize
-    total = cell.batch * (cell.k * (item + ID_BYTES) + ID_BYTES)
-    p_x = _p_at_drafts(cell)
-    for b in range(cell.batch):
-        rejected_before = False
-        for i in range(cell.k):
-            x = int(cell.draft_ids[b, i])
-            if p_x[b, i] > GREEDY_SHORTCUT:
-                continue
-            row = cell.target[b, i]
-            accepted = int(np.argmax(row)) == x
-            if accepted or not rejected_before:
-                total += cell.vocab * item
-            else:
-                beats = (row > row[x]) | ((row == row[x]) & (np.arange(cell.vocab) < x))
-                total += (int(np.argmax(beats)) + 1) * item
-            rejected_before = rejected_before or not accepted
-    return float(total)
-
-
-#: The read model of each registry verifier, by registry name (the algorithm decides what
-#: must be read, so this is per verifier); a verifier without one gets no roofline.
-BYTES_MODELS: dict[str, Callable[[Cell, Sequence[np.ndarray], dict[str, float]], float]] = {
-    "rejection": rejection_bytes,
-    "block": block_bytes,
-    "typical": typical_bytes,
-    "greedy": greedy_bytes,
-}
-_UNKNOWN = set(BYTES_MODELS).difference(VERIFIER_NAMES)
-if _UNKNOWN:
-    raise RuntimeError(f"BYTES_MODELS names verifiers the registry lacks: {sorted(_UNKNOWN)}")
-
-
-# --------------------------------------------------------------------------------------
-# The verifiers under test and their baselines (all from the registry)
-# --------------------------------------------------------------------------------------
-
-
-def parameters_of(verifier: registry.Verifier) -> dict[str, float]:
-    """The verifier's parameters at their registry defaults."""
-    return {parameter.name: parameter.default for parameter in verifier.parameters}
-
-
-def specdec_call(
-    verifier: registry.Verifier, arrays: dict[str, Any], generator: Callable[[], Any]
-) -> Callable[[], Any]:
-    """The public entry point on ``arrays``; ``generator()`` gives each call of a stochastic
-    verifier its ``numpy.random.Generator`` (or CuPy's)."""
-    function = getattr(specdec_np, verifier.function_name)
-    target, bonus, draft, ids = arrays["target"], arrays["bonus"], arrays["draft"], arrays["ids"]
-    if verifier.stochastic:
-        return lambda: function(target, bonus, draft, ids, generator=generator())
-    parameters = parameters_of(verifier)
-    return lambda: function(target, bonus, ids, **parameters)
-
-
-def reference_call(verifier: registry.Verifier, cell: Cell) -> Callable[[], Any] | None:
-    """The array-API reference on NumPy; None where ``_reference`` has no function for the
-    verifier (said so on stderr by the caller)."""
-    if not hasattr(_reference, verifier.reference_name):
-        return None
-    reference = _reference.reference_for(verifier)
-    target, bonus, draft, ids = cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids
-    if verifier.stochastic:
-        generator = np.random.default_rng(0)
-        shape = (cell.batch, cell.k + 1)
-        return lambda: reference(target, bonus, draft, ids, generator.random(shape))
-    parameters = parameters_of(verifier)
-    return lambda: reference(target, bonus, None, ids, **parameters)
-
-
-def torch_call(tb: Any, verifier: registry.Verifier, cell: Cell) -> Callable[[], Any] | None:
-    """The torch baseline of ``torch_baselines.BASELINES``; None where there is none."""
-    baseline = tb.BASELINES.get(verifier.name)
-    if baseline is None:
-        return None
-    target, bonus, draft, ids = tb.as_tensors(
-        cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids
-    )
-    if verifier.stochastic:
-        import torch
-
-        generator = torch.Generator().manual_seed(0)
-        return lambda: baseline(target, bonus, draft, ids, generator=generator)
-    parameters = parameters_of(verifier)
-    return lambda: baseline(target, bonus, ids, **parameters)
-
-
-#: The stages of the B = 1 profile, in the order the entry point runs them (``uniforms``
-#: only for stochastic verifiers).
-STAGES = ("intake", "id_check", "uniforms", "output_block", "kernel", "finish")
-
-
-def stage_names(verifier: registry.Verifier) -> tuple[str, ...]:
-    return tuple(name for name in STAGES if verifier.stochastic or name != "uniforms")
-
-
-def stage_calls(
-    verifier: registry.Verifier, cell: Cell, seed: int, calls: int
-) -> dict[str, Callable[[], Any]]:
-    """The entry point's work split into its stages, each callable on its own.
-
-    * intake: parameter check and ``_chains.padded_chain`` (shapes, dtypes, devices,
-      kernel-ready views);
-    * id_check: ``_core.first_invalid_id`` (ids are checked before any draw);
-    * uniforms: ``_random.RejectionUniforms`` from a generator made before the clock
-      starts, and its logged ``draw()``;
-    * output_block: ``_contract.allocate_output_block``;
-    * kernel: ``_core.verify_chains`` alone;
-    * finish: the row-status check and the ``VerificationResult``.
-
-    They use private names of ``specdec_np``: a name that moved raises here, and the run
-    fails.  Before returning, the stages are run in order once and their result must equal
-    the entry point's on the same uniforms, so the profile times the real pipeline.
-    """
-    parameters = parameters_of(verifier)
-    generators = iter([np.random.default_rng(seed) for _ in range(calls + 2)])
-
-    def intake() -> tuple[np.ndarray, _chains.ChainBatch]:
-        values = _validate.check_method_parameters(verifier, parameters)
-        batch = _chains.padded_chain(
-            cell.target,
-            cell.bonus_ids,
-            cell.draft_probs,
-            cell.draft_ids,
-            strict=False,
-            reads_draft_probs=verifier.reads_draft_probs,
-        )
-        return np.asarray(values, dtype=np.float64), batch
-
-    values, batch = intake()
-
-    def id_check() -> None:
-        bad = _core.first_invalid_id(
-            batch.draft_token_ids, batch.bonus_token_ids, batch.draft_offsets, batch.vocab_size
-        )
-        if bad is not None:
-            _contract.raise_for_invalid_id(batch.id_of, *bad, batch.vocab_size)
-
-    def uniforms() -> np.ndarray:
-        sources = _random.RejectionUniforms(
-            batch.batch_size, batch.max_k, np, generator=next(generators)
-        )
-        return sources.draw()
-
-    def output_block() -> _contract.OutputBlock:
-        return _contract.allocate_output_block(np, batch.batch_size, batch.max_k + 1)
-
-    drawn = uniforms() if verifier.stochastic else np.empty((0, 0), dtype=np.float64)
-    block = output_block()
-    point_mass = batch.draft_rows is None
-    kernel_arguments = (
-        verifier.code,
-        batch.target_rows,
-        batch.target_rows if point_mass else batch.draft_rows,
-        point_mass,
-        batch.draft_token_ids,
-        batch.bonus_token_ids,
-        batch.draft_offsets,
-        drawn,
-        values,
-        *block,
-        _backend.thread_count(
-            batch.batch_size,
-            (2 if verifier.stochastic else max(batch.max_k, 1)) * batch.vocab_size,
-        ),
-    )
-
-    def kernel() -> int:
-        return _core.verify_chains(*kernel_arguments)
-
-    first_bad_row = kernel()
-
-    def finish() -> verify.VerificationResult:
-        first = _backend.first_failed_row(first_bad_row, block.row_status)
-        if first >= 0:
-            _contract.raise_for_row_status(first, block.row_status, batch.id_of, batch.vocab_size)
-        return verify.VerificationResult(
-            block.output_token_ids,
-            block.accepted_lengths,
-            block.num_accepted,
-            batch.num_draft_tokens,
-        )
-
-    staged = finish()
-    arrays = {
-        "target": cell.target,
-        "bonus": cell.bonus_ids,
-        "draft": cell.draft_probs,
-        "ids": cell.draft_ids,
-    }
-    entry = specdec_call(verifier, arrays, lambda: np.random.default_rng(seed))()
-    for name in ("output_token_ids", "accepted_lengths", "num_accepted"):
-        if not np.array_equal(getattr(staged, name), getattr(entry, name)):
-            raise RuntimeError(
-                f"the staged pipeline of {verifier.name} gives other {name} than "
-                f"{verifier.function_name}: the stages no longer mirror the entry point"
-            )
-    stages = {
-        "intake": intake,
-        "id_check": id_check,
-        "uniforms": uniforms,
-        "output_block": output_block,
-        "kernel": kernel,
-        "finish": finish,
-    }
-    return {name: stages[name] for name in stage_names(verifier)}
-
-
-def class_call(
-    verifier: registry.Verifier, cell: Cell, seed: int, calls: int
-) -> Callable[[], Any]:
-    """The vLLM-style sampler call (counters included).  A stochastic verifier gets a fresh
-    sampler with ``seed=seed`` per call, so it draws what the timed entry point drew."""
-    sampler_class = getattr(specdec_np, verifier.sampler_name)
-
-    def make() -> Any:
-        if verifier.stochastic:
-            sampler = sampler_class(seed=seed)
-        else:
-            sampler = sampler_class(**parameters_of(verifier))
-        sampler.init_tensors("cpu")
-        return sampler
-
-    args = (cell.target, cell.bonus_ids, cell.draft_probs, cell.draft_ids)
-    if verifier.stochastic:
-        samplers = iter([make() for _ in range(calls)])
-        return lambda: next(samplers)(*args)
-    sampler = make()
-    return lambda: sampler(*args)
-
-
-def paired_lengths(
-    cell: Cell, verifiers: Sequence[registry.Verifier], draws: int, seed: int
-) -> dict[str, dict[str, float]]:
-    """Mean accepted length of each stochastic verifier over ``draws`` rounds, paired.
-
-    Each round draws fresh draft ids from ``draft_probs`` (the drafter's process: block
-    verification's guarantee holds in expectation over the drafts, not for every fixed
-    path) and fresh explicit uniforms; every verifier gets the same ids and uniforms.
-
-    Returns
-    -------
-    dict
-        ``name -> {"mean": mean accepted length per row, "gain": mean paired difference
-        from TOKENWISE's, "gain_se": its standard error}``.
-    """
-    generator = np.random.default_rng([seed, 1, cell.batch, cell.k, cell.vocab])
-    ids = np.empty((draws, cell.batch, cell.k), dtype=np.int64)
-    for b in range(cell.batch):
-        for i in range(cell.k):
-            cdf = np.cumsum(cell.draft_probs[b, i], dtype=np.float64)
-            picks = np.searchsorted(cdf, generator.random(draws) * cdf[-1], side="right")
-            ids[:, b, i] = np.minimum(picks, cell.vocab - 1)
-    lengths = {v.name: np.empty((draws, cell.batch), dtype=np.int64) for v in verifiers}
-    for round_ in range(draws):
-        uniforms = generator.random((cell.batch, cell.k + 1))
-        for verifier in verifiers:
-            result = getattr(specdec_np, verifier.function_name)(
-                cell.target, cell.bonus_ids, cell.draft_probs, ids[round_], uniforms=uniforms
-            )
-            lengths[verifier.name][round_] = result.accepted_lengths
-    baseline = lengths[TOKENWISE]
-    summary = {}
-    for name, values in lengths.items():
-        difference = (values - baseline).ravel().astype(np.float64)
-        summary[name] = {
-            "mean": float(values.mean()),
-            "gain": float(difference.mean()),
-            "gain_se": float(difference.std(ddof=1) / math.sqrt(difference.size))
-            if difference.size > 1
-            else 0.0,
-        }
-    return summary
-
-
-def _rows_equal(ours: np.ndarray, theirs: Any) -> float:
-    theirs = np.asarray(theirs)
-    return float(np.mean(np.all(np.asarray(ours) == theirs, axis=1)))
+SPECDEC_POLICY = harness.Policy(budget_s=0.25, min_repeats=5, max_repeats=300)
+TORCH_POLICY = harness.Policy(budget_s=1.0, min_repeats=2, max_repeats=30)
+REFERENCE_POLICY = harness.Policy(
+    budget_s=0.5, min_repeats=1, max_repeats=10, first_call_counts=True
+)
+log = harness.log
 
 
 # --------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------
-
-
-def load_torch(args: argparse.Namespace) -> tuple[Any, str]:
-    if args.skip_torch:
-        return None, "torch baselines skipped (--skip-torch)"
-    try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import torch_baselines
-    except ImportError as error:
-        return None, f"torch baselines skipped: torch is not installed ({error})"
-    torch_baselines.configure(args.torch_threads)
-    import torch
-
-    return torch_baselines, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def load_cupy(args: argparse.Namespace) -> Any:
@@ -773,14 +147,16 @@ def run_cell(
             if call is None:
                 log(f"  no reference timing for {name}: no _reference.{verifier.reference_name}")
             else:
-                ref_ns = time_calls(call, REFERENCE_POLICY.limited(args.repeats)).median_ns
+                ref_ns = harness.time_calls(call, REFERENCE_POLICY.limited(args.repeats)).median_ns
         torch_output = None
         if tb is not None:
             call = torch_call(tb, verifier, cell)
             if call is None:
                 log(f"  no torch baseline for {name}")
             else:
-                timing = time_calls(call, TORCH_POLICY.limited(args.repeats, args.min_repeats))
+                timing = harness.time_calls(
+                    call, TORCH_POLICY.limited(args.repeats, args.min_repeats)
+                )
                 torch_ns, torch_output = timing.median_ns, timing.results[-1].output_token_ids
                 torch_min_ns = timing.min_ns
         for backend in ("numpy", "cupy"):
@@ -790,12 +166,12 @@ def run_cell(
                 # read, is the same in every timed call and the median is well defined.
                 policy = SPECDEC_POLICY.limited(args.repeats, args.min_repeats)
                 pool = [np.random.default_rng(args.seed) for _ in range(policy.max_calls)]
-                timing = time_calls(
+                timing = harness.time_calls(
                     specdec_call(verifier, host_arrays, iter(pool).__next__), policy
                 )
             elif backend == "cupy" and device_arrays is not None:
                 shared = cupy.random.default_rng(args.seed)
-                timing = time_cuda_calls(
+                timing = harness.time_cuda_calls(
                     cupy,
                     specdec_call(verifier, device_arrays, itertools.repeat(shared).__next__),
                     SPECDEC_POLICY.limited(args.repeats, args.min_repeats),
@@ -841,7 +217,7 @@ def run_cell(
                 row["x_torch_best"] = row["torch_min_us"] / row["min_us"]
             if torch_output is not None and not verifier.stochastic:
                 # Deterministic: the same rows up to float32 rounding at a threshold.
-                row["rows_equal_torch"] = _rows_equal(last_output, torch_output)
+                row["rows_equal_torch"] = rows_equal(last_output, torch_output)
                 if row["rows_equal_torch"] != 1.0:
                     log(f"  note: {name} output differs from torch's on {base}")
             rows.append(row)
@@ -856,11 +232,11 @@ def profile_b1(
     """Where the time of a B = 1 call goes: its stages one by one, the kernel among them,
     and the class call.  A stage that fails raises: a profile is never partial."""
     policy = SPECDEC_POLICY.limited(args.repeats, args.min_repeats)
-    class_ns = time_calls(
+    class_ns = harness.time_calls(
         class_call(verifier, cell, args.seed, policy.max_calls), policy
     ).median_ns
     stages = {
-        name: time_calls(fn, policy).median_ns / 1e3
+        name: harness.time_calls(fn, policy).median_ns / 1e3
         for name, fn in stage_calls(verifier, cell, args.seed, policy.max_calls).items()
     }
     profile = {
@@ -957,15 +333,7 @@ def format_table(
         [_fmt(key, row.get(key if key != "stages" else "stages_us")) for key, _ in columns]
         for row in rows
     ]
-    headers = [title for _, title in columns]
-    if markdown:
-        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(line) + " |" for line in cells]
-        return "\n".join(lines)
-    widths = [max(len(headers[j]), *(len(line[j]) for line in cells)) for j in range(len(headers))]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
-    return "\n".join(lines)
+    return harness.render_table([title for _, title in columns], cells, markdown)
 
 
 def missed_targets(rows: Sequence[dict[str, Any]], best: bool = False) -> list[str]:
@@ -1160,8 +528,7 @@ def report(
 
 def render(path: str, args: argparse.Namespace) -> int:
     """Print (and plot) the results of an earlier ``--json`` file without measuring."""
-    with open(path, encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
+    records = harness.read_jsonl(path)
     meta = next(r for r in records if r["kind"] == "meta")
 
     def selected(record: dict) -> bool:
@@ -1268,6 +635,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="print (and --plot) an earlier --json file, restricted by the grid options; "
         "measure nothing",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the options of the run as JSON and exit, measuring nothing",
+    )
     args = parser.parse_args(argv)
     if args.render:
         return args  # the grid options only select rows of the saved run
@@ -1298,28 +670,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(args.render, args)
+    if args.dry_run:
+        print(json.dumps(vars(args)))
+        return 0
     started = time.perf_counter()
-    tb, torch_note = load_torch(args)
+    tb, torch_note = harness.load_torch_baseline(
+        "torch_baselines", args.torch_threads, skip=args.skip_torch, what="torch baselines"
+    )
     cupy = load_cupy(args)
     log(f"measuring streaming read bandwidth over {args.bandwidth_mib} MiB ...")
     meta: dict[str, Any] = {
-        "kind": "meta",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "specdec_np": specdec_np.__version__,
-        "cpu_count": os.cpu_count(),
+        **harness.run_metadata(),
         # The kernels' thread count follows OpenMP's (OMP_NUM_THREADS), capped at B.
         "openmp_max_threads": _core.openmp_max_threads(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch_note,
         "cupy": None if cupy is None else cupy.__version__,
-        "uptime_start": _uptime(),
-        "bandwidth": measure_bandwidth(args.bandwidth_mib << 20),
+        "bandwidth": harness.measure_bandwidth(args.bandwidth_mib << 20),
     }
     if cupy is not None:
-        meta["cuda_bandwidth_gb_per_s"] = measure_cuda_bandwidth(cupy, args.bandwidth_mib << 20)
+        meta["cuda_bandwidth_gb_per_s"] = harness.measure_cuda_bandwidth(
+            cupy, args.bandwidth_mib << 20
+        )
     bw = meta["bandwidth"]
     log(f"bandwidth: {bw['bandwidth_gb_per_s']:.2f} GB/s ({bw['best']}); all: {bw['gb_per_s']}")
     if bw["loadavg"] and bw["loadavg"][0] > 1.5 * (os.cpu_count() or 1):
@@ -1354,8 +726,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({time.perf_counter() - cell_start:.1f}s)"
         )
     log("measuring streaming read bandwidth again ...")
-    meta["bandwidth_end"] = measure_bandwidth(args.bandwidth_mib << 20)
-    meta["uptime_end"] = _uptime()
+    meta["bandwidth_end"] = harness.measure_bandwidth(args.bandwidth_mib << 20)
+    meta["uptime_end"] = harness.uptime()
     # The larger of the two medians: never flatters the roofline fraction.
     bandwidth = max(
         meta["bandwidth"]["bandwidth_gb_per_s"], meta["bandwidth_end"]["bandwidth_gb_per_s"]
@@ -1378,13 +750,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report(meta, rows, profiles, args.markdown)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            for record in [
-                meta,
-                *({"kind": "cell", **r} for r in rows),
-                *({"kind": "profile", **p} for p in profiles),
-            ]:
-                handle.write(json.dumps(record, default=float) + "\n")
+        records = [
+            meta,
+            *({"kind": "cell", **r} for r in rows),
+            *({"kind": "profile", **p} for p in profiles),
+        ]
+        harness.write_jsonl(args.json, records, append=False)
         log(f"JSON lines written to {args.json}")
     if args.plot:
         plot(rows, args.plot, meta)

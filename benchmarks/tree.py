@@ -35,10 +35,7 @@ Run it single-threaded (the kernels' OpenMP and torch get one thread)::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import run as harness  # noqa: E402  (the timing and bandwidth helpers of benchmarks/run.py)
+import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
 
 import specdec_np  # noqa: E402
 from specdec_np import _tree_reference, _trees, registry  # noqa: E402
@@ -84,8 +81,7 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+log = harness.log
 
 
 # --------------------------------------------------------------------------------------
@@ -317,19 +313,6 @@ def torch_call(tt: Any, inputs: TreeInputs, greedy: bool):
     return call
 
 
-def load_torch(args: argparse.Namespace) -> tuple[Any, str]:
-    if args.skip_torch:
-        return None, "torch baseline skipped (--skip-torch)"
-    try:
-        import torch_tree
-    except ImportError as error:
-        return None, f"torch baseline skipped: torch is not installed ({error})"
-    import torch
-
-    torch.set_num_threads(args.threads)
-    return torch_tree, f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
-
-
 def _greedy_method() -> registry.TreeMethod:
     return next(method for method in METHODS if not method.stochastic)
 
@@ -438,14 +421,7 @@ def _fmt(key: str, value: Any) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
     cells = [[_fmt(key, row.get(key)) for key in COLUMNS] for row in rows]
-    if markdown:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(cell) + " |" for cell in cells]
-    else:
-        widths = [max(len(c), *(len(cell[i]) for cell in cells)) for i, c in enumerate(COLUMNS)]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths))]
-        lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
-    return "\n".join(lines)
+    return harness.render_table(COLUMNS, cells, markdown)
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -478,12 +454,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def render(path: str, markdown: bool) -> int:
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    for record in records:
-        if record.get("kind") == "meta":
-            keys = ("date", "command", "uptime_start", "uptime", "torch", "bandwidth_gb_per_s")
-            print(json.dumps({key: record.get(key) for key in keys}))
+    records = harness.read_jsonl(path)
+    keys = ("date", "command", "uptime_start", "uptime", "torch", "bandwidth_gb_per_s")
+    harness.print_meta(records, keys)
     rows = [record for record in records if record.get("kind") == "cell"]
     print(format_table(rows, markdown))
     print("\n".join(summary(rows)))
@@ -511,13 +484,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="time the reference only where target + draft rows hold at most this many floats",
     )  # fmt: skip
     parser.add_argument("--draws", type=int, default=20, help="rounds for mean_len (0: none)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--flat-draft-scale", type=float, default=3.0)
-    parser.add_argument("--bandwidth-mib", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="append JSON lines (meta, cells)")
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--render", metavar="FILE", help="reprint a saved run")
+    harness.add_run_options(parser, flat_draft_scale=3.0)
     args = parser.parse_args(argv)
     args.batch = args.batch or list(QUICK_BATCH if args.quick else FULL_BATCH)
     args.nodes = args.nodes or list(QUICK_NODES if args.quick else FULL_NODES)
@@ -525,8 +492,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.bandwidth_mib = min(args.bandwidth_mib, 16)
         args.draws = min(args.draws, 3)
-        args.policy = harness.Policy(budget_s=0.01, min_repeats=2, max_repeats=3)
-        args.torch_policy = harness.Policy(budget_s=0.01, min_repeats=1, max_repeats=2)
+        args.policy, args.torch_policy = harness.QUICK_POLICY, harness.QUICK_BASELINE_POLICY
     else:
         args.policy, args.torch_policy = SPECDEC_POLICY, TORCH_POLICY
     return args
@@ -536,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(args.render, args.markdown)
-    tt, torch_note = load_torch(args)
+    tt, torch_note = harness.load_torch_baseline("torch_tree", args.threads, skip=args.skip_torch)
     log(torch_note)
     if os.environ.get("OMP_NUM_THREADS") != "1":
         log("note: OMP_NUM_THREADS is not 1; the kernels may use several OpenMP threads")
@@ -545,14 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.bandwidth = start_bandwidth["bandwidth_gb_per_s"]
     log(f"streaming read bandwidth: {args.bandwidth:.2f} GB/s ({start_bandwidth['best']})")
     meta = {
-        "kind": "meta",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "uptime_start": harness._uptime(),
-        "machine": platform.platform(),
+        **harness.run_metadata(),
         "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
         "torch": torch_note,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "bandwidth_start": start_bandwidth,
@@ -589,24 +549,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 f"{_fmt('mean_len', row['mean_len'])}"
                             )
                     del inputs
-    end_bandwidth = harness.measure_bandwidth(nbytes)
-    meta["bandwidth_end"] = end_bandwidth
-    meta["uptime"] = harness._uptime()
-    if end_bandwidth["bandwidth_gb_per_s"] > args.bandwidth:
-        # The roofline uses the larger of the two probes, so a slow probe never flatters.
-        scale = args.bandwidth / end_bandwidth["bandwidth_gb_per_s"]
-        for row in rows:
-            row["roofline"] *= scale
-        args.bandwidth = end_bandwidth["bandwidth_gb_per_s"]
-    meta["bandwidth_gb_per_s"] = args.bandwidth
+    args.bandwidth = harness.finish_roofline(meta, rows, nbytes, 2, args.bandwidth)
     print(format_table(rows, args.markdown))
     lines = summary(rows)
     print("\n".join(lines))
     meta["summary"] = lines
     if args.json:
-        with open(args.json, "a") as handle:
-            for record in (meta, *rows):
-                handle.write(json.dumps(record) + "\n")
+        harness.write_jsonl(args.json, (meta, *rows), append=True)
     return 0
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import harness  # noqa: E402  (JSON lines and tables)
 import tree as bench  # noqa: E402  (the inputs of benchmarks/tree.py)
 
 import specdec_np  # noqa: E402
@@ -139,13 +140,7 @@ def _fmt(key: str, value: Any) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
     cells = [[_fmt(key, row.get(key)) for key in COLUMNS] for row in rows]
-    if markdown:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
-        return "\n".join(lines + ["| " + " | ".join(cell) + " |" for cell in cells])
-    widths = [max(len(c), *(len(cell[i]) for cell in cells)) for i, c in enumerate(COLUMNS)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths)) for cell in cells]
-    return "\n".join(lines)
+    return harness.render_table(COLUMNS, cells, markdown)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -201,12 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "gain": tree / chain if chain else None, "chain_se": chain_se,
                     "tree_se": tree_se,
                 })  # fmt: skip
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                harness.log(json.dumps(rows[-1]))
     print(format_table(rows, args.markdown))
     if args.json:
-        with open(args.json, "a") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
+        harness.write_jsonl(args.json, rows, append=True)
     return 0
 
 

@@ -9,9 +9,10 @@ Subcommands
     tree drafter with a chain of the same node budget instead, verified with
     :func:`specdec_np.verify_tree`, and prints the tokens per target call of each.
 ``check``
-    The conformance self-test of this installation on every available backend; exit
-    status 1 if any check fails.  ``check --verifier module:function [--kind ...]`` runs
-    the conformance kit (:mod:`specdec_np.testing`) on a user's verifier instead.
+    The conformance self-test of this installation on every available backend (the kit
+    over the registry, :mod:`specdec_np._self_check`); exit status 1 if any check fails.
+    ``check --verifier module:function [--kind ...]`` runs the conformance kit
+    (:mod:`specdec_np.testing`) on a user's verifier instead.
 ``info``
     Versions and build facts: specdec_np, numpy, Python, Cython, OpenMP, CuPy and CUDA.
 
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _backend, registry
+from . import _backend, _self_check, registry
 
 __all__ = ["build_parser", "main"]
 
@@ -378,16 +379,8 @@ def _run_check_verifier(args: argparse.Namespace) -> int:
 def _run_check(args: argparse.Namespace) -> int:
     if args.verifier is not None:
         return _run_check_verifier(args)
-    try:
-        from . import _conformance
-    except ImportError as error:
-        print(
-            f"specdec-np check: error: the conformance checks cannot be imported: {error}",
-            file=sys.stderr,
-        )
-        return 1
     if args.backend == "all":
-        backends = ["numpy"] + (["cupy"] if _backend.cuda_available() else [])
+        backends = _self_check.usable_backends()
     elif args.backend == "cupy" and not _backend.cuda_available():
         print(
             "specdec-np check: error: CuPy is not installed or has no usable CUDA device",
@@ -398,17 +391,10 @@ def _run_check(args: argparse.Namespace) -> int:
         backends = [args.backend]
 
     progress = _Progress(sys.stderr)
-    rows: list[tuple[str, str, bool, str]] = []
-    for backend in backends:
-        progress.message(f"running the conformance checks on {backend}...")
-        try:
-            results = _conformance.run_checks(backend)
-        except Exception as error:  # a crashed run is a failed check, with its reason
-            rows.append(("run_checks", backend, False, f"raised {type(error).__name__}: {error}"))
-            continue
-        if not results:
-            rows.append(("run_checks", backend, False, "no check was run"))
-        rows.extend((r.name, backend, bool(r.passed), str(r.detail)) for r in results)
+    rows = [
+        (row.name, row.backend, row.passed, row.detail)
+        for row in _self_check.check_backends(backends, progress.message)
+    ]
     progress.clear()
 
     failures = sum(not passed for _, _, passed, _ in rows)
@@ -665,9 +651,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check",
         help="conformance self-test on every available backend",
-        description="Run the exact-oracle, stratified-grid and chi-square checks of the "
-        "verifiers on NumPy (and CuPy when usable); print a pass/fail table. Exit status "
-        "1 if any check fails.",
+        description="Run the conformance kit (exact law, chi-square, bug catalogue, batch "
+        "invariance, output format) on the package's own function of every registry verifier "
+        "it knows, and compare the deterministic kernels with the reference, on NumPy (and "
+        "CuPy when usable); print a pass/fail table. Exit status 1 if any check fails.",
     )
     check.add_argument(
         "--backend",

@@ -21,13 +21,19 @@ output (NumPy, or anything DLPack or ``__array__`` can read) or an object with a
 ``inspect.signature``, or declared by a ``takes_uniforms`` attribute) is tested by Monte
 Carlo only.  ``seeded_seqs`` and ``generator`` keywords, where present, are exercised
 with :class:`numpy.random.Generator` objects.
+
+The exact laws and threshold grids are those of :mod:`specdec_np._oracles`, the chi-square
+tests and sigma rules those of :mod:`specdec_np._statistics`, the draws and the output
+format rule those of :mod:`specdec_np._monte_carlo`; per-kind facts come from the
+registry entry (``stochastic``, ``reads_draft_probs``, ``causal_counts``,
+``oracle_name``).  ``specdec-np check`` runs this kit over the registry
+(:mod:`specdec_np._self_check`).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -36,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _conformance, registry
+from . import _monte_carlo, _oracles, _statistics, registry
 
 __all__ = [
     "KINDS",
@@ -223,7 +229,7 @@ class _Adapter:
                 keywords[name] = value
         result = self.fn(*converted, **keywords)
         output = getattr(result, "output_token_ids", result)
-        return _to_numpy(output)
+        return _monte_carlo.to_numpy(output)
 
 
 def _torch() -> Any:
@@ -284,21 +290,6 @@ class DLPackAdapter(_Adapter):
         return self.from_numpy(np.ascontiguousarray(value))
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if hasattr(value, "__dlpack__"):
-        try:
-            return np.from_dlpack(value)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            pass  # a device array: try the host copies below
-    if hasattr(value, "get"):
-        return np.asarray(value.get())
-    if hasattr(value, "cpu"):
-        return np.asarray(value.cpu())
-    return np.asarray(value)
-
-
 class _Target:
     """The verifier under test, called with NumPy inputs, returning int64 NumPy outputs."""
 
@@ -308,7 +299,9 @@ class _Target:
         self.takes_uniforms = _has_keyword(verifier, "uniforms")
         self.takes_seeded_seqs = _has_keyword(verifier, "seeded_seqs")
         self.takes_generator = _has_keyword(verifier, "generator")
-        self.three_arguments = kind == "greedy" and _positional_count(verifier) == 3
+        # A verifier that reads no draft rows may leave them out of its signature.
+        self.three_arguments = (not registry.get(kind).reads_draft_probs
+                                and _positional_count(verifier) == 3)
         self.raw_dtypes: set[str] = set()
         self.format_errors: list[str] = []
 
@@ -330,7 +323,7 @@ class _Target:
             result = self.verifier(target, bonus, draft_ids, **keywords)
         else:
             result = self.verifier(target, bonus, draft_probs, draft_ids, **keywords)
-        output = _to_numpy(getattr(result, "output_token_ids", result))
+        output = _monte_carlo.to_numpy(getattr(result, "output_token_ids", result))
         self.raw_dtypes.add(str(output.dtype))
         expected = (draft_ids.shape[0], draft_ids.shape[1] + 1)
         problem = ""
@@ -349,123 +342,16 @@ class _Target:
 # --------------------------------------------------------------------------------------
 
 
-def _block_thresholds(p: np.ndarray, q: np.ndarray, drafts: np.ndarray) -> tuple[list, list]:
-    """Block verification's ``h_1..h_k`` and weighted residuals ``R_0..R_{k-1}`` for one
-    tuple of drafts (see ``docs/semantics.md``)."""
-    k = q.shape[0]
-    rho = [1.0]
-    for i in range(k):
-        pi, qi = p[i, drafts[i]], q[i, drafts[i]]
-        rho.append(1.0 if rho[-1] * pi >= qi else rho[-1] * pi / qi)
-    residuals = [np.maximum(rho[i] * p[i] - q[i], 0.0) for i in range(k)]
-    thresholds = []
-    for i in range(1, k):
-        z = residuals[i].sum()
-        denominator = z + 1.0 - rho[i]
-        thresholds.append(1.0 if denominator == 0 else z / denominator)
-    thresholds.append(rho[k])
-    return thresholds, residuals
-
-
-def _cdf_points(weights: np.ndarray) -> list[float]:
-    total = weights.sum()
-    if not total > 0:
-        return []
-    return list(np.cumsum(weights) / total)
-
-
-def _axis(points: list[float], refine: int) -> tuple[np.ndarray, np.ndarray]:
-    """Midpoints and widths of the cells cut by ``points`` and a regular ``refine`` grid."""
-    cuts = np.unique(
-        np.clip(np.concatenate([[0.0, 1.0], np.arange(1, refine) / refine, points]), 0, 1)
-    )
-    # Slivers narrower than 1e-12 change no probability beyond the law's tolerance, and
-    # their midpoints could round onto a threshold (or onto 1.0).
-    keep = np.concatenate([[True], np.diff(cuts) > 1e-12])
-    keep[-1] = True
-    cuts = cuts[keep]
-    if cuts.size > 2 and cuts[-1] - cuts[-2] <= 1e-12:
-        cuts = np.delete(cuts, -2)
-    return (cuts[:-1] + cuts[1:]) / 2, np.diff(cuts)
-
-
-def _law_batch(p: np.ndarray, q: np.ndarray, refine: int) -> dict[str, np.ndarray]:
-    """Rows that integrate the verifier over draft tokens and uniforms.
-
-    A correct verifier's output is constant between the thresholds it compares a uniform
-    with (acceptance ratios or block's ``h_i``, residual CDF points); cutting every axis at
-    those thresholds makes the midpoint rule exact for it, so the law it yields can be
-    compared with the target to rounding.  The regular ``refine`` cuts give a broken
-    verifier's own thresholds room to show.
-    """
-    k, vocab_size = q.shape
-    supports = [np.flatnonzero(row > 0) for row in q]
-    rows: dict[str, list[np.ndarray]] = {"ids": [], "uniforms": [], "weights": []}
-    for drafts in itertools.product(*supports):
-        drafts = np.array(drafts, dtype=np.int64)
-        weight = math.prod(q[i, drafts[i]] / q[i].sum() for i in range(k))
-        # Both algorithms' thresholds, so a lossless verifier of either kind is exact here.
-        thresholds, weighted = _block_thresholds(p, q, drafts)
-        ratios = _conformance.acceptance_probabilities(p[np.arange(k), drafts],
-                                                       q[np.arange(k), drafts])
-        accept_points = [[float(a), t] for a, t in zip(ratios, thresholds)]
-        residual_points: list[float] = []
-        for i in range(k):
-            residual_points += (_cdf_points(weighted[i]) + _cdf_points(p[i])
-                                + _cdf_points(np.maximum(p[i] - q[i], 0.0)))
-        axes = [_axis(points, refine) for points in accept_points]
-        axes.append(_axis(residual_points, refine))
-        mids = np.stack([m.reshape(-1) for m in np.meshgrid(*(a[0] for a in axes),
-                                                            indexing="ij")], axis=1)
-        widths = np.prod(np.stack([w.reshape(-1) for w in np.meshgrid(*(a[1] for a in axes),
-                                                                      indexing="ij")]), axis=0)
-        rows["ids"].append(np.tile(drafts, (mids.shape[0], 1)))
-        rows["uniforms"].append(mids)
-        rows["weights"].append(widths * weight)
-    return {name: np.concatenate(parts) for name, parts in rows.items()}
-
-
-def _completed_law(output: np.ndarray, weights: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Law of the output completed to ``k+1`` tokens by target draws ``[V] * (k+1)``.
-
-    A lossless verifier followed by sampling the remaining positions from the target gives
-    the target's law of the whole block, here the product of the (fixed) target rows.
-    """
-    k_plus_1, vocab_size = p.shape
-    law = np.zeros((vocab_size,) * k_plus_1)
-    keys, inverse = np.unique(output, axis=0, return_inverse=True)
-    mass = np.bincount(inverse.reshape(-1), weights=weights, minlength=keys.shape[0])
-    for key, m in zip(keys, mass):
-        length = int(np.count_nonzero(key >= 0))
-        if np.any(key[:length] < 0) or np.any(key[:length] >= vocab_size):
-            continue  # malformed rows are the format check's business
-        piece = np.array(m)
-        for j in range(length):
-            onehot = np.zeros(vocab_size)
-            onehot[key[j]] = 1.0
-            piece = np.multiply.outer(piece, onehot)
-        for j in range(length, k_plus_1):
-            piece = np.multiply.outer(piece, p[j] / p[j].sum())
-        law += piece
-    return law
-
-
-def _product_law(p: np.ndarray) -> np.ndarray:
-    law = np.array(1.0)
-    for row in p:
-        law = np.multiply.outer(law, row / row.sum())
-    return law
-
-
 def _oracle_law(kind: str, p: np.ndarray, q: np.ndarray) -> tuple[Any, str]:
-    """The private module's exact law for this kind: ``(law, expected_accepted_length)``.
+    """The registry's exact law for this kind: ``(law, expected_accepted_length)``.
 
-    The oracle ``law(p [k+1, V], q [k, V])`` returns a ``ChainLaw``: ``law`` is the law
-    ``[V] * (k+1)`` of the output continued by the target (the bonus token drawn from
-    ``p_k``), ``expected_accepted_length`` a float.
+    The oracle ``law(p [k+1, V], q [k, V])`` of :mod:`specdec_np._oracles` returns a
+    ``ChainLaw``: ``law`` is the law ``[V] * (k+1)`` of the output continued by the target
+    (the bonus token drawn from ``p_k``), ``expected_accepted_length`` a float.
     """
-    name = registry.get(kind).oracle_name
-    law_function = None if name is None else getattr(_conformance, name, None)
+    entry = registry.get(kind)
+    name = entry.oracle_name
+    law_function = _oracles.oracle_for(entry)
     if law_function is None:
         return None, f"no oracle for {kind} in this installation"
     try:
@@ -477,6 +363,17 @@ def _oracle_law(kind: str, p: np.ndarray, q: np.ndarray) -> tuple[Any, str]:
     if law.shape != (p.shape[1],) * p.shape[0]:
         return None, f"oracle {name} returned a law of shape {law.shape}"
     return (law, expected_length), f"oracle {name}"
+
+
+def _completed_law(output: np.ndarray, weights: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Law ``[V] * (k+1)`` of the output completed to ``k+1`` tokens by target draws.
+
+    The bonus is a fixed input here, so a row that accepted every draft is completed from
+    ``p_k`` like the others; rows that are not an emitted prefix then ``-1`` count for
+    nothing (they are the format check's business).
+    """
+    well_formed = _oracles.emitted_prefix_rows(output, p.shape[1])
+    return _oracles.grid_chain_law(output[well_formed], weights[well_formed], p)
 
 
 def _law_cases(vocab_size: int, rng: np.random.Generator) -> list[tuple]:
@@ -515,33 +412,26 @@ def _check_exact_law(target: _Target, kind: str, vocab_size: int,
     oracle_notes: list[str] = []
     oracle_used = False
     for label, p, q in _law_cases(vocab_size, rng):
-        batch = _law_batch(p, q, refine=8)
-        n, k = batch["ids"].shape
+        batch = _oracles.threshold_batch(p, q, refine=8)
+        n = batch.draft_token_ids.shape[0]
         output = target(
             np.ascontiguousarray(np.broadcast_to(p, (n, *p.shape))),
             np.full((n, 1), int(np.argmax(p[-1])), dtype=np.int64),
             np.ascontiguousarray(np.broadcast_to(q, (n, *q.shape))),
-            batch["ids"],
-            batch["uniforms"],
+            batch.draft_token_ids,
+            batch.uniforms,
         )
         rows_fed += n
-        # The bonus is a fixed input here: complete position k from p_k instead.
-        law = _completed_law(np.where(np.arange(k + 1) == k, -1, output), batch["weights"], p)
-        error = float(np.max(np.abs(law - _product_law(p))))
+        law = _completed_law(output, batch.weights, p)
+        # The cases' rows sum to exactly one: the product of the rows is the target's law.
+        error = float(np.max(np.abs(law - _oracles.target_chain_law(p))))
         if error > worst:
             worst, worst_label = error, label
         oracle, note = _oracle_law(kind, p, q)
-        if oracle is None and kind == "rejection" and k <= 2:
-            oracle_used = True
-            got = _conformance.grid_output_distribution(output, batch["weights"], p.shape[1],
-                                                        num_outputs=k)
-            exact = (_conformance.exact_first_token_distribution(p[0], q[0]) if k == 1
-                     else _conformance.exact_first_two_tokens_distribution(p, q))
-            worst_oracle = max(worst_oracle, float(np.max(np.abs(got - exact))))
-        elif oracle is not None:
+        if oracle is not None:
             oracle_used = True
             exact_law, expected_length = oracle
-            length = float(np.dot((output != -1).sum(axis=1) - 1, batch["weights"]))
+            length = float(np.dot((output != -1).sum(axis=1) - 1, batch.weights))
             worst_oracle = max(worst_oracle, float(np.max(np.abs(law - exact_law))),
                                abs(length - expected_length))
         else:
@@ -591,70 +481,30 @@ def _random_rows(rng: np.random.Generator, k: int, vocab_size: int,
     return p, q
 
 
-def _monte_carlo_inputs(rng: np.random.Generator, p: np.ndarray, q: np.ndarray,
-                        num_rows: int) -> dict[str, np.ndarray]:
-    k = q.shape[0]
-    ids = np.stack([_conformance.draw_from(q[i], num_rows, rng) for i in range(k)], axis=1)
-    return {
-        "target": np.ascontiguousarray(np.broadcast_to(p, (num_rows, *p.shape))),
-        "bonus": _conformance.draw_from(p[k], num_rows, rng).reshape(num_rows, 1),
-        "draft_probs": np.ascontiguousarray(np.broadcast_to(q, (num_rows, *q.shape))),
-        "ids": ids,
-        "uniforms": rng.random((num_rows, k + 1)),
-    }
-
-
-def _format_problem(output: np.ndarray, draft_ids: np.ndarray, vocab_size: int) -> str:
-    """Empty if every row is an accepted draft prefix, one token, then -1; else why not."""
-    k = draft_ids.shape[1]
-    emitted = output != -1
-    length = emitted.sum(axis=1)
-    bad = np.flatnonzero(np.any((output < -1) | (output >= vocab_size), axis=1))
-    if bad.size:
-        return f"row {bad[0]} holds an id outside [-1, V): {output[bad[0]].tolist()}"
-    positions = np.arange(k + 1)
-    contiguous = emitted == (positions[None, :] < length[:, None])
-    bad = np.flatnonzero(~np.all(contiguous, axis=1) | (length == 0))
-    if bad.size:
-        return f"row {bad[0]} is not tokens then -1 padding: {output[bad[0]].tolist()}"
-    prefix = positions[None, :k] < (length[:, None] - 1)
-    bad = np.flatnonzero(np.any(prefix & (output[:, :k] != draft_ids), axis=1))
-    if bad.size:
-        return (f"row {bad[0]}: {output[bad[0]].tolist()} is not a prefix of the drafts "
-                f"{draft_ids[bad[0]].tolist()} followed by one token")
-    return ""
-
-
-def _completed_counts(output: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The outputs completed to k+1 tokens by draws from the target rows."""
-    completed = output.copy()
-    for j in range(p.shape[0]):
-        missing = completed[:, j] < 0
-        completed[missing, j] = _conformance.draw_from(p[j], int(missing.sum()), rng)
-    return completed
-
-
 def _check_monte_carlo(target: _Target, kind: str, k: int, vocab_size: int, num_rows: int,
                        rng: np.random.Generator, outputs: list) -> list[PropertyResult]:
     p, q = _random_rows(rng, k, vocab_size, target.probs_dtype)
-    inputs = _monte_carlo_inputs(rng, p, q, num_rows)
-    output = target(inputs["target"], inputs["bonus"], inputs["draft_probs"], inputs["ids"],
-                    inputs["uniforms"] if target.takes_uniforms else None)
-    outputs.append((output, inputs["ids"], "Monte Carlo batch", vocab_size))
-    completed = _completed_counts(output, p, rng)
+    ids = _monte_carlo.draw_drafts(q, num_rows, rng)
+    bonus = _monte_carlo.draw_from(p[k], num_rows, rng).reshape(num_rows, 1)
+    uniforms = rng.random((num_rows, k + 1))
+    output = target(np.ascontiguousarray(np.broadcast_to(p, (num_rows, *p.shape))), bonus,
+                    np.ascontiguousarray(np.broadcast_to(q, (num_rows, *q.shape))), ids,
+                    uniforms if target.takes_uniforms else None)
+    outputs.append((output, ids, "Monte Carlo batch", vocab_size))
+    completed = _monte_carlo.complete_with_target(output, p, rng)
     if np.any(completed < 0) or np.any(completed >= vocab_size):
         p_values = [0.0]
         worst = "malformed output"
     else:
         p_values, labels = [], []
         for j in range(k + 1):
-            p_values.append(_conformance.chi_square_p_value(*_conformance.chi_square_statistic(
-                np.bincount(completed[:, j], minlength=vocab_size), p[j])))
+            p_values.append(_statistics.chi_square_test(
+                np.bincount(completed[:, j], minlength=vocab_size), p[j]))
             labels.append(f"token {j}")
         for j in range(k):
             pair = completed[:, j] * vocab_size + completed[:, j + 1]
-            p_values.append(_conformance.chi_square_p_value(*_conformance.chi_square_statistic(
-                np.bincount(pair, minlength=vocab_size**2), np.outer(p[j], p[j + 1]))))
+            p_values.append(_statistics.chi_square_test(
+                np.bincount(pair, minlength=vocab_size**2), np.outer(p[j], p[j + 1])))
             labels.append(f"tokens {j},{j + 1}")
         worst = labels[int(np.argmin(p_values))]
     source = "explicit uniforms" if target.takes_uniforms else "its own randomness"
@@ -666,9 +516,13 @@ def _check_monte_carlo(target: _Target, kind: str, k: int, vocab_size: int, num_
     emitted = output != -1
     accepted = np.clip(emitted.sum(axis=1) - 1, 0, k)
     mean_length = float(accepted.mean())
-    rates = [float(math.fsum(np.minimum(p[j], q[j]).tolist())) for j in range(k)]
+    rates = [_oracles.acceptance_rate(p[j], q[j]) for j in range(k)]
     expected = sum(math.prod(rates[:j]) for j in range(1, k + 1))
-    if kind == "rejection":
+    # The acceptance property follows from how the verifier counts: one that tests every
+    # position on its own (token-wise) accepts position j, once reached, with probability
+    # sum(min(p_j, q_j)); one that accepts a prefix as a whole (block verification) must not
+    # accept fewer drafts than token-wise rejection does.
+    if not registry.get(kind).causal_counts:
         zs = []
         for j in range(k):
             reached = accepted >= j
@@ -676,9 +530,7 @@ def _check_monte_carlo(target: _Target, kind: str, k: int, vocab_size: int, num_
             if n == 0:
                 zs.append(math.inf)
                 continue
-            rate = float((accepted[reached] > j).mean())
-            sigma = math.sqrt(max(rates[j] * (1 - rates[j]), 1e-300) / n)
-            zs.append((rate - rates[j]) / sigma)
+            zs.append(_statistics.binomial_z(float((accepted[reached] > j).mean()), rates[j], n))
         worst_z = max(zs, key=abs)
         results.append(PropertyResult(
             "acceptance rate = sum(min(p, q))", abs(worst_z) <= _MAX_SIGMA,
@@ -686,9 +538,8 @@ def _check_monte_carlo(target: _Target, kind: str, k: int, vocab_size: int, num_
             f"per-position acceptance given the position was reached vs sum(min(p_j, q_j)) = "
             f"{', '.join(f'{r:.4f}' for r in rates)}; mean accepted length {mean_length:.4f} "
             f"(expected {expected:.4f}); |z| must not exceed {_MAX_SIGMA:g}"))
-    elif kind == "block":
-        sigma = float(accepted.std()) / math.sqrt(num_rows) + 1e-12
-        z = (mean_length - expected) / sigma
+    else:
+        z = _statistics.mean_z(accepted, expected)
         results.append(PropertyResult(
             "accepts at least token-wise rejection", z >= -_MAX_SIGMA,
             f"z = {z:.2f}",
@@ -787,7 +638,9 @@ def _catalogue(kind: str) -> dict[str, list[_Case]]:
                   _recovered_in({2}, 1)),
         ],
     }
-    if kind == "rejection":
+    # A draft outside both supports (q(x) = p(x) = 0) fails a position's own test
+    # (u * 0 < 0); a verifier that accepts a prefix as a whole need not define that 0 / 0.
+    if not registry.get(kind).causal_counts:
         catalogue["zero residual falls back to p (not token 0)"] = [
             _Case(np.array([[0.0, 0.5, 0.25, 0.25], [0.25] * 4]),
                   np.array([[0.0, 0.5, 0.25, 0.25]]), (0,), tuple((0.5, v) for v in _GRID16),
@@ -887,7 +740,7 @@ def _check_reused_uniform(target: _Target) -> PropertyResult:
 def _mixed_batch(rng: np.random.Generator, k: int, vocab_size: int, size: int) -> dict:
     p = rng.dirichlet(np.full(vocab_size, 0.5), size=(size, k + 1))
     q = rng.dirichlet(np.full(vocab_size, 0.5), size=(size, k))
-    ids = np.array([[_conformance.draw_from(q[b, i], 1, rng)[0] for i in range(k)]
+    ids = np.array([[_monte_carlo.draw_from(q[b, i], 1, rng)[0] for i in range(k)]
                     for b in range(size)], dtype=np.int64)
     bonus = rng.integers(0, vocab_size, (size, 1)).astype(np.int64)
     return {"target": p, "bonus": bonus, "draft_probs": q, "ids": ids,
@@ -898,44 +751,46 @@ def _subset(batch: dict, rows: np.ndarray) -> dict:
     return {name: np.ascontiguousarray(value[rows]) for name, value in batch.items()}
 
 
-def _call(target: _Target, batch: dict, greedy: bool, **keywords: Any) -> np.ndarray:
-    uniforms = batch["uniforms"] if (target.takes_uniforms and not greedy
+def _call(target: _Target, batch: dict, entry: registry.Verifier, **keywords: Any) -> np.ndarray:
+    uniforms = batch["uniforms"] if (target.takes_uniforms and entry.stochastic
                                      and "seeded_seqs" not in keywords
                                      and "generator" not in keywords) else None
-    return target(batch["target"], batch["bonus"], None if greedy else batch["draft_probs"],
-                  batch["ids"], uniforms, **keywords)
+    draft_probs = batch["draft_probs"] if entry.reads_draft_probs else None
+    return target(batch["target"], batch["bonus"], draft_probs, batch["ids"], uniforms,
+                  **keywords)
 
 
 def _check_batch_invariance(target: _Target, kind: str, k: int, vocab_size: int,
                             rng: np.random.Generator, outputs: list) -> list[PropertyResult]:
-    greedy = kind == "greedy"
+    entry = registry.get(kind)
     size = 32
     batch = _mixed_batch(rng, k, vocab_size, size)
     results = []
-    if greedy or target.takes_uniforms:
-        full = _call(target, batch, greedy)
+    if not entry.stochastic or target.takes_uniforms:
+        full = _call(target, batch, entry)
         outputs.append((full, batch["ids"], "batch invariance", vocab_size))
         order = rng.permutation(size)
-        permuted = _call(target, _subset(batch, order), greedy)
-        singles = np.concatenate([_call(target, _subset(batch, np.array([b])), greedy)
+        permuted = _call(target, _subset(batch, order), entry)
+        singles = np.concatenate([_call(target, _subset(batch, np.array([b])), entry)
                                   for b in range(8)])
         bad = sorted(set(np.flatnonzero(np.any(permuted != full[order], axis=1)).tolist())
                      | set(np.flatnonzero(np.any(singles != full[:8], axis=1)).tolist()))
         results.append(PropertyResult(
             "batch invariance", not bad, f"{len(bad)} rows differ",
             f"{size} random rows (k = {k}, V = {vocab_size}) in a batch, permuted, and 8 of them "
-            f"alone, {'no uniforms' if greedy else 'same uniforms'}: outputs must be equal"))
+            f"alone, {'same uniforms' if entry.stochastic else 'no uniforms'}: outputs must be "
+            f"equal"))
     else:
         results.append(PropertyResult("batch invariance", True, "skipped",
                                       "needs explicit uniforms or seeded_seqs"))
-    if greedy:
+    if not entry.stochastic:
         return results
     if target.takes_seeded_seqs:
         def seeds(rows: range) -> dict[int, np.random.Generator]:
             return {i: np.random.default_rng([1234, b]) for i, b in enumerate(rows)}
-        first = _call(target, batch, False, seeded_seqs=seeds(range(size)))
-        again = _call(target, batch, False, seeded_seqs=seeds(range(size)))
-        alone = np.concatenate([_call(target, _subset(batch, np.array([b])), False,
+        first = _call(target, batch, entry, seeded_seqs=seeds(range(size)))
+        again = _call(target, batch, entry, seeded_seqs=seeds(range(size)))
+        alone = np.concatenate([_call(target, _subset(batch, np.array([b])), entry,
                                       seeded_seqs={0: np.random.default_rng([1234, b])})
                                 for b in range(8)])
         bad = np.flatnonzero(np.any(first != again, axis=1) | np.pad(
@@ -945,8 +800,8 @@ def _check_batch_invariance(target: _Target, kind: str, k: int, vocab_size: int,
             f"{bad.size} rows differ",
             "seeded_seqs: the same generators give the same rows, alone or in the batch"))
     if target.takes_generator:
-        first = _call(target, batch, False, generator=np.random.default_rng(99))
-        again = _call(target, batch, False, generator=np.random.default_rng(99))
+        first = _call(target, batch, entry, generator=np.random.default_rng(99))
+        again = _call(target, batch, entry, generator=np.random.default_rng(99))
         bad = np.flatnonzero(np.any(first != again, axis=1))
         results.append(PropertyResult(
             "generator reproducible", bad.size == 0, f"{bad.size} rows differ",
@@ -964,7 +819,7 @@ def _check_format(target: _Target, outputs: list) -> PropertyResult:
     rows = 0
     for output, ids, label, vocab_size in outputs:
         rows += output.shape[0]
-        problem = _format_problem(output, ids, vocab_size)
+        problem = _monte_carlo.format_problem(output, ids, vocab_size)
         if problem:
             problems.append(f"{label}: {problem}")
     dtypes = ", ".join(sorted(target.raw_dtypes))
@@ -1114,7 +969,8 @@ def check_verifier(
     rng = np.random.default_rng(seed)
     outputs: list = []
     rows = report.rows
-    if kind == "greedy":
+    # The one deterministic kind, greedy, is checked against its rule: the argmax.
+    if not registry.get(kind).stochastic:
         rows += _guard("argmax rule", lambda: _check_greedy(target, k, vocab_size, rng, outputs))
     else:
         if target.takes_uniforms:

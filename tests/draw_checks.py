@@ -1,4 +1,4 @@
-"""Helpers shared by the CPU and GPU rejection-sampler tests (a module, not a test file).
+"""Helpers shared by the CPU and GPU verifier tests (a module, not a test file).
 
 The residual draw of two implementations may differ only where ``v * Z`` lies within
 rounding of a CDF boundary (SPEC 7); :func:`assert_draw_consistent` checks exactly that.
@@ -10,9 +10,49 @@ import math
 
 import numpy as np
 
-from specdec_np._conformance import draw_from
+from specdec_np._monte_carlo import draw_from
 
 LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
+
+# Fixed (p, q) cases of the first-token oracle: rows sum to one; q may be a point-mass token.
+ORACLE_CASES = (
+    ("overlapping", (0.1, 0.2, 0.3, 0.4), (0.4, 0.3, 0.2, 0.1)),
+    ("point mass", (0.1, 0.2, 0.3, 0.4), 2),
+    ("point mass on p = 0", (0.0, 0.5, 0.5), 0),
+    ("point mass on p = 1", (0.0, 1.0, 0.0), 1),
+    ("q = 0 < p", (0.25, 0.25, 0.5), (0.0, 0.5, 0.5)),
+    ("p = 0 < q", (0.0, 0.6, 0.4), (0.5, 0.25, 0.25)),
+    ("p == q", (0.2, 0.3, 0.5), (0.2, 0.3, 0.5)),
+    ("disjoint supports", (0.0, 0.0, 0.7, 0.3), (0.5, 0.5, 0.0, 0.0)),
+    ("V = 1", (1.0,), (1.0,)),
+)
+
+# Fixed (p, q) cases of the exact block-verification law: k in {1, 2, 3}, V in {2, 3, 4}; an
+# int tuple is a point-mass draft.
+BLOCK_CASES = (
+    ("k = 1", ((0.1, 0.2, 0.3, 0.4), (0.25,) * 4), ((0.4, 0.3, 0.2, 0.1),)),
+    (
+        "k = 2, q = 0 < p and p = 0 < q",
+        ((0.6, 0.2, 0.2), (0.5, 0.0, 0.5), (0.4, 0.3, 0.3)),
+        ((0.7, 0.3, 0.0), (0.4, 0.0, 0.6)),
+    ),
+    ("k = 2, point mass", ((0.2, 0.5, 0.3), (0.6, 0.1, 0.3), (0.3, 0.3, 0.4)), (1, 0)),
+    (
+        "k = 3",
+        ((0.1, 0.2, 0.3, 0.4), (0.4, 0.1, 0.1, 0.4), (0.0, 0.5, 0.5, 0.0), (0.25,) * 4),
+        ((0.3, 0.3, 0.2, 0.2), (0.1, 0.6, 0.2, 0.1), (0.5, 0.0, 0.25, 0.25)),
+    ),
+    (
+        "k = 3, point mass",
+        ((0.0, 0.1, 0.9), (0.3, 0.7, 0.0), (0.1, 0.8, 0.1), (0.2, 0.3, 0.5)),
+        (2, 1, 1),
+    ),
+    (
+        "k = 3, V = 2, an over-confident first draft",
+        ((0.5, 0.5), (0.0, 1.0), (0.5, 0.5), (0.5, 0.5)),
+        ((1.0, 0.0), (0.5, 0.5), (0.5, 0.5)),
+    ),
+)
 
 # Fixed Monte-Carlo case: V = 8, k = 2 (the third target row is the bonus position).
 MC_P = np.array(

@@ -1,10 +1,17 @@
-"""The benchmark harness must not rot: run it on a tiny grid (no timing assertions)."""
+"""The chain benchmark must not rot: run it on a tiny grid (no timing assertions).
+
+``benchmarks/run.py`` is a script (run here as one); its cells, read models and staged
+calls are ``benchmarks/chain_cells.py``, loaded as a module; the shared timing, metadata and
+output code is ``benchmarks/harness.py``.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +23,8 @@ import specdec_np
 from specdec_np import _core, _reference, registry
 
 ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "benchmarks" / "run.py"
+SCRIPT = ROOT / "benchmarks" / "run.py"
+CELLS = ROOT / "benchmarks" / "chain_cells.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 COLUMNS = (
     "verifier",
@@ -39,7 +47,7 @@ COLUMNS = (
     "roofline",
 )
 NAMES = tuple(verifier.name for verifier in registry.VERIFIERS)
-# Written out here, not taken from the harness: a stage the harness drops must fail the test.
+# Written out here, not taken from the script: a stage the script drops must fail the test.
 STAGES = {"intake", "id_check", "output_block", "kernel", "finish"}
 STOCHASTIC_STAGES = STAGES | {"uniforms"}
 
@@ -52,7 +60,7 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
     json_path = tmp_path / "bench.jsonl"
     command = [
         sys.executable,
-        str(HARNESS),
+        str(SCRIPT),
         "--quick",
         "--backends",
         "numpy",
@@ -115,7 +123,7 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
     # The regimes are what SPEC 8 says: flat rejects nearly every draft, realistic accepts most.
     # --render reprints the same table from the JSON lines without measuring.
     rendered = subprocess.run(
-        [sys.executable, str(HARNESS), "--render", str(json_path)],
+        [sys.executable, str(SCRIPT), "--render", str(json_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -131,9 +139,35 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
     assert np.mean(flat) < 0.3 < np.mean(realistic)
 
 
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_every_script_shares_the_harness_and_nothing_imports_run() -> None:
+    benchmarks = ROOT / "benchmarks"
+    scripts = [path for path in sorted(benchmarks.glob("*.py")) if "__main__" in path.read_text()]
+    assert {path.name for path in scripts} >= {
+        "run.py", "engine.py", "tree.py", "tree_gain.py", "row_scans.py", "logits_bench.py"
+    }  # fmt: skip
+    for path in scripts:
+        assert "harness" in _imported_modules(path), f"{path.name} does not use the harness"
+    # Neither imported nor loaded from its path: run.py is a script, run as one.
+    loads_run = re.compile(r"(spec_from_file_location|run_path)\([^)]*run\.py")
+    for path in [*benchmarks.glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        assert "run" not in _imported_modules(path), f"{path.name} imports benchmarks/run.py"
+        assert not loads_run.search(path.read_text()), f"{path.name} loads benchmarks/run.py"
+
+
 def test_bad_arguments_exit_2() -> None:
     completed = subprocess.run(
-        [sys.executable, str(HARNESS), "--batch", "0"],
+        [sys.executable, str(SCRIPT), "--batch", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -145,10 +179,10 @@ def test_bad_arguments_exit_2() -> None:
 
 
 @pytest.fixture(scope="module")
-def harness():  # noqa: ANN201 - a module
-    spec = importlib.util.spec_from_file_location("benchmark_harness", HARNESS)
+def cells():  # noqa: ANN201 - a module
+    spec = importlib.util.spec_from_file_location("benchmark_chain_cells", CELLS)
     module = importlib.util.module_from_spec(spec)
-    # The harness's dataclasses look their module up while being created.
+    # The module's dataclasses look their module up while being created.
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
@@ -158,32 +192,32 @@ def harness():  # noqa: ANN201 - a module
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_stage_profile_has_every_stage_and_matches_the_entry_point(harness, name: str) -> None:
-    cell = harness.make_cell("realistic", 1, 3, 500, seed=0, flat_draft_scale=4.0)
-    stages = harness.stage_calls(registry.get(name), cell, seed=0, calls=3)
+def test_stage_profile_has_every_stage_and_matches_the_entry_point(cells, name: str) -> None:
+    cell = cells.make_cell("realistic", 1, 3, 500, seed=0, flat_draft_scale=4.0)
+    stages = cells.stage_calls(registry.get(name), cell, seed=0, calls=3)
     assert set(stages) == expected_stages(name)
     for stage in stages.values():
         stage()
 
 
-def test_stage_profile_does_not_swallow_a_failing_stage(harness, monkeypatch) -> None:  # noqa: ANN001
-    cell = harness.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
+def test_stage_profile_does_not_swallow_a_failing_stage(cells, monkeypatch) -> None:  # noqa: ANN001
+    cell = cells.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
 
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("first_invalid_id moved")
 
     monkeypatch.setattr(_core, "first_invalid_id", broken)
     with pytest.raises(RuntimeError, match="first_invalid_id moved"):
-        harness.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)["id_check"]()
+        cells.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)["id_check"]()
 
 
 def test_stage_profile_rejects_stages_that_diverge_from_the_entry_point(
-    harness, monkeypatch
+    cells, monkeypatch
 ) -> None:  # noqa: ANN001
-    cell = harness.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
+    cell = cells.make_cell("flat", 1, 2, 300, seed=0, flat_draft_scale=4.0)
     # A profile timing another computation than the entry point must not pass for it.
     monkeypatch.setattr(
-        harness,
+        cells,
         "specdec_call",
         lambda *a: (
             lambda: specdec_np.greedy_sample(
@@ -192,16 +226,16 @@ def test_stage_profile_rejects_stages_that_diverge_from_the_entry_point(
         ),
     )
     with pytest.raises(RuntimeError, match="no longer mirror"):
-        harness.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)
+        cells.stage_calls(registry.get("rejection"), cell, seed=0, calls=3)
 
 
-def test_paired_lengths_redraw_the_drafts_each_round(harness) -> None:  # noqa: ANN001
+def test_paired_lengths_redraw_the_drafts_each_round(cells) -> None:  # noqa: ANN001
     # This cell's one drafted path lies in the tails (p(x) < q(x) at three of four
     # positions): on that fixed path block verification accepts about a third of what
     # rejection does, while over drafts drawn from q it accepts at least as much.
-    cell = harness.make_cell("realistic", 1, 4, 32000, seed=0, flat_draft_scale=4.0)
+    cell = cells.make_cell("realistic", 1, 4, 32000, seed=0, flat_draft_scale=4.0)
     verifiers = [registry.get("rejection"), registry.get("block")]
-    paired = harness.paired_lengths(cell, verifiers, 300, seed=0)
+    paired = cells.paired_lengths(cell, verifiers, 300, seed=0)
     assert paired["rejection"]["mean"] > 3.0
     assert paired["block"]["mean"] > 0.95 * paired["rejection"]["mean"]
     assert paired["rejection"]["gain"] == 0.0 and paired["rejection"]["gain_se"] == 0.0
@@ -209,16 +243,16 @@ def test_paired_lengths_redraw_the_drafts_each_round(harness) -> None:  # noqa: 
     assert paired["block"]["gain"] == pytest.approx(difference)
 
 
-def test_block_bytes_count_the_rows_the_scan_reads(harness) -> None:
-    cell = harness.make_cell("flat", 3, 4, 100, seed=1, flat_draft_scale=4.0)
+def test_block_bytes_count_the_rows_the_scan_reads(cells) -> None:
+    cell = cells.make_cell("flat", 3, 4, 100, seed=1, flat_draft_scale=4.0)
     # Point the drafts at the target's own probabilities, so that every rho is 1: the scan
     # reads no row, and only a row that stops below k draws (one pair of rows).
     cell.draft_probs[:] = cell.target[:, :4]
-    scalars = harness._stochastic_scalars(cell)
+    scalars = cells._stochastic_scalars(cell)
     pair = 2 * cell.vocab * cell.target.itemsize
     lengths = [np.array([4, 2, 0])]
-    assert harness.block_bytes(cell, lengths, {}) == scalars + 2 * pair
-    assert harness.block_bytes(cell, [np.array([4, 4, 4])], {}) == scalars
+    assert cells.block_bytes(cell, lengths, {}) == scalars + 2 * pair
+    assert cells.block_bytes(cell, [np.array([4, 4, 4])], {}) == scalars
 
 
 # --- the torch baselines compute what they claim (only where torch is installed) -------

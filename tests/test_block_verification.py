@@ -32,8 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance as conf
-from specdec_np import _reference
+from specdec_np import _monte_carlo, _oracles, _reference
 from specdec_np.verify import VerificationResult
 
 # --------------------------------------------------------------------------------------
@@ -101,8 +100,8 @@ ADVERSARIAL = {
 
 def assert_lossless(law, p, atol=1e-9):
     """The chain law equals the product of the target rows on every prefix length."""
-    expected = conf.prefix_laws(conf.target_chain_law(p))
-    for length, (got, want) in enumerate(zip(conf.prefix_laws(law), expected), start=1):
+    expected = _oracles.prefix_laws(_oracles.target_chain_law(p))
+    for length, (got, want) in enumerate(zip(_oracles.prefix_laws(law), expected), start=1):
         error = float(np.max(np.abs(got - want)))
         assert error <= atol, f"prefix of length {length}: max |law - prod p| = {error:.3g}"
 
@@ -116,7 +115,7 @@ def assert_lossless(law, p, atol=1e-9):
 @given(chain_cases())
 def test_block_law_equals_target_on_every_prefix(case):
     p, q = case
-    law = conf.block_verification_law(p, q)
+    law = _oracles.block_verification_law(p, q)
     assert law.law.shape == (p.shape[1],) * p.shape[0]
     assert math.fsum(law.law.ravel().tolist()) == pytest.approx(1.0, abs=1e-12)
     assert 0.0 <= law.expected_accepted_length <= p.shape[0] - 1 + 1e-12
@@ -127,19 +126,23 @@ def test_block_law_equals_target_on_every_prefix(case):
 @given(chain_cases())
 def test_rejection_law_equals_target_on_every_prefix(case):
     p, q = case
-    assert_lossless(conf.rejection_law(p, q).law, p)
+    assert_lossless(_oracles.rejection_law(p, q).law, p)
 
 
 @pytest.mark.parametrize("name", ADVERSARIAL)
 def test_block_law_adversarial_cases(name):
     p, q = ADVERSARIAL[name]
-    assert_lossless(conf.block_verification_law(p, q).law, np.asarray(p))
+    assert_lossless(_oracles.block_verification_law(p, q).law, np.asarray(p))
 
 
 def test_laws_of_point_masses_equal_one_hot_rows():
     p, tokens = ADVERSARIAL["k = 3, point mass"]
     one_hot = np.eye(3)[tokens]
-    for law in (conf.block_verification_law, conf.rejection_law, conf.block_first_failure_law):
+    for law in (
+        _oracles.block_verification_law,
+        _oracles.rejection_law,
+        _oracles.block_first_failure_law,
+    ):
         a, b = law(p, tokens), law(p, one_hot)
         np.testing.assert_array_equal(a.law, b.law)
         assert a.expected_accepted_length == b.expected_accepted_length
@@ -149,35 +152,41 @@ def test_law_is_computed_from_the_algorithm_not_the_target():
     """An unnormalised target is not reproduced: the law does not just return prod p."""
     p = np.array([[0.2, 0.2, 0.2], [0.3, 0.3, 0.3], [0.5, 0.25, 0.25]])
     q = np.array([[0.5, 0.25, 0.25], [0.2, 0.3, 0.5]])
-    law = conf.block_verification_law(p, q).law
-    assert np.max(np.abs(law - conf.target_chain_law(p))) > 1e-3
+    law = _oracles.block_verification_law(p, q).law
+    assert np.max(np.abs(law - _oracles.target_chain_law(p))) > 1e-3
 
 
 def test_law_inputs_are_checked():
     p = np.full((3, 3), 1 / 3)
     with pytest.raises(ValueError, match="q must have shape"):
-        conf.block_verification_law(p, np.full((3, 3), 1 / 3))
+        _oracles.block_verification_law(p, np.full((3, 3), 1 / 3))
     with pytest.raises(ValueError, match="point-mass q"):
-        conf.block_verification_law(p, np.array([0, 3]))
+        _oracles.block_verification_law(p, np.array([0, 3]))
     with pytest.raises(ValueError, match="p must"):
-        conf.block_verification_law(p[:1], np.array([], dtype=np.int64))
+        _oracles.block_verification_law(p[:1], np.array([], dtype=np.int64))
     with pytest.raises(ValueError, match="non-negative"):
-        conf.block_verification_law(-p, np.array([0, 1]))
+        _oracles.block_verification_law(-p, np.array([0, 1]))
     with pytest.raises(ValueError):
-        conf.block_verification_law(p, np.zeros((2, 3)))
+        _oracles.block_verification_law(p, np.zeros((2, 3)))
 
 
 def test_first_failure_control_differs_from_the_target():
     """The negative control: stopping at the first failed check is not lossless, so the
     exact test above has teeth.  For k = 1 the two rules coincide."""
     worst = max(
-        float(np.max(np.abs(conf.block_first_failure_law(p, q).law - conf.target_chain_law(p))))
+        float(
+            np.max(
+                np.abs(_oracles.block_first_failure_law(p, q).law - _oracles.target_chain_law(p))
+            )
+        )
         for p, q in ADVERSARIAL.values()
     )
     assert worst > 1e-3, worst
     p, q = ADVERSARIAL["k = 1"]
     np.testing.assert_allclose(
-        conf.block_first_failure_law(p, q).law, conf.block_verification_law(p, q).law, atol=0
+        _oracles.block_first_failure_law(p, q).law,
+        _oracles.block_verification_law(p, q).law,
+        atol=0,
     )
 
 
@@ -202,8 +211,8 @@ def test_block_accepts_at_least_as_many_as_token_wise():
     case, and strictly larger on some (the largest gain is printed)."""
     gains = []
     for p, q in _gain_cases():
-        block = conf.block_verification_law(p, q).expected_accepted_length
-        token_wise = conf.rejection_law(p, q).expected_accepted_length
+        block = _oracles.block_verification_law(p, q).expected_accepted_length
+        token_wise = _oracles.rejection_law(p, q).expected_accepted_length
         assert block >= token_wise - 1e-12, (p, q, block, token_wise)
         gains.append((block - token_wise, p.shape[0] - 1, block, token_wise))
     largest = max(gains)
@@ -221,8 +230,8 @@ def test_gain_check_can_fail():
     stop accepts fewer drafts than token-wise rejection here."""
     p = np.array([[0.6, 0.2, 0.2], [0.5, 0.0, 0.5], [0.4, 0.3, 0.3]])
     q = np.array([[0.7, 0.3, 0.0], [0.4, 0.0, 0.6]])
-    first_failure = conf.block_first_failure_law(p, q).expected_accepted_length
-    assert first_failure < conf.rejection_law(p, q).expected_accepted_length - 1e-3
+    first_failure = _oracles.block_first_failure_law(p, q).expected_accepted_length
+    assert first_failure < _oracles.rejection_law(p, q).expected_accepted_length - 1e-3
 
 
 # --------------------------------------------------------------------------------------
@@ -271,7 +280,7 @@ def grid_law(outputs, p, q, num_strata):
     p = np.asarray(p, dtype=np.float64)
     point_mass = np.asarray(q).dtype.kind in "iu"
     rows = np.eye(p.shape[1])[q] if point_mass else np.asarray(q, dtype=np.float64)
-    batch = conf.stratified_rejection_batch(p, rows, num_strata)
+    batch = _oracles.stratified_rejection_batch(p, rows, num_strata)
     output = outputs(
         batch.target_with_bonus_probs,
         batch.bonus_token_ids,
@@ -279,43 +288,44 @@ def grid_law(outputs, p, q, num_strata):
         batch.draft_token_ids,
         batch.uniforms,
     )
-    return conf.grid_chain_law(output, batch.weights, p)
+    return _oracles.grid_chain_law(output, batch.weights, p)
 
 
 @pytest.mark.parametrize("name", GRID_CASES)
 def test_reference_on_grid_reproduces_the_law(name):
     (p, q), num_strata = GRID_CASES[name]
-    law = conf.block_verification_law(p, q).law
+    law = _oracles.block_verification_law(p, q).law
     error = np.abs(grid_law(reference_outputs, p, q, num_strata) - law)
-    bound = conf.chain_grid_error_bound(p, q, num_strata)
+    bound = _oracles.chain_grid_error_bound(p, q, num_strata)
     assert np.all(error <= bound), float(np.max(error / bound))
 
 
 def test_grid_check_rejects_the_first_failure_copy():
     (p, q), num_strata = GRID_CASES["k = 2, zeros"]
-    law = conf.block_verification_law(p, q).law
-    bound = conf.chain_grid_error_bound(p, q, num_strata)
+    law = _oracles.block_verification_law(p, q).law
+    bound = _oracles.chain_grid_error_bound(p, q, num_strata)
     broken = np.abs(grid_law(first_failure_outputs, p, q, num_strata) - law)
     assert np.any(broken > bound + 1e-3), float(np.max(broken / bound))
     # The control is not broken in its shared parts: for k = 1 it passes.
     (p1, q1), strata1 = GRID_CASES["k = 1"]
     error = np.abs(
-        grid_law(first_failure_outputs, p1, q1, strata1) - conf.block_verification_law(p1, q1).law
+        grid_law(first_failure_outputs, p1, q1, strata1)
+        - _oracles.block_verification_law(p1, q1).law
     )
-    assert np.all(error <= conf.chain_grid_error_bound(p1, q1, strata1))
+    assert np.all(error <= _oracles.chain_grid_error_bound(p1, q1, strata1))
 
 
 def test_grid_chain_law_and_bound_helpers():
     p = np.array([[0.5, 0.5], [0.25, 0.75]])
     output = np.array([[0, 1], [1, -1], [1, 0]])
-    law = conf.grid_chain_law(output, np.array([0.5, 0.25, 0.25]), p)
+    law = _oracles.grid_chain_law(output, np.array([0.5, 0.25, 0.25]), p)
     # Rows 0 and 2 accepted their draft (the bonus ids are replaced by p_1); row 1 emitted
     # one recovered token and is continued by p_1.
     expected = 0.5 * np.outer([1, 0], p[1]) + 0.5 * np.outer([0, 1], p[1])
     np.testing.assert_allclose(law, expected, atol=1e-15)
     with pytest.raises(ValueError, match="emitted tokens"):
-        conf.grid_chain_law(np.array([[-1, 0]]), np.ones(1), p)
-    bound = conf.chain_grid_error_bound(p, np.array([0]), 8)
+        _oracles.grid_chain_law(np.array([[-1, 0]]), np.ones(1), p)
+    bound = _oracles.chain_grid_error_bound(p, np.array([0]), 8)
     # t = 0: (1/16 + 1/8) * p_1(a_1); t = 1: 1/16 * [a_0 == 0] * p_1(a_1).
     np.testing.assert_allclose(
         bound, 3 / 16 * p[1][None, :] + 1 / 16 * np.outer([1, 0], p[1]) + 1e-12, rtol=1e-12
@@ -570,7 +580,10 @@ def test_kernel_matches_reference_on_the_threaded_path(block_sample, point_mass,
         np.float32
     )
     draft_ids = np.stack(
-        [[conf.draw_from(draft[b, i], 1, rng)[0] for i in range(k)] for b in range(batch_size)]
+        [
+            [_monte_carlo.draw_from(draft[b, i], 1, rng)[0] for i in range(k)]
+            for b in range(batch_size)
+        ]
     )
     assert_matches_reference(
         block_sample,
@@ -590,7 +603,7 @@ def test_matcher_can_fail():
     batch = 256
     target = np.ascontiguousarray(np.broadcast_to(p, (batch, 3, 3)))
     draft = np.ascontiguousarray(np.broadcast_to(q, (batch, 2, 3)))
-    ids = np.stack([conf.draw_from(q[i], batch, rng) for i in range(2)], axis=1)
+    ids = np.stack([_monte_carlo.draw_from(q[i], batch, rng) for i in range(2)], axis=1)
     uniforms = rng.random((batch, 3))
     bonus = np.zeros((batch, 1), np.int64)
 
@@ -693,8 +706,8 @@ def _as_sampler(function, point_mass=False):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_chi_square_of_the_chain(block_sample, dtype):
     p, q = MC_P.astype(dtype), MC_Q.astype(dtype)
-    expected = conf.block_verification_law(p, q).expected_accepted_length
-    report = conf.monte_carlo_chain(
+    expected = _oracles.block_verification_law(p, q).expected_accepted_length
+    report = _monte_carlo.monte_carlo_chain(
         _as_sampler(block_sample),
         p,
         q,
@@ -708,14 +721,14 @@ def test_chi_square_of_the_chain(block_sample, dtype):
 
 def test_chi_square_of_the_chain_point_mass_and_generator(block_sample):
     tokens = [3, 0]
-    expected = conf.block_verification_law(MC_P, np.array(tokens)).expected_accepted_length
+    expected = _oracles.block_verification_law(MC_P, np.array(tokens)).expected_accepted_length
 
     def generator_sampler(target, bonus, draft_probs, draft_ids, uniforms):
         return block_sample(
             target, bonus, None, draft_ids, generator=np.random.default_rng(99)
         ).output_token_ids
 
-    report = conf.monte_carlo_chain(
+    report = _monte_carlo.monte_carlo_chain(
         generator_sampler,
         MC_P,
         tokens,
@@ -728,7 +741,7 @@ def test_chi_square_of_the_chain_point_mass_and_generator(block_sample):
 
 @pytest.mark.parametrize("name", ["first_failure", "always_accept", "token_wise_length"])
 def test_chi_square_of_the_chain_rejects_broken_verifiers(name):
-    expected = conf.block_verification_law(MC_P, MC_Q).expected_accepted_length
+    expected = _oracles.block_verification_law(MC_P, MC_Q).expected_accepted_length
 
     def always_accept(target, bonus, draft_probs, draft_ids, uniforms):
         return np.hstack([draft_ids.astype(np.int64), bonus.astype(np.int64)])
@@ -744,7 +757,7 @@ def test_chi_square_of_the_chain_rejects_broken_verifiers(name):
         "always_accept": always_accept,
         "token_wise_length": token_wise,
     }[name]
-    report = conf.monte_carlo_chain(
+    report = _monte_carlo.monte_carlo_chain(
         broken, MC_P, MC_Q, MC_ROWS, np.random.default_rng(2025), expected_accepted_length=expected
     )
     assert not report.passed(), report

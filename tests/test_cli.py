@@ -6,7 +6,6 @@ runs once in a subprocess, with ``--json``.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -20,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import _demo, cli, registry
+from specdec_np import _demo, _self_check, cli, registry
+from specdec_np.testing import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_CONFORMANCE = importlib.util.find_spec("specdec_np._conformance") is not None
 SMALL = ["--tokens", "40", "--batch", "2"]
 
 
@@ -439,13 +438,8 @@ def _fake_checks(outcomes: dict[str, bool]) -> Any:
 
 
 def _use_checks(monkeypatch: pytest.MonkeyPatch, run_checks: Any) -> None:
-    """Make ``specdec_np._conformance`` a stand-in module with this ``run_checks`` (works
-    whether or not the real module exists or was imported)."""
-    import specdec_np
-
-    fake = SimpleNamespace(run_checks=run_checks)
-    monkeypatch.setitem(sys.modules, "specdec_np._conformance", fake)
-    monkeypatch.setattr(specdec_np, "_conformance", fake, raising=False)
+    """Make the self-check runner call this ``run_checks`` on each backend."""
+    monkeypatch.setattr(_self_check, "run_checks", run_checks)
 
 
 @pytest.fixture
@@ -513,11 +507,30 @@ def test_check_cupy_requested_but_unusable(capsys: pytest.CaptureFixture[str]) -
     assert "CuPy" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not HAS_CONFORMANCE, reason="specdec_np._conformance is not there yet")
 def test_check_real_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["check", "--backend", "numpy"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "FAIL" not in out
+
+
+@pytest.mark.usefixtures("numpy_only")
+def test_check_covers_every_registry_verifier(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every registry verifier has rows of its own in ``specdec-np check``: the kit's
+    properties for those it knows, the kernel-versus-reference check for the deterministic
+    ones."""
+    assert cli.main(["check", "--json"]) == 0
+    checks = _strict_json(capsys.readouterr().out)["checks"]
+    names = {check["name"] for check in checks}
+    for verifier in registry.VERIFIERS:
+        own = {name for name in names if name.startswith(f"{verifier.name}: ")}
+        assert own, verifier.name
+        if verifier.name in KINDS:
+            assert f"{verifier.name}: output format" in own
+        if not verifier.stochastic:
+            assert f"{verifier.name}: kernel equals reference" in own
+        if verifier.lossless:
+            assert f"{verifier.name}: exact law equals the oracle" in own
+    assert all(check["passed"] and check["backend"] == "numpy" for check in checks)
 
 
 # -- info ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance, _reference, registry
+from specdec_np import _monte_carlo, _oracles, _reference, _statistics, registry
 from specdec_np._philox import counter_uniforms
 
 VERIFIERS = registry.VERIFIERS
@@ -593,13 +593,13 @@ def test_lazy_bonus_follows_the_bonus_row(verifier, point_mass):
     bonus = result.output_token_ids[np.arange(size), counts]
     histogram = np.bincount(bonus, minlength=6)
     assert (
-        _conformance.chi_square_p_value(*_conformance.chi_square_statistic(histogram, bonus_row))
+        _statistics.chi_square_p_value(*_statistics.chi_square_statistic(histogram, bonus_row))
         > 1e-4
     )
     # The control: the same counts against another row fail.
     assert (
-        _conformance.chi_square_p_value(
-            *_conformance.chi_square_statistic(histogram, bonus_row[::-1])
+        _statistics.chi_square_p_value(
+            *_statistics.chi_square_statistic(histogram, bonus_row[::-1])
         )
         < 1e-9
     )
@@ -693,8 +693,8 @@ def _ragged_monte_carlo(
         sample_q = q if drawn_from is None else drawn_from[k_b]
         target.append(p)
         draft.append(q)
-        ids.extend(int(_conformance.draw_from(row, 1, rng)[0]) for row in sample_q)
-        bonus.append(int(_conformance.draw_from(p[-1], 1, rng)[0]))
+        ids.extend(int(_monte_carlo.draw_from(row, 1, rng)[0]) for row in sample_q)
+        bonus.append(int(_monte_carlo.draw_from(p[-1], 1, rng)[0]))
     result = verify(
         num_draft_tokens=counts,
         draft_token_ids=np.asarray(ids, dtype=np.int64),
@@ -713,15 +713,13 @@ def _ragged_monte_carlo(
         if k_b >= 1:
             # A request that emitted one token is continued by the target's next row.
             short = lengths[rows] == 0
-            tokens[short, 1] = _conformance.draw_from(p[1], int(short.sum()), rng)
+            tokens[short, 1] = _monte_carlo.draw_from(p[1], int(short.sum()), rng)
         vocab_size = p.shape[1]
         flat = tokens[:, 0] if k_b == 0 else tokens[:, 0] * vocab_size + tokens[:, 1]
         expected = p[0] if k_b == 0 else np.outer(p[0], p[1]).reshape(-1)
         histogram = np.bincount(flat, minlength=expected.size)
         p_values.append(
-            _conformance.chi_square_p_value(
-                *_conformance.chi_square_statistic(histogram, expected)
-            )
+            _statistics.chi_square_p_value(*_statistics.chi_square_statistic(histogram, expected))
         )
         means[k_b] = (lengths[rows].mean(), lengths[rows].std() / math.sqrt(rows.size))
     return p_values, means
@@ -740,7 +738,7 @@ def test_ragged_output_law_is_the_target(verifier, lazy_bonus):
         if k_b == 0:
             assert mean == 0
             continue
-        expected = _conformance.oracle_for(verifier)(p, q).expected_accepted_length
+        expected = _oracles.oracle_for(verifier)(p, q).expected_accepted_length
         assert abs(mean - expected) < 5 * error + 1e-9, (k_b, mean, expected)
 
 

@@ -47,7 +47,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance, _reference, registry
+from specdec_np import _monte_carlo, _oracles, _reference, _statistics, registry
 from specdec_np._reference import _processed_law, fast_expf, process_logits
 
 METHODS = registry.names()
@@ -179,7 +179,9 @@ def _argmax_near_tie(row: np.ndarray, relative: float) -> bool:
     other (two roundings of the row may then disagree on its argmax)."""
     ordered = np.sort(row)[::-1]
     return (
-        ordered.size > 1 and ordered[0] > 0 and ordered[0] != ordered[1]
+        ordered.size > 1
+        and ordered[0] > 0
+        and ordered[0] != ordered[1]
         and _near(ordered[0], ordered[1], relative)
     )
 
@@ -296,7 +298,7 @@ def ragged_cases(draw: Any, method: str | None = None) -> dict[str, Any]:
         n = rows.shape[0]
         p = process_logits(rows, *(np.repeat(s, n) for s in setting))
         for i in range(n):
-            ids[offsets[b] + i] = _conformance.draw_from(p[i], 1, rng)[0]
+            ids[offsets[b] + i] = _monte_carlo.draw_from(p[i], 1, rng)[0]
     case["draft_token_ids"] = ids
     case["bonus_token_ids"] = rng.integers(0, vocab, batch) if draw(st.booleans()) else None
     return case
@@ -519,8 +521,8 @@ def test_exact_law_with_sampling_transforms(method: str, vocab: int, k: int, tra
     setting = _setting(TRANSFORMS[transform])
     target, draft = _chain_logits(vocab, k, seed=vocab * 10 + k)
     p, q = _process(target, setting), _process(draft, setting)
-    law = _conformance.oracle_for(registry.get(method))(p, q)
-    expected = _conformance.target_chain_law(p)
+    law = _oracles.oracle_for(registry.get(method))(p, q)
+    expected = _oracles.target_chain_law(p)
     np.testing.assert_allclose(law.law, expected, rtol=0, atol=1e-9)
     # The processed law is what is being proven: a transform that keeps nothing out would
     # make this the plain softmax test.
@@ -547,7 +549,7 @@ def _continued_tuples(output, lengths, p, rng) -> np.ndarray:
     tuples = np.asarray(output).copy()
     for j in range(k + 1):
         later = np.asarray(lengths) < j
-        tuples[later, j] = _conformance.draw_from(p[j], int(later.sum()), rng)
+        tuples[later, j] = _monte_carlo.draw_from(p[j], int(later.sum()), rng)
     return tuples
 
 
@@ -555,9 +557,9 @@ def _chi_square(tuples: np.ndarray, p: np.ndarray) -> tuple[float, float, int]:
     vocab = p.shape[1]
     cells = np.ravel_multi_index(tuples.T, (vocab,) * tuples.shape[1])
     counts = np.bincount(cells, minlength=vocab ** tuples.shape[1])
-    expected = _conformance.target_chain_law(p).reshape(-1)
-    statistic, dof = _conformance.chi_square_statistic(counts, expected)
-    return statistic, _conformance.chi_square_p_value(statistic, dof), dof
+    expected = _oracles.target_chain_law(p).reshape(-1)
+    statistic, dof = _statistics.chi_square_statistic(counts, expected)
+    return statistic, _statistics.chi_square_p_value(statistic, dof), dof
 
 
 def _engine_batch(target, draft, setting, drafts, n):
@@ -575,7 +577,7 @@ def _engine_batch(target, draft, setting, drafts, n):
 
 
 def _draw_drafts(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    return np.stack([_conformance.draw_from(row, n, rng) for row in q], axis=1)
+    return np.stack([_monte_carlo.draw_from(row, n, rng) for row in q], axis=1)
 
 
 MC_CASES = [(5, 2), (4, 1)]
@@ -598,7 +600,7 @@ def test_kernel_output_law_chi_square(method: str, vocab: int, k: int) -> None:
     print(f"{method} V={vocab} k={k}: chi2={statistic:.1f} dof={dof} p={p_value:.3g}")
     assert p_value > MC_ALPHA, (statistic, dof, p_value)
     lengths = np.asarray(result.accepted_lengths, dtype=np.float64)
-    expected = _conformance.oracle_for(registry.get(method))(p, q).expected_accepted_length
+    expected = _oracles.oracle_for(registry.get(method))(p, q).expected_accepted_length
     sigma = lengths.std() / math.sqrt(lengths.size)
     print(f"  mean accepted {lengths.mean():.4f} vs oracle {expected:.4f} (sigma {sigma:.4f})")
     assert abs(lengths.mean() - expected) <= 5 * sigma
@@ -657,7 +659,7 @@ def test_negative_controls_fail_the_chi_square(control: str) -> None:
     else:
         drafts = _draw_drafts(q, n, rng)
         raw_bonus = np.exp(target[k] - target[k].max())
-        bonus = _conformance.draw_from(raw_bonus / raw_bonus.sum(), n, rng)
+        bonus = _monte_carlo.draw_from(raw_bonus / raw_bonus.sum(), n, rng)
         result = specdec_np.verify_ragged(
             method="rejection",
             generator=rng,

@@ -54,8 +54,17 @@ from draw_checks import (
 )
 
 import specdec_np
-from specdec_np import _backend, _core, _cuda, _philox, registry
-from specdec_np import _conformance as conf
+from specdec_np import (
+    _backend,
+    _core,
+    _cuda,
+    _monte_carlo,
+    _oracles,
+    _philox,
+    _self_check,
+    _statistics,
+    registry,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -133,7 +142,7 @@ def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_d
     draft = random_rows(rng, (batch_size, k, vocab_size))
     draft_ids = rng.integers(0, vocab_size, (batch_size, k))
     for b, i in zip(*np.nonzero(rng.random((batch_size, k)) < 0.5)):
-        draft_ids[b, i] = conf.draw_from(draft[b, i], 1, rng)[0]
+        draft_ids[b, i] = _monte_carlo.draw_from(draft[b, i], 1, rng)[0]
     uniforms = rng.random((batch_size, k + 1))
     uniforms[:, :k] *= rng.choice([0.05, 0.3, 1.0], size=(batch_size, 1))
     edge = rng.integers(0 if vocab_size > 1 else 1, 9, (batch_size, k))
@@ -677,7 +686,9 @@ def gpu_first_tokens(
     else:
         draft_probs = np.asarray(q, dtype=dtype)
         q64 = draft_probs.astype(np.float64)
-        draft_ids = np.stack([conf.draw_from(q64[i], num_rows, rng) for i in range(k)], axis=1)
+        draft_ids = np.stack(
+            [_monte_carlo.draw_from(q64[i], num_rows, rng) for i in range(k)], axis=1
+        )
     uniforms = rng.random((num_rows, k + 1))
     if reuse_uniform:
         uniforms[:, k] = uniforms[:, 0]
@@ -701,14 +712,14 @@ def first_token_p_value(output, p, q):
     exactly and make the oracle differ from ``p / sum(p)`` by about 1e-8)."""
     p64 = np.asarray(p, dtype=np.float64)
     q0 = q[0] if isinstance(q, list) else np.asarray(q, dtype=np.float64)[0]
-    oracle = conf.exact_first_token_distribution(p64[0], q0)
+    oracle = _oracles.exact_first_token_distribution(p64[0], q0)
     atol = 1e-9 if np.asarray(p).dtype == np.float64 else 1e-6
     np.testing.assert_allclose(oracle, p64[0] / p64[0].sum(), rtol=0, atol=atol)
     first = output[:, 0]
     assert np.all((first >= 0) & (first < p64.shape[1]))
     counts = np.bincount(first, minlength=p64.shape[1])
-    statistic, dof = conf.chi_square_statistic(counts, oracle)
-    return conf.chi_square_p_value(statistic, dof)
+    statistic, dof = _statistics.chi_square_statistic(counts, oracle)
+    return _statistics.chi_square_p_value(statistic, dof)
 
 
 def prefix_lengths(output, draft_ids):
@@ -734,7 +745,7 @@ def test_gpu_rejection_chi_square(cp, name):
     # The acceptance rate is sum(min(p, q)).
     p64 = p.astype(np.float64)
     q0 = np.eye(p.shape[1])[q[0]] if isinstance(q, list) else np.asarray(q, np.float64)[0]
-    expected = math.fsum((q0 * conf.acceptance_probabilities(p64[0], q0)).tolist())
+    expected = math.fsum((q0 * _oracles.acceptance_probabilities(p64[0], q0)).tolist())
     rate = float((output[:, 1] >= 0).mean())
     sigma = math.sqrt(expected * (1 - expected) / num_rows)
     assert abs(rate - expected) <= 5 * sigma + 1e-12, (rate, expected)
@@ -754,8 +765,10 @@ def test_gpu_block_verification_chi_square(cp, name):
     target = p[0].astype(np.float64) / p[0].astype(np.float64).sum()
     first = output[:, 0]
     assert np.all((first >= 0) & (first < p.shape[1]))
-    statistic, dof = conf.chi_square_statistic(np.bincount(first, minlength=p.shape[1]), target)
-    p_value = conf.chi_square_p_value(statistic, dof)
+    statistic, dof = _statistics.chi_square_statistic(
+        np.bincount(first, minlength=p.shape[1]), target
+    )
+    p_value = _statistics.chi_square_p_value(statistic, dof)
     assert p_value > 1e-4, f"{name}: chi-square p-value {p_value:.3g}"
     lengths = prefix_lengths(output, draft_ids)
     token_wise, _ = gpu_first_tokens(cp, p, q, num_rows, np.random.default_rng(20240612), dtype)
@@ -774,7 +787,7 @@ def test_gpu_chi_square_rejects_a_reused_uniform(cp):
 
 
 def test_conformance_checks_pass_on_cupy(cp):
-    results = conf.run_checks(backend="cupy")
+    results = _self_check.run_checks(backend="cupy")
     assert results
     failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
     assert not failed, "\n".join(failed)

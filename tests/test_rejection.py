@@ -15,6 +15,7 @@ from draw_checks import (
     LARGEST_BELOW_ONE,
     MC_P,
     MC_Q,
+    ORACLE_CASES,
     apply_row_edges,
     assert_draw_consistent,
     random_rows,
@@ -24,8 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance as conf
-from specdec_np import _reference
+from specdec_np import _monte_carlo, _oracles, _reference
 
 # --------------------------------------------------------------------------------------
 # Helpers
@@ -258,7 +258,10 @@ def test_p_equals_q_accepts_everything_without_nan():
     target = random_rows(rng, (batch_size, k + 1, vocab_size)).astype(np.float32)
     draft = target[:, :k].copy()
     draft_ids = np.stack(
-        [[conf.draw_from(draft[b, i], 1, rng)[0] for i in range(k)] for b in range(batch_size)]
+        [
+            [_monte_carlo.draw_from(draft[b, i], 1, rng)[0] for i in range(k)]
+            for b in range(batch_size)
+        ]
     )
     uniforms = rng.random((batch_size, k + 1))
     uniforms[::2, :k] = LARGEST_BELOW_ONE
@@ -390,7 +393,7 @@ BROKEN = {
 CORRECT = {
     "numpy_correct_control": _residual_sampler(),
     "reference": reference_sampler,
-    "kernel": conf.kernel_sampler(),
+    "kernel": _monte_carlo.kernel_sampler(),
 }
 
 MC_ROWS = 200_000
@@ -414,7 +417,7 @@ def test_oracle_equals_target(data):
     vocab_size = data.draw(st.integers(3, 6))
     p = data.draw(small_distributions(vocab_size))
     q = data.draw(st.one_of(small_distributions(vocab_size), st.integers(0, vocab_size - 1)))
-    np.testing.assert_allclose(conf.exact_first_token_distribution(p, q), p, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(_oracles.exact_first_token_distribution(p, q), p, rtol=0, atol=1e-9)
 
 
 @settings(max_examples=200, deadline=None)
@@ -426,7 +429,7 @@ def test_joint_oracle_k2(data):
         data.draw(st.one_of(small_distributions(vocab_size), st.integers(0, vocab_size - 1)))
         for _ in range(2)
     ]
-    joint = conf.exact_first_two_tokens_distribution(np.stack([p0, p1]), q)
+    joint = _oracles.exact_first_two_tokens_distribution(np.stack([p0, p1]), q)
     assert joint.shape == (vocab_size, vocab_size + 1)
     np.testing.assert_allclose(joint.sum(axis=1), p0, rtol=0, atol=1e-9)
     q0 = np.eye(vocab_size)[q[0]] if isinstance(q[0], int) else q[0]
@@ -437,12 +440,14 @@ def test_joint_oracle_k2(data):
 
 
 def test_oracle_fixed_edge_cases():
-    for _, p, q in conf._ORACLE_CASES:
-        np.testing.assert_allclose(conf.exact_first_token_distribution(p, q), p, atol=1e-9)
+    for _, p, q in ORACLE_CASES:
+        np.testing.assert_allclose(_oracles.exact_first_token_distribution(p, q), p, atol=1e-9)
     np.testing.assert_array_equal(
-        conf.acceptance_probabilities([0, 0.5, 0.2, 0], [0.5, 0, 0.4, 0]), [0, 1, 0.5, 0]
+        _oracles.acceptance_probabilities([0, 0.5, 0.2, 0], [0.5, 0, 0.4, 0]), [0, 1, 0.5, 0]
     )
-    np.testing.assert_array_equal(conf.residual_distribution([0.5, 0.5], [0.5, 0.5]), [0.5, 0.5])
+    np.testing.assert_array_equal(
+        _oracles.residual_distribution([0.5, 0.5], [0.5, 0.5]), [0.5, 0.5]
+    )
 
 
 GRID_CASES = {
@@ -458,7 +463,7 @@ GRID_STRATA = 256
 
 
 def grid_distribution(sampler, p, q, num_strata=GRID_STRATA):
-    batch = conf.stratified_rejection_batch(p, q, num_strata)
+    batch = _oracles.stratified_rejection_batch(p, q, num_strata)
     output = sampler(
         batch.target_with_bonus_probs,
         batch.bonus_token_ids,
@@ -466,7 +471,7 @@ def grid_distribution(sampler, p, q, num_strata=GRID_STRATA):
         batch.draft_token_ids,
         batch.uniforms,
     )
-    return conf.grid_output_distribution(output, batch.weights, p.shape[1])
+    return _oracles.grid_output_distribution(output, batch.weights, p.shape[1])
 
 
 @pytest.mark.parametrize(
@@ -474,27 +479,27 @@ def grid_distribution(sampler, p, q, num_strata=GRID_STRATA):
 )
 def test_kernel_on_grid_reproduces_oracle(case, point_mass_call):
     p, q = GRID_CASES[case]
-    oracle = conf.exact_first_token_distribution(p[0], q[0])
+    oracle = _oracles.exact_first_token_distribution(p[0], q[0])
     np.testing.assert_allclose(oracle, p[0], atol=1e-9)
-    grid = grid_distribution(conf.kernel_sampler(point_mass=point_mass_call), p, q)
-    assert np.max(np.abs(grid - oracle)) <= conf.grid_error_bound(GRID_STRATA, 1)
+    grid = grid_distribution(_monte_carlo.kernel_sampler(point_mass=point_mass_call), p, q)
+    assert np.max(np.abs(grid - oracle)) <= _oracles.grid_error_bound(GRID_STRATA, 1)
 
 
 def test_kernel_on_grid_reproduces_joint_oracle_k2():
     p = np.array([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3], [1 / 3] * 3])
     q = np.array([[0.5, 0.2, 0.3], [0.0, 0.5, 0.5]])
     num_strata = 48
-    batch = conf.stratified_rejection_batch(p, q, num_strata)
-    output = conf.kernel_sampler()(
+    batch = _oracles.stratified_rejection_batch(p, q, num_strata)
+    output = _monte_carlo.kernel_sampler()(
         batch.target_with_bonus_probs,
         batch.bonus_token_ids,
         batch.draft_probs,
         batch.draft_token_ids,
         batch.uniforms,
     )
-    grid = conf.grid_output_distribution(output, batch.weights, 3, num_outputs=2)
-    oracle = conf.exact_first_two_tokens_distribution(p, q)
-    assert np.max(np.abs(grid - oracle)) <= conf.grid_error_bound(num_strata, 2)
+    grid = _oracles.grid_output_distribution(output, batch.weights, 3, num_outputs=2)
+    oracle = _oracles.exact_first_two_tokens_distribution(p, q)
+    assert np.max(np.abs(grid - oracle)) <= _oracles.grid_error_bound(num_strata, 2)
 
 
 @pytest.mark.parametrize("name", BROKEN)
@@ -503,9 +508,9 @@ def test_grid_check_rejects_broken_samplers(name):
     p = np.array([[0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]])
     q = np.array([[0.4, 0.3, 0.2, 0.1]])
     deviation = np.max(np.abs(grid_distribution(BROKEN[name], p, q) - p[0]))
-    assert deviation > conf.grid_error_bound(GRID_STRATA, 1) + 1e-3, deviation
+    assert deviation > _oracles.grid_error_bound(GRID_STRATA, 1) + 1e-3, deviation
     correct = np.max(np.abs(grid_distribution(CORRECT["numpy_correct_control"], p, q) - p[0]))
-    assert correct <= conf.grid_error_bound(GRID_STRATA, 1)
+    assert correct <= _oracles.grid_error_bound(GRID_STRATA, 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -515,7 +520,7 @@ def test_grid_check_rejects_broken_samplers(name):
 
 @pytest.mark.parametrize("name", CORRECT)
 def test_monte_carlo_accepts_correct_samplers(name):
-    report = conf.monte_carlo_rejection(
+    report = _monte_carlo.monte_carlo_rejection(
         CORRECT[name], MC_P, MC_Q, MC_ROWS, np.random.default_rng(2024)
     )
     assert report.format_ok
@@ -527,7 +532,7 @@ def test_monte_carlo_accepts_correct_samplers(name):
 
 @pytest.mark.parametrize("name", BROKEN)
 def test_monte_carlo_rejects_broken_samplers(name):
-    report = conf.monte_carlo_rejection(
+    report = _monte_carlo.monte_carlo_rejection(
         BROKEN[name], MC_P, MC_Q, MC_ROWS, np.random.default_rng(2024)
     )
     assert report.first_p_value < 1e-12, report
@@ -542,15 +547,19 @@ def test_monte_carlo_kernel_float32_and_generator_path():
             target, bonus, draft_probs, draft_ids, generator=np.random.default_rng(99)
         ).output_token_ids
 
-    report = conf.monte_carlo_rejection(
+    report = _monte_carlo.monte_carlo_rejection(
         generator_sampler, p32, q32, MC_ROWS, np.random.default_rng(7), dtype=np.float32
     )
     assert report.passed(), report
 
 
 def test_monte_carlo_point_mass_drafts():
-    report = conf.monte_carlo_rejection(
-        conf.kernel_sampler(point_mass=True), MC_P, [4, 0], MC_ROWS, np.random.default_rng(5)
+    report = _monte_carlo.monte_carlo_rejection(
+        _monte_carlo.kernel_sampler(point_mass=True),
+        MC_P,
+        [4, 0],
+        MC_ROWS,
+        np.random.default_rng(5),
     )
     assert report.expected_acceptance_rate == pytest.approx(0.25)
     assert report.passed(), report
@@ -558,7 +567,7 @@ def test_monte_carlo_point_mass_drafts():
 
 def test_rejection_at_position_zero_leaves_second_output_empty():
     rng = np.random.default_rng(8)
-    batch = conf.stratified_rejection_batch(MC_P, MC_Q, 8)
+    batch = _oracles.stratified_rejection_batch(MC_P, MC_Q, 8)
     result = specdec_np.rejection_sample(
         batch.target_with_bonus_probs,
         batch.bonus_token_ids,

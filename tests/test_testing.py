@@ -68,7 +68,7 @@ def test_block_verification() -> None:
     report = testing.check_verifier(bv.block, "block")
     assert report.passed, str(report)
     oracle = next(row for row in report.rows if row.name == "exact law equals the oracle")
-    if not hasattr(testing._conformance, "block_verification_law"):
+    if not hasattr(testing._oracles, "block_verification_law"):
         assert oracle.figure == "skipped" and "no oracle for block" in oracle.detail
     wrong = testing.check_verifier(bv.block_first_failure, "block")
     assert "exact law equals the target" in wrong.failed()
@@ -370,24 +370,24 @@ def test_readme_excerpt_is_from_the_real_report() -> None:
 
 def _grid_law(verifier: Any) -> Any:
     """A ``ChainLaw``-shaped exact law of a verifier, by the kit's exact grid, standing in
-    for the private module's oracle (to test the hook, not the laws)."""
+    for the oracles' module (to test the hook, not the laws)."""
 
     def law(p: np.ndarray, q: np.ndarray) -> Any:
-        batch = testing._law_batch(p, q, refine=8)
-        n, k = batch["ids"].shape
+        batch = testing._oracles.threshold_batch(p, q, refine=8)
+        n, k = batch.draft_token_ids.shape
         output = verifier(np.broadcast_to(p, (n, *p.shape)), np.zeros((n, 1), dtype=np.int64),
-                          np.broadcast_to(q, (n, *q.shape)), batch["ids"],
-                          uniforms=batch["uniforms"])
-        length = float(np.dot((output != -1).sum(axis=1) - 1, batch["weights"]))
+                          np.broadcast_to(q, (n, *q.shape)), batch.draft_token_ids,
+                          uniforms=batch.uniforms)
+        length = float(np.dot((output != -1).sum(axis=1) - 1, batch.weights))
         output[:, k] = -1  # the bonus: continued by p_k, as the oracle does
-        return SimpleNamespace(law=testing._completed_law(output, batch["weights"], p),
+        return SimpleNamespace(law=testing._completed_law(output, batch.weights, p),
                                expected_accepted_length=length)
 
     return law
 
 
 def test_block_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing._conformance, "block_verification_law", _grid_law(bv.block),
+    monkeypatch.setattr(testing._oracles, "block_verification_law", _grid_law(bv.block),
                         raising=False)
     report = testing.check_verifier(bv.block, "block")
     assert report.passed, str(report)
@@ -399,7 +399,7 @@ def test_block_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_rejection_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing._conformance, "rejection_law", _grid_law(bv.correct),
+    monkeypatch.setattr(testing._oracles, "rejection_law", _grid_law(bv.correct),
                         raising=False)
     assert testing.check_verifier(specdec_np.rejection_sample).passed
     assert "exact law equals the oracle" in testing.check_verifier(bv.block).failed()

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _conformance, _core, _trees, registry
+from specdec_np import _core, _statistics, _trees, registry
 from specdec_np import _tree_reference as tree_reference
 
 METHODS = tuple(method.name for method in registry.TREE_METHODS)
@@ -337,8 +337,8 @@ def p_value(counts, law):
     keys = sorted(set(law) | set(counts))
     observed = [counts.get(key, 0) for key in keys]
     expected = [law.get(key, 0.0) for key in keys]
-    statistic, dof = _conformance.chi_square_statistic(observed, expected)
-    return _conformance.chi_square_p_value(statistic, dof)
+    statistic, dof = _statistics.chi_square_statistic(observed, expected)
+    return _statistics.chi_square_p_value(statistic, dof)
 
 
 @pytest.mark.parametrize(
@@ -387,12 +387,10 @@ def peaked_counts(method, seed):
 
 def test_specinfer_on_siblings_drawn_without_replacement_fails():
     # The negative control: the same kernel with the rule of the wrong drafting.
-    statistic, dof = _conformance.chi_square_statistic(
-        peaked_counts("specinfer", 4), PEAKED_TARGET
-    )
-    assert _conformance.chi_square_p_value(statistic, dof) < 1e-9
-    statistic, dof = _conformance.chi_square_statistic(peaked_counts("rrs", 4), PEAKED_TARGET)
-    assert _conformance.chi_square_p_value(statistic, dof) > 1e-4
+    statistic, dof = _statistics.chi_square_statistic(peaked_counts("specinfer", 4), PEAKED_TARGET)
+    assert _statistics.chi_square_p_value(statistic, dof) < 1e-9
+    statistic, dof = _statistics.chi_square_statistic(peaked_counts("rrs", 4), PEAKED_TARGET)
+    assert _statistics.chi_square_p_value(statistic, dof) > 1e-4
 
 
 def test_specinfer_accepts_more_than_point_mass_on_sampled_children():
