@@ -236,9 +236,29 @@ def test_dlpack_adapter() -> None:
 
 
 def test_importing_the_kit_does_not_import_torch() -> None:
-    code = ("import sys, specdec_np.testing, specdec_np.pytest_plugin, specdec_np.cli; "
+    code = ("import sys, specdec_np.testing, specdec_np_pytest_plugin, specdec_np.cli; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_loading_the_pytest_plugin_imports_nothing_of_the_package(tmp_path: Any) -> None:
+    """pytest loads the plugin into every session of the environment: it must not import
+    the package (its compiled kernels and OpenMP runtime) until the fixture is used."""
+    (tmp_path / "test_probe.py").write_text(
+        "import sys\n"
+        "def test_probe():\n"
+        "    assert not [m for m in sys.modules if m.split('.')[0] == 'specdec_np']\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--trace-config", "--co", "-q", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert "specdec_np_pytest_plugin" in listed.stdout, "the plugin is not registered"
 
 
 def test_pytest_fixture(verifier_conformance: Any) -> None:

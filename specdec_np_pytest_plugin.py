@@ -5,8 +5,10 @@ Installed with specdec_np (entry point ``pytest11``), so an engine's test-suite 
     def test_my_verifier_is_lossless(verifier_conformance):
         verifier_conformance(my_verifier, kind="rejection")
 
-Loading the plugin imports nothing but this module; the kit (and NumPy) are imported when
-the fixture is first used.
+The plugin is a top-level module of its own, not a module of the package: pytest loads
+every installed plugin into every session, and importing anything inside ``specdec_np``
+runs the package's ``__init__`` (its compiled kernels and their OpenMP runtime).  Loading
+it imports nothing but pytest; the kit is imported when the fixture is first used.
 """
 
 from __future__ import annotations
