@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,9 @@ __all__ = [
     "cuda_module",
     "device_context",
     "device_of",
+    "array_front",
+    "in_inputs_library",
+    "inputs_library",
     "intake",
     "is_array_of",
     "is_cupy_array",
@@ -77,21 +81,27 @@ def cuda_available() -> bool:
         return False
 
 
-def intake(x: Any, name: str) -> Any:
+def intake(x: Any, name: str, like: Any = None) -> Any:
     """Return ``x`` as a NumPy or CuPy array, without copying unless its byte order is not
     the machine's (then a native copy of the same dtype).
 
     Parameters
     ----------
-    x : numpy.ndarray, cupy.ndarray or DLPack producer
+    x : numpy.ndarray, cupy.ndarray, DLPack producer, or array_like
+        Lists, tuples and Python or NumPy scalars are taken as NumPy would take them
+        (``numpy.asarray``), on the backend of ``like``.
     name : str
         Argument name for the error messages.
+    like : array, optional
+        An array already taken in (the call's target rows): an array_like becomes a CuPy
+        array on the current device when ``like`` is one.
 
     Raises
     ------
     TypeError
-        For anything that is not an array (lists, scalars, strings, None), a masked array
-        or a ``numpy.matrix`` (their mask and their 2-d semantics would be ignored), a torch
+        For what is not an array nor array_like (strings, None, dicts, sets), a nested
+        sequence that does not form an array of numbers, a masked array or a
+        ``numpy.matrix`` (their mask and their 2-d semantics would be ignored), a torch
         tensor that requires grad, a DLPack device other than CPU and CUDA, and a producer
         whose ``__dlpack__`` or ``__dlpack_device__`` does not follow the protocol.
     """
@@ -126,10 +136,29 @@ def intake(x: Any, name: str) -> Any:
             f"{name} is on DLPack device type {device_type}; only CPU (1) and CUDA (2) "
             "arrays are supported"
         )
+    if isinstance(x, _ARRAY_LIKE):
+        return _from_array_like(x, name, like)
     raise TypeError(
-        f"{name} must be a NumPy array, a CuPy array or an array that exports DLPack; "
-        f"found {type(x).__name__}"
+        f"{name} must be an array (NumPy, CuPy, or one that exports DLPack) or array_like "
+        f"(a list, tuple or number); found {type(x).__name__}"
     )
+
+
+_ARRAY_LIKE = (list, tuple, int, float, np.generic)
+
+
+def _from_array_like(x: Any, name: str, like: Any) -> Any:
+    """A list, tuple or number as NumPy takes it, refusing what is not an array of
+    numbers (strings, ragged nesting, objects)."""
+    try:
+        array = np.asarray(x)
+    except (ValueError, TypeError) as error:
+        raise TypeError(f"{name} must form an array of numbers; {error}") from None
+    if array.dtype.kind not in "biuf" and not (array.size == 0 and array.ndim == 1):
+        raise TypeError(f"{name} must form an array of numbers; found dtype {array.dtype}")
+    if like is not None and is_cupy_array(like):
+        return cuda_module().asarray(array)
+    return array
 
 
 def _dlpack_device_type(x: Any, name: str) -> int:
@@ -262,9 +291,16 @@ def token_ids(named: dict[str, Any], xp: Any, strict: bool) -> list[Any]:
     list of arrays
         In the order of ``named``; int64 unless every array is int32.
     """
+    # An empty id array has no id to misread: any dtype will do (``np.array([])`` is
+    # float64), and it takes the dtype of the others.
+    named = {
+        name: ids if ids.size else ids.astype(np.int64) for name, ids in named.items()
+    }
     for name, ids in named.items():
         _validate.check_token_id_dtype(name, ids.dtype, strict=strict)
-    dtypes = {ids.dtype for ids in named.values()}
+    dtypes = {ids.dtype for ids in named.values() if ids.size} or {
+        ids.dtype for ids in named.values()
+    }
     dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int64)
     return [xp.array(ids, dtype=dtype, order="C", copy=True) for ids in named.values()]
 
@@ -319,16 +355,85 @@ def device_context(first: Any) -> Any:
 
 
 def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``function`` in the :func:`device_context` of its first argument."""
+    """Run ``function`` in the :func:`device_context` of its first argument, and return its
+    arrays in the array library of its inputs (:func:`in_inputs_library`)."""
+    return array_front()(function)
 
-    @functools.wraps(function)
-    def wrapper(first: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(first, np.ndarray):
-            return function(first, *args, **kwargs)
-        with device_context(first):
-            return function(first, *args, **kwargs)
 
-    return wrapper
+def array_front(
+    device_from: tuple[str, ...] = (), method: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a public front so that it runs on its inputs' device and answers in their
+    array library.
+
+    Parameters
+    ----------
+    device_from : tuple of str
+        Keyword arguments whose array (the first given) picks the CUDA device; the first
+        positional argument when empty.
+    method : bool
+        The front is a method: its first positional argument is ``self``.
+    """
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            arrays = args[1:] if method else args
+            if device_from:
+                first = next((kwargs[n] for n in device_from if kwargs.get(n) is not None), None)
+            else:
+                first = arrays[0] if arrays else None
+            convert = inputs_library(*arrays, *kwargs.values())
+            if isinstance(first, np.ndarray) or first is None:
+                result = function(*args, **kwargs)
+            else:
+                with device_context(first):
+                    result = function(*args, **kwargs)
+            return result if convert is None else in_inputs_library(result, convert)
+
+        return wrapper
+
+    return decorate
+
+
+def inputs_library(*inputs: Any) -> Callable[[Any], Any] | None:
+    """The ``from_dlpack`` of the array library of the first input that is neither NumPy,
+    CuPy nor array_like (torch, JAX, ...), or None: results then stay NumPy or CuPy.
+
+    The rule, stated once for every public function (``docs/semantics.md`` §1): NumPy
+    arrays and array_like inputs give NumPy arrays, CuPy arrays give CuPy arrays, and
+    arrays of another library that exports DLPack give that library's arrays (through its
+    own ``from_dlpack``), on the inputs' device.
+    """
+    for x in inputs:
+        if x is None or isinstance(x, (np.ndarray, *_ARRAY_LIKE, dict)) or is_cupy_array(x):
+            continue
+        if not hasattr(x, "__dlpack__"):
+            continue
+        root = type(x).__module__.split(".", 1)[0]
+        module = sys.modules.get("jax" if root in ("jax", "jaxlib") else root)
+        for owner in (module, getattr(module, "numpy", None)):
+            convert = getattr(owner, "from_dlpack", None)
+            if callable(convert):
+                return convert
+        return None
+    return None
+
+
+def in_inputs_library(value: Any, convert: Callable[[Any], Any]) -> Any:
+    """``value`` (an array, or a named tuple of arrays and numbers) with each NumPy or
+    CuPy array converted by ``convert``."""
+    if isinstance(value, np.ndarray) or is_cupy_array(value):
+        return convert(value)
+    if isinstance(value, tuple) and hasattr(value, "_replace"):
+        return value._replace(
+            **{
+                name: convert(field)
+                for name, field in value._asdict().items()
+                if isinstance(field, np.ndarray) or is_cupy_array(field)
+            }
+        )
+    return value
 
 
 def first_failed_row(reported: int | None, row_status: Any) -> int:

@@ -202,10 +202,10 @@ def padded_chain(
     ChainBatch
     """
     target = _backend.intake(target_with_bonus_probs, "target_with_bonus_probs")
-    bonus = _backend.intake(bonus_token_ids, "bonus_token_ids")
-    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    bonus = _backend.intake(bonus_token_ids, "bonus_token_ids", like=target)
+    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
     probs = (
-        _backend.intake(draft_probs, "draft_probs")
+        _backend.intake(draft_probs, "draft_probs", like=target)
         if reads_draft_probs and draft_probs is not None
         else None
     )

@@ -88,6 +88,7 @@ def _check_out(
     return out
 
 
+@_backend.array_front(device_from=("target_probs", "target_logits"))
 def verify_ragged(
     *,
     num_draft_tokens: Any,
@@ -171,28 +172,27 @@ def verify_ragged(
     TypeError, ValueError
         On bad input, naming the argument and the request, before any uniform is drawn.
     """
-    with _backend.device_context(target_probs if target_probs is not None else target_logits):
-        return run_ragged(
-            num_draft_tokens=num_draft_tokens,
-            draft_token_ids=draft_token_ids,
-            target_logits=target_logits,
-            target_probs=target_probs,
-            draft_logits=draft_logits,
-            draft_probs=draft_probs,
-            method=method,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            bonus_token_ids=bonus_token_ids,
-            uniforms=uniforms,
-            generator=generator,
-            seeded_seqs=seeded_seqs,
-            counter_seeds=counter_seeds,
-            strict_mode=strict_mode,
-            out=out,
-            method_parameters=method_parameters,
-        )
+    return run_ragged(
+        num_draft_tokens=num_draft_tokens,
+        draft_token_ids=draft_token_ids,
+        target_logits=target_logits,
+        target_probs=target_probs,
+        draft_logits=draft_logits,
+        draft_probs=draft_probs,
+        method=method,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        bonus_token_ids=bonus_token_ids,
+        uniforms=uniforms,
+        generator=generator,
+        seeded_seqs=seeded_seqs,
+        counter_seeds=counter_seeds,
+        strict_mode=strict_mode,
+        out=out,
+        method_parameters=method_parameters,
+    )
 
 
 def run_ragged(
@@ -362,15 +362,15 @@ def ragged_chain(
         With ``padded_k`` None and, when ``bonus_token_ids`` is None, zeros as bonus ids.
     """
     target = _backend.intake(target_rows, target_name)
-    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
     drafts = (
-        _backend.intake(draft_rows, draft_name)
+        _backend.intake(draft_rows, draft_name, like=target)
         if reads_draft_probs and draft_rows is not None
         else None
     )
     bonus = None
     if bonus_token_ids is not None:
-        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids")
+        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids", like=target)
     device = _backend.check_one_device(
         {target_name: target, "draft_token_ids": draft_ids, draft_name: drafts,
          "bonus_token_ids": bonus}

@@ -656,9 +656,9 @@ def tree_batch(
         As :func:`validate_tree` and the chain layouts do, naming the argument.
     """
     target = _backend.intake(target_rows, target_name)
-    ids = _backend.intake(draft_token_ids, "draft_token_ids")
+    ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
     drafts = (
-        _backend.intake(draft_rows, draft_name)
+        _backend.intake(draft_rows, draft_name, like=target)
         if reads_draft_probs and draft_rows is not None
         else None
     )
@@ -727,6 +727,7 @@ def tree_output_buffers(
     return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
 
 
+@_backend.array_front(device_from=("target_probs", "target_logits"))
 def verify_tree(
     *,
     num_nodes: Any,
@@ -802,34 +803,6 @@ def verify_tree(
         On bad input, naming the argument and ``(request, node)``, before any uniform is
         drawn.
     """
-    with _backend.device_context(target_probs if target_probs is not None else target_logits):
-        return _verify_tree(
-            num_nodes, tree_parents, draft_token_ids, target_logits, target_probs, draft_logits,
-            draft_probs, method, temperature, top_k, top_p, min_p, uniforms, generator,
-            seeded_seqs, counter_seeds, strict_mode, out,
-        )
-
-
-def _verify_tree(
-    num_nodes: Any,
-    tree_parents: Any,
-    draft_token_ids: Any,
-    target_logits: Any,
-    target_probs: Any,
-    draft_logits: Any,
-    draft_probs: Any,
-    method: str,
-    temperature: Any,
-    top_k: Any,
-    top_p: Any,
-    min_p: Any,
-    uniforms: Any,
-    generator: Any,
-    seeded_seqs: Any,
-    counter_seeds: Any,
-    strict_mode: bool,
-    out: Any,
-) -> _results.TreeVerificationResult:
     strict = _validate.check_strict_mode(strict_mode)
     tree_method = registry.get_tree_method(method)
     form = _sampling.row_form(target_logits, target_probs, draft_logits, draft_probs)

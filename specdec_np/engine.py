@@ -69,6 +69,7 @@ class EngineVerifier:
         """The registry name of the verifier of sampled requests."""
         return self._verifier.name
 
+    @_backend.array_front(device_from=("target_probs", "target_logits"), method=True)
     def __call__(
         self,
         *,
@@ -96,30 +97,29 @@ class EngineVerifier:
         -------
         VerificationResult
         """
-        with _backend.device_context(target_probs if target_probs is not None else target_logits):
-            return _ragged.run_ragged(
-                num_draft_tokens=num_draft_tokens,
-                draft_token_ids=draft_token_ids,
-                target_logits=target_logits,
-                target_probs=target_probs,
-                draft_logits=draft_logits,
-                draft_probs=draft_probs,
-                method=self._verifier.name,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                bonus_token_ids=bonus_token_ids,
-                uniforms=uniforms,
-                generator=None,
-                seeded_seqs=seeded_seqs,
-                counter_seeds=counter_seeds,
-                strict_mode=self._strict_mode,
-                out=out,
-                method_parameters=self._method_parameters,
-                generator_for=self._own_generator.for_device,
-                on_success=self._record,
-            )
+        return _ragged.run_ragged(
+            num_draft_tokens=num_draft_tokens,
+            draft_token_ids=draft_token_ids,
+            target_logits=target_logits,
+            target_probs=target_probs,
+            draft_logits=draft_logits,
+            draft_probs=draft_probs,
+            method=self._verifier.name,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            bonus_token_ids=bonus_token_ids,
+            uniforms=uniforms,
+            generator=None,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            strict_mode=self._strict_mode,
+            out=out,
+            method_parameters=self._method_parameters,
+            generator_for=self._own_generator.for_device,
+            on_success=self._record,
+        )
 
     def _record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any) -> None:
         # Not ``with``: an interrupt between acquiring the lock and entering the block would

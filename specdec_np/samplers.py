@@ -216,6 +216,7 @@ class SpecDecodeBaseSampler:
 
     # -- vLLM's helpers --------------------------------------------------------------------
 
+    @_backend.array_front(method=True)
     def _create_output(
         self,
         accepted: Any,
@@ -242,7 +243,7 @@ class SpecDecodeBaseSampler:
         -------
         int64 [B, k+1]
         """
-        result = verify.create_output(
+        result = verify.format_output(
             accepted,
             substitute_token_ids,
             draft_token_ids,
@@ -441,6 +442,7 @@ class _StochasticSampler(_RegisteredSampler):
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
         self._generator = self._own_generator.numpy
 
+    @_backend.array_front(method=True)
     def forward(
         self,
         target_with_bonus_probs: Any,
@@ -496,6 +498,7 @@ class _DeterministicSampler(_RegisteredSampler):
         values = _validate.check_method_parameters(self._verifier, parameters)
         self._parameters = dict(zip(self._verifier.parameter_names, values))
 
+    @_backend.array_front(method=True)
     def forward(
         self,
         target_with_bonus_probs: Any,

@@ -28,6 +28,7 @@ __all__ = [
     "VerificationResult",
     "block_verification_sample",
     "create_output",
+    "format_output",
     "greedy_sample",
     "rejection_sample",
     "run_padded",
@@ -295,6 +296,21 @@ def create_output(
     -------
     VerificationResult
     """
+    return format_output(
+        accepted, substitute_token_ids, draft_token_ids, bonus_token_ids, vocab_size=vocab_size
+    )
+
+
+def format_output(
+    accepted: Any,
+    substitute_token_ids: Any,
+    draft_token_ids: Any,
+    bonus_token_ids: Any,
+    *,
+    vocab_size: int | None = None,
+) -> VerificationResult:
+    """:func:`create_output` on the inputs' backend (NumPy or CuPy results, whatever the
+    inputs' array library): what a sampler's ``_create_output`` records from."""
     accepted = _backend.intake(accepted, "accepted")
     substitute = _backend.intake(substitute_token_ids, "substitute_token_ids")
     draft = _backend.intake(draft_token_ids, "draft_token_ids")

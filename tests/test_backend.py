@@ -43,12 +43,13 @@ def verify_all(target, bonus, draft_probs, draft_ids):
     ]
 
 
-def assert_same(results, expected):
+def assert_same(results, expected, kind=np.ndarray):
+    """Equal results, each array of ``kind`` (the inputs' array library)."""
     assert len(results) == len(expected) == len(registry.VERIFIERS)
     for got, want in zip(results, expected):
         for got_array, want_array in zip(got, want):
-            assert isinstance(got_array, np.ndarray)
-            np.testing.assert_array_equal(got_array, want_array)
+            assert isinstance(got_array, kind), type(got_array)
+            np.testing.assert_array_equal(np.asarray(got_array), want_array)
 
 
 def test_layouts_give_identical_results():
@@ -105,7 +106,30 @@ def test_dlpack_torch_cpu_tensors_match_numpy():
     arrays = inputs()
     expected = verify_all(*arrays)
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    assert_same(verify_all(*tensors), expected)
+    # torch in, torch out (docs/semantics.md §1).
+    assert_same(verify_all(*tensors), expected, kind=torch.Tensor)
+
+
+def test_array_like_inputs_match_arrays():
+    arrays = inputs()
+    expected = verify_all(*arrays)
+    assert_same(verify_all(*[a.tolist() for a in arrays]), expected)
+    target, bonus, draft_probs, draft_ids = arrays
+    assert_same(verify_all(target, bonus.tolist(), draft_probs, tuple(map(tuple, draft_ids))),
+                expected)
+
+
+def test_outputs_follow_the_first_foreign_input_library():
+    torch = pytest.importorskip("torch")
+    target, bonus, draft_probs, draft_ids = inputs()
+    mixed = verify_all(target, torch.from_numpy(bonus), draft_probs, draft_ids)
+    assert_same(mixed, verify_all(target, bonus, draft_probs, draft_ids), kind=torch.Tensor)
+    result = specdec_np.verify_ragged(
+        num_draft_tokens=[K] * B, draft_token_ids=torch.from_numpy(draft_ids.reshape(-1)),
+        target_probs=target.reshape(-1, V), uniforms=np.zeros((B, K + 2)),
+    )
+    assert isinstance(result.output_token_ids, torch.Tensor)
+    assert isinstance(result.num_draft_tokens, int)
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -513,25 +513,20 @@ ARGUMENT_NAMES = {
 
 def not_an_array(name: str, found: str) -> str:
     return (
-        f"{name} must be a NumPy array, a CuPy array or an array that exports DLPack; "
-        f"found {found}"
+        f"{name} must be an array (NumPy, CuPy, or one that exports DLPack) or array_like "
+        f"(a list, tuple or number); found {found}"
     )
 
 
 @pytest.mark.parametrize("name", list(VERIFIERS))
 @pytest.mark.parametrize("argument", list(ARGUMENT_NAMES))
-@pytest.mark.parametrize("replacement", ["list", "None", "str", "scalar"])
+@pytest.mark.parametrize("replacement", ["None", "str", "dict"])
 def test_a_non_array_among_arrays_names_its_argument(
     name: str, argument: str, replacement: str
 ) -> None:
     inputs = valid_inputs()
-    value = {
-        "list": inputs[argument].tolist(),
-        "None": None,
-        "str": "abc",
-        "scalar": 1.0,
-    }[replacement]
-    found = {"list": "list", "None": "NoneType", "str": "str", "scalar": "float"}[replacement]
+    value = {"None": None, "str": "abc", "dict": {0: 1}}[replacement]
+    found = {"None": "NoneType", "str": "str", "dict": "dict"}[replacement]
     inputs[argument] = value
     if argument == "draft_probs" and (name not in REJECTION or replacement == "None"):
         call(name, inputs)  # ignored by the deterministic verifiers; None means point mass
@@ -540,15 +535,39 @@ def test_a_non_array_among_arrays_names_its_argument(
         call(name, inputs)
 
 
+@pytest.mark.parametrize("name", list(VERIFIERS))
+@pytest.mark.parametrize("argument", list(ARGUMENT_NAMES))
+def test_array_like_arguments_are_taken_as_numpy_takes_them(name: str, argument: str) -> None:
+    """Lists give the arrays' results; a scalar where an array is needed is a shape or
+    dtype error that names the argument, and a ragged list a TypeError."""
+    # A list of floats is float64, as in NumPy; the rows must share one dtype.
+    inputs = {
+        key: value.astype(np.float64) if value.dtype.kind == "f" else value
+        for key, value in valid_inputs().items()
+    }
+    expected = call(name, dict(inputs))
+    listed = dict(inputs, **{argument: inputs[argument].tolist()})
+    for got, want in zip(call(name, listed), expected):
+        np.testing.assert_array_equal(got, want)
+    if argument == "draft_probs" and name not in REJECTION:
+        return
+    with pytest.raises((TypeError, ValueError), match=ARGUMENT_NAMES[argument]):
+        call(name, dict(inputs, **{argument: 1.0}))
+    with pytest.raises(TypeError, match=f"{ARGUMENT_NAMES[argument]} must form an array"):
+        call(name, dict(inputs, **{argument: [[0.5], [0.25, 0.25]]}))
+
+
 @pytest.mark.parametrize("entry", ["create_output", "_create_output"])
 @pytest.mark.parametrize(
     "argument", ["accepted", "substitute_token_ids", "draft_token_ids", "bonus_token_ids"]
 )
-def test_create_output_non_array_names_its_argument(entry: str, argument: str) -> None:
+def test_create_output_takes_lists(entry: str, argument: str) -> None:
     arguments = create_output_inputs()
+    expected = create_output_entries()[entry](*arguments.values())
     arguments[argument] = arguments[argument].tolist()
-    with pytest.raises(TypeError, match=exactly(not_an_array(argument, "list"))):
-        create_output_entries()[entry](*arguments.values())
+    got = create_output_entries()[entry](*arguments.values())
+    np.testing.assert_array_equal(getattr(got, "output_token_ids", got),
+                                  getattr(expected, "output_token_ids", expected))
 
 
 # --------------------------------------------------------------------------------------
@@ -588,9 +607,11 @@ UNIFORM_ERRORS = [
     ("0-d", "uniforms must have shape [B, k+1] = [3, 4]; found shape []"),
     ("float32", "uniforms must be a float64 array; found float32"),
     (
-        "list",
-        "uniforms must be a NumPy array, a CuPy array or an array that exports DLPack; found list",
+        "str",
+        "uniforms must be an array (NumPy, CuPy, or one that exports DLPack) or array_like "
+        "(a list, tuple or number); found str",
     ),
+    ("list of nan", "uniforms must lie in [0, 1); found nan at index (1, 2)"),
 ]
 
 
@@ -605,14 +626,15 @@ def bad_uniforms(kind: str) -> Any:
         "transposed": uniforms.T,
         "0-d": np.array(0.5),
         "float32": uniforms.astype(np.float32),
-        "list": uniforms.tolist(),
+        "str": "0.5",
+        "list of nan": [[0.5] * (K + 1), [0.5, 0.5, np.nan, 0.5], [0.5] * (K + 1)],
     }[kind]
 
 
 @pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize(("kind", "message"), UNIFORM_ERRORS, ids=[c[0] for c in UNIFORM_ERRORS])
 def test_bad_uniforms(entry: str, kind: str, message: str) -> None:
-    error = TypeError if kind in ("float32", "list") else ValueError
+    error = TypeError if kind in ("float32", "str") else ValueError
     with pytest.raises(error, match=exactly(message)):
         rejection_entries()[entry](*positional(valid_inputs()), uniforms=bad_uniforms(kind))
 
@@ -899,7 +921,7 @@ FAILING_REJECTION_CALLS: dict[str, Callable[[Any, Any], Any]] = {
     "dtype": lambda s, g: s(
         *positional(with_changes(draft_ids=lambda d: d.astype(np.float64))), {0: g}
     ),
-    "list": lambda s, g: s(*positional({**valid_inputs(1), "bonus": [[0]] * B}), {0: g}),
+    "not an array": lambda s, g: s(*positional({**valid_inputs(1), "bonus": "abc"}), {0: g}),
     # Found by the kernel, after the uniforms were drawn: the draws must be undone.
     "draft id": lambda s, g: s(*positional(with_changes(draft_ids=set_item((2, 1), V))), {0: g}),
     "bonus id": lambda s, g: s(*positional(with_changes(bonus=set_item((1, 0), -1))), {0: g}),
@@ -974,7 +996,7 @@ FAILING_DETERMINISTIC_CALLS: dict[str, Callable[[Any], Any]] = {
     "dtype": lambda s: s(*positional(with_changes(bonus=lambda b: b.astype(np.uint8)))),
     "draft id": lambda s: s(*positional(with_changes(draft_ids=set_item((2, 2), -1)))),
     "bonus id": lambda s: s(*positional(with_changes(bonus=set_item((0, 0), V)))),
-    "list": lambda s: s(*positional({**valid_inputs(1), "draft_ids": [[0] * K] * B})),
+    "not an array": lambda s: s(*positional({**valid_inputs(1), "draft_ids": "abc"})),
     "_create_output substitute": lambda s: s._create_output(
         np.zeros((B, K), bool), np.full((B, K), -1), np.zeros((B, K), np.int64), np.zeros(B, int)
     ),

@@ -152,9 +152,9 @@ def test_torch_baseline_equals_verify_tree(regime: str, form: str) -> None:
     inputs = bench.TreeInputs(regime, 5, 12, 200, seed=3, flat_draft_scale=1.0)
     if form == "probs":
         inputs.to_probs()
-    baseline = bench.time_baseline(
-        bench.load_torch(bench.parse_args(["--quick"]))[0], inputs, bench.parse_args(["--quick"])
-    )
+    args = bench.parse_args(["--quick"])
+    torch_tree, _ = bench.harness.load_torch_baseline("torch_tree", args.threads, skip=False)
+    baseline = bench.time_baseline(torch_tree, inputs, args)
     assert baseline["greedy_equal"] and baseline["sampled_equal"]
 
 
