@@ -11,6 +11,7 @@ per-request sampling parameters) and :func:`verify_tree` draft trees, with the b
 
 from . import registry
 from ._philox import counter_uniforms
+from ._processed import processed_probs, sample_tokens
 from ._ragged import output_buffers, verify_ragged
 from ._results import TreeVerificationResult, VerificationResult
 from ._trees import (
@@ -68,8 +69,10 @@ __all__ = [
     "greedy_sample",
     "multi_draft_tree",
     "output_buffers",
+    "processed_probs",
     "registry",
     "rejection_sample",
+    "sample_tokens",
     "to_next_arrays",
     "tree_output_buffers",
     "typical_acceptance_sample",

@@ -106,3 +106,7 @@ def create_output(
     num_accepted: Int64Array,
     row_status: Int64Array,
 ) -> int: ...
+
+def processed_rows(
+    logits: np.ndarray, sampling: np.ndarray, out: np.ndarray, num_threads: int
+) -> None: ...

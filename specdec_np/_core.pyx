@@ -29,7 +29,8 @@ The code lives in ``specdec_np/kernels/``, one concept per include file:
 * ``chain_driver.pxi``: :func:`verify_chains` and :func:`ragged_offsets`;
 * ``tree_walks.pxi``: the tree steps (the registry's ``walk``);
 * ``tree_driver.pxi``: :func:`verify_trees` and :func:`tree_layout_is_valid`;
-* ``output_formatting.pxi``: output rows and :func:`create_output`.
+* ``output_formatting.pxi``: output rows and :func:`create_output`;
+* ``processed_rows.pxi``: :func:`processed_rows`, the processed law of logits rows.
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
 ``specdec_np._contract``.
@@ -210,3 +211,4 @@ include "kernels/chain_driver.pxi"
 include "kernels/tree_walks.pxi"
 include "kernels/tree_driver.pxi"
 include "kernels/output_formatting.pxi"
+include "kernels/processed_rows.pxi"

@@ -16,7 +16,14 @@ import numpy as np
 
 from . import _validate
 
-__all__ = ["RowForm", "RequestSampling", "request_sampling", "row_form"]
+__all__ = [
+    "RequestSampling",
+    "RowForm",
+    "greedy_requests",
+    "request_sampling",
+    "row_form",
+    "sampling_table",
+]
 
 
 class RowForm(NamedTuple):
@@ -128,14 +135,14 @@ def request_sampling(
             check_values = _validate.check_probability_values
         for name, values in zip((form.target_name, form.draft_name), rows):
             check_values(name, values, xp)
-    greedy = _greedy_requests(sampling, every_request_greedy, batch_size)
+    greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     table = None
     if form.from_logits:
-        table = xp.asarray(_sampling_table(sampling, greedy, batch_size))
+        table = xp.asarray(sampling_table(sampling, greedy, batch_size))
     return RequestSampling(greedy, table)
 
 
-def _greedy_requests(
+def greedy_requests(
     sampling: Mapping[str, Any], every_request: bool, batch_size: int
 ) -> np.ndarray:
     """bool [B]: the requests verified greedily (``temperature == 0``, or all of them)."""
@@ -149,7 +156,7 @@ def _greedy_requests(
 _SAMPLING_COLUMNS = (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
 
 
-def _sampling_table(
+def sampling_table(
     sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int
 ) -> np.ndarray:
     """float64 [B, 4]: temperature, top-k (0 = off), top-p, min-p of every request, with

@@ -461,6 +461,26 @@ def int64_values(array: np.ndarray, name: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
+#: The orders in which the sampling filters are applied (docs/semantics.md §12).
+FILTER_ORDERS = ("vllm",)
+
+
+def check_filter_order(filter_order: Any) -> str:
+    """``filter_order`` checked: one of :data:`FILTER_ORDERS`.
+
+    Raises
+    ------
+    ValueError
+        For another value; the message lists the known ones.
+    """
+    if not isinstance(filter_order, str) or filter_order not in FILTER_ORDERS:
+        raise ValueError(
+            f"filter_order must be one of {', '.join(repr(o) for o in FILTER_ORDERS)}; "
+            f"found {filter_order!r}"
+        )
+    return filter_order
+
+
 def check_logit_values(name: str, array: Any, xp: Any) -> None:
     """Strict mode for logits: no NaN and no +inf (``-inf`` masks a token and is allowed)."""
     if array is None:

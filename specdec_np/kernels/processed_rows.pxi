@@ -1,0 +1,54 @@
+# --------------------------------------------------------------------------------------
+# The processed law of logits rows, materialised: the rows ``specdec_np.processed_probs``
+# returns, written by the very functions the row readers use, so they are the bits the
+# verifiers draw from.
+# --------------------------------------------------------------------------------------
+
+cdef void process_row(
+    const probability_t* logits, Py_ssize_t V, const double* sampling, probability_t* out
+) noexcept nogil:
+    # The law lives in this frame: one per thread of the loop below.
+    cdef specdec_row_law law
+    if probability_t is float:
+        specdec_row_law_f(
+            logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], &law
+        )
+        specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
+    else:
+        specdec_row_law_d(
+            logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], &law
+        )
+        specdec_law_materialise_d(logits, V, sampling[0], &law, out)
+
+
+def processed_rows(
+    const probability_t[:, ::1] logits,
+    const double[:, ::1] sampling,
+    probability_t[:, ::1] out,
+    int num_threads,
+):
+    """Write the processed law of every logits row.
+
+    Parameters
+    ----------
+    logits : float32 or float64 [N, V], C-contiguous
+    sampling : float64 [N, 4]
+        Per row ``(temperature, top_k, top_p, min_p)``, top-k 0 = off, temperature > 0.
+    out : same dtype as ``logits`` [N, V]
+        Written: row ``i``'s law (all zeros for a row without a finite maximum).
+    num_threads : int
+        Threads for the loop over rows.
+    """
+    cdef Py_ssize_t N = logits.shape[0]
+    cdef Py_ssize_t V = logits.shape[1]
+    cdef Py_ssize_t i
+    require(V >= 1, "the vocabulary must not be empty")
+    require(sampling.shape[0] == N and sampling.shape[1] == 4, "sampling must be [N, 4]")
+    require(out.shape[0] == N and out.shape[1] == V, "out must be [N, V]")
+    if N == 0:
+        return
+    for i in prange(
+        N, nogil=True, num_threads=num_threads, schedule="dynamic",
+        use_threads_if=num_threads > 1,
+    ):
+        process_row(&logits[i, 0], V, &sampling[i, 0], &out[i, 0])

@@ -1,0 +1,146 @@
+"""The processed law as a function (``specdec_np.processed_probs``) and the draws of steps
+without drafts (``specdec_np.sample_tokens``): docs/semantics.md §12."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from draw_checks import assert_draw_consistent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specdec_np
+from specdec_np._reference import process_logits
+
+DTYPES = (np.float32, np.float64)
+
+
+@st.composite
+def cases(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = draw(st.sampled_from(DTYPES))
+    n, vocab = draw(st.integers(1, 6)), draw(st.integers(1, 300))
+    levels = rng.normal(size=draw(st.integers(1, 6))) * 3
+    logits = rng.choice(levels, size=(n, vocab))
+    if draw(st.booleans()):
+        logits = logits + rng.normal(size=(n, vocab))
+    temperature = rng.choice([0.0, 0.5, 1.0, 2.0], size=n)
+    top_k = rng.choice([0, 1, 3, vocab], size=n)
+    top_p = rng.choice([1.0, 0.9, 0.5], size=n)
+    min_p = rng.choice([0.0, 0.1], size=n)
+    return logits.astype(dtype), temperature, top_k, top_p, min_p, rng
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=cases())
+def test_processed_probs_is_the_reference_law(case) -> None:
+    logits, temperature, top_k, top_p, min_p, _ = case
+    rows = specdec_np.processed_probs(
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+    )
+    assert rows.dtype == logits.dtype and rows.shape == logits.shape
+    sampled = temperature > 0
+    reference = process_logits(
+        logits[sampled], temperature[sampled], top_k[sampled], top_p[sampled], min_p[sampled]
+    )
+    tolerance = 1e-5 if logits.dtype == np.float32 else 1e-12
+    # The kept sets agree except where a filter's boundary lies within rounding.
+    agree = ((rows[sampled] > 0) == (reference > 0)).all(axis=1)
+    np.testing.assert_allclose(rows[sampled][agree], reference[agree], rtol=tolerance, atol=1e-30)
+    argmax = np.where(np.isnan(logits), -np.inf, logits).argmax(axis=1)
+    np.testing.assert_array_equal(rows[~sampled], np.eye(logits.shape[1])[argmax[~sampled]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases())
+def test_sample_tokens_draws_from_processed_probs(case) -> None:
+    """The token of uniform u is the inverse-CDF draw at u over processed_probs' rows (the
+    same rows the kernel reads), up to a CDF boundary within rounding."""
+    logits, temperature, top_k, top_p, min_p, rng = case
+    parameters = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    rows = specdec_np.processed_probs(logits, **parameters).astype(np.float64)
+    uniforms = rng.random(logits.shape[0])
+    tokens = specdec_np.sample_tokens(logits=logits, uniforms=uniforms, **parameters)
+    for i, token in enumerate(tokens):
+        if temperature[i] == 0:
+            assert rows[i, token] == 1.0
+            continue
+        cdf = np.cumsum(rows[i])
+        expected = min(int(np.searchsorted(cdf, uniforms[i] * cdf[-1], side="right")),
+                       int(np.flatnonzero(rows[i] > 0)[-1]))
+        assert_draw_consistent(token, expected, rows[i], uniforms[i])
+
+
+def test_sample_tokens_is_a_step_of_verify_ragged_without_drafts() -> None:
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(5, 40)).astype(np.float32)
+
+    def arguments(source: str, seed: int) -> dict:
+        if source == "generator":
+            return {"generator": np.random.default_rng(seed)}
+        if source == "seeded_seqs":
+            return {"seeded_seqs": {b: np.random.default_rng([seed, b]) for b in range(5)}}
+        return {"counter_seeds": {b: (seed, b) for b in range(5)}}
+
+    for source in ("generator", "seeded_seqs", "counter_seeds"):
+        tokens = specdec_np.sample_tokens(logits=logits, temperature=0.8, **arguments(source, 7))
+        ragged = specdec_np.verify_ragged(
+            num_draft_tokens=[0] * 5, draft_token_ids=[], target_logits=logits,
+            temperature=0.8, **arguments(source, 7),
+        )
+        np.testing.assert_array_equal(tokens, ragged.output_token_ids[:, 0])
+
+
+def test_sample_tokens_from_probabilities_and_greedy_rows() -> None:
+    rng = np.random.default_rng(4)
+    probs = rng.dirichlet(np.ones(30), size=4)
+    tokens = specdec_np.sample_tokens(
+        probs=probs, temperature=[0.0, 1.0, 0.0, 1.0], uniforms=np.full(4, 0.999)
+    )
+    assert tokens[0] == probs[0].argmax() and tokens[2] == probs[2].argmax()
+    assert tokens.dtype == np.int64 and tokens.shape == (4,)
+
+
+def test_a_wrong_draw_is_caught_by_the_check() -> None:
+    """Negative control: a draw from the unfiltered softmax fails the draw check."""
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    rows = specdec_np.processed_probs(logits, top_k=2).astype(np.float64)
+    unfiltered = np.exp(logits[0]) / np.exp(logits[0]).sum()
+    wrong = int(np.searchsorted(np.cumsum(unfiltered), 0.99 * unfiltered.sum()))
+    with pytest.raises(AssertionError):
+        assert_draw_consistent(wrong, 1, rows[0], 0.99)
+
+
+def test_out_and_single_rows() -> None:
+    logits = np.random.default_rng(5).normal(size=(3, 16))
+    out = np.empty((3, 16))
+    assert specdec_np.processed_probs(logits, out=out, top_p=0.8) is not None
+    np.testing.assert_array_equal(out, specdec_np.processed_probs(logits, top_p=0.8))
+    np.testing.assert_array_equal(
+        specdec_np.processed_probs(logits[1], top_p=0.8), out[1]
+    )
+    with pytest.raises(ValueError, match="out shares memory with logits"):
+        specdec_np.processed_probs(logits, out=logits)
+    with pytest.raises(TypeError, match="out must be a float64 array"):
+        specdec_np.processed_probs(logits, out=np.empty((3, 16), np.float32))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: specdec_np.processed_probs([[1.0, 2.0]], filter_order="sglang"), ValueError,
+         "filter_order"),
+        (lambda: specdec_np.processed_probs(np.zeros((2, 2, 2))), ValueError, "logits"),
+        (lambda: specdec_np.processed_probs("abc"), TypeError, "logits"),
+        (lambda: specdec_np.processed_probs([[1.0, 2.0]], top_p=0.0), ValueError, "top_p"),
+        (lambda: specdec_np.sample_tokens(logits=[[1.0]], probs=[[1.0]]), ValueError,
+         "exactly one"),
+        (lambda: specdec_np.sample_tokens(logits=[[1.0]], uniforms=[0.5, 0.5]), ValueError,
+         "uniforms"),
+        (lambda: specdec_np.sample_tokens(logits=[[-np.inf, -np.inf]], uniforms=[0.5]),
+         ValueError, "no positive probability"),
+    ],
+)
+def test_bad_input_names_the_argument(call, error, message) -> None:
+    with pytest.raises(error, match=message):
+        call()
