@@ -361,7 +361,9 @@ def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def array_front(
-    device_from: tuple[str, ...] = (), method: bool = False
+    device_from: tuple[str, ...] = (),
+    method: bool = False,
+    library_from: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a public front so that it runs on its inputs' device and answers in their
     array library.
@@ -373,6 +375,9 @@ def array_front(
         positional argument when empty.
     method : bool
         The front is a method: its first positional argument is ``self``.
+    library_from : tuple of str
+        The keyword arguments whose arrays decide the results' library, besides the
+        positional ones: the rows and ids, not the uniforms, seeds or ``out=`` buffers.
     """
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -383,7 +388,7 @@ def array_front(
                 first = next((kwargs[n] for n in device_from if kwargs.get(n) is not None), None)
             else:
                 first = arrays[0] if arrays else None
-            convert = inputs_library(*arrays, *kwargs.values())
+            convert = inputs_library(*arrays, *(kwargs.get(name) for name in library_from))
             if isinstance(first, np.ndarray) or first is None:
                 result = function(*args, **kwargs)
             else:

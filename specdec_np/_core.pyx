@@ -40,6 +40,7 @@ from cython.parallel cimport prange, threadid
 from cython.view cimport array
 from libc.math cimport exp, isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
 
 cdef extern from "_rowscan.h" nogil:
     double specdec_residual_sum_f(
@@ -172,6 +173,7 @@ cdef struct Request:
     const double* parameters
     bint causal
     bint logits
+    bint draft_logits
     double temperature
     int64_t top_k
     double top_p

@@ -108,7 +108,7 @@ def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
     return out.reshape(rows.shape)
 
 
-@_backend.array_front(device_from=("logits", "probs"))
+@_backend.array_front(device_from=("logits", "probs"), library_from=("logits", "probs"))
 def sample_tokens(
     *,
     logits: Any = None,

@@ -34,6 +34,17 @@ __all__ = ["output_buffers", "ragged_chain", "verify_ragged"]
 
 _GREEDY = registry.get("greedy")
 
+#: The arguments whose arrays decide the results' array library.
+DATA_ARGUMENTS = (
+    "num_draft_tokens",
+    "draft_token_ids",
+    "target_logits",
+    "target_probs",
+    "draft_logits",
+    "draft_probs",
+    "bonus_token_ids",
+)
+
 
 def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _contract.OutputBlock:
     """Buffers for ``verify_ragged(..., out=...)``, so that a steady-state engine allocates
@@ -88,7 +99,9 @@ def _check_out(
     return out
 
 
-@_backend.array_front(device_from=("target_probs", "target_logits"))
+@_backend.array_front(
+    device_from=("target_probs", "target_logits"), library_from=DATA_ARGUMENTS
+)
 def verify_ragged(
     *,
     num_draft_tokens: Any,
@@ -276,6 +289,8 @@ def run_ragged(
         )
     threads = batch.threads(chosen)
     options = _dispatch.sampling_options(batch, threads, sampling.table)
+    if sampling.table is not None:
+        options.update(form.kernel_options())
     options["causal"] = True
     if bonus_token_ids is None:
         options["draw_bonus"] = True

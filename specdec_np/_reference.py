@@ -782,6 +782,7 @@ def verify_ragged(
     min_p: Any = None,
     bonus_token_ids: Any = None,
     uniforms: Any = None,
+    draft_from_logits: bool | None = None,
     **parameters: float,
 ) -> tuple[Any, Any]:
     """The engine layout on the padded references, one request at a time.
@@ -810,6 +811,10 @@ def verify_ragged(
     method : str
         A registry name.
     from_logits : bool
+        The target rows are logits.
+    draft_from_logits : bool, optional
+        The draft rows are logits (processed like the target's) rather than probabilities
+        used as given; ``from_logits`` by default.
     temperature, top_k, top_p, min_p : scalar, [B] or None
         None is off (temperature 1, top-k 0, top-p 1, min-p 0).  With probabilities only
         ``temperature == 0`` matters: it marks greedy requests.
@@ -841,6 +846,7 @@ def verify_ragged(
     top_ps = _per_request(xp, top_p, batch_size, 1.0)
     min_ps = _per_request(xp, min_p, batch_size, 0.0)
     ids = xp.astype(draft_token_ids, xp.int64)
+    draft_logits = from_logits if draft_from_logits is None else draft_from_logits
     rows_out: list[list[int]] = []
     accepted_lengths: list[int] = []
     offset = 0
@@ -854,10 +860,11 @@ def verify_ragged(
         if greedy:
             # NaN never wins the greedy argmax; -inf is its neutral value.
             target = xp.where(xp.isnan(target), xp.asarray(-xp.inf, dtype=target.dtype), target)
-        elif from_logits:
+        else:
             settings = (temperatures[b], top_ks[b], top_ps[b], min_ps[b])
-            target = _process_request_rows(xp, target, settings)
-            if draft is not None:
+            if from_logits:
+                target = _process_request_rows(xp, target, settings)
+            if draft is not None and draft_logits:
                 draft = _process_request_rows(xp, draft, settings)
         request_uniforms = None if greedy else uniforms[b, : k + 2]
         if k == 0:

@@ -32,37 +32,55 @@ class RowForm(NamedTuple):
     Attributes
     ----------
     from_logits : bool
+        The target rows are logits (the sampling filters apply to them).
+    draft_from_logits : bool
+        The draft rows are logits (processed with the target's parameters); False for
+        draft probabilities, used as given, and for point-mass drafts.
     target_name, draft_name : str
-        The arguments' names (``target_logits``/``draft_logits`` or the ``_probs`` pair).
+        The arguments' names (``target_logits`` or ``target_probs``, ``draft_logits`` or
+        ``draft_probs``).
     target, draft : array or None
         The arguments themselves.
     """
 
     from_logits: bool
+    draft_from_logits: bool
     target_name: str
     draft_name: str
     target: Any
     draft: Any
 
+    @property
+    def processed(self) -> bool:
+        """Whether some rows are logits: the kernels then read the sampling table."""
+        return self.from_logits or self.draft_from_logits
+
+    def kernel_options(self) -> dict[str, bool]:
+        """Which rows the kernels process, when some are logits."""
+        return {"target_logits": self.from_logits, "draft_logits": self.draft_from_logits}
+
 
 def row_form(
     target_logits: Any, target_probs: Any, draft_logits: Any, draft_probs: Any
 ) -> RowForm:
-    """The form of the rows; a ValueError unless exactly one target form is given and the
-    draft, if any, is in the same form."""
+    """The form of the rows: any target form with any draft form (vLLM v1 hands target
+    logits with the drafter's probabilities); a ValueError unless exactly one target form
+    and at most one draft form is given."""
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
     if draft_logits is not None and draft_probs is not None:
         raise ValueError("give at most one of draft_logits and draft_probs")
     from_logits = target_logits is not None
-    if (draft_logits is not None and not from_logits) or (draft_probs is not None and from_logits):
-        raise ValueError(
-            "give the draft rows in the target's form: draft_logits with target_logits, "
-            "draft_probs with target_probs"
-        )
-    if from_logits:
-        return RowForm(True, "target_logits", "draft_logits", target_logits, draft_logits)
-    return RowForm(False, "target_probs", "draft_probs", target_probs, draft_probs)
+    draft_from_logits = draft_logits is not None
+    draft_name = "draft_logits" if draft_from_logits else "draft_probs"
+    return RowForm(
+        from_logits,
+        draft_from_logits,
+        "target_logits" if from_logits else "target_probs",
+        draft_name,
+        target_logits if from_logits else target_probs,
+        draft_logits if draft_from_logits else draft_probs,
+    )
 
 
 class RequestSampling(NamedTuple):
@@ -126,18 +144,19 @@ def request_sampling(
     """
     sampling = _validate.check_sampling_parameters(
         batch_size, vocab_size, from_logits=form.from_logits, row_dtype=rows[0].dtype,
-        **parameters,
+        divides_logits=form.processed, **parameters,
     )
     if strict:
-        if form.from_logits:
-            check_values = _validate.check_logit_values
-        else:
-            check_values = _validate.check_probability_values
-        for name, values in zip((form.target_name, form.draft_name), rows):
-            check_values(name, values, xp)
+        for name, values, logits in zip(
+            (form.target_name, form.draft_name), rows, (form.from_logits, form.draft_from_logits)
+        ):
+            if logits:
+                _validate.check_logit_values(name, values, xp)
+            else:
+                _validate.check_probability_values(name, values, xp)
     greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     table = None
-    if form.from_logits:
+    if form.processed:
         table = xp.asarray(sampling_table(sampling, greedy, batch_size))
     return RequestSampling(greedy, table)
 

@@ -178,6 +178,7 @@ def verify_tree_requests(
     top_k: Any = None,
     top_p: Any = None,
     min_p: Any = None,
+    draft_from_logits: bool | None = None,
 ) -> tuple[Any, Any, Any]:
     """The engine form of :func:`verify_tree`: logits or probabilities, per-request
     sampling parameters, greedy requests mixed with sampled ones, one request at a time.
@@ -198,8 +199,12 @@ def verify_tree_requests(
     uniforms : float64 [B, >= max_nodes + 1] or None
     method : str
     from_logits : bool
+        The target rows are logits.
     temperature, top_k, top_p, min_p : scalar, [B] or None
         None is off.
+    draft_from_logits : bool, optional
+        The draft rows are logits rather than probabilities used as given;
+        ``from_logits`` by default.
 
     Returns
     -------
@@ -219,10 +224,12 @@ def verify_tree_requests(
         target = target_rows[start + b : stop + b + 1, :]
         draft = None if draft_rows is None else draft_rows[start:stop, :]
         greedy = not registry.get_tree_method(method).stochastic or settings[0][b] == 0.0
-        if from_logits and not greedy:
+        draft_logits = from_logits if draft_from_logits is None else draft_from_logits
+        if not greedy:
             request_settings = tuple(column[b] for column in settings)
-            target = _process_request_rows(xp, target, request_settings)
-            if draft is not None:
+            if from_logits:
+                target = _process_request_rows(xp, target, request_settings)
+            if draft is not None and draft_logits:
                 draft = _process_request_rows(xp, draft, request_settings)
         nodes, tokens, length = verify_tree(
             xp.asarray([stop - start], dtype=xp.int64),

@@ -54,6 +54,17 @@ __all__ = [
 
 _GREEDY = registry.get_tree_method("greedy")
 
+#: The arguments whose arrays decide the results' array library.
+_DATA_ARGUMENTS = (
+    "num_nodes",
+    "tree_parents",
+    "draft_token_ids",
+    "target_logits",
+    "target_probs",
+    "draft_logits",
+    "draft_probs",
+)
+
 #: The deepest node a tree may hold (a child of the root has depth 1).  The output rows
 #: are ``[B, max_depth + 1]`` and the kernels keep the walked path in a fixed buffer, so
 #: the depth is bounded; 64 is far above what tree drafters use (EAGLE-2 uses 6 to 10).
@@ -727,7 +738,9 @@ def tree_output_buffers(
     return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
 
 
-@_backend.array_front(device_from=("target_probs", "target_logits"))
+@_backend.array_front(
+    device_from=("target_probs", "target_logits"), library_from=_DATA_ARGUMENTS
+)
 def verify_tree(
     *,
     num_nodes: Any,
@@ -845,6 +858,8 @@ def verify_tree(
         )
     threads = _backend.thread_count(layout.batch_size, 2 * batch.vocab_size)
     options = _dispatch.sampling_options(batch, threads, sampling.table)
+    if sampling.table is not None:
+        options.update(form.kernel_options())
     request_codes = sampling.request_codes(_GREEDY.code, tree_method.code, batch.xp)
     if request_codes is not None:
         options["request_methods"] = request_codes

@@ -332,6 +332,7 @@ def check_sampling_parameters(
     min_p: Any,
     from_logits: bool,
     row_dtype: Any = np.float64,
+    divides_logits: bool | None = None,
 ) -> dict[str, np.ndarray | None]:
     """The per-request sampling parameters of the engine layout, checked.
 
@@ -347,6 +348,9 @@ def check_sampling_parameters(
     row_dtype : dtype
         The dtype logits are divided by the temperature in: a positive temperature must be
         a normal, finite number of that dtype (a float32 1e-50 is 0, and 1e300 is inf).
+    divides_logits : bool, optional
+        Whether some rows are logits divided by the temperature (the draft rows may be
+        when the target's are not); ``from_logits`` by default.
 
     Returns
     -------
@@ -375,7 +379,7 @@ def check_sampling_parameters(
             _first_bad(
                 "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
             )
-        if from_logits:
+        if from_logits if divides_logits is None else divides_logits:
             _check_temperature_in(values, np.dtype(row_dtype))
         result["temperature"] = values
     if top_k is None:

@@ -69,7 +69,11 @@ class EngineVerifier:
         """The registry name of the verifier of sampled requests."""
         return self._verifier.name
 
-    @_backend.array_front(device_from=("target_probs", "target_logits"), method=True)
+    @_backend.array_front(
+        device_from=("target_probs", "target_logits"),
+        method=True,
+        library_from=_ragged.DATA_ARGUMENTS,
+    )
     def __call__(
         self,
         *,

@@ -1646,6 +1646,50 @@ def generator_problems(case: Case) -> list[str]:
     ]
 
 
+def foreign_library(case: Case) -> str | None:
+    """The array library the outputs must come back in (docs/semantics.md §1): that of
+    the first input that is neither NumPy nor array_like and exports DLPack, when the
+    library has a ``from_dlpack``; None for NumPy outputs."""
+    for value in case.args.values():
+        if value is None or value is MISSING or isinstance(
+            value, (np.ndarray, list, tuple, int, float, dict, np.generic)
+        ):
+            continue
+        if not hasattr(value, "__dlpack__"):
+            continue
+        root = type(value).__module__.split(".", 1)[0]
+        module = sys.modules.get(root)
+        if callable(getattr(module, "from_dlpack", None)) or callable(
+            getattr(getattr(module, "numpy", None), "from_dlpack", None)
+        ):
+            return root
+        return None
+    return None
+
+
+def host_outputs(case: Case, result: Any) -> tuple[list[str], Any]:
+    """The result with its arrays as NumPy arrays, after checking that they came back in
+    the inputs' array library."""
+    library = foreign_library(case)
+    if library is None:
+        return [], result
+
+    def host(array: Any) -> Any:
+        if type(array).__module__.split(".", 1)[0] != library:
+            raise TypeError(f"an output is a {type(array).__name__}, not a {library} array")
+        return np.from_dlpack(array)
+
+    try:
+        if isinstance(result, tuple) and hasattr(result, "_replace"):
+            return [], result._replace(**{
+                name: host(value) for name, value in result._asdict().items()
+                if hasattr(value, "__dlpack__")
+            })
+        return [], host(result)
+    except TypeError as error:
+        return [str(error)], None
+
+
 def returned_layout(case: Case, result: Any, result_type: type) -> tuple[list[str], Any]:
     """Problems of a returned layout call found before its rows are read, and the inputs
     as the library saw them (None when there are problems)."""
@@ -1657,7 +1701,7 @@ def returned_layout(case: Case, result: Any, result_type: type) -> tuple[list[st
     inputs = layout_inputs(case)
     if inputs is None:
         return ["returned although an input is not an array"], None
-    return [], inputs
+    return [], (inputs, result)
 
 
 def shape_problems(expected: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> list[str]:
@@ -1682,10 +1726,10 @@ def massless_token(
 
 
 def ragged_output_problems(case: Case, result: Any) -> list[str]:
-    problems, inputs = returned_layout(case, result, specdec_np.VerificationResult)
+    problems, returned = returned_layout(case, result, specdec_np.VerificationResult)
     if problems:
         return problems
-    counts, ids, target, form = inputs
+    (counts, ids, target, form), result = returned
     batch = counts.shape[0]
     width = (int(counts.max()) if batch else 0) + 1
     out = case.args.get("out")
@@ -1724,10 +1768,10 @@ def ragged_output_problems(case: Case, result: Any) -> list[str]:
 
 
 def tree_output_problems(case: Case, result: Any) -> list[str]:
-    problems, inputs = returned_layout(case, result, specdec_np.TreeVerificationResult)
+    problems, returned = returned_layout(case, result, specdec_np.TreeVerificationResult)
     if problems:
         return problems
-    counts, ids, target, form = inputs
+    (counts, ids, target, form), result = returned
     parents = np.asarray(case.args["tree_parents"]).astype(np.int64)
     batch = counts.shape[0]
     offsets = request_offsets(counts)
@@ -1933,6 +1977,13 @@ def as_numpy(x: Any) -> np.ndarray | None:
             return np.from_dlpack(x)
         except Exception:
             return None
+    if isinstance(x, (list, tuple, int, float, np.generic)) and not isinstance(x, bool):
+        # array_like, as the library takes it (docs/semantics.md §1).
+        try:
+            array = np.asarray(x)
+        except (ValueError, TypeError):
+            return None
+        return array if array.dtype.kind in "biuf" else None
     return None
 
 
@@ -2212,7 +2263,9 @@ def run_case(
             f"{type(error).__name__}: {error}",
         )
         return "failed"
-    problems = output_problems(case, result)
+    problems, result = host_outputs(case, result)
+    if not problems:
+        problems = output_problems(case, result)
     if not problems and uses_sampler:
         problems = counter_problems(case, result, before, counters(sampler))
     if not problems and case.group in LAYOUT_GROUPS:

@@ -573,7 +573,11 @@ def base_arguments():
         ({"top_k": 2}, ValueError, "top_k"),
         ({"temperature": np.array([1.0, -1.0])}, ValueError, "temperature"),
         ({"target_logits": np.zeros((5, 4))}, ValueError, "exactly one"),
-        ({"draft_logits": np.zeros((3, 4))}, ValueError, "target's form"),
+        (
+            {"draft_logits": np.zeros((3, 4)), "draft_probs": np.full((3, 4), 0.25)},
+            ValueError,
+            "at most one of draft_logits and draft_probs",
+        ),
         ({"out": object()}, TypeError, "TreeOutputBlock"),
         ({"out": specdec_np.tree_output_buffers(2, 1)}, ValueError, "max depth"),
         ({"strict_mode": 1}, TypeError, "strict_mode"),

@@ -7,7 +7,7 @@ cdef inline int64_t verify_request(
     int method, const probability_t* target, const probability_t* draft,
     const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
     Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
-    const double* sampling, probability_t* scratch,
+    const double* sampling, int row_forms, probability_t* scratch,
     Py_ssize_t width, int64_t* out, int64_t* accepted_length, int64_t* num_accepted
 ) noexcept nogil:
     """The skeleton every verifier shares: id check, the row function bound to code
@@ -22,7 +22,7 @@ cdef inline int64_t verify_request(
     cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
     if bad >= 0:
         return 1 + bad
-    init_request(request, k, V, uniforms, parameters, causal, sampling, scratch)
+    init_request(request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch)
     status = call_chain_row(
         method, target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
         num_accepted,
@@ -62,6 +62,8 @@ def verify_chains(
     bint draw_bonus=False,
     const double[:, ::1] sampling=None,
     probability_t[:, ::1] scratch=None,
+    bint target_logits=True,
+    bint draft_logits=True,
 ):
     """Verify a batch of draft chains with the row functions bound to the registry codes.
 
@@ -107,6 +109,10 @@ def verify_chains(
         processed law (top-k 0 = off); greedy requests read their rows raw.
     scratch : same dtype as the rows [num_threads, 2 * V], optional
         Working rows for logits (a thread's processed target and draft row).
+    target_logits, draft_logits : bool
+        With ``sampling``: whether the target rows and the draft rows are logits (else
+        probabilities, used as they are: vLLM v1 hands target logits with the drafter's
+        probabilities).
 
     Returns
     -------
@@ -135,6 +141,9 @@ def verify_chains(
     cdef const double* uniform_base
     cdef const double* parameter_base
     cdef const double* sampling_base = NULL
+    cdef int row_forms = (TARGET_LOGITS if target_logits else 0) | (
+        DRAFT_LOGITS if draft_logits else 0
+    )
     cdef probability_t* scratch_base = NULL
     require(B >= 0, "draft_offsets must have B + 1 entries")
     require_chain_row_code(method)
@@ -201,7 +210,7 @@ def verify_chains(
             bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
             NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
             parameter_base, causal,
-            NULL if sampling_base == NULL else sampling_base + 4 * b,
+            NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
             NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
             width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
         )

@@ -210,7 +210,7 @@ cdef inline Py_ssize_t residual_token(
     """:func:`draw_residual` at position ``i`` (draft id ``x``) of a request's rows."""
     cdef Py_ssize_t V = request.V
     cdef Py_ssize_t token
-    if not request.logits:
+    if not (request.logits or (draft != NULL and request.draft_logits)):
         return draw_residual(
             target + i * V, NULL if draft == NULL else draft + i * V, x, rho, V, v
         )

@@ -4,18 +4,28 @@
 # computed once per row read and materialised only where a whole row is scanned.
 # --------------------------------------------------------------------------------------
 
+cdef enum:
+    # Which rows of a request are logits, when it has sampling parameters (bit flags).
+    TARGET_LOGITS = 1
+    DRAFT_LOGITS = 2
+
+
 cdef inline void init_request(
     Request* request, Py_ssize_t k, Py_ssize_t V, const double* uniforms,
-    const double* parameters, bint causal, const double* sampling, probability_t* scratch
+    const double* parameters, bint causal, const double* sampling, int row_forms,
+    probability_t* scratch
 ) noexcept nogil:
     """Fill a Request; ``sampling`` (temperature, top-k, top-p, min-p) is NULL for
-    probability rows, and ``scratch`` (two rows of V) is then unused."""
+    probability rows, and ``scratch`` (two rows of V) is then unused; with it,
+    ``row_forms`` says which rows are logits (``TARGET_LOGITS``, ``DRAFT_LOGITS``), the
+    others being probabilities used as they are."""
     request.k = k
     request.V = V
     request.uniforms = uniforms
     request.parameters = parameters
     request.causal = causal
-    request.logits = sampling != NULL
+    request.logits = sampling != NULL and (row_forms & TARGET_LOGITS) != 0
+    request.draft_logits = sampling != NULL and (row_forms & DRAFT_LOGITS) != 0
     request.target_law_row = -1
     request.draft_law_row = -1
     if sampling != NULL:
@@ -53,7 +63,7 @@ cdef inline double read_probability(
 ) noexcept nogil:
     cdef const specdec_row_law* law
     cdef Py_ssize_t V = request.V
-    if not request.logits:
+    if not (request.draft_logits if draft else request.logits):
         return rows[i * V + y]
     law = row_law(request, rows, i, draft)
     if probability_t is float:
@@ -87,7 +97,7 @@ cdef inline const probability_t* probability_row(
     cdef const specdec_row_law* law
     cdef Py_ssize_t V = request.V
     cdef probability_t* scratch
-    if rows == NULL or not request.logits:
+    if rows == NULL or not (request.draft_logits if draft else request.logits):
         return rows + i * V if rows != NULL else rows
     law = row_law(request, rows, i, draft)
     scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
@@ -102,9 +112,14 @@ cdef inline void process_range(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft, Py_ssize_t start,
     Py_ssize_t stop, probability_t* out
 ) noexcept nogil:
-    """Entries ``start .. stop`` of row ``i``'s processed law, written to ``out[0 ..]``."""
-    cdef const specdec_row_law* law = row_law(request, rows, i, draft)
+    """Entries ``start .. stop`` of row ``i``'s processed law (or of the row itself, when
+    it holds probabilities), written to ``out[0 ..]``."""
+    cdef const specdec_row_law* law
     cdef const probability_t* logits = rows + i * request.V + start
+    if not (request.draft_logits if draft else request.logits):
+        memcpy(out, logits, (stop - start) * sizeof(probability_t))
+        return
+    law = row_law(request, rows, i, draft)
     if probability_t is float:
         specdec_law_materialise_f(logits, stop - start, <float>request.temperature, law, out)
     else:
@@ -215,7 +230,7 @@ cdef double row_residual_total(
     cdef const probability_t* q = (
         <const probability_t*>request.draft_scratch if draft != NULL else NULL
     )
-    if not request.logits:
+    if not (request.logits or (draft != NULL and request.draft_logits)):
         return residual_total(
             target + i * V, NULL if draft == NULL else draft + i * V, point_mass, rho, V
         )

@@ -90,8 +90,9 @@ def tree_layout_is_valid(
 cdef int64_t walk_tree(
     int method, const probability_t* target, const probability_t* draft,
     const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t V,
-    const double* uniforms, const double* sampling, probability_t* scratch, double* working,
-    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
+    const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
+    double* working, Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out,
+    int64_t* length
 ) noexcept nogil:
     """One request's walk with the tree step bound to code ``method``: id check, steps
     from the root, output rows; a row status."""
@@ -102,7 +103,7 @@ cdef int64_t walk_tree(
     cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
     if bad >= 0:
         return 1 + bad
-    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, scratch)
+    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch)
     if not bound_tree_steps[method].reads_draft_rows:
         draft = NULL
     while True:
@@ -147,6 +148,8 @@ def verify_trees(
     const double[:, ::1] sampling=None,
     probability_t[:, ::1] scratch=None,
     double[:, ::1] working=None,
+    bint target_logits=True,
+    bint draft_logits=True,
 ):
     """Verify a batch of draft trees with the tree steps bound to the registry codes.
 
@@ -183,6 +186,9 @@ def verify_trees(
         The rows are logits: per request ``(temperature, top_k, top_p, min_p)``.
     scratch : same dtype as the rows [num_threads, 2 V], optional
         With ``sampling``: a thread's processed target and draft row.
+    target_logits, draft_logits : bool
+        With ``sampling``: whether the target rows and the draft rows are logits (else
+        probabilities, used as they are).
     working : float64 [num_threads, 2 V], optional
         A thread's residual rows; required when a code in use reads uniforms.
 
@@ -214,6 +220,9 @@ def verify_trees(
     cdef const int64_t* parents_base
     cdef const double* uniform_base
     cdef const double* sampling_base = NULL
+    cdef int row_forms = (TARGET_LOGITS if target_logits else 0) | (
+        DRAFT_LOGITS if draft_logits else 0
+    )
     cdef probability_t* scratch_base = NULL
     cdef double* working_base = NULL
     require(B >= 0, "node_offsets must have B + 1 entries")
@@ -291,7 +300,7 @@ def verify_trees(
             parents_base + start if parents_base != NULL else parents_base,
             node_offsets[b + 1] - start, V,
             NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-            NULL if sampling_base == NULL else sampling_base + 4 * b,
+            NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
             NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
             NULL if working_base == NULL else working_base + thread * 2 * V,
             D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
