@@ -52,6 +52,9 @@ class ChainBatch(NamedTuple):
     draft_counts : int64 numpy array [B] or None
         Host copy of ``k_b`` for a ragged batch (what ``draft_offsets`` was made from), so
         that callers need not read the offsets back; None for a padded batch.
+    bonus_rows : bool
+        Whether ``target_rows`` holds each request's bonus row (``[T + B, V]``), or only
+        its draft positions (``[T, V]``, when the bonus ids are given).
     """
 
     xp: Any
@@ -69,6 +72,7 @@ class ChainBatch(NamedTuple):
     target_name: str = "target_with_bonus_probs"
     index_label: str = "(row, position)"
     draft_counts: Any = None
+    bonus_rows: bool = True
 
     @property
     def kernel_name(self) -> str:
@@ -131,7 +135,7 @@ class ChainBatch(NamedTuple):
 
     def flat_row(self, request: int, position: int) -> int:
         """The index in ``target_rows`` of a request's row at a draft or bonus position."""
-        return int(self.draft_offsets[request]) + request + position
+        return int(self.draft_offsets[request]) + (request if self.bonus_rows else 0) + position
 
     def raise_for_invalid_id(self, request: int, column: int) -> None:
         """``ValueError`` for the out-of-vocabulary id at ``(request, column)``."""
@@ -160,6 +164,8 @@ class ChainBatch(NamedTuple):
             vocab = self.vocab_size
             rows = self.target_rows.reshape(self.batch_size, self.padded_k + 1, vocab)
             return rows[:, : self.padded_k]
+        if not self.bonus_rows:
+            return self.target_rows
         keep = xp.ones(self.target_rows.shape[0], dtype=bool)
         keep[self.draft_offsets[1:] + xp.arange(self.batch_size)] = False
         return self.target_rows[keep]

@@ -135,7 +135,8 @@ def verify_ragged(
     target_probs : float32 or float64 [T + B, V], optional
         Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
         bonus position.  Taken as already processed (exactly one of ``target_logits`` and
-        ``target_probs``).
+        ``target_probs``).  With ``bonus_token_ids`` given the bonus rows are never read,
+        and ``[T, V]`` (the draft positions only, as vLLM v1 holds them) is accepted.
     target_logits : float32 or float64 [T + B, V], optional
         The target's logits, in the layout of ``target_probs``; each row a request reads
         is processed with its ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (the law
@@ -294,6 +295,8 @@ def run_ragged(
     options["causal"] = True
     if bonus_token_ids is None:
         options["draw_bonus"] = True
+    if not batch.bonus_rows:
+        options["bonus_rows"] = False
     request_codes = sampling.request_codes(_GREEDY.code, verifier.code, batch.xp)
     if request_codes is not None:
         options["request_methods"] = request_codes
@@ -398,10 +401,16 @@ def ragged_chain(
             f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
             f"found shape {_validate.shape_text(draft_ids.shape)}"
         )
-    if target.ndim != 2 or target.shape[0] != total + batch_size or target.shape[1] < 1:
+    # With the bonus ids given, the bonus rows are never read: the target may leave them
+    # out ([T, V], as vLLM v1 holds its target logits).
+    bonus_rows = not (bonus is not None and target.ndim == 2 and target.shape[0] == total)
+    if target.ndim != 2 or target.shape[1] < 1 or (
+        bonus_rows and target.shape[0] != total + batch_size
+    ):
+        also = f" (or [T, V] = [{total}, V] with bonus_token_ids)" if bonus is not None else ""
         raise ValueError(
-            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with V >= 1; "
-            f"found shape {_validate.shape_text(target.shape)}"
+            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with "
+            f"V >= 1{also}; found shape {_validate.shape_text(target.shape)}"
         )
     vocab_size = int(target.shape[1])
     if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
@@ -440,4 +449,5 @@ def ragged_chain(
         target_name=target_name,
         index_label="(request, position)",
         draft_counts=counts,
+        bonus_rows=bonus_rows,
     )

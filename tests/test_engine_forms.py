@@ -116,3 +116,27 @@ def test_trees_take_mixed_forms(target_form, draft_form, method) -> None:
     )
     np.testing.assert_array_equal(result.output_token_ids, tokens)
     np.testing.assert_array_equal(result.accepted_nodes, nodes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=ragged_cases(), method=st.sampled_from(registry.names()))
+def test_target_rows_without_bonus_rows_when_the_bonus_is_given(case, method) -> None:
+    """vLLM v1 holds its target logits for the draft positions only ([T, V]): with the bonus
+    ids given, that layout gives the results of [T + B, V], whose bonus rows are unread."""
+    counts = case["num_draft_tokens"]
+    rng = np.random.default_rng(int(counts.sum()))
+    target_name = "target_logits" if "target_logits" in case else "target_probs"
+    vocab = case[target_name].shape[1]
+    case["bonus_token_ids"] = rng.integers(0, vocab, counts.size)
+    keep = np.ones(case[target_name].shape[0], dtype=bool)
+    keep[np.cumsum(counts + 1) - 1] = False
+    full = specdec_np.verify_ragged(**case, method=method)
+    short = specdec_np.verify_ragged(**{**case, target_name: case[target_name][keep]},
+                                     method=method)
+    np.testing.assert_array_equal(short.output_token_ids, full.output_token_ids)
+    np.testing.assert_array_equal(short.accepted_lengths, full.accepted_lengths)
+    without_bonus = {k: v for k, v in case.items() if k != "bonus_token_ids"}
+    if counts.size:
+        with pytest.raises(ValueError, match=r"\[T \+ B, V\]"):
+            specdec_np.verify_ragged(**{**without_bonus, target_name: case[target_name][keep]},
+                                     method=method)

@@ -64,6 +64,7 @@ def verify_chains(
     probability_t[:, ::1] scratch=None,
     bint target_logits=True,
     bint draft_logits=True,
+    bint bonus_rows=True,
 ):
     """Verify a batch of draft chains with the row functions bound to the registry codes.
 
@@ -113,6 +114,10 @@ def verify_chains(
         With ``sampling``: whether the target rows and the draft rows are logits (else
         probabilities, used as they are: vLLM v1 hands target logits with the drafter's
         probabilities).
+    bonus_rows : bool
+        Whether the target holds each request's bonus row (``[T + B, V]``); without them
+        (``[T, V]``, request ``b``'s rows from ``draft_offsets[b]``, as vLLM v1 holds them)
+        the bonus ids must be given (``draw_bonus`` False): no bonus row is read then.
 
     Returns
     -------
@@ -145,6 +150,7 @@ def verify_chains(
         DRAFT_LOGITS if draft_logits else 0
     )
     cdef probability_t* scratch_base = NULL
+    cdef const probability_t* target_base
     require(B >= 0, "draft_offsets must have B + 1 entries")
     require_chain_row_code(method)
     stochastic = draw_bonus or bound_chain_rows[method].reads_uniforms
@@ -152,7 +158,11 @@ def verify_chains(
     require(V >= 1, "the vocabulary must not be empty")
     max_k = require_offsets(draft_offsets, B, T)
     require(bonus_token_ids.shape[0] == B, "bonus_token_ids must have B entries")
-    require(target_rows.shape[0] == T + B, "target_rows must have T + B rows")
+    require(
+        target_rows.shape[0] == T + (B if bonus_rows else 0),
+        "target_rows must have T + B rows (T without bonus rows)",
+    )
+    require(bonus_rows or not draw_bonus, "a drawn bonus needs the bonus rows")
     require(
         point_mass_drafts or (draft_rows.shape[0] == T and draft_rows.shape[1] == V),
         "draft_rows must be [T, V]",
@@ -191,6 +201,9 @@ def verify_chains(
         sampling_base = &sampling[0, 0]
         scratch_base = &scratch[0, 0]
     draft_base = NULL if point_mass_drafts or T == 0 else &draft_rows[0, 0]
+    # Pointer arithmetic, not indexing: without bonus rows a last request with k_b = 0
+    # starts at row T, which it never reads.
+    target_base = &target_rows[0, 0] if target_rows.shape[0] > 0 else NULL
     # Pointer arithmetic, not indexing: a last request with k_b = 0 starts at T.
     ids_base = &draft_token_ids[0] if T > 0 else NULL
     uniform_base = &uniforms[0, 0] if stochastic else NULL
@@ -204,7 +217,7 @@ def verify_chains(
         request_method = request_methods[b] if per_request else method
         row_status[b] = verify_request(
             request_method,
-            &target_rows[start + b, 0],
+            target_base + (start + (b if bonus_rows else 0)) * V,
             NULL if draft_base == NULL else draft_base + start * V,
             ids_base + start if ids_base != NULL else ids_base,
             bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
