@@ -12,7 +12,9 @@ Row status, written by every kernel for every request ``b``:
   ``0 .. k_b - 1`` are its draft ids, column ``k_b`` its bonus id) lies outside ``[0, V)``;
   nothing else of that request was read or written;
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without any
-  positive probability (invalid input); the request's output is meaningless.
+  positive probability (invalid input); the request's output is meaningless;
+* ``STATUS_NO_MEMORY``: the kernel could not allocate the request's working memory (a
+  ``MemoryError``).
 
 See ``docs/semantics.md`` for the user-facing rules these implement.
 """
@@ -26,6 +28,7 @@ __all__ = [
     "GREEDY_MARGIN",
     "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
+    "STATUS_NO_MEMORY",
     "STATUS_OK",
     "OutputBlock",
     "TreeOutputBlock",
@@ -48,6 +51,9 @@ ENTROPY_EPSILON = 1e-5
 OVERFLOW_EXPONENT = -64
 #: Row verified.
 STATUS_OK = 0
+#: A kernel could not allocate its working memory for the request (the smallest int64,
+#: apart from every other code).
+STATUS_NO_MEMORY = -(2**63)
 
 
 def compile_time_macros() -> list[tuple[str, str]]:
@@ -56,6 +62,8 @@ def compile_time_macros() -> list[tuple[str, str]]:
         ("SPECDEC_GREEDY_MARGIN", repr(GREEDY_MARGIN)),
         ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
         ("SPECDEC_OVERFLOW_EXPONENT", repr(OVERFLOW_EXPONENT)),
+        # Written so that no C compiler sees an out-of-range literal.
+        ("SPECDEC_STATUS_NO_MEMORY", f"(-{-STATUS_NO_MEMORY - 1}LL - 1)"),
     ]
 
 
@@ -171,6 +179,7 @@ def raise_for_row_status(
         return
     row = int(first_bad_row)
     code = int(row_status[row])
+    raise_for_no_memory(code, row)
     if code < 0:
         position = -code - 1
         where = f"[{row}, {position}]" if row_of is None else (
@@ -183,6 +192,18 @@ def raise_for_row_status(
     raise_for_invalid_id(
         id_of, row, code - 1, vocab_size, target_name=target_name, index_label=index_label
     )
+
+
+def raise_for_no_memory(code: int, request: int) -> None:
+    """``MemoryError`` if a request's status says that its kernel could not allocate its
+    working memory.
+
+    Raises
+    ------
+    MemoryError
+    """
+    if code == STATUS_NO_MEMORY:
+        raise MemoryError(f"the kernel could not allocate working memory for request {request}")
 
 
 def raise_for_invalid_id(

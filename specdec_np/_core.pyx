@@ -40,6 +40,7 @@ from cython.parallel cimport prange, threadid
 from cython.view cimport array
 from libc.math cimport exp, isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 cdef extern from "_rowscan.h" nogil:
@@ -140,6 +141,7 @@ cdef extern from *:
     # A float64 residual sum that overflows is recomputed with every weight times
     # 2**SPECDEC_OVERFLOW_EXPONENT (see specdec_np/_contract.py).
     int SPECDEC_OVERFLOW_EXPONENT
+    int64_t SPECDEC_STATUS_NO_MEMORY
     int specdec_openmp_max_threads() nogil
 
 ctypedef fused probability_t:

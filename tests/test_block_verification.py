@@ -793,3 +793,29 @@ def test_reference_on_array_api_strict_equals_numpy(case):
     for got, want in zip(strict, expected):
         assert isinstance(got, type(xps.asarray(0)))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("from_logits", [False, True])
+def test_long_chains_keep_their_path_weights_beyond_the_stack(from_logits) -> None:
+    """k > 64: the path's weights move to the heap (one read of each p(x_j), no k^2 V
+    term); the result is the reference's on every uniform scan position."""
+    rng = np.random.default_rng(12)
+    k, vocab = 90, 40
+    rows = rng.normal(size=(k + 1, vocab)) * 3
+    probs = np.exp(rows) / np.exp(rows).sum(axis=1, keepdims=True)
+    draft = rng.dirichlet(np.ones(vocab), size=k)
+    ids = probs[:k].argmax(axis=1)
+    for trial in range(20):
+        uniforms = rng.random((1, k + 2)) ** (0.05 if trial % 2 else 1.0)
+        given = {"target_logits": rows} if from_logits else {"target_probs": probs}
+        result = specdec_np.verify_ragged(
+            num_draft_tokens=[k], draft_token_ids=ids, draft_probs=None if from_logits
+            else draft, method="block", uniforms=uniforms, bonus_token_ids=[0], **given,
+        )
+        reference, length = _reference.verify_ragged(
+            np.array([k]), ids, rows if from_logits else probs, None if from_logits else draft,
+            method="block", from_logits=from_logits, uniforms=uniforms,
+            bonus_token_ids=np.array([0]),
+        )
+        assert int(result.accepted_lengths[0]) == int(length[0])
+        np.testing.assert_array_equal(result.output_token_ids, reference)

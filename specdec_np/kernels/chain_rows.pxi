@@ -61,25 +61,20 @@ cdef inline double next_block_weight(double rho, double p_x, double q_x) noexcep
     return rho * p_x / q_x
 
 
-cdef double block_weight(
+cdef void path_weights(
     Request* request, const probability_t* target, const probability_t* draft,
-    const token_id_t* draft_ids, const double* path_p, const double* path_q, Py_ssize_t i
+    const token_id_t* draft_ids, double* rho
 ) noexcept nogil:
-    """rho_i of block verification, recomputed from rho_0 = 1 in one fixed order (the
-    backward scan needs it at a few positions only).  ``path_p``/``path_q`` hold the
-    path's p(x_j) and q(x_j) when the request is short enough to keep them; otherwise they
-    are NULL and read again (a row read costs far more than these scalars)."""
-    cdef double rho = 1.0
+    """rho_0 .. rho_k of block verification into ``rho``, in one forward pass: each p(x_j)
+    and q(x_j) is read once (from logits, one pass over row j), so the scan below costs no
+    ``k^2`` term."""
     cdef Py_ssize_t j
-    for j in range(i):
-        if path_p != NULL:
-            rho = next_block_weight(rho, path_p[j], path_q[j])
-        else:
-            rho = next_block_weight(
-                rho, target_probability(request, target, j, draft_ids[j]),
-                draft_probability(request, draft, j, draft_ids[j]),
-            )
-    return rho
+    rho[0] = 1.0
+    for j in range(request.k):
+        rho[j + 1] = next_block_weight(
+            rho[j], target_probability(request, target, j, draft_ids[j]),
+            draft_probability(request, draft, j, draft_ids[j]),
+        )
 
 
 cdef int64_t block_verification_row(
@@ -89,32 +84,29 @@ cdef int64_t block_verification_row(
 ) noexcept nogil:
     cdef Py_ssize_t k = request.k
     cdef const double* uniforms = request.uniforms
-    cdef Py_ssize_t i, j, tau = 0, token
-    cdef double rho, h, total, denominator
-    cdef double path_p_stack[PATH_STACK]
-    cdef double path_q_stack[PATH_STACK]
-    cdef double* path_p = NULL
-    cdef double* path_q = NULL
-    if k <= PATH_STACK:
-        # Each p(x_j) is read once: from logits it costs a pass over row j.
-        path_p = path_p_stack
-        path_q = path_q_stack
-        for j in range(k):
-            path_p[j] = target_probability(request, target, j, draft_ids[j])
-            path_q[j] = draft_probability(request, draft, j, draft_ids[j])
+    cdef Py_ssize_t i, tau = 0, token
+    cdef double rho_i, h, total, denominator
+    cdef double rho_stack[PATH_STACK + 1]
+    cdef double* rho = rho_stack
+    if k > PATH_STACK:
+        # Long chains: the path's weights on the heap (a thread's small stack must do).
+        rho = <double*>malloc((k + 1) * sizeof(double))
+        if rho == NULL:
+            return SPECDEC_STATUS_NO_MEMORY
+    path_weights(request, target, draft, draft_ids, rho)
     # tau is the largest i whose check passes: scan down and stop there, so that no row
     # below tau is read (a later position can rescue an earlier failed check).
     i = k
     while i >= 1:
-        rho = block_weight(request, target, draft, draft_ids, path_p, path_q, i)
-        if i == k or rho >= 1.0 or rho == 0.0:
+        rho_i = rho[i]
+        if i == k or rho_i >= 1.0 or rho_i == 0.0:
             # h_k = rho_k; rho_i = 1 gives h_i = 1 and rho_i = 0 gives h_i = 0 unread.
-            h = rho
+            h = rho_i
         else:
             total = row_residual_total(
-                request, target, draft, i, -1 if draft != NULL else draft_ids[i], rho
+                request, target, draft, i, -1 if draft != NULL else draft_ids[i], rho_i
             )
-            denominator = total + (1.0 - rho)
+            denominator = total + (1.0 - rho_i)
             # NaN (a NaN target entry on the path) fails every check.
             h = total / denominator if denominator > 0.0 else 0.0
         if uniforms[i - 1] < h:
@@ -123,11 +115,13 @@ cdef int64_t block_verification_row(
         i -= 1
     num_accepted[0] = tau
     accepted_length[0] = tau
+    rho_i = rho[tau]
+    if rho != rho_stack:
+        free(rho)
     if tau == k:
         last_token[0] = bonus_id
         return 0
-    rho = block_weight(request, target, draft, draft_ids, path_p, path_q, tau)
-    token = residual_token(request, target, draft, tau, draft_ids[tau], rho, uniforms[k])
+    token = residual_token(request, target, draft, tau, draft_ids[tau], rho_i, uniforms[k])
     if token < 0:
         return -(1 + tau)
     last_token[0] = token
