@@ -12,7 +12,11 @@ Row status, written by every kernel for every request ``b``:
   ``0 .. k_b - 1`` are its draft ids, column ``k_b`` its bonus id) lies outside ``[0, V)``;
   nothing else of that request was read or written;
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without any
-  positive probability (invalid input); the request's output is meaningless.
+  positive probability (invalid input); the request's output is meaningless;
+* ``STATUS_BAD_METHOD``: the request's method code names no registry entry, or its method
+  needs uniforms or working rows that the call did not pass.  Only the CUDA kernels write
+  it, for a direct caller's arguments (the layouts never write such a code, and the CPU
+  kernels raise instead); nothing else of the request was read or written.
 
 See ``docs/semantics.md`` for the user-facing rules these implement.
 """
@@ -26,6 +30,7 @@ __all__ = [
     "GREEDY_MARGIN",
     "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
+    "STATUS_BAD_METHOD",
     "STATUS_OK",
     "OutputBlock",
     "TreeOutputBlock",
@@ -48,6 +53,9 @@ ENTROPY_EPSILON = 1e-5
 OVERFLOW_EXPONENT = -64
 #: Row verified.
 STATUS_OK = 0
+#: The request's method code names no registry entry (CUDA kernels only): below every
+#: ``-(1 + r)`` a request can report.
+STATUS_BAD_METHOD = -(2**63)
 
 
 def compile_time_macros() -> list[tuple[str, str]]:
@@ -171,6 +179,11 @@ def raise_for_row_status(
         return
     row = int(first_bad_row)
     code = int(row_status[row])
+    if code == STATUS_BAD_METHOD:
+        raise ValueError(
+            f"request {row}: its method code names no registry entry, or its method needs "
+            "uniforms or working rows that the call did not pass"
+        )
     if code < 0:
         position = -code - 1
         where = f"[{row}, {position}]" if row_of is None else (

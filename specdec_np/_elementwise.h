@@ -47,10 +47,11 @@ typedef unsigned long long uint64_t;
 #error "the kernel contract's macros must be defined first (setup.py, _cuda's prelude)"
 #endif
 
-/* SPECDEC_SHARED qualifies every function below: a device function on CUDA, an inlined
- * one in C and C++.  The infinities are spelled without math.h on CUDA. */
+/* SPECDEC_SHARED qualifies every function below: an inline device function on CUDA (not
+ * static, so that a source using only some of them compiles without warnings), a static
+ * inline one in C and C++.  The infinities are spelled without math.h on CUDA. */
 #if defined(__CUDACC__)
-#define SPECDEC_SHARED static __device__ __forceinline__
+#define SPECDEC_SHARED __device__ __forceinline__
 #define SPECDEC_INFINITY_F __int_as_float(0x7f800000)
 #define SPECDEC_INFINITY_D __longlong_as_double(0x7ff0000000000000LL)
 #else
