@@ -1904,7 +1904,8 @@ def test_dispatch_follows_the_registry_codes() -> None:
     tables hold the registry's flags."""
     trees = _cuda.cuda_sources()["verify_trees"]
     for method in registry.TREE_METHODS:
-        assert re.search(rf"^struct {method.cuda_walk} {{$", trees, flags=re.MULTILINE)
+        defined = rf"^(struct {method.cuda_walk} {{|using {method.cuda_walk} = .*;)$"
+        assert re.search(defined, trees, flags=re.MULTILINE), method.cuda_walk
         step = f"case {method.code}:\n        return {method.cuda_walk}::step("
         assert step in trees, method.name
     flags = ", ".join("true" if m.stochastic else "false" for m in registry.TREE_METHODS)

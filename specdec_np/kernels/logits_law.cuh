@@ -13,69 +13,46 @@
 #include "block.cuh"
 
 namespace specdec {
-// The law's functions of _elementwise.h for each row dtype.
+// The law's functions of _elementwise.h for each row dtype (suffix f: float, d: double).
 template <typename T>
 struct LawTraits;
-template <>
-struct LawTraits<float> {
-    using Key = uint32_t;
-    static constexpr int kKeyBits = 32;
-    __device__ static float infinity() { return SPECDEC_INFINITY_F; }
-    __device__ static Key key(float z) { return specdec_key_f(z); }
-    __device__ static float value(Key key) { return specdec_value_f(key); }
-    __device__ static double weight(float z, float z_max) { return specdec_weight_f(z, z_max); }
-    __device__ static void online_lane(const float* z, float* best, double* sum,
-                                       int64_t* num_infinite) {
-        specdec_online_lane_f(z, 1, best, sum, num_infinite);
-    }
-    __device__ static void online_finish(const float* best, const double* sums, float* z_max,
-                                         double* normaliser) {
-        specdec_online_finish_f(best, sums, z_max, normaliser);
-    }
-    __device__ static Key min_p_floor(float z_max, double min_p) {
-        return specdec_min_p_floor_f(z_max, min_p);
-    }
-    __device__ static int bucket(Key key, Key floor_key, Key prefix, int known_bits, int shift,
-                                 int width) {
-        return specdec_select_bucket_f(key, floor_key, prefix, known_bits, shift, width);
-    }
-    __device__ static double probability(float z, const specdec_row_law& law) {
-        return specdec_entry_probability_f(z, &law);
-    }
-    __device__ static float stored(float z, const specdec_row_law& law) {
-        return specdec_entry_materialised_f(z, &law);
-    }
-};
-template <>
-struct LawTraits<double> {
-    using Key = uint64_t;
-    static constexpr int kKeyBits = 64;
-    __device__ static double infinity() { return SPECDEC_INFINITY_D; }
-    __device__ static Key key(double z) { return specdec_key_d(z); }
-    __device__ static double value(Key key) { return specdec_value_d(key); }
-    __device__ static double weight(double z, double z_max) { return specdec_weight_d(z, z_max); }
-    __device__ static void online_lane(const double* z, double* best, double* sum,
-                                       int64_t* num_infinite) {
-        specdec_online_lane_d(z, 1, best, sum, num_infinite);
-    }
-    __device__ static void online_finish(const double* best, const double* sums, double* z_max,
-                                         double* normaliser) {
-        specdec_online_finish_d(best, sums, z_max, normaliser);
-    }
-    __device__ static Key min_p_floor(double z_max, double min_p) {
-        return specdec_min_p_floor_d(z_max, min_p);
-    }
-    __device__ static int bucket(Key key, Key floor_key, Key prefix, int known_bits, int shift,
-                                 int width) {
-        return specdec_select_bucket_d(key, floor_key, prefix, known_bits, shift, width);
-    }
-    __device__ static double probability(double z, const specdec_row_law& law) {
-        return specdec_entry_probability_d(z, &law);
-    }
-    __device__ static double stored(double z, const specdec_row_law& law) {
-        return specdec_entry_materialised_d(z, &law);
-    }
-};
+#define SPECDEC_LAW_TRAITS(T, SUFFIX, KEY_T, KEY_BITS, INFINITY_T)                          \
+    template <>                                                                            \
+    struct LawTraits<T> {                                                                  \
+        using Key = KEY_T;                                                                 \
+        static constexpr int kKeyBits = KEY_BITS;                                          \
+        __device__ static T infinity() { return INFINITY_T; }                              \
+        __device__ static Key key(T z) { return specdec_key_##SUFFIX(z); }                 \
+        __device__ static T value(Key key) { return specdec_value_##SUFFIX(key); }         \
+        __device__ static double weight(T z, T z_max) {                                    \
+            return specdec_weight_##SUFFIX(z, z_max);                                      \
+        }                                                                                  \
+        __device__ static void online_lane(const T* z, T* best, double* sum,               \
+                                           int64_t* num_infinite) {                        \
+            specdec_online_lane_##SUFFIX(z, 1, best, sum, num_infinite);                   \
+        }                                                                                  \
+        __device__ static void online_finish(const T* best, const double* sums, T* z_max,  \
+                                             double* normaliser) {                         \
+            specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                 \
+        }                                                                                  \
+        __device__ static Key min_p_floor(T z_max, double min_p) {                         \
+            return specdec_min_p_floor_##SUFFIX(z_max, min_p);                             \
+        }                                                                                  \
+        __device__ static int bucket(Key key, Key floor_key, Key prefix, int known_bits,   \
+                                     int shift, int width) {                               \
+            return specdec_select_bucket_##SUFFIX(key, floor_key, prefix, known_bits, shift, \
+                                                  width);                                  \
+        }                                                                                  \
+        __device__ static double probability(T z, const specdec_row_law& law) {            \
+            return specdec_entry_probability_##SUFFIX(z, &law);                            \
+        }                                                                                  \
+        __device__ static T stored(T z, const specdec_row_law& law) {                      \
+            return specdec_entry_materialised_##SUFFIX(z, &law);                           \
+        }                                                                                  \
+    };
+SPECDEC_LAW_TRAITS(float, f, uint32_t, 32, SPECDEC_INFINITY_F)
+SPECDEC_LAW_TRAITS(double, d, uint64_t, 64, SPECDEC_INFINITY_D)
+#undef SPECDEC_LAW_TRAITS
 
 // The maximum z, the count of +inf entries and sum_y exp(z - m) in the CPU's online order:
 // lane l (thread l) takes the entries y = l mod 8, 64 entries a step; every thread receives

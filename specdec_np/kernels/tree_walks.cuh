@@ -240,25 +240,18 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
     return kStepFinal;
 }
 
-// SpecInfer: children drafted independently, each from its own draft row. Without draft
-// rows the children are deterministic candidates.
-struct SpecInferTreeStep {
+// SpecInfer (children drafted independently, each from its own draft row) and RRS
+// (siblings drafted without replacement from one draft row). Without draft rows the
+// children are deterministic candidates.
+template <bool WithoutReplacement>
+struct ResidualTreeStep {
     template <typename ProbT, typename IdT>
     __device__ static long long step(const TreeArgs<ProbT, IdT>& a, long long node,
                                      long long& final_token, Scratch& s) {
         if (a.draft == nullptr) return PointMassTreeStep::step(a, node, final_token, s);
-        return residual_tree_step(a, node, false, final_token, s);
+        return residual_tree_step(a, node, WithoutReplacement, final_token, s);
     }
 };
-
-// Recursive rejection sampling: siblings drafted without replacement from one draft row.
-// Without draft rows the children are deterministic candidates.
-struct RrsTreeStep {
-    template <typename ProbT, typename IdT>
-    __device__ static long long step(const TreeArgs<ProbT, IdT>& a, long long node,
-                                     long long& final_token, Scratch& s) {
-        if (a.draft == nullptr) return PointMassTreeStep::step(a, node, final_token, s);
-        return residual_tree_step(a, node, true, final_token, s);
-    }
-};
+using SpecInferTreeStep = ResidualTreeStep<false>;
+using RrsTreeStep = ResidualTreeStep<true>;
 }  // namespace specdec
