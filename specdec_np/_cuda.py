@@ -269,10 +269,13 @@ _SOURCE_CACHE: dict[str, str] = {}
 
 
 def _sources() -> dict[str, str]:
-    """The CUDA sources by name, read and joined once."""
+    """The CUDA sources by name, read and joined once (and published whole, so that a
+    concurrent first call never sees a part of them)."""
     if not _SOURCE_CACHE:
-        for name in SOURCE_NAMES:
-            _SOURCE_CACHE[name] = _expand((KERNEL_DIR / f"{name}.cu").read_text(), set())
+        joined = {
+            name: _expand((KERNEL_DIR / f"{name}.cu").read_text(), set()) for name in SOURCE_NAMES
+        }
+        _SOURCE_CACHE.update(joined)
     return _SOURCE_CACHE
 
 
