@@ -13,6 +13,10 @@ Row status, written by every kernel for every request ``b``:
   nothing else of that request was read or written;
 * ``-(1 + r)``: a token had to be drawn at position ``r`` from a target row without any
   positive probability (invalid input); the request's output is meaningless;
+* ``STATUS_BAD_METHOD``: the request's method code names no registry entry, or its method
+  needs uniforms or working rows that the call did not pass.  Only the CUDA kernels write
+  it, for a direct caller's arguments (the layouts never write such a code, and the CPU
+  kernels raise instead); nothing else of the request was read or written;
 * ``STATUS_NO_MEMORY``: the kernel could not allocate the request's working memory (a
   ``MemoryError``).
 
@@ -28,6 +32,7 @@ __all__ = [
     "GREEDY_MARGIN",
     "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
+    "STATUS_BAD_METHOD",
     "STATUS_NO_MEMORY",
     "STATUS_OK",
     "OutputBlock",
@@ -36,6 +41,7 @@ __all__ = [
     "allocate_tree_output_block",
     "compile_time_macros",
     "raise_for_invalid_id",
+    "raise_for_kernel_status",
     "raise_for_row_status",
 ]
 
@@ -51,9 +57,12 @@ ENTROPY_EPSILON = 1e-5
 OVERFLOW_EXPONENT = -64
 #: Row verified.
 STATUS_OK = 0
-#: A kernel could not allocate its working memory for the request (the smallest int64,
-#: apart from every other code).
-STATUS_NO_MEMORY = -(2**63)
+#: The request's method code names no registry entry (CUDA kernels only): below every
+#: ``-(1 + r)`` a request can report.
+STATUS_BAD_METHOD = -(2**63)
+#: A kernel could not allocate its working memory for the request (next to
+#: ``STATUS_BAD_METHOD``, apart from every other code).
+STATUS_NO_MEMORY = -(2**63) + 1
 
 
 def compile_time_macros() -> list[tuple[str, str]]:
@@ -63,7 +72,7 @@ def compile_time_macros() -> list[tuple[str, str]]:
         ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
         ("SPECDEC_OVERFLOW_EXPONENT", repr(OVERFLOW_EXPONENT)),
         # Written so that no C compiler sees an out-of-range literal.
-        ("SPECDEC_STATUS_NO_MEMORY", f"(-{-STATUS_NO_MEMORY - 1}LL - 1)"),
+        ("SPECDEC_STATUS_NO_MEMORY", f"({STATUS_NO_MEMORY}LL)"),
     ]
 
 
@@ -179,7 +188,7 @@ def raise_for_row_status(
         return
     row = int(first_bad_row)
     code = int(row_status[row])
-    raise_for_no_memory(code, row)
+    raise_for_kernel_status(code, row)
     if code < 0:
         position = -code - 1
         where = f"[{row}, {position}]" if row_of is None else (
@@ -194,16 +203,23 @@ def raise_for_row_status(
     )
 
 
-def raise_for_no_memory(code: int, request: int) -> None:
-    """``MemoryError`` if a request's status says that its kernel could not allocate its
-    working memory.
+def raise_for_kernel_status(code: int, request: int) -> None:
+    """The statuses of every layout that are about the kernel call, not the inputs.
 
     Raises
     ------
     MemoryError
+        For ``STATUS_NO_MEMORY``.
+    ValueError
+        For ``STATUS_BAD_METHOD``.
     """
     if code == STATUS_NO_MEMORY:
         raise MemoryError(f"the kernel could not allocate working memory for request {request}")
+    if code == STATUS_BAD_METHOD:
+        raise ValueError(
+            f"request {request}: its method code names no registry entry, or its method "
+            "needs uniforms or working rows that the call did not pass"
+        )
 
 
 def raise_for_invalid_id(

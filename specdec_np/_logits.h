@@ -14,6 +14,9 @@
  *
  * Summation orders are fixed by this code (eight lanes combined as in _rowscan.h), and the
  * vector build and the scalar fallback (SPECDEC_NO_VECTOR_EXTENSIONS) give the same bits.
+ * Every per-element formula (the exponential, the keys of z, w, an entry's probability and
+ * stored value, the min-p bisection, the radix select's decisions) is _elementwise.h's,
+ * which the CUDA kernels compute too; this header adds how the CPU visits and sums a row.
  *
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
  * tests can show that they catch them: 1 = top-p drops the tie group at its boundary.
@@ -29,129 +32,18 @@
 
 /* SPECDEC_INLINE (always inlined vector helpers) comes from _rowscan.h. */
 
-/* ---- a float32-accurate exponential ---------------------------------------------------- */
+/* ---- the float32 exponential on vectors ----------------------------------------------- */
 
-/* libm's expf is an opaque call per element, which stops the loops from vectorising; this
- * one is branch-free, written once with operators that GNU C defines on scalars and on
- * vectors alike, so the scalar and the vector versions give the same bits lane by lane.
- * exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2 in two parts (the
- * first has 9 significant bits, so n times it is exact).  exp(r) = 1 + r + r^2 Q(r) with Q
- * of degree 4 fitted for this project (Lawson-weighted least squares on Chebyshev nodes,
- * relative error 3e-9 on |r| <= 0.3466).  2^n is applied as two exact powers of two, so a
- * subnormal result is rounded once.  Inputs below -104 (where exp rounds to 0), -inf and
- * NaN give 0; inputs above 88 are clamped (the kernels only pass x <= 0). */
-#define SPECDEC_DEFINE_FAST_EXP(NAME, FLOAT_T, INT_T, TO_INT, TO_MASK)                     \
-    SPECDEC_INLINE FLOAT_T NAME(FLOAT_T x)                                                 \
-    {                                                                                      \
-        const float lowest = -104.0f, highest = 88.0f;                                     \
-        int32_t lowest_bits, highest_bits;                                                 \
-        memcpy(&lowest_bits, &lowest, sizeof lowest_bits);                                 \
-        memcpy(&highest_bits, &highest, sizeof highest_bits);                              \
-        INT_T x_bits;                                                                      \
-        memcpy(&x_bits, &x, sizeof x_bits);                                                \
-        /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */         \
-        INT_T keep = TO_MASK(x >= lowest);                                                 \
-        INT_T above_highest = TO_MASK(x > highest);                                        \
-        INT_T clamped_bits = (x_bits & keep & ~above_highest) | (((x_bits & 0) + lowest_bits) & ~keep) \
-                             | (((x_bits & 0) + highest_bits) & above_highest);              \
-        FLOAT_T clamped;                                                                   \
-        memcpy(&clamped, &clamped_bits, sizeof clamped);                                   \
-        /* Adding and removing 1.5 * 2^23 rounds to the nearest integer, ties to even. */  \
-        FLOAT_T n_float = (clamped * 0x1.715476p+0f + 0x1.8p+23f) - 0x1.8p+23f;            \
-        FLOAT_T r = clamped - n_float * 0x1.63p-1f;                                        \
-        r = r - n_float * -0x1.bd0106p-13f;                                                \
-        FLOAT_T q = r * 0x1.6a243ap-10f + 0x1.1239ep-7f;                                   \
-        q = q * r + 0x1.5558f2p-5f;                                                        \
-        q = q * r + 0x1.555492p-3f;                                                        \
-        q = q * r + 0x1.fffffcp-2f;                                                        \
-        FLOAT_T mantissa = 1.0f + (r + (r * r) * q);                                       \
-        INT_T n = TO_INT(n_float);                                                         \
-        INT_T n_low = n >> 1;                                                              \
-        INT_T n_high = n - n_low;                                                          \
-        INT_T scale_low_bits = (n_low + 127) << 23, scale_high_bits = (n_high + 127) << 23; \
-        FLOAT_T scale_low, scale_high;                                                     \
-        memcpy(&scale_low, &scale_low_bits, sizeof scale_low);                             \
-        memcpy(&scale_high, &scale_high_bits, sizeof scale_high);                          \
-        FLOAT_T result = (mantissa * scale_low) * scale_high;                              \
-        INT_T result_bits;                                                                 \
-        memcpy(&result_bits, &result, sizeof result_bits);                                 \
-        result_bits &= keep;                                                               \
-        memcpy(&result, &result_bits, sizeof result);                                      \
-        return result;                                                                     \
-    }
-
-/* A comparison as a mask of all ones or zeros (a scalar comparison gives 1 or 0). */
-#define SPECDEC_TO_INT32(x) ((int32_t)(x))
-#define SPECDEC_SCALAR_MASK(condition) (-(int32_t)(condition))
-SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf, float, int32_t, SPECDEC_TO_INT32, SPECDEC_SCALAR_MASK)
-
+/* specdec_fast_expf of _elementwise.h, from the same body, on eight lanes. */
 #if SPECDEC_HAVE_VECTORS
 #define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
 #define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
-SPECDEC_DEFINE_FAST_EXP(specdec_fast_expf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8I,
-                        SPECDEC_VECTOR_MASK)
+SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec_v8i,
+                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK)
 #endif
 
-/* ---- the law of one row ------------------------------------------------------------------ */
+/* ---- the radix select ---------------------------------------------------------------- */
 
-typedef struct {
-    double z_max;      /* m: the largest z (+inf when the row has +inf entries) */
-    double cutoff;     /* the kept set is {y : z(y) >= cutoff}; -inf keeps every non-NaN z */
-    double normaliser; /* sum of w over the kept set (the count of +inf entries if any) */
-    int64_t num_infinite;
-    int64_t status; /* 0: a law; 1: no entry has a finite maximum, the row has no mass */
-} specdec_row_law;
-
-/* The monotone integer image of a z value: keys compare as the values do, -0 and +0
- * share one key, and NaN gets key 0, below every value (-inf has a key above 0). */
-static inline uint32_t specdec_key_f(float z)
-{
-    if (z != z)
-        return 0;
-    z = z + 0.0f;
-    uint32_t bits;
-    memcpy(&bits, &z, sizeof bits);
-    return bits ^ ((bits >> 31) ? 0xffffffffu : 0x80000000u);
-}
-
-static inline float specdec_value_f(uint32_t key)
-{
-    uint32_t bits = (key & 0x80000000u) ? key ^ 0x80000000u : ~key;
-    float z;
-    memcpy(&z, &bits, sizeof z);
-    return z;
-}
-
-static inline uint64_t specdec_key_d(double z)
-{
-    if (z != z)
-        return 0;
-    z = z + 0.0;
-    uint64_t bits;
-    memcpy(&bits, &z, sizeof bits);
-    return bits ^ ((bits >> 63) ? 0xffffffffffffffffu : 0x8000000000000000u);
-}
-
-static inline double specdec_value_d(uint64_t key)
-{
-    uint64_t bits = (key & 0x8000000000000000u) ? key ^ 0x8000000000000000u : ~key;
-    double z;
-    memcpy(&z, &bits, sizeof z);
-    return z;
-}
-
-static inline double specdec_weight_f(float z, float z_max)
-{
-    return (double)specdec_fast_expf(z - z_max);
-}
-
-static inline double specdec_weight_d(double z, double z_max)
-{
-    double x = z - z_max;
-    return x == x ? exp(x) : 0.0;
-}
-
-#define SPECDEC_HISTOGRAM_BITS 11
 /* Top-p after min-p or top-k selects over at most this many gathered survivors (on the
  * stack: 16 KiB of values and 16 KiB of indices for double rows); with more it scans the
  * row.  The tests build the header with a smaller one to compare the two paths. */
@@ -164,7 +56,8 @@ static inline double specdec_weight_d(double z, double z_max)
  * as its w (by_mass = 1; then need is top_p times the total, which the first histogram
  * gives).  Returns 0 when even every entry falls short.  Each pass histograms the next
  * SPECDEC_HISTOGRAM_BITS bits of the keys that share the prefix found so far; histogram
- * sums run in element order and the walk in bucket order, the same in every build. */
+ * sums run in element order and the walk in bucket order, the same in every build; the
+ * buckets and the walk are _elementwise.h's. */
 #define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          T z_max, KEY_T floor_key, int by_mass, double need) \
@@ -174,45 +67,22 @@ static inline double specdec_weight_d(double z, double z_max)
         double above = 0.0;                                                                \
         int known_bits = 0;                                                                \
         while (known_bits < KEY_BITS) {                                                    \
-            int width = KEY_BITS - known_bits < SPECDEC_HISTOGRAM_BITS                     \
-                            ? KEY_BITS - known_bits                                        \
-                            : SPECDEC_HISTOGRAM_BITS;                                      \
-            int shift = KEY_BITS - known_bits - width;                                     \
+            int shift;                                                                     \
+            int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
             int buckets = 1 << width;                                                      \
             memset(histogram, 0, (size_t)buckets * sizeof histogram[0]);                   \
             for (ptrdiff_t y = 0; y < V; ++y) {                                            \
                 T z = logits[y] / temperature;                                             \
-                KEY_T key = specdec_key_##SUFFIX(z);                                       \
-                if (key < floor_key)                                                       \
-                    continue;                                                              \
-                if (known_bits > 0 && (key >> (shift + width)) != (prefix >> (shift + width))) \
-                    continue;                                                              \
-                histogram[(key >> shift) & (KEY_T)(buckets - 1)] +=                        \
-                    by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0;                     \
+                int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
+                                                            prefix, known_bits, shift, width); \
+                if (bucket >= 0)                                                           \
+                    histogram[bucket] += by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0; \
             }                                                                              \
-            if (known_bits == 0 && by_mass) {                                              \
-                double total = 0.0;                                                        \
-                for (int b = buckets - 1; b >= 0; --b)                                     \
-                    total += histogram[b];                                                 \
-                need *= total;                                                             \
-            }                                                                              \
-            int chosen = -1, lowest_filled = -1;                                           \
-            for (int b = buckets - 1; b >= 0; --b) {                                       \
-                if (histogram[b] > 0.0)                                                    \
-                    lowest_filled = b;                                                     \
-                if (histogram[b] > 0.0 && above + histogram[b] >= need) {                  \
-                    chosen = b;                                                            \
-                    break;                                                                 \
-                }                                                                          \
-                above += histogram[b];                                                     \
-            }                                                                              \
-            if (chosen < 0) {                                                              \
-                if (known_bits == 0 || lowest_filled < 0)                                  \
-                    return 0;                                                              \
-                /* The sub-buckets of a chosen bucket sum, in another grouping, to a hair   \
-                 * less than it did: its lowest value is then the one that reaches need. */ \
-                chosen = lowest_filled;                                                    \
-            }                                                                              \
+            if (known_bits == 0 && by_mass)                                                \
+                need *= specdec_histogram_total(histogram, buckets);                       \
+            int chosen = specdec_select_walk(histogram, buckets, known_bits, need, &above); \
+            if (chosen < 0)                                                                \
+                return 0;                                                                  \
             prefix |= (KEY_T)chosen << shift;                                              \
             known_bits += width;                                                           \
         }                                                                                  \
@@ -293,17 +163,10 @@ SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
 /* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
 
 /* Lane l of a block of 64 entries takes the entries 8 j + l; each lane keeps a running
- * maximum and a float64 sum of exp(z - lane maximum), rescaled when its maximum grows.
- * The lanes are combined in a fixed order at the end.  The rescaling factor is a float64
- * libm exp: a lane may be rescaled once per block, and float32 factors would compound
- * their rounding over a row whose maximum keeps growing. */
-static inline double specdec_rescale(double sum, double old_max, double new_max)
-{
-    /* A lane whose maximum is still -inf holds 0; so does one that meets +inf. */
-    return new_max > old_max && old_max > -INFINITY ? sum * exp(old_max - new_max) : sum;
-}
-
-#define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, T, WEIGHT)                                       \
+ * maximum and a float64 sum of exp(z - lane maximum), rescaled when its maximum grows
+ * (specdec_online_lane of _elementwise.h).  The lanes are combined in a fixed order at the
+ * end (specdec_online_finish). */
+#define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, SUFFIX, T)                                       \
     static void NAME(const T *logits, ptrdiff_t V, T temperature, T *z_max,                \
                      double *normaliser, int64_t *num_infinite)                            \
     {                                                                                      \
@@ -316,32 +179,14 @@ static inline double specdec_rescale(double sum, double old_max, double new_max)
             T z[64];                                                                       \
             for (int i = 0; i < 64; ++i)                                                   \
                 z[i] = start + i < V ? logits[start + i] / temperature : (T)-INFINITY;     \
-            T block_best[8];                                                               \
-            for (int l = 0; l < 8; ++l) {                                                  \
-                block_best[l] = best[l];                                                   \
-                for (int j = 0; j < 8; ++j) {                                              \
-                    T candidate = z[8 * j + l];                                            \
-                    block_best[l] = candidate > block_best[l] ? candidate : block_best[l]; \
-                    infinite += candidate == (T)INFINITY;                                  \
-                }                                                                          \
-                sums[l] = specdec_rescale(sums[l], (double)best[l], (double)block_best[l]); \
-                best[l] = block_best[l];                                                   \
-                for (int j = 0; j < 8; ++j)                                                \
-                    sums[l] += WEIGHT(z[8 * j + l], best[l]);                              \
-            }                                                                              \
+            for (int l = 0; l < 8; ++l)                                                    \
+                specdec_online_lane_##SUFFIX(z + l, 8, &best[l], &sums[l], &infinite);      \
         }                                                                                  \
-        T result = (T)-INFINITY;                                                           \
-        for (int l = 0; l < 8; ++l)                                                        \
-            result = best[l] > result ? best[l] : result;                                  \
-        double lanes[8];                                                                   \
-        for (int l = 0; l < 8; ++l)                                                        \
-            lanes[l] = specdec_rescale(sums[l], (double)best[l], (double)result);          \
-        *z_max = result;                                                                   \
-        *normaliser = SPECDEC_COMBINE_LANES(lanes);                                        \
+        specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                     \
         *num_infinite = infinite;                                                          \
     }
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, double, specdec_weight_d)
+SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, d, double)
 
 /* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l. */
 #define SPECDEC_DEFINE_KEPT_SUM_SCALAR(NAME, T, WEIGHT)                                     \
@@ -358,19 +203,19 @@ SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, double, specdec_weight_d)
 
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
 
-#define SPECDEC_DEFINE_MATERIALISE_SCALAR(NAME, T, WEIGHT)                                  \
-    static void NAME##_scalar(const T *logits, ptrdiff_t start, ptrdiff_t V, T temperature, \
-                              const specdec_row_law *law, T *out)                          \
+#define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
+    static void specdec_materialise_##SUFFIX##_scalar(const T *logits, ptrdiff_t start,     \
+                                                      ptrdiff_t V, T temperature,          \
+                                                      const specdec_row_law *law, T *out)  \
     {                                                                                      \
         T z_max = (T)law->z_max, cutoff = (T)law->cutoff;                                  \
-        for (ptrdiff_t y = start; y < V; ++y) {                                            \
-            T z = logits[y] / temperature;                                                 \
-            out[y] = z >= cutoff ? (T)(WEIGHT(z, z_max) / law->normaliser) : (T)0;         \
-        }                                                                                  \
+        for (ptrdiff_t y = start; y < V; ++y)                                              \
+            out[y] = specdec_kept_probability_##SUFFIX(logits[y] / temperature, z_max,      \
+                                                       cutoff, law->normaliser);           \
     }
 
-SPECDEC_DEFINE_MATERIALISE_SCALAR(specdec_materialise_d, double, specdec_weight_d)
-SPECDEC_DEFINE_MATERIALISE_SCALAR(specdec_materialise_f, float, specdec_weight_f)
+SPECDEC_DEFINE_MATERIALISE_SCALAR(d, double)
+SPECDEC_DEFINE_MATERIALISE_SCALAR(f, float)
 
 #if SPECDEC_HAVE_VECTORS
 
@@ -470,18 +315,14 @@ static void specdec_online_f(const float *logits, ptrdiff_t V, float temperature
             padded[i] = start + i < V ? logits[start + i] : -INFINITY;
         specdec_online_block_f(padded, 64, t8, 1, &best, &sum_low, &sum_high, &infinite);
     }
-    float result = -INFINITY;
-    for (int l = 0; l < 8; ++l)
-        result = best[l] > result ? best[l] : result;
+    float lane_best[8];
+    memcpy(lane_best, &best, sizeof lane_best);
     double lanes[8] = {sum_low[0], sum_low[1], sum_low[2], sum_low[3],
                        sum_high[0], sum_high[1], sum_high[2], sum_high[3]};
+    specdec_online_finish_f(lane_best, lanes, z_max, normaliser);
     int64_t count = 0;
-    for (int l = 0; l < 8; ++l) {
-        lanes[l] = specdec_rescale(lanes[l], (double)best[l], (double)result);
+    for (int l = 0; l < 8; ++l)
         count += infinite[l];
-    }
-    *z_max = result;
-    *normaliser = SPECDEC_COMBINE_LANES(lanes);
     *num_infinite = count;
 }
 
@@ -532,7 +373,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #else
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_f, float, specdec_weight_f)
+SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_f, f, float)
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_f, float, specdec_weight_f)
 
 static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float temperature,
@@ -546,8 +387,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 /* ---- public entry points ------------------------------------------------------------------ */
 
 /* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
- * anything.  min-p needs no pass over the row: w is monotone in z, so the smallest z value
- * with w >= min_p is found by bisection over the keys of all values of T. */
+ * anything.  min-p needs no pass over the row (specdec_min_p_floor). */
 #define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
     static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          int64_t top_k, double top_p, double min_p,        \
@@ -572,17 +412,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             return;                                                                        \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
-        if (min_p > 0.0) {                                                                 \
-            KEY_T low = specdec_key_##SUFFIX((T)-INFINITY), high = specdec_key_##SUFFIX(z_max); \
-            while (high - low > 1) {                                                       \
-                KEY_T middle = low + (high - low) / 2;                                     \
-                if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), z_max) >= min_p) \
-                    high = middle;                                                         \
-                else                                                                       \
-                    low = middle;                                                          \
-            }                                                                              \
-            floor_key = high;                                                              \
-        }                                                                                  \
+        if (min_p > 0.0)                                                                   \
+            floor_key = specdec_min_p_floor_##SUFFIX(z_max, min_p);                        \
         /* Top-k's survivors, gathered (count >= 0) when they fit: top-p and the kept sum \
          * then work on them alone, since every later filter keeps a subset of them. */   \
         T candidates[SPECDEC_TOP_P_CANDIDATES];                                            \
@@ -657,14 +488,7 @@ SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_online_d, specdec_kept_sum_d
     static inline double specdec_law_probability_##SUFFIX(                                 \
         const T *logits, ptrdiff_t y, T temperature, const specdec_row_law *law)           \
     {                                                                                      \
-        T z = logits[y] / temperature;                                                     \
-        if (law->status != 0)                                                              \
-            return 0.0;                                                                    \
-        if (law->num_infinite > 0)                                                         \
-            return z == (T)INFINITY ? 1.0 / law->normaliser : 0.0;                         \
-        if (!((double)z >= law->cutoff))                                                   \
-            return 0.0;                                                                    \
-        return specdec_weight_##SUFFIX(z, (T)law->z_max) / law->normaliser;                \
+        return specdec_entry_probability_##SUFFIX(logits[y] / temperature, law);           \
     }
 
 SPECDEC_DEFINE_PROBABILITY(f, float)
@@ -678,7 +502,7 @@ SPECDEC_DEFINE_PROBABILITY(d, double)
     {                                                                                      \
         if (law->status != 0 || law->num_infinite > 0) {                                   \
             for (ptrdiff_t y = 0; y < V; ++y)                                              \
-                out[y] = (T)specdec_law_probability_##SUFFIX(logits, y, temperature, law); \
+                out[y] = specdec_entry_materialised_##SUFFIX(logits[y] / temperature, law); \
             return;                                                                        \
         }                                                                                  \
         BODY(logits, V, temperature, law, out);                                            \

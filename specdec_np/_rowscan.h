@@ -12,16 +12,10 @@
 #ifndef SPECDEC_ROWSCAN_H
 #define SPECDEC_ROWSCAN_H
 
-#include <math.h>
 #include <stddef.h>
-#include <stdint.h>
-#include <string.h>
 
-/* The kernel contract's constants come from specdec_np/_contract.py through setup.py. */
-#ifndef SPECDEC_ENTROPY_EPSILON
-#error "SPECDEC_ENTROPY_EPSILON must be defined by the build (see setup.py)"
-#endif
-
+/* The per-element formulas (and the lane order) are those of both backends. */
+#include "_elementwise.h"
 
 /* Helpers that take or return vectors must be inlined into their callers: a helper left
  * out of line is compiled for the baseline CPU, while the AVX2 clone of its caller passes
@@ -41,54 +35,7 @@ typedef float specdec_v4f __attribute__((vector_size(16)));
 #define SPECDEC_HAVE_VECTORS 0
 #endif
 
-/* Lane l (0..7) accumulates the elements start + 8*i + l; the lanes are combined as
- * ((L0 + L4) + (L1 + L5)) + ((L2 + L6) + (L3 + L7)) by every implementation below. */
-#define SPECDEC_COMBINE_LANES(L)                                                           \
-    ((((L)[0] + (L)[4]) + ((L)[1] + (L)[5])) + (((L)[2] + (L)[6]) + ((L)[3] + (L)[7])))
-
-/* ---- a float32-accurate natural logarithm ------------------------------------------ */
-
-/* libm's logf is an opaque call per element, which stops the entropy loop from
- * vectorising; this one is branch-free integer and polynomial arithmetic.  The body is
- * written once with operators that GNU C defines on scalars and on vectors alike, so the
- * scalar and the vector versions give the same bits lane by lane.  The polynomial was
- * fitted for this project by least squares on Chebyshev nodes:
- * log1p(f) = f - f^2/2 + f^3 P(f) for f in [sqrt(1/2) - 1, sqrt(2) - 1], with a maximum
- * absolute error there of 4e-8 (about one float32 ulp).  Valid for positive, normal,
- * finite x, which is what the kernels pass (p + 1e-5 with p >= 0); other inputs give a
- * finite but meaningless value, never a trap. */
-#define SPECDEC_DEFINE_FAST_LOG(NAME, FLOAT_T, INT_T, TO_FLOAT)                             \
-    SPECDEC_INLINE FLOAT_T NAME(FLOAT_T x)                                                  \
-    {                                                                                      \
-        INT_T bits;                                                                        \
-        memcpy(&bits, &x, sizeof bits);                                                    \
-        INT_T exponent = ((bits >> 23) & 0xff) - 127;                                      \
-        INT_T mantissa_bits = (bits & 0x007fffff) | 0x3f800000;                            \
-        /* Centre the mantissa on 1 so that the polynomial stays small. */                 \
-        INT_T above_sqrt2 = (INT_T)(mantissa_bits > 0x3fb504f3) & 1;                       \
-        mantissa_bits -= above_sqrt2 << 23;                                                \
-        exponent += above_sqrt2;                                                           \
-        FLOAT_T mantissa;                                                                  \
-        memcpy(&mantissa, &mantissa_bits, sizeof mantissa);                                \
-        FLOAT_T f = mantissa - 1.0f;                                                       \
-        FLOAT_T polynomial = f * -0.0810227021574974f + 0.1271267831325531f;               \
-        polynomial = polynomial * f - 0.12972144782543182f;                                \
-        polynomial = polynomial * f + 0.14202114939689636f;                                \
-        polynomial = polynomial * f - 0.166422501206398f;                                  \
-        polynomial = polynomial * f + 0.20001471042633057f;                                \
-        polynomial = polynomial * f - 0.2500029504299164f;                                 \
-        polynomial = polynomial * f + 0.333333283662796f;                                  \
-        FLOAT_T f2 = f * f;                                                                \
-        FLOAT_T log1p_f = f - 0.5f * f2 + f2 * f * polynomial;                             \
-        FLOAT_T e = TO_FLOAT(exponent);                                                    \
-        /* ln 2 in two parts, so that e * ln 2 adds no rounding error of its own. */       \
-        return e * 0.693359375f + (e * -2.12194440e-4f + log1p_f);                         \
-    }
-
-#define SPECDEC_TO_FLOAT(x) ((float)(x))
 #define SPECDEC_TO_V8F(x) __builtin_convertvector((x), specdec_v8f)
-
-SPECDEC_DEFINE_FAST_LOG(specdec_fast_logf, float, int32_t, SPECDEC_TO_FLOAT)
 
 /* ---- residual mass: sum of max(rho p - q, 0) * scale in float64 ---------------------- */
 
@@ -101,18 +48,9 @@ static inline double specdec_combine_lanes(const double lanes[8])
 
 /* q == NULL stands for a point-mass draft: q = 1 at index point_mass, 0 elsewhere (and 0
  * everywhere for point_mass = -1).  Both forms go through the same arithmetic, so a
- * point-mass draft and its one-hot draft row give bit-identical sums.
- *
- * rho scales the target (block verification's weighted residual; 1 for token-wise
- * rejection, where multiplying by it is exact).  Negative and NaN draft entries count as 0,
- * so a weight is positive only where p is.  scale (a power of two, 1 unless the float64
- * sum would overflow) is applied last, so it changes no decision between weights. */
-static inline double specdec_residual_weight(double p, double q, double rho, double scale)
-{
-    double q_clean = q > 0.0 ? q : 0.0;
-    double w = rho * p - q_clean;
-    return (w > 0.0 ? w : 0.0) * scale;
-}
+ * point-mass draft and its one-hot draft row give bit-identical sums.  Each weight is
+ * specdec_residual_weight of _elementwise.h (on vectors, its SPECDEC_RESIDUAL_WEIGHT body):
+ * negative and NaN draft entries count as 0, so a weight is positive only where p is. */
 
 #if SPECDEC_HAVE_VECTORS
 
@@ -190,8 +128,8 @@ SPECDEC_INLINE void specdec_load8_d(const double *x, ptrdiff_t left, specdec_v4d
             q8[0] = specdec_one_hot(y, point_mass);                                        \
             q8[1] = specdec_one_hot(y + 4, point_mass);                                    \
         }                                                                                  \
-        acc[0] += specdec_positive_part(rho * p8[0] - q8[0]) * scale;                      \
-        acc[1] += specdec_positive_part(rho * p8[1] - q8[1]) * scale;                      \
+        acc[0] += SPECDEC_RESIDUAL_WEIGHT(specdec_positive_part, p8[0], q8[0], rho, scale); \
+        acc[1] += SPECDEC_RESIDUAL_WEIGHT(specdec_positive_part, p8[1], q8[1], rho, scale); \
     }                                                                                      \
     /* The group above for q = 0, rho = 1 and scale = 1, where rho p - q is p and the      \
      * product by the scale is exact: the same bits in half the instructions. */          \
@@ -284,7 +222,7 @@ static double specdec_entropy_max_d(const double *row, ptrdiff_t start, ptrdiff_
     for (ptrdiff_t y = start; y < stop; ++y) {
         double p = row[y];
         if (want_entropy)
-            lanes[(y - start) % 8] += p * log(p + SPECDEC_ENTROPY_EPSILON);
+            lanes[(y - start) % 8] += specdec_entropy_term_d(p);
         best = p > best ? p : best;
     }
     *maximum = best;
@@ -296,7 +234,8 @@ static double specdec_entropy_max_d(const double *row, ptrdiff_t start, ptrdiff_
 typedef float specdec_v8f __attribute__((vector_size(32)));
 typedef int32_t specdec_v8i __attribute__((vector_size(32)));
 
-SPECDEC_DEFINE_FAST_LOG(specdec_fast_logf8, specdec_v8f, specdec_v8i, SPECDEC_TO_V8F)
+SPECDEC_DEFINE_FAST_LOG(SPECDEC_INLINE, specdec_fast_logf8, specdec_v8f, specdec_v8i,
+                        SPECDEC_TO_V8F)
 
 SPECDEC_INLINE specdec_v8f specdec_max8(specdec_v8f candidates, specdec_v8f best)
 {
@@ -326,8 +265,7 @@ SPECDEC_INLINE specdec_v8f specdec_join8(specdec_v4f low, specdec_v4f high)
 SPECDEC_INLINE void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specdec_v4d *high)
 {
     specdec_v4d term_low, term_high;
-    specdec_widen8(p * specdec_fast_logf8(p + (float)SPECDEC_ENTROPY_EPSILON), &term_low,
-                   &term_high);
+    specdec_widen8(SPECDEC_ENTROPY_TERM_F(specdec_fast_logf8, p), &term_low, &term_high);
     *low += term_low;
     *high += term_high;
 }
@@ -405,7 +343,7 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
     for (ptrdiff_t y = start; y < stop; ++y) {
         float p = row[y];
         if (want_entropy)
-            lanes[(y - start) % 8] += (double)(p * specdec_fast_logf(p + (float)SPECDEC_ENTROPY_EPSILON));
+            lanes[(y - start) % 8] += specdec_entropy_term_f(p);
         best = p > best ? p : best;
     }
     *maximum = best;

@@ -612,7 +612,7 @@ class TreeBatch(NamedTuple):
     def raise_for_row_status(self, first_bad_row: int, row_status: Any) -> None:
         """The kernel's status of request ``first_bad_row`` as a ``ValueError``."""
         request, status = first_bad_row, int(row_status[first_bad_row])
-        _contract.raise_for_no_memory(status, request)
+        _contract.raise_for_kernel_status(status, request)
         if status > 0:
             node = status - 1
             start = int(self.layout.node_offsets[request])

@@ -3,7 +3,8 @@
  * After a sibling is rejected, SpecInfer and RRS replace the node's residual r (the target
  * row, or the residual of the previous rejection divided by its mass) by the positive part
  * of r minus the sibling's draft row (divided by its mass for RRS), writing it to a float64
- * working row and returning its float64 sum.  In the order of the reference:
+ * working row and returning its float64 sum.  Each element is SPECDEC_RESIDUAL_UPDATE of
+ * _elementwise.h (the CUDA kernels' too), in the order of the reference:
  *
  *   a = src[y] / src_mass   (src_mass == 1: a = src[y], which is the same number)
  *   b = max(q[y], 0) / q_mass   (NaN counts as 0; q_mass == 1: no division)
@@ -33,12 +34,8 @@
         LOAD_SRC(src + y, left, a);                                                        \
         LOAD_Q(q + y, left, b);                                                            \
         for (int half = 0; half < 2; ++half) {                                             \
-            if (divide_src)                                                                \
-                a[half] = a[half] / src_mass;                                              \
-            b[half] = specdec_positive_part(b[half]);                                      \
-            if (divide_q)                                                                  \
-                b[half] = b[half] / q_mass;                                                \
-            a[half] = specdec_positive_part(a[half] - b[half]);                            \
+            SPECDEC_RESIDUAL_UPDATE(specdec_positive_part, a[half], b[half], src_mass,     \
+                                    divide_src, q_mass, divide_q);                         \
             acc[half] += a[half];                                                          \
         }                                                                                  \
         memcpy(dst + y, a, (size_t)(left < 8 ? left : 8) * sizeof(double));                \
@@ -118,27 +115,19 @@ SPECDEC_DEFINE_CLEAN_COPY(specdec_clean_copy_d, double, specdec_load8_d)
         ptrdiff_t y = 0;                                                                   \
         for (; y + 8 <= V; y += 8) {                                                       \
             for (int lane = 0; lane < 8; ++lane) {                                         \
-                double a = (double)src[y + lane];                                          \
-                double b = (double)q[y + lane];                                            \
-                a = divide_src ? a / src_mass : a;                                         \
-                b = b > 0.0 ? b : 0.0;                                                     \
-                b = divide_q ? b / q_mass : b;                                             \
-                double d = a - b;                                                          \
-                double w = d > 0.0 ? d : 0.0;                                              \
-                dst[y + lane] = w;                                                         \
-                lanes[lane] += w;                                                          \
+                double a = (double)src[y + lane], b = (double)q[y + lane];                 \
+                SPECDEC_RESIDUAL_UPDATE(specdec_clean, a, b, src_mass, divide_src, q_mass, \
+                                        divide_q);                                         \
+                dst[y + lane] = a;                                                         \
+                lanes[lane] += a;                                                          \
             }                                                                              \
         }                                                                                  \
         for (int lane = 0; y < V; ++y, ++lane) {                                           \
-            double a = (double)src[y];                                                     \
-            double b = (double)q[y];                                                       \
-            a = divide_src ? a / src_mass : a;                                             \
-            b = b > 0.0 ? b : 0.0;                                                         \
-            b = divide_q ? b / q_mass : b;                                                 \
-            double d = a - b;                                                              \
-            double w = d > 0.0 ? d : 0.0;                                                  \
-            dst[y] = w;                                                                    \
-            lanes[lane] += w;                                                              \
+            double a = (double)src[y], b = (double)q[y];                                   \
+            SPECDEC_RESIDUAL_UPDATE(specdec_clean, a, b, src_mass, divide_src, q_mass,     \
+                                    divide_q);                                             \
+            dst[y] = a;                                                                    \
+            lanes[lane] += a;                                                              \
         }                                                                                  \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
@@ -155,15 +144,11 @@ SPECDEC_DEFINE_RESIDUAL_UPDATE(specdec_residual_update_dd, double, double)
         double lanes[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                        \
         ptrdiff_t y = 0;                                                                   \
         for (; y + 8 <= V; y += 8) {                                                       \
-            for (int lane = 0; lane < 8; ++lane) {                                         \
-                double b = (double)q[y + lane];                                            \
-                lanes[lane] += b > 0.0 ? b : 0.0;                                          \
-            }                                                                              \
+            for (int lane = 0; lane < 8; ++lane)                                           \
+                lanes[lane] += specdec_clean((double)q[y + lane]);                         \
         }                                                                                  \
-        for (int lane = 0; y < V; ++y, ++lane) {                                           \
-            double b = (double)q[y];                                                       \
-            lanes[lane] += b > 0.0 ? b : 0.0;                                              \
-        }                                                                                  \
+        for (int lane = 0; y < V; ++y, ++lane)                                             \
+            lanes[lane] += specdec_clean((double)q[y]);                                    \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
@@ -175,10 +160,8 @@ SPECDEC_DEFINE_CLEAN_SUM(specdec_clean_sum_d, double)
 #define SPECDEC_DEFINE_CLEAN_COPY(NAME, T)                                                 \
     static void NAME(const T *src, ptrdiff_t V, double *dst)                               \
     {                                                                                      \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            double a = (double)src[y];                                                     \
-            dst[y] = a > 0.0 ? a : 0.0;                                                    \
-        }                                                                                  \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            dst[y] = specdec_clean((double)src[y]);                                        \
     }
 
 SPECDEC_DEFINE_CLEAN_COPY(specdec_clean_copy_f, float)

@@ -1,15 +1,21 @@
 """CPU-side checks of the CUDA backend (SPEC 7, issue 5 item 4).
 
-* Every CUDA source string of :mod:`specdec_np._cuda` is compiled to PTX with ``nvcc`` for
-  ``sm_90`` and for the oldest architecture >= ``sm_75`` that this ``nvcc`` lists, with every
-  template instantiation the CuPy backend asks for, so a syntax or template error in a kernel
-  string fails CI on any machine with the CUDA toolkit (skipped where there is no ``nvcc``).
+* Every CUDA source of :mod:`specdec_np._cuda` (a ``.cu`` file of ``specdec_np/kernels/``
+  with its includes expanded) is compiled to PTX with ``nvcc`` for ``sm_90`` and for the
+  oldest architecture >= ``sm_75`` that this ``nvcc`` lists, with every template
+  instantiation the CuPy backend asks for, so a syntax or template error in a kernel file
+  fails CI on any machine with the CUDA toolkit (skipped where there is no ``nvcc``).
 * A deliberately broken source must fail through the same helper (negative control).
 * ``import specdec_np._cuda`` must not import CuPy.
-* The kernels' *logic* runs on the CPU: the very same source strings are compiled with the
-  host C++ compiler against a small emulation of the CUDA features they use (every CUDA
-  thread of a block is a fiber, ``__syncthreads`` a scheduling point, so a divergent barrier
-  is caught too) and must agree with the CPU kernels of ``specdec_np._core`` on the same
+* One source of the per-element maths: the CUDA files restate no formula of the shared
+  header ``specdec_np/_elementwise.h`` (its constants and the transcendental calls appear
+  there only), and the CPU build includes the very header that every CUDA source carries.
+* The kernels' *logic* runs on the CPU: the very same sources (and so the same shared
+  header) are compiled with the host C++ compiler against a small emulation of the CUDA
+  features they use (every CUDA thread of a block is a fiber, ``__syncthreads`` a
+  scheduling point, so a divergent barrier is caught too), each source as a translation
+  unit of its own as on the device, and must agree with the CPU kernels of
+  ``specdec_np._core`` on the same
   inputs: ``verify_chains_kernel`` instantiated for every verifier of the registry against
   ``_core.verify_chains`` on 2,000 random batches (padded and ragged, dense and point-mass
   drafts, every dtype pair, boundary uniforms, negative and NaN draft entries, float64 rows
@@ -23,7 +29,9 @@
   dtypes of each kind, mixed batches, zero-node requests, wide sibling lists, repeated sibling
   tokens, bad ids, rows without mass): identical statuses and written cells, except where a
   uniform lies within rounding of a boundary (a nudge of that uniform gives the CPU the
-  emulated result); three mutated tree kernels must disagree.
+  emulated result); five mutated tree kernels must disagree.
+* A method code outside the registry is an error status (``_contract.STATUS_BAD_METHOD``),
+  never a walk of another method.
 * The launch surface ``_cuda.core_like`` runs against a stand-in ``cupy`` whose kernels
   are the emulated ones: argument order, instantiation, launch shape, memory guards.
 
@@ -46,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from c_headers import build_library
 from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
 from specdec_np import _contract, _cuda, registry
@@ -220,8 +229,11 @@ def test_sources_carry_the_contract_and_launch_constants() -> None:
         assert f"constexpr int kRowsPerBlock = {_cuda.CREATE_OUTPUT_BLOCK};" in source
         for name, value in _contract.compile_time_macros():
             assert f"#define {name} {value}\n" in source
-        # NVRTC gets no include path from us: the sources must be self-contained.
-        assert not re.search(r"^\s*#\s*include", source, flags=re.MULTILINE)
+        # NVRTC gets no include path from us: every file is in the source, and the only
+        # includes left are the shared header's system headers, which NVRTC skips.
+        assert not re.search(r'^\s*#\s*include\s*"', source, flags=re.MULTILINE)
+        system = re.findall(r"^\s*#\s*include\s*<([^>]+)>", source, flags=re.MULTILINE)
+        assert set(system) <= set(_guarded_system_includes()), system
     # The contract's numbers are written into the sources once, as macros, never as literals.
     body = _cuda.cuda_sources()["verify_chains"].split("namespace specdec {", 1)[1]
     for literal in ("1e-5", "1e-05", "0.0005", "5e-4", "-64"):
@@ -256,11 +268,141 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# One source of the per-element maths: the shared header, and only it, holds the formulas
+# ---------------------------------------------------------------------------------------------
+
+PACKAGE_DIR = REPO_ROOT / "specdec_np"
+SHARED_HEADER = PACKAGE_DIR / "_elementwise.h"
+CPU_HEADERS = ("_logits.h", "_rowscan.h", "_treescan.h")
+
+
+def _code(text: str) -> str:
+    """C or C++ text without its comments (a comment may name a formula it does not state)."""
+    return re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.DOTALL)
+
+
+def _guarded_system_includes() -> list[str]:
+    """The system headers of the shared header: all inside its branch for compilers other
+    than NVRTC."""
+    text = SHARED_HEADER.read_text()
+    guarded = re.search(r"#if defined\(__CUDACC_RTC__\)(.*?)#else(.*?)#endif", text, re.DOTALL)
+    assert guarded, "the shared header no longer guards its includes from NVRTC"
+    assert "#include" not in guarded.group(1)
+    outside = text.replace(guarded.group(0), "")
+    assert not re.search(r"^\s*#\s*include", outside, flags=re.MULTILINE)
+    return re.findall(r"#\s*include\s*<([^>]+)>", guarded.group(2))
+
+
+# A formula's fingerprints: its float constants (hex, or decimal with six or more digits),
+# its bit masks, and the libm functions that only the shared header calls.
+_CONSTANT = re.compile(
+    r"0x[0-9a-fA-F]*\.[0-9a-fA-F]*p[+-]?\d+f?|\b\d+\.\d{6,}(?:e[+-]?\d+)?f?"
+    r"|\b0x[0-9a-fA-F]{6,}(?:u|ull|LL)?\b"
+)
+_LIBM_CALL = re.compile(r"\b(?:exp|expf|exp2|exp2f|log|logf|log1p|log1pf|ldexp|ldexpf)\s*\(")
+
+
+def _restated_formulas(text: str) -> list[str]:
+    """The shared header's formula constants and libm calls found in ``text``'s code."""
+    code = _code(text)
+    shared = set(_CONSTANT.findall(_code(SHARED_HEADER.read_text())))
+    found = sorted({constant for constant in _CONSTANT.findall(code) if constant in shared})
+    return found + sorted(set(_LIBM_CALL.findall(code)))
+
+
+def _kernel_files() -> list[Path]:
+    return sorted(_cuda.KERNEL_DIR.glob("*.cu")) + sorted(_cuda.KERNEL_DIR.glob("*.cuh"))
+
+
+def test_no_formula_is_restated_outside_the_shared_header() -> None:
+    """The CUDA files, the generated parts of the CUDA sources and the CPU headers take every
+    per-element formula from ``_elementwise.h``: none of its constants (the exponential's
+    and the logarithm's polynomials, the keys' masks, the infinities' bits) and no libm call
+    appears anywhere else."""
+    texts = {str(path.relative_to(REPO_ROOT)): path.read_text() for path in _kernel_files()}
+    texts.update({name: generate() for name, generate in _cuda._GENERATED.items()})
+    texts.update({name: (PACKAGE_DIR / name).read_text() for name in CPU_HEADERS})
+    assert len(texts) > 10
+    for name, text in texts.items():
+        assert not _restated_formulas(text), f"{name} restates {_restated_formulas(text)}"
+    # The exponential's constants, in particular, are in the shared header only.
+    for constant in ("0x1.715476p+0f", "0x1.6a243ap-10f", "0x1.fffffcp-2f"):
+        assert constant in SHARED_HEADER.read_text()
+
+
+def test_the_restated_formula_check_catches_a_copy() -> None:
+    """Negative control: the fast exponential's old CUDA copy, or a libm weight, is found."""
+    copy = "float r = __fsub_rn(clamped, __fmul_rn(n_float, 0x1.63p-1f)); // exp(x)"
+    assert _restated_formulas(copy) == ["0x1.63p-1f"]
+    assert _restated_formulas("const double w = x == x ? exp(x) : 0.0;") == ["exp("]
+    assert _restated_formulas("return bits ^ 0x80000000u;") == ["0x80000000u"]
+
+
+def _extern_headers() -> set[str]:
+    """The C headers that the Cython kernels declare their C functions from."""
+    sources = [PACKAGE_DIR / "_core.pyx", *sorted((PACKAGE_DIR / "kernels").glob("*.pxi"))]
+    found = set()
+    for source in sources:
+        found.update(re.findall(r'cdef extern from "([^"]+\.h)"', source.read_text()))
+    return found
+
+
+def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path) -> None:
+    """The headers the Cython build compiles include ``_elementwise.h`` (the dependencies the
+    C compiler reports, with the build's include path), the very file whose text every CUDA
+    source carries."""
+    compilers = (os.environ.get("CC"), "cc", "gcc", "clang")
+    cc = next((name for name in compilers if name and shutil.which(name)), None)
+    if cc is None:
+        pytest.skip("no C compiler to list the headers' dependencies")
+    headers = _extern_headers()
+    assert set(CPU_HEADERS) <= headers, headers
+    macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
+    for header in sorted(headers):
+        result = subprocess.run(
+            [cc, "-std=c11", "-MM", *macros, f"-I{PACKAGE_DIR}", str(PACKAGE_DIR / header)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        dependencies = {Path(d).resolve() for d in result.stdout.replace("\\\n", " ").split()[1:]}
+        assert SHARED_HEADER.resolve() in dependencies, (header, dependencies)
+    text = SHARED_HEADER.read_text().rstrip("\n")
+    assert _cuda._included_text("_elementwise.h").rstrip("\n") == text
+    for name in ("verify_chains", "verify_trees"):
+        assert text in _cuda.cuda_sources()[name], name
+
+
+def test_the_kernel_files_are_the_sources_and_are_packaged() -> None:
+    """One ``.cu`` file per source, and the package data (wheel) and the manifest (sdist)
+    carry every kernel file and the shared header."""
+    assert {path.stem for path in _cuda.KERNEL_DIR.glob("*.cu")} == set(_cuda.SOURCE_NAMES)
+    assert sorted(_cuda.cuda_sources()) == sorted(_cuda.SOURCE_NAMES)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    data = re.search(r"^\[tool\.setuptools\.package-data\]\nspecdec_np = \[(.*?)\]", pyproject,
+                     flags=re.MULTILINE | re.DOTALL)  # fmt: skip
+    assert data, "no package-data for specdec_np in pyproject.toml"
+    patterns = re.findall(r'"([^"]+)"', data.group(1))
+    manifest = [
+        pattern
+        for line in (REPO_ROOT / "MANIFEST.in").read_text().splitlines()
+        if line.startswith("include ")
+        for pattern in line.split()[1:]
+    ]
+    files = [*_kernel_files(), SHARED_HEADER, *(PACKAGE_DIR / name for name in CPU_HEADERS)]
+    for path in files:
+        relative = path.relative_to(PACKAGE_DIR)
+        assert any(relative.match(pattern) for pattern in patterns), f"{relative} not packaged"
+        in_sdist = path.relative_to(REPO_ROOT)
+        assert any(in_sdist.match(pattern) for pattern in manifest), f"{in_sdist} not in MANIFEST"
+
+
+# ---------------------------------------------------------------------------------------------
 # The kernels' logic, emulated on the CPU and compared with specdec_np._core
 # ---------------------------------------------------------------------------------------------
 
 _EMULATION_PRELUDE = r"""
-// Single-threaded CPU emulation of the CUDA subset used by specdec_np's kernels. Every CUDA
+// Single-threaded CPU emulation of the CUDA subset used by specdec_np's kernels (the shared
+// header _elementwise.h takes its C++ path here: __CUDACC__ is not defined). Every CUDA
 // thread of a block is a fiber (started with makecontext, switched with _setjmp/_longjmp,
 // which save no signal mask and so cost nanoseconds, not a system call); __syncthreads()
 // yields to a scheduler that runs each fiber up to its next barrier, round after round. A
@@ -316,15 +458,6 @@ static void __syncthreads() { emu_yield(); }
 template <class T> T atomicAdd(T* a, T v) { T old = *a; *a = old + v; return old; }
 template <class T> T atomicMin(T* a, T v) { T old = *a; if (v < old) *a = v; return old; }
 template <class T> T atomicMax(T* a, T v) { T old = *a; if (v > old) *a = v; return old; }
-static double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
-static double __dmul_rn(double a, double b) { return a * b; }
-static float __fmul_rn(float a, float b) { return a * b; }
-static float __fadd_rn(float a, float b) { return a + b; }
-static float __fsub_rn(float a, float b) { return a - b; }
-static float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
-static float __uint_as_float(unsigned int v) { float f; std::memcpy(&f, &v, 4); return f; }
-static unsigned int __float_as_uint(float f) { unsigned int v; std::memcpy(&v, &f, 4); return v; }
-static long long __double_as_longlong(double d) { long long v; std::memcpy(&v, &d, 8); return v; }
 // A fiber runs the body once per block and then waits for the next block, so that fibers
 // (and their stacks) are made once per process, not once per block.
 static void emu_trampoline() {
@@ -432,27 +565,43 @@ def _symbol(name_expression: str) -> str:
     return "emu_" + re.sub(r"\W+", "_", name_expression).strip("_")
 
 
-def _emulation_unit(sources: dict[str, str]) -> str:
-    """One C++ translation unit: the prelude, each source in its own namespace, and one
-    ``extern "C"`` launch per name expression of :func:`_cuda.instantiation_names`."""
-    parts = [_EMULATION_PRELUDE]
-    for name, source in sources.items():
-        parts.append(f"namespace emu_{name} {{\n{source}\n}}  // namespace emu_{name}\n")
-    for source in sources:
-        for expression in _cuda.instantiation_names(source):
-            template, arguments = expression.rstrip(">").split("<", 1)
-            types = arguments.split(", ")
-            prob = next((t for t in types if t in ("float", "double")), "float")
-            ids = next(t for t in types if t in ("int", "long long"))
-            parameters, launch = _KERNEL_SIGNATURES[template]
-            parameters = re.sub(r"\bP\b", prob, re.sub(r"\bI\b", ids, parameters))
-            names = ", ".join(part.split()[-1].lstrip("*") for part in parameters.split(", "))
-            parts.append(
-                f'extern "C" void {_symbol(expression)}({parameters}) {{\n'
-                f"    using namespace emu_{source};\n"
-                f"    emu_launch({launch}, [&] {{ {expression}({names}); }});\n}}\n"
-            )
+def _emulation_unit(name: str, source: str) -> str:
+    """One C++ translation unit for one source, as the device compiles each source on its
+    own: the prelude, the source, and one ``extern "C"`` launch per name expression of
+    :func:`_cuda.instantiation_names`."""
+    parts = [_EMULATION_PRELUDE, source]
+    for expression in _cuda.instantiation_names(name):
+        template, arguments = expression.rstrip(">").split("<", 1)
+        types = arguments.split(", ")
+        prob = next((t for t in types if t in ("float", "double")), "float")
+        ids = next(t for t in types if t in ("int", "long long"))
+        parameters, launch = _KERNEL_SIGNATURES[template]
+        parameters = re.sub(r"\bP\b", prob, re.sub(r"\bI\b", ids, parameters))
+        names = ", ".join(part.split()[-1].lstrip("*") for part in parameters.split(", "))
+        parts.append(
+            f'extern "C" void {_symbol(expression)}({parameters}) {{\n'
+            f"    emu_launch({launch}, [&] {{ {expression}({names}); }});\n}}\n"
+        )
     return "\n".join(parts)
+
+
+class Emulation:
+    """The emulated kernels of several sources, one shared library each: a launch symbol is
+    looked up in every library, and ``emu_errors_seen`` adds up their errors."""
+
+    def __init__(self, libraries: list[Any]) -> None:
+        self._libraries = libraries
+
+    def emu_errors_seen(self) -> int:
+        return sum(int(library.emu_errors_seen()) for library in self._libraries)
+
+    def __getattr__(self, symbol: str) -> Any:
+        for library in self._libraries:
+            try:
+                return getattr(library, symbol)
+            except AttributeError:
+                continue
+        raise AttributeError(f"no emulated kernel {symbol}")
 
 
 def _find_cxx() -> str | None:
@@ -462,12 +611,21 @@ def _find_cxx() -> str | None:
     return None
 
 
-def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Any:
-    return _compile_library(tmp, stem, _emulation_unit(sources))
+def _build_emulation(tmp: Path, stem: str, sources: dict[str, str]) -> Emulation:
+    """Each source (name to text) emulated in a shared library of its own, compiled in
+    parallel."""
+    units = {f"{stem}_{name}": _emulation_unit(name, text) for name, text in sources.items()}
+    return Emulation(_compile_libraries(tmp, units))
 
 
 def _compile_library(tmp: Path, stem: str, unit: str) -> Any:
     """``unit`` (C++ with the emulation prelude) as a loaded shared library."""
+    return _compile_libraries(tmp, {stem: unit})[0]
+
+
+def _compile_libraries(tmp: Path, units: dict[str, str]) -> list[Any]:
+    """Each unit (stem to C++ with the emulation prelude) as a loaded shared library; the
+    compilers run in parallel."""
     import ctypes
 
     if not sys.platform.startswith("linux"):
@@ -475,19 +633,29 @@ def _compile_library(tmp: Path, stem: str, unit: str) -> Any:
     cxx = _find_cxx()
     if cxx is None:
         pytest.skip("no C++ compiler (g++, clang++ or $CXX) for the kernel emulation")
-    cpp = tmp / f"{stem}.cpp"
-    lib = tmp / f"lib{stem}.so"
-    cpp.write_text(unit)
     cmd = [cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-w"]
-    result = subprocess.run(
-        [*cmd, str(cpp), "-o", str(lib)],
-        capture_output=True,
-        text=True,
-        timeout=COMPILE_TIMEOUT_S,
-        check=False,
-    )
-    assert result.returncode == 0, f"host compile of {stem} failed:\n{result.stderr}"
-    return ctypes.CDLL(str(lib))
+    running = []
+    for stem, unit in units.items():
+        cpp = tmp / f"{stem}.cpp"
+        lib = tmp / f"lib{stem}.so"
+        cpp.write_text(unit)
+        process = subprocess.Popen(
+            [*cmd, str(cpp), "-o", str(lib)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        running.append((stem, lib, process))
+    libraries = []
+    for stem, lib, process in running:
+        try:
+            _, stderr = process.communicate(timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+        assert process.returncode == 0, f"host compile of {stem} failed:\n{stderr}"
+        libraries.append(ctypes.CDLL(str(lib)))
+    return libraries
 
 
 @pytest.fixture(scope="module")
@@ -496,7 +664,7 @@ def core() -> Any:
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> Emulation:
     return _build_emulation(tmp_path_factory.mktemp("emu"), "emu", _cuda.cuda_sources())
 
 
@@ -856,12 +1024,11 @@ def _replace(text: str, old: str, new: str) -> str:
 
 _MUTATIONS: dict[str, Callable[[str], str]] = {
     # The residual forgets the draft: tokens drawn from p instead of max(p - q, 0).
-    "residual_ignores_draft": lambda s: _replace(
-        s, "HasQ ? clean_draft(static_cast<double>(qv)) : ", ""
-    ),
-    # Negative and NaN draft entries used as they are.
+    "residual_ignores_draft": lambda s: _replace(s, "HasQ ? static_cast<double>(qv) : ", ""),
+    # Negative and NaN draft entries used as they are (the CUDA source's copy of the shared
+    # header's clean value: the CPU kernels keep theirs).
     "draft_not_cleaned": lambda s: _replace(
-        s, "return q > 0.0 ? q : 0.0;", "return q == q ? q : 0.0;"
+        s, "return x > 0.0 ? x : 0.0;", "return x == x ? x : 0.0;"
     ),
     # An overflowing residual sum drawn without rescaling (v * inf picks the last token).
     "no_overflow_rescale": lambda s: _replace(s, "if (total == infinity()) {", "if (false) {"),
@@ -886,8 +1053,8 @@ def test_emulation_detects_mutated_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls: a wrong kernel must disagree with the CPU kernels."""
-    sources = _cuda.cuda_sources()
-    mutated = {**sources, "verify_chains": _MUTATIONS[mutation](sources["verify_chains"])}
+    source = _cuda.cuda_sources()["verify_chains"]
+    mutated = {"verify_chains": _MUTATIONS[mutation](source)}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare(lib, core, seed=20240611, cases=300)
     assert tally.problems, f"mutation {mutation} went unnoticed"
@@ -999,7 +1166,7 @@ def test_launcher_memory_guards(fake_cupy: Any, core: Any) -> None:
     wide = Chains(**{**c.__dict__, "ids": c.ids.astype(np.float64)})
     with pytest.raises(TypeError, match="draft_token_ids: expected dtype"):
         _launch(wide, rejection, np.empty(0))
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError, match="method: expected a registry verifier code"):
         _launch(c, len(registry.VERIFIERS), np.empty(0))
     strided = wrap(np.zeros((c.batch, 2 * c.width), np.int64))[:, ::2]
     with pytest.raises(ValueError, match="output: expected a C-contiguous array"):
@@ -1311,7 +1478,7 @@ def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, log
 _ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_needs_more_than_need": lambda s: _replace(
-        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
     ),
     # The lazy bonus drawn with the residual's uniform instead of its own.
     "bonus_reuses_residual_uniform": lambda s: _replace(
@@ -1329,8 +1496,8 @@ def test_engine_emulation_detects_mutated_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls of the engine options and the logits law."""
-    sources = _cuda.cuda_sources()
-    mutated = {**sources, "verify_chains": _ENGINE_MUTATIONS[mutation](sources["verify_chains"])}
+    source = _cuda.cuda_sources()["verify_chains"]
+    mutated = {"verify_chains": _ENGINE_MUTATIONS[mutation](source)}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare_engine(lib, core, seed=20261201, cases=80, logits=True)
     assert tally.problems, f"mutation {mutation} went unnoticed"
@@ -1341,7 +1508,6 @@ def test_engine_emulation_detects_mutated_kernels(
 # ---------------------------------------------------------------------------------------------
 
 _LAW_PROBE = r"""
-namespace emu_verify_chains {
 // Test only: the law of each row (one block per row), its float64 probabilities and the
 // materialised row, as the kernel's row readers compute them.
 template <typename T>
@@ -1351,8 +1517,8 @@ __global__ void law_probe(const T* rows, long long vocab, const double* sampling
     const long long r = blockIdx.x;
     const double* p = sampling + 4 * r;
     const T* row = rows + r * vocab;
-    const specdec::Law law = specdec::row_law(row, vocab, static_cast<T>(p[0]),
-                                              static_cast<long long>(p[1]), p[2], p[3], s);
+    const specdec_row_law law = specdec::row_law(row, vocab, static_cast<T>(p[0]),
+                                                 static_cast<long long>(p[1]), p[2], p[3], s);
     if (threadIdx.x == 0) {
         double* out = laws + 5 * r;
         out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;
@@ -1363,50 +1529,54 @@ __global__ void law_probe(const T* rows, long long vocab, const double* sampling
         materialised[r * vocab + y] = specdec::materialised(row, y, static_cast<T>(p[0]), law);
     }
 }
-}  // namespace emu_verify_chains
 #define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
     extern "C" void gpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
                                      const double* sampling, double* laws, double* p, T* m) { \
-        emu_launch(count, specdec_block, [&] {                                              \
-            emu_verify_chains::law_probe<T>(rows, vocab, sampling, laws, p, m);             \
+        emu_launch(count, specdec::kBlock, [&] {                                            \
+            law_probe<T>(rows, vocab, sampling, laws, p, m);                                \
         });                                                                                 \
-    }                                                                                       \
-    extern "C" void cpu_law_##SUFFIX(const T* rows, long long count, long long vocab,       \
-                                     const double* sampling, double* laws, double* p, T* m) { \
-        for (long long r = 0; r < count; ++r) {                                             \
-            const double* s = sampling + 4 * r;                                             \
-            specdec_row_law law;                                                            \
-            specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2],  \
-                                     s[3], &law);                                           \
-            double* out = laws + 5 * r;                                                     \
-            out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;               \
-            out[3] = (double)law.num_infinite; out[4] = (double)law.status;                 \
-            for (long long y = 0; y < vocab; ++y)                                           \
-                p[r * vocab + y] =                                                          \
-                    specdec_law_probability_##SUFFIX(rows + r * vocab, y, (T)s[0], &law);   \
-            specdec_law_materialise_##SUFFIX(rows + r * vocab, vocab, (T)s[0], &law,        \
-                                             m + r * vocab);                                \
-        }                                                                                   \
+    }
+SPECDEC_LAW_ENTRY(f, float)
+SPECDEC_LAW_ENTRY(d, double)
+"""
+
+# The same probe of specdec_np/_logits.h, built as the CPU kernels are (C11).
+_CPU_LAW_PROBE = r"""
+#include "_logits.h"
+
+#define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
+    void cpu_law_##SUFFIX(const T *rows, long long count, long long vocab,                 \
+                          const double *sampling, double *laws, double *p, T *m)           \
+    {                                                                                      \
+        for (long long r = 0; r < count; ++r) {                                            \
+            const double *s = sampling + 4 * r;                                            \
+            specdec_row_law law;                                                           \
+            specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
+                                     s[3], &law);                                          \
+            double *out = laws + 5 * r;                                                    \
+            out[0] = law.z_max;                                                            \
+            out[1] = law.cutoff;                                                           \
+            out[2] = law.normaliser;                                                       \
+            out[3] = (double)law.num_infinite;                                             \
+            out[4] = (double)law.status;                                                   \
+            for (long long y = 0; y < vocab; ++y)                                          \
+                p[r * vocab + y] =                                                         \
+                    specdec_law_probability_##SUFFIX(rows + r * vocab, y, (T)s[0], &law);  \
+            specdec_law_materialise_##SUFFIX(rows + r * vocab, vocab, (T)s[0], &law,       \
+                                             m + r * vocab);                               \
+        }                                                                                  \
     }
 SPECDEC_LAW_ENTRY(f, float)
 SPECDEC_LAW_ENTRY(d, double)
 """
 
 
-def _build_law_probe(tmp: Path, stem: str, source: str) -> Any:
-    """The CPU law of ``_logits.h`` and the CUDA source's, emulated, in one library."""
-    macros = "".join(
-        f"#define {name} {value}\n" for name, value in _contract.compile_time_macros()
-    )
-    unit = (
-        macros
-        + f'#include "{REPO_ROOT / "specdec_np" / "_logits.h"}"\n'
-        + _EMULATION_PRELUDE
-        + f"\nnamespace emu_verify_chains {{\n{source}\n}}\n"
-        + f"static const int specdec_block = {_cuda.BLOCK_SIZE};\n"
-        + _LAW_PROBE
-    )
-    return _compile_library(tmp, stem, unit)
+def _build_law_probe(tmp: Path, stem: str, source: str) -> tuple[Any, Any]:
+    """The CPU law of ``_logits.h`` (compiled as the extension is) and the emulated CUDA
+    source's, two libraries."""
+    cpu = build_library(tmp, f"{stem}_cpu", _CPU_LAW_PROBE)
+    gpu = _compile_library(tmp, f"{stem}_gpu", f"{_EMULATION_PRELUDE}\n{source}\n{_LAW_PROBE}")
+    return cpu, gpu
 
 
 def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -1424,7 +1594,7 @@ def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndar
     return rows, sampling
 
 
-def _law_mismatches(lib: Any, seed: int, cases: int) -> list[str]:
+def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[str]:
     import ctypes
 
     rng = np.random.default_rng(seed)
@@ -1438,7 +1608,8 @@ def _law_mismatches(lib: Any, seed: int, cases: int) -> list[str]:
             laws = np.zeros((count, 5))
             p = np.zeros((count, vocab))
             m = np.zeros((count, vocab), dtype)
-            function = getattr(lib, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
+            library = libraries[0] if side == "cpu" else libraries[1]
+            function = getattr(library, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
             sizes = (ctypes.c_longlong(count), ctypes.c_longlong(vocab))
             function(_ptr(rows), *sizes, _ptr(sampling), _ptr(laws), _ptr(p), _ptr(m))
             results[side] = (laws, p, m)
@@ -1448,7 +1619,7 @@ def _law_mismatches(lib: Any, seed: int, cases: int) -> list[str]:
             # Bits, not values: -0.0 against 0.0 or two NaN payloads would count too.
             if theirs.tobytes() != ours.tobytes():
                 problems.append(f"case {number} {dtype.__name__} V={vocab}: {name} differs")
-    if lib.emu_errors_seen():
+    if libraries[1].emu_errors_seen():
         problems.append("a divergent __syncthreads was detected")
     return problems
 
@@ -1477,7 +1648,7 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     ),
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
-        s, "above + histogram[bucket] >= need", "above + histogram[bucket] > need"
+        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
     ),
 }
 
@@ -1505,7 +1676,8 @@ def test_gpu_tree_tests_fail_on_a_fake_cupy_with_a_broken_tree_kernel(emulated: 
 # The tree kernel, emulated on the CPU and compared with specdec_np._core.verify_trees
 # ---------------------------------------------------------------------------------------------
 
-TREE_WALKS = tuple(method.walk for method in registry.TREE_METHODS)
+# (CPU walk name, registry code) of every tree method: the code is what both backends take.
+TREE_WALKS = tuple((method.walk, method.code) for method in registry.TREE_METHODS)
 
 
 class Trees:
@@ -1643,19 +1815,20 @@ def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
     return out
 
 
-def _run_trees_emulated(lib: Any, method: int, c: Trees) -> list[np.ndarray]:
+def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -> list:
     import ctypes
 
     out = c.buffers()
     vocab = int(c.target.shape[1])
-    working = np.full((c.batch, 2 * vocab), np.nan)  # stale rows must never be read
+    # Stale rows must never be read; working=False passes none (a direct caller's error).
+    rows = np.full((c.batch, 2 * vocab), np.nan) if working else None
     scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
     name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.parents), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(c.methods),
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
-        ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(working),
+        ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
         *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch),
     )  # fmt: skip
     return out
@@ -1698,8 +1871,7 @@ def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = Fa
     for number in range(cases):
         c = _tree_case(rng, logits=logits)
         tally.cases += 1
-        for tree_method in registry.TREE_METHODS:
-            walk, method = tree_method.walk, tree_method.code
+        for walk, method in TREE_WALKS:
             where = (
                 f"case {number} {walk} {c.kind} V={c.target.shape[1]} {c.target.dtype} "
                 f"{c.ids.dtype} {'no drafts' if c.draft is None else 'drafts'}"
@@ -1726,12 +1898,29 @@ def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = Fa
 TREE_CASES = 300
 
 
-def test_tree_walk_constants_follow_the_cpu_numbering(core: Any) -> None:
-    assert tuple(_cuda._TREE_WALK_CONSTANTS) == TREE_WALKS
-    assert set(TREE_WALKS) <= set(core.tree_step_names())
-    source = _cuda.cuda_sources()["verify_trees"]
-    for index, constant in enumerate(_cuda._TREE_WALK_CONSTANTS.values()):
-        assert f"constexpr int {constant} = {index};" in source
+def test_dispatch_follows_the_registry_codes() -> None:
+    """The generated parts dispatch on registry codes: each tree method's code runs its
+    ``cuda_walk`` step, each verifier's code its ``cuda_row`` functor, and the per-code
+    tables hold the registry's flags."""
+    trees = _cuda.cuda_sources()["verify_trees"]
+    for method in registry.TREE_METHODS:
+        defined = rf"^(struct {method.cuda_walk} {{|using {method.cuda_walk} = .*;)$"
+        assert re.search(defined, trees, flags=re.MULTILINE), method.cuda_walk
+        step = f"case {method.code}:\n        return {method.cuda_walk}::step("
+        assert step in trees, method.name
+    flags = ", ".join("true" if m.stochastic else "false" for m in registry.TREE_METHODS)
+    assert f"kWalkReadsUniforms[kTreeMethods] = {{{flags}}};" in trees
+    chains = _cuda.cuda_sources()["verify_chains"]
+    for verifier in registry.VERIFIERS:
+        assert f"case {verifier.code}:\n            return {verifier.cuda_row}::run(" in chains
+        code = f"struct VerifierCode<{verifier.cuda_row}> {{\n    static constexpr int value"
+        assert f"{code} = {verifier.code};" in chains, verifier.name
+    for table, flag in (("kReadsUniforms", "stochastic"), ("kBonusByArgmax", "bonus_by_argmax")):
+        values = ", ".join("true" if getattr(v, flag) else "false" for v in registry.VERIFIERS)
+        assert f"{table}[kVerifiers] = {{{values}}};" in chains
+    # No hand-kept per-verifier flags in the functors.
+    for name in ("reads_uniforms(", "bonus_by_argmax("):
+        assert name not in chains
 
 
 @pytest.mark.parametrize("logits", [False, True], ids=["probabilities", "logits"])
@@ -1819,6 +2008,54 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
     return [fake.asnumpy(x) for x in out]
 
 
+def test_unknown_method_codes_are_an_error_status(emulated: Any, core: Any) -> None:
+    """A method code outside the registry (per request, or of a whole tree call), or a
+    stochastic walk without uniforms or working rows, is the request's row status
+    ``STATUS_BAD_METHOD`` with nothing else of it written, never a walk of another method;
+    the other requests of the batch are verified as the CPU verifies them."""
+    rng = np.random.default_rng(23)
+    bad = _contract.STATUS_BAD_METHOD
+    for number in range(12):
+        c = _engine_case(rng, logits=bool(number % 2))
+        codes = rng.integers(0, len(registry.VERIFIERS), c.batch).astype(np.int8)
+        wrong = int(rng.integers(c.batch))
+        good = codes.copy()
+        codes[wrong] = rng.choice([len(registry.VERIFIERS), -1, 100])
+        parameters = c.posterior  # every verifier ignores what it does not read
+        with np.errstate(all="ignore"):
+            mine = _run_emulated_engine(emulated, _cuda.MIXED_ROW, c, parameters, codes)
+            cpu = _run_cpu_engine(core, 0, c, parameters, good)
+        assert mine[3][wrong] == bad
+        assert (mine[0][wrong] == -7).all() and mine[1][wrong] == mine[2][wrong] == -7
+        for b in range(c.batch):
+            if b != wrong:
+                for theirs, ours in zip(cpu, mine):
+                    assert np.array_equal(theirs[b], ours[b]), (number, b)
+    for number in range(12):
+        c = _tree_case(rng, logits=bool(number % 2))
+        c.methods = None  # one method for the whole call
+        with np.errstate(all="ignore"):
+            out = _run_trees_emulated(emulated, len(registry.TREE_METHODS), c)
+        assert (out[3] == bad).all() and all((a == -7).all() for a in out[:3])
+        rrs = registry.get_tree_method("rrs").code
+        with np.errstate(all="ignore"):
+            out = _run_trees_emulated(emulated, rrs, c, working=False)
+        assert (out[3] == bad).all() and all((a == -7).all() for a in out[:3])
+        methods = rng.integers(0, len(registry.TREE_METHODS), c.batch).astype(np.int8)
+        wrong = int(rng.integers(c.batch))
+        valid = Trees(**{**c.__dict__, "methods": methods.copy()})
+        methods[wrong] = -3
+        mixed = Trees(**{**c.__dict__, "methods": methods})
+        with np.errstate(all="ignore"):
+            mine = _run_trees_emulated(emulated, 0, mixed)
+            theirs = _run_trees_emulated(emulated, 0, valid)
+        assert mine[3][wrong] == bad
+        for b in range(c.batch):
+            if b != wrong:
+                assert _request_result(mine, b) == _request_result(theirs, b)
+    assert not emulated.emu_errors_seen()
+
+
 def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
     """End to end through ``core_like.verify_trees``: argument order, null pointers, the
     instantiation chosen and the launch shape, for every walk and dtype pair; one
@@ -1827,8 +2064,7 @@ def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
     seen = set()
     for prob_dtype, id_dtype, logits in itertools.product(FLOAT_TYPES, ID_TYPES, [0, 1, 0, 1]):
         c = _tree_case(rng, prob_dtype, id_dtype, logits=bool(logits))
-        for tree_method in registry.TREE_METHODS:
-            method = tree_method.code
+        for _, method in TREE_WALKS:
             with np.errstate(all="ignore"):
                 launched = _launch_trees(c, method)
                 direct = _run_trees_emulated(fake_cupy._LIBRARY[0], method, c)
@@ -1868,7 +2104,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
         _launch_trees(
             c, rrs, sampling=sampling, scratch=wrap(np.empty((c.batch, vocab), c.target.dtype))
         )
-    with pytest.raises(ValueError, match="method: expected an index into _core.TREE_WALKS"):
+    with pytest.raises(ValueError, match="method: expected a registry tree-method code"):
         _launch_trees(c, len(registry.TREE_METHODS))
     with pytest.raises(ValueError, match="working: expected float64"):
         _launch_trees(c, rrs, working=None)

@@ -1,0 +1,229 @@
+// The processed law of a logits row (temperature, min-p, top-k, top-p), computed by the
+// whole block: specdec_row_law of specdec_np/_logits.h, bit for bit.
+//
+// Every per-element formula is _elementwise.h's (the exponential, the keys of z, the weight
+// w, an entry's probability and stored value, the min-p bisection, the radix select's
+// buckets and walk), and every float64 sum runs in the CPU's order: the online pass and the
+// kept sum on eight lanes y mod 8 (one thread each), combined as on the CPU; a mass
+// histogram by one thread in element order. Counting histograms hold integers, exact in any
+// order, so the whole block fills them. The one operation that is not the CPU's is the
+// float64 exp (CUDA's, not the host libm) in the rescaling of the online pass and in the
+// weights of float64 rows: both are within an ulp, and docs/semantics.md says what that can
+// change.
+#include "block.cuh"
+
+namespace specdec {
+// The law's functions of _elementwise.h for each row dtype (suffix f: float, d: double).
+template <typename T>
+struct LawTraits;
+#define SPECDEC_LAW_TRAITS(T, SUFFIX, KEY_T, KEY_BITS, INFINITY_T)                          \
+    template <>                                                                            \
+    struct LawTraits<T> {                                                                  \
+        using Key = KEY_T;                                                                 \
+        static constexpr int kKeyBits = KEY_BITS;                                          \
+        __device__ static T infinity() { return INFINITY_T; }                              \
+        __device__ static Key key(T z) { return specdec_key_##SUFFIX(z); }                 \
+        __device__ static T value(Key key) { return specdec_value_##SUFFIX(key); }         \
+        __device__ static double weight(T z, T z_max) {                                    \
+            return specdec_weight_##SUFFIX(z, z_max);                                      \
+        }                                                                                  \
+        __device__ static void online_lane(const T* z, T* best, double* sum,               \
+                                           int64_t* num_infinite) {                        \
+            specdec_online_lane_##SUFFIX(z, 1, best, sum, num_infinite);                   \
+        }                                                                                  \
+        __device__ static void online_finish(const T* best, const double* sums, T* z_max,  \
+                                             double* normaliser) {                         \
+            specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                 \
+        }                                                                                  \
+        __device__ static Key min_p_floor(T z_max, double min_p) {                         \
+            return specdec_min_p_floor_##SUFFIX(z_max, min_p);                             \
+        }                                                                                  \
+        __device__ static int bucket(Key key, Key floor_key, Key prefix, int known_bits,   \
+                                     int shift, int width) {                               \
+            return specdec_select_bucket_##SUFFIX(key, floor_key, prefix, known_bits, shift, \
+                                                  width);                                  \
+        }                                                                                  \
+        __device__ static double probability(T z, const specdec_row_law& law) {            \
+            return specdec_entry_probability_##SUFFIX(z, &law);                            \
+        }                                                                                  \
+        __device__ static T stored(T z, const specdec_row_law& law) {                      \
+            return specdec_entry_materialised_##SUFFIX(z, &law);                           \
+        }                                                                                  \
+    };
+SPECDEC_LAW_TRAITS(float, f, uint32_t, 32, SPECDEC_INFINITY_F)
+SPECDEC_LAW_TRAITS(double, d, uint64_t, 64, SPECDEC_INFINITY_D)
+#undef SPECDEC_LAW_TRAITS
+
+// The maximum z, the count of +inf entries and sum_y exp(z - m) in the CPU's online order:
+// lane l (thread l) takes the entries y = l mod 8, 64 entries a step; every thread receives
+// the results.
+template <typename T>
+__device__ void online_pass(const T* row, long long vocab, T temperature, Scratch& s,
+                            T& z_max, double& normaliser, long long& num_infinite) {
+    using Traits = LawTraits<T>;
+    const int t = threadIdx.x;
+    if (t < kLanes) {
+        T best = -Traits::infinity();
+        double sum = 0.0;
+        int64_t infinite = 0;
+        for (long long start = 0; start < vocab; start += kLaneBlock) {
+            T z[kLaneBlock / kLanes];
+            for (int j = 0; j < kLaneBlock / kLanes; ++j) {
+                const long long y = start + (long long)kLanes * j + t;
+                z[j] = y < vocab ? row[y] / temperature : -Traits::infinity();
+            }
+            Traits::online_lane(z, &best, &sum, &infinite);
+        }
+        s.lane_sum[t] = sum;
+        s.lane_best[t] = static_cast<double>(best);
+        s.lane_infinite[t] = infinite;
+    }
+    __syncthreads();
+    T best[kLanes];
+    num_infinite = 0;
+    for (int l = 0; l < kLanes; ++l) {
+        best[l] = static_cast<T>(s.lane_best[l]);
+        num_infinite += s.lane_infinite[l];
+    }
+    Traits::online_finish(best, s.lane_sum, &z_max, &normaliser);
+    __syncthreads();  // the lanes may be reused as soon as this returns
+}
+
+// sum of w over {z >= cutoff}, lane y mod 8 in element order (the CPU's kept sum).
+template <typename T>
+__device__ double kept_sum(const T* row, long long vocab, T temperature, T z_max, T cutoff,
+                           Scratch& s) {
+    const int t = threadIdx.x;
+    if (t < kLanes) {
+        double sum = 0.0;
+        for (long long y = t; y < vocab; y += kLanes) {
+            const T z = row[y] / temperature;
+            if (z >= cutoff) sum += LawTraits<T>::weight(z, z_max);
+        }
+        s.lane_sum[t] = sum;
+    }
+    __syncthreads();
+    const double total = SPECDEC_COMBINE_LANES(s.lane_sum);
+    __syncthreads();
+    return total;
+}
+
+// Radix select over the keys of z (specdec_select): the largest key v such that the entries
+// with key >= v (and >= floor_key) reach `need`, counting each entry as 1 or (by_mass) as
+// its w, need then being top_p times the total; 0 when every entry falls short. A counting
+// histogram holds integers, exact in any order, so the whole block fills it; a mass
+// histogram is summed by thread 0 in element order, the CPU's order. Thread 0 walks the
+// buckets from the top and broadcasts what it found.
+template <typename T>
+__device__ typename LawTraits<T>::Key select_key(const T* row, long long vocab, T temperature,
+                                                 T z_max, typename LawTraits<T>::Key floor_key,
+                                                 bool by_mass, double need, Scratch& s) {
+    using Traits = LawTraits<T>;
+    using Key = typename Traits::Key;
+    const int t = threadIdx.x;
+    double* histogram = s.law.histogram;
+    Key prefix = 0;
+    double above = 0.0;
+    int known_bits = 0;
+    while (known_bits < Traits::kKeyBits) {
+        int shift;
+        const int width = specdec_select_width(Traits::kKeyBits, known_bits, &shift);
+        const int buckets = 1 << width;
+        for (int bucket = t; bucket < buckets; bucket += kBlock) histogram[bucket] = 0.0;
+        __syncthreads();
+        if (!by_mass || t == 0) {
+            const long long first = by_mass ? 0 : t;
+            const long long step = by_mass ? 1 : kBlock;
+            for (long long y = first; y < vocab; y += step) {
+                const T z = row[y] / temperature;
+                const int bucket =
+                    Traits::bucket(Traits::key(z), floor_key, prefix, known_bits, shift, width);
+                if (bucket < 0) continue;
+                if (by_mass) {
+                    histogram[bucket] += Traits::weight(z, z_max);
+                } else {
+                    atomicAdd(&histogram[bucket], 1.0);
+                }
+            }
+        }
+        __syncthreads();
+        if (t == 0) {
+            if (known_bits == 0 && by_mass) need *= specdec_histogram_total(histogram, buckets);
+            const int chosen = specdec_select_walk(histogram, buckets, known_bits, need, &above);
+            s.select_failed = chosen < 0;
+            s.select_prefix = static_cast<unsigned long long>(
+                chosen < 0 ? Key(0) : (prefix | (static_cast<Key>(chosen) << shift)));
+            s.select_above = above;
+            s.select_need = need;
+        }
+        __syncthreads();
+        if (s.select_failed) return Key(0);  // the same value in every thread
+        prefix = static_cast<Key>(s.select_prefix);
+        above = s.select_above;
+        need = s.select_need;
+        known_bits += width;
+    }
+    return prefix;
+}
+
+// The law of one logits row (specdec_row_law), to every thread. Not inlined: every row
+// reader calls it, and one copy per dtype keeps the module's compile time down.
+template <typename T>
+__device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T temperature,
+                                                long long top_k, double top_p, double min_p,
+                                                Scratch& s) {
+    using Traits = LawTraits<T>;
+    using Key = typename Traits::Key;
+    T z_max;
+    double normaliser;
+    long long num_infinite;
+    online_pass(row, vocab, temperature, s, z_max, normaliser, num_infinite);
+    specdec_row_law law{static_cast<double>(z_max), 0.0, 0.0, num_infinite, 0};
+    if (num_infinite > 0) {
+        law.cutoff = infinity();
+        law.normaliser = static_cast<double>(num_infinite);
+        return law;
+    }
+    if (!(z_max > -Traits::infinity())) {
+        law.status = 1;
+        law.cutoff = infinity();
+        return law;
+    }
+    Key floor_key = 1;  // NaN (key 0) is never kept
+    if (min_p > 0.0) floor_key = Traits::min_p_floor(z_max, min_p);  // in every thread alike
+    if (top_k > 0 && top_k < vocab) {
+        const Key k_key = select_key(row, vocab, temperature, z_max, Key(1), false,
+                                     static_cast<double>(top_k), s);
+        floor_key = k_key > floor_key ? k_key : floor_key;
+    }
+    if (top_p < 1.0) {
+        // The CPU selects over the gathered survivors of min-p and top-k when they are few;
+        // skipping the others in element order sums the same entries in the same order.
+        const Key p_key = select_key(row, vocab, temperature, z_max, floor_key, true, top_p, s);
+        floor_key = p_key > floor_key ? p_key : floor_key;
+    }
+    if (floor_key <= 1) {
+        law.cutoff = -infinity();
+        law.normaliser = normaliser;
+        return law;
+    }
+    const T cutoff = Traits::value(floor_key);
+    law.cutoff = static_cast<double>(cutoff);
+    law.normaliser = kept_sum(row, vocab, temperature, z_max, cutoff, s);
+    return law;
+}
+
+// p(y) in float64 from the one logit row[y] (specdec_law_probability); 0 without mass.
+template <typename T>
+__device__ __forceinline__ double law_probability(const T* row, long long y, T temperature,
+                                                  const specdec_row_law& law) {
+    return LawTraits<T>::probability(row[y] / temperature, law);
+}
+
+// p(y) as the CPU materialises it, in the row's dtype (specdec_law_materialise).
+template <typename T>
+__device__ __forceinline__ T materialised(const T* row, long long y, T temperature,
+                                          const specdec_row_law& law) {
+    return LawTraits<T>::stored(row[y] / temperature, law);
+}
+}  // namespace specdec
