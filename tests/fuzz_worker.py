@@ -1646,11 +1646,23 @@ def generator_problems(case: Case) -> list[str]:
     ]
 
 
+#: The arguments whose arrays decide the outputs' library (the rows and ids).
+DATA_ARGUMENTS = frozenset(
+    {
+        "target_with_bonus_probs", "bonus_token_ids", "draft_probs", "draft_token_ids",
+        "accepted", "substitute_token_ids", "num_draft_tokens", "target_logits",
+        "target_probs", "draft_logits", "num_nodes", "tree_parents",
+    }
+)
+
+
 def foreign_library(case: Case) -> str | None:
     """The array library the outputs must come back in (docs/semantics.md §1): that of
     the first input that is neither NumPy nor array_like and exports DLPack, when the
     library has a ``from_dlpack``; None for NumPy outputs."""
-    for value in case.args.values():
+    for name, value in case.args.items():
+        if name not in DATA_ARGUMENTS:
+            continue  # uniforms, seeds and out= buffers do not decide the library
         if value is None or value is MISSING or isinstance(
             value, (np.ndarray, list, tuple, int, float, dict, np.generic)
         ):
