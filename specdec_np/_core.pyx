@@ -38,10 +38,18 @@ This file keeps the declarations they share.  The ``row_status`` codes are those
 
 from cython.parallel cimport prange, threadid
 from cython.view cimport array
-from libc.math cimport exp, isinf, ldexp
+from libc.math cimport isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+
+cdef extern from "_elementwise.h" nogil:
+    # The scalar decisions both backends take from the shared header.
+    double specdec_clean(double x)
+    bint specdec_draw_stops(double weight, double running, double threshold)
+    double specdec_next_block_weight(double rho, double p_x, double q_x)
+    double specdec_block_check(double total, double rho)
+    double specdec_typical_threshold(double plogp, double alpha, double posterior_threshold)
 
 cdef extern from "_rowscan.h" nogil:
     double specdec_residual_sum_f(

@@ -95,7 +95,7 @@ CREATE_OUTPUT_BLOCK = 256
 #: The folder of the CUDA files (``.cu`` and ``.cuh``).
 KERNEL_DIR = Path(__file__).resolve().with_name("kernels")
 #: The CUDA sources, one ``KERNEL_DIR / f"{name}.cu"`` each.
-SOURCE_NAMES = ("create_output", "verify_chains", "verify_trees")
+SOURCE_NAMES = ("create_output", "processed_rows", "verify_chains", "verify_trees")
 # Where an ``#include "name"`` of a kernel file is looked for, in order: the kernel files,
 # then the package's C headers (the shared per-element header).
 _INCLUDE_DIRS = (KERNEL_DIR, KERNEL_DIR.parent)
@@ -293,16 +293,21 @@ def _create_output_name(id_dtype: Any) -> str:
     return f"create_output_kernel<{_ID_CTYPES[np.dtype(id_dtype).name]}>"
 
 
+def _processed_rows_name(prob_dtype: Any) -> str:
+    return f"processed_rows_kernel<{_PROB_CTYPES[np.dtype(prob_dtype).name]}>"
+
+
 def cuda_sources() -> dict[str, str]:
     """Return every CUDA source compiled by this module.
 
     Returns
     -------
     dict of str to str
-        Source name (:data:`SOURCE_NAMES`: ``"create_output"``, ``"verify_chains"``,
-        ``"verify_trees"``) to the full CUDA C++ text handed to :class:`cupy.RawModule`:
-        ``KERNEL_DIR / f"{name}.cu"`` with its includes expanded (the kernel files, the
-        shared header ``specdec_np/_elementwise.h`` and the generated parts).  Each text
+        Source name (:data:`SOURCE_NAMES`: ``"create_output"``, ``"processed_rows"``,
+        ``"verify_chains"``, ``"verify_trees"``) to the full CUDA C++ text handed to
+        :class:`cupy.RawModule`: ``KERNEL_DIR / f"{name}.cu"`` with its includes expanded
+        (the kernel files, the shared header ``specdec_np/_elementwise.h`` and the
+        generated parts).  Each text
         compiles on its own, with no include path.
     """
     return dict(_sources())
@@ -334,6 +339,8 @@ def instantiation_names(source: str | None = None) -> list[str]:
     names: list[str] = []
     if source in (None, "create_output"):
         names.extend(_create_output_name(id_dtype) for id_dtype in _ID_CTYPES)
+    if source in (None, "processed_rows"):
+        names.extend(_processed_rows_name(prob_dtype) for prob_dtype in _PROB_CTYPES)
     if source in (None, "verify_chains"):
         rows = [verifier.cuda_row for verifier in registry.VERIFIERS] + [MIXED_ROW]
         names.extend(
@@ -478,6 +485,9 @@ class _CoreLikeKernels:
         draw_bonus: bool = False,
         sampling: Any = None,
         scratch: Any = None,
+        target_logits: bool = True,
+        draft_logits: bool = True,
+        bonus_rows: bool = True,
     ) -> None:
         """Verify a batch of draft chains (``_core.verify_chains``'s signature and meaning).
 
@@ -497,7 +507,10 @@ class _CoreLikeKernels:
         _guard(
             draft_token_ids, "draft_token_ids", (np.dtype(bonus_token_ids.dtype).name,), (None,)
         )
-        _guard(target_rows, "target_rows", tuple(_PROB_CTYPES), (num_drafts + batch, None))
+        rows = num_drafts + (batch if bonus_rows else 0)
+        _guard(target_rows, "target_rows", tuple(_PROB_CTYPES), (rows, None))
+        if draw_bonus and not bonus_rows:
+            raise ValueError("draw_bonus: a drawn bonus needs the bonus rows (bonus_rows)")
         vocab = int(target_rows.shape[1])
         if vocab < 1:
             raise ValueError("target_rows: expected a non-empty vocabulary, found V = 0")
@@ -548,6 +561,9 @@ class _CoreLikeKernels:
             "draw_bonus": np.int64(bool(draw_bonus)),
             "sampling": sampling,
             "scratch": scratch if sampling is not None else None,
+            "target_logits": np.int64(bool(target_logits)),
+            "draft_logits": np.int64(bool(draft_logits)),
+            "bonus_rows": np.int64(bool(bonus_rows)),
         }
         row = MIXED_ROW if request_methods is not None else verifier.cuda_row
         name = _verify_name(row, target_rows.dtype, draft_token_ids.dtype)
@@ -596,6 +612,30 @@ class _CoreLikeKernels:
         _launch("create_output", name, grid, CREATE_OUTPUT_BLOCK, arguments)
 
     @staticmethod
+    def processed_rows(logits: Any, sampling: Any, out: Any, num_threads: int = 1) -> None:
+        """The processed law of logits rows (``_core.processed_rows``'s signature and
+        meaning): ``processed_rows_kernel<ProbT>``, grid ``rows``, :data:`BLOCK_SIZE`
+        threads, one block per row.  ``num_threads`` is accepted and ignored."""
+        rows = int(logits.shape[0]) if logits.ndim == 2 else -1
+        _guard(logits, "logits", tuple(_PROB_CTYPES), (rows, None))
+        vocab = int(logits.shape[1])
+        if vocab < 1:
+            raise ValueError("logits: expected a non-empty vocabulary, found V = 0")
+        _guard(sampling, "sampling", ("float64",), (rows, 4))
+        _guard(out, "out", (np.dtype(logits.dtype).name,), (rows, vocab))
+        if rows == 0:
+            return
+        arguments = {
+            "logits": logits,
+            "rows": np.int64(rows),
+            "vocab": np.int64(vocab),
+            "sampling": sampling,
+            "out": out,
+        }
+        name = _processed_rows_name(logits.dtype)
+        _launch("processed_rows", name, rows, BLOCK_SIZE, arguments)
+
+    @staticmethod
     def verify_trees(
         method: int,
         target_rows: Any,
@@ -614,6 +654,8 @@ class _CoreLikeKernels:
         sampling: Any = None,
         scratch: Any = None,
         working: Any = None,
+        target_logits: bool = True,
+        draft_logits: bool = True,
     ) -> None:
         """Verify a batch of draft trees (``_core.verify_trees``'s signature and meaning).
 
@@ -687,6 +729,8 @@ class _CoreLikeKernels:
             "row_status": row_status,
             "sampling": sampling,
             "scratch": scratch if sampling is not None else None,
+            "target_logits": np.int64(bool(target_logits)),
+            "draft_logits": np.int64(bool(draft_logits)),
         }
         name = _tree_name(target_rows.dtype, draft_token_ids.dtype)
         _launch("verify_trees", name, batch, BLOCK_SIZE, arguments)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _core, _ragged, _sampling, _validate
+from . import _backend, _dispatch, _ragged, _sampling, _validate
 
 __all__ = ["processed_probs", "sample_tokens"]
 
@@ -77,16 +77,15 @@ def processed_probs(
     greedy = _sampling.greedy_requests(sampling, False, batch_size)
     table = _sampling.sampling_table(sampling, greedy, batch_size)
     result = _out_rows(out, xp, rows)
-    if xp is not np:
-        raise TypeError(
-            "processed_probs takes NumPy (or host) logits; CuPy logits are not supported yet"
-        )
     threads = _backend.thread_count(batch_size, vocab_size)
-    _core.processed_rows(rows, table, result, threads)
+    device = _backend.device_of(rows)
+    _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
     if greedy.any():
-        raw = np.where(np.isnan(rows[greedy]), -np.inf, rows[greedy])
-        result[greedy] = 0
-        result[np.flatnonzero(greedy), raw.argmax(axis=1)] = 1
+        chosen = xp.asarray(np.flatnonzero(greedy))
+        raw = rows[chosen]
+        raw = xp.where(xp.isnan(raw), xp.asarray(-np.inf, dtype=raw.dtype), raw)
+        result[chosen] = 0
+        result[chosen, raw.argmax(axis=1)] = 1
     return result[0] if single else result
 
 

@@ -537,7 +537,8 @@ _KERNEL_SIGNATURES = {
         "long long num_drafts, long long vocab, long long width, long long* output, "
         "long long* accepted_lengths, long long* num_accepted, long long* row_status, "
         "const signed char* request_methods, long long causal, long long draw_bonus, "
-        "const double* sampling, P* scratch",
+        "const double* sampling, P* scratch, long long target_logits, long long draft_logits, "
+        "long long bonus_rows",
         "batch, specdec::kBlock",
     ),
     "verify_trees_kernel": (
@@ -547,8 +548,12 @@ _KERNEL_SIGNATURES = {
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
         "long long* accepted_lengths, long long* row_status, const double* sampling, "
-        "P* scratch",
+        "P* scratch, long long target_logits, long long draft_logits",
         "batch, specdec::kBlock",
+    ),
+    "processed_rows_kernel": (
+        "const P* logits, long long rows, long long vocab, const double* sampling, P* out",
+        "rows, specdec::kBlock",
     ),
     "create_output_kernel": (
         "const unsigned char* accepted, const I* substitute_token_ids, "
@@ -574,7 +579,7 @@ def _emulation_unit(name: str, source: str) -> str:
         template, arguments = expression.rstrip(">").split("<", 1)
         types = arguments.split(", ")
         prob = next((t for t in types if t in ("float", "double")), "float")
-        ids = next(t for t in types if t in ("int", "long long"))
+        ids = next((t for t in types if t in ("int", "long long")), "long long")
         parameters, launch = _KERNEL_SIGNATURES[template]
         parameters = re.sub(r"\bP\b", prob, re.sub(r"\bI\b", ids, parameters))
         names = ", ".join(part.split()[-1].lstrip("*") for part in parameters.split(", "))
@@ -678,7 +683,15 @@ class Chains:
     """One ``verify_chains`` call's inputs, in the flat layout of ``specdec_np._chains``."""
 
     def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
+        self.__dict__.update({"target_logits": True, "draft_logits": True, **fields})
+
+    def row_forms(self) -> tuple[Any, Any]:
+        """The kernels' ``target_logits`` and ``draft_logits`` arguments."""
+        import ctypes
+
+        return ctypes.c_longlong(int(self.target_logits)), ctypes.c_longlong(
+            int(self.draft_logits)
+        )
 
     @property
     def batch(self) -> int:
@@ -720,6 +733,7 @@ def _run_emulated(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), None, ctypes.c_longlong(0), ctypes.c_longlong(0), None, None,
+        *c.row_forms(), ctypes.c_longlong(1),
     )  # fmt: skip
     return out
 
@@ -1349,6 +1363,10 @@ def _sampling_table(rng: np.random.Generator, batch: int, vocab: int) -> np.ndar
     )
 
 
+def _flat_probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> Any:
+    return _probabilities(rng, shape, dtype, "flat")
+
+
 def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
     """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
     and for logits rows per-request temperature, top-k, top-p and min-p."""
@@ -1359,9 +1377,18 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
     vocab = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 513, 1000]))
     pdt = FLOAT_TYPES[int(rng.integers(2))]
     idt = ID_TYPES[int(rng.integers(2))]
+    # Logits cases mix the row forms now and then: target logits with draft probabilities
+    # (vLLM v1's form), or target probabilities with draft logits.
+    target_logits = draft_logits = True
     if logits:
-        target = _logit_rows(rng, (num_drafts + batch, vocab), pdt)
-        draft = None if rng.random() < 0.4 else _logit_rows(rng, (num_drafts, vocab), pdt)
+        form = rng.random()
+        target_logits, draft_logits = (form >= 0.2), (form < 0.2 or form >= 0.4)
+        target = (_logit_rows if target_logits else _flat_probabilities)(
+            rng, (num_drafts + batch, vocab), pdt
+        )
+        draft = None if rng.random() < 0.4 else (
+            _logit_rows if draft_logits else _flat_probabilities
+        )(rng, (num_drafts, vocab), pdt)
     else:
         target = _probabilities(rng, (num_drafts + batch, vocab), pdt, "flat")
         draft = (
@@ -1386,7 +1413,7 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
         offsets=offsets, uniforms=rng.random((batch, width + 1)), width=width,
         posterior=np.array([rng.choice([0.09, 0.3]), rng.choice([0.3, 0.05])]), kind="engine",
         sampling=sampling, causal=bool(rng.random() < 0.8), draw_bonus=bool(rng.random() < 0.6),
-        mixed=bool(rng.random() < 0.6),
+        mixed=bool(rng.random() < 0.6), target_logits=target_logits, draft_logits=draft_logits,
     )  # fmt: skip
 
 
@@ -1406,6 +1433,7 @@ def _run_cpu_engine(core: Any, method: int, c: Chains, parameters: Any, methods:
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
         c.bonus, c.offsets, c.uniforms, parameters, *out, 1, request_methods=methods,
         causal=c.causal, draw_bonus=c.draw_bonus, sampling=c.sampling, scratch=scratch,
+        target_logits=c.target_logits, draft_logits=c.draft_logits,
     )  # fmt: skip
     return out
 
@@ -1423,6 +1451,7 @@ def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), _ptr(methods), ctypes.c_longlong(int(c.causal)),
         ctypes.c_longlong(int(c.draw_bonus)), _ptr(c.sampling), _ptr(scratch),
+        *c.row_forms(), ctypes.c_longlong(1),
     )  # fmt: skip
     return out
 
@@ -1684,7 +1713,9 @@ class Trees:
     """One ``verify_trees`` call's inputs (the tree layout of ``specdec_np._trees``)."""
 
     def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
+        self.__dict__.update({"target_logits": True, "draft_logits": True, **fields})
+
+    row_forms = Chains.row_forms
 
     @property
     def batch(self) -> int:
@@ -1750,9 +1781,12 @@ def _tree_case(
     else:
         target = _probabilities(rng, (total + batch, vocab), pdt, kind)
     draft = None
+    draft_logits = True
     if rng.random() < 0.75 and logits:
         draft = _logit_rows(rng, (total, vocab), pdt)
     elif rng.random() < 0.75:
+        # With logits targets, probability drafts are used as given (vLLM v1's mixed form).
+        draft_logits = not logits
         draft = _probabilities(rng, (total, vocab), pdt, str(rng.choice(["flat", "peaked"])))
         if rng.random() < 0.2:  # negative and NaN draft entries count as 0
             spoilt = rng.random(draft.shape) < 0.3
@@ -1797,6 +1831,7 @@ def _tree_case(
     return Trees(
         target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
         uniforms=uniforms, methods=methods, depth=depth, kind=kind, sampling=sampling,
+        draft_logits=draft_logits,
     )  # fmt: skip
 
 
@@ -1807,6 +1842,8 @@ def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
     if c.sampling is not None:
         options["sampling"] = c.sampling
         options["scratch"] = np.empty((1, 2 * vocab), c.target.dtype)
+        options["target_logits"] = c.target_logits
+        options["draft_logits"] = c.draft_logits
     core.verify_trees(
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
         c.parents, c.offsets, c.uniforms, *out, 1,
@@ -1829,7 +1866,7 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(c.methods),
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
-        *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch),
+        *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch), *c.row_forms(),
     )  # fmt: skip
     return out
 

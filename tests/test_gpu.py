@@ -1733,3 +1733,81 @@ def test_engine_verifier_own_generator_on_cupy(cp):
     for first, second in zip(results[0][:3], results[1][:3]):
         np.testing.assert_array_equal(cp.asnumpy(first), cp.asnumpy(second))
     synchronize(cp)
+
+
+@pytest.mark.parametrize("form", ["target_logits+draft_probs", "target_probs+draft_logits"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_verify_ragged_mixed_forms_on_cupy_match_numpy(cp, kind, dtype, form):
+    """Any target form with any draft form, on the device as on the host: draft
+    probabilities used as given, draft logits processed like the target's."""
+    rng = np.random.default_rng(stable_seed(kind, dtype_id(dtype), form))
+    lengths = np.array([2, 0, 3, 1])
+    total, batch, vocab = int(lengths.sum()), lengths.size, 37
+    logits_rows = lambda n: (rng.normal(size=(n, vocab)) * 2).astype(dtype)  # noqa: E731
+    prob_rows = lambda n: rng.dirichlet(np.ones(vocab), size=n).astype(dtype)  # noqa: E731
+    target_form, draft_form = (name.split("_")[1] for name in form.split("+"))
+    target = (logits_rows if target_form == "logits" else prob_rows)(total + batch)
+    draft = (logits_rows if draft_form == "logits" else prob_rows)(total)
+    host = {
+        "num_draft_tokens": lengths, "draft_token_ids": rng.integers(0, vocab, total),
+        f"target_{target_form}": target, f"draft_{draft_form}": draft,
+        "temperature": np.array([0.8, 0.0, 1.2, 1.0]),
+        "uniforms": rng.random((batch, int(lengths.max()) + 2)),
+    }  # fmt: skip
+    if target_form == "logits":
+        host["top_k"] = np.array([0, 3, 5, 0])
+    device = {
+        name: on_device(cp, 0, value)[0] if isinstance(value, np.ndarray) else value
+        for name, value in host.items()
+    }
+    expected = specdec_np.verify_ragged(method=kind, **host)
+    found = specdec_np.verify_ragged(method=kind, **device)
+    np.testing.assert_array_equal(cp.asnumpy(found.accepted_lengths), expected.accepted_lengths)
+    if hasattr(cp, "_LIBRARY") or kind in ("typical", "greedy"):
+        np.testing.assert_array_equal(cp.asnumpy(found.output_token_ids),
+                                      expected.output_token_ids)
+    synchronize(cp)
+
+
+def test_verify_ragged_without_bonus_rows_on_cupy(cp):
+    """vLLM v1's [T, V] target rows, with the bonus ids given, on the device."""
+    rng = np.random.default_rng(5)
+    lengths = np.array([3, 0, 2])
+    total, vocab = int(lengths.sum()), 29
+    rows = rng.normal(size=(total, vocab)).astype(np.float32)
+    host = {
+        "num_draft_tokens": lengths, "draft_token_ids": rng.integers(0, vocab, total),
+        "target_logits": rows, "draft_probs": rng.dirichlet(np.ones(vocab), total)
+        .astype(np.float32), "bonus_token_ids": np.array([1, 2, 3]),
+        "uniforms": rng.random((3, 5)), "temperature": 0.9,
+    }  # fmt: skip
+    device = {
+        name: on_device(cp, 0, value)[0] if isinstance(value, np.ndarray) else value
+        for name, value in host.items()
+    }
+    expected = specdec_np.verify_ragged(**host)
+    found = specdec_np.verify_ragged(**device)
+    np.testing.assert_array_equal(cp.asnumpy(found.accepted_lengths), expected.accepted_lengths)
+    if hasattr(cp, "_LIBRARY"):
+        np.testing.assert_array_equal(cp.asnumpy(found.output_token_ids),
+                                      expected.output_token_ids)
+    synchronize(cp)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_processed_probs_on_cupy(cp, dtype):
+    """processed_probs on the device: CuPy in, CuPy out, the host's rows (bit for bit on the
+    stand-in CuPy; on a device, within the float64 exp's last bit)."""
+    rng = np.random.default_rng(stable_seed("processed", dtype_id(dtype)))
+    logits = (rng.normal(size=(6, 300)) * 3).astype(dtype)
+    settings = {"temperature": np.array([0.7, 0.0, 1.0, 2.0, 1.0, 0.5]), "top_k": 20,
+                "top_p": np.array([1.0, 1.0, 0.9, 0.5, 1.0, 0.8]), "min_p": 0.01}
+    expected = specdec_np.processed_probs(logits, **settings)
+    found = specdec_np.processed_probs(on_device(cp, 0, logits)[0], **settings)
+    assert isinstance(found, cp.ndarray) and found.dtype == expected.dtype
+    if hasattr(cp, "_LIBRARY"):
+        np.testing.assert_array_equal(cp.asnumpy(found), expected)
+    else:
+        np.testing.assert_allclose(cp.asnumpy(found), expected, rtol=1e-6, atol=0)
+    synchronize(cp)

@@ -18,7 +18,7 @@ struct RejectionRow {
                                              specdec::Scratch& s) {
         long long r = a.k;
         long long passed = 0;
-        if (a.sampling == nullptr) {
+        if (!specdec::any_logits(a)) {
             if (threadIdx.x == 0) {
                 s.first_reject = a.k;
                 s.passed = 0ULL;
@@ -75,7 +75,7 @@ struct BlockVerificationRow {
         for (long long j = 0; j < i; ++j) {
             if (from_path) {
                 value = specdec_next_block_weight(value, s.path_p[j], s.path_q[j]);
-            } else if (a.sampling == nullptr) {
+            } else if (!specdec::any_logits(a)) {
                 value = specdec_next_block_weight(value, specdec::target_probability(a, j),
                                                   specdec::draft_probability(a, j));
             } else {
@@ -89,7 +89,7 @@ struct BlockVerificationRow {
     template <typename ProbT, typename IdT>
     __device__ static specdec::RowResult run(const specdec::RowArgs<ProbT, IdT>& a,
                                              specdec::Scratch& s) {
-        const bool from_path = a.sampling != nullptr && a.k <= specdec::kPathStack;
+        const bool from_path = specdec::any_logits(a) && a.k <= specdec::kPathStack;
         if (from_path) {
             for (long long j = 0; j < a.k; ++j) {
                 const double p = specdec::target_p(a, s, j);
@@ -193,7 +193,7 @@ struct GreedyRow {
                                              specdec::Scratch& s) {
         auto passes = [](double, long long x, long long argmax, double) { return x == argmax; };
         const double shortcut =
-            a.sampling == nullptr ? 0.5 + specdec::kGreedyMargin : specdec::infinity();
+            !a.target_logits ? 0.5 + specdec::kGreedyMargin : specdec::infinity();
         return decide_positions<false, true>(a, s, shortcut, passes);
     }
 };

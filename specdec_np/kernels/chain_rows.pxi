@@ -50,17 +50,6 @@ cdef enum:
     PATH_STACK = 64
 
 
-cdef inline double next_block_weight(double rho, double p_x, double q_x) noexcept nogil:
-    # rho_j = min(1, rho_{j-1} p(x) / q(x)), computed as 1 when rho p >= q (so q = 0 is
-    # safe).  A token with p <= 0 (or NaN) sets rho to 0 for good, so no later q = 0 can
-    # revive it.
-    if not p_x > 0.0 or rho == 0.0:
-        return 0.0
-    if rho * p_x >= q_x:
-        return 1.0
-    return rho * p_x / q_x
-
-
 cdef void path_weights(
     Request* request, const probability_t* target, const probability_t* draft,
     const token_id_t* draft_ids, double* rho
@@ -71,7 +60,7 @@ cdef void path_weights(
     cdef Py_ssize_t j
     rho[0] = 1.0
     for j in range(request.k):
-        rho[j + 1] = next_block_weight(
+        rho[j + 1] = specdec_next_block_weight(
             rho[j], target_probability(request, target, j, draft_ids[j]),
             draft_probability(request, draft, j, draft_ids[j]),
         )
@@ -85,7 +74,7 @@ cdef int64_t block_verification_row(
     cdef Py_ssize_t k = request.k
     cdef const double* uniforms = request.uniforms
     cdef Py_ssize_t i, tau = 0, token
-    cdef double rho_i, h, total, denominator
+    cdef double rho_i, h, total
     cdef double rho_stack[PATH_STACK + 1]
     cdef double* rho = rho_stack
     if k > PATH_STACK:
@@ -106,9 +95,7 @@ cdef int64_t block_verification_row(
             total = row_residual_total(
                 request, target, draft, i, -1 if draft != NULL else draft_ids[i], rho_i
             )
-            denominator = total + (1.0 - rho_i)
-            # NaN (a NaN target entry on the path) fails every check.
-            h = total / denominator if denominator > 0.0 else 0.0
+            h = specdec_block_check(total, rho_i)
         if uniforms[i - 1] < h:
             tau = i
             break
@@ -156,10 +143,7 @@ cdef int64_t typical_acceptance_row(
             continue
         # The argmax is only needed at the first rejection, so only while none was seen.
         entropy = row_entropy_and_argmax(request, target, i, &argmax if r == k else NULL)
-        # alpha = 0 means a zero threshold even where exp(-H) overflows (0 * inf is NaN).
-        threshold = posterior_alpha * exp(-entropy) if posterior_alpha > 0.0 else 0.0
-        if threshold > posterior_threshold:
-            threshold = posterior_threshold
+        threshold = specdec_typical_threshold(-entropy, posterior_alpha, posterior_threshold)
         if p_x > threshold:
             passed += 1
         elif r == k:

@@ -159,7 +159,7 @@ cdef Py_ssize_t draw_by_blocks(
                 continue
             w = residual_weight(block_p, block_q, mass, rho, scale, y)
             running += w
-            if w > 0.0 and running > threshold:
+            if specdec_draw_stops(w, running, threshold):
                 return start + y
         j += 1
     # Rounding made the scan miss (or a weight was infinite): the last positive weight.

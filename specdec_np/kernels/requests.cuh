@@ -11,7 +11,9 @@ namespace specdec {
 // the parameters; its verifier's registry code (MixedRow dispatches on it), whether
 // counting stops at the first rejection, and for logits rows its sampling parameters
 // (temperature, top-k, top-p, min-p; nullptr for probability rows) and its two scratch rows
-// of vocab entries (the processed target and draft row being read).
+// of vocab entries (the processed target and draft row being read); with them, which rows
+// are logits (any target form with any draft form: the others are probabilities used as
+// they are).
 template <typename ProbT, typename IdT>
 struct RowArgs {
     const ProbT* __restrict__ target;
@@ -26,7 +28,21 @@ struct RowArgs {
     bool causal;
     const double* sampling;
     ProbT* scratch;  // written and read by this block: deliberately not __restrict__
+    bool target_logits;
+    bool draft_logits;
 };
+
+// Whether the request's target (or draft) rows are logits, read through their law.
+template <typename ProbT, typename IdT>
+__device__ __forceinline__ bool reads_law(const RowArgs<ProbT, IdT>& a, bool draft) {
+    return draft ? a.draft_logits : a.target_logits;
+}
+
+// Whether any of the request's rows are logits.
+template <typename ProbT, typename IdT>
+__device__ __forceinline__ bool any_logits(const RowArgs<ProbT, IdT>& a) {
+    return a.target_logits || a.draft_logits;
+}
 
 // What Row::run returns, to every thread of the block.
 struct RowResult {
@@ -83,7 +99,7 @@ template <typename ProbT, typename IdT>
 __device__ double read_probability(const RowArgs<ProbT, IdT>& a, Scratch& s, long long i,
                                    long long y, bool draft) {
     const ProbT* rows = draft ? a.draft : a.target;
-    if (a.sampling == nullptr) return static_cast<double>(rows[i * a.vocab + y]);
+    if (!reads_law(a, draft)) return static_cast<double>(rows[i * a.vocab + y]);
     const specdec_row_law law = cached_law(a, s, i, draft);
     return law_probability(rows + i * a.vocab, y, static_cast<ProbT>(a.sampling[0]), law);
 }
@@ -107,7 +123,7 @@ __device__ const ProbT* processed_row(const RowArgs<ProbT, IdT>& a, Scratch& s, 
                                       bool draft) {
     const ProbT* rows = draft ? a.draft : a.target;
     if (rows == nullptr) return rows;
-    if (a.sampling == nullptr) return rows + i * a.vocab;
+    if (!reads_law(a, draft)) return rows + i * a.vocab;
     const specdec_row_law law = cached_law(a, s, i, draft);
     const ProbT temperature = static_cast<ProbT>(a.sampling[0]);
     const ProbT* row = rows + i * a.vocab;

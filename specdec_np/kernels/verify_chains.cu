@@ -14,9 +14,12 @@
 // (stop at the first rejection), draw_bonus (a fully accepted request draws its bonus from
 // its bonus row with uniform k_b + 1, its argmax for a greedy request; bonus ids unread),
 // sampling [B, 4] (the rows are logits: temperature, top-k, top-p, min-p; nullptr for
-// probabilities) and scratch [B, 2 V] (two processed rows per request; with sampling only).
-// Request b owns drafts draft_offsets[b] .. draft_offsets[b+1] and the k_b + 1 target rows
-// from draft_offsets[b] + b. Launch: grid B, block kBlock. A request whose code names no
+// probabilities) and scratch [B, 2 V] (two processed rows per request; with sampling only),
+// target_logits and draft_logits (with sampling: which rows are logits, the others are
+// probabilities used as they are) and bonus_rows (0: the target holds no bonus rows, [T, V],
+// and the bonus ids are given). Request b owns drafts draft_offsets[b] .. draft_offsets[b+1]
+// and the k_b + 1 target rows from draft_offsets[b] + b (k_b from draft_offsets[b] without
+// bonus rows). Launch: grid B, block kBlock. A request whose code names no
 // registry verifier (a MixedRow launch's request_methods; the launcher trusts them) gets row
 // status kStatusBadMethod and nothing else of it is read or written.
 template <class Row, typename ProbT, typename IdT>
@@ -32,7 +35,8 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
                      long long* __restrict__ num_accepted, long long* __restrict__ row_status,
                      const signed char* __restrict__ request_methods, long long causal,
                      long long draw_bonus, const double* __restrict__ sampling,
-                     ProbT* scratch) {
+                     ProbT* scratch, long long target_logits, long long draft_logits,
+                     long long bonus_rows) {
     __shared__ specdec::Scratch scratch_space;
     specdec::Scratch& shared = scratch_space;
     const long long b = blockIdx.x;
@@ -67,7 +71,7 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
     }
 
     const specdec::RowArgs<ProbT, IdT> args{
-        target_rows + (start + b) * vocab,
+        target_rows + (start + (bonus_rows != 0 ? b : 0)) * vocab,
         draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
         ids,
         bonus,
@@ -79,6 +83,8 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
         causal != 0,
         sampling != nullptr ? sampling + 4 * b : nullptr,
         sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
+        sampling != nullptr && target_logits != 0,
+        sampling != nullptr && draft_logits != 0,
     };
     specdec::RowResult result = Row::run(args, shared);
     if (lazy_bonus && result.status == 0 && result.accepted_length == k) {

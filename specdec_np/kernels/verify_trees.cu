@@ -33,7 +33,7 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
                     double* __restrict__ working, long long* __restrict__ accepted_nodes,
                     long long* __restrict__ output, long long* __restrict__ accepted_lengths,
                     long long* __restrict__ row_status, const double* __restrict__ sampling,
-                    ProbT* scratch) {
+                    ProbT* scratch, long long target_logits, long long draft_logits) {
     __shared__ specdec::Scratch shared;
     const long long b = blockIdx.x;
     if (b >= batch) return;
@@ -77,6 +77,8 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             false,
             sampling != nullptr ? sampling + 4 * b : nullptr,
             sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
+            sampling != nullptr && target_logits != 0,
+            sampling != nullptr && draft_logits != 0,
         },
         tree_parents + start,
         stochastic ? working + b * 2 * vocab : nullptr,
