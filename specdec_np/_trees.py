@@ -834,7 +834,7 @@ def verify_tree(
     layout = batch.layout
     sampling = _sampling.request_sampling(
         batch.xp, layout.batch_size, batch.vocab_size, strict, form,
-        (batch.target_rows, batch.draft_rows), every_request_greedy=tree_method is _GREEDY,
+        (batch.target_rows, batch.draft_rows), every_request_greedy=not tree_method.stochastic,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
     )
     chosen = _GREEDY if sampling.all_greedy else tree_method

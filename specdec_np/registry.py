@@ -129,6 +129,13 @@ class Verifier:
         return _CODES[self.name]
 
     @property
+    def greedy(self) -> bool:
+        """Whether the verifier decides every request on its raw rows by the argmax (the
+        lazy bonus too): the engine layouts then treat each request as greedy, process no
+        row and draw no uniform, whatever its temperature."""
+        return not self.stochastic and self.bonus_by_argmax
+
+    @property
     def parameter_names(self) -> tuple[str, ...]:
         """The names of :attr:`parameters`, in order."""
         return tuple(parameter.name for parameter in self.parameters)

@@ -27,7 +27,7 @@ VERIFIER_IDS = [verifier.name for verifier in VERIFIERS]
 GREEDY = registry.get("greedy")
 LOSSLESS = [registry.get(name) for name in registry.names(lossless=True)]
 # Verifiers that draw a lazy bonus from the bonus row (the greedy one takes its argmax).
-SAMPLING = [verifier for verifier in VERIFIERS if verifier is not GREEDY]
+SAMPLING = [verifier for verifier in VERIFIERS if not verifier.greedy]
 SOURCES = ("uniforms", "seeded_seqs", "counter_seeds")
 
 
@@ -179,7 +179,7 @@ def check_format(result, batch: dict) -> None:
 
 def stochastic_request(verifier: registry.Verifier, temperature: float) -> bool:
     """Whether the engine treats the request as sampled (it consumes ``k_b + 2`` draws)."""
-    return verifier is not GREEDY and temperature != 0
+    return not verifier.greedy and temperature != 0
 
 
 def padded_call(verifier: registry.Verifier, target, bonus, draft, ids, uniforms, **parameters):

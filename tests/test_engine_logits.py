@@ -125,7 +125,7 @@ class Request:
         self.raw_draft = None if draft is None else draft[start : start + k]
         self.ids = case["draft_token_ids"][start : start + k].astype(np.int64)
         self.setting = tuple(case[name][b] for name in ("temperature", "top_k", "top_p", "min_p"))
-        self.greedy = case["method"] == "greedy" or self.setting[0] == 0.0
+        self.greedy = registry.get(case["method"]).greedy or self.setting[0] == 0.0
         self.uniforms = case["uniforms"][b]
         self.bonus_given = case["bonus_token_ids"] is not None
         self.delta = relative_allowance(self.dtype, self.vocab_size)
