@@ -4,7 +4,10 @@ Environment switches
 --------------------
 SPECDEC_DEBUG=1
     Turn Cython's ``boundscheck``, ``wraparound`` and ``initializedcheck`` back on, so an
-    out-of-bounds access inside a kernel raises ``IndexError`` instead of corrupting memory.
+    out-of-bounds access inside a kernel raises ``IndexError`` instead of corrupting memory,
+    and keep debug information (``-O1 -g``).  Without it the extension is a release build:
+    ``-O3 -g0`` (overriding the ``-g`` that Python's own CFLAGS often carry) and, on Linux,
+    stripped at link time (``-s``), so the wheel ships no debug information.
 SPECDEC_NO_OPENMP=1
     Build without OpenMP; ``prange`` loops then run serially.
 """
@@ -29,8 +32,12 @@ contract = runpy.run_path(os.path.join(os.path.dirname(__file__), "specdec_np", 
 debug = _flag("SPECDEC_DEBUG")
 use_openmp = not _flag("SPECDEC_NO_OPENMP")
 
-compile_args = ["-O3"] if not debug else ["-O1", "-g"]
+compile_args = ["-O3", "-g0"] if not debug else ["-O1", "-g"]
 link_args = []
+if not debug and sys.platform.startswith("linux"):
+    # The release extension carries no symbol table or debug sections either; Python finds
+    # PyInit__core in the dynamic symbol table, which stripping keeps.
+    link_args.append("-s")
 if sys.platform != "win32":
     # The kernels never rely on errno from libm, and the fast log is our own code.
     compile_args += ["-fno-math-errno", "-std=c11", "-Wno-psabi"]

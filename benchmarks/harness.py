@@ -49,8 +49,9 @@ import specdec_np
 from specdec_np import _contract
 
 HERE = Path(__file__).resolve().parent
-#: The package's C headers (``_rowscan.h``, ``_logits.h``, ...).
-HEADERS = HERE.parent / "specdec_np"
+#: The package's C headers (``_rowscan.h``, ``_logits.h``, ...): those of the package being
+#: measured (shipped with it), whether it runs from a checkout or from an installed wheel.
+HEADERS = Path(specdec_np.__file__).resolve().parent
 
 
 def log(message: str) -> None:

@@ -25,6 +25,7 @@ from ._trees import (
     validate_tree,
     verify_tree,
 )
+from ._version import __version__
 from .engine import EngineVerifier
 from .metrics import VerificationMetrics
 from .samplers import (
@@ -43,8 +44,6 @@ from .verify import (
     rejection_sample,
     typical_acceptance_sample,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MAX_TREE_DEPTH",

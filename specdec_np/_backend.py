@@ -18,7 +18,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -354,9 +354,14 @@ def device_context(first: Any) -> Any:
     return cuda_module().cuda.Device(int(device))
 
 
-def on_inputs_device(function: Callable[..., Any]) -> Callable[..., Any]:
+# A decorated function keeps its own type.
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def on_inputs_device(function: _Function) -> _Function:
     """Run ``function`` in the :func:`device_context` of its first argument, and return its
-    arrays in the array library of its inputs (:func:`in_inputs_library`)."""
+    arrays in the array library of its inputs (:func:`in_inputs_library`); its signature
+    stays visible to static tools."""
     return array_front()(function)
 
 
@@ -364,7 +369,7 @@ def array_front(
     device_from: tuple[str, ...] = (),
     method: bool = False,
     library_from: tuple[str, ...] = (),
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[_Function], _Function]:
     """Decorate a public front so that it runs on its inputs' device and answers in their
     array library.
 
@@ -380,7 +385,7 @@ def array_front(
         positional ones: the rows and ids, not the uniforms, seeds or ``out=`` buffers.
     """
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(function: _Function) -> _Function:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             arrays = args[1:] if method else args
@@ -396,7 +401,7 @@ def array_front(
                     result = function(*args, **kwargs)
             return result if convert is None else in_inputs_library(result, convert)
 
-        return wrapper
+        return cast(_Function, wrapper)
 
     return decorate
 

@@ -678,7 +678,7 @@ class DemoResult:
             "accepted_tokens": m.accepted,
             "generated_tokens": m.emitted,
             "acceptance_rate": m.acceptance_rate,
-            "mean_tokens_per_target_call": m.mean_accepted_length,
+            "mean_tokens_per_request_step": m.mean_accepted_length,
             "acceptance_by_position": [float(x) for x in m.acceptance_by_position],
             "accepted_at": [int(x) for x in m.accepted_at],
             "drafted_at": [int(x) for x in m.drafted_at],

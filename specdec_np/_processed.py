@@ -141,12 +141,19 @@ def sample_tokens(
     uniforms : float64 [N], optional
         Explicit uniforms in ``[0, 1)``: row ``i``'s token is the inverse-CDF draw at
         ``uniforms[i]``.
-    generator, seeded_seqs, counter_seeds
-        The other sources, keyed by row, as in :func:`specdec_np.verify_ragged`.
+    generator : numpy.random.Generator, cupy.random.Generator or None
+        Source of the uniforms of rows without a seed of their own (a fresh unseeded
+        generator when None).
+    seeded_seqs : dict of int to Generator, optional
+        Row index -> its own generator, as in :func:`specdec_np.verify_ragged`.
+    counter_seeds : dict of int to (int, int), optional
+        Row index -> ``(seed, position)``: counter-based Philox uniforms, as in
+        :func:`specdec_np.verify_ragged`.
 
     Returns
     -------
     int64 array [N]
+        Row ``i``'s token, in the inputs' array library.
 
     Raises
     ------

@@ -132,19 +132,19 @@ def verify_ragged(
         ``k_b >= 0`` drafts per request (0: the request only gets its bonus token).
     draft_token_ids : int64 or int32 [T], ``T = sum k_b``
         The drafts, request by request.
-    target_probs : float32 or float64 [T + B, V], optional
-        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
-        bonus position.  Taken as already processed (exactly one of ``target_logits`` and
-        ``target_probs``).  With ``bonus_token_ids`` given the bonus rows are never read,
-        and ``[T, V]`` (the draft positions only, as vLLM v1 holds them) is accepted.
     target_logits : float32 or float64 [T + B, V], optional
-        The target's logits, in the layout of ``target_probs``; each row a request reads
-        is processed with its ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (the law
-        of ``docs/semantics.md``), and only the rows it reads are.
-    draft_probs : same dtype [T, V] or None
-        The distributions the drafts were drawn from; None for point-mass drafts.
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.  Each row a request reads is processed with its ``temperature``,
+        ``min_p``, ``top_k`` and ``top_p`` (the law of ``docs/semantics.md``), and only the
+        rows it reads are (exactly one of ``target_logits`` and ``target_probs``).
+    target_probs : float32 or float64 [T + B, V], optional
+        The same rows as probabilities, taken as already processed.  In either form, with
+        ``bonus_token_ids`` given the bonus rows are never read, and ``[T, V]`` (the draft
+        positions only, as vLLM v1 holds them) is accepted.
     draft_logits : same dtype [T, V], optional
         The draft's logits (with ``target_logits``), processed like the target's.
+    draft_probs : same dtype [T, V] or None
+        The distributions the drafts were drawn from; None for point-mass drafts.
     method : str
         A registry name (``specdec_np.registry.names()``): the verifier of the requests
         with ``temperature != 0``.
@@ -162,9 +162,15 @@ def verify_ragged(
     uniforms : float64 [B, max_k + 2], optional
         Explicit uniforms in ``[0, 1)``: request ``b`` uses columns ``0 .. k_b - 1``
         (acceptance), ``k_b`` (residual) and ``k_b + 1`` (bonus).  Every entry is checked.
-    generator, seeded_seqs, counter_seeds
-        The other sources of uniforms, keyed by request: a sampled request consumes
-        exactly ``k_b + 2`` draws from its source whatever the outcome, a greedy one none.
+    generator : numpy.random.Generator, optional
+        Source of the uniforms of requests without a seed of their own; a fresh unseeded
+        generator if None.
+    seeded_seqs : dict[int, numpy.random.Generator], optional
+        Request index -> that request's generator.
+    counter_seeds : dict[int, tuple[int, int]], optional
+        Request index -> ``(seed, position)``: counter-based Philox uniforms (see
+        :func:`specdec_np.counter_uniforms`).  A sampled request consumes exactly
+        ``k_b + 2`` draws from its source whatever the outcome, a greedy one none.
     strict_mode : bool
         Also check exact dtypes and finite, non-negative probabilities.
     out : OutputBlock, optional

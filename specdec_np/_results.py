@@ -21,7 +21,7 @@ class _ChainOutputs(NamedTuple):
     num_accepted: Any
 
 
-class VerificationResult(_ChainOutputs):
+class VerificationResult(_ChainOutputs):  # numpydoc ignore=PR01
     """What a chain verifier returns: a named triple, plus the number of drafts it verified.
 
     Attributes
@@ -73,7 +73,7 @@ class _TreeOutputs(NamedTuple):
     accepted_lengths: Any
 
 
-class TreeVerificationResult(_TreeOutputs):
+class TreeVerificationResult(_TreeOutputs):  # numpydoc ignore=PR01
     """What :func:`specdec_np.verify_tree` returns.
 
     Attributes

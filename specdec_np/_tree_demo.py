@@ -117,7 +117,8 @@ class TreeDemoResult:
     drafted : dict
         ``(method, shape)`` -> drafted nodes of every verified request-step.
     target_calls : int
-        Decoding steps (each verifies every draft of every unfinished request).
+        Batched target calls: one per decoding step, each verifying every draft of every
+        unfinished request.
     decode_seconds : float
     """
 
@@ -129,23 +130,24 @@ class TreeDemoResult:
     target_calls: int = 0
     decode_seconds: float = 0.0
 
-    def tokens_per_call(self, method: str, shape: str) -> float:
-        """Mean tokens emitted per target call: accepted nodes plus the final token."""
+    def tokens_per_request_step(self, method: str, shape: str) -> float:
+        """Mean tokens emitted per request-step (one request in one batched target call):
+        accepted nodes plus the final token."""
         return 1.0 + float(np.mean(self.accepted[method, shape]))
 
     def summary(self) -> dict[str, Any]:
         """The measurements as a JSON-ready dict."""
         rows = []
         for method in self.methods:
-            chain = self.tokens_per_call(method, "chain")
-            tree = self.tokens_per_call(method, "tree")
+            chain = self.tokens_per_request_step(method, "chain")
+            tree = self.tokens_per_request_step(method, "tree")
             accepted = {shape: self.accepted[method, shape] for shape in SHAPES}
             difference = np.subtract(accepted["tree"], accepted["chain"])
             rows.append(
                 {
                     "method": method,
-                    "chain_tokens_per_call": chain,
-                    "tree_tokens_per_call": tree,
+                    "chain_tokens_per_request_step": chain,
+                    "tree_tokens_per_request_step": tree,
                     "gain": tree / chain,
                     "paired_difference": float(difference.mean()),
                     "paired_standard_error": float(
@@ -153,8 +155,10 @@ class TreeDemoResult:
                     )
                     if difference.size > 1
                     else float("nan"),
-                    "chain_nodes_per_call": float(np.mean(self.drafted[method, "chain"])),
-                    "tree_nodes_per_call": float(np.mean(self.drafted[method, "tree"])),
+                    "chain_nodes_per_request_step": float(
+                        np.mean(self.drafted[method, "chain"])
+                    ),
+                    "tree_nodes_per_request_step": float(np.mean(self.drafted[method, "tree"])),
                 }
             )
         return {

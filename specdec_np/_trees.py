@@ -71,15 +71,17 @@ _DATA_ARGUMENTS = (
 MAX_TREE_DEPTH = 64
 
 
-class TreeLayout(NamedTuple):
+class TreeLayout(NamedTuple):  # numpydoc ignore=PR01
     """A validated batch of draft trees.
 
     Attributes
     ----------
     num_nodes : int64 [B]
+        Nodes per request, ``N_b >= 0``.
     tree_parents : int64 [N]
         Parent of each node within its request, ``-1`` for a child of the root.
     draft_token_ids : int64 [N]
+        The token of each node.
     node_offsets : int64 [B + 1]
         Request ``b`` owns nodes ``node_offsets[b] .. node_offsets[b + 1] - 1``.
     depths : int64 [N]
@@ -104,18 +106,51 @@ class TreeLayout(NamedTuple):
         return int(self.num_nodes.shape[0])
 
     def parents_of(self, request: int) -> list[int]:
-        """The parents of request ``request``'s nodes, as Python ints."""
+        """The parents of one request's nodes.
+
+        Parameters
+        ----------
+        request : int
+            A request index in ``[0, B)``.
+
+        Returns
+        -------
+        list of int
+            ``N_b`` parents within the request, ``-1`` for a child of the root.
+        """
         start, stop = int(self.node_offsets[request]), int(self.node_offsets[request + 1])
         return [int(parent) for parent in self.tree_parents[start:stop]]
 
     def tokens_of(self, request: int) -> list[int]:
-        """The draft tokens of request ``request``'s nodes, as Python ints."""
+        """The draft tokens of one request's nodes.
+
+        Parameters
+        ----------
+        request : int
+            A request index in ``[0, B)``.
+
+        Returns
+        -------
+        list of int
+            ``N_b`` token ids, in node order.
+        """
         start, stop = int(self.node_offsets[request]), int(self.node_offsets[request + 1])
         return [int(token) for token in self.draft_token_ids[start:stop]]
 
     def children(self, request: int) -> list[list[int]]:
-        """Children lists of request ``request``: entry 0 is the root, entry ``j + 1`` node
-        ``j``; each list in node (that is, sibling) order."""
+        """The children lists of one request's tree.
+
+        Parameters
+        ----------
+        request : int
+            A request index in ``[0, B)``.
+
+        Returns
+        -------
+        list of list of int
+            ``N_b + 1`` lists: entry 0 is the root's children, entry ``j + 1`` node ``j``'s;
+            each list in node (that is, sibling) order.
+        """
         parents = self.parents_of(request)
         children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
         for node, parent in enumerate(parents):
@@ -123,7 +158,20 @@ class TreeLayout(NamedTuple):
         return children
 
     def target_row(self, request: int, node: int) -> int:
-        """Index in the ``[N + B, V]`` target rows of a node's row (``node = -1``: the root)."""
+        """The index of a node's row in the ``[N + B, V]`` target rows.
+
+        Parameters
+        ----------
+        request : int
+            A request index in ``[0, B)``.
+        node : int
+            A node index within the request, or ``-1`` for the root.
+
+        Returns
+        -------
+        int
+            The row: request ``b``'s root row, then one row per node.
+        """
         return int(self.node_offsets[request]) + request + 1 + node
 
 
@@ -176,6 +224,7 @@ def validate_tree(
         Parent of each node within its request (``-1``: child of the root); every parent
         must come before its child, which also makes cycles impossible.
     draft_token_ids : int [N]
+        The token of each node.
     vocab_size : int, optional
         When given, every token must lie in ``0 .. vocab_size - 1``.
     max_depth : int
@@ -184,6 +233,8 @@ def validate_tree(
     Returns
     -------
     TreeLayout
+        The arrays as private int64 copies, with each request's node offsets and each
+        node's depth.
 
     Raises
     ------
@@ -368,6 +419,7 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
     drafts : sequence of ``B`` sequences of int sequences
         ``drafts[b][c]`` is chain ``c`` of request ``b``; an empty chain adds no node.
     vocab_size : int, optional
+        Checked as in :func:`validate_tree`.
 
     Returns
     -------
@@ -441,6 +493,7 @@ def from_next_arrays(
     retrieve_next_token, retrieve_next_sibling, candidates : int [B, n]
         ``candidates[b, i]`` is column ``i``'s token (column 0 is not read).
     vocab_size : int, optional
+        Checked as in :func:`validate_tree`.
 
     Returns
     -------
@@ -517,6 +570,7 @@ def to_next_arrays(
     Parameters
     ----------
     layout : TreeLayout
+        The trees, as the builders or :func:`validate_tree` return them.
     root_token_ids : int [B], optional
         Written into column 0 of ``candidates`` (0 when not given).
 
@@ -774,15 +828,16 @@ def verify_tree(
         a parent comes before its children.  Siblings are tried in node order.
     draft_token_ids : int64 or int32 [N]
         The token each node proposes.
-    target_probs : float32 or float64 [N + B, V], optional
-        Per request its root row (the law of the first new token), then one row per node
-        (the law of the token after it).  Taken as already processed.
     target_logits : float32 or float64 [N + B, V], optional
-        The same rows as logits; each row the walk reads is processed with the request's
-        ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (exactly one of the two).
-    draft_probs, draft_logits : same dtype [N, V], optional
-        The distribution each node was drawn from (``"specinfer"``, ``"rrs"``); None for
-        deterministic candidates.
+        Per request its root row (the law of the first new token), then one row per node
+        (the law of the token after it), as logits; each row the walk reads is processed
+        with the request's ``temperature``, ``min_p``, ``top_k`` and ``top_p`` (exactly one
+        of ``target_logits`` and ``target_probs``).
+    target_probs : float32 or float64 [N + B, V], optional
+        The same rows as probabilities, taken as already processed.
+    draft_logits, draft_probs : same dtype [N, V], optional
+        The distribution each node was drawn from (``"specinfer"``, ``"rrs"``), as logits
+        or probabilities; None for deterministic candidates.
     method : str, default "point_mass"
         A tree method (``specdec_np.registry.TREE_METHODS``): ``"greedy"``,
         ``"point_mass"`` (lossless whatever drew the children), ``"specinfer"``
@@ -796,9 +851,15 @@ def verify_tree(
     uniforms : float64 [B, max_nodes + 1], optional
         Request ``b`` uses column ``j`` for node ``j``'s test and column ``N_b`` for the
         final token.
-    generator, seeded_seqs, counter_seeds
-        The other sources of uniforms, keyed by request: a sampled request consumes
-        exactly ``N_b + 1`` draws from its source whatever the walk, a greedy one none.
+    generator : numpy.random.Generator, optional
+        Source of the uniforms of requests without a seed of their own; a fresh unseeded
+        generator if None.
+    seeded_seqs : dict[int, numpy.random.Generator], optional
+        Request index -> that request's generator.
+    counter_seeds : dict[int, tuple[int, int]], optional
+        Request index -> ``(seed, position)``: counter-based Philox uniforms (see
+        :func:`specdec_np.counter_uniforms`).  A sampled request consumes exactly
+        ``N_b + 1`` draws from its source whatever the walk, a greedy one none.
     strict_mode : bool
         Also check exact dtypes and finite (non-negative) row values.
     out : TreeOutputBlock, optional

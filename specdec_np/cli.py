@@ -7,7 +7,7 @@ Subcommands
     standard library's docstrings, verified by this package's samplers.  Prints generated
     text and a summary (``--json``: the summary only, as JSON).  ``demo --tree`` compares a
     tree drafter with a chain of the same node budget instead, verified with
-    :func:`specdec_np.verify_tree`, and prints the tokens per target call of each.
+    :func:`specdec_np.verify_tree`, and prints the tokens per request-step of each.
 ``check``
     The conformance self-test of this installation on every available backend (the kit
     over the registry, :mod:`specdec_np._self_check`); exit status 1 if any check fails.
@@ -16,8 +16,11 @@ Subcommands
 ``info``
     Versions and build facts: specdec_np, numpy, Python, Cython, OpenMP, CuPy and CUDA.
 
-Results go to stdout, progress and diagnostics to stderr (progress only when stderr is a
-terminal); usage errors exit with status 2.
+Results go to stdout, progress and diagnostics to stderr: on a terminal one line rewritten
+in place, elsewhere a line per stage and one every few seconds (``--quiet``: none); usage
+errors exit with status 2.  A *request-step* is one request in one batched target call:
+the demo's "tokens per request-step" is what one target call yields a request, and
+"batched target calls" counts the calls themselves.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from . import _backend, _self_check, registry
 __all__ = ["build_parser", "main"]
 
 _SUBCOMMANDS = ("demo", "check", "info")
+_QUIET_HELP = "print no progress on stderr (results and errors only)"
 _TOP_LEVEL_FLAGS = ("-h", "--help", "--version")
 
 
@@ -119,31 +123,48 @@ def _number(value: float, digits: int = 4) -> str:
 
 
 class _Progress:
-    """A one-line progress display on stderr, active only when stderr is a terminal."""
+    """Progress of a long command on stderr, so that stdout keeps only the results.
 
-    def __init__(self, stream: TextIO) -> None:
+    On a terminal, one line rewritten in place (at most ten times a second) and erased
+    before the results.  Elsewhere (a pipe, a log file, a captured run) a line per stage
+    and a periodic line every :attr:`PERIOD` seconds, so that a run that takes a minute
+    shows it is alive without flooding the log.  ``--quiet`` turns both off.
+    """
+
+    #: Seconds between two progress lines when stderr is not a terminal.
+    PERIOD = 5.0
+
+    def __init__(self, stream: TextIO, *, quiet: bool = False, command: str = "") -> None:
         self._stream = stream
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
-        self._last = 0.0
+        self.enabled = not quiet
+        self.terminal = bool(getattr(stream, "isatty", lambda: False)())
+        self._prefix = f"specdec-np {command}: " if command else "specdec-np: "
+        self._start = time.perf_counter()
+        self._last = -math.inf
         self._dirty = False
 
     def message(self, text: str) -> None:
-        """Show ``text`` (replacing the previous progress line)."""
+        """Show a stage: replace the terminal line, or write a line of its own."""
         if not self.enabled:
             return
-        self._stream.write("\r\033[K" + text)
+        if self.terminal:
+            self._stream.write("\r\033[K" + text)
+            self._dirty = True
+        else:
+            elapsed = time.perf_counter() - self._start
+            self._stream.write(f"{self._prefix}{text} [{elapsed:.1f} s]\n")
         self._stream.flush()
-        self._dirty = True
 
     def tokens(self, done: int, total: int, detail: str = "") -> None:
-        """Progress callback of the demo loop (at most ~10 updates a second)."""
+        """Progress callback of the demo loops: tokens generated so far, of ``total``."""
         now = time.perf_counter()
-        if self.enabled and (now - self._last > 0.1 or done >= total):
+        period = 0.1 if self.terminal else self.PERIOD
+        if self.enabled and (now - self._last >= period or done >= total):
             self._last = now
             self.message(f"decoding: {done}/{total} tokens" + (f", {detail}" if detail else ""))
 
     def clear(self) -> None:
-        """Erase the progress line."""
+        """Erase the terminal's progress line (lines written elsewhere stay)."""
         if self.enabled and self._dirty:
             self._stream.write("\r\033[K")
             self._stream.flush()
@@ -167,7 +188,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         vocab_size=args.vocab_size,
     )
-    progress = _Progress(sys.stderr)
+    progress = _Progress(sys.stderr, quiet=args.quiet, command="demo")
     progress.message("building the corpus and the n-gram models...")
 
     def report(done: int, total: int, metrics: Any) -> None:
@@ -175,7 +196,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             done,
             total,
             f"acceptance rate {_number(metrics.acceptance_rate, 3)}, "
-            f"{_number(metrics.mean_accepted_length, 2)} tokens per target call",
+            f"{_number(metrics.mean_accepted_length, 2)} tokens per request-step",
         )
 
     try:
@@ -207,7 +228,7 @@ def _run_tree_demo(args: argparse.Namespace) -> int:
         k=args.k, batch=args.batch, tokens=args.tokens, seed=args.seed,
         vocab_size=args.vocab_size,
     )  # fmt: skip
-    progress = _Progress(sys.stderr)
+    progress = _Progress(sys.stderr, quiet=args.quiet, command="demo --tree")
     progress.message("building the corpus and the n-gram models...")
     try:
         result = _tree_demo.run_tree_demo(config, progress=progress.tokens)
@@ -235,18 +256,19 @@ def _tree_demo_lines(s: dict[str, Any]) -> list[str]:
         f"  requests     {s['batch']} x {s['tokens_per_sequence']} new tokens, seed={s['seed']};"
         " every draft verified on the same contexts (a paired comparison)",
         "",
-        "tokens per target call (accepted nodes + 1), "
-        f"{s['request_steps']} request-steps in {s['target_calls']} target calls",
+        f"tokens per request-step (accepted nodes + 1): {s['request_steps']} request-steps in "
+        f"{s['target_calls']} batched target calls",
+        "(a request-step is one request verified in one batched target call)",
     ]
-    header = ("method", "chain", "tree", "gain", "tree - chain", "tree nodes")
+    header = ("method", "chain", "tree", "gain", "tree - chain", "tree nodes drafted")
     rows = [
         (
             m["method"],
-            _number(m["chain_tokens_per_call"], 3),
-            _number(m["tree_tokens_per_call"], 3),
+            _number(m["chain_tokens_per_request_step"], 3),
+            _number(m["tree_tokens_per_request_step"], 3),
             f"{_number(m['gain'], 3)}x",
             f"{m['paired_difference']:+.3f} +- {_number(m['paired_standard_error'], 3)}",
-            _number(m["tree_nodes_per_call"], 2),
+            _number(m["tree_nodes_per_request_step"], 2),
         )
         for m in s["methods"]
     ]
@@ -296,8 +318,8 @@ def _demo_summary(s: dict[str, Any]) -> list[str]:
             f"{s['accepted_tokens']} / {s['drafted_tokens']}, causal)",
         ),
         (
-            "tokens per target call",
-            f"{_number(s['mean_tokens_per_target_call'], 3)}   "
+            "tokens per request-step",
+            f"{_number(s['mean_tokens_per_request_step'], 3)}   "
             f"({s['generated_tokens']} tokens in {verified} request-steps, "
             f"{s['requests_without_drafts']} of them without drafts)",
         ),
@@ -319,11 +341,15 @@ def _demo_summary(s: dict[str, Any]) -> list[str]:
     ]
     timing = [
         (
-            "verifier time per call",
+            "verifier time per batched call",
             f"{_number(s['verifier_ms_per_call'], 3)} ms mean, "
             f"{_number(s['verifier_ms_median'], 3)} ms median over {s['target_calls']} calls",
         ),
-        ("target calls", f"{s['target_calls']} batched passes, one per decoding step"),
+        (
+            "batched target calls",
+            f"{s['target_calls']}   (one per decoding step: a request-step for each unfinished "
+            "request)",
+        ),
         ("wall time", f"{s['build_seconds']:.2f} s build, {s['decode_seconds']:.2f} s decode"),
     ]
     width = max(len(name) for name, _ in rows + histogram + timing) + 4
@@ -366,7 +392,10 @@ def _run_check_verifier(args: argparse.Namespace) -> int:
         print(f"specdec-np check: error: cannot load --verifier {args.verifier}: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
+    progress = _Progress(sys.stderr, quiet=args.quiet, command="check")
+    progress.message(f"running the conformance kit on {args.verifier} (kind {args.kind})...")
     report = testing.check_verifier(verifier, args.kind, seed=args.seed)
+    progress.clear()
     if args.json:
         rows = [row.__dict__ for row in report.rows]
         _print_json({"verifier": args.verifier, "kind": args.kind, "passed": report.passed,
@@ -390,7 +419,7 @@ def _run_check(args: argparse.Namespace) -> int:
     else:
         backends = [args.backend]
 
-    progress = _Progress(sys.stderr)
+    progress = _Progress(sys.stderr, quiet=args.quiet, command="check")
     rows = [
         (row.name, row.backend, row.passed, row.detail)
         for row in _self_check.check_backends(backends, progress.message)
@@ -455,9 +484,9 @@ def _cython_build_version(core_file: str | None) -> str:
     c_file = Path(core_file).with_name("_core.c")
     try:
         with c_file.open(encoding="utf-8", errors="replace") as handle:
-            match = re.search(r"Generated by Cython (\S+)", handle.readline())
-        if match:
-            return match.group(1)
+            generated = re.search(r"Generated by Cython (\S+)", handle.readline())
+        if generated:
+            return generated.group(1)
     except OSError:
         pass
     return "unknown"
@@ -554,6 +583,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     Returns
     -------
     argparse.ArgumentParser
+        The parser; ``parse_args`` gives a namespace whose ``handler`` runs the command.
     """
     from . import __version__
 
@@ -573,8 +603,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "(temperature, top-k, top-p) speculatively: the drafter proposes 0 to k tokens per "
         "request, the target scores them in one call, and specdec_np.EngineVerifier "
         "verifies the ragged batch from the target's logits. Prints sample text and a "
-        "summary: the acceptance rate, tokens per target call and acceptance by draft "
-        "position.",
+        "summary: the acceptance rate, tokens per request-step (a request's tokens per "
+        "batched target call) and acceptance by draft position. Progress goes to stderr.",
     )
     demo.add_argument(
         "--verifier",
@@ -640,12 +670,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="compare a tree drafter (the top-ranked continuations of the n-gram draft at "
         "each of the first levels, EAGLE-2-like) with a chain of the same node budget --k, "
         "for every sampled tree method, verified with specdec_np.verify_tree on the same "
-        "contexts; prints the tokens per target call of each (--verifier and --drafter are "
+        "contexts; prints the tokens per request-step of each (--verifier and --drafter are "
         "not used)",
     )
     demo.add_argument(
         "--json", action="store_true", help="print the summary as JSON (and no text)"
     )
+    demo.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     demo.set_defaults(handler=_run_demo)
 
     check = sub.add_parser(
@@ -663,6 +694,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="where to run the kernels (default: every available backend)",
     )
     check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
     from .testing import KINDS
 
     check.add_argument(

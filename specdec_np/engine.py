@@ -9,6 +9,8 @@ own, and :class:`~specdec_np.metrics.VerificationMetrics` over every successful 
 
 from __future__ import annotations
 
+import inspect
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,28 @@ from ._results import VerificationResult
 from .metrics import VerificationMetrics
 
 __all__ = ["EngineVerifier"]
+
+# verify_ragged's arguments that EngineVerifier fixes at construction.
+_SET_AT_CONSTRUCTION = {"method", "strict_mode", "generator", "**method_parameters"}
+
+
+def _call_sections(ragged_doc: str) -> str:
+    """The Parameters, Returns and Raises sections of :meth:`EngineVerifier.__call__`,
+    taken from :func:`verify_ragged`'s docstring without the arguments set at
+    construction."""
+    parameters = ragged_doc.split("Parameters\n----------\n", 1)[1]
+    parameters, rest = parameters.split("\n\nReturns\n-------\n", 1)
+    # An entry starts at an unindented line ("name : type"); its description is indented.
+    entries = re.split(r"\n(?=\S)", parameters)
+    kept = [
+        entry
+        for entry in entries
+        if not {name.strip() for name in entry.split(" : ", 1)[0].split(",")}
+        <= _SET_AT_CONSTRUCTION
+    ]
+    return (
+        "Parameters\n----------\n" + "\n".join(kept) + "\n\nReturns\n-------\n" + rest
+    )
 
 
 class EngineVerifier:
@@ -32,6 +56,7 @@ class EngineVerifier:
         Seed of the verifier's own ``numpy.random.Generator``, the source of the uniforms
         of requests without a seed of their own.
     strict_mode : bool, default False
+        Also check exact dtypes and finite, non-negative probabilities, in every call.
     **method_parameters : float
         The method's parameters (typical acceptance: ``posterior_threshold``,
         ``posterior_alpha``).
@@ -93,13 +118,11 @@ class EngineVerifier:
         counter_seeds: Mapping[int, tuple[int, int]] | None = None,
         out: OutputBlock | None = None,
     ) -> VerificationResult:
-        """Verify a batch: the keyword arguments of :func:`verify_ragged` other than
-        ``method``, ``strict_mode``, ``generator`` and the method's parameters, which are
-        set at construction.  The metrics are updated only by a call that succeeds.
+        """Verify a batch; the metrics are updated only by a call that succeeds.
 
-        Returns
-        -------
-        VerificationResult
+        The keyword arguments of :func:`verify_ragged` other than ``method``,
+        ``strict_mode``, ``generator`` and the method's parameters, which are set at
+        construction; their entries below are :func:`verify_ragged`'s own.
         """
         return _ragged.run_ragged(
             num_draft_tokens=num_draft_tokens,
@@ -123,6 +146,12 @@ class EngineVerifier:
             method_parameters=self._method_parameters,
             generator_for=self._own_generator.for_device,
             on_success=self._record,
+        )
+
+    if __call__.__doc__ is not None and _ragged.verify_ragged.__doc__ is not None:
+        # One source for the arguments' documentation: verify_ragged's own entries.
+        __call__.__doc__ = inspect.cleandoc(__call__.__doc__) + "\n\n" + _call_sections(
+            inspect.cleandoc(_ragged.verify_ragged.__doc__)
         )
 
     def _record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any) -> None:

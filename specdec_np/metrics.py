@@ -19,7 +19,7 @@ __all__ = ["VerificationMetrics"]
 
 
 @dataclass(eq=False)
-class VerificationMetrics:
+class VerificationMetrics:  # numpydoc ignore=PR01
     """Sums over verified requests.
 
     Attributes
@@ -97,7 +97,18 @@ class VerificationMetrics:
         )
 
     def merge(self, other: VerificationMetrics) -> VerificationMetrics:
-        """The metrics of both (a new object); the same as ``self + other``."""
+        """The metrics of both (a new object); the same as ``self + other``.
+
+        Parameters
+        ----------
+        other : VerificationMetrics
+            The metrics to add (another worker's or another window's).
+
+        Returns
+        -------
+        VerificationMetrics
+            Every sum and per-position count of both; neither operand changes.
+        """
         width = max(self.accepted_at.shape[0], other.accepted_at.shape[0])
         merged = VerificationMetrics(
             self.requests + other.requests,
@@ -144,13 +155,17 @@ class VerificationMetrics:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens emitted per request (per target call); NaN before any request."""
+        """Tokens emitted per verified request (what one target call yields a request);
+        NaN before any request."""
         return self.emitted / self.requests if self.requests else math.nan
 
     @property
     def acceptance_by_position(self) -> np.ndarray:
-        """float64 [n]: of the requests that drafted position ``j``, the share that
-        accepted it (the per-position acceptance histogram)."""
+        """Of the requests that drafted position ``j``, the share that accepted it.
+
+        The per-position acceptance histogram: float64 ``[n]``, NaN where no request
+        drafted position ``j``.
+        """
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(
                 self.drafted_at > 0, self.accepted_at / np.maximum(self.drafted_at, 1), np.nan

@@ -46,7 +46,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Parameter:
+class Parameter:  # numpydoc ignore=PR01
     """A verifier parameter (a finite, non-negative real number).
 
     Attributes
@@ -62,7 +62,7 @@ class Parameter:
 
 
 @dataclass(frozen=True)
-class Verifier:
+class Verifier:  # numpydoc ignore=PR01
     """One chain verifier.
 
     Attributes
@@ -251,6 +251,16 @@ _BY_NAME = {verifier.name: verifier for verifier in VERIFIERS}
 def get(name: str) -> Verifier:
     """The verifier called ``name``.
 
+    Parameters
+    ----------
+    name : str
+        A name of :func:`names`.
+
+    Returns
+    -------
+    Verifier
+        Its entry of :data:`VERIFIERS`.
+
     Raises
     ------
     ValueError
@@ -269,7 +279,20 @@ def _lookup(table: dict[str, Any], name: str) -> Any:
 
 
 def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tuple[str, ...]:
-    """Names of the verifiers, optionally only the (non-)stochastic or (non-)lossless ones."""
+    """Names of the verifiers, optionally only the (non-)stochastic or (non-)lossless ones.
+
+    Parameters
+    ----------
+    stochastic : bool, optional
+        Keep only the verifiers that read uniforms (True) or those that do not (False).
+    lossless : bool, optional
+        Keep only the lossless verifiers (True) or the others (False).
+
+    Returns
+    -------
+    tuple of str
+        In code order.
+    """
     return tuple(
         verifier.name
         for verifier in VERIFIERS
@@ -285,7 +308,7 @@ DRAFTINGS: tuple[str, ...] = ("fixed", "independent", "without_replacement")
 
 
 @dataclass(frozen=True)
-class TreeMethod:
+class TreeMethod:  # numpydoc ignore=PR01
     """One verification method of the tree layout (``docs/semantics.md``, trees).
 
     Attributes
@@ -383,6 +406,16 @@ _TREE_BY_NAME = {method.name: method for method in TREE_METHODS}
 def get_tree_method(name: str) -> TreeMethod:
     """The tree method called ``name``.
 
+    Parameters
+    ----------
+    name : str
+        A name of :func:`tree_method_names`.
+
+    Returns
+    -------
+    TreeMethod
+        Its entry of :data:`TREE_METHODS`.
+
     Raises
     ------
     ValueError
@@ -392,7 +425,18 @@ def get_tree_method(name: str) -> TreeMethod:
 
 
 def tree_method_names(*, stochastic: bool | None = None) -> tuple[str, ...]:
-    """Names of the tree methods, optionally only the (non-)stochastic ones."""
+    """Names of the tree methods, optionally only the (non-)stochastic ones.
+
+    Parameters
+    ----------
+    stochastic : bool, optional
+        Keep only the methods that read uniforms (True) or those that do not (False).
+
+    Returns
+    -------
+    tuple of str
+        In code order.
+    """
     return tuple(
         method.name
         for method in TREE_METHODS

@@ -95,6 +95,11 @@ class SpecDecodeBaseSampler:
     def init_gpu_tensors(self, device: int | str) -> None:
         """Create the counters on CUDA device ``device`` (an int or ``"cuda:N"``).
 
+        Parameters
+        ----------
+        device : int or str
+            A CUDA device index, ``"cuda"`` (device 0) or ``"cuda:N"``.
+
         Raises
         ------
         RuntimeError
@@ -105,6 +110,14 @@ class SpecDecodeBaseSampler:
     def init_tensors(self, device: int | str, device_type: Any = "cuda") -> None:
         """Create the counters: ``"cpu"`` (or ``device_type="cpu"``) selects NumPy; an int
         or ``"cuda:N"`` selects CuPy device N.
+
+        Parameters
+        ----------
+        device : int or str
+            ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a device index.
+        device_type : str or object with a ``type`` attribute, default "cuda"
+            ``"cuda"`` or ``"cpu"`` (a ``torch.device`` is read through its ``type``); it
+            decides what an integer ``device`` means.
 
         Raises
         ------
@@ -370,7 +383,13 @@ def _device_name(device: int | None) -> str:
 
 
 class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
-    """Base class of the deterministic verifiers (no randomness)."""
+    """Base class of the deterministic verifiers (no randomness).
+
+    Parameters
+    ----------
+    strict_mode : bool, default False
+        Also run the full-array checks (see :class:`SpecDecodeBaseSampler`).
+    """
 
     @abc.abstractmethod
     def forward(
@@ -380,15 +399,49 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         draft_probs: Any,
         draft_token_ids: Any,
     ) -> Any:
-        """Verify a batch; returns int64 ``[B, k+1]`` (docs/semantics.md §1)."""
+        """Verify a batch (docs/semantics.md §1).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : float32 or float64 [B, k+1, V]
+            Target probabilities; position ``k`` (the bonus position) is only shape-checked.
+        bonus_token_ids : int64 or int32 [B, 1]
+            The token emitted after ``k`` accepted drafts.
+        draft_probs : same float dtype [B, k, V] or None
+            The draft distributions; None means point-mass drafts.
+        draft_token_ids : int64 or int32 [B, k]
+            The draft tokens.
+
+        Returns
+        -------
+        int64 [B, k+1]
+            Accepted drafts, then one new token, then -1.
+        """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call :meth:`forward`, as a torch module would."""
+        """Call :meth:`forward`, as a torch module would.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The arguments of :meth:`forward`.
+
+        Returns
+        -------
+        int64 [B, k+1]
+            What :meth:`forward` returns.
+        """
         return self.forward(*args, **kwargs)
 
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
-    """Base class of the stochastic verifiers (the uniform sources of docs/semantics.md §5)."""
+    """Base class of the stochastic verifiers (the uniform sources of docs/semantics.md §5).
+
+    Parameters
+    ----------
+    strict_mode : bool, default False
+        Also run the full-array checks (see :class:`SpecDecodeBaseSampler`).
+    """
 
     @abc.abstractmethod
     def forward(
@@ -399,10 +452,40 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         draft_token_ids: Any,
         seeded_seqs: Mapping[int, Any] | None = None,
     ) -> Any:
-        """Verify a batch; returns int64 ``[B, k+1]`` (docs/semantics.md §1)."""
+        """Verify a batch (docs/semantics.md §1).
+
+        Parameters
+        ----------
+        target_with_bonus_probs : float32 or float64 [B, k+1, V]
+            Target probabilities; position ``k`` (the bonus position) is only shape-checked.
+        bonus_token_ids : int64 or int32 [B, 1]
+            The token emitted after ``k`` accepted drafts.
+        draft_probs : same float dtype [B, k, V] or None
+            The draft distributions; None means point-mass drafts.
+        draft_token_ids : int64 or int32 [B, k]
+            The draft tokens.
+        seeded_seqs : dict[int, numpy.random.Generator], optional
+            Row index -> that row's generator.
+
+        Returns
+        -------
+        int64 [B, k+1]
+            Accepted drafts, then one new token, then -1.
+        """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call :meth:`forward`, as a torch module would."""
+        """Call :meth:`forward`, as a torch module would.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The arguments of :meth:`forward`.
+
+        Returns
+        -------
+        int64 [B, k+1]
+            What :meth:`forward` returns.
+        """
         return self.forward(*args, **kwargs)
 
 
@@ -459,9 +542,13 @@ class _StochasticSampler(_RegisteredSampler):
         Parameters
         ----------
         target_with_bonus_probs : float32 or float64 [B, k+1, V]
+            Target probabilities; position ``k`` (the bonus position) is only shape-checked.
         bonus_token_ids : int64 or int32 [B, 1]
-        draft_probs : same float dtype [B, k, V] or None (point-mass drafts)
+            The token emitted after ``k`` accepted drafts.
+        draft_probs : same float dtype [B, k, V] or None
+            The draft distributions; None means point-mass drafts.
         draft_token_ids : int64 or int32 [B, k]
+            The draft tokens.
         seeded_seqs : dict[int, numpy.random.Generator], optional
             Row index -> that row's generator (consumed by one ``random(k + 1)`` per call).
         counter_seeds : dict[int, tuple[int, int]], optional
@@ -472,6 +559,7 @@ class _StochasticSampler(_RegisteredSampler):
         Returns
         -------
         int64 [B, k+1]
+            Accepted drafts, then one new token, then -1.
         """
         return self._verify(
             target_with_bonus_probs,
@@ -511,13 +599,18 @@ class _DeterministicSampler(_RegisteredSampler):
         Parameters
         ----------
         target_with_bonus_probs : float32 or float64 [B, k+1, V]
+            Target probabilities; position ``k`` (the bonus position) is only shape-checked.
         bonus_token_ids : int64 or int32 [B, 1]
-        draft_probs : ignored
+            The token emitted after ``k`` accepted drafts.
+        draft_probs : object
+            Ignored (None is usual); kept for vLLM's argument order.
         draft_token_ids : int64 or int32 [B, k]
+            The draft tokens.
 
         Returns
         -------
         int64 [B, k+1]
+            Accepted drafts, then one new token, then -1.
         """
         return self._verify(target_with_bonus_probs, bonus_token_ids, None, draft_token_ids)
 
@@ -548,7 +641,10 @@ def _sampler_doc(cls: type) -> type:
             f"{parameter.name} : float, default {parameter.default}",
             f"    {parameter.description.capitalize()}; finite, non-negative.",
         ]
-    lines += ["strict_mode : bool, default False"]
+    lines += [
+        "strict_mode : bool, default False",
+        "    Also check exact dtypes, one device, and finite, non-negative probabilities.",
+    ]
     cls.__doc__ = "\n".join(lines) + "\n" + (_SEED_DOC if verifier.stochastic else "")
     return cls
 

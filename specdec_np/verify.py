@@ -18,7 +18,7 @@ call consumed are put back.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _backend, _chains, _contract, _dispatch, _random, _validate, registry
 from ._results import TreeVerificationResult, VerificationResult
@@ -118,6 +118,9 @@ def run_padded(
     )
 
 
+# A front's own type, kept through its decorator so that static tools see its signature.
+_Front = TypeVar("_Front", bound=Callable[..., Any])
+
 _REJECTION = registry.get("rejection")
 _BLOCK = registry.get("block")
 _TYPICAL = registry.get("typical")
@@ -129,9 +132,11 @@ Parameters
 target_with_bonus_probs : float32 or float64 [B, k+1, V]
     Target probabilities; position ``k`` (the bonus position) is only shape-checked.
 bonus_token_ids : int64 or int32 [B, 1]
+    The token emitted after ``k`` accepted drafts.
 draft_probs : same float dtype [B, k, V] or None
     None means point-mass drafts (n-gram, prompt lookup, argmax drafters).
 draft_token_ids : int64 or int32 [B, k]
+    The draft tokens.
 uniforms : float64 [B, k+1], optional
     Explicit uniforms in ``[0, 1)``: columns ``0 .. k-1`` for the acceptance tests,
     column ``k`` for the residual draw.  Excludes the three options below.
@@ -148,6 +153,9 @@ strict_mode : bool
 Returns
 -------
 VerificationResult
+    ``output_token_ids`` int64 ``[B, k+1]`` (accepted drafts, one new token, then -1),
+    ``accepted_lengths`` int64 ``[B]``, ``num_accepted`` int64 ``[B]`` (vLLM's count) and
+    ``num_draft_tokens`` ``B * k``.
 
 Raises
 ------
@@ -159,22 +167,28 @@ _DETERMINISTIC_PARAMETERS = """
 Parameters
 ----------
 target_with_bonus_probs : float32 or float64 [B, k+1, V]
+    Target probabilities; position ``k`` (the bonus position) is only shape-checked.
 bonus_token_ids : int64 or int32 [B, 1]
+    The token emitted after ``k`` accepted drafts.
 draft_token_ids : int64 or int32 [B, k]
+    The draft tokens.
 {parameters}strict_mode : bool
     Also check exact dtypes and finite, non-negative probabilities{rows}.
 
 Returns
 -------
 VerificationResult
+    ``output_token_ids`` int64 ``[B, k+1]`` (accepted drafts, one new token, then -1),
+    ``accepted_lengths`` int64 ``[B]``, ``num_accepted`` int64 ``[B]`` (vLLM's count) and
+    ``num_draft_tokens`` ``B * k``.
 """
 
 
-def _documented(verifier: registry.Verifier) -> Callable[[Any], Any]:
+def _documented(verifier: registry.Verifier) -> Callable[[_Front], _Front]:
     """Complete a front's docstring with its verifier's rule and the shared parameters,
     and run it on the CUDA device of its first argument."""
 
-    def decorate(function: Any) -> Any:
+    def decorate(function: _Front) -> _Front:
         if verifier.stochastic:
             sections = _STOCHASTIC_PARAMETERS
         else:
@@ -187,7 +201,7 @@ def _documented(verifier: registry.Verifier) -> Callable[[Any], Any]:
                 rows=", and that each row sums to one" if verifier.requires_normalised_rows
                 else "",
             )
-        function.__doc__ = f"{function.__doc__.strip()}\n\n{verifier.summary}\n{sections}"
+        function.__doc__ = f"{(function.__doc__ or '').strip()}\n\n{verifier.summary}\n{sections}"
         return _backend.on_inputs_device(function)
 
     return decorate
@@ -287,14 +301,21 @@ def create_output(
     ----------
     accepted : bool [B, k]
         Acceptance results; True after a False is allowed and counted in ``num_accepted``.
-    substitute_token_ids, draft_token_ids : int64 or int32 [B, k]
+    substitute_token_ids : int64 or int32 [B, k]
+        The token emitted at the first rejected position.
+    draft_token_ids : int64 or int32 [B, k]
+        The draft tokens.
     bonus_token_ids : int64 or int32 [B, 1] or [B]
+        The token emitted when every draft is accepted.
     vocab_size : int, optional
         Ids must lie in ``[0, vocab_size)``; without it they must be non-negative.
 
     Returns
     -------
     VerificationResult
+        ``output_token_ids`` int64 ``[B, k+1]``, ``accepted_lengths`` int64 ``[B]`` (up
+        to the first False), ``num_accepted`` int64 ``[B]`` (every True) and
+        ``num_draft_tokens`` ``B * k``.
     """
     return format_output(
         accepted, substitute_token_ids, draft_token_ids, bonus_token_ids, vocab_size=vocab_size

@@ -15,7 +15,9 @@ import pytest
 
 from specdec_np import _contract
 
-HEADER_DIR = Path(__file__).resolve().parent.parent / "specdec_np"
+# The headers of the package under test (shipped with it), so that an installed wheel is
+# tested against its own headers.
+HEADER_DIR = Path(_contract.__file__).resolve().parent
 COMPILE_TIMEOUT_S = 120
 
 

@@ -7,9 +7,11 @@ runs once in a subprocess, with ``--json``.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,10 +67,10 @@ def _check_summary(summary: dict[str, Any], batch: int, tokens: int, k: int) -> 
     else:
         assert summary["acceptance_rate"] is None
     assert math.isclose(
-        summary["mean_tokens_per_target_call"],
+        summary["mean_tokens_per_request_step"],
         summary["generated_tokens"] / summary["verified_requests"],
     )
-    assert 1.0 <= summary["mean_tokens_per_target_call"] <= k + 1
+    assert 1.0 <= summary["mean_tokens_per_request_step"] <= k + 1
     # The histogram: of the request-steps that drafted position j, the share accepted.
     accepted_at, drafted_at = summary["accepted_at"], summary["drafted_at"]
     histogram = summary["acceptance_by_position"]
@@ -107,7 +109,7 @@ def test_demo_json_for_each_verifier(
     if drafter == "ngram":
         # Every request drafts k tokens.
         assert summary["drafted_at"] == [summary["verified_requests"]] * 4
-    assert captured.err == ""  # no progress: stderr is not a terminal
+    _check_progress_lines(captured.err, "demo")  # stderr is not a terminal: progress lines
 
 
 def test_demo_batch_mixes_greedy_and_sampled_requests() -> None:
@@ -209,31 +211,36 @@ def test_demo_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     for label in (
         "acceptance rate",
         "accepted drafts / drafted",
-        "tokens per target call",
+        "tokens per request-step",
         "acceptance by draft position",
         "position 1",
-        "verifier time per call",
+        "verifier time per batched call",
+        "batched target calls",
         "without drafts",
     ):
         assert label in out
+    assert "tokens per target call" not in out
     summary = out.split("summary")[-1]
     # One acceptance figure: vLLM's independent count is gone from the default output.
     assert summary.count("acceptance rate") == 1 and "draft_acceptance_rate" not in out
-    assert captured.err == ""
+    _check_progress_lines(captured.err, "demo")
 
 
 TREE_SMALL = ["demo", "--tree", "--k", "5", "--batch", "3", "--tokens", "12"]
 SAMPLED_TREE_METHODS = [method.name for method in registry.TREE_METHODS if method.stochastic]
 
 
-def test_demo_tree_prints_chain_and_tree_tokens_per_call(
+def test_demo_tree_prints_chain_and_tree_tokens_per_request_step(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert cli.main(TREE_SMALL) == 0
     out = capsys.readouterr().out
-    for label in ("demo --tree", "node budget  5", "tokens per target call", "chain", "gain"):
+    labels = ("demo --tree", "node budget  5", "tokens per request-step", "chain", "gain")
+    for label in labels:
         assert label in out
-    table = out.split("tokens per target call")[1].splitlines()
+    # Each figure names what it counts: request-steps, and batched target calls.
+    assert "tokens per target call" not in out and "batched target calls" in out
+    table = out.split("tokens per request-step")[1].splitlines()
     for name in SAMPLED_TREE_METHODS:
         row = next(line.split() for line in table if line.split()[:1] == [name])
         chain, tree = float(row[1]), float(row[2])
@@ -257,11 +264,12 @@ def test_demo_tree_json_is_a_paired_same_budget_comparison(
     assert [m["method"] for m in summary["methods"]] == SAMPLED_TREE_METHODS
     depth = {"chain": 5, "tree": 3}  # best_first_tree(5) = [-1, 0, -1, 1, 0]
     for m in summary["methods"]:
-        assert m["chain_nodes_per_call"] == 5.0 and 0 < m["tree_nodes_per_call"] <= 5.0
+        assert m["chain_nodes_per_request_step"] == 5.0
+        assert 0 < m["tree_nodes_per_request_step"] <= 5.0
         for shape in ("chain", "tree"):
-            assert 1.0 <= m[f"{shape}_tokens_per_call"] <= depth[shape] + 1
+            assert 1.0 <= m[f"{shape}_tokens_per_request_step"] <= depth[shape] + 1
         assert m["paired_difference"] == pytest.approx(
-            m["tree_tokens_per_call"] - m["chain_tokens_per_call"]
+            m["tree_tokens_per_request_step"] - m["chain_tokens_per_request_step"]
         )
     # Every request of every step verified one chain and one tree per method.
     assert summary["request_steps"] >= summary["target_calls"] >= 12 // 6
@@ -305,7 +313,40 @@ def test_options_without_subcommand_run_the_demo(capsys: pytest.CaptureFixture[s
     _check_summary(_strict_json(capsys.readouterr().out), batch=1, tokens=10, k=4)
 
 
-def test_demo_progress_only_on_a_terminal(
+def _check_progress_lines(err: str, command: str) -> None:
+    """Progress off a terminal: whole lines, each naming the command, none rewritten in
+    place; the first a stage, the last the end of decoding."""
+    lines = err.splitlines()
+    assert lines and err.endswith("\n") and "\r" not in err and "\033" not in err
+    assert all(line.startswith(f"specdec-np {command}: ") for line in lines), lines
+    assert "building the corpus" in lines[0]
+    assert re.search(r"decoding: (\d+)/\1 tokens", lines[-1]), lines[-1]
+
+
+def test_progress_off_a_terminal_is_a_line_per_stage_and_period(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A captured run (stderr a pipe or a file) still shows it is alive: a line per stage
+    and at most one every PERIOD seconds while decoding; --quiet silences it."""
+    clock = itertools.count(0.0, 2.0)  # every reading of the clock is 2 s later
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
+    assert cli.main(["demo", "--tree", "--k", "3", "--batch", "2", "--tokens", "20"]) == 0
+    captured = capsys.readouterr()
+    _check_progress_lines(captured.err, "demo --tree")
+    decoding = [line for line in captured.err.splitlines() if "decoding:" in line]
+    # Steps 2 s apart and a 5 s period: about every third step is shown, and the last.
+    assert 2 <= len(decoding) < 20
+    assert "tokens per request-step" in captured.out  # stdout keeps the results only
+    for command in (
+        ["demo", "--tokens", "10", "--batch", "1", "--json", "--quiet"],
+        ["demo", "--tree", "--k", "3", "--batch", "1", "--tokens", "5", "-q"],
+        ["check", "--backend", "numpy", "--quiet", "--json"],
+    ):
+        assert cli.main(command) == 0
+        assert capsys.readouterr().err == "", command
+
+
+def test_demo_progress_on_a_terminal(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     class Terminal(io.StringIO):
@@ -317,7 +358,7 @@ def test_demo_progress_only_on_a_terminal(
     assert cli.main(["demo", "--tokens", "10", "--batch", "1", "--json"]) == 0
     shown = terminal.getvalue()
     assert "decoding: 10/10 tokens" in shown
-    assert "acceptance rate" in shown and "tokens per target call" in shown
+    assert "acceptance rate" in shown and "tokens per request-step" in shown
     assert shown.endswith("\r\033[K")  # the line is erased before the results
     _strict_json(capsys.readouterr().out)  # stdout holds the JSON only
 
@@ -339,7 +380,7 @@ def test_default_demo_in_a_subprocess() -> None:
     _check_summary(summary, batch=8, tokens=300, k=4)
     assert 0 < summary["greedy_requests"] < summary["batch"]
     assert 0 < summary["requests_without_drafts"] < summary["verified_requests"]
-    assert summary["mean_tokens_per_target_call"] > 1.0
+    assert summary["mean_tokens_per_request_step"] > 1.0
 
 
 # -- the n-gram models -----------------------------------------------------------------------

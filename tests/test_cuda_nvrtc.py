@@ -34,6 +34,9 @@ import pytest
 
 from specdec_np import _cuda
 
+# Compiles every CUDA source through NVRTC for two architectures: the full suite only.
+pytestmark = pytest.mark.slow
+
 TARGET_ARCHS = ("90", "75")
 SOURCE_NAMES = sorted(_cuda.cuda_sources())
 ELF_MAGIC = b"\x7fELF"

@@ -59,6 +59,9 @@ from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
 from specdec_np import _contract, _cuda, registry
 
+# Compiles and emulates every CUDA source (minutes on 2 cores): the full suite only.
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NEWEST_ARCH = 90
 OLDEST_ARCH = 75

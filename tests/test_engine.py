@@ -725,6 +725,7 @@ def _ragged_monte_carlo(
     return p_values, means
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lazy_bonus", [True, False], ids=["lazy-bonus", "given-bonus"])
 @pytest.mark.parametrize("verifier", LOSSLESS, ids=[v.name for v in LOSSLESS])
 def test_ragged_output_law_is_the_target(verifier, lazy_bonus):
@@ -742,6 +743,7 @@ def test_ragged_output_law_is_the_target(verifier, lazy_bonus):
         assert abs(mean - expected) < 5 * error + 1e-9, (k_b, mean, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier", LOSSLESS, ids=[v.name for v in LOSSLESS])
 def test_ragged_law_control_drafts_from_another_q(verifier):
     """Drafts drawn from a q other than the draft_probs passed: the same test fails."""
@@ -753,6 +755,7 @@ def test_ragged_law_control_drafts_from_another_q(verifier):
     assert min(p_values) < 1e-8, p_values
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier", LOSSLESS, ids=[v.name for v in LOSSLESS])
 def test_ragged_law_control_wrong_bonus_row(verifier):
     """A verifier that draws the lazy bonus from each request's first row: fails."""

@@ -583,6 +583,7 @@ def _draw_drafts(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
 MC_CASES = [(5, 2), (4, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("vocab", "k"), MC_CASES)
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_kernel_output_law_chi_square(method: str, vocab: int, k: int) -> None:
@@ -631,6 +632,7 @@ def _control_residual_without_top_p(target, draft, setting, drafts, uniforms):
     return output, lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "control",
     ["residual without top-p", "draft processed otherwise", "bonus from the unprocessed row"],

@@ -154,6 +154,7 @@ def check_fuzz_run(run: WorkerRun, calls: int) -> dict[str, Any]:
     return summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_fuzz_array_arguments(group: str, tmp_path: Path) -> None:
     """Corrupted arrays: ids out of range, dtypes, ranks, shapes, empty dimensions,
@@ -167,6 +168,7 @@ def test_fuzz_array_arguments(group: str, tmp_path: Path) -> None:
     check_fuzz_run(run, calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_fuzz_other_arguments(group: str, tmp_path: Path) -> None:
     """Corrupted non-array arguments: uniforms with seeds, ``seeded_seqs``,
@@ -249,6 +251,7 @@ def test_generator_uniforms_of_the_wrong_shape_never_reach_the_kernel() -> None:
     assert "generator" in process.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", CHAIN_GROUPS)
 def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
     """Issue 11's input classes with their required outcomes: byte-swapped arrays give the
@@ -266,6 +269,7 @@ def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
     assert summary["TypeError"] >= calls // 10, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", registry.names())
 def test_fuzz_kernel_classes(group: str, tmp_path: Path) -> None:
     """Negative or NaN draft entries never let a token of target probability 0 out, and

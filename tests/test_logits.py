@@ -271,6 +271,7 @@ def test_fast_exp_reference_on_array_api_strict(vector: Logits) -> None:
     assert np.array_equal(got.view(np.uint32), vector.exp(x).view(np.uint32))
 
 
+@pytest.mark.slow
 def test_fast_exp_is_monotone(vector: Logits) -> None:
     # min-p's cutoff is found by bisection on z, which needs w monotone in z.
     assert vector.lib.t_exp_monotone_violations() == 0

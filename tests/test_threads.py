@@ -269,6 +269,7 @@ def check_concurrent_equals_sequential(size: str, seeds: tuple[int, ...], repeat
             assert found_counters == expected_counters, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["small", "big"])
 def test_separate_instances_concurrently_match_sequential_calls(size: str) -> None:
     """Default thread policy: the big batches use OpenMP inside each call as well."""
@@ -282,6 +283,7 @@ def test_separate_instances_concurrently_match_sequential_calls(size: str) -> No
     check_concurrent_equals_sequential(size, (1, 2) if size == "small" else (1,), repeats=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["small", "big"])
 def test_separate_instances_concurrently_with_openmp_forced(size: str, threaded: int) -> None:
     """The ``threaded`` fixture forces the OpenMP row loop for every batch of two or more

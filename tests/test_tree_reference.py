@@ -205,6 +205,7 @@ def test_point_mass_is_lossless_on_sampled_children_and_specinfer_accepts_more()
     ) > tree_reference.expected_accepted_length(point_mass)
 
 
+@pytest.mark.slow
 def test_tree_accepts_more_than_a_chain_of_the_same_budget_with_a_weak_draft():
     # Exact expected accepted lengths, 6 nodes each.  With a weak draft (unrelated to the
     # target) two branches of depth 3 beat a chain of 6; with a draft close to the target

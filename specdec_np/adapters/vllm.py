@@ -45,12 +45,14 @@ def rejection_sample(
     bonus_token_ids: Any,
     sampling_metadata: Any,
 ) -> Any:
-    """vLLM v1's rejection sampling of a batch, on specdec_np's kernels.
+    """Rejection-sample a vLLM v1 batch (vLLM v1's signature and output) on specdec_np.
 
     Parameters
     ----------
     draft_token_ids : int [num_tokens]
+        The drafts, request by request (``num_tokens = sum(num_draft_tokens)``).
     num_draft_tokens : list of int [B]
+        Drafts per request (0 for a request that only gets its bonus token).
     max_spec_len : int
         The output's width is ``max_spec_len + 1``.
     cu_num_draft_tokens : int [B]
@@ -61,6 +63,8 @@ def rejection_sample(
         The target's logits at the draft positions, processed with each request's
         temperature, top-k and top-p.
     bonus_token_ids : int [B, 1]
+        The token each request emits after all its drafts are accepted (vLLM samples it
+        beforehand from the bonus position).
     sampling_metadata : object
         vLLM's ``SamplingMetadata`` (the attributes the module docstring lists).
 
