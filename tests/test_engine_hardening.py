@@ -269,3 +269,24 @@ def test_wrong_rank_or_list_out_fields_name_the_field(field: str):
     flat = np.zeros(good._asdict()[field].size + 1, dtype=np.int64)[1:]
     with pytest.raises(ValueError, match="out"):
         specdec_np.verify_ragged(**batch, out=good._replace(**{field: flat.reshape(-1, 1)}))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_greedy_rows_without_a_finite_logit_emit_token_0_and_sampled_ones_are_refused(dtype):
+    """The documented decision (docs/semantics.md §2.5): a greedy request on a row masked
+    to -inf emits token 0 on every surface (numpy.argmax's and vLLM's answer); a sampled
+    request on it has no law and is a ValueError."""
+    masked = np.full((3, VOCAB), -np.inf, dtype=dtype)
+    ragged = {"num_draft_tokens": [2], "draft_token_ids": [3, 4], "target_logits": masked}
+    greedy = specdec_np.verify_ragged(**ragged, temperature=0.0)
+    assert greedy.output_token_ids.tolist() == [[0, -1, -1]]
+    tree = specdec_np.verify_tree(
+        num_nodes=[2], tree_parents=[-1, 0], draft_token_ids=[3, 4], target_logits=masked,
+        method="greedy",
+    )  # fmt: skip
+    assert tree.output_token_ids.tolist() == [[0, -1, -1]]
+    assert specdec_np.sample_tokens(logits=masked[:1], temperature=0.0).tolist() == [0]
+    with pytest.raises(ValueError, match="target_logits"):
+        specdec_np.verify_ragged(**ragged, temperature=1.0, generator=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="logits"):
+        specdec_np.sample_tokens(logits=masked[:1], temperature=1.0)
