@@ -909,6 +909,9 @@ def verify_tree(
         seeded_seqs=seeded_seqs,
         counter_seeds=counter_seeds,
         row_widths=np.where(sampling.greedy, 0, layout.num_nodes + 1),
+        # Flat: request b's N_b + 1 uniforms from node_offsets[b] + b on, so that one big
+        # tree in a batch of small ones costs its own size, not B times it.
+        row_offsets=layout.node_offsets + np.arange(layout.batch_size + 1),
     )
     if out is None:
         block = _contract.allocate_tree_output_block(

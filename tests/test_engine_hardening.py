@@ -290,3 +290,37 @@ def test_greedy_rows_without_a_finite_logit_emit_token_0_and_sampled_ones_are_re
         specdec_np.verify_ragged(**ragged, temperature=1.0, generator=np.random.default_rng(0))
     with pytest.raises(ValueError, match="logits"):
         specdec_np.sample_tokens(logits=masked[:1], temperature=1.0)
+
+
+@pytest.mark.parametrize("source", ["generator", "counter_seeds", "uniforms"])
+def test_tree_uniforms_cost_the_batch_not_batch_times_the_biggest_tree(source):
+    """One tree of 3000 nodes among 3000 empty requests: the uniforms are laid out flat
+    (N + B entries), not [B, max_nodes + 1] (72 MB here). Explicit uniforms keep their
+    [B, max_nodes + 1] form (the caller made them) and are compacted."""
+    import tracemalloc
+
+    big, empty = 3000, 3000
+    counts = np.array([big] + [0] * empty)
+    parents = np.full(big, -1)  # one root with `big` children
+    rows = np.full((big + counts.size, 2), 0.5)
+    keywords = {
+        "num_nodes": counts, "tree_parents": parents, "draft_token_ids": np.zeros(big, int),
+        "target_probs": rows, "method": "point_mass",
+    }  # fmt: skip
+    if source == "generator":
+        keywords["generator"] = np.random.default_rng(0)
+    elif source == "counter_seeds":
+        keywords["counter_seeds"] = {b: (b, 7) for b in range(counts.size)}
+    expected = specdec_np.verify_tree(**keywords)
+    if source == "uniforms":
+        keywords["uniforms"] = np.full((counts.size, big + 1), 0.25)
+    tracemalloc.start()
+    try:
+        result = specdec_np.verify_tree(**keywords)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    explicit = keywords["uniforms"].nbytes if source == "uniforms" else 0
+    # The explicit array is copied once (the private copy the kernel reads).
+    assert peak < 2 * explicit + 16 * 2**20, peak
+    assert result.output_token_ids.shape == expected.output_token_ids.shape
