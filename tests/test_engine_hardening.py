@@ -324,3 +324,29 @@ def test_tree_uniforms_cost_the_batch_not_batch_times_the_biggest_tree(source):
     # The explicit array is copied once (the private copy the kernel reads).
     assert peak < 2 * explicit + 16 * 2**20, peak
     assert result.output_token_ids.shape == expected.output_token_ids.shape
+
+
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_draft_rows_a_method_ignores_are_still_refused_when_masked(kind):
+    """What a call accepts does not depend on the method: the draft rows of a method that
+    does not read them (registry ``reads_draft_probs`` False) are refused as masked arrays or
+    matrices too, on every layout."""
+    rows = np.full((3, VOCAB), 1.0 / VOCAB)
+    drafts = rows[:2]
+    bad = np.ma.masked_array(drafts) if kind == "masked" else np.asmatrix(drafts)
+    for verifier in specdec_np.registry.VERIFIERS:
+        if verifier.reads_draft_probs:
+            continue
+        with pytest.raises(TypeError, match="draft_probs"):
+            specdec_np.verify_ragged(
+                num_draft_tokens=[2], draft_token_ids=[1, 2], target_probs=rows,
+                draft_probs=bad, method=verifier.name,
+            )  # fmt: skip
+    for method in specdec_np.registry.TREE_METHODS:
+        if method.reads_draft_probs:
+            continue
+        with pytest.raises(TypeError, match="draft_probs"):
+            specdec_np.verify_tree(
+                num_nodes=[2], tree_parents=[-1, 0], draft_token_ids=[1, 2], target_probs=rows,
+                draft_probs=bad, method=method.name,
+            )  # fmt: skip
