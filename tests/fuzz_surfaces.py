@@ -303,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: Counter[str] = Counter()
     for index in range(arguments.calls):
         layout, case = random_case(rng)
-        print(f"call {index}: {layout} {case.get('method')}", file=sys.stderr, flush=True)
+        form = "logits" if "target_logits" in case else "probs"
+        shape = np.shape(case.get("target_logits", case.get("target_probs")))
+        message = f"call {index}: {layout} {case.get('method')} {form} {shape}"
+        print(message, file=sys.stderr, flush=True)
         pristine = tokens(call(layout, copied(case)))
         if arguments.mode == "writers":
             outcome = writers(rng, layout, case, pristine)

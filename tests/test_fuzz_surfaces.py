@@ -51,6 +51,17 @@ def test_masked_matrix_and_foreign_arrays() -> None:
     assert summary.get("refused", 0) > 0, summary
 
 
+@pytest.mark.parametrize("omp_stacksize", [None, "16K"])
+def test_small_stacks_give_the_same_tokens(omp_stacksize: str | None) -> None:
+    """Every call in a thread with Python's smallest stack (32 KiB), and with 16 KiB OpenMP
+    worker stacks: no crash, the pristine tokens."""
+    environment = {} if omp_stacksize is None else {
+        "OMP_STACKSIZE": omp_stacksize, "OMP_NUM_THREADS": "2"
+    }  # fmt: skip
+    summary = run_worker("small_stack", **environment)
+    assert summary.get("pristine", 0) == CALLS, summary
+
+
 @pytest.mark.parametrize("worker_mode", ["writers"])
 def test_the_worker_fails_on_a_broken_copy(worker_mode: str, monkeypatch, tmp_path) -> None:
     """Negative control: with the private copy of the uniforms removed (the kernel reads the

@@ -288,31 +288,7 @@ def verify_trees(
     draft_base = NULL if point_mass_drafts or N == 0 else &draft_rows[0, 0]
     ids_base = &draft_token_ids[0] if N > 0 else NULL
     parents_base = &tree_parents[0] if N > 0 else NULL
-<<<<<<< HEAD
     uniform_base = &uniforms[0] if stochastic else NULL
-    for b in prange(
-        B, nogil=True, num_threads=num_threads, schedule="dynamic",
-        use_threads_if=num_threads > 1,
-    ):
-        start = node_offsets[b]
-        thread = threadid()
-        request_method = request_methods[b] if per_request else method
-        row_status[b] = walk_tree(
-            request_method,
-            &target_rows[start + b, 0],
-            NULL if draft_base == NULL else draft_base + start * V,
-            ids_base + start if ids_base != NULL else ids_base,
-            parents_base + start if parents_base != NULL else parents_base,
-            node_offsets[b + 1] - start, V,
-            NULL if uniform_base == NULL else uniform_base + start + b,
-            NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
-            NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
-            NULL if working_base == NULL else working_base + thread * 2 * V,
-            D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
-            &accepted_lengths[b],
-        )
-=======
-    uniform_base = &uniforms[0, 0] if stochastic else NULL
     # Each thread of the team allocates its law scratch once for the call.
     with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
         law_scratch = new_law_scratch(sampling_base != NULL)
@@ -327,7 +303,7 @@ def verify_trees(
                 ids_base + start if ids_base != NULL else ids_base,
                 parents_base + start if parents_base != NULL else parents_base,
                 node_offsets[b + 1] - start, V,
-                NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+                NULL if uniform_base == NULL else uniform_base + start + b,
                 NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
                 NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
                 NULL if working_base == NULL else working_base + thread * 2 * V,
@@ -335,5 +311,4 @@ def verify_trees(
                 &accepted_lengths[b],
             )
         free(law_scratch)
->>>>>>> speed
     return first_failed_row(row_status)
