@@ -77,6 +77,12 @@ def test_the_worker_fails_on_a_broken_copy(worker_mode: str, monkeypatch, tmp_pa
         "            uniforms.dtype == np.float64 and uniforms.flags.c_contiguous:\n"
         "        self._explicit = uniforms\n"
         "_random.RejectionUniforms.__init__ = in_place\n"
+        "draw = _random.RejectionUniforms.draw\n"
+        "def slow_draw(self):\n"
+        "    import time\n"
+        "    time.sleep(0.002)  # the writer's moment, every time\n"
+        "    return draw(self)\n"
+        "_random.RejectionUniforms.draw = slow_draw\n"
     )
     completed = subprocess.run(
         [sys.executable, str(WORKER), worker_mode, "--seed", str(SEED), "--calls", "400"],
