@@ -17,8 +17,8 @@ When ``c`` is rejected, its parent ``b`` takes block verification's rejection up
 
     W = max(rho_b M_b - q_c, 0),   Z = sum(W)
     M_b <- W / Z   (kept as it was when Z = 0)
-    rho_b <- Z / (Z + 1 - rho_b)   (0 when that denominator is not positive; the root's
-                                   weight stays 1)
+    rho_b <- Z / (Z + 1 - rho_b)   (0 when that denominator is not positive; a weight of
+                                   1, the root's among them, stays 1)
 
 and the walk moves to ``b``'s next child.  When every child of the root was rejected, the
 final token is drawn from the root's ``M``.  On a chain this is block verification with the
@@ -91,9 +91,10 @@ def rejection_update(rho: float, total: float, is_root: bool) -> float:
     Returns
     -------
     float
-        0 where the denominator is not positive (block verification's check).
+        1 at the root and wherever ``rho`` is 1 (block verification's check there, read
+        without ``Z``); 0 where the denominator is not positive.
     """
-    if is_root:
+    if is_root or rho >= 1.0:
         return 1.0
     denominator = total + (1.0 - rho)
     return total / denominator if denominator > 0.0 else 0.0
@@ -107,6 +108,7 @@ def traversal_walk(
     draft_probs: Any,
     uniforms: Any,
     vocabulary: Any,
+    reads: list[tuple[str, int]] | None = None,
 ) -> tuple[list[int], int]:
     """One request's traversal walk (the module docstring): its accepted nodes, root to the
     deepest, and its final token.
@@ -124,6 +126,9 @@ def traversal_walk(
     uniforms : float64 [B, >= max_nodes + 1]
     vocabulary : int64 [V]
         ``arange(V)``, unused here but shared with the sibling walks' signature.
+    reads : list, optional
+        Appended ``("target", row)`` and ``("draft", row)`` for every row the walk reads
+        (rows of the whole batch): the rows a kernel may read, for the cost tests.
 
     Returns
     -------
@@ -141,22 +146,35 @@ def traversal_walk(
     row_uniforms = uniforms[b, :]
 
     def target_row(node: int) -> Any:
+        if reads is not None:
+            reads.append(("target", layout.target_row(b, node)))
         return xp.astype(target_probs[layout.target_row(b, node), :], xp.float64)
 
     def draft_row(node: int) -> Any:
+        if reads is not None:
+            reads.append(("draft", start + node))
         row = xp.astype(draft_probs[start + node, :], xp.float64)
         return xp.where(row > 0, row, 0.0)
 
     def visit(node: int, rho: float) -> tuple[int, Any] | None:
         """The walk below ``node`` at weight ``rho``: the accepted node and the weights of
         its final draw, or None when ``node`` and its subtree are rejected."""
-        # The node's law: its target row (taken as normalised), then its residual.
-        residual, mass = target_row(node), 1.0
+        # The node's law: its target row (taken as normalised, read when first needed),
+        # then its residual.
+        residual, mass = None, 1.0
         for child in children[node + 1]:
+            if rho == 0.0:
+                # Nothing below a weight of 0 can be accepted, nor can the node itself: the
+                # rest of its subtree is rejected whatever its uniforms, and not read.
+                break
             x = tokens[child]
             q = draft_row(child)
+            if residual is None:
+                residual = target_row(node)
             r_x = float(residual[x]) / mass if mass != 1.0 else float(residual[x])
-            found = visit(child, next_weight(rho, r_x, float(q[x])))
+            weight = next_weight(rho, r_x, float(q[x]))
+            # A child of weight 0 is rejected with its subtree whatever their uniforms.
+            found = visit(child, weight) if weight > 0.0 else None
             if found is not None:
                 return found
             law = residual / mass if mass != 1.0 else residual
@@ -166,7 +184,7 @@ def traversal_walk(
             if total > 0:
                 residual, mass = weights, total
         if node < 0 or float(row_uniforms[node]) < rho:
-            return node, residual
+            return node, target_row(node) if residual is None else residual
         return None
 
     found = visit(-1, 1.0)

@@ -12,6 +12,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tree import (
+    SHAPE,
+    TARGET,
+    VOCAB,
+    assert_same,
+    emission_counts,
+    p_value,
+    run_kernel,
+    sibling_draft,
+    tree_batches,
+)
 from test_tree_reference import (
     EXACT,
     HAND_BUILT,
@@ -23,7 +34,7 @@ from test_tree_reference import (
     tree_shapes,
 )
 
-from specdec_np import _oracles, _trees
+from specdec_np import _oracles, _trees, registry
 from specdec_np import _traversal_reference as traversal
 from specdec_np import _tree_reference as tree_reference
 
@@ -266,3 +277,84 @@ def test_reference_walk_on_an_exact_stratified_grid_reproduces_the_oracle(shape)
     )
     for emitted in set(law) | set(oracle):
         assert abs(law.get(emitted, 0.0) - oracle.get(emitted, 0.0)) < 1e-12, emitted
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+SEQUENCE_LEVEL = tuple(m.name for m in registry.TREE_METHODS if m.sequence_level)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=tree_batches(max_nodes=10), method=st.sampled_from(SEQUENCE_LEVEL))
+def test_rows_the_walk_does_not_need_are_never_read(case, method):
+    """Poisoning every row the reference walk does not read (what the post-order visits:
+    the target rows of nodes whose children are tested or whose row is drawn from, the
+    draft rows of children tested under a positive weight) changes nothing."""
+    case = dict(case, from_logits=False, parameters={})
+    if case["draft"] is None:
+        return  # without draft rows it is the point-mass walk, tested in test_tree.py
+    case["target"] = np.abs(case["target"])
+    case["draft"] = np.abs(case["draft"])
+    result = run_kernel(case, method)
+    layout = _trees.validate_tree(case["num_nodes"], case["tree_parents"], case["draft_token_ids"])
+    reads: list[tuple[str, int]] = []
+    vocabulary = np.arange(case["target"].shape[1])
+    for b in range(layout.batch_size):
+        traversal.traversal_walk(
+            np,
+            layout,
+            b,
+            case["target"].astype(np.float64),
+            case["draft"].astype(np.float64),
+            case["uniforms"],
+            vocabulary,
+            reads,
+        )
+    target_read = np.zeros(case["target"].shape[0], dtype=bool)
+    draft_read = np.zeros(case["draft"].shape[0], dtype=bool)
+    for kind, row in reads:
+        (target_read if kind == "target" else draft_read)[row] = True
+    poisoned = dict(case)
+    poisoned["target"] = np.where(target_read[:, None], case["target"], np.nan).astype(
+        case["target"].dtype
+    )
+    poisoned["draft"] = np.where(draft_read[:, None], case["draft"], np.nan).astype(
+        case["draft"].dtype
+    )
+    assert_same(run_kernel(poisoned, method), tuple(result))
+
+
+@pytest.mark.parametrize("method", SEQUENCE_LEVEL)
+def test_kernel_emissions_follow_the_exact_law(method):
+    law = tree_reference.tree_emission_law(method, TARGET, SHAPE, VOCAB, draft=sibling_draft)
+    continued = tree_reference.continued_law(law, TARGET, 3, VOCAB)
+    target = tree_reference.continued_law({(): 1.0}, TARGET, 3, VOCAB)
+    assert np.abs(continued - target).max() < 1e-9
+    assert p_value(emission_counts(method, "independent", 20_000, seed=3), law) > 1e-4
+
+
+@pytest.mark.parametrize("method", SEQUENCE_LEVEL)
+def test_kernel_emissions_fail_the_law_of_a_broken_walk(method):
+    # The negative control of the chi-square: the same kernel's emissions against the law of
+    # a traversal that skips the residual update are rejected.
+    broken = tree_reference.tree_emission_law(
+        method, TARGET, SHAPE, VOCAB, draft=sibling_draft, variant="no_residual_update"
+    )
+    assert p_value(emission_counts(method, "independent", 20_000, seed=3), broken) < 1e-9
+
+
+@pytest.mark.parametrize("method", SEQUENCE_LEVEL)
+def test_kernel_accepts_more_than_specinfer_on_the_same_trees(method):
+    lengths = {}
+    for name in (method, "specinfer"):
+        counts = emission_counts(name, "independent", 20_000, seed=6)
+        lengths[name] = sum((len(key) - 1) * n for key, n in counts.items()) / 20_000
+    law = {
+        name: tree_reference.expected_accepted_length(
+            tree_reference.tree_emission_law(name, TARGET, SHAPE, VOCAB, draft=sibling_draft)
+        )
+        for name in (method, "specinfer")
+    }
+    assert law[method] > law["specinfer"]
+    for name in lengths:
+        assert abs(lengths[name] - law[name]) < 0.05
