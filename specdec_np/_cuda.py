@@ -53,9 +53,11 @@ scanned whole is materialised into the request's two scratch rows of one per-cal
 ``[B, 2 V]`` buffer).  ``docs/semantics.md`` says where a real device can differ.
 
 ``verify_trees_kernel<ProbT, IdT>`` (``verify_trees.cu``) is the tree driver's
-(``_core.verify_trees``): one block per request walks its tree from the root, reading only
-the rows on the walked path and the children tested there, with the float64 working pair of
-one ``[B, 2 V]`` buffer per call; its row status is the CPU tree driver's.
+(``_core.verify_trees``): one block per request walks its tree, from the root reading only
+the rows on the walked path and the children tested there (traversal: what its post-order
+visits), with the float64 working rows of one ``[B, R V]`` buffer per call (``R`` the
+method's ``TreeMethod.working_rows``: a pair, or one per level for traversal); its row
+status is the CPU tree driver's.
 
 ``create_output_kernel<IdT>`` (``create_output.cu``, vLLM's ``_create_output``) runs one
 thread per row, :data:`CREATE_OUTPUT_BLOCK` threads per block.
