@@ -358,3 +358,28 @@ def test_kernel_accepts_more_than_specinfer_on_the_same_trees(method):
     assert law[method] > law["specinfer"]
     for name in lengths:
         assert abs(lengths[name] - law[name]) < 0.05
+
+
+@pytest.mark.parametrize("method", SEQUENCE_LEVEL)
+def test_too_few_working_rows_for_the_depth_is_a_memory_status(method):
+    # A direct caller of the driver that passes a pair of working rows for a deep tree gets
+    # STATUS_NO_MEMORY for that request, never a write past its rows (uniforms near 1: every
+    # test fails, so every level needs its residual row).
+    from specdec_np import _contract, _core
+
+    vocab_size, parents = 4, np.array([-1, 0, 1, 2], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.ones(vocab_size), 5)
+    draft = rng.dirichlet(np.ones(vocab_size), 4)
+    outputs = [np.zeros((1, 4), np.int64), np.zeros((1, 5), np.int64)]
+    outputs += [np.zeros(1, np.int64), np.zeros(1, np.int64)]
+    code = registry.get_tree_method(method).code
+    for rows, wanted in (
+        (2, _contract.STATUS_NO_MEMORY),
+        (registry.get_tree_method(method).working_rows(4), 0),
+    ):
+        _core.verify_trees(
+            code, target, draft, False, np.array([1, 2, 3, 0]), parents, np.array([0, 4]),
+            np.full((1, 5), 1 - 1e-12), *outputs, 1, working=np.empty((1, rows * vocab_size)),
+        )  # fmt: skip
+        assert outputs[3][0] == wanted
