@@ -199,6 +199,9 @@ cdef struct Request:
     Py_ssize_t draft_law_row
     specdec_row_law target_law
     specdec_row_law draft_law
+    # A tree walk's float64 working rows of V (two, or one per depth for the walks that
+    # keep a residual per node of the walked path).
+    Py_ssize_t working_rows
 
 
 GREEDY_MARGIN = SPECDEC_GREEDY_MARGIN

@@ -275,6 +275,17 @@ def _tree_demo_lines(s: dict[str, Any]) -> list[str]:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if s["versus"]:
+        lines.append("")
+        lines.append("on the tree, sequence-level against token-level verification (paired):")
+        for v in s["versus"]:
+            lines.append(
+                f"  {v['method']} vs {v['baseline']}: "
+                f"{_number(v['tokens_per_request_step'], 3)} vs "
+                f"{_number(v['baseline_tokens_per_request_step'], 3)} tokens per request-step, "
+                f"{v['paired_difference']:+.3f} +- {_number(v['paired_standard_error'], 3)} "
+                f"({100 * v['gain']:+.1f} % +- {_number(100 * v['gain_standard_error'], 1)} %)"
+            )
     lines.append(f"  wall time {s['decode_seconds']:.2f} s")
     return lines
 
