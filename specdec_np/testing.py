@@ -19,8 +19,15 @@ For ``kind="greedy"`` the call is ``verifier(target, bonus, draft_probs, draft_t
 output (NumPy, or anything DLPack or ``__array__`` can read) or an object with an
 ``output_token_ids`` attribute.  A callable without a ``uniforms`` keyword (seen by
 ``inspect.signature``, or declared by a ``takes_uniforms`` attribute) is tested by Monte
-Carlo only.  ``seeded_seqs`` and ``generator`` keywords, where present, are exercised
-with :class:`numpy.random.Generator` objects.
+Carlo only.  ``generator``, ``seeded_seqs`` and ``counter_seeds`` keywords, where present,
+are each exercised by their own Monte Carlo test and reproducibility check.
+
+``layout="ragged"`` calls a verifier with :func:`specdec_np.verify_ragged`'s keywords and
+``layout="tree"`` one with :func:`specdec_np.verify_tree`'s (:mod:`specdec_np._kit_ragged`
+and :mod:`specdec_np._kit_tree` say what they check); :func:`kinds_for` gives each
+layout's kinds, all read from the registry.  A property that did not run is reported as
+skipped (``PropertyResult.skipped``, a ``SKIP`` row), never as passed, and every call to
+the verifier has a time limit (``timeout``); ``docs/testing.md`` documents both.
 
 The exact laws and threshold grids are those of :mod:`specdec_np._oracles`, the chi-square
 tests and sigma rules those of :mod:`specdec_np._statistics`, the draws and the output
