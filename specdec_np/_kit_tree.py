@@ -309,7 +309,10 @@ def _greedy_walk(request: _Request) -> list[int]:
 class _Collector:
     """Format problems and greedy requests across every call of the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, all_greedy: bool) -> None:
+        #: The method itself is greedy: every request must walk greedily, whatever its
+        #: temperature.
+        self.all_greedy = all_greedy
         self.format_problems: list[str] = []
         self.greedy_bad: list[str] = []
         self.greedy_count = 0
@@ -324,7 +327,7 @@ class _Collector:
                                     request.target.shape[1])
             if problem:
                 self.format_problems.append(f"{label}, request {b}: {problem}")
-            if request.greedy:
+            if request.greedy or self.all_greedy:
                 self.greedy_count += 1
                 expected = _greedy_walk(request)
                 if output[b, : len(expected)].tolist() != expected or np.any(
@@ -544,8 +547,9 @@ def _check_greedy(target: TreeTarget, vocab_size: int, rng: np.random.Generator,
         if not target.takes[f"target_{form}"]:
             results.append(skipped(name, f"the verifier takes no target_{form}="))
             continue
-        requests = _random_requests(target, rng, vocab_size, 200, form, [{"temperature": 0.0}],
-                                    stochastic=False)
+        # Temperature 0 and 1 alternate: the method must walk greedily either way.
+        requests = _random_requests(target, rng, vocab_size, 200, form,
+                                    [{"temperature": 0.0}, {}], stochastic=False)
         result = _call(target, requests, form, source="none")
         before = len(collector.greedy_bad)
         collector.record(requests, result, f"greedy trees ({form})")
@@ -554,7 +558,8 @@ def _check_greedy(target: TreeTarget, vocab_size: int, rng: np.random.Generator,
             name, not bad, f"{len(bad)}/{len(requests)} wrong",
             "; ".join(bad[:2]) if bad else
             f"{len(requests)} random trees (up to 5 nodes, V = {vocab_size}, ties among the "
-            f"rows): follow the child equal to the first argmax, then emit the argmax"))
+            f"rows, temperature 0 and 1): follow the child equal to the first argmax, then "
+            f"emit the argmax"))
     return results
 
 
@@ -636,7 +641,7 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     list of PropertyResult
     """
     target = TreeTarget(verifier, kind, dtype, limit)
-    collector = _Collector()
+    collector = _Collector(all_greedy=not target.method.stochastic)
     rows: list[PropertyResult] = []
     if not target.method.stochastic:
         rows += _guarded("greedy walk of the reference", lambda: _check_greedy(

@@ -28,14 +28,17 @@ TESTS = Path(__file__).resolve().parent
 FAST = {"num_rows": 2000}
 
 
-def _stochastic_tree_methods() -> tuple[str, ...]:
-    return registry.tree_method_names(stochastic=True)
+def _first_fast(names: tuple[str, ...], fast: int = 1) -> list[Any]:
+    """``names`` as parameters, all but the first ``fast`` marked slow: the fast subset
+    keeps one case of each check, the full run all of them."""
+    return [name if i < fast else pytest.param(name, marks=pytest.mark.slow)
+            for i, name in enumerate(names)]
 
 
 # -- the library's own verifiers pass on every layout ---------------------------------------
 
 
-@pytest.mark.parametrize("kind", registry.names())
+@pytest.mark.parametrize("kind", _first_fast(registry.names()))
 def test_verify_ragged_passes_fast(kind: str) -> None:
     report = testing.check_verifier(specdec_np.verify_ragged, kind, layout="ragged", **FAST)
     assert report.passed, str(report)
@@ -43,7 +46,7 @@ def test_verify_ragged_passes_fast(kind: str) -> None:
     assert report.layout == "ragged"
 
 
-@pytest.mark.parametrize("kind", registry.tree_method_names())
+@pytest.mark.parametrize("kind", _first_fast(registry.tree_method_names(), fast=2))
 def test_verify_tree_passes_fast(kind: str) -> None:
     report = testing.check_verifier(specdec_np.verify_tree, kind, layout="tree", **FAST)
     assert report.passed, str(report)
@@ -90,6 +93,7 @@ def test_typical_is_checked_against_its_rule() -> None:
             "typical from logits equals the reference"} <= set(failed)
 
 
+@pytest.mark.slow
 def test_a_new_tree_method_is_picked_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """A method added to registry.TREE_METHODS (as "traversal" will be) is a kind of the
     tree layout and is checked by its own registry entry, with no edit to the kit."""
@@ -110,13 +114,13 @@ def test_a_new_tree_method_is_picked_up(monkeypatch: pytest.MonkeyPatch) -> None
 # -- negative controls per layout ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(bv.RAGGED_IGNORED))
+@pytest.mark.parametrize("name", _first_fast(("top_k", "temperature", "top_p", "min_p")))
 def test_a_ragged_verifier_that_ignores_a_filter_fails(name: str) -> None:
     failed = testing.check_verifier(bv.RAGGED_IGNORED[name], layout="ragged", **FAST).failed()
     assert "exact law from logits/logits rows equals the processed target" in failed, failed
 
 
-@pytest.mark.parametrize("kind", _stochastic_tree_methods())
+@pytest.mark.parametrize("kind", _first_fast(registry.tree_method_names(stochastic=True)))
 def test_a_tree_verifier_that_walks_greedily_fails(kind: str) -> None:
     failed = testing.check_verifier(bv.tree_walks_greedily, kind, layout="tree", **FAST).failed()
     assert f"emission law equals the {kind} oracle (explicit uniforms)" in failed, failed
@@ -203,6 +207,17 @@ def test_a_ragged_verifier_without_logits_skips_those_properties() -> None:
 
 
 # -- adapters and arguments ------------------------------------------------------------------
+
+
+def test_the_pytest_fixture_takes_a_layout(verifier_conformance: Any) -> None:
+    assert verifier_conformance(specdec_np.verify_tree, "greedy", layout="tree").passed
+
+    @functools.wraps(specdec_np.verify_tree)
+    def samples_when_asked_greedy(**keywords: Any) -> Any:
+        return specdec_np.verify_tree(**{**keywords, "method": "point_mass"})
+
+    with pytest.raises(pytest.fail.Exception, match="greedy walk of the reference"):
+        verifier_conformance(samples_when_asked_greedy, "greedy", layout="tree")
 
 
 def test_the_dlpack_adapter_carries_every_layout_keyword() -> None:
