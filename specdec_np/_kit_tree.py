@@ -16,6 +16,10 @@ children, as a drafter would), whether it reads draft rows, and its exact emissi
 (``oracle_name``, :func:`specdec_np._tree_reference.tree_emission_law`); a method added to
 the registry is checked with no change here.  :func:`run` checks, for a stochastic method:
 
+* the exact law on two small trees, every draft assignment enumerated and the uniforms
+  integrated cell by cell (each node's axis cut at its acceptance probability, from the
+  method's ``sibling_walk``; skipped for a method that has none), against the oracle and,
+  continued by the target, against the target;
 * Monte Carlo on three tree shapes, once per randomness source the verifier takes: the
   emitted token tuples against the method's exact law (chi-square), and the output
   continued by target draws against the target's own law (lossless);
@@ -37,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _kit_padded, _monte_carlo, _reference, _statistics, _tree_reference, registry
+from . import (
+    _kit_padded,
+    _monte_carlo,
+    _oracles,
+    _reference,
+    _statistics,
+    _tree_reference,
+    registry,
+)
 from ._kit_padded import SEEDED_SOURCES, SOURCE_LABELS, source_keywords
 from ._kit_report import PropertyResult, TimeLimit, guard, has_keyword, skipped
 
@@ -507,6 +519,167 @@ def _check_zero_probability(target: TreeTarget, vocab_size: int,
 
 
 # --------------------------------------------------------------------------------------
+# The exact law, integrated over the drafts and the uniforms
+# --------------------------------------------------------------------------------------
+
+#: The trees and vocabulary of the exact law (every draft assignment is enumerated).
+_EXACT_SHAPES = ((-1, -1, 0), (-1, 0))
+_EXACT_V = 4
+_LAW_TOLERANCE = 1e-9
+
+
+class _SparseRows(_Rows):
+    """Probability rows that are multiples of 1/1024 with a zero: the same numbers in
+    float32 and float64, so the law is exact in either dtype."""
+
+    def _row(self, key: tuple) -> np.ndarray:
+        if key not in self.rows:
+            row = self.rng.dirichlet(np.ones(self.vocab_size))
+            row[self.rng.integers(self.vocab_size)] = 0.0
+            counts = np.floor(row / row.sum() * 1024)
+            counts[np.argmax(counts)] += 1024 - counts.sum()
+            self.rows[key] = counts / 1024
+        return self.rows[key]
+
+
+def _path(tokens: tuple[int, ...], parents: tuple[int, ...], node: int) -> tuple[int, ...]:
+    """The tokens from the root down to ``node`` (empty for the root, ``node = -1``)."""
+    path: list[int] = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return tuple(reversed(path))
+
+
+def _draft_position(parents: tuple[int, ...], node: int, drafting: str | None) -> int:
+    """The sibling position whose draft row node ``node`` carries (0 for every sibling
+    drawn without replacement from one row)."""
+    if drafting == "without_replacement":
+        return 0
+    return sum(1 for other in range(node) if parents[other] == parents[node])
+
+
+def _draft_assignments(parents: tuple[int, ...], method: registry.TreeMethod, laws: _Laws,
+                       fixed: tuple[int, ...]) -> list[tuple[tuple[int, ...], float]]:
+    """Every way the drafter can fill the tree, with its probability."""
+    assignments: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    for node, parent in enumerate(parents):
+        grown = []
+        for tokens, weight in assignments:
+            below = _path(tokens, parents, parent)
+            if method.drafting == "fixed":
+                law = np.eye(_EXACT_V)[fixed[node]]
+            else:
+                law = laws.draft(below, _draft_position(parents, node, method.drafting)).copy()
+                if method.drafting == "without_replacement":
+                    law[[tokens[s] for s in range(node) if parents[s] == parent]] = 0.0
+                    law = law / law.sum() if law.sum() > 0 else law
+            grown += [(tokens + (x,), weight * float(law[x])) for x in range(_EXACT_V)
+                      if law[x] > 0]
+        assignments = grown
+    return assignments
+
+
+def _integration_requests(target: TreeTarget, parents: tuple[int, ...], tokens: tuple[int, ...],
+                          weight: float, rows: _Rows, laws: _Laws,
+                          shape: int) -> list[tuple[_Request, float]]:
+    """One draft assignment's requests: every node axis cut at its acceptance probability
+    (and 1/2), the final axis at every final law's CDF points (and quarters)."""
+    n = len(parents)
+    children: list[list[int]] = [[] for _ in range(n + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    accept = [0.5] * n
+    final_points: list[float] = []
+
+    def visit(node: int, path: tuple[int, ...]) -> None:
+        kids = children[node + 1]
+        q_rows = [list(laws.draft(path, _draft_position(parents, kid, target.method.drafting)))
+                  if target.method.reads_draft_probs else None for kid in kids]
+        conditional, final = _tree_reference.sibling_walk(
+            target.kind, list(laws.target(path)), tuple(tokens[k] for k in kids), q_rows)
+        final_points.extend(np.cumsum(final).tolist())
+        for kid, probability in zip(kids, conditional):
+            accept[kid] = probability
+            visit(kid, path + (tokens[kid],))
+
+    visit(-1, ())
+    axes = [_oracles._cut_axis([a], 2) for a in accept] + [_oracles._cut_axis(final_points, 4)]
+    mids = np.stack([m.reshape(-1) for m in np.meshgrid(*(a[0] for a in axes),
+                                                        indexing="ij")], axis=1)
+    widths = np.prod(np.stack([w.reshape(-1) for w in np.meshgrid(*(a[1] for a in axes),
+                                                                  indexing="ij")]), axis=0)
+    paths = [_path(tokens, parents, node) for node in range(n)]
+    target_rows = np.stack([rows.target(())] + [rows.target(path) for path in paths])
+    draft_rows = None
+    if target.method.reads_draft_probs:
+        draft_rows = np.stack([rows.draft(_path(tokens, parents, parents[node]),
+                                          _draft_position(parents, node,
+                                                          target.method.drafting))
+                               for node in range(n)])
+    token_array = np.array(tokens, dtype=np.int64)
+    return [(_Request(parents, token_array, target_rows, draft_rows, uniforms=mids[i],
+                      shape=shape), weight * float(widths[i])) for i in range(mids.shape[0])]
+
+
+def _check_exact_law(target: TreeTarget, rng: np.random.Generator,
+                     collector: _Collector) -> list[PropertyResult]:
+    names = (f"exact law equals the {target.kind} oracle",
+             "exact law: continued output has the target's law")
+    if not (target.takes["target_probs"] and target.takes["uniforms"]) or (
+            target.method.reads_draft_probs and not target.takes["draft_probs"]):
+        return [skipped(name, "needs target_probs= (and draft_probs=) and explicit uniforms")
+                for name in names]
+    if target.method.oracle_name is None:
+        return [skipped(name, f"tree method {target.kind!r} names no oracle") for name in names]
+    rows = _SparseRows(rng, _EXACT_V, logits=False)
+    laws = _Laws(rows, {}, target.dtype)
+    weighted: list[tuple[_Request, float]] = []
+    try:
+        for shape, parents in enumerate(_EXACT_SHAPES):
+            fixed = _fixed_tokens(parents, _EXACT_V)
+            for tokens, weight in _draft_assignments(parents, target.method, laws, fixed):
+                weighted += _integration_requests(target, parents, tokens, weight, rows, laws,
+                                                  shape)
+    except KeyError:  # a method that does not decide sibling by sibling
+        return [skipped(name, f"tree method {target.kind!r} has no per-node acceptance "
+                        "thresholds to cut the uniforms at; Monte Carlo only")
+                for name in names]
+    requests = [request for request, _ in weighted]
+    result = _call(target, requests, "probs")
+    collector.record(requests, result, "exact law")
+    worst_oracle, worst_target = 0.0, 0.0
+    for shape, parents in enumerate(_EXACT_SHAPES):
+        law: dict[tuple[int, ...], float] = {}
+        for b, (request, weight) in enumerate(weighted):
+            if request.shape == shape:
+                emitted = tuple(int(t) for t in result[0][b] if t != -1)
+                law[emitted] = law.get(emitted, 0.0) + weight
+        oracle = _tree_reference.tree_emission_law(
+            target.kind, laws.target, parents, _EXACT_V,
+            draft=laws.draft if target.method.drafting != "fixed" else None,
+            draft_token_ids=_fixed_tokens(parents, _EXACT_V))
+        worst_oracle = max(worst_oracle, max(abs(law.get(t, 0.0) - oracle.get(t, 0.0))
+                                             for t in set(law) | set(oracle)))
+        length = max(len(t) for t in law) if law else 1
+        continued = _tree_reference.continued_law(law, laws.target, length, _EXACT_V)
+        expected = _tree_reference.continued_law({(): 1.0}, laws.target, length, _EXACT_V)
+        worst_target = max(worst_target, float(np.max(np.abs(continued - expected))))
+    what = (f"{len(requests)} requests integrating every draft assignment of the trees "
+            f"{[list(s) for s in _EXACT_SHAPES]} (V = {_EXACT_V}, rows multiples of 1/1024, "
+            f"children drawn by '{target.method.drafting}' drafting) and the uniforms (each "
+            f"node's axis cut at its acceptance probability, the final axis at every final "
+            f"law's CDF points); limit {_LAW_TOLERANCE:g}")
+    return [
+        PropertyResult(names[0], worst_oracle <= _LAW_TOLERANCE, f"max err {worst_oracle:.2g}",
+                       f"{what}; the law of the emitted tuples vs specdec_np._tree_reference."
+                       f"{target.method.oracle_name}"),
+        PropertyResult(names[1], worst_target <= _LAW_TOLERANCE, f"max err {worst_target:.2g}",
+                       f"{what}; the output continued by the target vs the target's law"),
+    ]
+
+
+# --------------------------------------------------------------------------------------
 # Greedy
 # --------------------------------------------------------------------------------------
 
@@ -648,6 +821,8 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
             target, vocab_size, rng, collector), limit)
     else:
         sources = target.sources() or ["own"]
+        rows += _guarded(f"exact law equals the {kind} oracle", lambda: _check_exact_law(
+            target, rng, collector), limit)
         rows += _guarded("Monte Carlo", lambda: _check_monte_carlo(
             target, "probs", {}, 5, num_rows, rng, collector, sources), limit)
         rows += _guarded("Monte Carlo from logits", lambda: _check_monte_carlo(
