@@ -135,17 +135,22 @@ def _completed_law(output: np.ndarray, weights: np.ndarray, p: np.ndarray) -> np
     return _oracles.grid_chain_law(output[well_formed], weights[well_formed], p)
 
 
+def exact_probability_row(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A probability row of multiples of 1/1024 summing to exactly 1, with a zero: the
+    same numbers in float32 and float64, so the law of a lossless verifier is the target's
+    to rounding in either dtype."""
+    row = rng.dirichlet(np.ones(size))
+    row[rng.integers(size)] = 0.0
+    counts = np.floor(row / row.sum() * 1024)
+    counts[np.argmax(counts)] += 1024 - counts.sum()
+    return counts / 1024
+
+
 def _law_cases(vocab_size: int, rng: np.random.Generator) -> list[tuple]:
     """(label, p [k+1, V], q [k, V]) cases of the exact-law check."""
 
     def sparse(size: int) -> np.ndarray:
-        # Multiples of 1/1024 summing to exactly 1: the same numbers in float32 and float64,
-        # so the law of a lossless verifier is the target's to rounding in either dtype.
-        row = rng.dirichlet(np.ones(size))
-        row[rng.integers(size)] = 0.0
-        counts = np.floor(row / row.sum() * 1024)
-        counts[np.argmax(counts)] += 1024 - counts.sum()
-        return counts / 1024
+        return exact_probability_row(rng, size)
 
     size = max(3, min(vocab_size, 4))
     cases = [

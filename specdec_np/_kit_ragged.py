@@ -339,8 +339,8 @@ def _exact_requests(rng: np.random.Generator, form: tuple[str, str],
         logits = np.ascontiguousarray(logits[:, rng.permutation(_EXACT_V)], dtype=dtype)
         if form[0] == "logits":
             target_rows, p = logits, _processed(logits, base, dtype)
-        else:
-            p = _processed(logits, base, dtype).astype(dtype).astype(np.float64)
+        else:  # probabilities exact in either dtype (the padded kit's rows)
+            p = np.stack([_kit_padded.exact_probability_row(rng, _EXACT_V) for _ in range(k + 1)])
             target_rows = p
         draft_logits = np.ascontiguousarray(rng.standard_normal((k, _EXACT_V)), dtype=dtype)
         if k == 0:
@@ -348,9 +348,7 @@ def _exact_requests(rng: np.random.Generator, form: tuple[str, str],
         elif form[1] == "logits":
             draft_rows, q = draft_logits, _processed(draft_logits, base, dtype)
         else:
-            q = rng.dirichlet(np.ones(_EXACT_V), size=k)
-            q[:, rng.integers(_EXACT_V)] = 0.0
-            q = (q / q.sum(axis=1, keepdims=True)).astype(dtype).astype(np.float64)
+            q = np.stack([_kit_padded.exact_probability_row(rng, _EXACT_V) for _ in range(k)])
             draft_rows = q
         laws.append((label, p, q))
         if k == 0:  # the bonus alone: its residual uniform is never read

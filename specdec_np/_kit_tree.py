@@ -162,7 +162,8 @@ class _Request:
 
 class _Rows:
     """Rows by path, drawn once each: the target's row after a path and the draft's row
-    below a path at a sibling position, as logits or probabilities (with zeros)."""
+    below a path at a sibling position, as logits or as probabilities (multiples of
+    1/1024, with a zero)."""
 
     def __init__(self, rng: np.random.Generator, vocab_size: int, logits: bool) -> None:
         self.rng = rng
@@ -178,9 +179,7 @@ class _Rows:
                 scale = 1.5 if key[0] == "target" else 0.3
                 row = self.rng.standard_normal(self.vocab_size) * scale
             else:
-                row = self.rng.dirichlet(np.full(self.vocab_size, 0.8))
-                row[self.rng.integers(self.vocab_size)] = 0.0  # a zero in every row
-                row /= row.sum()
+                row = _kit_padded.exact_probability_row(self.rng, self.vocab_size)
             self.rows[key] = row
         return self.rows[key]
 
@@ -528,20 +527,6 @@ _EXACT_V = 4
 _LAW_TOLERANCE = 1e-9
 
 
-class _SparseRows(_Rows):
-    """Probability rows that are multiples of 1/1024 with a zero: the same numbers in
-    float32 and float64, so the law is exact in either dtype."""
-
-    def _row(self, key: tuple) -> np.ndarray:
-        if key not in self.rows:
-            row = self.rng.dirichlet(np.ones(self.vocab_size))
-            row[self.rng.integers(self.vocab_size)] = 0.0
-            counts = np.floor(row / row.sum() * 1024)
-            counts[np.argmax(counts)] += 1024 - counts.sum()
-            self.rows[key] = counts / 1024
-        return self.rows[key]
-
-
 def _path(tokens: tuple[int, ...], parents: tuple[int, ...], node: int) -> tuple[int, ...]:
     """The tokens from the root down to ``node`` (empty for the root, ``node = -1``)."""
     path: list[int] = []
@@ -632,7 +617,7 @@ def _check_exact_law(target: TreeTarget, rng: np.random.Generator,
                 for name in names]
     if target.method.oracle_name is None:
         return [skipped(name, f"tree method {target.kind!r} names no oracle") for name in names]
-    rows = _SparseRows(rng, _EXACT_V, logits=False)
+    rows = _Rows(rng, _EXACT_V, logits=False)
     laws = _Laws(rows, {}, target.dtype)
     weighted: list[tuple[_Request, float]] = []
     try:

@@ -20,6 +20,8 @@ from typing import Any
 import broken_verifiers as bv
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import specdec_np
 from specdec_np import cli, registry, testing
@@ -65,6 +67,33 @@ def test_every_registry_verifier_passes_on_every_layout(layout: str) -> None:
             verifier = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
         report = testing.check_verifier(verifier, kind, layout=layout)
         assert report.passed, str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "kind"), [("ragged", "block"), ("tree", "specinfer")])
+def test_float32_rows_pass(layout: str, kind: str) -> None:
+    """Probability rows are multiples of 1/1024 and logits are processed in the rows'
+    dtype, so the exact laws hold in float32 too."""
+    verifier = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
+    report = testing.check_verifier(verifier, kind, layout=layout, probs_dtype=np.float32,
+                                    **FAST)
+    assert report.passed, str(report)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(k=st.integers(1, 4), vocab_size=st.integers(3, 12), seed=st.integers(0, 2**32 - 1))
+def test_layout_sizes_and_seeds(k: int, vocab_size: int, seed: int) -> None:
+    options = {"k": k, "vocab_size": vocab_size, "seed": seed, **FAST}
+    for kind in registry.names():
+        report = testing.check_verifier(specdec_np.verify_ragged, kind, layout="ragged",
+                                        **options)
+        assert report.passed, str(report)
+    for kind in registry.tree_method_names():
+        report = testing.check_verifier(specdec_np.verify_tree, kind, layout="tree", **options)
+        assert report.passed, str(report)
+    assert not testing.check_verifier(bv.ragged_ignores_top_k, layout="ragged",
+                                      **options).passed
 
 
 def test_kinds_come_from_the_registry() -> None:
