@@ -62,7 +62,10 @@ def test_every_registry_verifier_passes_on_every_layout(layout: str) -> None:
     checked here with no edit."""
     for kind in testing.kinds_for(layout):
         if layout == "padded":
-            verifier = getattr(specdec_np, registry.get(kind).function_name)
+            function_name = registry.get(kind).function_name
+            if function_name is None:  # reached through method= only: the ragged run has it
+                continue
+            verifier = getattr(specdec_np, function_name)
         else:
             verifier = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
         report = testing.check_verifier(verifier, kind, layout=layout)
