@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "ConformanceError",
     "ConformanceReport",
     "PropertyResult",
