@@ -273,7 +273,7 @@ def run_ragged(
         _validate.check_row_sums(
             form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
         )
-    chosen = _GREEDY if sampling.all_greedy else verifier
+    chosen = _GREEDY if sampling.all_greedy and not verifier.greedy else verifier
     # Built even when every request is greedy, so that a bad source is refused whatever
     # the batch holds; greedy requests draw nothing from it.
     sources = _random.RejectionUniforms(

@@ -790,8 +790,9 @@ def verify_ragged(
     Request ``b`` owns drafts ``o_b .. o_b + k_b - 1`` (``o_b = k_0 + ... + k_{b-1}``),
     target rows ``o_b + b .. o_b + b + k_b`` (its draft positions, then its bonus
     position) and draft rows ``o_b .. o_b + k_b - 1``.  A request with ``temperature ==
-    0`` (every request when ``method`` is ``"greedy"``) is verified by the greedy
-    reference on its raw rows (NaN never wins the argmax).  Any other request has its
+    0`` (every request when ``method``'s entry is ``Verifier.greedy``) is verified on its
+    raw rows (NaN never wins the argmax) by the greedy reference, or by ``method``'s own
+    when its entry is greedy.  Any other request has its
     rows processed by :func:`process_logits` with its own parameters when
     ``from_logits``, and is then verified by ``method``'s registry reference on those
     rows with uniform columns ``0 .. k_b`` (acceptance, then residual); it stops at its
@@ -837,7 +838,7 @@ def verify_ragged(
     """
     xp = _namespace(target_rows)
     verifier = registry.get(method)
-    greedy_verifier = registry.get("greedy")
+    greedy_verifier = verifier if verifier.greedy else registry.get("greedy")
     batch_size = num_draft_tokens.shape[0]
     counts = [int(num_draft_tokens[b]) for b in range(batch_size)]
     max_k = max(counts, default=0)
