@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _reference, registry, testing, verify
+from . import _backend, _ragged, _reference, registry, testing, verify
 from ._monte_carlo import array_module, to_numpy
 
 __all__ = ["CheckResult", "CheckRow", "check_backends", "run_checks", "usable_backends"]
@@ -150,8 +150,30 @@ def _compare(label: str, fast: Any, expected: Sequence[Any]) -> tuple[bool, str]
     return True, f"{label}: equal to the reference"
 
 
+def _padded_kernel(verifier: registry.Verifier) -> Callable[..., Any]:
+    """The verifier's padded function; for one reached through ``method=`` only (no
+    ``function_name``), :func:`specdec_np.verify_ragged` on the same rows, every
+    ``k_b = k``."""
+    if verifier.function_name is not None:
+        return getattr(verify, verifier.function_name)
+
+    def through_ragged(target: Any, bonus: Any, draft_ids: Any, **parameters: Any) -> Any:
+        batch_size, positions, vocab_size = target.shape
+        xp = target.__array_namespace__()
+        return _ragged.verify_ragged(
+            num_draft_tokens=xp.full((batch_size,), positions - 1, dtype=xp.int64),
+            draft_token_ids=xp.reshape(draft_ids, (-1,)),
+            target_probs=xp.reshape(target, (batch_size * positions, vocab_size)),
+            bonus_token_ids=xp.reshape(bonus, (batch_size,)),
+            method=verifier.name,
+            **parameters,
+        )
+
+    return through_ragged
+
+
 def _kernel_equals_reference(verifier: registry.Verifier, xp: Any) -> CheckResult:
-    function = getattr(verify, verifier.function_name)
+    function = _padded_kernel(verifier)
     reference = _reference.reference_for(verifier)
     rng = np.random.default_rng(777)
     passed, texts = True, []

@@ -668,7 +668,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         choices=registry.names(),
         default="rejection",
         help="the registered verifier of the sampled requests: "
-        + ", ".join(f"{v.name} ({v.sampler_name})" for v in registry.VERIFIERS)
+        + ", ".join(
+            f"{v.name} ({v.sampler_name})" if v.sampler_name else v.name
+            for v in registry.VERIFIERS
+        )
         + "; default rejection. Greedy requests are always verified by argmax; the "
         "temperature-0 verifier (greedy) makes every request greedy",
     )
