@@ -85,12 +85,15 @@ FAMILIES = ("arrays", "arguments", "hardening", "kernel")
 # The flat layouts (families arrays and arguments only); each case takes its method from
 # registry.VERIFIERS or registry.TREE_METHODS.
 LAYOUT_GROUPS = ("ragged", "tree")
-# One group per registered verifier (its sampler class and its stateless function), vLLM's
-# _create_output, and the layouts of verify_ragged and verify_tree.
-GROUPS = (*registry.names(), "output", *LAYOUT_GROUPS)
+# The verifiers with padded fronts (a sampler class and a stateless function); one reached
+# through method= only is fuzzed by the ragged group.
+PADDED_VERIFIERS = tuple(v for v in registry.VERIFIERS if v.sampler_name is not None)
+# One group per padded verifier, vLLM's _create_output, and the layouts of verify_ragged
+# and verify_tree.
+GROUPS = (*(v.name for v in PADDED_VERIFIERS), "output", *LAYOUT_GROUPS)
 
 ENTRIES = {
-    **{v.name: (v.sampler_name, v.function_name) for v in registry.VERIFIERS},
+    **{v.name: (v.sampler_name, v.function_name) for v in PADDED_VERIFIERS},
     "output": ("create_output", "_create_output"),
 }
 
@@ -1601,7 +1604,7 @@ def greedy_requests(case: Case, batch: int) -> np.ndarray:
     draw no uniform."""
     method = case.args.get("method", DEFAULT_METHODS[case.group])
     if case.group == "ragged":
-        sampled = registry.get(method).name != "greedy"
+        sampled = not registry.get(method).greedy
     else:
         sampled = registry.get_tree_method(method).stochastic
     if not sampled:
@@ -1901,7 +1904,7 @@ class Samplers:
     def get(self, case: Case) -> Any:
         cls_name = case.entry if case.entry[0].isupper() else None
         if case.entry == "_create_output":
-            cls_name = registry.VERIFIERS[case.index % len(registry.VERIFIERS)].sampler_name
+            cls_name = PADDED_VERIFIERS[case.index % len(PADDED_VERIFIERS)].sampler_name
         verifier = next(v for v in registry.VERIFIERS if v.sampler_name == cls_name)
         values = case.constructor if verifier.parameters else {}
         cls = getattr(specdec_np, cls_name)
