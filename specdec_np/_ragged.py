@@ -268,8 +268,11 @@ def run_ragged(
     if strict and not form.from_logits and greedy.any():
         # Greedy verification of probabilities accepts p(x) > 1/2 unread: its rows must
         # be distributions, as for the padded greedy verifier.
-        rows = np.repeat(greedy, counts + 1)
-        rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
+        if batch.bonus_rows:
+            rows = np.repeat(greedy, counts + 1)
+            rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
+        else:
+            rows = np.repeat(greedy, counts)  # [T, V]: the draft positions only
         _validate.check_row_sums(
             form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
         )
