@@ -1297,3 +1297,33 @@ def test_counts_whose_sum_wraps_are_refused():
             draft_token_ids=np.array([0]),
             target_probs=np.full((6, 2), 0.5),
         )
+
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=VERIFIER_IDS)
+@pytest.mark.parametrize("counts", [[0], [0, 2, 1]])
+def test_strict_greedy_requests_on_draft_rows_only(verifier, counts):
+    """Strict mode checks the row sums of greedy requests; with ``[T, V]`` target rows (no
+    bonus rows) the checked rows are the draft positions (this once raised IndexError)."""
+    counts_array = np.asarray(counts, dtype=np.int64)
+    total = int(counts_array.sum())
+    rows = np.full((total, 3), 0.2, dtype=np.float32)
+    rows[:, 1] = 0.6
+
+    def call(target_probs):
+        return specdec_np.verify_ragged(
+            num_draft_tokens=counts_array,
+            draft_token_ids=np.ones(total, dtype=np.int64),
+            target_probs=target_probs,
+            bonus_token_ids=np.full(len(counts), 2, dtype=np.int64),
+            method=verifier.name,
+            temperature=0.0,
+            strict_mode=True,
+        )
+
+    result = call(rows)
+    assert result.output_token_ids[0, 0] == 2  # request 0 has no draft: its bonus
+    assert np.all((result.accepted_lengths >= 0) & (result.accepted_lengths <= counts_array))
+    if total:
+        with pytest.raises(ValueError, match="target_probs"):
+            call(np.where(rows > 0.5, np.float32(0.9), rows))  # rows summing to 1.3
