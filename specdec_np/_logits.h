@@ -18,8 +18,12 @@
  * stored value, the min-p bisection, the radix select's decisions) is _elementwise.h's,
  * which the CUDA kernels compute too; this header adds how the CPU visits and sums a row.
  *
+ * filter_order SPECDEC_FILTER_ORDER_LLAMA_CPP (the contract's code) filters at temperature 1
+ * in llama.cpp's order instead (specdec_llama_cpp_law below); any other code is this order.
+ *
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
- * tests can show that they catch them: 1 = top-p drops the tie group at its boundary.
+ * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
+ * 2 = llama.cpp's top-p weighs only what min-p keeps too.
  */
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
@@ -384,6 +388,99 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #endif
 
+/* ---- llama.cpp's filter order ---------------------------------------------------------- */
+
+#ifndef SPECDEC_FILTER_ORDER_LLAMA_CPP
+#error "the kernel contract's macros must be defined first (setup.py, _cuda's prelude)"
+#endif
+
+/* The cutoff and normaliser of a row law in llama.cpp's order (docs/semantics.md §12), for
+ * a row with mass and a finite maximum z_max (normaliser: the online pass's).  The filters
+ * read the logits l at temperature 1, with w1 = exp(l - max l): top-k keeps l >= the K-th
+ * largest l (ties kept), top-p keeps, of what top-k kept, the smallest most probable set
+ * whose w1 reaches top_p of top-k's, with the tie group of the token that reaches it, and
+ * min-p keeps w1 >= min_p (max l is the maximum of the row and of every kept set).  Each
+ * keeps an upper set in l: S1 = {y : key(l(y)) >= floor_key}.  At the temperature the law
+ * keeps {y : z(y) >= z of S1's lowest logit}: S1, and a token whose z rounds to that z
+ * (ties at the temperature are kept, as everywhere in the law). */
+#define SPECDEC_DEFINE_LLAMA_CPP_LAW(SUFFIX, T, KEY_T, KEPT_SUM)                            \
+    static void specdec_llama_cpp_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
+                                               T z_max, double normaliser, int64_t top_k,  \
+                                               double top_p, double min_p,                 \
+                                               specdec_row_law *law)                       \
+    {                                                                                      \
+        /* l / 1 is l, so at temperature 1 the largest l is z_max. */                      \
+        T l_max = z_max;                                                                   \
+        if (temperature != (T)1) {                                                         \
+            l_max = (T)-INFINITY;                                                          \
+            for (ptrdiff_t y = 0; y < V; ++y)                                              \
+                l_max = logits[y] > l_max ? logits[y] : l_max;                             \
+        }                                                                                  \
+        KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
+        T candidates[SPECDEC_TOP_P_CANDIDATES];                                            \
+        ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];                                     \
+        ptrdiff_t count = -1;                                                              \
+        candidates[0] = 0;                                                                 \
+        positions[0] = 0;                                                                  \
+        if (top_k > 0 && top_k < (int64_t)V) {                                             \
+            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, l_max, top_k, candidates,  \
+                                                positions);                                \
+            floor_key = count >= 0                                                         \
+                            ? specdec_select_##SUFFIX(candidates, count, (T)1, l_max, 1, 0, \
+                                                      (double)top_k)                       \
+                            : specdec_select_##SUFFIX(logits, V, (T)1, l_max, 1, 0,         \
+                                                      (double)top_k);                      \
+            if (count >= 0)                                                                \
+                count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);  \
+        }                                                                                  \
+        if (top_p < 1.0) {                                                                 \
+            /* Over top-k's set alone: llama.cpp runs min-p after top-p. */                \
+            KEY_T p_floor = floor_key;                                                     \
+            if (SPECDEC_LOGITS_MUTATION == 2 && min_p > 0.0) {                             \
+                /* wrong on purpose: top-p's mass over min-p's set too (vLLM's order) */   \
+                KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                  \
+                p_floor = m_key > p_floor ? m_key : p_floor;                               \
+            }                                                                              \
+            KEY_T p_key = count >= 0                                                       \
+                              ? specdec_select_##SUFFIX(candidates, count, (T)1, l_max,   \
+                                                        p_floor, 1, top_p)                \
+                              : specdec_select_##SUFFIX(logits, V, (T)1, l_max, p_floor,   \
+                                                        1, top_p);                        \
+            floor_key = p_key > floor_key ? p_key : floor_key;                             \
+        }                                                                                  \
+        int min_p_decides = 0;                                                             \
+        if (min_p > 0.0) {                                                                 \
+            KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                      \
+            min_p_decides = m_key > floor_key;                                             \
+            floor_key = min_p_decides ? m_key : floor_key;                                 \
+        }                                                                                  \
+        if (floor_key <= 1) {                                                              \
+            law->cutoff = -INFINITY;                                                       \
+            law->normaliser = normaliser;                                                  \
+            return;                                                                        \
+        }                                                                                  \
+        /* Top-k's and top-p's keys are those of entries; min-p's bisection key need not   \
+         * be, and at another temperature the lowest kept logit itself is needed. */       \
+        T lowest = specdec_value_##SUFFIX(floor_key);                                      \
+        if (min_p_decides && temperature != (T)1) {                                        \
+            lowest = (T)INFINITY;                                                          \
+            for (ptrdiff_t y = 0; y < V; ++y)                                              \
+                if (specdec_key_##SUFFIX(logits[y]) >= floor_key && logits[y] < lowest)     \
+                    lowest = logits[y];                                                    \
+        }                                                                                  \
+        T cutoff = lowest / temperature;                                                   \
+        law->cutoff = (double)cutoff;                                                      \
+        /* At temperature 1 the gathered entries hold every kept one; at another, a token  \
+         * below S1 may tie in z with its lowest, so the sum runs over the row. */         \
+        law->normaliser = count >= 0 && temperature == (T)1                                \
+                              ? specdec_kept_sum_gathered_##SUFFIX(candidates, positions,  \
+                                                                   count, z_max, cutoff)  \
+                              : KEPT_SUM(logits, V, temperature, z_max, cutoff);           \
+    }
+
+SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_kept_sum_f)
+SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
+
 /* ---- public entry points ------------------------------------------------------------------ */
 
 /* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
@@ -391,7 +488,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 #define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
     static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          int64_t top_k, double top_p, double min_p,        \
-                                         specdec_row_law *law)                             \
+                                         int filter_order, specdec_row_law *law)           \
     {                                                                                      \
         T z_max;                                                                           \
         double normaliser;                                                                 \
@@ -409,6 +506,11 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             law->status = 1;                                                               \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = 0.0;                                                         \
+            return;                                                                        \
+        }                                                                                  \
+        if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {                              \
+            specdec_llama_cpp_law_##SUFFIX(logits, V, temperature, z_max, normaliser, top_k, \
+                                           top_p, min_p, law);                             \
             return;                                                                        \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
