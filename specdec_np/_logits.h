@@ -409,29 +409,38 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                                                double top_p, double min_p,                 \
                                                specdec_row_law *law)                       \
     {                                                                                      \
-        /* l / 1 is l, so at temperature 1 the largest l is z_max. */                      \
-        T l_max = z_max;                                                                   \
-        if (temperature != (T)1) {                                                         \
-            l_max = (T)-INFINITY;                                                          \
-            for (ptrdiff_t y = 0; y < V; ++y)                                              \
-                l_max = logits[y] > l_max ? logits[y] : l_max;                             \
-        }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
+        /* Top-k's survivors, gathered (count >= 0) when they fit: they hold the row's     \
+         * maximum and every token a later filter keeps, and every other logit is below    \
+         * the smallest of them. */                                                        \
         T candidates[SPECDEC_TOP_P_CANDIDATES];                                            \
         ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];                                     \
         ptrdiff_t count = -1;                                                              \
         candidates[0] = 0;                                                                 \
         positions[0] = 0;                                                                  \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, l_max, top_k, candidates,  \
+            /* Counting selects read no weight: z_max stands in for max l. */              \
+            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, candidates,  \
                                                 positions);                                \
-            floor_key = count >= 0                                                         \
-                            ? specdec_select_##SUFFIX(candidates, count, (T)1, l_max, 1, 0, \
-                                                      (double)top_k)                       \
-                            : specdec_select_##SUFFIX(logits, V, (T)1, l_max, 1, 0,         \
-                                                      (double)top_k);                      \
+            KEY_T k_key = count >= 0                                                       \
+                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
+                                                        (double)top_k)                     \
+                              : specdec_select_##SUFFIX(logits, V, (T)1, z_max, 1, 0,       \
+                                                        (double)top_k);                    \
+            /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
+            floor_key = k_key > floor_key ? k_key : floor_key;                             \
             if (count >= 0)                                                                \
                 count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);  \
+        }                                                                                  \
+        const KEY_T top_k_key = floor_key;                                                 \
+        /* l / 1 is l, so at temperature 1 the largest logit is z_max. */                  \
+        const T *scanned = count >= 0 ? candidates : logits;                               \
+        const ptrdiff_t scanned_count = count >= 0 ? count : V;                            \
+        T l_max = z_max;                                                                   \
+        if (temperature != (T)1) {                                                         \
+            l_max = (T)-INFINITY;                                                          \
+            for (ptrdiff_t i = 0; i < scanned_count; ++i)                                  \
+                l_max = scanned[i] > l_max ? scanned[i] : l_max;                           \
         }                                                                                  \
         if (top_p < 1.0) {                                                                 \
             /* Over top-k's set alone: llama.cpp runs min-p after top-p. */                \
@@ -441,11 +450,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                 KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                  \
                 p_floor = m_key > p_floor ? m_key : p_floor;                               \
             }                                                                              \
-            KEY_T p_key = count >= 0                                                       \
-                              ? specdec_select_##SUFFIX(candidates, count, (T)1, l_max,   \
-                                                        p_floor, 1, top_p)                \
-                              : specdec_select_##SUFFIX(logits, V, (T)1, l_max, p_floor,   \
-                                                        1, top_p);                        \
+            KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
+                                                  p_floor, 1, top_p);                      \
             floor_key = p_key > floor_key ? p_key : floor_key;                             \
         }                                                                                  \
         int min_p_decides = 0;                                                             \
@@ -464,18 +470,27 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         T lowest = specdec_value_##SUFFIX(floor_key);                                      \
         if (min_p_decides && temperature != (T)1) {                                        \
             lowest = (T)INFINITY;                                                          \
-            for (ptrdiff_t y = 0; y < V; ++y)                                              \
-                if (specdec_key_##SUFFIX(logits[y]) >= floor_key && logits[y] < lowest)     \
-                    lowest = logits[y];                                                    \
+            for (ptrdiff_t i = 0; i < scanned_count; ++i)                                  \
+                if (specdec_key_##SUFFIX(scanned[i]) >= floor_key && scanned[i] < lowest)   \
+                    lowest = scanned[i];                                                   \
         }                                                                                  \
         T cutoff = lowest / temperature;                                                   \
         law->cutoff = (double)cutoff;                                                      \
-        /* At temperature 1 the gathered entries hold every kept one; at another, a token  \
-         * below S1 may tie in z with its lowest, so the sum runs over the row. */         \
-        law->normaliser = count >= 0 && temperature == (T)1                                \
-                              ? specdec_kept_sum_gathered_##SUFFIX(candidates, positions,  \
-                                                                   count, z_max, cutoff)  \
-                              : KEPT_SUM(logits, V, temperature, z_max, cutoff);           \
+        /* A token outside the gathered ones is below the smallest of them (top-k's key), \
+         * so none of them ties in z with the lowest kept logit when the next float below \
+         * that key has a smaller z; the sum over the gathered z then is the row scan's.  \
+         * Otherwise (rare: adjacent logits, t != 1) the sum runs over the row. */         \
+        int gathered_hold_the_kept = count >= 0 &&                                         \
+            (temperature == (T)1 ||                                                        \
+             !(specdec_value_##SUFFIX(top_k_key - 1) / temperature >= cutoff));            \
+        if (gathered_hold_the_kept) {                                                      \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                candidates[i] = candidates[i] / temperature;                               \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions,    \
+                                                                 count, z_max, cutoff);    \
+        } else {                                                                           \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff);             \
+        }                                                                                  \
     }
 
 SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_kept_sum_f)

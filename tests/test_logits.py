@@ -818,3 +818,21 @@ def test_survivor_comparison_sees_a_different_law(vector: Logits, few_candidates
     assert vector.row_law(row, 0.9, 50, 1.0, 0.0).fields() != (
         few_candidates.row_law(row, 0.9, 49, 1.0, 0.0).fields()
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_llama_cpp_gathered_survivors_see_ties_at_the_temperature(
+    vector: Logits, few_candidates: Logits, dtype: type
+) -> None:
+    """Top-k's gathered survivors miss a token below them whose z ties with the lowest kept
+    one at the temperature: the kept sum then runs over the row, and gives the bits of the
+    row scans."""
+    temperature = 3.0
+    rng = np.random.default_rng(3)
+    row = (rng.standard_normal(4000) - 6.0).astype(dtype)
+    row[[100, 2000]] = _colliding_logits(dtype, temperature)
+    law = vector.row_law(row, temperature, 1, 1.0, 0.0, "llama.cpp")
+    assert np.flatnonzero(_kernel_kept(row, temperature, law)).tolist() == [100, 2000]
+    scanned = few_candidates.row_law(row, temperature, 1, 1.0, 0.0, "llama.cpp")
+    assert law.fields() == scanned.fields()
+    _check_row(vector, row, temperature, 1, 1.0, 0.0, "llama.cpp")

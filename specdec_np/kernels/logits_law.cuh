@@ -209,8 +209,9 @@ __device__ void llama_cpp_law(const T* row, long long vocab, T temperature, T z_
     const T l_max = temperature == one ? z_max : extreme_logit(row, vocab, false, Key(0), s);
     Key floor_key = 1;  // NaN (key 0) is never kept
     if (top_k > 0 && top_k < vocab) {
-        floor_key = select_key(row, vocab, one, l_max, Key(1), false, static_cast<double>(top_k),
-                               s);
+        const Key k_key = select_key(row, vocab, one, l_max, Key(1), false,
+                                     static_cast<double>(top_k), s);
+        floor_key = k_key > floor_key ? k_key : floor_key;  // 0: too few entries, all kept
     }
     if (top_p < 1.0) {
         const Key p_key = select_key(row, vocab, one, l_max, floor_key, true, top_p, s);
