@@ -666,7 +666,7 @@ class _CoreLikeKernels:
         residual rows per request, not per thread) whenever a walk is stochastic, and with
         ``sampling`` (logits rows) ``scratch`` must be ``[B, 2 V]`` in the rows' dtype (one
         processed target and draft row per request).  Offsets are used as given, clamped on
-        the device to the arrays (and ``N_b`` to the uniform width); a walk deeper than
+        the device to the arrays (and ``N_b`` to the uniforms); a walk deeper than
         ``accepted_nodes`` reports ``1 + node`` in ``row_status``.
 
         Raises
@@ -694,9 +694,7 @@ class _CoreLikeKernels:
             _guard(request_methods, "request_methods", ("int8",), (batch,))
         stochastic = tree_method.stochastic or request_methods is not None
         if stochastic:
-            _guard(uniforms, "uniforms", ("float64",), (batch, None))
-            if int(uniforms.shape[1]) < 1:
-                raise ValueError("uniforms: expected at least one column, found 0")
+            _guard(uniforms, "uniforms", ("float64",), (num_nodes + batch,))
             if working is None:
                 raise ValueError("working: expected float64 [B, 2 V] for a stochastic walk")
             _guard(working, "working", ("float64",), (batch, 2 * vocab))
@@ -715,7 +713,7 @@ class _CoreLikeKernels:
             "tree_parents": tree_parents,
             "node_offsets": node_offsets,
             "uniforms": uniforms if stochastic else None,
-            "uniform_width": np.int64(uniforms.shape[1] if stochastic else 0),
+            "uniform_count": np.int64(uniforms.shape[0] if stochastic else 0),
             "request_methods": request_methods,
             "method": np.int64(method),
             "batch": np.int64(batch),

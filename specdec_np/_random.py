@@ -83,6 +83,44 @@ class CounterStream:
         self.state += rows
         return counter_uniforms(seeds, positions, width, xp=xp)
 
+    def random_rows(self, widths: np.ndarray) -> Any:
+        """The next ``len(widths)`` rows of the stream, row ``i`` cut to its first
+        ``widths[i]`` entries, concatenated: float64 ``[sum(widths)]``."""
+        seeds = np.full(widths.size, self._key, dtype=np.uint64)
+        positions = np.arange(self.state, self.state + widths.size, dtype=np.uint64)
+        self.state += int(widths.size)
+        return _counter_rows_flat(self._xp, seeds, positions, widths)
+
+
+def _counter_rows_flat(
+    xp: Any, seeds: np.ndarray, positions: np.ndarray, widths: np.ndarray
+) -> Any:
+    """``counter_uniforms`` of each ``(seeds[i], positions[i])`` cut to ``widths[i]``
+    draws, concatenated row by row (float64 ``[sum(widths)]``).
+
+    A row's draws do not depend on how many are asked for, so rows of one width are made
+    together and no ``rows x max(widths)`` block is ever allocated.
+    """
+    result = xp.empty(int(widths.sum()), dtype=xp.float64)
+    starts = np.cumsum(widths) - widths
+    for width in np.unique(widths[widths > 0]):
+        rows = np.flatnonzero(widths == width)
+        block = counter_uniforms(
+            xp.asarray(seeds[rows]), xp.asarray(positions[rows]), int(width), xp=xp
+        )
+        places = starts[rows][:, None] + np.arange(int(width))[None, :]
+        result[xp.asarray(places.ravel())] = block.ravel()
+    return result
+
+
+def _slot_positions(offsets: np.ndarray, widths: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The flat positions of the leading ``widths[b]`` slots of each row ``b`` with
+    ``rows[b]`` (row ``b``'s slots start at ``offsets[b]``), row by row."""
+    counts = np.where(rows, widths, 0)
+    starts = np.repeat(offsets[:-1], counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + within
+
 
 class OwnGenerator:
     """A sampler's own source of uniforms, on any device.
@@ -176,6 +214,11 @@ class DrawLog:
             self._draws.append(_Draw(generator, size, generator.state))
         return generator.random(size)
 
+    def record_counter_rows(self, stream: CounterStream, rows: int) -> None:
+        """Log that ``rows`` rows of ``stream`` are about to be taken (by
+        :meth:`CounterStream.random_rows`, whose rows may differ in width)."""
+        self._draws.append(_Draw(stream, (rows, 0), stream.state))
+
     def undo(self) -> None:
         """Put back every logged draw that nothing else drew around, newest first."""
         while self._draws:
@@ -241,6 +284,12 @@ class RejectionUniforms:
         Draws per row, at most ``k + 1`` (a ragged batch: ``k_b + 2`` for a sampled
         request, 0 for a greedy one).  A row's source is consumed by exactly that many
         draws; the columns past them are left undefined.  None: every row ``k + 1``.
+    row_offsets : int64 numpy array [B + 1], optional
+        Lay the drawn uniforms out flat, in memory proportional to the batch rather than
+        to ``B x (k + 1)`` (a tree batch: ``node_offsets[b] + b``): :meth:`draw` returns
+        float64 ``[row_offsets[B]]`` with row ``b``'s draws from ``row_offsets[b]`` on.
+        Requires ``row_widths`` (each at most the row's slots).  Explicit ``uniforms``
+        keep their ``[B, k + 1]`` form and are compacted into the flat copy.
     """
 
     def __init__(
@@ -256,9 +305,11 @@ class RejectionUniforms:
         generator_for: Any = None,
         device: Any = None,
         row_widths: Any = None,
+        row_offsets: Any = None,
     ) -> None:
         self._shape = (batch_size, k + 1)
         self._row_widths = row_widths
+        self._row_offsets = row_offsets
         # A batch of greedy requests draws nothing: draw() and snapshot() then skip the
         # sources altogether (they are still checked below).
         self._draws_nothing = row_widths is not None and not np.count_nonzero(row_widths)
@@ -320,7 +371,10 @@ class RejectionUniforms:
         self._log.undo()
 
     def draw(self) -> Any:
-        """The float64 ``[B, k+1]`` uniforms (explicit, or drawn from the sources)."""
+        """The float64 ``[B, k+1]`` uniforms (explicit, or drawn from the sources); flat
+        ``[row_offsets[B]]`` when the constructor was given ``row_offsets``."""
+        if self._row_offsets is not None:
+            return self._draw_flat()
         log = self._log
         if self._explicit is not None:
             return self._explicit
@@ -363,6 +417,49 @@ class RejectionUniforms:
             result[self._counter_rows] = counter_uniforms(
                 xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp
             )
+        return result
+
+    def _draw_flat(self) -> Any:
+        """:meth:`draw` for the flat layout: the same draws from the same sources, in the
+        same order, as the ``[B, k + 1]`` layout, placed at the rows' offsets."""
+        xp, log = self._xp, self._log
+        offsets, widths = self._row_offsets, self._row_widths
+        batch_size = self._shape[0]
+        result = xp.empty(int(offsets[-1]), dtype=xp.float64)
+        every_row = np.ones(batch_size, dtype=bool)
+        if self._explicit is not None:
+            explicit = self._explicit
+            used = np.arange(explicit.shape[1])[None, :] < widths[:, None]
+            places = _slot_positions(offsets, widths, every_row)
+            if places.size:
+                result[xp.asarray(places)] = explicit[xp.asarray(used)]
+            return result
+        if self._draws_nothing:
+            return result
+        own = every_row.copy()
+        own[[*self._seeded, *self._counter_rows]] = False
+        drawing = own & (widths > 0)
+        if drawing.any():
+            places = xp.asarray(_slot_positions(offsets, widths, drawing))
+            if isinstance(self._generator, CounterStream):
+                log.record_counter_rows(self._generator, int(drawing.sum()))
+                result[places] = self._generator.random_rows(widths[drawing])
+            else:
+                result[places] = xp.asarray(log.random(self._generator, int(places.size)))
+        for row, row_generator in self._seeded.items():
+            row_width = int(widths[row])
+            if row_width:
+                start = int(offsets[row])
+                values = log.random(row_generator, row_width)
+                result[start : start + row_width] = xp.asarray(values)
+        if self._counter_rows:
+            rows = np.asarray(self._counter_rows)
+            counted = np.zeros(batch_size, dtype=bool)
+            counted[rows] = True
+            places = _slot_positions(offsets, widths, counted)
+            if places.size:
+                values = _counter_rows_flat(xp, self._seeds, self._positions, widths[rows])
+                result[xp.asarray(places)] = values
         return result
 
 

@@ -723,11 +723,7 @@ def tree_batch(
     """
     target = _backend.intake(target_rows, target_name)
     ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
-    drafts = (
-        _backend.intake(draft_rows, draft_name, like=target)
-        if reads_draft_probs and draft_rows is not None
-        else None
-    )
+    drafts = _backend.intake_if_read(draft_rows, draft_name, reads_draft_probs, like=target)
     device = _backend.check_one_device(
         {target_name: target, "draft_token_ids": ids, draft_name: drafts}
     )
@@ -913,6 +909,9 @@ def verify_tree(
         seeded_seqs=seeded_seqs,
         counter_seeds=counter_seeds,
         row_widths=np.where(sampling.greedy, 0, layout.num_nodes + 1),
+        # Flat: request b's N_b + 1 uniforms from node_offsets[b] + b on, so that one big
+        # tree in a batch of small ones costs its own size, not B times it.
+        row_offsets=layout.node_offsets + np.arange(layout.batch_size + 1),
     )
     if out is None:
         block = _contract.allocate_tree_output_block(

@@ -58,7 +58,7 @@ def tree_arguments(
     arguments = (
         method, target, target, True, np.array([1, 2, 3, 4], np.int64),
         np.array([-1, 0, -1, 0], np.int64), np.array([0, 2, 4], np.int64),
-        np.full((2, 3), 0.5), np.full((2, 2), -7, np.int64), np.full((2, 3), -7, np.int64),
+        np.full(6, 0.5), np.full((2, 2), -7, np.int64), np.full((2, 3), -7, np.int64),
         np.full(2, -7, np.int64), np.full(2, -7, np.int64), 1,
     )
     return arguments, {"request_methods": request_methods, "working": np.zeros((1, 2 * V))}

@@ -547,7 +547,7 @@ _KERNEL_SIGNATURES = {
     "verify_trees_kernel": (
         "const P* target_rows, const P* draft_rows, const I* draft_token_ids, "
         "const long long* tree_parents, const long long* node_offsets, const double* uniforms, "
-        "long long uniform_width, const signed char* request_methods, long long method, "
+        "long long uniform_count, const signed char* request_methods, long long method, "
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
         "long long* accepted_lengths, long long* row_status, const double* sampling, "
@@ -1576,6 +1576,7 @@ SPECDEC_LAW_ENTRY(d, double)
 
 # The same probe of specdec_np/_logits.h, built as the CPU kernels are (C11).
 _CPU_LAW_PROBE = r"""
+#include <stdlib.h>
 #include "_logits.h"
 
 #define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
@@ -1585,8 +1586,10 @@ _CPU_LAW_PROBE = r"""
         for (long long r = 0; r < count; ++r) {                                            \
             const double *s = sampling + 5 * r;                                            \
             specdec_row_law law;                                                           \
+            specdec_law_scratch *scratch = malloc(sizeof *scratch);                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
-                                     s[3], (int)s[4], &law);                               \
+                                     s[3], (int)s[4], scratch, &law);                      \
+            free(scratch);                                                                 \
             double *out = laws + 5 * r;                                                    \
             out[0] = law.z_max;                                                            \
             out[1] = law.cutoff;                                                           \
@@ -1746,6 +1749,12 @@ class Trees:
             np.full(self.batch, -7, np.int64),
         ]
 
+    def flat_uniforms(self) -> np.ndarray:
+        """The uniforms as the drivers read them: request b's N_b + 1 from offsets[b] + b."""
+        counts = np.diff(self.offsets) + 1
+        rows = [self.uniforms[b, : counts[b]] for b in range(self.batch)]
+        return np.concatenate(rows) if rows else np.zeros(0)
+
     def request(self, b: int, uniforms: np.ndarray | None = None) -> Trees:
         """Request b alone (with other uniforms if given)."""
         start, stop = int(self.offsets[b]), int(self.offsets[b + 1])
@@ -1862,7 +1871,7 @@ def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
         options["draft_logits"] = c.draft_logits
     core.verify_trees(
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
-        c.parents, c.offsets, c.uniforms, *out, 1,
+        c.parents, c.offsets, c.flat_uniforms(), *out, 1,
         working=np.empty((1, 2 * vocab)), **options,
     )  # fmt: skip
     return out
@@ -1877,9 +1886,10 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
     rows = np.full((c.batch, 2 * vocab), np.nan) if working else None
     scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
     name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
+    uniforms = c.flat_uniforms()
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.parents), _ptr(c.offsets),
-        _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(c.methods),
+        _ptr(uniforms), ctypes.c_longlong(uniforms.shape[0]), _ptr(c.methods),
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
         *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch), *c.row_forms(),
@@ -2044,7 +2054,7 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
         "draft_token_ids": wrap(c.ids),
         "tree_parents": wrap(c.parents),
         "node_offsets": wrap(c.offsets),
-        "uniforms": wrap(c.uniforms),
+        "uniforms": wrap(c.flat_uniforms()),
         "accepted_nodes": out[0],
         "output": out[1],
         "accepted_lengths": out[2],
@@ -2168,13 +2178,13 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
     with pytest.raises(TypeError, match="tree_parents: expected dtype"):
         _launch_trees(c, rrs, tree_parents=wrap(c.parents.astype(np.int32)))
     with pytest.raises(ValueError, match="uniforms on device 1"):
-        _launch_trees(c, rrs, uniforms=fake_cupy.ndarray(c.uniforms, 1))
+        _launch_trees(c, rrs, uniforms=fake_cupy.ndarray(c.flat_uniforms(), 1))
     with pytest.raises(ValueError, match="output: expected shape"):
         _launch_trees(c, rrs, output=wrap(np.zeros((c.batch, c.depth + 2), np.int64)))
     assert not fake_cupy.launches
     greedy = registry.get_tree_method("greedy").code
     with np.errstate(all="ignore"):
-        mine = _launch_trees(c, greedy, uniforms=wrap(np.empty((0, 0))), working=None)
+        mine = _launch_trees(c, greedy, uniforms=wrap(np.empty(0)), working=None)
         cpu = _run_trees_cpu(core, greedy, c)
     for a, b in zip(mine, cpu):
         np.testing.assert_array_equal(a, b)

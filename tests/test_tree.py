@@ -698,7 +698,7 @@ def test_the_driver_refuses_inconsistent_arguments():
             *common,
             np.array([-1, 1]),
             np.array([0, 2]),
-            np.full((1, 3), 0.5),
+            np.full(3, 0.5),
             *outputs,
             1,
             working=working,
@@ -709,7 +709,7 @@ def test_the_driver_refuses_inconsistent_arguments():
             *common,
             np.array([-1, 0]),
             np.array([0, 2]),
-            np.full((1, 3), 0.5),
+            np.full(3, 0.5),
             np.empty((1, 1), np.int64),
             np.empty((1, 2), np.int64),
             *outputs[2:],
@@ -718,7 +718,7 @@ def test_the_driver_refuses_inconsistent_arguments():
         )
     with pytest.raises(ValueError, match="working"):
         _core.verify_trees(
-            1, *common, np.array([-1, 0]), np.array([0, 2]), np.full((1, 3), 0.5), *outputs, 1
+            1, *common, np.array([-1, 0]), np.array([0, 2]), np.full(3, 0.5), *outputs, 1
         )
     with pytest.raises(ValueError, match="uniforms"):
         _core.verify_trees(
@@ -726,7 +726,7 @@ def test_the_driver_refuses_inconsistent_arguments():
             *common,
             np.array([-1, 0]),
             np.array([0, 2]),
-            np.full((1, 2), 0.5),
+            np.full(2, 0.5),
             *outputs,
             1,
             working=working,
@@ -740,7 +740,7 @@ def test_the_driver_refuses_inconsistent_arguments():
         bad_ids,
         np.array([-1, 0]),
         np.array([0, 2]),
-        np.full((1, 3), 0.5),
+        np.full(3, 0.5),
         *outputs,
         1,
         working=working,

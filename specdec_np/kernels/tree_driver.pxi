@@ -91,8 +91,8 @@ cdef int64_t walk_tree(
     int method, const probability_t* target, const probability_t* draft,
     const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t V,
     const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
-    double* working, Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out,
-    int64_t* length
+    specdec_law_scratch* law_scratch, double* working, Py_ssize_t depth_width,
+    int64_t* nodes_out, int64_t* tokens_out, int64_t* length
 ) noexcept nogil:
     """One request's walk with the tree step bound to code ``method``: id check, steps
     from the root, output rows; a row status."""
@@ -103,7 +103,12 @@ cdef int64_t walk_tree(
     cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
     if bad >= 0:
         return 1 + bad
-    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch)
+    if sampling != NULL and law_scratch == NULL:
+        return SPECDEC_STATUS_NO_MEMORY
+    init_request(
+        request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch,
+        law_scratch,
+    )
     if not bound_tree_steps[method].reads_draft_rows:
         draft = NULL
     while True:
@@ -138,7 +143,7 @@ def verify_trees(
     const token_id_t[::1] draft_token_ids,
     const int64_t[::1] tree_parents,
     const int64_t[::1] node_offsets,
-    const double[:, ::1] uniforms,
+    const double[::1] uniforms,
     int64_t[:, ::1] accepted_nodes,
     int64_t[:, ::1] output,
     int64_t[::1] accepted_lengths,
@@ -170,9 +175,10 @@ def verify_trees(
         Parent of each node within its request (``-1``: the root), below the node's index.
     node_offsets : int64 [B + 1]
         ``0 = node_offsets[0] <= ... <= node_offsets[B] = N``.
-    uniforms : float64 [B, W]
-        Request ``b`` reads column ``j`` for node ``j``'s test and column ``N_b`` for the
-        final token; ``W >= max N_b + 1`` when a code in use reads uniforms, else any.
+    uniforms : float64 [N + B]
+        Flat: request ``b``'s ``N_b + 1`` uniforms start at ``node_offsets[b] + b``; it
+        reads entry ``j`` for node ``j``'s test and entry ``N_b`` for the final token.
+        Any length when no code in use reads uniforms.
     accepted_nodes : int64 [B, D]
         ``D`` at least the deepest node of the batch; written ``-1`` padded.
     output : int64 [B, D + 1]
@@ -225,6 +231,7 @@ def verify_trees(
         DRAFT_LOGITS if draft_logits else 0
     )
     cdef probability_t* scratch_base = NULL
+    cdef specdec_law_scratch* law_scratch = NULL
     cdef double* working_base = NULL
     require(B >= 0, "node_offsets must have B + 1 entries")
     require_tree_step_code(method)
@@ -259,10 +266,7 @@ def verify_trees(
             request_method = request_methods[b]
             require_tree_step_code(request_method)
             stochastic = stochastic or bound_tree_steps[request_method].reads_uniforms
-    require(
-        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_nodes + 1),
-        "uniforms must be [B, >= max N_b + 1]",
-    )
+    require(not stochastic or uniforms.shape[0] == N + B, "uniforms must be [N + B]")
     require(
         not stochastic or (
             working is not None and working.shape[0] >= threads and working.shape[1] == 2 * V
@@ -285,26 +289,27 @@ def verify_trees(
     draft_base = NULL if point_mass_drafts or N == 0 else &draft_rows[0, 0]
     ids_base = &draft_token_ids[0] if N > 0 else NULL
     parents_base = &tree_parents[0] if N > 0 else NULL
-    uniform_base = &uniforms[0, 0] if stochastic else NULL
-    for b in prange(
-        B, nogil=True, num_threads=num_threads, schedule="dynamic",
-        use_threads_if=num_threads > 1,
-    ):
-        start = node_offsets[b]
-        thread = threadid()
-        request_method = request_methods[b] if per_request else method
-        row_status[b] = walk_tree(
-            request_method,
-            &target_rows[start + b, 0],
-            NULL if draft_base == NULL else draft_base + start * V,
-            ids_base + start if ids_base != NULL else ids_base,
-            parents_base + start if parents_base != NULL else parents_base,
-            node_offsets[b + 1] - start, V,
-            NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-            NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
-            NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
-            NULL if working_base == NULL else working_base + thread * 2 * V,
-            D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
-            &accepted_lengths[b],
-        )
+    uniform_base = &uniforms[0] if stochastic else NULL
+    # Each thread of the team allocates its law scratch once for the call.
+    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
+        law_scratch = new_law_scratch(sampling_base != NULL)
+        for b in prange(B, schedule="dynamic"):
+            start = node_offsets[b]
+            thread = threadid()
+            request_method = request_methods[b] if per_request else method
+            row_status[b] = walk_tree(
+                request_method,
+                &target_rows[start + b, 0],
+                NULL if draft_base == NULL else draft_base + start * V,
+                ids_base + start if ids_base != NULL else ids_base,
+                parents_base + start if parents_base != NULL else parents_base,
+                node_offsets[b + 1] - start, V,
+                NULL if uniform_base == NULL else uniform_base + start + b,
+                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
+                NULL if working_base == NULL else working_base + thread * 2 * V,
+                D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+                &accepted_lengths[b],
+            )
+        free(law_scratch)
     return first_failed_row(row_status)

@@ -7,7 +7,8 @@
 
 // Tree verification with the arguments of specdec_np._core.verify_trees:
 // target_rows [N + B, V], draft_rows [N, V] or nullptr (point-mass candidates),
-// draft_token_ids and tree_parents [N], node_offsets [B + 1], uniforms [B, uniform_width],
+// draft_token_ids and tree_parents [N], node_offsets [B + 1], uniforms [uniform_count]
+// (flat: request b's N_b + 1 from node_offsets[b] + b on; uniform_count = N + B),
 // request_methods [B] or nullptr (then every request walks `method`; both registry tree
 // method codes), working [B, 2 V] (a
 // request's residual rows; nullptr when no request walks stochastically); outputs
@@ -27,7 +28,7 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
                     const IdT* __restrict__ draft_token_ids,
                     const long long* __restrict__ tree_parents,
                     const long long* __restrict__ node_offsets,
-                    const double* __restrict__ uniforms, long long uniform_width,
+                    const double* __restrict__ uniforms, long long uniform_count,
                     const signed char* __restrict__ request_methods, long long method,
                     long long batch, long long num_nodes, long long vocab, long long depth_width,
                     double* __restrict__ working, long long* __restrict__ accepted_nodes,
@@ -44,7 +45,7 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
     const bool known = walk >= 0 && walk < specdec::kTreeMethods;
     const bool stochastic = known && specdec::kWalkReadsUniforms[walk];
     if (!known ||
-        (stochastic && (working == nullptr || uniforms == nullptr || uniform_width < 1))) {
+        (stochastic && (working == nullptr || uniforms == nullptr || uniform_count < 1))) {
         if (t == 0) row_status[b] = specdec::kStatusBadMethod;
         return;
     }
@@ -52,8 +53,10 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
     // guarantees that inconsistent ones never make a block leave the arrays.
     const long long start = specdec::clamp_ll(node_offsets[b], 0, num_nodes);
     const long long stop = specdec::clamp_ll(node_offsets[b + 1], start, num_nodes);
+    const long long first_uniform = specdec::min_ll(start + b, uniform_count - 1);
     const long long nodes =
-        stochastic ? specdec::min_ll(stop - start, uniform_width - 1) : stop - start;
+        stochastic ? specdec::min_ll(stop - start, uniform_count - 1 - first_uniform)
+                   : stop - start;
     const IdT* ids = draft_token_ids + start;
 
     // Ids first (by node).
@@ -69,7 +72,7 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
             ids,
             0,  // a tree has no bonus id
-            stochastic ? uniforms + b * uniform_width : nullptr,
+            stochastic ? uniforms + first_uniform : nullptr,
             nullptr,  // nor verifier parameters
             nodes,
             vocab,
