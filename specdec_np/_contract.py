@@ -29,9 +29,11 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "ENTROPY_EPSILON",
+    "FILTER_ORDER_CODES",
     "GREEDY_MARGIN",
     "OVERFLOW_EXPONENT",
     "ROW_SUM_TOLERANCE",
+    "SAMPLING_COLUMNS",
     "STATUS_BAD_METHOD",
     "STATUS_NO_MEMORY",
     "STATUS_OK",
@@ -55,6 +57,12 @@ ENTROPY_EPSILON = 1e-5
 #: A residual whose float64 sum overflows to inf is summed and drawn again with every weight
 #: times ``2**OVERFLOW_EXPONENT``: exact for every weight that matters, and unbiased.
 OVERFLOW_EXPONENT = -64
+#: The orders of the sampling filters (docs/semantics.md §12) and the code the kernels
+#: read for each, in the last column of the sampling table.
+FILTER_ORDER_CODES = {"vllm": 0, "llama.cpp": 1}
+#: Columns of the sampling table of logits rows: temperature, top-k, top-p, min-p and the
+#: filter order's code.
+SAMPLING_COLUMNS = 5
 #: Row verified.
 STATUS_OK = 0
 #: The request's method code names no registry entry (CUDA kernels only): below every
@@ -71,6 +79,7 @@ def compile_time_macros() -> list[tuple[str, str]]:
         ("SPECDEC_GREEDY_MARGIN", repr(GREEDY_MARGIN)),
         ("SPECDEC_ENTROPY_EPSILON", repr(ENTROPY_EPSILON)),
         ("SPECDEC_OVERFLOW_EXPONENT", repr(OVERFLOW_EXPONENT)),
+        ("SPECDEC_FILTER_ORDER_LLAMA_CPP", str(FILTER_ORDER_CODES["llama.cpp"])),
         # Written so that no C compiler sees an out-of-range literal.
         ("SPECDEC_STATUS_NO_MEMORY", f"({STATUS_NO_MEMORY}LL)"),
     ]

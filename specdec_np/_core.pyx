@@ -97,11 +97,11 @@ cdef extern from "_logits.h" nogil:
         pass
     void specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
-        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, int filter_order, specdec_law_scratch* scratch, specdec_row_law* law,
     )
     void specdec_row_law_d(
         const double* logits, Py_ssize_t V, double temperature, int64_t top_k, double top_p,
-        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, int filter_order, specdec_law_scratch* scratch, specdec_row_law* law,
     )
     double specdec_law_probability_f(
         const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
@@ -192,6 +192,7 @@ cdef struct Request:
     int64_t top_k
     double top_p
     double min_p
+    int filter_order
     void* target_scratch
     void* draft_scratch
     specdec_law_scratch* law_scratch

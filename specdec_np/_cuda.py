@@ -418,11 +418,11 @@ def _guard_outputs(batch: int, width: int | None, buffers: tuple[Any, Any, Any, 
 
 
 def _guard_sampling(batch: int, vocab: int, dtype: Any, sampling: Any, scratch: Any) -> None:
-    """With logits rows, ``sampling`` is float64 ``[B, 4]`` and ``scratch`` the rows' dtype
+    """With logits rows, ``sampling`` is float64 ``[B, 5]`` and ``scratch`` the rows' dtype
     ``[B, 2 V]`` (a request's processed target and draft row)."""
     if sampling is None:
         return
-    _guard(sampling, "sampling", ("float64",), (batch, 4))
+    _guard(sampling, "sampling", ("float64",), (batch, _contract.SAMPLING_COLUMNS))
     if scratch is None:
         raise ValueError("scratch: expected a [B, 2 V] array with sampling, found None")
     _guard(scratch, "scratch", (np.dtype(dtype).name,), (batch, 2 * vocab))
@@ -626,7 +626,7 @@ class _CoreLikeKernels:
         vocab = int(logits.shape[1])
         if vocab < 1:
             raise ValueError("logits: expected a non-empty vocabulary, found V = 0")
-        _guard(sampling, "sampling", ("float64",), (rows, 4))
+        _guard(sampling, "sampling", ("float64",), (rows, _contract.SAMPLING_COLUMNS))
         _guard(out, "out", (np.dtype(logits.dtype).name,), (rows, vocab))
         if rows == 0:
             return

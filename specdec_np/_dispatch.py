@@ -244,7 +244,7 @@ def working_rows(device: int | None, threads: int, batch_size: int) -> int:
 
 
 def sampling_options(batch: Any, threads: int, table: Any) -> dict[str, Any]:
-    """The kernel options of logits rows: the ``[B, 4]`` sampling table and the scratch
+    """The kernel options of logits rows: the ``[B, 5]`` sampling table and the scratch
     rows of the processed target and draft row; empty for probability rows."""
     if table is None:
         return {}

@@ -18,8 +18,12 @@
  * stored value, the min-p bisection, the radix select's decisions) is _elementwise.h's,
  * which the CUDA kernels compute too; this header adds how the CPU visits and sums a row.
  *
+ * filter_order SPECDEC_FILTER_ORDER_LLAMA_CPP (the contract's code) filters at temperature 1
+ * in llama.cpp's order instead (specdec_llama_cpp_law below); any other code is this order.
+ *
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
- * tests can show that they catch them: 1 = top-p drops the tie group at its boundary.
+ * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
+ * 2 = llama.cpp's top-p weighs only what min-p keeps too.
  */
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
@@ -398,6 +402,114 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #endif
 
+/* ---- llama.cpp's filter order ---------------------------------------------------------- */
+
+#ifndef SPECDEC_FILTER_ORDER_LLAMA_CPP
+#error "the kernel contract's macros must be defined first (setup.py, _cuda's prelude)"
+#endif
+
+/* The cutoff and normaliser of a row law in llama.cpp's order (docs/semantics.md §12), for
+ * a row with mass and a finite maximum z_max (normaliser: the online pass's).  The filters
+ * read the logits l at temperature 1, with w1 = exp(l - max l): top-k keeps l >= the K-th
+ * largest l (ties kept), top-p keeps, of what top-k kept, the smallest most probable set
+ * whose w1 reaches top_p of top-k's, with the tie group of the token that reaches it, and
+ * min-p keeps w1 >= min_p (max l is the maximum of the row and of every kept set).  Each
+ * keeps an upper set in l: S1 = {y : key(l(y)) >= floor_key}.  At the temperature the law
+ * keeps {y : z(y) >= z of S1's lowest logit}: S1, and a token whose z rounds to that z
+ * (ties at the temperature are kept, as everywhere in the law). */
+#define SPECDEC_DEFINE_LLAMA_CPP_LAW(SUFFIX, T, KEY_T, KEPT_SUM)                            \
+    static void specdec_llama_cpp_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
+                                               T z_max, double normaliser, int64_t top_k,  \
+                                               double top_p, double min_p,                 \
+                                               specdec_law_scratch *scratch,               \
+                                               specdec_row_law *law)                       \
+    {                                                                                      \
+        KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
+        /* Top-k's survivors, gathered (count >= 0) when they fit: they hold the row's     \
+         * maximum and every token a later filter keeps, and every other logit is below    \
+         * the smallest of them. */                                                        \
+        T *candidates = scratch->candidates.SUFFIX;                                        \
+        ptrdiff_t *positions = scratch->positions;                                         \
+        double *histogram = scratch->histogram;                                            \
+        ptrdiff_t count = -1;                                                              \
+        if (top_k > 0 && top_k < (int64_t)V) {                                             \
+            /* Counting selects read no weight: z_max stands in for max l. */              \
+            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, candidates,  \
+                                                positions, histogram);                     \
+            KEY_T k_key = count >= 0                                                       \
+                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
+                                                        (double)top_k, histogram)          \
+                              : specdec_select_##SUFFIX(logits, V, (T)1, z_max, 1, 0,       \
+                                                        (double)top_k, histogram);         \
+            /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
+            floor_key = k_key > floor_key ? k_key : floor_key;                             \
+            if (count >= 0)                                                                \
+                count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);  \
+        }                                                                                  \
+        const KEY_T top_k_key = floor_key;                                                 \
+        /* l / 1 is l, so at temperature 1 the largest logit is z_max. */                  \
+        const T *scanned = count >= 0 ? candidates : logits;                               \
+        const ptrdiff_t scanned_count = count >= 0 ? count : V;                            \
+        T l_max = z_max;                                                                   \
+        if (temperature != (T)1) {                                                         \
+            l_max = (T)-INFINITY;                                                          \
+            for (ptrdiff_t i = 0; i < scanned_count; ++i)                                  \
+                l_max = scanned[i] > l_max ? scanned[i] : l_max;                           \
+        }                                                                                  \
+        if (top_p < 1.0) {                                                                 \
+            /* Over top-k's set alone: llama.cpp runs min-p after top-p. */                \
+            KEY_T p_floor = floor_key;                                                     \
+            if (SPECDEC_LOGITS_MUTATION == 2 && min_p > 0.0) {                             \
+                /* wrong on purpose: top-p's mass over min-p's set too (vLLM's order) */   \
+                KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                  \
+                p_floor = m_key > p_floor ? m_key : p_floor;                               \
+            }                                                                              \
+            KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
+                                                  p_floor, 1, top_p, histogram);           \
+            floor_key = p_key > floor_key ? p_key : floor_key;                             \
+        }                                                                                  \
+        int min_p_decides = 0;                                                             \
+        if (min_p > 0.0) {                                                                 \
+            KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                      \
+            min_p_decides = m_key > floor_key;                                             \
+            floor_key = min_p_decides ? m_key : floor_key;                                 \
+        }                                                                                  \
+        if (floor_key <= 1) {                                                              \
+            law->cutoff = -INFINITY;                                                       \
+            law->normaliser = normaliser;                                                  \
+            return;                                                                        \
+        }                                                                                  \
+        /* Top-k's and top-p's keys are those of entries; min-p's bisection key need not   \
+         * be, and at another temperature the lowest kept logit itself is needed. */       \
+        T lowest = specdec_value_##SUFFIX(floor_key);                                      \
+        if (min_p_decides && temperature != (T)1) {                                        \
+            lowest = (T)INFINITY;                                                          \
+            for (ptrdiff_t i = 0; i < scanned_count; ++i)                                  \
+                if (specdec_key_##SUFFIX(scanned[i]) >= floor_key && scanned[i] < lowest)   \
+                    lowest = scanned[i];                                                   \
+        }                                                                                  \
+        T cutoff = lowest / temperature;                                                   \
+        law->cutoff = (double)cutoff;                                                      \
+        /* A token outside the gathered ones is below the smallest of them (top-k's key), \
+         * so none of them ties in z with the lowest kept logit when the next float below \
+         * that key has a smaller z; the sum over the gathered z then is the row scan's.  \
+         * Otherwise (rare: adjacent logits, t != 1) the sum runs over the row. */         \
+        int gathered_hold_the_kept = count >= 0 &&                                         \
+            (temperature == (T)1 ||                                                        \
+             !(specdec_value_##SUFFIX(top_k_key - 1) / temperature >= cutoff));            \
+        if (gathered_hold_the_kept) {                                                      \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                candidates[i] = candidates[i] / temperature;                               \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions,    \
+                                                                 count, z_max, cutoff);    \
+        } else {                                                                           \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff);             \
+        }                                                                                  \
+    }
+
+SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_kept_sum_f)
+SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
+
 /* ---- public entry points ------------------------------------------------------------------ */
 
 /* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
@@ -405,7 +517,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 #define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
     static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          int64_t top_k, double top_p, double min_p,        \
-                                         specdec_law_scratch *scratch, specdec_row_law *law) \
+                                         int filter_order, specdec_law_scratch *scratch,  \
+                                         specdec_row_law *law)                             \
     {                                                                                      \
         T z_max;                                                                           \
         double normaliser;                                                                 \
@@ -423,6 +536,11 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             law->status = 1;                                                               \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = 0.0;                                                         \
+            return;                                                                        \
+        }                                                                                  \
+        if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {                              \
+            specdec_llama_cpp_law_##SUFFIX(logits, V, temperature, z_max, normaliser, top_k, \
+                                           top_p, min_p, scratch, law);                    \
             return;                                                                        \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \

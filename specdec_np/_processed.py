@@ -41,8 +41,10 @@ def processed_probs(
         As in :func:`specdec_np.verify_ragged`; None is off.  A row with temperature 0 is
         greedy: its law is the point mass at the argmax of the raw row (first index on
         ties, NaN never wins).
-    filter_order : {"vllm"}
-        The order of the filters (``docs/semantics.md`` §12).
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters: ``"vllm"`` filters ``logits / temperature``;
+        ``"llama.cpp"`` runs top-k, top-p and min-p on the logits at temperature 1 and
+        applies the temperature to what they keep (``docs/semantics.md`` §12).
     out : array [N, V] of the result's dtype, optional
         Written and returned.
 
@@ -75,7 +77,7 @@ def processed_probs(
         min_p=min_p, from_logits=True, row_dtype=rows.dtype,
     )
     greedy = _sampling.greedy_requests(sampling, False, batch_size)
-    table = _sampling.sampling_table(sampling, greedy, batch_size)
+    table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
     device = _backend.device_of(rows)
@@ -137,7 +139,8 @@ def sample_tokens(
         taken as processed.
     temperature, top_k, top_p, min_p : scalar or array [N], optional
         As in :func:`specdec_np.verify_ragged`.
-    filter_order : {"vllm"}
+    filter_order : {"vllm", "llama.cpp"}
+        As in :func:`processed_probs`.
     uniforms : float64 [N], optional
         Explicit uniforms in ``[0, 1)``: row ``i``'s token is the inverse-CDF draw at
         ``uniforms[i]``.
@@ -204,5 +207,6 @@ def sample_tokens(
         strict_mode=False,
         out=None,
         method_parameters={},
+        filter_order=filter_order,
     )
     return result.output_token_ids[:, 0]

@@ -115,6 +115,7 @@ def verify_ragged(
     top_k: Any = None,
     top_p: Any = None,
     min_p: Any = None,
+    filter_order: str = "vllm",
     bonus_token_ids: Any = None,
     uniforms: Any = None,
     generator: Any = None,
@@ -156,6 +157,11 @@ def verify_ragged(
     top_k, top_p, min_p : scalar or array [B], optional
         Sampling filters of logits rows (``top_k`` 0 or >= V, ``top_p`` 1 and ``min_p``
         0 are off); a ValueError with probabilities, which are taken as processed.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters: ``"vllm"`` filters ``logits / temperature``;
+        ``"llama.cpp"`` runs top-k, top-p and min-p on the logits at temperature 1 (as
+        llama.cpp's sampler chain does) and applies the temperature to what they keep
+        (``docs/semantics.md`` §12).
     bonus_token_ids : int [B], optional
         None: a request whose drafts are all accepted draws its bonus token from its
         processed bonus row (the argmax for a greedy request), reading that row only then.
@@ -204,6 +210,7 @@ def verify_ragged(
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
+        filter_order=filter_order,
         bonus_token_ids=bonus_token_ids,
         uniforms=uniforms,
         generator=generator,
@@ -238,6 +245,7 @@ def run_ragged(
     method_parameters: Mapping[str, Any],
     generator_for: Callable[[Any], Any] | None = None,
     on_success: Callable[[Any, Any, Any], None] | None = None,
+    filter_order: str = "vllm",
 ) -> _results.VerificationResult:
     """:func:`verify_ragged` with a sampler's hooks: ``generator_for(device)`` gives the
     generator once every argument is checked, and ``on_success(num_draft_tokens,
@@ -261,7 +269,7 @@ def run_ragged(
     sampling = _sampling.request_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows), every_request_greedy=verifier.greedy,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        filter_order=filter_order, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
     )
     counts = batch.draft_counts
     greedy = sampling.greedy

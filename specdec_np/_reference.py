@@ -457,64 +457,108 @@ def fast_expf(x: Any) -> Any:
     return xp.where(keep, result, xp.zeros_like(result))
 
 
+def _top_k_floor(xp: Any, values: Any, top_k: Any) -> Any:
+    """[R, 1]: the ``top_k``-th largest of ``values`` per row (the smallest for 0 or >= V)."""
+    num_rows, vocab_size = values.shape
+    k = xp.astype(top_k, xp.int64)
+    k = xp.where((k <= 0) | (k >= vocab_size), xp.asarray(vocab_size, dtype=xp.int64), k)
+    descending = xp.flip(xp.sort(values, axis=1), axis=1)
+    return xp.take_along_axis(descending, xp.reshape(k - 1, (num_rows, 1)), axis=1)
+
+
+def _top_p_kept(xp: Any, values: Any, w: Any, kept: Any, top_p: Any) -> Any:
+    """bool [R, V]: what top-p keeps of ``kept``, the smallest most probable prefix
+    (``values`` descending, weights ``w``) whose mass reaches ``top_p`` of the kept mass,
+    then the whole tie group of its last token; every entry where ``top_p`` is 1."""
+    num_rows, vocab_size = values.shape
+    top_p_column = xp.reshape(xp.astype(top_p, xp.float64), (num_rows, 1))
+    kept_w = xp.where(kept, w, xp.zeros_like(w))
+    target = top_p_column * xp.sum(kept_w, axis=1, keepdims=True)
+    order = xp.flip(xp.argsort(values, axis=1, stable=True), axis=1)
+    ordered_w = xp.take_along_axis(kept_w, order, axis=1)
+    cumulative = xp.cumulative_sum(ordered_w, axis=1)
+    reached = (cumulative >= target) & (ordered_w > 0.0)
+    first = xp.argmax(xp.astype(reached, xp.int8), axis=1, keepdims=True)
+    # Rounding can leave the full sum a hair short of top_p * total only for top_p within
+    # an ulp of 1; the last token with mass is then the one that reaches it.
+    last_with_mass = (vocab_size - 1) - xp.argmax(
+        xp.astype(xp.flip(ordered_w > 0.0, axis=1), xp.int8), axis=1, keepdims=True
+    )
+    first = xp.where(xp.any(reached, axis=1, keepdims=True), first, last_with_mass)
+    cutoff = xp.take_along_axis(xp.take_along_axis(values, order, axis=1), first, axis=1)
+    return (values >= cutoff) | xp.logical_not(top_p_column < 1.0)
+
+
+def _weights(xp: Any, values: Any, skip: Any) -> Any:
+    """float64 ``w = exp(values - max values)`` per row (:func:`fast_expf` for float32
+    rows, ``exp`` for float64 rows): 0 for -inf, and on the rows where ``skip`` [R, 1]
+    holds (their +inf entries make them uniform)."""
+    top = xp.max(values, axis=1, keepdims=True)
+    finite_top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
+    x = xp.where(skip, xp.asarray(-xp.inf, dtype=values.dtype), values - finite_top)
+    if values.dtype == xp.float32:
+        return xp.astype(fast_expf(x), xp.float64)
+    return xp.exp(x)
+
+
+def _min_p_kept(xp: Any, w: Any, min_p: Any) -> Any:
+    """bool [R, V]: ``w >= min_p`` (``w = p / max p``, 1 at the maximum); all for 0."""
+    min_p_column = xp.reshape(xp.astype(min_p, xp.float64), (w.shape[0], 1))
+    return (w >= min_p_column) | (min_p_column <= 0.0)
+
+
+def _llama_cpp_kept(
+    xp: Any, logits: Any, t_column: Any, z: Any, present: Any, skip: Any, top_k: Any,
+    top_p: Any, min_p: Any,
+) -> Any:
+    """llama.cpp's kept set: top-k, top-p over what top-k kept, then min-p, all on the
+    logits at temperature 1; at the temperature, every token whose ``z`` reaches the ``z``
+    of the lowest logit they kept (a token whose ``z`` ties with it is kept too)."""
+    values = xp.where(present, logits, xp.asarray(-xp.inf, dtype=logits.dtype))
+    w1 = _weights(xp, values, skip)
+    kept = present & (values >= _top_k_floor(xp, values, top_k))
+    kept = kept & _top_p_kept(xp, values, w1, kept, top_p)
+    kept = kept & _min_p_kept(xp, w1, min_p)
+    infinity = xp.asarray(xp.inf, dtype=values.dtype)
+    lowest = xp.min(xp.where(kept, values, infinity), axis=1, keepdims=True)
+    return present & (z >= lowest / t_column)
+
+
 def _processed_law(
-    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any
+    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any,
+    filter_order: str = "vllm",
 ) -> tuple[Any, Any, Any]:
     """(probabilities float64 [R, V], kept bool [R, V], no_mass bool [R]) of the rows."""
     xp = _namespace(logits)
     dtype = logits.dtype
     num_rows, vocab_size = logits.shape
     minus_infinity = xp.asarray(-xp.inf, dtype=dtype)
-    z = logits / xp.reshape(xp.astype(temperature, dtype), (num_rows, 1))
+    t_column = xp.reshape(xp.astype(temperature, dtype), (num_rows, 1))
+    z = logits / t_column
     is_nan = xp.isnan(z)
     z = xp.where(is_nan, minus_infinity, z)
     z_max = xp.max(z, axis=1, keepdims=True)
     infinite = z == xp.inf
     num_infinite = xp.sum(xp.astype(infinite, xp.int64), axis=1, keepdims=True)
     no_mass = xp.logical_not(z_max > -xp.inf)[:, 0]
-    finite_max = xp.where(xp.isfinite(z_max), z_max, xp.zeros_like(z_max))
+    has_infinite = num_infinite > 0
     # Rows with +inf entries follow the uniform rule below; keep exp away from them.
-    x = xp.where(num_infinite > 0, minus_infinity, z - finite_max)
-    if dtype == xp.float32:
-        w = xp.astype(fast_expf(x), xp.float64)
-    else:
-        w = xp.exp(x)
+    w = _weights(xp, z, has_infinite)
     present = xp.logical_not(is_nan)
-    # min-p on w = p / max p, which is 1 at the maximum.
-    min_p_column = xp.reshape(xp.astype(min_p, xp.float64), (num_rows, 1))
-    kept = present & ((w >= min_p_column) | (min_p_column <= 0.0))
-    # top-k: z at least the K-th largest z, ties kept; 0 or >= V keeps every z.
-    k = xp.astype(top_k, xp.int64)
-    k = xp.where((k <= 0) | (k >= vocab_size), xp.asarray(vocab_size, dtype=xp.int64), k)
-    descending = xp.flip(xp.sort(z, axis=1), axis=1)
-    kth = xp.take_along_axis(descending, xp.reshape(k - 1, (num_rows, 1)), axis=1)
-    kept = kept & (z >= kth)
-    # top-p: the smallest most probable prefix (z descending) whose mass reaches top_p of
-    # the mass kept so far, then the whole tie group of its last token.
-    top_p_column = xp.reshape(xp.astype(top_p, xp.float64), (num_rows, 1))
-    kept_w = xp.where(kept, w, xp.zeros_like(w))
-    target = top_p_column * xp.sum(kept_w, axis=1, keepdims=True)
-    order = xp.flip(xp.argsort(z, axis=1, stable=True), axis=1)
-    cumulative = xp.cumulative_sum(xp.take_along_axis(kept_w, order, axis=1), axis=1)
-    reached = (cumulative >= target) & (xp.take_along_axis(kept_w, order, axis=1) > 0.0)
-    first = xp.argmax(xp.astype(reached, xp.int8), axis=1, keepdims=True)
-    # Rounding can leave the full sum a hair short of top_p * total only for top_p within
-    # an ulp of 1; the last token with mass is then the one that reaches it.
-    last_with_mass = (vocab_size - 1) - xp.argmax(
-        xp.astype(xp.flip(xp.take_along_axis(kept_w, order, axis=1) > 0.0, axis=1), xp.int8),
-        axis=1,
-        keepdims=True,
-    )
-    first = xp.where(xp.any(reached, axis=1, keepdims=True), first, last_with_mass)
-    cutoff = xp.take_along_axis(xp.take_along_axis(z, order, axis=1), first, axis=1)
-    top_p_on = top_p_column < 1.0
-    kept = kept & ((z >= cutoff) | xp.logical_not(top_p_on))
+    if filter_order == "llama.cpp":
+        kept = _llama_cpp_kept(
+            xp, logits, t_column, z, present, has_infinite, top_k, top_p, min_p
+        )
+    else:
+        kept = present & _min_p_kept(xp, w, min_p)
+        # top-k: z at least the K-th largest z, ties kept; 0 or >= V keeps every z.
+        kept = kept & (z >= _top_k_floor(xp, z, top_k))
+        kept = kept & _top_p_kept(xp, z, w, kept, top_p)
     kept_w = xp.where(kept, w, xp.zeros_like(w))
     normaliser = xp.sum(kept_w, axis=1, keepdims=True)
     safe = xp.where(normaliser > 0.0, normaliser, xp.ones_like(normaliser))
     probabilities = kept_w / safe
     # A row with +inf entries is uniform over them, whatever the filters.
-    has_infinite = num_infinite > 0
     uniform = xp.astype(infinite, xp.float64) / xp.astype(
         xp.where(has_infinite, num_infinite, xp.ones_like(num_infinite)), xp.float64
     )
@@ -526,17 +570,23 @@ def _processed_law(
     return probabilities, kept, no_mass
 
 
-def process_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any) -> Any:
+def process_logits(
+    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any,
+    filter_order: str = "vllm",
+) -> Any:
     """The processed distribution of logits rows: temperature, min-p, top-k, top-p.
 
-    The law (``docs/semantics.md``), computed literally with a full sort: ``z = logits /
-    temperature`` in the rows' dtype (NaN counts as -inf and is never kept); ``w = exp(z -
-    max z)`` (:func:`fast_expf` for float32 rows, ``exp`` for float64 rows) in float64;
-    min-p keeps ``w >= min_p``; top-k keeps ``z >=`` the ``top_k``-th largest ``z`` (ties
-    kept); top-p keeps the smallest set of most probable tokens whose ``w`` reaches
-    ``top_p`` times the ``w`` that min-p and top-k kept, and every token tied with its last
-    one; ``p = w / sum(w)`` over what is kept.  A row with ``+inf`` entries is uniform over
-    them; a row without a finite maximum has no mass and comes back all zero.
+    The law (``docs/semantics.md`` §12), computed literally with a full sort: ``z = logits
+    / temperature`` in the rows' dtype (NaN counts as -inf and is never kept); ``w = exp(z
+    - max z)`` (:func:`fast_expf` for float32 rows, ``exp`` for float64 rows) in float64;
+    in vLLM's order min-p keeps ``w >= min_p``, top-k keeps ``z >=`` the ``top_k``-th
+    largest ``z`` (ties kept), top-p keeps the smallest set of most probable tokens whose
+    ``w`` reaches ``top_p`` times the ``w`` that min-p and top-k kept, and every token tied
+    with its last one.  In llama.cpp's order top-k, top-p (over top-k's set) and min-p
+    select in the same way on the logits and ``exp(logits - max logits)`` (temperature 1),
+    and the law keeps every token whose ``z`` reaches that of the lowest logit they kept.
+    ``p = w / sum(w)`` over what is kept.  A row with ``+inf`` entries of ``z`` is uniform
+    over them; a row without a finite maximum has no mass and comes back all zero.
 
     Parameters
     ----------
@@ -549,12 +599,13 @@ def process_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p:
         In ``(0, 1]``; ``1`` is off.
     min_p : float [R]
         In ``[0, 1]``; ``0`` is off.
+    filter_order : {"vllm", "llama.cpp"}
 
     Returns
     -------
     float64 [R, V]
     """
-    return _processed_law(logits, temperature, top_k, top_p, min_p)[0]
+    return _processed_law(logits, temperature, top_k, top_p, min_p, filter_order)[0]
 
 
 # ---- the engine layout: ragged batches of logits or probabilities -------------------------
@@ -570,13 +621,17 @@ def _per_request(xp: Any, value: Any, batch_size: int, off: float) -> list[float
     return [float(values[b]) for b in range(batch_size)]
 
 
-def _process_request_rows(xp: Any, rows: Any, settings: tuple[float, ...]) -> Any:
+def _process_request_rows(
+    xp: Any, rows: Any, settings: tuple[float, ...], filter_order: str = "vllm"
+) -> Any:
     """:func:`process_logits` of one request's rows, with its (temperature, top-k, top-p,
     min-p) on every row."""
     temperature, top_k, top_p, min_p = (
         xp.full((rows.shape[0],), value, dtype=xp.float64) for value in settings
     )
-    return process_logits(rows, temperature, xp.astype(top_k, xp.int64), top_p, min_p)
+    return process_logits(
+        rows, temperature, xp.astype(top_k, xp.int64), top_p, min_p, filter_order
+    )
 
 
 def reference_for(verifier: Any) -> Any:
@@ -780,6 +835,7 @@ def verify_ragged(
     top_k: Any = None,
     top_p: Any = None,
     min_p: Any = None,
+    filter_order: str = "vllm",
     bonus_token_ids: Any = None,
     uniforms: Any = None,
     draft_from_logits: bool | None = None,
@@ -819,6 +875,8 @@ def verify_ragged(
     temperature, top_k, top_p, min_p : scalar, [B] or None
         None is off (temperature 1, top-k 0, top-p 1, min-p 0).  With probabilities only
         ``temperature == 0`` matters: it marks greedy requests.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters (:func:`process_logits`).
     bonus_token_ids : int [B] or None
     uniforms : float64 [B, max_k + 2] or None
         Needed when a request is not greedy.
@@ -864,9 +922,9 @@ def verify_ragged(
         else:
             settings = (temperatures[b], top_ks[b], top_ps[b], min_ps[b])
             if from_logits:
-                target = _process_request_rows(xp, target, settings)
+                target = _process_request_rows(xp, target, settings, filter_order)
             if draft is not None and draft_logits:
-                draft = _process_request_rows(xp, draft, settings)
+                draft = _process_request_rows(xp, draft, settings, filter_order)
         request_uniforms = None if greedy else uniforms[b, : k + 2]
         if k == 0:
             length, tokens = 0, []

@@ -3,7 +3,7 @@
 Both engine layouts take their target (and draft) rows as logits or as probabilities and
 per-request sampling parameters (``docs/semantics.md`` §8).  This module says which form
 was given, checks the parameters, tells the greedy requests (``temperature == 0``) from
-the sampled ones, and writes the float64 ``[B, 4]`` table the kernels read with logits
+the sampled ones, and writes the float64 ``[B, 5]`` table the kernels read with logits
 rows.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _validate
+from . import _contract, _validate
 
 __all__ = [
     "RequestSampling",
@@ -90,10 +90,10 @@ class RequestSampling(NamedTuple):
     ----------
     greedy : bool numpy array [B]
         The requests verified greedily on their raw rows.
-    table : float64 array [B, 4] or None
-        With logits rows, per request ``(temperature, top_k, top_p, min_p)`` with the
-        values of "off" (temperature 1, top-k 0, top-p 1, min-p 0), on the rows' backend;
-        None with probability rows.
+    table : float64 array [B, 5] or None
+        With logits rows, per request ``(temperature, top_k, top_p, min_p, filter order
+        code)`` with the values of "off" (temperature 1, top-k 0, top-p 1, min-p 0), on the
+        rows' backend; None with probability rows.
     """
 
     greedy: np.ndarray
@@ -121,6 +121,7 @@ def request_sampling(
     rows: tuple[Any, Any],
     *,
     every_request_greedy: bool,
+    filter_order: str = "vllm",
     **parameters: Any,
 ) -> RequestSampling:
     """The per-request sampling parameters, checked, and in strict mode the row values.
@@ -135,6 +136,8 @@ def request_sampling(
         The kernel-ready rows, for the strict checks.
     every_request_greedy : bool
         The call's method is greedy: every request is.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters (checked here).
     **parameters
         ``temperature``, ``top_k``, ``top_p`` and ``min_p`` as given.
 
@@ -142,6 +145,7 @@ def request_sampling(
     -------
     RequestSampling
     """
+    _validate.check_filter_order(filter_order)
     sampling = _validate.check_sampling_parameters(
         batch_size, vocab_size, from_logits=form.from_logits, row_dtype=rows[0].dtype,
         divides_logits=form.processed, **parameters,
@@ -157,7 +161,7 @@ def request_sampling(
     greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     table = None
     if form.processed:
-        table = xp.asarray(sampling_table(sampling, greedy, batch_size))
+        table = xp.asarray(sampling_table(sampling, greedy, batch_size, filter_order))
     return RequestSampling(greedy, table)
 
 
@@ -176,14 +180,16 @@ _SAMPLING_COLUMNS = (("temperature", 1.0), ("top_k", 0.0), ("top_p", 1.0), ("min
 
 
 def sampling_table(
-    sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int
+    sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int, filter_order: str = "vllm"
 ) -> np.ndarray:
-    """float64 [B, 4]: temperature, top-k (0 = off), top-p, min-p of every request, with
-    the defaults of "off" (a greedy request reads its rows raw; its entries are unused)."""
-    table = np.empty((batch_size, 4), dtype=np.float64)
+    """float64 [B, 5]: temperature, top-k (0 = off), top-p, min-p and the filter order's
+    code (``_contract.FILTER_ORDER_CODES``) of every request, with the defaults of "off" (a
+    greedy request reads its rows raw; its entries are unused)."""
+    table = np.empty((batch_size, _contract.SAMPLING_COLUMNS), dtype=np.float64)
     for column, (name, off) in enumerate(_SAMPLING_COLUMNS):
         values = sampling[name]
         table[:, column] = off if values is None else values
+    table[:, len(_SAMPLING_COLUMNS)] = _contract.FILTER_ORDER_CODES[filter_order]
     if sampling["temperature"] is not None:
         np.copyto(table[:, 0], 1.0, where=greedy)
     return table

@@ -187,6 +187,7 @@ def verify_tree_requests(
     top_p: Any = None,
     min_p: Any = None,
     draft_from_logits: bool | None = None,
+    filter_order: str = "vllm",
 ) -> tuple[Any, Any, Any]:
     """The engine form of :func:`verify_tree`: logits or probabilities, per-request
     sampling parameters, greedy requests mixed with sampled ones, one request at a time.
@@ -213,6 +214,8 @@ def verify_tree_requests(
     draft_from_logits : bool, optional
         The draft rows are logits rather than probabilities used as given;
         ``from_logits`` by default.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters.
 
     Returns
     -------
@@ -236,9 +239,9 @@ def verify_tree_requests(
         if not greedy:
             request_settings = tuple(column[b] for column in settings)
             if from_logits:
-                target = _process_request_rows(xp, target, request_settings)
+                target = _process_request_rows(xp, target, request_settings, filter_order)
             if draft is not None and draft_logits:
-                draft = _process_request_rows(xp, draft, request_settings)
+                draft = _process_request_rows(xp, draft, request_settings, filter_order)
         nodes, tokens, length = verify_tree(
             xp.asarray([stop - start], dtype=xp.int64),
             xp.asarray(layout.tree_parents[start:stop], dtype=xp.int64),

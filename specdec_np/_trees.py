@@ -806,6 +806,7 @@ def verify_tree(
     top_k: Any = None,
     top_p: Any = None,
     min_p: Any = None,
+    filter_order: str = "vllm",
     uniforms: Any = None,
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
@@ -844,6 +845,8 @@ def verify_tree(
         logits it also scales them.
     top_k, top_p, min_p : scalar or array [B], optional
         Sampling filters of logits rows; a ValueError with probabilities.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters, as in :func:`specdec_np.verify_ragged`.
     uniforms : float64 [B, max_nodes + 1], optional
         Request ``b`` uses column ``j`` for node ``j``'s test and column ``N_b`` for the
         final token.
@@ -892,7 +895,8 @@ def verify_tree(
     sampling = _sampling.request_sampling(
         batch.xp, layout.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows), every_request_greedy=not tree_method.stochastic,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        filter_order=filter_order, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p,
     )
     chosen = _GREEDY if sampling.all_greedy else tree_method
     sources = _random.RejectionUniforms(

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._contract import ROW_SUM_TOLERANCE
+from ._contract import FILTER_ORDER_CODES, ROW_SUM_TOLERANCE
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
@@ -466,7 +466,7 @@ def int64_values(array: np.ndarray, name: str) -> np.ndarray:
 
 
 #: The orders in which the sampling filters are applied (docs/semantics.md §12).
-FILTER_ORDERS = ("vllm",)
+FILTER_ORDERS = tuple(FILTER_ORDER_CODES)
 
 
 def check_filter_order(filter_order: Any) -> str:

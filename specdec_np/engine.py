@@ -112,6 +112,7 @@ class EngineVerifier:
         top_k: Any = None,
         top_p: Any = None,
         min_p: Any = None,
+        filter_order: str = "vllm",
         bonus_token_ids: Any = None,
         uniforms: Any = None,
         seeded_seqs: Mapping[int, Any] | None = None,
@@ -146,6 +147,7 @@ class EngineVerifier:
             method_parameters=self._method_parameters,
             generator_for=self._own_generator.for_device,
             on_success=self._record,
+            filter_order=filter_order,
         )
 
     if __call__.__doc__ is not None and _ragged.verify_ragged.__doc__ is not None:

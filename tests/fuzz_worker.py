@@ -1082,6 +1082,7 @@ LAYOUT_ARGUMENT_NAMES = (
     "top_k",
     "top_p",
     "min_p",
+    "filter_order",
     "uniforms",
     "generator",
     "seeded_seqs",
@@ -1170,6 +1171,8 @@ def sampling_values(rng: np.random.Generator, case: Case) -> None:
         case.args["top_p"] = pick(rng, [1.0, 0.5, 0.9, 1e-9, rng.uniform(0.1, 1.0, batch)])
     if rng.random() < 0.3:
         case.args["min_p"] = pick(rng, [0.0, 0.1, 0.9, 1.0, rng.uniform(0.0, 0.5, batch)])
+    if rng.random() < 0.4:
+        case.args["filter_order"] = pick(rng, ["vllm", "llama.cpp"])
 
 
 def layout_sources(rng: np.random.Generator, case: Case) -> None:
@@ -1525,6 +1528,9 @@ def mutate_layout_arguments(rng: np.random.Generator, case: Case) -> None:
             if rng.random() < 0.4:
                 case.args[name] = pick(rng, weird_sampling_values(case.batch))
                 case.mutations.append(name)
+        if rng.random() < 0.2:
+            case.args["filter_order"] = pick(rng, ["sglang", None, 1, "LLAMA.CPP", b"vllm"])
+            case.mutations.append("filter_order")
         if not case.mutations[1:]:
             case.args["temperature"] = pick(rng, weird_sampling_values(case.batch))
             case.mutations.append("temperature")

@@ -1353,14 +1353,15 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) ->
 
 
 def _sampling_table(rng: np.random.Generator, batch: int, vocab: int) -> np.ndarray:
-    """Per-request (temperature, top-k, top-p, min-p) ``[B, 4]``: top-k 0 (off), 1, small,
-    ``V`` and above ``V``; top-p and min-p on and off."""
+    """Per-request (temperature, top-k, top-p, min-p, filter order) ``[B, 5]``: top-k 0
+    (off), 1, small, ``V`` and above ``V``; top-p and min-p on and off; both orders."""
     return np.stack(
         [
             rng.choice([0.5, 1.0, 1.7], batch),
             rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
             rng.choice([1.0, 0.9, 0.5, 0.3], batch),
             rng.choice([0.0, 0.0, 0.05, 0.2], batch),
+            rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), batch).astype(np.float64),
         ],
         axis=1,
     )
@@ -1547,10 +1548,11 @@ __global__ void law_probe(const T* rows, long long vocab, const double* sampling
                           double* probabilities, T* materialised) {
     __shared__ specdec::Scratch s;
     const long long r = blockIdx.x;
-    const double* p = sampling + 4 * r;
+    const double* p = sampling + 5 * r;
     const T* row = rows + r * vocab;
     const specdec_row_law law = specdec::row_law(row, vocab, static_cast<T>(p[0]),
-                                                 static_cast<long long>(p[1]), p[2], p[3], s);
+                                                 static_cast<long long>(p[1]), p[2], p[3],
+                                                 static_cast<int>(p[4]), s);
     if (threadIdx.x == 0) {
         double* out = laws + 5 * r;
         out[0] = law.z_max; out[1] = law.cutoff; out[2] = law.normaliser;
@@ -1582,11 +1584,11 @@ _CPU_LAW_PROBE = r"""
                           const double *sampling, double *laws, double *p, T *m)           \
     {                                                                                      \
         for (long long r = 0; r < count; ++r) {                                            \
-            const double *s = sampling + 4 * r;                                            \
+            const double *s = sampling + 5 * r;                                            \
             specdec_row_law law;                                                           \
             specdec_law_scratch *scratch = malloc(sizeof *scratch);                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
-                                     s[3], scratch, &law);                                 \
+                                     s[3], (int)s[4], scratch, &law);                      \
             free(scratch);                                                                 \
             double *out = laws + 5 * r;                                                    \
             out[0] = law.z_max;                                                            \
@@ -1623,6 +1625,7 @@ def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndar
             rng.choice([0, 1, 2, 3, 7, vocab - 1, vocab], count).astype(np.float64),
             rng.choice([1.0, 0.95, 0.6, 0.2, 1e-9], count),
             rng.choice([0.0, 0.0, 0.01, 0.3], count),
+            rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), count).astype(np.float64),
         ],
         axis=1,
     )
@@ -1684,6 +1687,16 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
         s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
+    ),
+    # llama.cpp's order filters at the temperature's maximum instead of the logits'.
+    "llama_cpp_maximum_at_the_temperature": lambda s: _replace(
+        s,
+        "temperature == one ? z_max : extreme_logit(row, vocab, false, Key(0), s)",
+        "z_max",
+    ),
+    # llama.cpp's order takes the cutoff from min-p's bisection key, not the lowest logit.
+    "llama_cpp_cutoff_from_the_key": lambda s: _replace(
+        s, "lowest = extreme_logit(row, vocab, true, floor_key, s);", "(void)s;"
     ),
 }
 
@@ -2160,7 +2173,7 @@ def test_tree_launcher_guards(fake_cupy: Any, core: Any) -> None:
     wrap = fake_cupy.asarray
     vocab = int(c.target.shape[1])
     rrs = registry.get_tree_method("rrs").code
-    sampling = wrap(np.ones((c.batch, 4)))
+    sampling = wrap(np.ones((c.batch, _contract.SAMPLING_COLUMNS)))
     with pytest.raises(ValueError, match="scratch: expected a"):
         _launch_trees(c, rrs, sampling=sampling)
     with pytest.raises(ValueError, match="sampling: expected shape"):

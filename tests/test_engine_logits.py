@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 
 import specdec_np
 from specdec_np import _monte_carlo, _oracles, _reference, _statistics, registry
+from specdec_np._contract import FILTER_ORDER_CODES
 from specdec_np._reference import _processed_law, fast_expf, process_logits
 
 METHODS = registry.names()
@@ -78,12 +79,21 @@ def _law_weights(row: np.ndarray, temperature: float) -> tuple[np.ndarray, np.nd
     return z, w
 
 
-def kept_set_knife_edge(row: np.ndarray, setting: tuple[float, int, float, float]) -> bool:
-    """Whether the kernel may keep another set than the reference on this row."""
+def kept_set_knife_edge(
+    row: np.ndarray, setting: tuple[float, int, float, float], filter_order: str = "vllm"
+) -> bool:
+    """Whether the kernel may keep another set than the reference on this row (in
+    llama.cpp's order the filters' knife-edges are those of the logits at temperature 1)."""
     temperature, top_k, top_p, min_p = setting
     z, w = _law_weights(row, temperature)
     if not np.isfinite(z.max()):
         return False  # +inf entries (uniform over them) or no mass: no filter applies
+    if filter_order == "llama.cpp":
+        # top-p weighs top-k's set at temperature 1; min-p comes after it.
+        z, w = _law_weights(row, 1.0)
+        temperature, min_p_before_top_p = 1.0, 0.0
+    else:
+        min_p_before_top_p = min_p
     if row.dtype == np.float64 and min_p > 0.0:
         if np.any(np.abs(w - min_p) <= 4 * np.spacing(min_p)):
             return True
@@ -94,7 +104,7 @@ def kept_set_knife_edge(row: np.ndarray, setting: tuple[float, int, float, float
         np.array([temperature]),
         np.array([top_k]),
         np.array([1.0]),
-        np.array([min_p]),
+        np.array([min_p_before_top_p]),
     )
     before = before[0] & (w > 0)
     total = math.fsum(w[before].tolist())
@@ -125,6 +135,7 @@ class Request:
         self.raw_draft = None if draft is None else draft[start : start + k]
         self.ids = case["draft_token_ids"][start : start + k].astype(np.int64)
         self.setting = tuple(case[name][b] for name in ("temperature", "top_k", "top_p", "min_p"))
+        self.filter_order = case.get("filter_order", "vllm")
         self.greedy = registry.get(case["method"]).greedy or self.setting[0] == 0.0
         self.uniforms = case["uniforms"][b]
         self.bonus_given = case["bonus_token_ids"] is not None
@@ -138,8 +149,9 @@ class Request:
         n = rows.shape[0]
         t, top_k, top_p, min_p = self.setting
         return process_logits(
-            rows, np.full(n, t), np.full(n, int(top_k)), np.full(n, top_p), np.full(n, min_p)
-        )
+            rows, np.full(n, t), np.full(n, int(top_k)), np.full(n, top_p), np.full(n, min_p),
+            self.filter_order,
+        )  # fmt: skip
 
     def q_rows(self) -> np.ndarray:
         """Draft rows as float64 distributions (one-hot for point-mass drafts)."""
@@ -151,7 +163,9 @@ class Request:
 
     def any_kept_set_knife_edge(self) -> bool:
         rows = [self.raw_target] + ([] if self.raw_draft is None else [self.raw_draft])
-        return any(kept_set_knife_edge(row, self.setting) for r in rows for row in r)
+        return any(
+            kept_set_knife_edge(row, self.setting, self.filter_order) for r in rows for row in r
+        )
 
 
 def _near(a: float, b: float, relative: float) -> bool:
@@ -278,6 +292,7 @@ def ragged_cases(draw: Any, method: str | None = None) -> dict[str, Any]:
         "top_k": choose([0, 0, 1, 2, 3, vocab - 1, vocab, vocab + 2]).astype(np.int64),
         "top_p": choose([1.0, 1.0, 0.95, 0.5, 0.2]),
         "min_p": choose([0.0, 0.0, 0.05, 0.3]),
+        "filter_order": draw(st.sampled_from(sorted(FILTER_ORDER_CODES))),
     }
     case["top_k"] = np.maximum(case["top_k"], 0)
     uniforms = rng.random((batch, int(counts.max()) + 2))
@@ -296,7 +311,7 @@ def ragged_cases(draw: Any, method: str | None = None) -> dict[str, Any]:
             ids[offsets[b] : offsets[b + 1]] = np.argmax(rows, axis=1)
             continue
         n = rows.shape[0]
-        p = process_logits(rows, *(np.repeat(s, n) for s in setting))
+        p = process_logits(rows, *(np.repeat(s, n) for s in setting), case["filter_order"])
         for i in range(n):
             ids[offsets[b] + i] = _monte_carlo.draw_from(p[i], 1, rng)[0]
     case["draft_token_ids"] = ids
@@ -317,9 +332,11 @@ def _kernel(case: dict[str, Any], **overrides: Any) -> Any:
             "top_k",
             "top_p",
             "min_p",
+            "filter_order",
             "bonus_token_ids",
             "uniforms",
         )
+        if name in case
     }
     arguments.update(overrides)
     return specdec_np.verify_ragged(**arguments)
@@ -336,6 +353,7 @@ def _reference_of(case: dict[str, Any], xp: Any = np) -> tuple[np.ndarray, np.nd
         convert(case["draft_logits"]),
         method=case["method"],
         from_logits=True,
+        filter_order=case.get("filter_order", "vllm"),
         **{
             name: convert(case[name])
             for name in (

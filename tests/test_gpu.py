@@ -1663,9 +1663,23 @@ def test_verify_ragged_on_cupy_matches_numpy(cp, kind, logits, dtype, point_mass
     device a drawn token may differ only where v * Z lies within rounding of a CDF boundary
     (the draw sums in another order), so there only the acceptance decisions are compared
     exactly; on the stand-in CuPy (the emulated kernels) every cell must be equal."""
+    _check_ragged_on_cupy(cp, kind, logits, dtype, point_mass, lazy_bonus)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_verify_ragged_on_cupy_in_llama_cpp_order(cp, kind, dtype):
+    """The same comparison with the filters in llama.cpp's order (at temperature 1, then the
+    temperature), from target and draft logits."""
+    _check_ragged_on_cupy(cp, kind, True, dtype, False, True, "llama.cpp")
+
+
+def _check_ragged_on_cupy(cp, kind, logits, dtype, point_mass, lazy_bonus, filter_order=None):
     lengths, ids, target, draft, sampling, uniforms = engine_case(
         stable_seed(kind, logits, dtype_id(dtype), point_mass, lazy_bonus), logits, dtype
     )
+    if filter_order is not None:
+        sampling = {**sampling, "filter_order": filter_order}
     target_name, draft_name = ENGINE_ROWS[logits]
     bonus = None if lazy_bonus else (np.arange(lengths.size) * 7) % target.shape[1]
     host = {
@@ -1798,14 +1812,17 @@ def test_verify_ragged_without_bonus_rows_on_cupy(cp):
     synchronize(cp)
 
 
+@pytest.mark.parametrize("filter_order", ["vllm", "llama.cpp"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_processed_probs_on_cupy(cp, dtype):
+def test_processed_probs_on_cupy(cp, dtype, filter_order):
     """processed_probs on the device: CuPy in, CuPy out, the host's rows (bit for bit on the
-    stand-in CuPy; on a device, within the float64 exp's last bit)."""
+    stand-in CuPy; on a device, within the float64 exp's last bit), in both filter orders."""
     rng = np.random.default_rng(stable_seed("processed", dtype_id(dtype)))
     logits = (rng.normal(size=(6, 300)) * 3).astype(dtype)
     settings = {"temperature": np.array([0.7, 0.0, 1.0, 2.0, 1.0, 0.5]), "top_k": 20,
-                "top_p": np.array([1.0, 1.0, 0.9, 0.5, 1.0, 0.8]), "min_p": 0.01}
+                "top_p": np.array([1.0, 1.0, 0.9, 0.5, 1.0, 0.8]),
+                "min_p": np.array([0.01, 0.0, 0.0, 0.2, 0.3, 0.05]),
+                "filter_order": filter_order}
     expected = specdec_np.processed_probs(logits, **settings)
     found = specdec_np.processed_probs(on_device(cp, 0, logits)[0], **settings)
     assert isinstance(found, cp.ndarray) and found.dtype == expected.dtype

@@ -29,6 +29,7 @@ from c_headers import build_library
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_np._contract import FILTER_ORDER_CODES
 from specdec_np._reference import _processed_law, fast_expf, process_logits
 
 _WRAPPER = r"""
@@ -82,17 +83,17 @@ int64_t t_exp_monotone_violations(void)
 
 /* The law's scratch from the heap, as the kernels take it. */
 void t_row_law_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
-                 specdec_row_law *law)
+                 int order, specdec_row_law *law)
 {
     specdec_law_scratch *scratch = malloc(sizeof *scratch);
-    specdec_row_law_f(l, V, t, k, p, m, scratch, law);
+    specdec_row_law_f(l, V, t, k, p, m, order, scratch, law);
     free(scratch);
 }
 void t_row_law_d(const double *l, ptrdiff_t V, double t, int64_t k, double p, double m,
-                 specdec_row_law *law)
+                 int order, specdec_row_law *law)
 {
     specdec_law_scratch *scratch = malloc(sizeof *scratch);
-    specdec_row_law_d(l, V, t, k, p, m, scratch, law);
+    specdec_row_law_d(l, V, t, k, p, m, order, scratch, law);
     free(scratch);
 }
 void t_materialise_f(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,
@@ -151,6 +152,7 @@ class Logits:
                 ctypes.c_int64,
                 ctypes.c_double,
                 ctypes.c_double,
+                ctypes.c_int,
                 p,
             ]
             getattr(lib, f"t_materialise_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p, p]
@@ -178,12 +180,19 @@ class Logits:
         return out
 
     def row_law(
-        self, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+        self,
+        row: np.ndarray,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        filter_order: str = "vllm",
     ) -> RowLaw:
         law = RowLaw()
         getattr(self.lib, f"t_row_law_{self._kind(row)}")(
-            row.ctypes.data, row.size, temperature, top_k, top_p, min_p, ctypes.byref(law)
-        )
+            row.ctypes.data, row.size, temperature, top_k, top_p, min_p,
+            FILTER_ORDER_CODES[filter_order], ctypes.byref(law),
+        )  # fmt: skip
         return law
 
     def materialise(self, row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray:
@@ -307,10 +316,13 @@ def _kernel_kept(row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray
         return z >= law.cutoff
 
 
-def _reference(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float):
+def _reference(
+    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+    filter_order: str = "vllm",
+):  # fmt: skip
     probabilities, kept, no_mass = _processed_law(
         row[None, :], np.array([temperature]), np.array([top_k]), np.array([top_p]),
-        np.array([min_p]),
+        np.array([min_p]), filter_order,
     )  # fmt: skip
     return probabilities[0], kept[0], bool(no_mass[0])
 
@@ -326,25 +338,46 @@ def _weights(row: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarra
 
 
 def _acceptable_cutoffs(
-    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
-) -> list[np.ndarray]:
+    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+    filter_order: str = "vllm",
+) -> list[np.ndarray]:  # fmt: skip
     """Every kept set the law allows once float64 rounding of the top-p sums is allowed for.
 
     The kernel sums top-p's masses in another order than the reference: it may pick another
     tie group only where the reference's cumulative mass above that group is within the
     rounding of ``top_p * S``.  That rounding is at most ``(V - 1) 2^-53 S`` per order;
-    float64 rows add two ulp of ``exp`` per weight.
+    float64 rows add two ulp of ``exp`` per weight.  In llama.cpp's order top-p runs at
+    temperature 1 over top-k's set, and each of its sets is then cut by min-p and taken
+    at the temperature.
     """
-    _, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p)
+    _, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p, filter_order)
     if no_mass or top_p >= 1.0:
         return [kept]
     z, w = _weights(row, temperature)
     if np.isinf(z.max()):
         return [kept]
+    if filter_order == "llama.cpp":
+        logits, w1 = _weights(row, 1.0)
+        min_p_kept = (w1 >= min_p) | (min_p <= 0.0)
+        _, before_top_p, _ = _reference(row, 1.0, top_k, 1.0, 0.0)
+        options = _top_p_options(logits, w1, before_top_p, top_p)
+        # Each temperature-1 set, cut by min-p, is taken at the temperature from the z of
+        # its lowest logit.
+        lowest = [row.dtype.type(np.min(logits[o & min_p_kept])) for o in options]
+        return [~np.isnan(row) & (z >= _z(np.array([v]), temperature)[0]) for v in lowest] or [
+            kept
+        ]
     _, before_top_p, _ = _reference(row, temperature, top_k, 1.0, min_p)
+    return _top_p_options(z, w, before_top_p, top_p) or [kept]
+
+
+def _top_p_options(
+    z: np.ndarray, w: np.ndarray, before_top_p: np.ndarray, top_p: float
+) -> list[np.ndarray]:
+    """The kept sets top-p may choose over ``before_top_p`` (see _acceptable_cutoffs)."""
     total = float(np.sum(np.where(before_top_p, w, 0.0)))
     target = top_p * total
-    delta = (4 * row.size + 8) * 2.0**-53 * total
+    delta = (4 * z.size + 8) * 2.0**-53 * total
     values = np.unique(z[before_top_p & (w > 0)])[::-1]
     masses = [float(np.sum(w[before_top_p & (z >= v)])) for v in values]
     options = []
@@ -353,15 +386,17 @@ def _acceptable_cutoffs(
         higher_may_fall_short = all(m < target + delta for m in masses[:i])
         if may_reach and higher_may_fall_short:
             options.append(before_top_p & (z >= v))
-    return options or [kept]
+    return options
 
 
-def _min_p_knife_edge(row: np.ndarray, temperature: float, min_p: float) -> bool:
+def _min_p_knife_edge(
+    row: np.ndarray, temperature: float, min_p: float, filter_order: str = "vllm"
+) -> bool:
     """float64 rows: a token whose w is within 4 ulp of min_p (libm and NumPy exp may
-    round it differently)."""
+    round it differently); w at temperature 1 in llama.cpp's order."""
     if row.dtype != np.float64 or min_p <= 0.0:
         return False
-    z, w = _weights(row, temperature)
+    z, w = _weights(row, 1.0 if filter_order == "llama.cpp" else temperature)
     if not np.isfinite(z.max()):
         return False
     return bool(np.any(np.abs(w - min_p) <= 4 * np.spacing(min_p)))
@@ -385,20 +420,21 @@ def _relative_bound(row: np.ndarray, filtered: bool) -> float:
 
 
 def _check_row(
-    build: Logits, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
-) -> None:
-    law = build.row_law(row, temperature, top_k, top_p, min_p)
-    probabilities, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p)
+    build: Logits, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+    filter_order: str = "vllm",
+) -> None:  # fmt: skip
+    law = build.row_law(row, temperature, top_k, top_p, min_p, filter_order)
+    probabilities, kept, no_mass = _reference(row, temperature, top_k, top_p, min_p, filter_order)
     assert law.status == int(no_mass), law.fields()
     kernel_kept = _kernel_kept(row, temperature, law)
     # The kept set's -inf entries carry no mass; compare where the law puts mass.
     _, w = _weights(row, temperature) if not no_mass else (None, np.zeros(row.size))
     if not (no_mass or law.num_infinite > 0):
         mass = w > 0
-        options = _acceptable_cutoffs(row, temperature, top_k, top_p, min_p)
+        options = _acceptable_cutoffs(row, temperature, top_k, top_p, min_p, filter_order)
         matches = [np.array_equal(kernel_kept & mass, option & mass) for option in options]
         if not any(matches):
-            assert _min_p_knife_edge(row, temperature, min_p), (
+            assert _min_p_knife_edge(row, temperature, min_p, filter_order), (
                 law.fields(),
                 np.flatnonzero(kernel_kept & mass),
                 np.flatnonzero(kept & mass),
@@ -457,13 +493,22 @@ def test_row_law_matches_reference(
     _check_row(builds["vector"], row, temperature, top_k, top_p, min_p)
 
 
-@settings(max_examples=200)
+@settings(max_examples=300)
 @given(_cases())
-def test_vector_and_scalar_builds_agree_bit_for_bit(
+def test_llama_cpp_row_law_matches_reference(
     builds: dict[str, Logits], case: tuple[np.ndarray, float, int, float, float]
 ) -> None:
     row, temperature, top_k, top_p, min_p = case
-    laws = [builds[b].row_law(row, temperature, top_k, top_p, min_p) for b in builds]
+    _check_row(builds["vector"], row, temperature, top_k, top_p, min_p, "llama.cpp")
+
+
+@settings(max_examples=200)
+@given(_cases(), st.sampled_from(sorted(FILTER_ORDER_CODES)))
+def test_vector_and_scalar_builds_agree_bit_for_bit(
+    builds: dict[str, Logits], case: tuple[np.ndarray, float, int, float, float], order: str
+) -> None:
+    row, temperature, top_k, top_p, min_p = case
+    laws = [builds[b].row_law(row, temperature, top_k, top_p, min_p, order) for b in builds]
     first, second = (np.array(law.fields()[:3]).view(np.uint64) for law in laws)
     assert np.array_equal(first, second) and laws[0].fields()[3:] == laws[1].fields()[3:]
     outs = [builds[b].materialise(row, temperature, laws[0]) for b in builds]
@@ -478,7 +523,8 @@ def test_large_random_rows(vector: Logits, dtype: type, vocab: int) -> None:
     for top_k, top_p, min_p in [(0, 1.0, 0.0), (50, 1.0, 0.0), (0, 0.95, 0.0),
                                 (0, 1.0, 0.05), (40, 0.9, 0.01), (1, 1.0, 0.0)]:  # fmt: skip
         for temperature in (1.0, 0.6):
-            _check_row(vector, row, temperature, top_k, top_p, min_p)
+            for order in FILTER_ORDER_CODES:
+                _check_row(vector, row, temperature, top_k, top_p, min_p, order)
 
 
 def test_ascending_row_keeps_its_normaliser(vector: Logits) -> None:
@@ -580,6 +626,88 @@ def test_top_p_without_the_tie_rule_is_caught(tmp_path: Path) -> None:
         _check_row(wrong, row, 1.0, 0, 0.6, 0.0)
 
 
+# ---- llama.cpp's order ------------------------------------------------------------------
+
+
+def test_llama_cpp_order_filters_at_temperature_one(vector: Logits) -> None:
+    """The orders differ where they must: at temperature 2 vLLM's top-p 0.7 needs the
+    three largest logits, llama.cpp's (at temperature 1) the first two; min-p 0.3 keeps
+    ``w >= 0.3`` of ``z`` in vLLM's order and of the logits in llama.cpp's."""
+    row = np.float32([3.0, 2.0, 1.0, 0.0, -1.0])
+    w1 = fast_expf(row - row.max()).astype(np.float64)
+    w2 = fast_expf(row / 2 - 1.5).astype(np.float64)
+    assert np.cumsum(w1)[1] >= 0.7 * w1.sum() > np.cumsum(w1)[0]
+    assert np.cumsum(w2)[2] >= 0.7 * w2.sum() > np.cumsum(w2)[1]
+    expected = {
+        ("vllm", 0.7, 0.0): [True, True, True, False, False],
+        ("llama.cpp", 0.7, 0.0): [True, True, False, False, False],
+        ("vllm", 1.0, 0.3): [True, True, True, False, False],
+        ("llama.cpp", 1.0, 0.3): [True, True, False, False, False],
+    }
+    for (order, top_p, min_p), kept in expected.items():
+        law = vector.row_law(row, 2.0, 0, top_p, min_p, order)
+        assert _kernel_kept(row, 2.0, law).tolist() == kept, (order, top_p, min_p)
+        _check_row(vector, row, 2.0, 0, top_p, min_p, order)
+        # The kept tokens get their weights at the temperature.
+        p = vector.materialise(row, 2.0, law).astype(np.float64)
+        assert np.allclose(p, np.where(kept, w2, 0.0) / w2[kept].sum(), rtol=1e-6)
+    # With top-k alone at any temperature, or one filter at temperature 1, they agree.
+    for args in [(1.0, 0, 0.7, 0.0), (1.0, 2, 1.0, 0.3), (2.0, 2, 1.0, 0.0), (0.5, 3, 1.0, 0.0)]:
+        laws = [vector.row_law(row, *args, order) for order in FILTER_ORDER_CODES]
+        assert laws[0].fields() == laws[1].fields()
+    # At temperature 1 top-p and min-p together still differ: vLLM's top-p weighs only
+    # what min-p kept (3 and 2, so 3 alone reaches 0.7 of it), llama.cpp's the whole row.
+    for order, kept in [("vllm", [True] + [False] * 4), ("llama.cpp", [True] * 2 + [False] * 3)]:
+        law = vector.row_law(row, 1.0, 0, 0.7, 0.3, order)
+        assert _kernel_kept(row, 1.0, law).tolist() == kept
+
+
+def test_llama_cpp_top_p_over_min_p_is_caught(tmp_path: Path) -> None:
+    """llama.cpp's top-p runs before min-p, over top-k's set: top-p 0.5 of the whole row
+    keeps every token (the tie group of -2 crosses it) and min-p 0.5 then the first two;
+    top-p over min-p's two tokens (vLLM's order of the two) would keep only the first."""
+    wrong = _build(tmp_path, "mutation2", "-DSPECDEC_LOGITS_MUTATION=2")
+    right = _build(tmp_path, "right")
+    row = np.float32([0.0, -0.1] + [-2.0] * 20)
+    for build, kept in [(right, 2), (wrong, 1)]:
+        law = build.row_law(row, 1.5, 0, 0.5, 0.5, "llama.cpp")
+        assert _kernel_kept(row, 1.5, law).sum() == kept
+    _check_row(right, row, 1.5, 0, 0.5, 0.5, "llama.cpp")
+    with pytest.raises(AssertionError):
+        _check_row(wrong, row, 1.5, 0, 0.5, 0.5, "llama.cpp")
+
+
+def _colliding_logits(dtype: type, temperature: float) -> np.ndarray:
+    """Two adjacent logits whose z round to one value at ``temperature`` (3: logits in
+    [1.5, 2) are 2/3 of an ulp of their z apart)."""
+    start = dtype(1.6)
+    for _ in range(10000):
+        above = np.nextafter(start, dtype(2))
+        if _z(np.array([above], dtype), temperature)[0] == _z(np.array([start], dtype),
+                                                               temperature)[0]:
+            return np.array([above, start], dtype)
+        start = above
+    raise AssertionError("no collision found")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_llama_cpp_ties_at_the_temperature_are_kept(vector: Logits, dtype: type) -> None:
+    """Top-k 1 at temperature 1 keeps the larger of two adjacent logits; at a temperature
+    where their z are one value the law keeps both (a tie at the temperature), as vLLM's
+    order does."""
+    temperature = 3.0
+    pair = _colliding_logits(dtype, temperature)
+    row = np.concatenate([pair, np.array([-1.0, 0.0], dtype)])
+    for args in [(1, 1.0, 0.0), (0, 1e-9, 0.0), (0, 1.0, 1.0)]:
+        for order in FILTER_ORDER_CODES:
+            law = vector.row_law(row, temperature, *args, order)
+            assert _kernel_kept(row, temperature, law).tolist() == [True, True, False, False]
+            _check_row(vector, row, temperature, *args, order)
+        # At temperature 1 only the larger logit is kept.
+        law = vector.row_law(row, 1.0, *args, "llama.cpp")
+        assert _kernel_kept(row, 1.0, law).tolist() == [True, False, False, False]
+
+
 # ---- processing a row in pieces -----------------------------------------------------------
 
 
@@ -659,6 +787,8 @@ def few_candidates(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     ties=st.booleans(),
     order=st.sampled_from(["random", "ascending", "descending"]),
     masked=st.booleans(),
+    filter_order=st.sampled_from(sorted(FILTER_ORDER_CODES)),
+    temperature=st.sampled_from([0.9, 1.0]),
 )
 def test_gathered_survivors_give_the_law_of_the_row_scans(
     vector: Logits,
@@ -672,6 +802,8 @@ def test_gathered_survivors_give_the_law_of_the_row_scans(
     ties: bool,
     order: str,
     masked: bool,
+    filter_order: str,
+    temperature: float,
 ) -> None:
     """Top-k's survivors gathered above the K-th largest of a prefix sample (then top-p and
     the kept sum over them alone) give the cutoff and normaliser, bit for bit, of the full
@@ -685,8 +817,8 @@ def test_gathered_survivors_give_the_law_of_the_row_scans(
         row = np.sort(row) if order == "ascending" else -np.sort(-row)
     if masked:
         row[rng.integers(vocab, size=max(vocab // 10, 1))] = rng.choice([np.nan, -np.inf])
-    gathered = vector.row_law(row, 0.9, top_k, top_p, min_p)
-    scanned = few_candidates.row_law(row, 0.9, top_k, top_p, min_p)
+    gathered = vector.row_law(row, temperature, top_k, top_p, min_p, filter_order)
+    scanned = few_candidates.row_law(row, temperature, top_k, top_p, min_p, filter_order)
     assert gathered.fields() == scanned.fields()
 
 
@@ -696,3 +828,21 @@ def test_survivor_comparison_sees_a_different_law(vector: Logits, few_candidates
     assert vector.row_law(row, 0.9, 50, 1.0, 0.0).fields() != (
         few_candidates.row_law(row, 0.9, 49, 1.0, 0.0).fields()
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_llama_cpp_gathered_survivors_see_ties_at_the_temperature(
+    vector: Logits, few_candidates: Logits, dtype: type
+) -> None:
+    """Top-k's gathered survivors miss a token below them whose z ties with the lowest kept
+    one at the temperature: the kept sum then runs over the row, and gives the bits of the
+    row scans."""
+    temperature = 3.0
+    rng = np.random.default_rng(3)
+    row = (rng.standard_normal(4000) - 6.0).astype(dtype)
+    row[[100, 2000]] = _colliding_logits(dtype, temperature)
+    law = vector.row_law(row, temperature, 1, 1.0, 0.0, "llama.cpp")
+    assert np.flatnonzero(_kernel_kept(row, temperature, law)).tolist() == [100, 2000]
+    scanned = few_candidates.row_law(row, temperature, 1, 1.0, 0.0, "llama.cpp")
+    assert law.fields() == scanned.fields()
+    _check_row(vector, row, temperature, 1, 1.0, 0.0, "llama.cpp")

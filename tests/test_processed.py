@@ -10,9 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
+from specdec_np import _statistics
+from specdec_np._contract import FILTER_ORDER_CODES
 from specdec_np._reference import process_logits
 
 DTYPES = (np.float32, np.float64)
+ORDERS = sorted(FILTER_ORDER_CODES)
 
 
 @st.composite
@@ -31,18 +34,20 @@ def cases(draw):
     return logits.astype(dtype), temperature, top_k, top_p, min_p, rng
 
 
-@settings(max_examples=80, deadline=None)
-@given(case=cases())
-def test_processed_probs_is_the_reference_law(case) -> None:
+@settings(max_examples=120, deadline=None)
+@given(case=cases(), order=st.sampled_from(ORDERS))
+def test_processed_probs_is_the_reference_law(case, order: str) -> None:
     logits, temperature, top_k, top_p, min_p, _ = case
     rows = specdec_np.processed_probs(
-        logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
-    )
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        filter_order=order,
+    )  # fmt: skip
     assert rows.dtype == logits.dtype and rows.shape == logits.shape
     sampled = temperature > 0
     reference = process_logits(
-        logits[sampled], temperature[sampled], top_k[sampled], top_p[sampled], min_p[sampled]
-    )
+        logits[sampled], temperature[sampled], top_k[sampled], top_p[sampled], min_p[sampled],
+        order,
+    )  # fmt: skip
     tolerance = 1e-5 if logits.dtype == np.float32 else 1e-12
     # The kept sets agree except where a filter's boundary lies within rounding.
     agree = ((rows[sampled] > 0) == (reference > 0)).all(axis=1)
@@ -51,13 +56,15 @@ def test_processed_probs_is_the_reference_law(case) -> None:
     np.testing.assert_array_equal(rows[~sampled], np.eye(logits.shape[1])[argmax[~sampled]])
 
 
-@settings(max_examples=60, deadline=None)
-@given(case=cases())
-def test_sample_tokens_draws_from_processed_probs(case) -> None:
+@settings(max_examples=80, deadline=None)
+@given(case=cases(), order=st.sampled_from(ORDERS))
+def test_sample_tokens_draws_from_processed_probs(case, order: str) -> None:
     """The token of uniform u is the inverse-CDF draw at u over processed_probs' rows (the
     same rows the kernel reads), up to a CDF boundary within rounding."""
     logits, temperature, top_k, top_p, min_p, rng = case
-    parameters = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    parameters = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, filter_order=order
+    )
     rows = specdec_np.processed_probs(logits, **parameters).astype(np.float64)
     uniforms = rng.random(logits.shape[0])
     tokens = specdec_np.sample_tokens(logits=logits, uniforms=uniforms, **parameters)
@@ -69,6 +76,70 @@ def test_sample_tokens_draws_from_processed_probs(case) -> None:
         expected = min(int(np.searchsorted(cdf, uniforms[i] * cdf[-1], side="right")),
                        int(np.flatnonzero(rows[i] > 0)[-1]))
         assert_draw_consistent(token, expected, rows[i], uniforms[i])
+
+
+# A row where the orders keep different sets: at temperature 2 llama.cpp's top-p 0.8 (mass
+# at temperature 1: 0.54, 0.87) keeps the two largest logits and vLLM's (at 2: 0.37, 0.66,
+# 0.80) the three largest; min-p 0.1 drops nothing more in either order.
+_ORDER_ROW = np.array([[3.0, 2.5, 1.0, 0.0, -0.5, -1.0]], dtype=np.float32)
+_ORDER_SETTING = dict(temperature=2.0, top_p=0.8, min_p=0.1)
+
+
+def test_the_orders_keep_different_sets() -> None:
+    kept = {
+        order: np.flatnonzero(
+            specdec_np.processed_probs(_ORDER_ROW, **_ORDER_SETTING, filter_order=order)[0]
+        ).tolist()
+        for order in ORDERS
+    }
+    assert kept == {"llama.cpp": [0, 1], "vllm": [0, 1, 2]}
+
+
+@pytest.mark.slow
+def test_sample_tokens_chi_square_in_llama_cpp_order() -> None:
+    """20,000 draws of sample_tokens in llama.cpp's order fit processed_probs' row (and the
+    reference law); the same draws fail vLLM's order's law (negative control)."""
+    draws = 20_000
+    logits = np.repeat(_ORDER_ROW, draws, axis=0)
+    tokens = specdec_np.sample_tokens(
+        logits=logits, **_ORDER_SETTING, filter_order="llama.cpp",
+        generator=np.random.default_rng(11),
+    )  # fmt: skip
+    counts = np.bincount(tokens, minlength=_ORDER_ROW.shape[1])
+    law = specdec_np.processed_probs(_ORDER_ROW, **_ORDER_SETTING, filter_order="llama.cpp")
+    reference = process_logits(
+        _ORDER_ROW, np.array([2.0]), np.array([0]), np.array([0.8]), np.array([0.1]),
+        "llama.cpp",
+    )  # fmt: skip
+    np.testing.assert_allclose(law[0], reference[0], rtol=1e-6)
+    assert _statistics.chi_square_test(counts, law[0].astype(np.float64)) > 1e-4
+    vllm_law = specdec_np.processed_probs(_ORDER_ROW, **_ORDER_SETTING)
+    assert _statistics.chi_square_test(counts, vllm_law[0].astype(np.float64)) < 1e-6
+
+
+def test_every_sampling_front_takes_the_order() -> None:
+    """verify_ragged, EngineVerifier and verify_tree draw from llama.cpp's law when asked:
+    at a uniform near 1 the token is the last one the order keeps."""
+    logits = np.repeat(_ORDER_ROW, 2, axis=0)
+    seen = {}
+    for order in ORDERS:
+        common = dict(target_logits=logits, **_ORDER_SETTING, filter_order=order)
+        ragged = specdec_np.verify_ragged(
+            num_draft_tokens=[0, 0], draft_token_ids=[], uniforms=np.full((2, 2), 0.999),
+            **common,
+        )  # fmt: skip
+        engine = specdec_np.EngineVerifier(seed=0)(
+            num_draft_tokens=[0, 0], draft_token_ids=[], uniforms=np.full((2, 2), 0.999),
+            **common,
+        )  # fmt: skip
+        tree = specdec_np.verify_tree(
+            num_nodes=[0, 0], tree_parents=[], draft_token_ids=[], method="point_mass",
+            uniforms=np.full((2, 1), 0.999), **common,
+        )  # fmt: skip
+        seen[order] = [
+            int(result.output_token_ids[0, 0]) for result in (ragged, engine, tree)
+        ]
+    assert seen == {"llama.cpp": [1, 1, 1], "vllm": [2, 2, 2]}
 
 
 def test_sample_tokens_is_a_step_of_verify_ragged_without_drafts() -> None:

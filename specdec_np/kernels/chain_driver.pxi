@@ -112,9 +112,9 @@ def verify_chains(
     draw_bonus : bool
         Draw each fully accepted request's bonus token from its bonus row instead of
         taking ``bonus_token_ids``.
-    sampling : float64 [B, 4], optional
-        The rows are logits: per request ``(temperature, top_k, top_p, min_p)`` of the
-        processed law (top-k 0 = off); greedy requests read their rows raw.
+    sampling : float64 [B, 5], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p, filter order
+        code)`` of the processed law (top-k 0 = off); greedy requests read their rows raw.
     scratch : same dtype as the rows [num_threads, 2 * V], optional
         Working rows for logits (a thread's processed target and draft row).
     target_logits, draft_logits : bool
@@ -196,7 +196,7 @@ def verify_chains(
         require(False, f"parameters must hold the {num_parameters} values its verifiers read")
     if sampling is not None:
         require(
-            sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]"
+            sampling.shape[0] == B and sampling.shape[1] == 5, "sampling must be [B, 5]"
         )
         require(
             scratch is not None and scratch.shape[0] >= (num_threads if num_threads > 1 else 1)
@@ -231,7 +231,7 @@ def verify_chains(
                 bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
                 NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
                 parameter_base, causal,
-                NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
+                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
                 NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
                 law_scratch, width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
             )

@@ -1,5 +1,6 @@
-// The processed law of a logits row (temperature, min-p, top-k, top-p), computed by the
-// whole block: specdec_row_law of specdec_np/_logits.h, bit for bit.
+// The processed law of a logits row (temperature, min-p, top-k, top-p, in vLLM's order or in
+// llama.cpp's), computed by the whole block: specdec_row_law of specdec_np/_logits.h, bit
+// for bit.
 //
 // Every per-element formula is _elementwise.h's (the exponential, the keys of z, the weight
 // w, an entry's probability and stored value, the min-p bisection, the radix select's
@@ -166,12 +167,81 @@ __device__ typename LawTraits<T>::Key select_key(const T* row, long long vocab, 
     return prefix;
 }
 
+// The largest logit of the row (lowest false), or the lowest logit whose key is at least
+// floor_key (lowest true), to every thread: a minimum or maximum is exact in any order, so
+// the whole block reduces it.
+template <typename T>
+__device__ T extreme_logit(const T* row, long long vocab, bool lowest,
+                           typename LawTraits<T>::Key floor_key, Scratch& s) {
+    using Traits = LawTraits<T>;
+    const int t = threadIdx.x;
+    T best = lowest ? Traits::infinity() : -Traits::infinity();
+    for (long long y = t; y < vocab; y += kBlock) {
+        const T l = row[y];
+        if (lowest ? Traits::key(l) >= floor_key && l < best : l > best) best = l;
+    }
+    s.reduce.value[t] = static_cast<double>(best);
+    __syncthreads();
+    if (t == 0) {
+        for (int other = 1; other < kBlock; ++other) {
+            const T l = static_cast<T>(s.reduce.value[other]);
+            if (lowest ? l < best : l > best) best = l;
+        }
+        s.reduce.value[0] = static_cast<double>(best);
+    }
+    __syncthreads();
+    const T result = static_cast<T>(s.reduce.value[0]);
+    __syncthreads();  // the reduction's storage may be reused as soon as this returns
+    return result;
+}
+
+// The cutoff and normaliser of a law in llama.cpp's order (specdec_llama_cpp_law of
+// _logits.h): top-k, top-p (over top-k's set) and min-p on the logits at temperature 1, the
+// kept set then taken at the temperature from the z of its lowest logit.
+template <typename T>
+__device__ void llama_cpp_law(const T* row, long long vocab, T temperature, T z_max,
+                              double normaliser, long long top_k, double top_p, double min_p,
+                              Scratch& s, specdec_row_law& law) {
+    using Traits = LawTraits<T>;
+    using Key = typename Traits::Key;
+    const T one = static_cast<T>(1);
+    // l / 1 is l, so at temperature 1 the largest logit is z_max.
+    const T l_max = temperature == one ? z_max : extreme_logit(row, vocab, false, Key(0), s);
+    Key floor_key = 1;  // NaN (key 0) is never kept
+    if (top_k > 0 && top_k < vocab) {
+        const Key k_key = select_key(row, vocab, one, l_max, Key(1), false,
+                                     static_cast<double>(top_k), s);
+        floor_key = k_key > floor_key ? k_key : floor_key;  // 0: too few entries, all kept
+    }
+    if (top_p < 1.0) {
+        const Key p_key = select_key(row, vocab, one, l_max, floor_key, true, top_p, s);
+        floor_key = p_key > floor_key ? p_key : floor_key;
+    }
+    bool min_p_decides = false;
+    if (min_p > 0.0) {
+        const Key m_key = Traits::min_p_floor(l_max, min_p);
+        min_p_decides = m_key > floor_key;
+        floor_key = min_p_decides ? m_key : floor_key;
+    }
+    if (floor_key <= 1) {
+        law.cutoff = -infinity();
+        law.normaliser = normaliser;
+        return;
+    }
+    // Top-k's and top-p's keys are those of entries; min-p's bisection key need not be.
+    T lowest = Traits::value(floor_key);
+    if (min_p_decides && temperature != one) lowest = extreme_logit(row, vocab, true, floor_key, s);
+    const T cutoff = lowest / temperature;
+    law.cutoff = static_cast<double>(cutoff);
+    law.normaliser = kept_sum(row, vocab, temperature, z_max, cutoff, s);
+}
+
 // The law of one logits row (specdec_row_law), to every thread. Not inlined: every row
 // reader calls it, and one copy per dtype keeps the module's compile time down.
 template <typename T>
 __device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T temperature,
                                                 long long top_k, double top_p, double min_p,
-                                                Scratch& s) {
+                                                int filter_order, Scratch& s) {
     using Traits = LawTraits<T>;
     using Key = typename Traits::Key;
     T z_max;
@@ -187,6 +257,10 @@ __device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T
     if (!(z_max > -Traits::infinity())) {
         law.status = 1;
         law.cutoff = infinity();
+        return law;
+    }
+    if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {
+        llama_cpp_law(row, vocab, temperature, z_max, normaliser, top_k, top_p, min_p, s, law);
         return law;
     }
     Key floor_key = 1;  // NaN (key 0) is never kept

@@ -13,13 +13,13 @@ cdef void process_row(
     if probability_t is float:
         specdec_row_law_f(
             logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
-            scratch, &law,
+            <int>sampling[4], scratch, &law,
         )
         specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
     else:
         specdec_row_law_d(
-            logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], scratch,
-            &law,
+            logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
+            <int>sampling[4], scratch, &law,
         )
         specdec_law_materialise_d(logits, V, sampling[0], &law, out)
 
@@ -35,8 +35,9 @@ def processed_rows(
     Parameters
     ----------
     logits : float32 or float64 [N, V], C-contiguous
-    sampling : float64 [N, 4]
-        Per row ``(temperature, top_k, top_p, min_p)``, top-k 0 = off, temperature > 0.
+    sampling : float64 [N, 5]
+        Per row ``(temperature, top_k, top_p, min_p, filter order code)``, top-k 0 = off,
+        temperature > 0 (``_contract.FILTER_ORDER_CODES``).
     out : same dtype as ``logits`` [N, V]
         Written: row ``i``'s law (all zeros for a row without a finite maximum).
     num_threads : int
@@ -48,7 +49,7 @@ def processed_rows(
     cdef specdec_law_scratch* scratch = NULL
     cdef int failed = 0
     require(V >= 1, "the vocabulary must not be empty")
-    require(sampling.shape[0] == N and sampling.shape[1] == 4, "sampling must be [N, 4]")
+    require(sampling.shape[0] == N and sampling.shape[1] == 5, "sampling must be [N, 5]")
     require(out.shape[0] == N and out.shape[1] == V, "out must be [N, V]")
     if N == 0:
         return

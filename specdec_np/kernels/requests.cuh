@@ -77,7 +77,8 @@ __device__ specdec_row_law cached_law(const RowArgs<ProbT, IdT>& a, Scratch& s, 
         const ProbT* rows = draft ? a.draft : a.target;
         const specdec_row_law law =
             row_law(rows + i * a.vocab, a.vocab, static_cast<ProbT>(a.sampling[0]),
-                    static_cast<long long>(a.sampling[1]), a.sampling[2], a.sampling[3], s);
+                    static_cast<long long>(a.sampling[1]), a.sampling[2], a.sampling[3],
+                    static_cast<int>(a.sampling[4]), s);
         __syncthreads();  // every thread has read the cached row index
         if (threadIdx.x == 0) {
             if (draft) {

@@ -15,11 +15,11 @@ cdef inline void init_request(
     const double* parameters, bint causal, const double* sampling, int row_forms,
     probability_t* scratch, specdec_law_scratch* law_scratch
 ) noexcept nogil:
-    """Fill a Request; ``sampling`` (temperature, top-k, top-p, min-p) is NULL for
-    probability rows, and ``scratch`` (two rows of V) and ``law_scratch`` (the thread's,
-    from :func:`new_law_scratch`) are then unused; with it, ``row_forms`` says which rows
-    are logits (``TARGET_LOGITS``, ``DRAFT_LOGITS``), the others being probabilities used
-    as they are."""
+    """Fill a Request; ``sampling`` (temperature, top-k, top-p, min-p, filter order code) is
+    NULL for probability rows, and ``scratch`` (two rows of V) and ``law_scratch`` (the
+    thread's, from :func:`new_law_scratch`) are then unused; with it, ``row_forms`` says
+    which rows are logits (``TARGET_LOGITS``, ``DRAFT_LOGITS``), the others being
+    probabilities used as they are."""
     request.k = k
     request.V = V
     request.uniforms = uniforms
@@ -34,6 +34,7 @@ cdef inline void init_request(
         request.top_k = <int64_t>sampling[1]
         request.top_p = sampling[2]
         request.min_p = sampling[3]
+        request.filter_order = <int>sampling[4]
         request.target_scratch = scratch
         request.draft_scratch = scratch + V
         request.law_scratch = law_scratch
@@ -49,12 +50,12 @@ cdef inline const specdec_row_law* row_law(
         if probability_t is float:
             specdec_row_law_f(
                 rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
-                request.min_p, request.law_scratch, law,
+                request.min_p, request.filter_order, request.law_scratch, law,
             )
         else:
             specdec_row_law_d(
                 rows + i * V, V, request.temperature, request.top_k, request.top_p,
-                request.min_p, request.law_scratch, law,
+                request.min_p, request.filter_order, request.law_scratch, law,
             )
         cached[0] = i
     return law

@@ -213,8 +213,9 @@ def verify_trees(
     num_threads : int
     request_methods : int8 [B], optional
         Per-request registry code (mixed greedy and sampled batches).
-    sampling : float64 [B, 4], optional
-        The rows are logits: per request ``(temperature, top_k, top_p, min_p)``.
+    sampling : float64 [B, 5], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p, filter order
+        code)``.
     scratch : same dtype as the rows [num_threads, 2 V], optional
         With ``sampling``: a thread's processed target and draft row.
     target_logits, draft_logits : bool
@@ -306,7 +307,7 @@ def verify_trees(
         "working must be [num_threads, R V] with R >= 2",
     )
     if sampling is not None:
-        require(sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]")
+        require(sampling.shape[0] == B and sampling.shape[1] == 5, "sampling must be [B, 5]")
         require(
             scratch is not None and scratch.shape[0] >= threads and scratch.shape[1] == 2 * V,
             "scratch must be [num_threads, 2 V]",
@@ -337,7 +338,7 @@ def verify_trees(
                 parents_base + start if parents_base != NULL else parents_base,
                 node_offsets[b + 1] - start, V,
                 NULL if uniform_base == NULL else uniform_base + start + b,
-                NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
+                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
                 NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
                 NULL if working_base == NULL else working_base + thread * working_rows * V,
                 working_rows, D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],

@@ -13,8 +13,8 @@
 // request_methods [B] (registry codes, read by MixedRow; nullptr otherwise), causal
 // (stop at the first rejection), draw_bonus (a fully accepted request draws its bonus from
 // its bonus row with uniform k_b + 1, its argmax for a greedy request; bonus ids unread),
-// sampling [B, 4] (the rows are logits: temperature, top-k, top-p, min-p; nullptr for
-// probabilities) and scratch [B, 2 V] (two processed rows per request; with sampling only),
+// sampling [B, 5] (the rows are logits: temperature, top-k, top-p, min-p, filter order;
+// nullptr for probabilities) and scratch [B, 2 V] (two processed rows per request; with sampling only),
 // target_logits and draft_logits (with sampling: which rows are logits, the others are
 // probabilities used as they are) and bonus_rows (0: the target holds no bonus rows, [T, V],
 // and the bonus ids are given). Request b owns drafts draft_offsets[b] .. draft_offsets[b+1]
@@ -81,7 +81,7 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
         vocab,
         method,
         causal != 0,
-        sampling != nullptr ? sampling + 4 * b : nullptr,
+        sampling != nullptr ? sampling + 5 * b : nullptr,
         sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
         sampling != nullptr && target_logits != 0,
         sampling != nullptr && draft_logits != 0,

@@ -13,7 +13,7 @@
 // method codes), working [B, R V] (a request's residual rows, R = TreeMethod.working_rows of
 // `method` at depth_width; nullptr when no request walks stochastically); outputs
 // accepted_nodes [B, depth_width], output [B, depth_width + 1], accepted_lengths and
-// row_status [B], written where and as the CPU driver writes them; then sampling [B, 4]
+// row_status [B], written where and as the CPU driver writes them; then sampling [B, 5]
 // (the rows are logits: temperature, top-k, top-p, min-p; nullptr for probabilities) and
 // scratch [B, 2 V] (a request's processed target and draft row; with sampling only).
 // Launch: grid B, block kBlock. Every thread of a block walks the same path (the scalar steps
@@ -85,7 +85,7 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             vocab,
             static_cast<int>(walk),
             false,
-            sampling != nullptr ? sampling + 4 * b : nullptr,
+            sampling != nullptr ? sampling + 5 * b : nullptr,
             sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
             sampling != nullptr && target_logits != 0,
             sampling != nullptr && draft_logits != 0,
