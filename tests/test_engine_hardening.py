@@ -324,3 +324,71 @@ def test_tree_uniforms_cost_the_batch_not_batch_times_the_biggest_tree(source):
     # The explicit array is copied once (the private copy the kernel reads).
     assert peak < 2 * explicit + 16 * 2**20, peak
     assert result.output_token_ids.shape == expected.output_token_ids.shape
+
+
+# --- no walk quadratic in siblings: the cost of a 4x bigger tree, by CPU time ----------------
+
+TREE_VOCAB = 8
+
+
+def _least_cpu_seconds(calls, repeats: int = 5) -> list[float]:
+    """The least CPU time (``time.process_time``) of each call over ``repeats`` rounds,
+    the calls interleaved: CPU time, not wall time, so that other processes on the machine
+    hardly count; the least, so that a stall of one call does not; interleaved, so that a
+    slow spell of the machine weighs on every call alike."""
+    import time
+
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            start = time.process_time()
+            call()
+            best[i] = min(best[i], time.process_time() - start)
+    return best
+
+
+def _rejected_siblings(method: str, chain: int, siblings: int):
+    """A call on one tree: a chain of ``chain`` nodes (each accepted) whose deepest node has
+    ``siblings`` children at the end of the request, all rejected; with ``chain = 0`` a star
+    of the root's children.  The walk tests every sibling.  Their tokens have no target
+    mass: the first half share token 1, the rest cycle through 2 .. V - 1, so that each of
+    those repeats a token first proposed half the list away (a scan of the earlier siblings
+    for it is long) while the distinct tokens stay few (V small)."""
+    total = chain + siblings
+    parents = np.concatenate([np.arange(-1, chain - 1), np.full(siblings, chain - 1)])
+    half = siblings // 2
+    tokens = np.concatenate(
+        [np.ones(half, int), 2 + np.arange(siblings - half) % (TREE_VOCAB - 2)]
+    )
+    target = np.zeros((total + 1, TREE_VOCAB))
+    target[:, 0] = 1.0  # the chain's token 0 is accepted, every sibling rejected
+    keywords = {
+        "num_nodes": np.array([total]), "tree_parents": parents,
+        "draft_token_ids": np.concatenate([np.zeros(chain, int), tokens]),
+        "target_probs": target, "method": method, "uniforms": np.full((1, total + 1), 0.5),
+    }  # fmt: skip
+    if method != "point_mass":
+        keywords["draft_probs"] = np.full((total, TREE_VOCAB), 1.0 / TREE_VOCAB)
+
+    def call() -> None:
+        result = specdec_np.verify_tree(**keywords)
+        assert int(result.accepted_lengths[0]) == chain  # every sibling was tested, in vain
+        assert int(result.output_token_ids[0, chain]) == 0
+
+    return call
+
+
+@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("chain", [0, 60], ids=["star", "deep-chain"])
+def test_no_tree_walk_is_quadratic_in_siblings(method: str, chain: int):
+    """20000 siblings (a star, or a far away list under a chain of depth 60) with few
+    distinct tokens: 4x the siblings cost far less than 16x (quadratic) the CPU time.
+    Before the child links, point-mass candidates scanned the earlier siblings for each
+    sibling's token, and RRS did so for every earlier sibling inside its loop over them
+    (cubic): a tree of 10^4 siblings hung."""
+    small = _rejected_siblings(method, chain, 20000)
+    large = _rejected_siblings(method, chain, 80000)
+    small()  # warm: the first call binds the kernels and allocates
+    small_seconds, large_seconds = _least_cpu_seconds([small, large], repeats=7)
+    ratio = large_seconds / max(small_seconds, 1e-6)
+    assert ratio < 10, (ratio, small_seconds, large_seconds)
