@@ -70,11 +70,33 @@ def obvious_links(offsets: np.ndarray, parents: np.ndarray, tokens: np.ndarray) 
 @settings(max_examples=300, deadline=None)
 @given(layout=layouts())
 def test_tree_links_are_the_child_lists_by_definition(layout: tuple) -> None:
-    links = _tree_links.tree_links(*layout)
+    """Both constructions, the compiled pass (sibling lists of at most 16 distinct tokens)
+    and NumPy's sorts (any), give the links by their definition."""
+    offsets, parents, tokens = layout
     expected = obvious_links(*layout)
-    for name, found, wanted in zip(links._fields, links, expected):
+    sorted_links = _tree_links._sorted_links(offsets, parents, tokens.astype(np.int64))
+    links = _tree_links.tree_links(*layout)
+    for name, found, by_sorts, wanted in zip(links._fields, links, sorted_links, expected):
         np.testing.assert_array_equal(found, wanted, err_msg=name)
+        np.testing.assert_array_equal(by_sorts, wanted, err_msg=name)
     assert [link.dtype for link in links] == [np.int64, np.int64, np.int64, np.int8]
+    assert [link.dtype for link in sorted_links] == [link.dtype for link in links]
+
+
+def test_the_compiled_pass_gives_way_past_16_distinct_sibling_tokens() -> None:
+    def compiled(tokens: np.ndarray) -> bool:
+        total = tokens.shape[0]
+        parents = np.full(total, -1, np.int64)
+        links = [np.empty(total + 1, np.int64), *(np.empty(total, np.int64) for _ in "ab")]
+        return _core.small_tree_links(
+            np.array([0, total], np.int64), parents, tokens, *links, np.empty(total, np.int8)
+        )
+
+    assert compiled(np.arange(10000, dtype=np.int64) % 16)
+    assert not compiled(np.arange(17, dtype=np.int64))
+    many = np.arange(17, dtype=np.int64)
+    links = _tree_links.tree_links(np.array([0, 17]), np.full(17, -1), many)
+    np.testing.assert_array_equal(links.next_distinct_sibling, [*range(1, 17), -1])
 
 
 def _call(parents: np.ndarray, links: Any) -> int:
