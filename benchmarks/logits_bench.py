@@ -25,9 +25,11 @@ import harness  # noqa: E402  (the C build and the best-of timing)
 
 _SOURCE = r"""
 #include "_logits.h"
+/* The law's working memory: static, never on a small stack. */
+static specdec_law_scratch law_scratch;
 void b_row_law(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
                specdec_row_law *law, int repeats)
-{ for (int r = 0; r < repeats; ++r) specdec_row_law_f(l, V, t, k, p, m, law); }
+{ for (int r = 0; r < repeats; ++r) specdec_row_law_f(l, V, t, k, p, m, &law_scratch, law); }
 void b_materialise(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,
                    float *out, int repeats)
 { for (int r = 0; r < repeats; ++r) specdec_law_materialise_f(l, V, t, law, out); }

@@ -144,6 +144,19 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
     )
 
 
+def intake_if_read(x: Any, name: str, read: bool, like: Any = None) -> Any:
+    """:func:`intake` of an argument the call reads only when ``read`` (draft rows that a
+    deterministic verifier ignores), else None; an ignored masked array or matrix is still
+    refused, so that what a call accepts does not depend on the method."""
+    if x is None:
+        return None
+    if read:
+        return intake(x, name, like=like)
+    if isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+        _validate.refuse_array_subclass(x, name)
+    return None
+
+
 _ARRAY_LIKE = (list, tuple, int, float, np.generic)
 
 

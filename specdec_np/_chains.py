@@ -210,11 +210,7 @@ def padded_chain(
     target = _backend.intake(target_with_bonus_probs, "target_with_bonus_probs")
     bonus = _backend.intake(bonus_token_ids, "bonus_token_ids", like=target)
     draft_ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
-    probs = (
-        _backend.intake(draft_probs, "draft_probs", like=target)
-        if reads_draft_probs and draft_probs is not None
-        else None
-    )
+    probs = _backend.intake_if_read(draft_probs, "draft_probs", reads_draft_probs, like=target)
     device = _backend.check_one_device(
         {
             "target_with_bonus_probs": target,

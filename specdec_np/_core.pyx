@@ -36,7 +36,7 @@ This file keeps the declarations they share.  The ``row_status`` codes are those
 ``specdec_np._contract``.
 """
 
-from cython.parallel cimport prange, threadid
+from cython.parallel cimport parallel, prange, threadid
 from cython.view cimport array
 from libc.math cimport isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
@@ -92,13 +92,16 @@ cdef extern from "_logits.h" nogil:
         double normaliser
         int64_t num_infinite
         int64_t status
+    # The law's working memory (heap, one per thread): see new_law_scratch.
+    ctypedef struct specdec_law_scratch:
+        pass
     void specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
-        double min_p, specdec_row_law* law,
+        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
     )
     void specdec_row_law_d(
         const double* logits, Py_ssize_t V, double temperature, int64_t top_k, double top_p,
-        double min_p, specdec_row_law* law,
+        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
     )
     double specdec_law_probability_f(
         const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
@@ -176,7 +179,8 @@ cdef struct Request:
     # uniforms (acceptance ones, then the residual one), the verifier's parameters, and
     # whether acceptance stops at the first rejection (causal counting) or tests every
     # position (vLLM's counters).  With logits, the request's sampling parameters, its
-    # thread's scratch rows, and the processed law of the last target and draft row read.
+    # thread's scratch rows and law scratch, and the processed law of the last target and
+    # draft row read.
     Py_ssize_t k
     Py_ssize_t V
     const double* uniforms
@@ -190,6 +194,7 @@ cdef struct Request:
     double min_p
     void* target_scratch
     void* draft_scratch
+    specdec_law_scratch* law_scratch
     Py_ssize_t target_law_row
     Py_ssize_t draft_law_row
     specdec_row_law target_law
@@ -218,6 +223,15 @@ def debug_build() -> bool:
 def openmp_max_threads() -> int:
     """OpenMP's default thread count for this process (1 without OpenMP)."""
     return specdec_openmp_max_threads()
+
+
+cdef inline specdec_law_scratch* new_law_scratch(bint wanted) noexcept nogil:
+    """A thread's law scratch from the heap (free it with ``free``); NULL when not
+    ``wanted`` (probability rows) or when the allocation fails, which the drivers report
+    as the row status SPECDEC_STATUS_NO_MEMORY."""
+    if not wanted:
+        return NULL
+    return <specdec_law_scratch*>malloc(sizeof(specdec_law_scratch))
 
 
 include "kernels/registry_binding.pxi"

@@ -44,12 +44,25 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 
 /* ---- the radix select ---------------------------------------------------------------- */
 
-/* Top-p after min-p or top-k selects over at most this many gathered survivors (on the
- * stack: 16 KiB of values and 16 KiB of indices for double rows); with more it scans the
- * row.  The tests build the header with a smaller one to compare the two paths. */
+/* Top-p after min-p or top-k selects over at most this many gathered survivors; with more
+ * it scans the row.  The tests build the header with a smaller one to compare the two
+ * paths. */
 #ifndef SPECDEC_TOP_P_CANDIDATES
 #define SPECDEC_TOP_P_CANDIDATES 2048
 #endif
+
+/* The law's working memory: the radix select's histogram and the gathered survivors (48
+ * KiB for double rows).  It comes from the heap, one per thread (the caller allocates it
+ * with malloc and frees it): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
+ * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there. */
+typedef struct {
+    double histogram[1 << SPECDEC_HISTOGRAM_BITS];
+    union {
+        float f[SPECDEC_TOP_P_CANDIDATES];
+        double d[SPECDEC_TOP_P_CANDIDATES];
+    } candidates;
+    ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
+} specdec_law_scratch;
 
 /* Radix select over the keys of the z values: the largest key v such that the entries with
  * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
@@ -60,9 +73,9 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
  * buckets and the walk are _elementwise.h's. */
 #define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
-                                         T z_max, KEY_T floor_key, int by_mass, double need) \
+                                         T z_max, KEY_T floor_key, int by_mass, double need, \
+                                         double *histogram)                                \
     {                                                                                      \
-        double histogram[1 << SPECDEC_HISTOGRAM_BITS];                                     \
         KEY_T prefix = 0;                                                                  \
         double above = 0.0;                                                                \
         int known_bits = 0;                                                                \
@@ -105,14 +118,15 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 #define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
                                                  T temperature, T z_max, int64_t need,      \
-                                                 T *z_out, ptrdiff_t *y_out)                \
+                                                 T *z_out, ptrdiff_t *y_out,                \
+                                                 double *histogram)                         \
     {                                                                                      \
         double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
         ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
         if (sample > V / 2)                                                                \
             return -1;                                                                     \
         KEY_T lowest = specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,    \
-                                               (double)need);                              \
+                                               (double)need, histogram);                   \
         if (lowest < 1)                                                                    \
             return -1;                                                                     \
         /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
@@ -391,7 +405,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 #define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
     static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          int64_t top_k, double top_p, double min_p,        \
-                                         specdec_row_law *law)                             \
+                                         specdec_law_scratch *scratch, specdec_row_law *law) \
     {                                                                                      \
         T z_max;                                                                           \
         double normaliser;                                                                 \
@@ -416,21 +430,19 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             floor_key = specdec_min_p_floor_##SUFFIX(z_max, min_p);                        \
         /* Top-k's survivors, gathered (count >= 0) when they fit: top-p and the kept sum \
          * then work on them alone, since every later filter keeps a subset of them. */   \
-        T candidates[SPECDEC_TOP_P_CANDIDATES];                                            \
-        ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];                                     \
+        T *candidates = scratch->candidates.SUFFIX;                                        \
+        ptrdiff_t *positions = scratch->positions;                                         \
+        double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
-        /* Read only where count >= 0 says they were written; GCC cannot see that. */      \
-        candidates[0] = 0;                                                                 \
-        positions[0] = 0;                                                                  \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
             count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,       \
-                                                candidates, positions);                    \
+                                                candidates, positions, histogram);         \
             /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
             KEY_T k_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
-                                                        (double)top_k)                     \
+                                                        (double)top_k, histogram)          \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0, \
-                                                        (double)top_k);                    \
+                                                        (double)top_k, histogram);         \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
         }                                                                                  \
         if (count >= 0)                                                                    \
@@ -454,9 +466,9 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
             }                                                                              \
             KEY_T p_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max,   \
-                                                        floor_key, 1, top_p)              \
+                                                        floor_key, 1, top_p, histogram)   \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max,    \
-                                                        floor_key, 1, top_p);             \
+                                                        floor_key, 1, top_p, histogram);  \
             if (SPECDEC_LOGITS_MUTATION == 1 && p_key != specdec_key_##SUFFIX(z_max)) {     \
                 /* wrong on purpose: the tie group at the boundary is dropped */           \
                 int64_t tied = 0;                                                          \

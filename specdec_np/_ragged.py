@@ -387,11 +387,7 @@ def ragged_chain(
     """
     target = _backend.intake(target_rows, target_name)
     draft_ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
-    drafts = (
-        _backend.intake(draft_rows, draft_name, like=target)
-        if reads_draft_probs and draft_rows is not None
-        else None
-    )
+    drafts = _backend.intake_if_read(draft_rows, draft_name, reads_draft_probs, like=target)
     bonus = None
     if bonus_token_ids is not None:
         bonus = _backend.intake(bonus_token_ids, "bonus_token_ids", like=target)

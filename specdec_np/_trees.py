@@ -728,11 +728,7 @@ def tree_batch(
     """
     target = _backend.intake(target_rows, target_name)
     ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
-    drafts = (
-        _backend.intake(draft_rows, draft_name, like=target)
-        if reads_draft_probs and draft_rows is not None
-        else None
-    )
+    drafts = _backend.intake_if_read(draft_rows, draft_name, reads_draft_probs, like=target)
     device = _backend.check_one_device(
         {target_name: target, "draft_token_ids": ids, draft_name: drafts}
     )

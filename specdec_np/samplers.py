@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,24 @@ class SpecDecodeBaseSampler:
     num_draft_tokens : int
         ``B * k`` summed over the calls.
     """
+
+    # Every concrete sampler defines it (vLLM's signature, and seeded_seqs when stochastic).
+    forward: Callable[..., Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call :meth:`forward`, as a torch module would.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The arguments of :meth:`forward`.
+
+        Returns
+        -------
+        int64 [B, k+1]
+            What :meth:`forward` returns.
+        """
+        return self.forward(*args, **kwargs)
 
     def __init__(self, strict_mode: bool = False) -> None:
         self._strict_mode = _validate.check_strict_mode(strict_mode)
@@ -418,21 +436,6 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
             Accepted drafts, then one new token, then -1.
         """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call :meth:`forward`, as a torch module would.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            The arguments of :meth:`forward`.
-
-        Returns
-        -------
-        int64 [B, k+1]
-            What :meth:`forward` returns.
-        """
-        return self.forward(*args, **kwargs)
-
 
 class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
     """Base class of the stochastic verifiers (the uniform sources of docs/semantics.md §5).
@@ -472,21 +475,6 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
         int64 [B, k+1]
             Accepted drafts, then one new token, then -1.
         """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call :meth:`forward`, as a torch module would.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            The arguments of :meth:`forward`.
-
-        Returns
-        -------
-        int64 [B, k+1]
-            What :meth:`forward` returns.
-        """
-        return self.forward(*args, **kwargs)
 
 
 class _RegisteredSampler(SpecDecodeBaseSampler):

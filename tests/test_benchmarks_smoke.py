@@ -366,3 +366,35 @@ def test_torch_block_verification_accepts_what_the_kernel_accepts(baselines, see
             rho = 1.0 if rho * p_x >= q_x else rho * p_x / q_x
         token = output[b, tau]
         assert rho * target[b, tau, token] - draft[b, tau, token] > 0
+
+
+def test_the_front_page_figure_is_drawn_from_the_committed_run(tmp_path: Path) -> None:
+    """``benchmarks/plot_summary.py`` draws the README's figure from the committed JSON, and
+    the README's summary table quotes that file's cells."""
+    source = ROOT / "benchmarks" / "results" / "cpu_2026-12-01.jsonl"
+    records = [json.loads(line) for line in source.read_text().splitlines() if line]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "plot_summary", ROOT / "benchmarks" / "plot_summary.py"
+        )
+        assert spec is not None and spec.loader is not None
+        plot_summary = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plot_summary)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cells = plot_summary.summary_cells(records, 128256)
+    assert {cell["verifier"] for cell in cells} == set(registry.names())
+    readme = (ROOT / "README.md").read_text()
+    assert "benchmarks/summary.png" in readme and (ROOT / "benchmarks" / "summary.png").exists()
+    for cell in cells:
+        if cell["B"] != 64:
+            continue
+        row = f"| {cell['verifier']} | {cell['regime']} | 64 | "
+        if row in readme:
+            quoted = readme.split(row, 1)[1].split("\n", 1)[0]
+            assert f"{cell['x_torch']:.0f}x" in quoted, (row, quoted)
+    if importlib.util.find_spec("matplotlib") is not None:
+        out = tmp_path / "summary.png"
+        assert plot_summary.draw(records, 128256, out) == len(cells)
+        assert out.stat().st_size > 10_000

@@ -1577,6 +1577,7 @@ SPECDEC_LAW_ENTRY(d, double)
 
 # The same probe of specdec_np/_logits.h, built as the CPU kernels are (C11).
 _CPU_LAW_PROBE = r"""
+#include <stdlib.h>
 #include "_logits.h"
 
 #define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
@@ -1586,8 +1587,10 @@ _CPU_LAW_PROBE = r"""
         for (long long r = 0; r < count; ++r) {                                            \
             const double *s = sampling + 4 * r;                                            \
             specdec_row_law law;                                                           \
+            specdec_law_scratch *scratch = malloc(sizeof *scratch);                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
-                                     s[3], &law);                                          \
+                                     s[3], scratch, &law);                                 \
+            free(scratch);                                                                 \
             double *out = laws + 5 * r;                                                    \
             out[0] = law.z_max;                                                            \
             out[1] = law.cutoff;                                                           \

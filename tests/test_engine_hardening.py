@@ -327,6 +327,110 @@ def test_tree_uniforms_cost_the_batch_not_batch_times_the_biggest_tree(source):
     assert result.output_token_ids.shape == expected.output_token_ids.shape
 
 
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_draft_rows_a_method_ignores_are_still_refused_when_masked(kind):
+    """What a call accepts does not depend on the method: the draft rows of a method that
+    does not read them (registry ``reads_draft_probs`` False) are refused as masked arrays or
+    matrices too, on every layout."""
+    rows = np.full((3, VOCAB), 1.0 / VOCAB)
+    drafts = rows[:2]
+    bad = np.ma.masked_array(drafts) if kind == "masked" else np.asmatrix(drafts)
+    for verifier in specdec_np.registry.VERIFIERS:
+        if verifier.reads_draft_probs:
+            continue
+        with pytest.raises(TypeError, match="draft_probs"):
+            specdec_np.verify_ragged(
+                num_draft_tokens=[2], draft_token_ids=[1, 2], target_probs=rows,
+                draft_probs=bad, method=verifier.name,
+            )  # fmt: skip
+    for method in specdec_np.registry.TREE_METHODS:
+        if method.reads_draft_probs:
+            continue
+        with pytest.raises(TypeError, match="draft_probs"):
+            specdec_np.verify_tree(
+                num_nodes=[2], tree_parents=[-1, 0], draft_token_ids=[1, 2], target_probs=rows,
+                draft_probs=bad, method=method.name,
+            )  # fmt: skip
+
+
+# -- 1. no kernel keeps large buffers on the stack ----------------------------------------
+
+# Every logits path that takes the law's scratch: the gathered top-k and top-p survivors
+# (32 KiB for float64 rows), the radix select's histogram and the draw's block sums.  A
+# child interpreter runs them, so that a stack overflow is a return code.
+_SMALL_STACK_CALLS = """
+import numpy as np
+import specdec_np
+from specdec_np import registry
+
+def run_all():
+    rng = np.random.default_rng(0)
+    vocab = 40_000
+    for dtype in (np.float32, np.float64):
+        counts = np.array([2, 0, 3, 1], dtype=np.int64)
+        rows = int(counts.sum()) + counts.size
+        logits = rng.standard_normal((rows, vocab)).astype(dtype)
+        ids = rng.integers(0, vocab, int(counts.sum()))
+        for top_k, top_p, min_p in ((50, 0.95, 0.0), (0, 0.9, 0.0), (0, 0.9, 0.01),
+                                    (3000, 0.5, 0.0), (0, 1.0, 0.0)):
+            params = dict(temperature=np.full(4, 0.7), top_k=np.full(4, top_k),
+                          top_p=np.full(4, top_p), min_p=np.full(4, min_p))
+            for method in registry.names():
+                specdec_np.verify_ragged(
+                    num_draft_tokens=counts, draft_token_ids=ids, target_logits=logits,
+                    method=method, generator=np.random.default_rng(1), **params)
+            for tree_method in registry.tree_method_names():
+                specdec_np.verify_tree(
+                    num_nodes=np.array([3, 1]), tree_parents=np.array([-1, 0, 0, -1]),
+                    draft_token_ids=ids[:4], target_logits=logits[:6], method=tree_method,
+                    generator=np.random.default_rng(1), temperature=np.full(2, 0.7),
+                    top_k=np.full(2, top_k), top_p=np.full(2, top_p), min_p=np.full(2, min_p))
+            specdec_np.processed_probs(logits[:3], temperature=0.7, top_k=top_k,
+                                       top_p=top_p, min_p=min_p)
+"""
+
+
+def test_the_logits_paths_run_in_a_thread_with_a_32_kib_stack():
+    """Python's smallest thread stack (32 KiB) holds every logits path."""
+    from test_hardening import run_python
+
+    result = run_python(
+        _SMALL_STACK_CALLS
+        + """
+import threading
+threading.stack_size(32768)
+failures = []
+def guarded():
+    try:
+        run_all()
+    except BaseException as error:  # reported to the parent through stdout
+        failures.append(repr(error))
+thread = threading.Thread(target=guarded)
+thread.start()
+thread.join()
+print("failures:", failures)
+""",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "failures: []" in result.stdout, result.stdout
+
+
+def test_the_logits_paths_run_under_omp_stacksize_16k():
+    """OpenMP worker threads with 16 KiB stacks hold every logits path: the batch is large
+    enough for the kernels to use two threads."""
+    from test_hardening import run_python
+
+    result = run_python(
+        _SMALL_STACK_CALLS.replace("vocab = 40_000", "vocab = 300_000")
+        + "\nrun_all()\nprint('done')\n",
+        env={"OMP_STACKSIZE": "16K", "OMP_NUM_THREADS": "2"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "done" in result.stdout
+
+
 # --- no walk quadratic in siblings: the cost of a 4x bigger tree, by CPU time ----------------
 
 TREE_VOCAB = 8

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from specdec_np._reference import _processed_law, fast_expf, process_logits
 
 _WRAPPER = r"""
+#include <stdlib.h>
 #include "_logits.h"
 
 void t_exp_scalar(const float *x, float *out, ptrdiff_t n)
@@ -79,10 +80,21 @@ int64_t t_exp_monotone_violations(void)
     return violations;
 }
 
+/* The law's scratch from the heap, as the kernels take it. */
 void t_row_law_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
-                 specdec_row_law *law) { specdec_row_law_f(l, V, t, k, p, m, law); }
+                 specdec_row_law *law)
+{
+    specdec_law_scratch *scratch = malloc(sizeof *scratch);
+    specdec_row_law_f(l, V, t, k, p, m, scratch, law);
+    free(scratch);
+}
 void t_row_law_d(const double *l, ptrdiff_t V, double t, int64_t k, double p, double m,
-                 specdec_row_law *law) { specdec_row_law_d(l, V, t, k, p, m, law); }
+                 specdec_row_law *law)
+{
+    specdec_law_scratch *scratch = malloc(sizeof *scratch);
+    specdec_row_law_d(l, V, t, k, p, m, scratch, law);
+    free(scratch);
+}
 void t_materialise_f(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,
                      float *out) { specdec_law_materialise_f(l, V, t, law, out); }
 void t_materialise_d(const double *l, ptrdiff_t V, double t, const specdec_row_law *law,

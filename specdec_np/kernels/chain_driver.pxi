@@ -8,13 +8,16 @@ cdef inline int64_t verify_request(
     const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
     Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
     const double* sampling, int row_forms, probability_t* scratch,
-    Py_ssize_t width, int64_t* out, int64_t* accepted_length, int64_t* num_accepted
+    specdec_law_scratch* law_scratch, Py_ssize_t width, int64_t* out,
+    int64_t* accepted_length, int64_t* num_accepted
 ) noexcept nogil:
     """The skeleton every verifier shares: id check, the row function bound to code
     ``method``, bonus, output row.
 
     ``sampling`` (temperature, top-k, top-p, min-p) is NULL for probability rows, and
-    ``scratch`` then unused; with logits, ``scratch`` is the thread's two rows of V.
+    ``scratch`` then unused; with logits, ``scratch`` is the thread's two rows of V and
+    ``law_scratch`` its law scratch (NULL when its allocation failed: the row status is
+    then SPECDEC_STATUS_NO_MEMORY).
     """
     cdef int64_t status, last_token = 0
     cdef Request request_fields
@@ -22,7 +25,11 @@ cdef inline int64_t verify_request(
     cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
     if bad >= 0:
         return 1 + bad
-    init_request(request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch)
+    if sampling != NULL and law_scratch == NULL:
+        return SPECDEC_STATUS_NO_MEMORY
+    init_request(
+        request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch, law_scratch
+    )
     status = call_chain_row(
         method, target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
         num_accepted,
@@ -150,6 +157,7 @@ def verify_chains(
         DRAFT_LOGITS if draft_logits else 0
     )
     cdef probability_t* scratch_base = NULL
+    cdef specdec_law_scratch* law_scratch = NULL
     cdef const probability_t* target_base
     require(B >= 0, "draft_offsets must have B + 1 entries")
     require_chain_row_code(method)
@@ -209,24 +217,25 @@ def verify_chains(
     uniform_base = &uniforms[0, 0] if stochastic else NULL
     parameter_base = &parameters[0] if parameters.shape[0] > 0 else NULL
     # use_threads_if: a one-thread call skips the OpenMP team (about half a microsecond).
-    for b in prange(
-        B, nogil=True, num_threads=num_threads, schedule="dynamic",
-        use_threads_if=num_threads > 1,
-    ):
-        start = draft_offsets[b]
-        request_method = request_methods[b] if per_request else method
-        row_status[b] = verify_request(
-            request_method,
-            target_base + (start + (b if bonus_rows else 0)) * V,
-            NULL if draft_base == NULL else draft_base + start * V,
-            ids_base + start if ids_base != NULL else ids_base,
-            bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
-            NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-            parameter_base, causal,
-            NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
-            NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
-            width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
-        )
+    # Each thread of the team allocates its law scratch once for the call.
+    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
+        law_scratch = new_law_scratch(sampling_base != NULL)
+        for b in prange(B, schedule="dynamic"):
+            start = draft_offsets[b]
+            request_method = request_methods[b] if per_request else method
+            row_status[b] = verify_request(
+                request_method,
+                target_base + (start + (b if bonus_rows else 0)) * V,
+                NULL if draft_base == NULL else draft_base + start * V,
+                ids_base + start if ids_base != NULL else ids_base,
+                bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+                parameter_base, causal,
+                NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
+                NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
+                law_scratch, width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
+            )
+        free(law_scratch)
     return first_failed_row(row_status)
 
 

@@ -5,18 +5,21 @@
 # --------------------------------------------------------------------------------------
 
 cdef void process_row(
-    const probability_t* logits, Py_ssize_t V, const double* sampling, probability_t* out
+    const probability_t* logits, Py_ssize_t V, const double* sampling,
+    specdec_law_scratch* scratch, probability_t* out
 ) noexcept nogil:
-    # The law lives in this frame: one per thread of the loop below.
+    # The law lives in this frame, its scratch on the heap: one per thread of the loop.
     cdef specdec_row_law law
     if probability_t is float:
         specdec_row_law_f(
-            logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], &law
+            logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
+            scratch, &law,
         )
         specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
     else:
         specdec_row_law_d(
-            logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], &law
+            logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3], scratch,
+            &law,
         )
         specdec_law_materialise_d(logits, V, sampling[0], &law, out)
 
@@ -42,13 +45,22 @@ def processed_rows(
     cdef Py_ssize_t N = logits.shape[0]
     cdef Py_ssize_t V = logits.shape[1]
     cdef Py_ssize_t i
+    cdef specdec_law_scratch* scratch = NULL
+    cdef int failed = 0
     require(V >= 1, "the vocabulary must not be empty")
     require(sampling.shape[0] == N and sampling.shape[1] == 4, "sampling must be [N, 4]")
     require(out.shape[0] == N and out.shape[1] == V, "out must be [N, V]")
     if N == 0:
         return
-    for i in prange(
-        N, nogil=True, num_threads=num_threads, schedule="dynamic",
-        use_threads_if=num_threads > 1,
-    ):
-        process_row(&logits[i, 0], V, &sampling[i, 0], &out[i, 0])
+    # Each thread of the team allocates its law scratch once for the call.
+    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
+        scratch = new_law_scratch(True)
+        # Every thread meets the loop (a worksharing loop that some skipped would hang).
+        for i in prange(N, schedule="dynamic"):
+            if scratch == NULL:
+                failed += 1
+            else:
+                process_row(&logits[i, 0], V, &sampling[i, 0], scratch, &out[i, 0])
+        free(scratch)
+    if failed:
+        raise MemoryError("processed_rows: the law's scratch could not be allocated")

@@ -13,12 +13,13 @@ cdef enum:
 cdef inline void init_request(
     Request* request, Py_ssize_t k, Py_ssize_t V, const double* uniforms,
     const double* parameters, bint causal, const double* sampling, int row_forms,
-    probability_t* scratch
+    probability_t* scratch, specdec_law_scratch* law_scratch
 ) noexcept nogil:
     """Fill a Request; ``sampling`` (temperature, top-k, top-p, min-p) is NULL for
-    probability rows, and ``scratch`` (two rows of V) is then unused; with it,
-    ``row_forms`` says which rows are logits (``TARGET_LOGITS``, ``DRAFT_LOGITS``), the
-    others being probabilities used as they are."""
+    probability rows, and ``scratch`` (two rows of V) and ``law_scratch`` (the thread's,
+    from :func:`new_law_scratch`) are then unused; with it, ``row_forms`` says which rows
+    are logits (``TARGET_LOGITS``, ``DRAFT_LOGITS``), the others being probabilities used
+    as they are."""
     request.k = k
     request.V = V
     request.uniforms = uniforms
@@ -35,6 +36,7 @@ cdef inline void init_request(
         request.min_p = sampling[3]
         request.target_scratch = scratch
         request.draft_scratch = scratch + V
+        request.law_scratch = law_scratch
 
 
 cdef inline const specdec_row_law* row_law(
@@ -47,12 +49,12 @@ cdef inline const specdec_row_law* row_law(
         if probability_t is float:
             specdec_row_law_f(
                 rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
-                request.min_p, law,
+                request.min_p, request.law_scratch, law,
             )
         else:
             specdec_row_law_d(
                 rows + i * V, V, request.temperature, request.top_k, request.top_p,
-                request.min_p, law,
+                request.min_p, request.law_scratch, law,
             )
         cached[0] = i
     return law

@@ -245,8 +245,8 @@ cdef int64_t walk_tree(
     const int64_t* next_sibling, const int64_t* next_distinct_sibling,
     const int8_t* repeated_token, Py_ssize_t num_nodes, Py_ssize_t V,
     const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
-    double* working, Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out,
-    int64_t* length
+    specdec_law_scratch* law_scratch, double* working, Py_ssize_t depth_width,
+    int64_t* nodes_out, int64_t* tokens_out, int64_t* length
 ) noexcept nogil:
     """One request's walk with the tree step bound to code ``method``: id check, steps
     from the root, output rows; a row status.  ``first_child`` starts at the root's entry
@@ -258,7 +258,12 @@ cdef int64_t walk_tree(
     cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
     if bad >= 0:
         return 1 + bad
-    init_request(request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch)
+    if sampling != NULL and law_scratch == NULL:
+        return SPECDEC_STATUS_NO_MEMORY
+    init_request(
+        request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch,
+        law_scratch,
+    )
     request.first_child = first_child
     request.next_sibling = next_sibling
     request.next_distinct_sibling = next_distinct_sibling
@@ -399,6 +404,7 @@ def verify_trees(
         DRAFT_LOGITS if draft_logits else 0
     )
     cdef probability_t* scratch_base = NULL
+    cdef specdec_law_scratch* law_scratch = NULL
     cdef double* working_base = NULL
     require(B >= 0, "node_offsets must have B + 1 entries")
     require_tree_step_code(method)
@@ -474,29 +480,30 @@ def verify_trees(
     next_distinct_base = &next_distinct_sibling[0] if N > 0 else NULL
     repeated_base = &repeated_token[0] if N > 0 else NULL
     uniform_base = &uniforms[0] if stochastic else NULL
-    for b in prange(
-        B, nogil=True, num_threads=num_threads, schedule="dynamic",
-        use_threads_if=num_threads > 1,
-    ):
-        start = node_offsets[b]
-        thread = threadid()
-        request_method = request_methods[b] if per_request else method
-        row_status[b] = walk_tree(
-            request_method,
-            &target_rows[start + b, 0],
-            NULL if draft_base == NULL else draft_base + start * V,
-            ids_base + start if ids_base != NULL else ids_base,
-            parents_base + start if parents_base != NULL else parents_base,
-            first_child_base + start + b,
-            next_sibling_base + start if next_sibling_base != NULL else next_sibling_base,
-            next_distinct_base + start if next_distinct_base != NULL else next_distinct_base,
-            repeated_base + start if repeated_base != NULL else repeated_base,
-            node_offsets[b + 1] - start, V,
-            NULL if uniform_base == NULL else uniform_base + start + b,
-            NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
-            NULL if scratch_base == NULL else scratch_base + thread * 2 * V,
-            NULL if working_base == NULL else working_base + thread * 2 * V,
-            D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
-            &accepted_lengths[b],
-        )
+    # Each thread of the team allocates its law scratch once for the call.
+    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
+        law_scratch = new_law_scratch(sampling_base != NULL)
+        for b in prange(B, schedule="dynamic"):
+            start = node_offsets[b]
+            thread = threadid()
+            request_method = request_methods[b] if per_request else method
+            row_status[b] = walk_tree(
+                request_method,
+                &target_rows[start + b, 0],
+                NULL if draft_base == NULL else draft_base + start * V,
+                ids_base + start if ids_base != NULL else ids_base,
+                parents_base + start if parents_base != NULL else parents_base,
+                first_child_base + start + b,
+                next_sibling_base + start if next_sibling_base != NULL else next_sibling_base,
+                next_distinct_base + start if next_distinct_base != NULL else next_distinct_base,
+                repeated_base + start if repeated_base != NULL else repeated_base,
+                node_offsets[b + 1] - start, V,
+                NULL if uniform_base == NULL else uniform_base + start + b,
+                NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
+                NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
+                NULL if working_base == NULL else working_base + thread * 2 * V,
+                D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+                &accepted_lengths[b],
+            )
+        free(law_scratch)
     return first_failed_row(row_status)
