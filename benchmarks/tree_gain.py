@@ -15,7 +15,11 @@ method's drafts drawn as its ``drafting`` says:
   targets; the draft row is the testing target row plus ``noise`` x normals, for each of
   ``--mc-draft-noises``; 0.3 is the benchmark's realistic regime), ``--rounds`` rounds of
   fresh inputs and drafts at batch ``--batch``, verified from logits with
-  ``specdec_np.verify_tree`` on fresh uniforms: mean accepted length and standard error.
+  ``specdec_np.verify_tree`` on fresh uniforms: mean accepted length and standard error;
+* ``versus`` (on the tree): each sequence-level method (traversal) against each
+  token-level method with draft rows (SpecInfer, RRS): accepted length and tokens per
+  request-step, their difference and the relative gain, with standard errors (paired
+  where both methods see the same drafts and uniforms).
 
 Chain: ``[-1, 0, 1, ...]``; tree: ``specdec_np._tree_demo.best_first_tree`` (the shape of
 ``specdec-np demo --tree`` and of the benchmark)::
@@ -109,6 +113,64 @@ def monte_carlo(
 ) -> dict[str, tuple[float, float]]:
     """Per method, the mean accepted length per request and its standard error over
     ``rounds`` batches (every method on the same inputs, each with its own drafts)."""
+    out = {}
+    for name, array in accepted_lengths(noise, parents, vocab, batch, rounds, seed).items():
+        out[name] = (float(array.mean()), float(array.std(ddof=1) / np.sqrt(array.size)))
+    return out
+
+
+def versus_rows(
+    lengths: dict[str, np.ndarray], regime: str, vocab: int, nodes: int
+) -> list[dict[str, Any]]:
+    """Each sequence-level method against each token-level method that reads draft rows
+    (``registry.TREE_METHODS``), on the same trees: the mean accepted length and tokens per
+    request-step (accepted + the final token: one target call each), their difference and
+    the relative gain in tokens per step, with standard errors.  Methods of the same drafting
+    see the same drafts and uniforms, so their difference is paired (per request); the
+    others' are independent samples."""
+    rows = []
+    for method in (m for m in METHODS if m.sequence_level):
+        for baseline in (m for m in METHODS if m.reads_draft_probs and not m.sequence_level):
+            ours, theirs = lengths[method.name], lengths[baseline.name]
+            paired = method.drafting == baseline.drafting
+            if paired:
+                difference_se = float((ours - theirs).std(ddof=1) / np.sqrt(ours.size))
+            else:
+                difference_se = float(
+                    np.sqrt(ours.var(ddof=1) / ours.size + theirs.var(ddof=1) / theirs.size)
+                )
+            mean, base = float(ours.mean()), float(theirs.mean())
+            # Tokens per step are accepted + 1: the ratio's standard error by the delta method.
+            tokens, base_tokens = mean + 1.0, base + 1.0
+            ratio = tokens / base_tokens
+            mean_se = float(ours.std(ddof=1) / np.sqrt(ours.size))
+            base_se = float(theirs.std(ddof=1) / np.sqrt(theirs.size))
+            if paired:
+                ratio_se = difference_se / base_tokens  # to first order, the paired gap
+            else:
+                ratio_se = ratio * float(np.hypot(mean_se / tokens, base_se / base_tokens))
+            rows.append({
+                "kind": "versus", "method": method.name, "baseline": baseline.name,
+                "regime": regime, "V": vocab, "nodes": nodes, "accepted": mean,
+                "accepted_se": mean_se, "baseline_accepted": base, "baseline_se": base_se,
+                "difference": mean - base, "difference_se": difference_se,
+                "tokens_per_step": tokens, "baseline_tokens_per_step": base_tokens,
+                "tokens_gain": ratio - 1.0, "tokens_gain_se": ratio_se, "paired": paired,
+            })  # fmt: skip
+    return rows
+
+
+VERSUS_COLUMNS = (
+    "method", "baseline", "regime", "V", "nodes", "accepted", "baseline_accepted",
+    "difference", "difference_se", "tokens_gain", "tokens_gain_se",
+)  # fmt: skip
+
+
+def accepted_lengths(
+    noise: float, parents: list[int], vocab: int, batch: int, rounds: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Per method, the accepted length of every request of ``rounds`` batches of fresh
+    inputs (every method on the same inputs and uniforms, each with its drafting's drafts)."""
     lengths: dict[str, list[int]] = {method.name: [] for method in METHODS}
     for round_ in range(rounds):
         inputs = bench.TreeInputs(
@@ -123,11 +185,7 @@ def monte_carlo(
                 draft_logits=inputs.draft if method.reads_draft_probs else None,
             )  # fmt: skip
             lengths[method.name].extend(np.asarray(result.accepted_lengths).tolist())
-    out = {}
-    for name, values in lengths.items():
-        array = np.asarray(values, dtype=np.float64)
-        out[name] = (float(array.mean()), float(array.std(ddof=1) / np.sqrt(array.size)))
-    return out
+    return {name: np.asarray(values, dtype=np.float64) for name, values in lengths.items()}
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -183,11 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "V": args.exact_vocab, "nodes": nodes, "chain": chain, "tree": tree,
             "gain": tree / chain if chain else None, "chain_se": None, "tree_se": None,
         })  # fmt: skip
+    versus = []
     for noise in args.mc_draft_noises:
         for nodes in args.nodes:
             common = (args.vocab, args.batch, args.rounds, args.seed)
             chains = monte_carlo(noise, chain_parents(nodes), *common)
-            trees = monte_carlo(noise, best_first_tree(nodes), *common)
+            tree_lengths = accepted_lengths(noise, best_first_tree(nodes), *common)
+            trees = {
+                name: (float(a.mean()), float(a.std(ddof=1) / np.sqrt(a.size)))
+                for name, a in tree_lengths.items()
+            }
+            versus += versus_rows(tree_lengths, f"noise {noise:g}", args.vocab, nodes)
             for method in METHODS:
                 (chain, chain_se), (tree, tree_se) = chains[method.name], trees[method.name]
                 rows.append({
@@ -198,8 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 })  # fmt: skip
                 harness.log(json.dumps(rows[-1]))
     print(format_table(rows, args.markdown))
+    print()
+    cells = [[_fmt(key, row.get(key)) for key in VERSUS_COLUMNS] for row in versus]
+    print(harness.render_table(VERSUS_COLUMNS, cells, args.markdown))
     if args.json:
-        harness.write_jsonl(args.json, rows, append=True)
+        harness.write_jsonl(args.json, rows + versus, append=True)
     return 0
 
 

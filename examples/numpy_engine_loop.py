@@ -1,6 +1,6 @@
 """A NumPy-only speculative-decoding engine loop around :class:`specdec_np.EngineVerifier`.
 
-What an engine does around the verifier, in about 200 lines and nothing but NumPy:
+What an engine does around the verifier, in one file and nothing but NumPy:
 
 * two toy models, a target and a cheaper draft (recurrent networks with random weights; the
   draft's are the target's plus noise, so that it agrees with the target most of the time),

@@ -205,6 +205,9 @@ cdef struct Request:
     const int64_t* next_sibling
     const int64_t* next_distinct_sibling
     const int8_t* repeated_token
+    # A tree walk's float64 working rows of V (two, or one per depth for the walks that
+    # keep a residual per node of the walked path).
+    Py_ssize_t working_rows
 
 
 GREEDY_MARGIN = SPECDEC_GREEDY_MARGIN

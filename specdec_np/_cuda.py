@@ -53,9 +53,11 @@ scanned whole is materialised into the request's two scratch rows of one per-cal
 ``[B, 2 V]`` buffer).  ``docs/semantics.md`` says where a real device can differ.
 
 ``verify_trees_kernel<ProbT, IdT>`` (``verify_trees.cu``) is the tree driver's
-(``_core.verify_trees``): one block per request walks its tree from the root, reading only
-the rows on the walked path and the children tested there, with the float64 working pair of
-one ``[B, 2 V]`` buffer per call; its row status is the CPU tree driver's.
+(``_core.verify_trees``): one block per request walks its tree, from the root reading only
+the rows on the walked path and the children tested there (traversal: what its post-order
+visits), with the float64 working rows of one ``[B, R V]`` buffer per call (``R`` the
+method's ``TreeMethod.working_rows``: a pair, or one per level for traversal); its row
+status is the CPU tree driver's.
 
 ``create_output_kernel<IdT>`` (``create_output.cu``, vLLM's ``_create_output``) runs one
 thread per row, :data:`CREATE_OUTPUT_BLOCK` threads per block.
@@ -200,6 +202,7 @@ def _tree_walks_generated() -> str:
     methods = registry.TREE_METHODS
     names = ", ".join(method.name for method in methods)
     stochastic = ", ".join(_c_bool(method.stochastic) for method in methods)
+    sequence_level = ", ".join(_c_bool(method.sequence_level) for method in methods)
     cases = [
         (method.code, f"{method.cuda_walk}::step(a, node, final_token, s)") for method in methods
     ]
@@ -211,6 +214,8 @@ def _tree_walks_generated() -> str:
         f"// By code ({names}):",
         "// the walk reads uniforms and working rows (TreeMethod.stochastic).",
         f"__device__ constexpr bool kWalkReadsUniforms[kTreeMethods] = {{{stochastic}}};",
+        "// the walk keeps a residual per level (TreeMethod.sequence_level, working_rows).",
+        f"__device__ constexpr bool kWalkSequenceLevel[kTreeMethods] = {{{sequence_level}}};",
         "",
         "// One step of a request's walk by the registry's cuda_walk of its method code.",
         "template <typename ProbT, typename IdT>",
@@ -666,8 +671,9 @@ class _CoreLikeKernels:
         Launches ``verify_trees_kernel<ProbT, IdT>``: grid ``B``, :data:`BLOCK_SIZE` threads,
         one block walking each request with the registry tree method whose code is
         ``method`` (or, with ``request_methods``, its own; those codes are trusted as in
-        :meth:`verify_chains`).  ``working`` must be float64 ``[B, 2 V]`` (one pair of
-        residual rows per request, not per thread) whenever a walk is stochastic, and with
+        :meth:`verify_chains`).  ``working`` must be float64 ``[B, R V]`` (a request's
+        residual rows, not a thread's: ``R = TreeMethod.working_rows`` of ``method`` at the
+        depth of ``accepted_nodes``) whenever a walk is stochastic, and with
         ``sampling`` (logits rows) ``scratch`` must be ``[B, 2 V]`` in the rows' dtype (one
         processed target and draft row per request).  Offsets are used as given, clamped on
         the device to the arrays (and ``N_b`` to the uniforms), and the links
@@ -705,10 +711,12 @@ class _CoreLikeKernels:
         stochastic = tree_method.stochastic or request_methods is not None
         if stochastic:
             _guard(uniforms, "uniforms", ("float64",), (num_nodes + batch,))
-            if working is None:
-                raise ValueError("working: expected float64 [B, 2 V] for a stochastic walk")
-            _guard(working, "working", ("float64",), (batch, 2 * vocab))
         depth = int(accepted_nodes.shape[1]) if accepted_nodes.ndim == 2 else -1
+        if stochastic:
+            width = tree_method.working_rows(depth) * vocab
+            if working is None:
+                raise ValueError(f"working: expected float64 [B, {width}] for a stochastic walk")
+            _guard(working, "working", ("float64",), (batch, width))
         _guard(accepted_nodes, "accepted_nodes", ("int64",), (batch, depth))
         _guard(output, "output", ("int64",), (batch, depth + 1))
         _guard(accepted_lengths, "accepted_lengths", ("int64",), (batch,))

@@ -36,13 +36,18 @@ class CheckResult:
     name : str
         ``"<verifier>: <property>"``.
     passed : bool
+        False for a check that failed, and for one that did not run.
     detail : str
         The measured numbers (or the exception), for a human.
+    skipped : bool
+        The check did not run (a kit property reported as skipped): neither passed nor
+        failed.
     """
 
     name: str
     passed: bool
     detail: str
+    skipped: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,15 @@ class CheckRow:
     backend : str
     passed : bool
     detail : str
+    skipped : bool
+        Did not run; neither passed nor failed.
     """
 
     name: str
     backend: str
     passed: bool
     detail: str
+    skipped: bool = False
 
 
 def usable_backends() -> list[str]:
@@ -96,7 +104,8 @@ def _kit_checks(verifier: registry.Verifier, xp: Any) -> list[CheckResult]:
         ]
     report = testing.check_verifier(_package_verifier(verifier, xp), verifier.name, seed=SEED)
     return [
-        CheckResult(f"{verifier.name}: {row.name}", row.passed, f"{row.figure}; {row.detail}")
+        CheckResult(f"{verifier.name}: {row.name}", row.passed, f"{row.figure}; {row.detail}",
+                    row.skipped)
         for row in report.rows
     ]
 
@@ -216,7 +225,8 @@ def run_checks(backend: str = "numpy") -> list[CheckResult]:
         elapsed = time.perf_counter() - start
         for result in outcome if isinstance(outcome, list) else [outcome]:
             results.append(
-                CheckResult(result.name, result.passed, f"{result.detail} [{elapsed:.2f} s]")
+                CheckResult(result.name, result.passed, f"{result.detail} [{elapsed:.2f} s]",
+                            result.skipped)
             )
     return results
 
@@ -250,5 +260,6 @@ def check_backends(
             continue
         if not results:
             rows.append(CheckRow("run_checks", backend, False, "no check was run"))
-        rows.extend(CheckRow(r.name, backend, bool(r.passed), str(r.detail)) for r in results)
+        rows.extend(CheckRow(r.name, backend, bool(r.passed), str(r.detail),
+                             bool(getattr(r, "skipped", False))) for r in results)
     return rows

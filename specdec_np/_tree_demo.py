@@ -162,6 +162,7 @@ class TreeDemoResult:
                 }
             )
         return {
+            "versus": self.versus(),
             "node_budget": self.config.k,
             "batch": self.config.batch,
             "tokens_per_sequence": self.config.tokens,
@@ -172,6 +173,45 @@ class TreeDemoResult:
             "decode_seconds": self.decode_seconds,
             "methods": rows,
         }
+
+
+    def versus(self) -> list[dict[str, Any]]:
+        """On the tree, each sequence-level method (traversal) against each token-level
+        method that reads draft rows (SpecInfer, RRS): tokens per request-step, their
+        paired difference per request-step (same contexts; the same drafts for the same
+        drafting) with its standard error, and the relative gain with its standard error.
+
+        Returns
+        -------
+        list of dict
+            One per pair, in registry order.
+        """
+        entries = {method.name: method for method in registry.TREE_METHODS}
+        rows = []
+        for name in (m for m in self.methods if entries[m].sequence_level):
+            for other in self.methods:
+                baseline = entries[other]
+                if baseline.sequence_level or not baseline.reads_draft_probs:
+                    continue
+                ours = np.asarray(self.accepted[name, "tree"], dtype=np.float64)
+                theirs = np.asarray(self.accepted[other, "tree"], dtype=np.float64)
+                difference = ours - theirs
+                base = 1.0 + float(theirs.mean())
+                error = (
+                    float(difference.std(ddof=1) / np.sqrt(difference.size))
+                    if difference.size > 1
+                    else float("nan")
+                )
+                rows.append({
+                    "method": name, "baseline": other,
+                    "tokens_per_request_step": 1.0 + float(ours.mean()),
+                    "baseline_tokens_per_request_step": base,
+                    "paired_difference": float(difference.mean()),
+                    "paired_standard_error": error,
+                    "gain": float(difference.mean()) / base,
+                    "gain_standard_error": error / base,
+                })  # fmt: skip
+        return rows
 
 
 def _processed(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
@@ -329,11 +369,16 @@ def run_tree_demo(
         windows = sequences[rows[:, None], lengths[rows, None] - context + np.arange(context)]
         row_sampling = [sampling[r] for r in rows]
         advance = None
+        # Methods of the same drafting verify the same drafts (a paired comparison).
+        drafts: dict[tuple[str | None, str], _Drafted] = {}
         for method in methods:
             for shape in SHAPES:
-                drafted = _draft_tree(
-                    draft, windows, shapes[shape], method.drafting, row_sampling, draft_rng
-                )
+                key = (method.drafting, shape)
+                if key not in drafts:
+                    drafts[key] = _draft_tree(
+                        draft, windows, shapes[shape], method.drafting, row_sampling, draft_rng
+                    )
+                drafted = drafts[key]
                 verified = _verify(target, windows, drafted, method, row_sampling, verifier_rng)
                 result.accepted[method.name, shape].extend(verified.accepted_lengths.tolist())
                 result.drafted[method.name, shape].extend(len(p) for p in drafted[0])

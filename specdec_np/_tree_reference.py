@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from . import registry
+from . import _traversal_reference, registry
 from ._reference import _per_request, _process_request_rows, residual_draw
 from ._trees import validate_tree
 
@@ -58,6 +58,8 @@ __all__ = [
     "sibling_walk",
     "specinfer_tree_law",
     "specinfer_tree_walk",
+    "traversal_tree_law",
+    "traversal_tree_walk",
     "tree_emission_law",
     "tree_output_law",
     "verify_tree",
@@ -96,7 +98,7 @@ def verify_tree(
     uniforms : float64 [B, >= max_nodes + 1], or None for ``"greedy"``
         Request ``b`` reads column ``j`` for node ``j``'s test and column ``N_b`` for the
         final token.
-    method : {"greedy", "point_mass", "specinfer", "rrs"}
+    method : {"greedy", "point_mass", "specinfer", "rrs", "traversal"}
 
     Returns
     -------
@@ -113,7 +115,8 @@ def verify_tree(
         On a bad layout (see :func:`specdec_np._trees.validate_tree`), mismatched shapes, an
         unknown method, or a final draw from a row without positive probability.
     """
-    walk = getattr(sys.modules[__name__], registry.get_tree_method(method).reference_name)
+    tree_method = registry.get_tree_method(method)
+    walk = getattr(sys.modules[__name__], tree_method.reference_name)
     xp = target_probs.__array_namespace__()
     target_shape = _shape(target_probs)
     if len(target_shape) != 2:
@@ -149,7 +152,12 @@ def verify_tree(
     output_rows = []
     lengths = []
     for b in range(batch_size):
-        nodes, final = _walk(xp, layout, b, target_probs, draft_probs, uniforms, vocabulary, walk)
+        if tree_method.sequence_level:
+            nodes, final = walk(xp, layout, b, target_probs, draft_probs, uniforms, vocabulary)
+        else:
+            nodes, final = _walk(
+                xp, layout, b, target_probs, draft_probs, uniforms, vocabulary, walk
+            )
         tokens = layout.tokens_of(b)
         padding = layout.max_depth - len(nodes)
         accepted_rows.append(nodes + [-1] * padding)
@@ -347,6 +355,26 @@ def rrs_tree_walk(
     if q_rows is None:
         return _point_mass_siblings(xp, p, kids, tokens, uniforms, vocabulary)
     return _residual_siblings(xp, p, kids, tokens, uniforms, True, q_rows, vocabulary)
+
+
+def traversal_tree_walk(
+    xp: Any,
+    layout: Any,
+    b: int,
+    target_probs: Any,
+    draft_probs: Any,
+    uniforms: Any,
+    vocabulary: Any,
+) -> tuple[list[int], int]:
+    """Traversal verification, a request walk (:mod:`specdec_np._traversal_reference`);
+    without draft rows the children are point-mass candidates, walked as ``point_mass``."""
+    if draft_probs is None:
+        return _walk(
+            xp, layout, b, target_probs, None, uniforms, vocabulary, point_mass_tree_walk
+        )
+    return _traversal_reference.traversal_walk(
+        xp, layout, b, target_probs, draft_probs, uniforms, vocabulary
+    )
 
 
 def _final_draw(xp: Any, final: tuple[Any, int | None], v: Any) -> int:
@@ -594,6 +622,16 @@ def rrs_tree_law(
 ) -> Law:
     """The law of the RRS walk (:func:`tree_emission_law`'s arguments)."""
     return _sibling_law(_without_replacement_rule, target, tree_parents, vocab_size, **options)
+
+
+def traversal_tree_law(
+    target: PathRow, tree_parents: Any, vocab_size: int, **options: Any
+) -> Law:
+    """The law of the traversal walk (:func:`tree_emission_law`'s arguments): without a
+    draft, the point-mass walk's, which it then walks."""
+    if options.get("draft") is None:
+        return point_mass_tree_law(target, tree_parents, vocab_size, **options)
+    return _traversal_reference.traversal_law(target, tree_parents, vocab_size, **options)
 
 
 #: The law each sibling-walk oracle tests a child against.

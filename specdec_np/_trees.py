@@ -935,9 +935,13 @@ def verify_tree(
     if request_codes is not None:
         options["request_methods"] = request_codes
     if chosen.stochastic or request_codes is not None:
-        # The residual and its update: allocated once per call, not per node.
+        # The residual and its update (traversal: a residual per level of the path too):
+        # allocated once per call, not per node.
         rows = _dispatch.working_rows(batch.device, threads, layout.batch_size)
-        options["working"] = batch.xp.empty((rows, 2 * batch.vocab_size), dtype=batch.xp.float64)
+        # By the output's depth, which the CUDA kernel sizes the rows by.
+        depth = int(block.accepted_nodes.shape[1])
+        width = tree_method.working_rows(depth) * batch.vocab_size
+        options["working"] = batch.xp.empty((rows, width), dtype=batch.xp.float64)
     return _dispatch.run(batch, chosen.code, sources, block, threads, options=options)
 
 

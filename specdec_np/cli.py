@@ -85,6 +85,42 @@ MAX_STEP_ELEMENTS = 1 << 26
 MAX_SEQUENCE_ELEMENTS = 50_000_000
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds ``>= 0``; otherwise a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds; found {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0; found {text}")
+    return value
+
+
+def _check_check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) of ``check``: the kit's options without ``--verifier``, and a
+    kind its layout does not have."""
+    if getattr(args, "command", None) != "check":
+        return
+    from . import testing
+
+    options = ("layout", "kind", "seed", "timeout")
+    if args.verifier is None:
+        given = [f"--{name}" for name in options if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} only apply with --verifier")
+        return
+    layout = args.layout or "padded"
+    kinds = testing.kinds_for(layout)
+    if args.kind is None:
+        args.kind = registry.tree_method_names(stochastic=True)[0] if layout == "tree" else (
+            kinds[0])
+    if args.kind not in kinds:
+        parser.error(f"--kind must be one of {', '.join(kinds)} with --layout {layout}; "
+                     f"found {args.kind!r}")
+    args.layout = layout
+    args.seed = 0 if args.seed is None else args.seed
+
+
 def _check_demo_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage error (exit 2) for sizes that are each allowed but too large together."""
     if getattr(args, "command", None) not in (None, "demo") or not hasattr(args, "k"):
@@ -275,6 +311,17 @@ def _tree_demo_lines(s: dict[str, Any]) -> list[str]:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if s["versus"]:
+        lines.append("")
+        lines.append("on the tree, sequence-level against token-level verification (paired):")
+        for v in s["versus"]:
+            lines.append(
+                f"  {v['method']} vs {v['baseline']}: "
+                f"{_number(v['tokens_per_request_step'], 3)} vs "
+                f"{_number(v['baseline_tokens_per_request_step'], 3)} tokens per request-step, "
+                f"{v['paired_difference']:+.3f} +- {_number(v['paired_standard_error'], 3)} "
+                f"({100 * v['gain']:+.1f} % +- {_number(100 * v['gain_standard_error'], 1)} %)"
+            )
     lines.append(f"  wall time {s['decode_seconds']:.2f} s")
     return lines
 
@@ -392,13 +439,21 @@ def _run_check_verifier(args: argparse.Namespace) -> int:
         print(f"specdec-np check: error: cannot load --verifier {args.verifier}: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
+    if not callable(verifier):
+        print(f"specdec-np check: error: --verifier {args.verifier} is not callable (found "
+              f"{type(verifier).__name__})", file=sys.stderr)
+        return 2
+    timeout = testing.DEFAULT_TIMEOUT if args.timeout is None else (args.timeout or None)
     progress = _Progress(sys.stderr, quiet=args.quiet, command="check")
-    progress.message(f"running the conformance kit on {args.verifier} (kind {args.kind})...")
-    report = testing.check_verifier(verifier, args.kind, seed=args.seed)
+    progress.message(f"running the conformance kit on {args.verifier} (kind {args.kind}, "
+                     f"layout {args.layout})...")
+    report = testing.check_verifier(verifier, args.kind, layout=args.layout, seed=args.seed,
+                                    timeout=timeout)
     progress.clear()
     if args.json:
-        rows = [row.__dict__ for row in report.rows]
-        _print_json({"verifier": args.verifier, "kind": args.kind, "passed": report.passed,
+        rows = [dict(row.__dict__, status=row.status) for row in report.rows]
+        _print_json({"verifier": args.verifier, "kind": args.kind, "layout": args.layout,
+                     "passed": report.passed, "skipped": report.skipped(),
                      "seconds": report.seconds, "properties": rows}, sys.stdout)
     else:
         print(report)
@@ -421,20 +476,23 @@ def _run_check(args: argparse.Namespace) -> int:
 
     progress = _Progress(sys.stderr, quiet=args.quiet, command="check")
     rows = [
-        (row.name, row.backend, row.passed, row.detail)
+        (row.name, row.backend, "SKIP" if row.skipped else "PASS" if row.passed else "FAIL",
+         row.detail)
         for row in _self_check.check_backends(backends, progress.message)
     ]
     progress.clear()
 
-    failures = sum(not passed for _, _, passed, _ in rows)
+    failures = sum(status == "FAIL" for _, _, status, _ in rows)
+    skips = sum(status == "SKIP" for _, _, status, _ in rows)
     if args.json:
         _print_json(
             {
                 "backends": backends,
                 "passed": failures == 0,
                 "checks": [
-                    {"name": name, "backend": backend, "passed": passed, "detail": detail}
-                    for name, backend, passed, detail in rows
+                    {"name": name, "backend": backend, "passed": status == "PASS",
+                     "skipped": status == "SKIP", "detail": detail}
+                    for name, backend, status, detail in rows
                 ],
             },
             sys.stdout,
@@ -444,16 +502,15 @@ def _run_check(args: argparse.Namespace) -> int:
             print(line)
         print()
         verdict = "all passed" if failures == 0 else f"{failures} FAILED"
+        if skips:
+            verdict += f", {skips} skipped"
         print(f"{len(rows)} checks on {', '.join(backends)}: {verdict}")
     return 1 if failures else 0
 
 
-def _check_table(rows: Sequence[tuple[str, str, bool, str]]) -> list[str]:
+def _check_table(rows: Sequence[tuple[str, str, str, str]]) -> list[str]:
     header = ("check", "backend", "result", "detail")
-    table = [
-        (name, backend, "PASS" if passed else "FAIL", detail)
-        for name, backend, passed, detail in rows
-    ]
+    table = list(rows)
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(3)]
 
     def line(cells: Sequence[str]) -> str:
@@ -695,7 +752,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the results as JSON")
     check.add_argument("--quiet", "-q", action="store_true", help=_QUIET_HELP)
-    from .testing import KINDS
+    from .testing import DEFAULT_TIMEOUT, LAYOUTS
 
     check.add_argument(
         "--verifier",
@@ -703,10 +760,18 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="run the conformance kit on your own verifier instead (importable from the "
         "current directory or sys.path); exit 1 if a property fails",
     )
-    check.add_argument("--kind", choices=KINDS, default=KINDS[0],
-                       help="what --verifier implements (default %(default)s)")
-    check.add_argument("--seed", type=_int_at_least(0), default=0,
+    check.add_argument("--layout", choices=LAYOUTS, default=None,
+                       help="the calling convention of --verifier: the padded chain form, "
+                       "verify_ragged's keywords or verify_tree's keywords (default padded)")
+    check.add_argument("--kind", default=None,
+                       help="what --verifier implements: a registry verifier name for the "
+                       "chain layouts (default rejection), a registry tree method for "
+                       "--layout tree (default its first stochastic method)")
+    check.add_argument("--seed", type=_int_at_least(0), default=None,
                        help="seed of the kit's inputs for --verifier (default 0)")
+    check.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                       help=f"time limit of each call to --verifier (default "
+                       f"{DEFAULT_TIMEOUT:g}; 0: no limit)")
     check.set_defaults(handler=_run_check)
 
     info = sub.add_parser(
@@ -747,6 +812,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
     _check_demo_sizes(parser, args)
+    _check_check_options(parser, args)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -327,6 +327,14 @@ class TreeMethod:  # numpydoc ignore=PR01
         The request walk of ``specdec_np._tree_reference`` that is its oracle of record.
     oracle_name : str or None
         The exact emission law of ``specdec_np._tree_reference`` (stochastic methods).
+    chain_verifier : str
+        The chain verifier (:data:`VERIFIERS`) the walk equals on a chain given with draft
+        rows; without them every stochastic walk is ``point_mass``, token-wise rejection.
+    sequence_level : bool
+        Decides on whole root-to-node sequences from the leaves up (post-order) rather
+        than child by child from the root: its reference is a request walk, its kernel
+        step decides the whole walk in one call (returning the deepest accepted node), and
+        it keeps a residual row per level of the walked path (:meth:`working_rows`).
     """
 
     name: str
@@ -337,6 +345,25 @@ class TreeMethod:  # numpydoc ignore=PR01
     cuda_walk: str
     reference_name: str
     oracle_name: str | None = None
+    chain_verifier: str = "rejection"
+    sequence_level: bool = False
+
+    def working_rows(self, max_depth: int) -> int:
+        """How many float64 working rows of ``V`` the walk needs per CPU thread or GPU
+        request: a residual and its update, or, for a sequence-level walk, one residual per
+        level of the path that is not a leaf and one for the update.
+
+        Parameters
+        ----------
+        max_depth : int
+            The deepest node of the batch (a child of the root has depth 1).
+
+        Returns
+        -------
+        int
+            At least 2.
+        """
+        return max(2, max_depth + 1) if self.sequence_level else 2
 
     @property
     def stochastic(self) -> bool:
@@ -360,6 +387,7 @@ TREE_METHODS: tuple[TreeMethod, ...] = (
         walk="greedy_tree_step",
         cuda_walk="GreedyTreeStep",
         reference_name="greedy_tree_walk",
+        chain_verifier="greedy",
     ),
     TreeMethod(
         name="point_mass",
@@ -396,6 +424,22 @@ TREE_METHODS: tuple[TreeMethod, ...] = (
         cuda_walk="RrsTreeStep",
         reference_name="rrs_tree_walk",
         oracle_name="rrs_tree_law",
+    ),
+    TreeMethod(
+        name="traversal",
+        summary=(
+            "traversal verification (Weng et al., NeurIPS 2025), independently drafted "
+            "children: sequence-level, leaves up in post-order, with block verification's "
+            "path weights and weighted residuals; block verification on a chain"
+        ),
+        drafting="independent",
+        reads_draft_probs=True,
+        walk="traversal_tree_step",
+        cuda_walk="TraversalTreeStep",
+        reference_name="traversal_tree_walk",
+        oracle_name="traversal_tree_law",
+        chain_verifier="block",
+        sequence_level=True,
     ),
 )
 

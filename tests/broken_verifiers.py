@@ -7,9 +7,13 @@ tests; each module-level function below is it with one bug, importable as
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import numpy as np
+
+import specdec_np
 
 BUGS = (
     "always_accept",
@@ -189,3 +193,86 @@ def block_first_failure(target: Any, bonus: Any, draft_probs: Any, draft_ids: An
     """Block verification that stops at the first failed check (not lossless)."""
     return numpy_block(target, bonus, draft_probs, draft_ids, uniforms=uniforms,
                        stop_at_first_failure=True)
+
+
+# -- every layout: one bug each in a wrapper of the library's own verifier -------------------
+#
+# Each wrapper keeps the wrapped function's signature (functools.wraps sets __wrapped__,
+# which inspect.signature follows), so the kit sees and feeds every keyword it takes.
+
+
+def _wrapping(function: Any, name: str, change: Any) -> Any:
+    @functools.wraps(function)
+    def verifier(*args: Any, **keywords: Any) -> Any:
+        return function(*args, **change(keywords))
+
+    verifier.__name__ = verifier.__qualname__ = name
+    return verifier
+
+
+def _reused_generator_uniform(keywords: dict, columns: int) -> dict:
+    """With ``generator=``: one uniform per request broadcast to every column (a wrong
+    generator path); explicit uniforms and seeds are left alone."""
+    generator = keywords.get("generator")
+    if generator is None:
+        return keywords
+    batch_size = len(np.asarray(keywords["num_draft_tokens" if "num_draft_tokens" in keywords
+                                         else "num_nodes"]))
+    one = generator.random((batch_size, 1))
+    return {**keywords, "generator": None,
+            "uniforms": np.ascontiguousarray(np.broadcast_to(one, (batch_size, columns)))}
+
+
+def _hang(*args: Any, **keywords: Any) -> Any:
+    threading.Event().wait()  # never set: the call never returns
+
+
+def padded_wrong_generator(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                            uniforms: Any = None, generator: Any = None) -> Any:
+    """Right with explicit uniforms; with ``generator=`` one uniform per row everywhere."""
+    if generator is not None:
+        uniforms = np.broadcast_to(generator.random((len(draft_ids), 1)),
+                                   (len(draft_ids), draft_ids.shape[1] + 1))
+    return correct(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+
+
+
+def padded_hangs(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                 uniforms: Any) -> Any:
+    """Never returns."""
+    return _hang()
+
+
+#: ``verify_ragged`` that ignores one sampling filter (None: off), by filter name.
+RAGGED_IGNORED = {
+    name: _wrapping(specdec_np.verify_ragged, f"ragged_ignores_{name}",
+                    lambda keywords, name=name: {**keywords, name: None})
+    for name in ("temperature", "top_k", "top_p", "min_p")
+}
+ragged_ignores_top_k = RAGGED_IGNORED["top_k"]
+
+
+def _ragged_columns(keywords: dict) -> dict:
+    counts = np.asarray(keywords["num_draft_tokens"])
+    return _reused_generator_uniform(keywords, int(counts.max(initial=0)) + 2)
+
+
+ragged_wrong_generator = _wrapping(specdec_np.verify_ragged, "ragged_wrong_generator",
+                                   _ragged_columns)
+ragged_hangs = _wrapping(_hang, "ragged_hangs", lambda keywords: keywords)
+ragged_hangs.__wrapped__ = specdec_np.verify_ragged  # the signature the kit reads
+
+
+def _greedy_walk(keywords: dict) -> dict:
+    return {**keywords, "method": "greedy"}
+
+
+def _tree_columns(keywords: dict) -> dict:
+    counts = np.asarray(keywords["num_nodes"])
+    return _reused_generator_uniform(keywords, int(counts.max(initial=0)) + 1)
+
+
+tree_walks_greedily = _wrapping(specdec_np.verify_tree, "tree_walks_greedily", _greedy_walk)
+tree_wrong_generator = _wrapping(specdec_np.verify_tree, "tree_wrong_generator", _tree_columns)
+tree_hangs = _wrapping(_hang, "tree_hangs", lambda keywords: keywords)
+tree_hangs.__wrapped__ = specdec_np.verify_tree

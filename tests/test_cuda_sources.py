@@ -1854,6 +1854,14 @@ def _tree_case(
     )  # fmt: skip
 
 
+def _working_rows(method: int, depth: int) -> int:
+    """The working rows of V a call of tree method code ``method`` passes (the registry's
+    ``working_rows``; 2 for a code outside it)."""
+    if 0 <= method < len(registry.TREE_METHODS):
+        return registry.TREE_METHODS[method].working_rows(depth)
+    return 2
+
+
 def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
     out = c.buffers()
     vocab = int(c.target.shape[1])
@@ -1866,7 +1874,7 @@ def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
     core.verify_trees(
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
         c.parents, c.offsets, *c.links(), c.flat_uniforms(), *out, 1,
-        working=np.empty((1, 2 * vocab)), **options,
+        working=np.empty((1, _working_rows(method, c.depth) * vocab)), **options,
     )  # fmt: skip
     return out
 
@@ -1877,7 +1885,8 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
     out = c.buffers()
     vocab = int(c.target.shape[1])
     # Stale rows must never be read; working=False passes none (a direct caller's error).
-    rows = np.full((c.batch, 2 * vocab), np.nan) if working else None
+    width = _working_rows(method, c.depth) * vocab
+    rows = np.full((c.batch, width), np.nan) if working else None
     scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
     name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
     uniforms = c.flat_uniforms()
@@ -1969,6 +1978,8 @@ def test_dispatch_follows_the_registry_codes() -> None:
         assert step in trees, method.name
     flags = ", ".join("true" if m.stochastic else "false" for m in registry.TREE_METHODS)
     assert f"kWalkReadsUniforms[kTreeMethods] = {{{flags}}};" in trees
+    flags = ", ".join("true" if m.sequence_level else "false" for m in registry.TREE_METHODS)
+    assert f"kWalkSequenceLevel[kTreeMethods] = {{{flags}}};" in trees
     chains = _cuda.cuda_sources()["verify_chains"]
     for verifier in registry.VERIFIERS:
         assert f"case {verifier.code}:\n            return {verifier.cuda_row}::run(" in chains
@@ -2007,6 +2018,15 @@ _TREE_MUTATIONS: dict[str, Callable[[str], str]] = {
     "tree_siblings_not_removed": lambda s: _replace(s, "removed += r_x;", ""),
     # RRS: the tried siblings' tokens are not restored to the residual.
     "tree_rrs_no_fix_up": lambda s: _replace(s, "update[t] = value;", ""),
+    # Traversal: a rejected child leaves its parent's weight as it was.
+    "tree_traversal_weight_kept": lambda s: _replace(
+        s, "if (d > 0 && level->rho < 1.0) level->rho = specdec_block_check(total, level->rho);",
+        "",
+    ),
+    # Traversal: a rejected child's update is never swapped in.
+    "tree_traversal_residual_dropped": lambda s: _replace(
+        s, "level->has_residual = true;", "level->has_residual = false;"
+    ),
     # Logits: point-mass candidates' final draw reads the raw logits row.
     "tree_logits_draw_unprocessed": lambda s: _replace(
         s, "const ProbT* p = processed_row(a, s, node + 1, false);",
@@ -2058,7 +2078,7 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
         "row_status": out[3],
         "num_threads": 3,
         "request_methods": None if c.methods is None else wrap(c.methods),
-        "working": wrap(np.empty((c.batch, 2 * vocab))),
+        "working": wrap(np.empty((c.batch, _working_rows(method, c.depth) * vocab))),
     }
     if c.sampling is not None:
         arguments["sampling"] = wrap(c.sampling)

@@ -452,7 +452,7 @@ def _least_cpu_seconds(calls, repeats: int = 5) -> list[float]:
     return best
 
 
-def _rejected_siblings(method: str, chain: int, siblings: int):
+def _rejected_siblings(method: registry.TreeMethod, chain: int, siblings: int):
     """The CPU tree driver's call on one tree: a chain of ``chain`` nodes (each accepted)
     whose deepest node has ``siblings`` children at the end of the request, all rejected;
     with ``chain = 0`` a star of the root's children.  The walk tests every sibling.  Their
@@ -477,33 +477,36 @@ def _rejected_siblings(method: str, chain: int, siblings: int):
     uniforms = np.full(total + 1, 0.5)
     keywords = {
         "num_nodes": np.array([total]), "tree_parents": parents, "draft_token_ids": tokens,
-        "target_probs": target, "method": method, "uniforms": uniforms[None, :],
+        "target_probs": target, "method": method.name, "uniforms": uniforms[None, :],
     }  # fmt: skip
-    if method != "point_mass":
+    if method.reads_draft_probs:
         keywords["draft_probs"] = draft
     result = specdec_np.verify_tree(**keywords)
     assert int(result.accepted_lengths[0]) == chain  # every sibling was tested, in vain
     assert int(result.output_token_ids[0, chain]) == 0
     offsets = np.array([0, total], np.int64)
     arguments = (
-        registry.get_tree_method(method).code, target, draft, method == "point_mass", tokens,
+        method.code, target, draft, not method.reads_draft_probs, tokens,
         parents, offsets, *_tree_links.tree_links(offsets, parents, tokens), uniforms,
         np.empty((1, chain + 1), np.int64), np.empty((1, chain + 2), np.int64),
         lengths := np.empty(1, np.int64), np.empty(1, np.int64), 1,
     )  # fmt: skip
 
+    working = np.empty((1, method.working_rows(chain + 1) * TREE_VOCAB))
+
     def call() -> None:
-        assert _core.verify_trees(*arguments, working=np.empty((1, 2 * TREE_VOCAB))) == -1
+        assert _core.verify_trees(*arguments, working=working) == -1
         assert int(lengths[0]) == chain
 
     return call
 
 
-@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("method", registry.TREE_METHODS, ids=lambda method: method.name)
 @pytest.mark.parametrize("chain", [0, 60], ids=["star", "deep-chain"])
-def test_no_tree_walk_is_quadratic_in_siblings(method: str, chain: int):
+def test_no_tree_walk_is_quadratic_in_siblings(method: registry.TreeMethod, chain: int):
     """20000 siblings (a star, or a far away list under a chain of depth 60) with few
-    distinct tokens: 4x the siblings cost far less than 16x (quadratic) the CPU time.
+    distinct tokens, for every tree method: 4x the siblings cost far less than 16x
+    (quadratic) the CPU time.
     Before the child links, point-mass candidates scanned the earlier siblings for each
     sibling's token, and RRS did so for every earlier sibling inside its loop over them
     (cubic): a tree of 10^4 siblings hung."""

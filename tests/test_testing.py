@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import cli, testing
+from specdec_np import _kit_padded, cli, testing
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -60,7 +60,10 @@ def test_own_verifiers_pass() -> None:
         report = testing.check_verifier(verifier)
         assert report.passed, str(report)
     names = {row.name for row in testing.check_verifier(specdec_np.rejection_sample).rows}
-    assert {"seeded rows reproducible and batch-invariant", "generator reproducible"} <= names
+    assert {"seeded_seqs rows reproducible and batch-invariant",
+            "counter_seeds rows reproducible and batch-invariant", "generator reproducible",
+            "Monte Carlo chi-square (generator=)",
+            "Monte Carlo chi-square (seeded_seqs=)"} <= names
     assert testing.check_verifier(specdec_np.greedy_sample, "greedy").passed
 
 
@@ -68,7 +71,7 @@ def test_block_verification() -> None:
     report = testing.check_verifier(bv.block, "block")
     assert report.passed, str(report)
     oracle = next(row for row in report.rows if row.name == "exact law equals the oracle")
-    if not hasattr(testing._oracles, "block_verification_law"):
+    if not hasattr(_kit_padded._oracles, "block_verification_law"):
         assert oracle.figure == "skipped" and "no oracle for block" in oracle.detail
     wrong = testing.check_verifier(bv.block_first_failure, "block")
     assert "exact law equals the target" in wrong.failed()
@@ -147,9 +150,8 @@ def float_output(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
 def test_batch_and_seed_controls() -> None:
     assert "batch invariance" in testing.check_verifier(residual_of_next_batch_row).failed()
     failed = testing.check_verifier(seeds_ignored).failed()
-    assert {"seeded rows reproducible and batch-invariant", "generator reproducible"} <= set(
-        failed
-    )
+    assert {"seeded_seqs rows reproducible and batch-invariant",
+            "generator reproducible"} <= set(failed)
 
 
 def test_format_controls() -> None:
@@ -186,7 +188,14 @@ def test_report_api() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="kind must be one of"):
-        testing.check_verifier(bv.correct, "typical")
+        testing.check_verifier(bv.correct, "no_such_kind")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        testing.check_verifier(bv.correct, "point_mass")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        testing.check_verifier(bv.correct, layout="dense")
+    for timeout in (0, -1.0, float("nan"), "5", True):
+        with pytest.raises(ValueError, match="timeout"):
+            testing.check_verifier(bv.correct, timeout=timeout)
     with pytest.raises(TypeError, match="verifier must be callable"):
         testing.check_verifier(3)
     with pytest.raises(ValueError, match="num_rows"):
@@ -281,7 +290,7 @@ def test_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     assert cli.main(["check", "--verifier", "broken_verifiers:nothing"]) == 2
     assert "cannot load --verifier" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main(["check", "--verifier", "broken_verifiers:correct", "--kind", "typical"])
+        cli.main(["check", "--verifier", "broken_verifiers:correct", "--kind", "no_such_kind"])
 
 
 def test_cli_subprocess() -> None:
@@ -393,21 +402,21 @@ def _grid_law(verifier: Any) -> Any:
     for the oracles' module (to test the hook, not the laws)."""
 
     def law(p: np.ndarray, q: np.ndarray) -> Any:
-        batch = testing._oracles.threshold_batch(p, q, refine=8)
+        batch = _kit_padded._oracles.threshold_batch(p, q, refine=8)
         n, k = batch.draft_token_ids.shape
         output = verifier(np.broadcast_to(p, (n, *p.shape)), np.zeros((n, 1), dtype=np.int64),
                           np.broadcast_to(q, (n, *q.shape)), batch.draft_token_ids,
                           uniforms=batch.uniforms)
         length = float(np.dot((output != -1).sum(axis=1) - 1, batch.weights))
         output[:, k] = -1  # the bonus: continued by p_k, as the oracle does
-        return SimpleNamespace(law=testing._completed_law(output, batch.weights, p),
+        return SimpleNamespace(law=_kit_padded._completed_law(output, batch.weights, p),
                                expected_accepted_length=length)
 
     return law
 
 
 def test_block_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing._oracles, "block_verification_law", _grid_law(bv.block),
+    monkeypatch.setattr(_kit_padded._oracles, "block_verification_law", _grid_law(bv.block),
                         raising=False)
     report = testing.check_verifier(bv.block, "block")
     assert report.passed, str(report)
@@ -419,7 +428,7 @@ def test_block_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_rejection_oracle_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(testing._oracles, "rejection_law", _grid_law(bv.correct),
+    monkeypatch.setattr(_kit_padded._oracles, "rejection_law", _grid_law(bv.correct),
                         raising=False)
     assert testing.check_verifier(specdec_np.rejection_sample).passed
     assert "exact law equals the oracle" in testing.check_verifier(bv.block).failed()

@@ -220,10 +220,15 @@ def test_a_chain_as_a_tree_equals_the_chain_verifiers(seed, counts, with_drafts,
     # The tree's last column serves the residual and the bonus alike (only one is drawn).
     chain_uniforms = uniforms.copy()
     chain_uniforms[np.arange(len(counts)), counts + 1] = uniforms[np.arange(len(counts)), counts]
-    # On a chain every stochastic walk is token-wise rejection and the greedy walk greedy.
-    chain_of = {True: registry.names(stochastic=True, lossless=True)[0], False: "greedy"}
+    # On a chain each walk is its registry chain verifier (token-wise rejection for the
+    # sibling walks, block verification for traversal), and without draft rows every
+    # stochastic walk is point-mass rejection.
     for method in registry.TREE_METHODS:
-        tree_method, chain_method = method.name, chain_of[method.stochastic]
+        tree_method = method.name
+        with_rows = draft is not None and tree_method != "point_mass"
+        chain_method = (
+            method.chain_verifier if with_rows or not method.stochastic else "rejection"
+        )
         tree = specdec_np.verify_tree(
             num_nodes=layout.num_nodes,
             tree_parents=layout.tree_parents,
@@ -765,8 +770,13 @@ def test_the_driver_refuses_inconsistent_arguments():
 # --- cost: only the walked path is read ---------------------------------------------------------
 
 
+# The walks from the root down (a sequence-level walk reads what its post-order visits:
+# tests/test_traversal.py checks it against its reference's reads).
+TOP_DOWN = tuple(method.name for method in registry.TREE_METHODS if not method.sequence_level)
+
+
 @settings(max_examples=60, deadline=None)
-@given(case=tree_batches(max_nodes=10), method=st.sampled_from(METHODS))
+@given(case=tree_batches(max_nodes=10), method=st.sampled_from(TOP_DOWN))
 def test_rows_off_the_walked_path_are_never_read(case, method):
     """Poisoning every row the walk must not read (target rows off the accepted path, draft
     rows of children never tested) changes nothing; a kernel that read one would see NaN

@@ -181,10 +181,23 @@ def test_gain_script_quick_rows(tmp_path: Path) -> None:
     independent = [m.name for m in registry.TREE_METHODS if m.drafting == "independent"]
     without = [m.name for m in registry.TREE_METHODS if m.drafting == "without_replacement"]
     assert exact[independent[0]]["chain"] == pytest.approx(exact[without[0]]["chain"])
-    for row in rows:
+    for row in (row for row in rows if row["kind"] != "versus"):
         assert 0 <= row["chain"] <= row["nodes"] and 0 <= row["tree"] <= row["nodes"]
         if row["chain"]:
             assert row["gain"] == pytest.approx(row["tree"] / row["chain"])
+    # Each sequence-level method against each token-level method with draft rows.
+    versus = [row for row in rows if row["kind"] == "versus"]
+    expected = [
+        (m.name, other.name)
+        for m in registry.TREE_METHODS if m.sequence_level
+        for other in registry.TREE_METHODS
+        if other.stochastic and other.reads_draft_probs and not other.sequence_level
+    ]  # fmt: skip
+    assert [(row["method"], row["baseline"]) for row in versus] == expected
+    for row in versus:
+        assert row["difference"] == pytest.approx(row["accepted"] - row["baseline_accepted"])
+        assert row["tokens_per_step"] == pytest.approx(row["accepted"] + 1)
+        assert row["difference_se"] >= 0 and row["tokens_gain_se"] >= 0
 
 
 def test_exact_gain_matches_a_hand_computed_chain() -> None:

@@ -245,15 +245,21 @@ cdef int64_t walk_tree(
     const int64_t* next_sibling, const int64_t* next_distinct_sibling,
     const int8_t* repeated_token, Py_ssize_t num_nodes, Py_ssize_t V,
     const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
-    specdec_law_scratch* law_scratch, double* working, Py_ssize_t depth_width,
-    int64_t* nodes_out, int64_t* tokens_out, int64_t* length
+    specdec_law_scratch* law_scratch, double* working, Py_ssize_t working_rows,
+    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
 ) noexcept nogil:
     """One request's walk with the tree step bound to code ``method``: id check, steps
-    from the root, output rows; a row status.  ``first_child`` starts at the root's entry
-    and the other links at the request's first node."""
+    from the root, output rows; a row status.
+
+    A step returns the accepted child to descend into, or -1 with the final token (-2:
+    that row has no mass).  A step that decides the whole walk at once (traversal) returns
+    the deepest accepted node, a descendant, with the final token already written (-2 there
+    when that node's row has no mass): the path down to it is recorded and the walk ends.
+    ``TREE_STEP_NO_MEMORY``: the step's scratch could not be had.  ``first_child``
+    starts at the root's entry and the other links at the request's first node."""
     cdef Request request_fields
     cdef Request* request = &request_fields
-    cdef Py_ssize_t node = -1, child, depth = 0, i
+    cdef Py_ssize_t node = -1, child, depth = 0, i, steps, slot
     cdef int64_t final_token = -1
     cdef Py_ssize_t bad = invalid_id_column(ids, 0, num_nodes, V)
     if bad >= 0:
@@ -268,24 +274,43 @@ cdef int64_t walk_tree(
     request.next_sibling = next_sibling
     request.next_distinct_sibling = next_distinct_sibling
     request.repeated_token = repeated_token
+    request.working_rows = working_rows
     if not bound_tree_steps[method].reads_draft_rows:
         draft = NULL
     while True:
         child = call_tree_step(
             method, target, draft, ids, parents, request, node, working, &final_token
         )
+        if child == TREE_STEP_NO_MEMORY:
+            return SPECDEC_STATUS_NO_MEMORY
         if child == -2:
             return -(1 + node + 1)
         if child < 0:
             break
-        if depth == depth_width:
+        # The nodes from here down to the accepted one (one for a child), parents below
+        # their children, so the count is bounded by the request's nodes.
+        steps = 0
+        i = child
+        while i > node:
+            steps += 1
+            i = parents[i]
+        if i != node or depth + steps > depth_width:
             # The driver checked the output against the deepest node; this bound only
             # keeps a write inside the row whatever happens.
             return 1 + child
-        nodes_out[depth] = child
-        tokens_out[depth] = ids[child]
-        depth += 1
+        slot = depth + steps - 1
+        i = child
+        while i > node:
+            nodes_out[slot] = i
+            tokens_out[slot] = ids[i]
+            slot -= 1
+            i = parents[i]
+        depth += steps
         node = child
+        if final_token == -2:
+            return -(1 + node + 1)
+        if final_token >= 0:
+            break
     tokens_out[depth] = final_token
     length[0] = depth
     for i in range(depth, depth_width):
@@ -365,8 +390,11 @@ def verify_trees(
     target_logits, draft_logits : bool
         With ``sampling``: whether the target rows and the draft rows are logits (else
         probabilities, used as they are).
-    working : float64 [num_threads, 2 V], optional
-        A thread's residual rows; required when a code in use reads uniforms.
+    working : float64 [num_threads, R V], optional
+        A thread's residual rows, ``R >= 2`` of them; required when a code in use reads
+        uniforms.  Traversal keeps one per level of the walked path and one for the
+        update: ``R >= max depth + 1`` (a request deeper than that reports
+        ``STATUS_NO_MEMORY``).
 
     Returns
     -------
@@ -386,6 +414,7 @@ def verify_trees(
     cdef Py_ssize_t N = draft_token_ids.shape[0]
     cdef Py_ssize_t D = accepted_nodes.shape[1]
     cdef Py_ssize_t b, j, start, max_nodes, thread, parent, max_depth = 0
+    cdef Py_ssize_t working_rows
     cdef int64_t[::1] depths
     cdef int request_method
     cdef bint stochastic
@@ -453,11 +482,15 @@ def verify_trees(
             require_tree_step_code(request_method)
             stochastic = stochastic or bound_tree_steps[request_method].reads_uniforms
     require(not stochastic or uniforms.shape[0] == N + B, "uniforms must be [N + B]")
+    working_rows = 2
+    if stochastic and working is not None:
+        working_rows = working.shape[1] // V
     require(
         not stochastic or (
-            working is not None and working.shape[0] >= threads and working.shape[1] == 2 * V
+            working is not None and working.shape[0] >= threads
+            and working.shape[1] == working_rows * V and working_rows >= 2
         ),
-        "working must be [num_threads, 2 V]",
+        "working must be [num_threads, R V] with R >= 2",
     )
     if sampling is not None:
         require(sampling.shape[0] == B and sampling.shape[1] == 4, "sampling must be [B, 4]")
@@ -501,8 +534,8 @@ def verify_trees(
                 NULL if uniform_base == NULL else uniform_base + start + b,
                 NULL if sampling_base == NULL else sampling_base + 4 * b, row_forms,
                 NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
-                NULL if working_base == NULL else working_base + thread * 2 * V,
-                D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+                NULL if working_base == NULL else working_base + thread * working_rows * V,
+                working_rows, D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
                 &accepted_lengths[b],
             )
         free(law_scratch)

@@ -16,6 +16,9 @@ namespace specdec {
 constexpr long long kStepFinal = -1;      // the walk ends here; final_token is set
 constexpr long long kStepNoMass = -2;     // the final draw found a row without mass
 constexpr long long kStepBadMethod = -3;  // no step has this registry code
+constexpr long long kStepNoMemory = -4;   // too few working rows for the request's depth
+// The path a sequence-level step keeps: the root and one level per depth (MAX_TREE_DEPTH).
+constexpr int kTraversalLevels = 65;
 
 // One request of the tree layout as its block sees it: the fields of a chain request (its
 // N_b + 1 target rows: the root row, then one per node; its N_b draft rows, nullptr for
@@ -23,9 +26,10 @@ constexpr long long kStepBadMethod = -3;  // no step has this registry code
 // column N_b for the final token; for logits rows its sampling parameters and two scratch
 // rows), so that the chain's row readers read its rows; then its parents (an index within
 // the request, -1 for the root), its child lists (specdec_np._tree_links: first_child from
-// the root's entry on, the others from the request's first node) and its two float64
-// working rows of V (the residual and its update, ping-pong as on the CPU; nullptr for
-// greedy walks).
+// the root's entry on, the others from the request's first node), its float64 working rows
+// of V (the residual and its update, ping-pong as on the CPU; nullptr for greedy walks) and
+// how many working rows of V it has (two, or max depth + 1 for a sequence-level walk: a
+// residual per level).
 template <typename ProbT, typename IdT>
 struct TreeArgs : RowArgs<ProbT, IdT> {
     const long long* __restrict__ parents;
@@ -34,6 +38,7 @@ struct TreeArgs : RowArgs<ProbT, IdT> {
     const long long* __restrict__ next_distinct_sibling;
     const signed char* __restrict__ repeated_token;
     double* working;
+    long long working_rows;
 };
 
 // The child of `node` (-1: the root) after `after`: its first child when `after` is `node`,
@@ -268,4 +273,132 @@ struct ResidualTreeStep {
 };
 using SpecInferTreeStep = ResidualTreeStep<false>;
 using RrsTreeStep = ResidualTreeStep<true>;
+
+// dst = max(rho src / src_mass - max(q, 0), 0) elementwise (block verification's weighted
+// residual, specdec_residual_weight, the CPU's to the bit), returning its double sum.
+template <typename SrcT, typename QT>
+__device__ double weighted_update(const SrcT* __restrict__ src, double src_mass, double rho,
+                                  const QT* __restrict__ q, long long vocab,
+                                  double* __restrict__ dst, ReduceScratch& r) {
+    double acc = 0.0;
+    for (long long y = threadIdx.x; y < vocab; y += kBlock) {
+        double value = static_cast<double>(src[y]);
+        if (src_mass != 1.0) value = value / src_mass;
+        const double w = specdec_residual_weight(value, static_cast<double>(q[y]), rho, 1.0);
+        dst[y] = w;
+        acc += w;
+    }
+    return block_sum(acc, r);
+}
+
+// One node of the walked path (the root at level 0): its index (-1: the root), the child
+// walked below it, its weight, and once a child of it was rejected its residual (a working
+// row) with that residual's mass.
+struct TraversalLevel {
+    long long node;
+    long long child;
+    double rho;
+    double mass;
+    long long row;
+    bool has_residual;
+};
+
+// Traversal verification (the CPU's traversal_tree_step, docs/semantics.md): the whole walk
+// in one call, post-order from the leaves up. A child's weight is min(1, rho r(x) / q(x))
+// from its parent's state; a node is tested (u_j < rho_j) once every child's subtree was
+// rejected; a rejected child c updates its parent to r <- max(rho r - q_c, 0) renormalised
+// (kept without mass) and rho <- Z / (Z + 1 - rho) (a weight of 1 stays 1). Every thread
+// keeps the same path in its own registers; the row passes (the updates, the final draw) are
+// shared. Returns the deepest accepted node with final_token set (-2 there: its row has no
+// mass), kStepFinal with the final token when only the root is accepted (kStepNoMass), or
+// kStepNoMemory. Without draft rows, the point-mass walk.
+struct TraversalTreeStep {
+    template <typename ProbT, typename IdT>
+    __device__ static long long step(const TreeArgs<ProbT, IdT>& a, long long node,
+                                     long long& final_token, Scratch& s) {
+        if (a.draft == nullptr) return PointMassTreeStep::step(a, node, final_token, s);
+        const long long vocab = a.vocab;
+        const long long rows = a.working_rows;
+        TraversalLevel levels[kTraversalLevels];
+        // Level l owns working row l; the last row is the spare an update is written to,
+        // swapped in when the update has mass, so the rows stay distinct.
+        for (int j = 0; j < kTraversalLevels; ++j) levels[j].row = j < rows - 1 ? j : -1;
+        long long spare = rows - 1;
+        levels[0] = TraversalLevel{-1, next_child(a, -1, -1), 1.0, 1.0, levels[0].row, false};
+        int d = 0;
+        __syncthreads();  // the working rows may still be read by a previous request's pass
+        for (;;) {  // uniform loop: every thread takes the same path
+            TraversalLevel* level = &levels[d];
+            long long c = level->child;
+            if (c >= 0) {
+                const long long x = static_cast<long long>(a.draft_ids[c]);
+                double w = 0.0;
+                if (level->rho > 0.0) {
+                    double r_x = level->has_residual ? a.working[level->row * vocab + x]
+                                                     : read_probability(a, s, level->node + 1, x,
+                                                                        false);
+                    if (level->mass != 1.0) r_x = r_x / level->mass;
+                    w = specdec_next_block_weight(level->rho, r_x, draft_p(a, s, c));
+                }
+                if (w > 0.0) {
+                    if (d + 1 >= kTraversalLevels) return kStepNoMemory;
+                    ++d;
+                    levels[d].node = c;
+                    levels[d].child = next_child(a, c, c);
+                    levels[d].rho = w;
+                    levels[d].mass = 1.0;
+                    levels[d].has_residual = false;
+                    continue;
+                }
+                // A child of weight 0: its subtree is rejected whatever its uniforms, unread.
+            } else if (d == 0 || a.uniforms[level->node] < level->rho) {
+                break;
+            } else {
+                // Every child failed and so did the node's own test: it is its parent's
+                // rejected child.
+                --d;
+                level = &levels[d];
+                c = level->child;
+            }
+            if (level->rho > 0.0) {
+                if (level->row < 0) return kStepNoMemory;
+                const ProbT* q = processed_row(a, s, c, true);
+                double* update = a.working + spare * vocab;
+                double total;
+                if (level->has_residual) {
+                    total = weighted_update(static_cast<const double*>(a.working + level->row * vocab),
+                                            level->mass, level->rho, q, vocab, update, s.reduce);
+                } else {
+                    const ProbT* p = processed_row(a, s, level->node + 1, false);
+                    total = weighted_update(p, 1.0, level->rho, q, vocab, update, s.reduce);
+                }
+                if (d > 0 && level->rho < 1.0) level->rho = specdec_block_check(total, level->rho);
+                if (total > 0.0) {
+                    const long long swap = level->row;
+                    level->row = spare;
+                    spare = swap;
+                    level->mass = total;
+                    level->has_residual = true;
+                }
+            }
+            level->child = next_child(a, level->node, c);
+        }
+        const TraversalLevel& end = levels[d];
+        const double v = a.uniforms[a.k];
+        long long token;
+        if (end.has_residual) {
+            token = draw_row(static_cast<const double*>(a.working + end.row * vocab), vocab, v,
+                             s.draw);
+        } else {
+            token = draw_row(processed_row(a, s, end.node + 1, false), vocab, v, s.draw);
+        }
+        if (end.node < 0) {
+            if (token < 0) return kStepNoMass;
+            final_token = token;
+            return kStepFinal;
+        }
+        final_token = token >= 0 ? token : -2;
+        return end.node;
+    }
+};
 }  // namespace specdec

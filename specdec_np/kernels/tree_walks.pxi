@@ -347,3 +347,166 @@ define_tree_step(
     rrs_tree_step[double, int32_t],
     rrs_tree_step[double, int64_t],
 )
+
+
+cdef enum:
+    # A step's answer when its heap scratch cannot be allocated, or when the working rows
+    # it was given are too few for the request's depth.
+    TREE_STEP_NO_MEMORY = -4
+
+
+cdef struct TraversalLevel:
+    # One node of the walked path (the root at level 0): its index (-1: the root), the
+    # child being walked below it, its weight rho and, once a child of it was rejected, its
+    # residual (a working row) and that residual's mass.
+    Py_ssize_t node
+    Py_ssize_t child
+    double rho
+    double mass
+    Py_ssize_t row
+    bint has_residual
+
+
+cdef double weighted_update(
+    const probability_t* p, const double* residual, double mass, double rho,
+    const probability_t* q, Py_ssize_t V, double* out
+) noexcept nogil:
+    """out = max(rho r - max(q, 0), 0) with r = residual / mass (the row p while no residual
+    was kept): block verification's weighted residual, element for element
+    (``specdec_residual_weight``); returns its float64 sum."""
+    cdef Py_ssize_t y
+    cdef double total = 0.0, r, w
+    for y in range(V):
+        r = residual[y] if residual != NULL else <double>p[y]
+        if mass != 1.0:
+            r = r / mass
+        w = specdec_residual_weight(r, <double>q[y], rho, 1.0)
+        out[y] = w
+        total += w
+    return total
+
+
+cdef Py_ssize_t traversal_tree_step(
+    const probability_t* target, const probability_t* draft, const token_id_t* ids,
+    const int64_t* parents, Request* request, Py_ssize_t node, double* working,
+    int64_t* final_token
+) noexcept nogil:
+    """Traversal verification (docs/semantics.md, the traversal walk): the whole walk in
+    one call, post-order from the leaves up.  A child's weight is
+    min(1, rho r(x) / q(x)) from its parent's state (rho, r); a node is tested, u_j < rho_j,
+    once every child's subtree was rejected; a rejected child c updates its parent to
+    r <- max(rho r - q_c, 0) renormalised (kept if that has no mass) and
+    rho <- Z / (Z + 1 - rho) (the root's rho stays 1).  Returns the deepest accepted node
+    with the final token in ``final_token`` (-2 there: that node's row has no mass), or -1
+    with the final token when only the root is accepted (-2: the root's row has no mass),
+    or ``TREE_STEP_NO_MEMORY``.  ``working`` holds ``request.working_rows`` rows of V: one
+    per level of the path that is not a leaf, and one for the update (max depth + 1).
+    Without draft rows, the point-mass walk."""
+    cdef Py_ssize_t V = request.V, n = request.k, rows = request.working_rows
+    cdef Py_ssize_t j, d = 0, spare, c, b, swap, token, accepted
+    cdef double r_x, q_x, w, total
+    cdef const probability_t* p
+    cdef const probability_t* q
+    cdef const double* residual
+    cdef TraversalLevel* levels
+    cdef TraversalLevel* level
+    if draft == NULL:
+        return point_mass_tree_step(
+            target, draft, ids, parents, request, node, working, final_token
+        )
+    # The path's levels on the heap (n + 1 bound the depth), one block per request.
+    levels = <TraversalLevel*>malloc((n + 1) * sizeof(TraversalLevel))
+    if levels == NULL:
+        return TREE_STEP_NO_MEMORY
+    # Level l owns working row l (levels from rows - 1 on own none: a node there with
+    # children finds too few rows); the last row is the spare the next update is written
+    # to, swapped in when the update has mass, so the rows stay distinct.
+    for j in range(n + 1):
+        levels[j].row = j if j < rows - 1 else -1
+    spare = rows - 1
+    levels[0].node = -1
+    levels[0].child = next_child(request, -1, -1)
+    levels[0].rho = 1.0
+    levels[0].mass = 1.0
+    levels[0].has_residual = False
+    while True:
+        level = &levels[d]
+        b = level.node
+        c = level.child
+        if c >= 0:
+            w = 0.0
+            if level.rho > 0.0:
+                if level.has_residual:
+                    r_x = working[level.row * V + ids[c]]
+                else:
+                    r_x = target_probability(request, target, b + 1, ids[c])
+                if level.mass != 1.0:
+                    r_x = r_x / level.mass
+                q_x = draft_probability(request, draft, c, ids[c])
+                w = specdec_next_block_weight(level.rho, r_x, q_x)
+            if w > 0.0:
+                d += 1
+                levels[d].node = c
+                levels[d].child = next_child(request, c, c)
+                levels[d].rho = w
+                levels[d].mass = 1.0
+                levels[d].has_residual = False
+                continue
+            # A child of weight 0: its subtree is rejected whatever its uniforms, unread.
+        elif d == 0 or request.uniforms[b] < level.rho:
+            break
+        else:
+            # Every child of b failed and so did b's own test: b is its parent's rejected
+            # child.
+            d -= 1
+            level = &levels[d]
+            c = level.child
+        if level.rho > 0.0:
+            if level.row < 0:
+                free(levels)
+                return TREE_STEP_NO_MEMORY
+            q = probability_row(request, draft, c, True)
+            if level.has_residual:
+                residual = working + level.row * V
+                p = NULL
+            else:
+                residual = NULL
+                p = probability_row(request, target, level.node + 1, False)
+            total = weighted_update(
+                p, residual, level.mass, level.rho, q, V, working + spare * V
+            )
+            if d > 0 and level.rho < 1.0:
+                level.rho = specdec_block_check(total, level.rho)
+            if total > 0.0:
+                swap = level.row
+                level.row = spare
+                spare = swap
+                level.mass = total
+                level.has_residual = True
+        level.child = next_child(request, level.node, c)
+    accepted = levels[d].node
+    if levels[d].has_residual:
+        token = draw_inverse_cdf(
+            <const double*>(working + levels[d].row * V), <const double*>NULL, -1, 1.0, V,
+            request.uniforms[n],
+        )
+    else:
+        p = probability_row(request, target, accepted + 1, False)
+        token = draw_inverse_cdf(p, <const probability_t*>NULL, -1, 1.0, V, request.uniforms[n])
+    free(levels)
+    if accepted < 0:
+        if token < 0:
+            return -2
+        final_token[0] = token
+        return -1
+    final_token[0] = token if token >= 0 else -2
+    return accepted
+
+
+define_tree_step(
+    "traversal_tree_step",
+    traversal_tree_step[float, int32_t],
+    traversal_tree_step[float, int64_t],
+    traversal_tree_step[double, int32_t],
+    traversal_tree_step[double, int64_t],
+)

@@ -13,8 +13,8 @@
 // uniforms [uniform_count]
 // (flat: request b's N_b + 1 from node_offsets[b] + b on; uniform_count = N + B),
 // request_methods [B] or nullptr (then every request walks `method`; both registry tree
-// method codes), working [B, 2 V] (a
-// request's residual rows; nullptr when no request walks stochastically); outputs
+// method codes), working [B, R V] (a request's residual rows, R = TreeMethod.working_rows of
+// `method` at depth_width; nullptr when no request walks stochastically); outputs
 // accepted_nodes [B, depth_width], output [B, depth_width + 1], accepted_lengths and
 // row_status [B], written where and as the CPU driver writes them; then sampling [B, 4]
 // (the rows are logits: temperature, top-k, top-p, min-p; nullptr for probabilities) and
@@ -65,6 +65,13 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
         stochastic ? specdec::min_ll(stop - start, uniform_count - 1 - first_uniform)
                    : stop - start;
     const IdT* ids = draft_token_ids + start;
+    // The working rows per request, by the call's method (the launcher sized them so):
+    // TreeMethod.working_rows.
+    const bool call_method_known = method >= 0 && method < specdec::kTreeMethods;
+    const long long working_rows =
+        call_method_known && specdec::kWalkSequenceLevel[method]
+            ? (depth_width + 1 > 2 ? depth_width + 1 : 2)
+            : 2;
 
     // Ids first (by node).
     const long long bad = specdec::start_request(ids, nodes, 0, false, vocab, shared);
@@ -95,7 +102,8 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
         next_sibling + start,
         next_distinct_sibling + start,
         repeated_token + start,
-        stochastic ? working + b * 2 * vocab : nullptr,
+        stochastic ? working + b * working_rows * vocab : nullptr,
+        working_rows,
     };
     long long* nodes_out = accepted_nodes + b * depth_width;
     long long* tokens_out = output + b * (depth_width + 1);
@@ -110,23 +118,43 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             status = specdec::kStatusBadMethod;
             break;
         }
+        if (child == specdec::kStepNoMemory) {
+            status = SPECDEC_STATUS_NO_MEMORY;
+            break;
+        }
         if (child == specdec::kStepNoMass) {
             status = -(1 + node + 1);
             break;
         }
         if (child == specdec::kStepFinal) break;
-        if (depth == depth_width) {
+        // The nodes from here down to the accepted one: a child, or for a step that decides
+        // the whole walk (traversal) a descendant, with final_token already written.
+        long long steps = 0;
+        long long up = child;
+        while (up > node) {
+            ++steps;
+            up = args.parents[up];
+        }
+        if (up != node || depth + steps > depth_width) {
             // The driver sizes the output by the deepest node; this bound only keeps a write
             // inside the row whatever the parents say.
             status = 1 + child;
             break;
         }
         if (t == 0) {
-            nodes_out[depth] = child;
-            tokens_out[depth] = static_cast<long long>(ids[child]);
+            long long slot = depth + steps - 1;
+            for (long long j = child; j > node; j = args.parents[j], --slot) {
+                nodes_out[slot] = j;
+                tokens_out[slot] = static_cast<long long>(ids[j]);
+            }
         }
-        ++depth;
+        depth += steps;
         node = child;
+        if (final_token == -2) {
+            status = -(1 + node + 1);
+            break;
+        }
+        if (final_token >= 0) break;
     }
     if (status == 0) {
         for (long long j = depth + t; j <= depth_width; j += specdec::kBlock) {
