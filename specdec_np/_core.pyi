@@ -68,6 +68,10 @@ def verify_trees(
     draft_token_ids: IdArray,
     tree_parents: Int64Array,
     node_offsets: Int64Array,
+    first_child: Int64Array,
+    next_sibling: Int64Array,
+    next_distinct_sibling: Int64Array,
+    repeated_token: npt.NDArray[np.int8],
     uniforms: Float64Array,
     accepted_nodes: Int64Array,
     output: Int64Array,
@@ -94,6 +98,15 @@ def tree_layout_is_valid(
     max_depth: int,
     node_offsets: Int64Array,
     depths: Int64Array,
+) -> bool: ...
+def small_tree_links(
+    node_offsets: Int64Array,
+    tree_parents: Int64Array,
+    draft_token_ids: Int64Array,
+    first_child: Int64Array,
+    next_sibling: Int64Array,
+    next_distinct_sibling: Int64Array,
+    repeated_token: npt.NDArray[np.int8],
 ) -> bool: ...
 def create_output(
     accepted: npt.NDArray[np.uint8],

@@ -200,6 +200,12 @@ cdef struct Request:
     Py_ssize_t draft_law_row
     specdec_row_law target_law
     specdec_row_law draft_law
+    # Trees only (set by the tree driver): the request's child lists (specdec_np._tree_links;
+    # first_child from the root's entry on), so that a step finds children in O(1).
+    const int64_t* first_child
+    const int64_t* next_sibling
+    const int64_t* next_distinct_sibling
+    const int8_t* repeated_token
     # A tree walk's float64 working rows of V (two, or one per depth for the walks that
     # keep a residual per node of the walked path).
     Py_ssize_t working_rows

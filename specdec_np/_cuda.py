@@ -649,6 +649,10 @@ class _CoreLikeKernels:
         draft_token_ids: Any,
         tree_parents: Any,
         node_offsets: Any,
+        first_child: Any,
+        next_sibling: Any,
+        next_distinct_sibling: Any,
+        repeated_token: Any,
         uniforms: Any,
         accepted_nodes: Any,
         output: Any,
@@ -672,8 +676,10 @@ class _CoreLikeKernels:
         depth of ``accepted_nodes``) whenever a walk is stochastic, and with
         ``sampling`` (logits rows) ``scratch`` must be ``[B, 2 V]`` in the rows' dtype (one
         processed target and draft row per request).  Offsets are used as given, clamped on
-        the device to the arrays (and ``N_b`` to the uniforms); a walk deeper than
-        ``accepted_nodes`` reports ``1 + node`` in ``row_status``.
+        the device to the arrays (and ``N_b`` to the uniforms), and the links
+        (:func:`specdec_np._tree_links.tree_links`) likewise: one that does not move forward
+        inside its request ends its list.  A walk deeper than ``accepted_nodes`` reports
+        ``1 + node`` in ``row_status``.
 
         Raises
         ------
@@ -688,6 +694,10 @@ class _CoreLikeKernels:
         num_nodes = int(draft_token_ids.shape[0]) if draft_token_ids.ndim == 1 else -1
         _guard(draft_token_ids, "draft_token_ids", tuple(_ID_CTYPES), (num_nodes,))
         _guard(tree_parents, "tree_parents", ("int64",), (num_nodes,))
+        _guard(first_child, "first_child", ("int64",), (num_nodes + max(batch, 0),))
+        _guard(next_sibling, "next_sibling", ("int64",), (num_nodes,))
+        _guard(next_distinct_sibling, "next_distinct_sibling", ("int64",), (num_nodes,))
+        _guard(repeated_token, "repeated_token", ("int8",), (num_nodes,))
         _guard(target_rows, "target_rows", tuple(_PROB_CTYPES), (num_nodes + batch, None))
         vocab = int(target_rows.shape[1])
         if vocab < 1:
@@ -720,6 +730,10 @@ class _CoreLikeKernels:
             "draft_token_ids": draft_token_ids,
             "tree_parents": tree_parents,
             "node_offsets": node_offsets,
+            "first_child": first_child,
+            "next_sibling": next_sibling,
+            "next_distinct_sibling": next_distinct_sibling,
+            "repeated_token": repeated_token,
             "uniforms": uniforms if stochastic else None,
             "uniform_count": np.int64(uniforms.shape[0] if stochastic else 0),
             "request_methods": request_methods,

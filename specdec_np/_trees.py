@@ -33,6 +33,7 @@ from . import (
     _random,
     _results,
     _sampling,
+    _tree_links,
     _validate,
     registry,
 )
@@ -611,6 +612,8 @@ class TreeBatch(NamedTuple):
     tree_parents : int64 [N]
     layout : TreeLayout
         The checked layout (host arrays), with offsets and depths.
+    links : TreeLinks
+        The child lists the kernel walks (of the private ids), on the rows' device.
     vocab_size : int
     target_name : str
         The target argument's name, for messages.
@@ -623,6 +626,7 @@ class TreeBatch(NamedTuple):
     draft_token_ids: Any
     tree_parents: Any
     layout: TreeLayout
+    links: _tree_links.TreeLinks
     vocab_size: int
     target_name: str
 
@@ -646,6 +650,7 @@ class TreeBatch(NamedTuple):
             self.draft_token_ids,
             self.tree_parents,
             self.xp.asarray(self.layout.node_offsets),
+            *self.links,
         )
 
     def check_ids(self) -> None:
@@ -752,6 +757,10 @@ def tree_batch(
             f"{_validate.shape_text(drafts.shape)}"
         )
     target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
+    # From the layout's ids, the private copy's values: the kernel compares those.
+    links = _tree_links.tree_links(
+        layout.node_offsets, layout.tree_parents, layout.draft_token_ids
+    )
     return TreeBatch(
         xp=xp,
         device=device,
@@ -760,6 +769,7 @@ def tree_batch(
         draft_token_ids=private_ids,
         tree_parents=xp.asarray(layout.tree_parents),
         layout=layout,
+        links=_tree_links.TreeLinks(*(xp.asarray(link) for link in links)),
         vocab_size=vocab_size,
         target_name=target_name,
     )

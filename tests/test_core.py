@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import _core, _dispatch, registry
+from specdec_np import _core, _dispatch, _tree_links, registry
 
 V = 6
 
@@ -55,10 +55,12 @@ def tree_arguments(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Two requests of two nodes (a root child and its child), as ``verify_trees`` takes."""
     target = np.full((6, V), 1.0 / V)
+    ids, parents = np.array([1, 2, 3, 4], np.int64), np.array([-1, 0, -1, 0], np.int64)
+    offsets = np.array([0, 2, 4], np.int64)
     arguments = (
-        method, target, target, True, np.array([1, 2, 3, 4], np.int64),
-        np.array([-1, 0, -1, 0], np.int64), np.array([0, 2, 4], np.int64),
-        np.full(6, 0.5), np.full((2, 2), -7, np.int64), np.full((2, 3), -7, np.int64),
+        method, target, target, True, ids, parents, offsets,
+        *_tree_links.tree_links(offsets, parents, ids), np.full(6, 0.5),
+        np.full((2, 2), -7, np.int64), np.full((2, 3), -7, np.int64),
         np.full(2, -7, np.int64), np.full(2, -7, np.int64), 1,
     )
     return arguments, {"request_methods": request_methods, "working": np.zeros((1, 2 * V))}

@@ -57,7 +57,7 @@ import pytest
 from c_headers import build_library
 from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
-from specdec_np import _contract, _cuda, registry
+from specdec_np import _contract, _cuda, _tree_links, registry
 
 # Compiles and emulates every CUDA source (minutes on 2 cores): the full suite only.
 pytestmark = pytest.mark.slow
@@ -546,8 +546,11 @@ _KERNEL_SIGNATURES = {
     ),
     "verify_trees_kernel": (
         "const P* target_rows, const P* draft_rows, const I* draft_token_ids, "
-        "const long long* tree_parents, const long long* node_offsets, const double* uniforms, "
-        "long long uniform_count, const signed char* request_methods, long long method, "
+        "const long long* tree_parents, const long long* node_offsets, "
+        "const long long* first_child, const long long* next_sibling, "
+        "const long long* next_distinct_sibling, const signed char* repeated_token, "
+        "const double* uniforms, long long uniform_count, const signed char* request_methods, "
+        "long long method, "
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
         "long long* accepted_lengths, long long* row_status, const double* sampling, "
@@ -1749,6 +1752,10 @@ class Trees:
             np.full(self.batch, -7, np.int64),
         ]
 
+    def links(self) -> _tree_links.TreeLinks:
+        """The child lists both kernels walk, as the tree layer computes them."""
+        return _tree_links.tree_links(self.offsets, self.parents, self.ids)
+
     def flat_uniforms(self) -> np.ndarray:
         """The uniforms as the drivers read them: request b's N_b + 1 from offsets[b] + b."""
         counts = np.diff(self.offsets) + 1
@@ -1879,7 +1886,7 @@ def _run_trees_cpu(core: Any, method: int, c: Trees) -> list[np.ndarray]:
         options["draft_logits"] = c.draft_logits
     core.verify_trees(
         method, c.target, c.target if c.draft is None else c.draft, c.draft is None, c.ids,
-        c.parents, c.offsets, c.flat_uniforms(), *out, 1,
+        c.parents, c.offsets, *c.links(), c.flat_uniforms(), *out, 1,
         working=np.empty((1, _working_rows(method, c.depth) * vocab)), **options,
     )  # fmt: skip
     return out
@@ -1896,9 +1903,11 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
     scratch = None if c.sampling is None else np.full((c.batch, 2 * vocab), np.nan, c.target.dtype)
     name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
     uniforms = c.flat_uniforms()
+    links = c.links()  # kept alive through the call: the library reads the pointers
     getattr(lib, _symbol(name))(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.parents), _ptr(c.offsets),
-        _ptr(uniforms), ctypes.c_longlong(uniforms.shape[0]), _ptr(c.methods),
+        *(_ptr(link) for link in links), _ptr(uniforms), ctypes.c_longlong(uniforms.shape[0]),
+        _ptr(c.methods),
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
         *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch), *c.row_forms(),
@@ -2074,6 +2083,7 @@ def _launch_trees(c: Trees, method: int, **changes: Any) -> list[np.ndarray]:
         "draft_token_ids": wrap(c.ids),
         "tree_parents": wrap(c.parents),
         "node_offsets": wrap(c.offsets),
+        **{name: wrap(link) for name, link in c.links()._asdict().items()},
         "uniforms": wrap(c.flat_uniforms()),
         "accepted_nodes": out[0],
         "output": out[1],

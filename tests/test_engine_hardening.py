@@ -14,6 +14,7 @@ import pytest
 from test_hardening import interrupted
 
 import specdec_np
+from specdec_np import _core, _tree_links, registry
 
 VOCAB = 12
 
@@ -428,3 +429,89 @@ def test_the_logits_paths_run_under_omp_stacksize_16k():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done" in result.stdout
+
+
+# --- no walk quadratic in siblings: the cost of a 4x bigger tree, by CPU time ----------------
+
+TREE_VOCAB = 8
+
+
+def _least_cpu_seconds(calls, repeats: int = 5) -> list[float]:
+    """The least CPU time (``time.process_time``) of each call over ``repeats`` rounds,
+    the calls interleaved: CPU time, not wall time, so that other processes on the machine
+    hardly count; the least, so that a stall of one call does not; interleaved, so that a
+    slow spell of the machine weighs on every call alike."""
+    import time
+
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            start = time.process_time()
+            call()
+            best[i] = min(best[i], time.process_time() - start)
+    return best
+
+
+def _rejected_siblings(method: registry.TreeMethod, chain: int, siblings: int):
+    """The CPU tree driver's call on one tree: a chain of ``chain`` nodes (each accepted)
+    whose deepest node has ``siblings`` children at the end of the request, all rejected;
+    with ``chain = 0`` a star of the root's children.  The walk tests every sibling.  Their
+    tokens have no target mass: the first half share token 1, the rest cycle through
+    2 .. V - 1, so that each of those repeats a token first proposed half the list away (a
+    scan of the earlier siblings for it is long) while the distinct tokens stay few (V
+    small).  The inputs and outputs are made once: only the walk is timed, not the
+    allocator's page faults.  The public call on the same tree is checked to agree."""
+    total = chain + siblings
+    parents = np.concatenate([np.arange(-1, chain - 1), np.full(siblings, chain - 1)])
+    half = siblings // 2
+    tokens = np.concatenate(
+        [
+            np.zeros(chain, np.int64),
+            np.ones(half, np.int64),
+            2 + np.arange(siblings - half, dtype=np.int64) % (TREE_VOCAB - 2),
+        ]
+    )
+    target = np.zeros((total + 1, TREE_VOCAB))
+    target[:, 0] = 1.0  # the chain's token 0 is accepted, every sibling rejected
+    draft = np.full((total, TREE_VOCAB), 1.0 / TREE_VOCAB)
+    uniforms = np.full(total + 1, 0.5)
+    keywords = {
+        "num_nodes": np.array([total]), "tree_parents": parents, "draft_token_ids": tokens,
+        "target_probs": target, "method": method.name, "uniforms": uniforms[None, :],
+    }  # fmt: skip
+    if method.reads_draft_probs:
+        keywords["draft_probs"] = draft
+    result = specdec_np.verify_tree(**keywords)
+    assert int(result.accepted_lengths[0]) == chain  # every sibling was tested, in vain
+    assert int(result.output_token_ids[0, chain]) == 0
+    offsets = np.array([0, total], np.int64)
+    arguments = (
+        method.code, target, draft, not method.reads_draft_probs, tokens,
+        parents, offsets, *_tree_links.tree_links(offsets, parents, tokens), uniforms,
+        np.empty((1, chain + 1), np.int64), np.empty((1, chain + 2), np.int64),
+        lengths := np.empty(1, np.int64), np.empty(1, np.int64), 1,
+    )  # fmt: skip
+
+    working = np.empty((1, method.working_rows(chain + 1) * TREE_VOCAB))
+
+    def call() -> None:
+        assert _core.verify_trees(*arguments, working=working) == -1
+        assert int(lengths[0]) == chain
+
+    return call
+
+
+@pytest.mark.parametrize("method", registry.TREE_METHODS, ids=lambda method: method.name)
+@pytest.mark.parametrize("chain", [0, 60], ids=["star", "deep-chain"])
+def test_no_tree_walk_is_quadratic_in_siblings(method: registry.TreeMethod, chain: int):
+    """20000 siblings (a star, or a far away list under a chain of depth 60) with few
+    distinct tokens, for every tree method: 4x the siblings cost far less than 16x
+    (quadratic) the CPU time.
+    Before the child links, point-mass candidates scanned the earlier siblings for each
+    sibling's token, and RRS did so for every earlier sibling inside its loop over them
+    (cubic): a tree of 10^4 siblings hung."""
+    small = _rejected_siblings(method, chain, 20000)
+    large = _rejected_siblings(method, chain, 80000)
+    small_seconds, large_seconds = _least_cpu_seconds([small, large], repeats=7)
+    ratio = large_seconds / max(small_seconds, 1e-6)
+    assert ratio < 10, (ratio, small_seconds, large_seconds)

@@ -365,7 +365,7 @@ def test_too_few_working_rows_for_the_depth_is_a_memory_status(method):
     # A direct caller of the driver that passes a pair of working rows for a deep tree gets
     # STATUS_NO_MEMORY for that request, never a write past its rows (uniforms near 1: every
     # test fails, so every level needs its residual row).
-    from specdec_np import _contract, _core
+    from specdec_np import _contract, _core, _tree_links
 
     vocab_size, parents = 4, np.array([-1, 0, 1, 2], dtype=np.int64)
     rng = np.random.default_rng(0)
@@ -378,8 +378,10 @@ def test_too_few_working_rows_for_the_depth_is_a_memory_status(method):
         (2, _contract.STATUS_NO_MEMORY),
         (registry.get_tree_method(method).working_rows(4), 0),
     ):
+        ids, offsets = np.array([1, 2, 3, 0]), np.array([0, 4])
         _core.verify_trees(
-            code, target, draft, False, np.array([1, 2, 3, 0]), parents, np.array([0, 4]),
+            code, target, draft, False, ids, parents, offsets,
+            *_tree_links.tree_links(offsets, parents, ids),
             np.full(5, 1 - 1e-12), *outputs, 1, working=np.empty((1, rows * vocab_size)),
         )  # fmt: skip
         assert outputs[3][0] == wanted

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _core, _statistics, _trees, registry
+from specdec_np import _core, _statistics, _tree_links, _trees, registry
 from specdec_np import _tree_reference as tree_reference
 
 METHODS = tuple(method.name for method in registry.TREE_METHODS)
@@ -697,12 +697,16 @@ def test_the_driver_refuses_inconsistent_arguments():
     ]
     working = np.empty((1, 8))
     common = (target, target, True, ids)
+
+    def links(parents: np.ndarray) -> _tree_links.TreeLinks:
+        return _tree_links.tree_links(np.array([0, 2]), parents, ids)
     with pytest.raises(ValueError, match="tree_parents"):
         _core.verify_trees(
             1,
             *common,
             np.array([-1, 1]),
             np.array([0, 2]),
+            *links(np.array([-1, 1])),
             np.full(3, 0.5),
             *outputs,
             1,
@@ -714,6 +718,7 @@ def test_the_driver_refuses_inconsistent_arguments():
             *common,
             np.array([-1, 0]),
             np.array([0, 2]),
+            *links(np.array([-1, 0])),
             np.full(3, 0.5),
             np.empty((1, 1), np.int64),
             np.empty((1, 2), np.int64),
@@ -723,7 +728,14 @@ def test_the_driver_refuses_inconsistent_arguments():
         )
     with pytest.raises(ValueError, match="working"):
         _core.verify_trees(
-            1, *common, np.array([-1, 0]), np.array([0, 2]), np.full(3, 0.5), *outputs, 1
+            1,
+            *common,
+            np.array([-1, 0]),
+            np.array([0, 2]),
+            *links(np.array([-1, 0])),
+            np.full(3, 0.5),
+            *outputs,
+            1,
         )
     with pytest.raises(ValueError, match="uniforms"):
         _core.verify_trees(
@@ -731,6 +743,7 @@ def test_the_driver_refuses_inconsistent_arguments():
             *common,
             np.array([-1, 0]),
             np.array([0, 2]),
+            *links(np.array([-1, 0])),
             np.full(2, 0.5),
             *outputs,
             1,
@@ -745,6 +758,7 @@ def test_the_driver_refuses_inconsistent_arguments():
         bad_ids,
         np.array([-1, 0]),
         np.array([0, 2]),
+        *links(np.array([-1, 0])),
         np.full(3, 0.5),
         *outputs,
         1,

@@ -87,9 +87,163 @@ def tree_layout_is_valid(
     return valid
 
 
+cdef enum:
+    # small_tree_links gives up on a sibling list with more distinct tokens than this.
+    MAX_SMALL_DISTINCT = 16
+
+
+cdef bint links_of_small_lists(
+    const int64_t[::1] node_offsets, const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids, int64_t[::1] first_child, int64_t[::1] next_sibling,
+    int64_t[::1] next_distinct_sibling, int8_t[::1] repeated_token,
+) noexcept nogil:
+    cdef Py_ssize_t B = node_offsets.shape[0] - 1, N = tree_parents.shape[0]
+    cdef Py_ssize_t b, j, start, count, root, node, child, first, last, earlier, distinct
+    cdef int64_t token
+    cdef int8_t repeated
+    for b in range(B):
+        start = node_offsets[b]
+        count = node_offsets[b + 1] - start
+        # Trusted, but checked in O(1) per node: nothing below leaves the arrays.
+        if start < 0 or count < 0 or count > N - start:
+            return False
+        for j in range(count):
+            if tree_parents[start + j] < -1 or tree_parents[start + j] >= j:
+                return False
+        root = start + b  # the root's entry of first_child
+        for j in range(count + 1):
+            first_child[root + j] = -1
+        # Pushed in reverse node order, each list comes out in node order.
+        for j in range(count - 1, -1, -1):
+            next_sibling[start + j] = first_child[root + tree_parents[start + j] + 1]
+            first_child[root + tree_parents[start + j] + 1] = j
+        for node in range(-1, count):
+            first = first_child[root + node + 1]
+            child = first
+            last = -1
+            distinct = 0
+            while child != -1:
+                token = draft_token_ids[start + child]
+                next_distinct_sibling[start + child] = -1
+                repeated = 0
+                earlier = first if last != -1 else -1
+                while earlier != -1:
+                    if draft_token_ids[start + earlier] == token:
+                        repeated = 1
+                        break
+                    earlier = next_distinct_sibling[start + earlier]
+                repeated_token[start + child] = repeated
+                if not repeated:
+                    if distinct == MAX_SMALL_DISTINCT:
+                        return False
+                    if last != -1:
+                        next_distinct_sibling[start + last] = child
+                    last = child
+                    distinct += 1
+                child = next_sibling[start + child]
+    return True
+
+
+def small_tree_links(
+    const int64_t[::1] node_offsets,
+    const int64_t[::1] tree_parents,
+    const int64_t[::1] draft_token_ids,
+    int64_t[::1] first_child,
+    int64_t[::1] next_sibling,
+    int64_t[::1] next_distinct_sibling,
+    int8_t[::1] repeated_token,
+):
+    """The links of :func:`specdec_np._tree_links.tree_links` in one compiled pass, for
+    batches whose sibling lists hold few distinct tokens (the common case).
+
+    Each node's children are listed in O(N); a child's token is compared with its parent's
+    distinct tokens so far, at most ``MAX_SMALL_DISTINCT`` (16) of them, so the pass is
+    O(16 N) and has none of the fixed costs of the NumPy sorts, which dominate a small batch.
+
+    Parameters
+    ----------
+    node_offsets : int64 [B + 1]
+    tree_parents, draft_token_ids : int64 [N]
+        A layout whose parents lie inside their request, before their node.
+    first_child : int64 [N + B]
+    next_sibling, next_distinct_sibling : int64 [N]
+    repeated_token : int8 [N]
+        Written: the links.
+
+    Returns
+    -------
+    bool
+        True when every sibling list has at most 16 distinct tokens (the links are
+        written); False otherwise (the outputs are then partial), or on inconsistent
+        shapes, offsets or parents.
+    """
+    cdef bint done
+    cdef Py_ssize_t B = node_offsets.shape[0] - 1
+    cdef Py_ssize_t N = tree_parents.shape[0]
+    if (
+        B < 0 or node_offsets[B] != N or draft_token_ids.shape[0] != N
+        or first_child.shape[0] != N + B or next_sibling.shape[0] != N
+        or next_distinct_sibling.shape[0] != N or repeated_token.shape[0] != N
+    ):
+        return False
+    with nogil:
+        done = links_of_small_lists(
+            node_offsets, tree_parents, draft_token_ids, first_child, next_sibling,
+            next_distinct_sibling, repeated_token,
+        )
+    return done
+
+
+cdef bint links_are_valid(
+    const int64_t[::1] tree_parents, const int64_t[::1] node_offsets,
+    const int64_t[::1] first_child, const int64_t[::1] next_sibling,
+    const int64_t[::1] next_distinct_sibling, const int8_t[::1] repeated_token,
+) noexcept nogil:
+    """Whether every request's child lists stay inside it, in O(N): each list strictly
+    increasing, of children of its node, every node in its parent's list once and every
+    node not marked repeated in its parent's distinct list once."""
+    cdef Py_ssize_t B = node_offsets.shape[0] - 1
+    cdef Py_ssize_t b, start, count, node, child, previous, reached, distinct, unrepeated
+    for b in range(B):
+        start = node_offsets[b]
+        count = node_offsets[b + 1] - start
+        reached = 0
+        distinct = 0
+        unrepeated = 0
+        for node in range(count):
+            if repeated_token[start + node] == 0:
+                unrepeated += 1
+        for node in range(-1, count):
+            previous = node
+            child = first_child[start + b + node + 1]
+            while child != -1:
+                if child <= previous or child >= count or tree_parents[start + child] != node:
+                    return False
+                reached += 1
+                previous = child
+                child = next_sibling[start + child]
+            previous = node
+            child = first_child[start + b + node + 1]
+            while child != -1:
+                if (
+                    child <= previous or child >= count
+                    or tree_parents[start + child] != node
+                    or repeated_token[start + child] != 0
+                ):
+                    return False
+                distinct += 1
+                previous = child
+                child = next_distinct_sibling[start + child]
+        if reached != count or distinct != unrepeated:
+            return False
+    return True
+
+
 cdef int64_t walk_tree(
     int method, const probability_t* target, const probability_t* draft,
-    const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t V,
+    const token_id_t* ids, const int64_t* parents, const int64_t* first_child,
+    const int64_t* next_sibling, const int64_t* next_distinct_sibling,
+    const int8_t* repeated_token, Py_ssize_t num_nodes, Py_ssize_t V,
     const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
     specdec_law_scratch* law_scratch, double* working, Py_ssize_t working_rows,
     Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
@@ -101,7 +255,8 @@ cdef int64_t walk_tree(
     that row has no mass).  A step that decides the whole walk at once (traversal) returns
     the deepest accepted node, a descendant, with the final token already written (-2 there
     when that node's row has no mass): the path down to it is recorded and the walk ends.
-    ``TREE_STEP_NO_MEMORY``: the step's scratch could not be had."""
+    ``TREE_STEP_NO_MEMORY``: the step's scratch could not be had.  ``first_child``
+    starts at the root's entry and the other links at the request's first node."""
     cdef Request request_fields
     cdef Request* request = &request_fields
     cdef Py_ssize_t node = -1, child, depth = 0, i, steps, slot
@@ -115,6 +270,10 @@ cdef int64_t walk_tree(
         request, num_nodes, V, uniforms, NULL, True, sampling, row_forms, scratch,
         law_scratch,
     )
+    request.first_child = first_child
+    request.next_sibling = next_sibling
+    request.next_distinct_sibling = next_distinct_sibling
+    request.repeated_token = repeated_token
     request.working_rows = working_rows
     if not bound_tree_steps[method].reads_draft_rows:
         draft = NULL
@@ -168,6 +327,10 @@ def verify_trees(
     const token_id_t[::1] draft_token_ids,
     const int64_t[::1] tree_parents,
     const int64_t[::1] node_offsets,
+    const int64_t[::1] first_child,
+    const int64_t[::1] next_sibling,
+    const int64_t[::1] next_distinct_sibling,
+    const int8_t[::1] repeated_token,
     const double[::1] uniforms,
     int64_t[:, ::1] accepted_nodes,
     int64_t[:, ::1] output,
@@ -200,6 +363,13 @@ def verify_trees(
         Parent of each node within its request (``-1``: the root), below the node's index.
     node_offsets : int64 [B + 1]
         ``0 = node_offsets[0] <= ... <= node_offsets[B] = N``.
+    first_child : int64 [N + B]
+    next_sibling, next_distinct_sibling : int64 [N]
+    repeated_token : int8 [N]
+        The child lists of :func:`specdec_np._tree_links.tree_links` (of these parents and
+        ids), through which the steps find children in O(1).  Checked in O(N) to stay
+        inside each request and agree with the parents; lists that do, but are not those
+        of ``tree_links``, give other results, never a read out of bounds.
     uniforms : float64 [N + B]
         Flat: request ``b``'s ``N_b + 1`` uniforms start at ``node_offsets[b] + b``; it
         reads entry ``j`` for node ``j``'s test and entry ``N_b`` for the final token.
@@ -235,7 +405,7 @@ def verify_trees(
     Raises
     ------
     ValueError
-        For inconsistent shapes, offsets or parents, or a code (``method`` or an entry of
+        For inconsistent shapes, offsets, parents or links, or a code (``method`` or an entry of
         ``request_methods``) outside the bound table.
     RuntimeError
         When the tree steps were never bound (:func:`bind_tree_steps`).
@@ -254,6 +424,10 @@ def verify_trees(
     cdef const probability_t* draft_base
     cdef const token_id_t* ids_base
     cdef const int64_t* parents_base
+    cdef const int64_t* first_child_base
+    cdef const int64_t* next_sibling_base
+    cdef const int64_t* next_distinct_base
+    cdef const int8_t* repeated_base
     cdef const double* uniform_base
     cdef const double* sampling_base = NULL
     cdef int row_forms = (TARGET_LOGITS if target_logits else 0) | (
@@ -279,6 +453,19 @@ def verify_trees(
             depths[start + j] = 1 if parent < 0 else depths[start + parent] + 1
             max_depth = depths[start + j] if depths[start + j] > max_depth else max_depth
     require(D >= max_depth, "accepted_nodes must be [B, >= the deepest node]")
+    require(
+        first_child.shape[0] == N + B and next_sibling.shape[0] == N
+        and next_distinct_sibling.shape[0] == N and repeated_token.shape[0] == N,
+        "the links must be first_child [N + B], next_sibling, next_distinct_sibling and "
+        "repeated_token [N]",
+    )
+    require(
+        links_are_valid(
+            tree_parents, node_offsets, first_child, next_sibling, next_distinct_sibling,
+            repeated_token,
+        ),
+        "the links must be the child lists of tree_parents (specdec_np._tree_links)",
+    )
     require(target_rows.shape[0] == N + B, "target_rows must have N + B rows")
     require(
         point_mass_drafts or (draft_rows.shape[0] == N and draft_rows.shape[1] == V),
@@ -322,6 +509,10 @@ def verify_trees(
     draft_base = NULL if point_mass_drafts or N == 0 else &draft_rows[0, 0]
     ids_base = &draft_token_ids[0] if N > 0 else NULL
     parents_base = &tree_parents[0] if N > 0 else NULL
+    first_child_base = &first_child[0]
+    next_sibling_base = &next_sibling[0] if N > 0 else NULL
+    next_distinct_base = &next_distinct_sibling[0] if N > 0 else NULL
+    repeated_base = &repeated_token[0] if N > 0 else NULL
     uniform_base = &uniforms[0] if stochastic else NULL
     # Each thread of the team allocates its law scratch once for the call.
     with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
@@ -336,6 +527,10 @@ def verify_trees(
                 NULL if draft_base == NULL else draft_base + start * V,
                 ids_base + start if ids_base != NULL else ids_base,
                 parents_base + start if parents_base != NULL else parents_base,
+                first_child_base + start + b,
+                next_sibling_base + start if next_sibling_base != NULL else next_sibling_base,
+                next_distinct_base + start if next_distinct_base != NULL else next_distinct_base,
+                repeated_base + start if repeated_base != NULL else repeated_base,
                 node_offsets[b + 1] - start, V,
                 NULL if uniform_base == NULL else uniform_base + start + b,
                 NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,

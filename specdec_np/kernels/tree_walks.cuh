@@ -25,34 +25,52 @@ constexpr int kTraversalLevels = 65;
 // point-mass candidates; its ids; k = N_b; its uniforms, column j for node j's test and
 // column N_b for the final token; for logits rows its sampling parameters and two scratch
 // rows), so that the chain's row readers read its rows; then its parents (an index within
-// the request, -1 for the root) and its two float64 working rows of V (the residual and its
-// update, ping-pong as on the CPU; nullptr for greedy walks) and how many working rows of V
-// it has (two, or max depth + 1 for a sequence-level walk: a residual per level).
+// the request, -1 for the root), its child lists (specdec_np._tree_links: first_child from
+// the root's entry on, the others from the request's first node), its float64 working rows
+// of V (the residual and its update, ping-pong as on the CPU; nullptr for greedy walks) and
+// how many working rows of V it has (two, or max depth + 1 for a sequence-level walk: a
+// residual per level).
 template <typename ProbT, typename IdT>
 struct TreeArgs : RowArgs<ProbT, IdT> {
     const long long* __restrict__ parents;
+    const long long* __restrict__ first_child;
+    const long long* __restrict__ next_sibling;
+    const long long* __restrict__ next_distinct_sibling;
+    const signed char* __restrict__ repeated_token;
     double* working;
     long long working_rows;
 };
 
-// The first child of `node` (-1: the root) with an index above `after`, or -1. Children are
-// later nodes, so a walk only moves forward and ends within N_b steps whatever the parents.
+// The child of `node` (-1: the root) after `after`: its first child when `after` is `node`,
+// else the sibling after the child `after` (`next` the list: next_sibling or
+// next_distinct_sibling); -1 when there is none. O(1). A link that does not move forward
+// inside the request ends the list, so a walk only moves forward and ends within N_b steps
+// whatever the links say (the launcher's caller computes them; a direct caller may not).
 template <typename ProbT, typename IdT>
-__device__ long long next_child(const TreeArgs<ProbT, IdT>& a, long long node, long long after) {
-    for (long long j = after + 1; j < a.k; ++j) {
-        if (a.parents[j] == node) return j;
-    }
-    return -1;
+__device__ long long following_child(const TreeArgs<ProbT, IdT>& a,
+                                     const long long* __restrict__ next, long long node,
+                                     long long after) {
+    const long long j = after == node ? a.first_child[node + 1] : next[after];
+    return j > after && j < a.k ? j : -1;
 }
 
-// Whether a sibling tried before `child` (from `first` on) proposed `token`.
+// The next child of `node` after `after` (`node`: its first child), or -1.
 template <typename ProbT, typename IdT>
-__device__ bool tried_before(const TreeArgs<ProbT, IdT>& a, long long node, long long first,
-                             long long child, long long token) {
-    for (long long j = first; j < child; ++j) {
-        if (a.parents[j] == node && static_cast<long long>(a.draft_ids[j]) == token) return true;
-    }
-    return false;
+__device__ long long next_child(const TreeArgs<ProbT, IdT>& a, long long node, long long after) {
+    return following_child(a, a.next_sibling, node, after);
+}
+
+// next_child among the children whose token no earlier sibling proposed.
+template <typename ProbT, typename IdT>
+__device__ long long next_distinct_child(const TreeArgs<ProbT, IdT>& a, long long node,
+                                         long long after) {
+    return following_child(a, a.next_distinct_sibling, node, after);
+}
+
+// Whether a sibling tried before `child` proposed the same token. O(1).
+template <typename ProbT, typename IdT>
+__device__ bool tried_before(const TreeArgs<ProbT, IdT>& a, long long child) {
+    return a.repeated_token[child] != 0;
 }
 // sum_y max(q(y), 0) (NaN counts as 0): an RRS draft row's mass before the tried siblings'
 // tokens are taken out.
@@ -116,7 +134,7 @@ struct PointMassTreeStep {
         long long last_removed = -1;
         for (long long child = first; child >= 0; child = next_child(a, node, child)) {
             const long long x = static_cast<long long>(a.draft_ids[child]);
-            const double r_x = tried_before(a, node, first, child, x)
+            const double r_x = tried_before(a, child)
                                    ? 0.0
                                    : read_probability(a, s, node + 1, x, false);
             if (a.uniforms[child] * (1.0 - removed) < r_x) return child;
@@ -137,7 +155,8 @@ struct PointMassTreeStep {
             }
             __syncthreads();
             if (threadIdx.x == 0) {
-                for (long long child = first; child >= 0; child = next_child(a, node, child)) {
+                for (long long child = first; child >= 0;
+                     child = next_distinct_child(a, node, child)) {
                     row[a.draft_ids[child]] = 0.0;
                 }
             }
@@ -181,15 +200,13 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
         if (reduced) {
             q = processed_row(a, s, child, true);
             q_mass = clean_sum(q, vocab, s.reduce);
-            for (long long sibling = first; sibling < child;
-                 sibling = next_child(a, node, sibling)) {
+            // The distinct tokens tried before: at most min(child, V) of them.
+            for (long long sibling = first; sibling >= 0 && sibling < child;
+                 sibling = next_distinct_child(a, node, sibling)) {
                 const long long t = static_cast<long long>(a.draft_ids[sibling]);
-                if (!tried_before(a, node, first, sibling, t)) {
-                    q_mass -= specdec_clean(static_cast<double>(q[t]));
-                }
+                q_mass -= specdec_clean(static_cast<double>(q[t]));
             }
-            q_x = tried_before(a, node, first, child, x) ? 0.0
-                                                        : specdec_clean(static_cast<double>(q[x]));
+            q_x = tried_before(a, child) ? 0.0 : specdec_clean(static_cast<double>(q[x]));
             if (!(q_mass > 0.0)) {
                 q_mass = 1.0;
             } else if (q_mass != 1.0) {
@@ -213,17 +230,14 @@ __device__ long long residual_tree_step(const TreeArgs<ProbT, IdT>& a, long long
             // The tried siblings' tokens are out of q_j: their residual is r alone. One thread
             // rewrites them, in sibling order, as the CPU does.
             if (threadIdx.x == 0) {
-                for (long long sibling = first; sibling < child;
-                     sibling = next_child(a, node, sibling)) {
+                for (long long sibling = first; sibling >= 0 && sibling < child;
+                     sibling = next_distinct_child(a, node, sibling)) {
                     const long long t = static_cast<long long>(a.draft_ids[sibling]);
-                    if (!tried_before(a, node, first, sibling, t)) {
-                        double value =
-                            residual != nullptr ? residual[t] : static_cast<double>(p[t]);
-                        if (mass != 1.0) value = value / mass;
-                        value = specdec_clean(value);
-                        updated_mass += value - update[t];
-                        update[t] = value;
-                    }
+                    double value = residual != nullptr ? residual[t] : static_cast<double>(p[t]);
+                    if (mass != 1.0) value = value / mass;
+                    value = specdec_clean(value);
+                    updated_mass += value - update[t];
+                    update[t] = value;
                 }
                 s.fixed_mass = updated_mass;
             }

@@ -3,30 +3,32 @@
 # (registry_binding.pxi); each is registered under its name right after its definition.
 # A node's children are the later nodes whose parent it is, tried in node order; a step
 # only moves to a higher node index, so a walk ends within N_b steps whatever the parents
-# say.
+# say.  Children are found through the request's links (specdec_np._tree_links), which the
+# driver checked: each lookup is O(1), so a step costs O(1) per child plus its row passes.
 # --------------------------------------------------------------------------------------
 
 cdef inline Py_ssize_t next_child(
-    const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t after
+    const Request* request, Py_ssize_t node, Py_ssize_t after
 ) noexcept nogil:
-    """The first child of ``node`` (-1: the root) with an index above ``after``, or -1."""
-    cdef Py_ssize_t j
-    for j in range(after + 1, num_nodes):
-        if parents[j] == node:
-            return j
-    return -1
+    """The child of ``node`` (-1: the root) after ``after``: its first child when ``after``
+    is ``node``, else the sibling after the child ``after``; -1 when there is none."""
+    if after == node:
+        return request.first_child[node + 1]
+    return request.next_sibling[after]
 
 
-cdef inline bint tried_before(
-    const int64_t* parents, const token_id_t* ids, Py_ssize_t node, Py_ssize_t first,
-    Py_ssize_t child, int64_t token
+cdef inline Py_ssize_t next_distinct_child(
+    const Request* request, Py_ssize_t node, Py_ssize_t after
 ) noexcept nogil:
-    """Whether a sibling tried before ``child`` (from ``first`` on) proposed ``token``."""
-    cdef Py_ssize_t j
-    for j in range(first, child):
-        if parents[j] == node and ids[j] == token:
-            return True
-    return False
+    """:func:`next_child` among the children whose token no earlier sibling proposed."""
+    if after == node:
+        return request.first_child[node + 1]
+    return request.next_distinct_sibling[after]
+
+
+cdef inline bint tried_before(const Request* request, Py_ssize_t child) noexcept nogil:
+    """Whether a sibling tried before ``child`` proposed the same token."""
+    return request.repeated_token[child] != 0
 
 
 cdef inline double clean(double value) noexcept nogil:
@@ -71,11 +73,12 @@ cdef enum:
 
 
 cdef Py_ssize_t children_tokens(
-    const token_id_t* ids, const int64_t* parents, Py_ssize_t num_nodes, Py_ssize_t node,
-    Py_ssize_t first, int64_t* excluded
+    const token_id_t* ids, const Request* request, Py_ssize_t node, Py_ssize_t first,
+    int64_t* excluded
 ) noexcept nogil:
     """The distinct tokens of ``node``'s children (from child ``first`` on; -1: none),
-    sorted into ``excluded[0 ..]``: their count, or -1 past ``MAX_EXCLUDED``."""
+    sorted into ``excluded[0 ..]``: their count, or -1 past ``MAX_EXCLUDED``.  Only the
+    children with a token new among their siblings are read."""
     cdef Py_ssize_t child = first, count = 0, e, j
     cdef int64_t token
     while child >= 0:
@@ -91,14 +94,13 @@ cdef Py_ssize_t children_tokens(
                 excluded[j] = excluded[j - 1]
             excluded[e] = token
             count += 1
-        child = next_child(parents, num_nodes, node, child)
+        child = next_distinct_child(request, node, child)
     return count
 
 
 cdef Py_ssize_t draw_without_children(
-    const probability_t* p, const token_id_t* ids, const int64_t* parents,
-    Py_ssize_t num_nodes, Py_ssize_t node, Py_ssize_t first, Py_ssize_t V, double v,
-    double* working
+    const probability_t* p, const token_id_t* ids, const Request* request, Py_ssize_t node,
+    Py_ssize_t first, Py_ssize_t V, double v, double* working
 ) noexcept nogil:
     """Inverse-CDF draw at ``v`` from the row ``p`` without the tokens of ``node``'s
     children (from child ``first`` on; -1: none); -1 if nothing with mass is left.
@@ -109,7 +111,7 @@ cdef Py_ssize_t draw_without_children(
     instead."""
     cdef int64_t excluded[MAX_EXCLUDED]
     cdef Py_ssize_t child
-    cdef Py_ssize_t count = children_tokens(ids, parents, num_nodes, node, first, excluded)
+    cdef Py_ssize_t count = children_tokens(ids, request, node, first, excluded)
     if count >= 0:
         return draw_by_blocks(
             <Request*>NULL, p, <const probability_t*>NULL, 0, -1, 1.0, V, v, excluded, count
@@ -118,7 +120,7 @@ cdef Py_ssize_t draw_without_children(
     child = first
     while child >= 0:
         working[ids[child]] = 0.0
-        child = next_child(parents, num_nodes, node, child)
+        child = next_distinct_child(request, node, child)
     return draw_inverse_cdf(<const double*>working, <const double*>NULL, -1, 1.0, V, v)
 
 
@@ -130,11 +132,11 @@ cdef Py_ssize_t greedy_tree_step(
     """The child of ``node`` whose token is the argmax of its row, or -1 with that argmax
     in ``final_token``.  Reads neither draft rows nor uniforms."""
     cdef Py_ssize_t argmax = raw_argmax(target, node + 1, request.V)
-    cdef Py_ssize_t child = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t child = next_child(request, node, node)
     while child >= 0:
         if ids[child] == argmax:
             return child
-        child = next_child(parents, request.k, node, child)
+        child = next_child(request, node, child)
     final_token[0] = argmax
     return -1
 
@@ -158,7 +160,7 @@ cdef Py_ssize_t point_mass_tree_step(
     if every child fails, draw from the row without them.  Returns the accepted child, or
     -1 with the final token (-2: the row has no mass).  Reads no draft rows."""
     cdef Py_ssize_t V = request.V, row = node + 1
-    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t first = next_child(request, node, node)
     cdef Py_ssize_t child = first
     cdef double removed = 0.0, r_x
     cdef int64_t x, last_removed = -1
@@ -166,7 +168,7 @@ cdef Py_ssize_t point_mass_tree_step(
     cdef const probability_t* p
     while child >= 0:
         x = ids[child]
-        if tried_before(parents, ids, node, first, child, x):
+        if tried_before(request, child):
             r_x = 0.0
         else:
             r_x = target_probability(request, target, row, x)
@@ -175,10 +177,10 @@ cdef Py_ssize_t point_mass_tree_step(
         if r_x > 0.0:
             removed += r_x
             last_removed = x
-        child = next_child(parents, request.k, node, child)
+        child = next_child(request, node, child)
     p = probability_row(request, target, row, False)
     token = draw_without_children(
-        p, ids, parents, request.k, node, first, V, request.uniforms[request.k], working
+        p, ids, request, node, first, V, request.uniforms[request.k], working
     )
     if token < 0 and first >= 0:
         # Only rounding leaves nothing: the last rejection removed the last token with
@@ -210,7 +212,7 @@ cdef Py_ssize_t residual_tree_step(
     renormalised.  ``working`` holds two rows of V (the residual and its update).
     Returns the accepted child, or -1 with the final token (-2: no mass)."""
     cdef Py_ssize_t V = request.V, row = node + 1
-    cdef Py_ssize_t first = next_child(parents, request.k, node, node)
+    cdef Py_ssize_t first = next_child(request, node, node)
     cdef Py_ssize_t child = first, sibling
     cdef double* residual = NULL
     cdef double* update
@@ -226,13 +228,12 @@ cdef Py_ssize_t residual_tree_step(
         if without_replacement and child != first:
             q = probability_row(request, draft, child, True)
             q_mass = draft_row_mass(q, V)
+            # The distinct tokens tried before: at most min(child, V) of them.
             sibling = first
-            while sibling < child:
-                t = ids[sibling]
-                if not tried_before(parents, ids, node, first, sibling, t):
-                    q_mass -= clean(q[t])
-                sibling = next_child(parents, request.k, node, sibling)
-            if tried_before(parents, ids, node, first, child, x):
+            while 0 <= sibling < child:
+                q_mass -= clean(q[ids[sibling]])
+                sibling = next_distinct_child(request, node, sibling)
+            if tried_before(request, child):
                 q_x = 0.0
             else:
                 q_x = clean(q[x])
@@ -254,7 +255,7 @@ cdef Py_ssize_t residual_tree_step(
             q = probability_row(request, draft, child, True)
         if residual == NULL and p == NULL:
             p = probability_row(request, target, row, False)
-        if residual == NULL and q_mass == 1.0 and next_child(parents, request.k, node, child) < 0:
+        if residual == NULL and q_mass == 1.0 and next_child(request, node, child) < 0:
             # The last child of a node whose residual is still its row (a chain's case):
             # the draw from (p - q)+, or from p if that has no mass, reads both rows as the
             # chain verifiers do, instead of writing the update first.  The weights, block
@@ -269,20 +270,19 @@ cdef Py_ssize_t residual_tree_step(
         if without_replacement and child != first:
             # The tried siblings' tokens are out of q_j: their residual is r alone.
             sibling = first
-            while sibling < child:
+            while 0 <= sibling < child:
                 t = ids[sibling]
-                if not tried_before(parents, ids, node, first, sibling, t):
-                    a = residual[t] if residual != NULL else <double>p[t]
-                    if mass != 1.0:
-                        a = a / mass
-                    a = clean(a)
-                    updated_mass += a - update[t]
-                    update[t] = a
-                sibling = next_child(parents, request.k, node, sibling)
+                a = residual[t] if residual != NULL else <double>p[t]
+                if mass != 1.0:
+                    a = a / mass
+                a = clean(a)
+                updated_mass += a - update[t]
+                update[t] = a
+                sibling = next_distinct_child(request, node, sibling)
         if updated_mass > 0.0:
             residual = update
             mass = updated_mass
-        child = next_child(parents, request.k, node, child)
+        child = next_child(request, node, child)
     if residual != NULL:
         token = draw_inverse_cdf(
             <const double*>residual, <const double*>NULL, -1, 1.0, V, request.uniforms[request.k]
@@ -425,7 +425,7 @@ cdef Py_ssize_t traversal_tree_step(
         levels[j].row = j if j < rows - 1 else -1
     spare = rows - 1
     levels[0].node = -1
-    levels[0].child = next_child(parents, n, -1, -1)
+    levels[0].child = next_child(request, -1, -1)
     levels[0].rho = 1.0
     levels[0].mass = 1.0
     levels[0].has_residual = False
@@ -447,7 +447,7 @@ cdef Py_ssize_t traversal_tree_step(
             if w > 0.0:
                 d += 1
                 levels[d].node = c
-                levels[d].child = next_child(parents, n, c, c)
+                levels[d].child = next_child(request, c, c)
                 levels[d].rho = w
                 levels[d].mass = 1.0
                 levels[d].has_residual = False
@@ -483,7 +483,7 @@ cdef Py_ssize_t traversal_tree_step(
                 spare = swap
                 level.mass = total
                 level.has_residual = True
-        level.child = next_child(parents, n, level.node, c)
+        level.child = next_child(request, level.node, c)
     accepted = levels[d].node
     if levels[d].has_residual:
         token = draw_inverse_cdf(

@@ -7,7 +7,10 @@
 
 // Tree verification with the arguments of specdec_np._core.verify_trees:
 // target_rows [N + B, V], draft_rows [N, V] or nullptr (point-mass candidates),
-// draft_token_ids and tree_parents [N], node_offsets [B + 1], uniforms [uniform_count]
+// draft_token_ids and tree_parents [N], node_offsets [B + 1], the child lists of
+// specdec_np._tree_links (first_child [N + B], next_sibling, next_distinct_sibling and
+// repeated_token [N]; a link that does not move forward inside its request ends its list),
+// uniforms [uniform_count]
 // (flat: request b's N_b + 1 from node_offsets[b] + b on; uniform_count = N + B),
 // request_methods [B] or nullptr (then every request walks `method`; both registry tree
 // method codes), working [B, R V] (a request's residual rows, R = TreeMethod.working_rows of
@@ -28,6 +31,10 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
                     const IdT* __restrict__ draft_token_ids,
                     const long long* __restrict__ tree_parents,
                     const long long* __restrict__ node_offsets,
+                    const long long* __restrict__ first_child,
+                    const long long* __restrict__ next_sibling,
+                    const long long* __restrict__ next_distinct_sibling,
+                    const signed char* __restrict__ repeated_token,
                     const double* __restrict__ uniforms, long long uniform_count,
                     const signed char* __restrict__ request_methods, long long method,
                     long long batch, long long num_nodes, long long vocab, long long depth_width,
@@ -91,6 +98,10 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             sampling != nullptr && draft_logits != 0,
         },
         tree_parents + start,
+        first_child + start + b,
+        next_sibling + start,
+        next_distinct_sibling + start,
+        repeated_token + start,
         stochastic ? working + b * working_rows * vocab : nullptr,
         working_rows,
     };
