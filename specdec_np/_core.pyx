@@ -95,6 +95,7 @@ cdef extern from "_logits.h" nogil:
     # The law's working memory (heap, one per thread): see new_law_scratch.
     ctypedef struct specdec_law_scratch:
         pass
+    specdec_law_scratch* specdec_law_scratch_new()
     void specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
         double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
@@ -225,7 +226,7 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted) noexcept nogil:
     as the row status SPECDEC_STATUS_NO_MEMORY."""
     if not wanted:
         return NULL
-    return <specdec_law_scratch*>malloc(sizeof(specdec_law_scratch))
+    return specdec_law_scratch_new()
 
 
 include "kernels/registry_binding.pxi"

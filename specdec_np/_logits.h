@@ -24,6 +24,8 @@
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
 
+#include <stdlib.h>
+
 #include "_rowscan.h"
 
 #ifndef SPECDEC_LOGITS_MUTATION
@@ -34,12 +36,38 @@
 
 /* ---- the float32 exponential on vectors ----------------------------------------------- */
 
-/* specdec_fast_expf of _elementwise.h, from the same body, on eight lanes. */
+/* specdec_fast_expf of _elementwise.h, from the same body, on eight lanes.  Its fused
+ * multiply-add is fmaf lane by lane, which GCC turns into one vfmadd in the clones that
+ * have FMA (SPECDEC_CLONES) and into correctly rounded libm calls in the baseline one: the
+ * same bits either way. */
 #if SPECDEC_HAVE_VECTORS
 #define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
 #define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
+
+SPECDEC_INLINE specdec_v8f specdec_fma8(specdec_v8f a, specdec_v8f b, specdec_v8f c)
+{
+    specdec_v8f result;
+    for (int l = 0; l < 8; ++l)
+        result[l] = fmaf(a[l], b[l], c[l]);
+    return result;
+}
+
+SPECDEC_INLINE specdec_v8f specdec_broadcast8(float x)
+{
+    return (specdec_v8f){x, x, x, x, x, x, x, x};
+}
+
+SPECDEC_INLINE specdec_v8f specdec_same8(specdec_v8f x)
+{
+    return x;
+}
+
+/* An operand of the vector FMA: a vector as it is, a float32 constant on every lane. */
+#define SPECDEC_LANES8(x) _Generic((x), float: specdec_broadcast8, default: specdec_same8)(x)
+#define SPECDEC_VECTOR_FMA(a, b, c)                                                         \
+    specdec_fma8(SPECDEC_LANES8(a), SPECDEC_LANES8(b), SPECDEC_LANES8(c))
 SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec_v8i,
-                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK)
+                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK, SPECDEC_VECTOR_FMA)
 #endif
 
 /* ---- the radix select ---------------------------------------------------------------- */
@@ -51,10 +79,12 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 #define SPECDEC_TOP_P_CANDIDATES 2048
 #endif
 
-/* The law's working memory: the radix select's histogram and the gathered survivors (48
- * KiB for double rows).  It comes from the heap, one per thread (the caller allocates it
- * with malloc and frees it): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
- * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there. */
+/* The law's working memory: the radix select's histogram, the gathered survivors and their
+ * keys (64 KiB for double rows).  It comes from the heap, one per thread (specdec_law_scratch_new,
+ * freed with free): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
+ * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
+ * zeros between calls (each pass of the select clears the buckets it filled), so that a
+ * pass over few entries costs what they cost, not a clear and a walk of every bucket. */
 typedef struct {
     double histogram[1 << SPECDEC_HISTOGRAM_BITS];
     union {
@@ -62,7 +92,17 @@ typedef struct {
         double d[SPECDEC_TOP_P_CANDIDATES];
     } candidates;
     ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
+    union {
+        uint32_t f[SPECDEC_TOP_P_CANDIDATES];
+        uint64_t d[SPECDEC_TOP_P_CANDIDATES];
+    } keys;
 } specdec_law_scratch;
+
+/* A zeroed scratch (NULL when the allocation fails). */
+static inline specdec_law_scratch *specdec_law_scratch_new(void)
+{
+    return (specdec_law_scratch *)calloc(1, sizeof(specdec_law_scratch));
+}
 
 /* Radix select over the keys of the z values: the largest key v such that the entries with
  * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
@@ -72,6 +112,7 @@ typedef struct {
  * sums run in element order and the walk in bucket order, the same in every build; the
  * buckets and the walk are _elementwise.h's. */
 #define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
+    SPECDEC_CLONES                                                                         \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          T z_max, KEY_T floor_key, int by_mass, double need, \
                                          double *histogram)                                \
@@ -82,18 +123,46 @@ typedef struct {
         while (known_bits < KEY_BITS) {                                                    \
             int shift;                                                                     \
             int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
-            int buckets = 1 << width;                                                      \
-            memset(histogram, 0, (size_t)buckets * sizeof histogram[0]);                   \
+            /* The filled buckets are marked in `filled`; the others hold 0, which adds  \
+             * nothing to the total or to the walk's sums, so both visit the marked        \
+             * buckets alone, from the top, and clear them after (see the scratch). */     \
+            uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                     \
             for (ptrdiff_t y = 0; y < V; ++y) {                                            \
                 T z = logits[y] / temperature;                                             \
                 int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
                                                             prefix, known_bits, shift, width); \
-                if (bucket >= 0)                                                           \
+                if (bucket >= 0) {                                                         \
                     histogram[bucket] += by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0; \
+                    filled[bucket >> 6] |= (uint64_t)1 << (bucket & 63);                   \
+                }                                                                          \
             }                                                                              \
-            if (known_bits == 0 && by_mass)                                                \
-                need *= specdec_histogram_total(histogram, buckets);                       \
-            int chosen = specdec_select_walk(histogram, buckets, known_bits, need, &above); \
+            int words = ((1 << width) + 63) / 64;                                          \
+            if (known_bits == 0 && by_mass) {                                              \
+                double total = 0.0;                                                        \
+                for (int word = words - 1; word >= 0; --word) {                            \
+                    for (uint64_t bits = filled[word]; bits;) {                            \
+                        int bucket = 64 * word + 63 - __builtin_clzll(bits);               \
+                        bits &= ~((uint64_t)1 << (bucket & 63));                           \
+                        total += histogram[bucket];                                        \
+                    }                                                                      \
+                }                                                                          \
+                need *= total;                                                             \
+            }                                                                              \
+            int chosen = -1, lowest_filled = -1;                                           \
+            for (int word = words - 1; word >= 0 && chosen < 0; --word) {                  \
+                for (uint64_t bits = filled[word]; bits && chosen < 0;) {                  \
+                    int bucket = 64 * word + 63 - __builtin_clzll(bits);                   \
+                    bits &= ~((uint64_t)1 << (bucket & 63));                               \
+                    if (specdec_select_walk_bucket(histogram[bucket], bucket, need, &above, \
+                                                   &lowest_filled))                        \
+                        chosen = bucket;                                                   \
+                }                                                                          \
+            }                                                                              \
+            if (chosen < 0 && known_bits > 0)                                              \
+                chosen = lowest_filled;                                                    \
+            for (int word = 0; word < words; ++word)                                       \
+                for (uint64_t bits = filled[word]; bits; bits &= bits - 1)                 \
+                    histogram[64 * word + __builtin_ctzll(bits)] = 0.0;                    \
             if (chosen < 0)                                                                \
                 return 0;                                                                  \
             prefix |= (KEY_T)chosen << shift;                                              \
@@ -161,6 +230,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     /* The kept sum of specdec_kept_sum over gathered entries: each weight goes to the lane \
      * of its index, in element order, as the row scan adds it (the scan adds +0 for the   \
      * entries it does not keep, which changes no lane). */                                 \
+    SPECDEC_CLONES                                                                         \
     static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const ptrdiff_t *y,         \
                                                      ptrdiff_t count, T z_max, T cutoff)    \
     {                                                                                      \
@@ -171,8 +241,80 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
+/* Every entry of a row of at most SPECDEC_TOP_P_CANDIDATES, gathered as the top-k path
+ * gathers its survivors (so the later filters and the kept sum work on them alone). */
+#define SPECDEC_DEFINE_GATHER_ALL(SUFFIX, T)                                                \
+    static ptrdiff_t specdec_gather_all_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
+                                                 T *z_out, ptrdiff_t *y_out)                \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            z_out[y] = logits[y] / temperature;                                            \
+            y_out[y] = y;                                                                  \
+        }                                                                                  \
+        return V;                                                                          \
+    }
+
+/* The tests build the header with a limit of 0, so that the radix select does it all. */
+#ifndef SPECDEC_QUICKSELECT_PARTITIONS
+#define SPECDEC_QUICKSELECT_PARTITIONS 64
+#endif
+
+/* Top-k's key over gathered entries: what specdec_select (counting, floor key 1) finds,
+ * the K-th largest key of the non-NaN entries (0 when there are fewer), by quickselect on
+ * a copy of the keys, which costs a few passes over the entries instead of three
+ * histograms of 2^11 buckets.  The answer is one value, so any exact method finds the same;
+ * after SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select
+ * does the job. */
+#define SPECDEC_DEFINE_TOP_K_KEY(SUFFIX, T, KEY_T)                                          \
+    static KEY_T specdec_top_k_key_##SUFFIX(const T *z, ptrdiff_t count, int64_t top_k,     \
+                                            T z_max, specdec_law_scratch *scratch)          \
+    {                                                                                      \
+        KEY_T *keys = scratch->keys.SUFFIX;                                                \
+        ptrdiff_t n = 0;                                                                   \
+        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
+            KEY_T key = specdec_key_##SUFFIX(z[i]);                                        \
+            keys[n] = key;                                                                 \
+            n += key >= 1;                                                                 \
+        }                                                                                  \
+        if (n < top_k)                                                                     \
+            return 0;                                                                      \
+        /* Descending order: keys[0 .. target] hold the top_k largest once it is done. */  \
+        ptrdiff_t low = 0, high = n - 1, target = (ptrdiff_t)top_k - 1;                    \
+        for (int partitions = 0; low < high; ++partitions) {                               \
+            if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
+                return specdec_select_##SUFFIX(z, count, (T)1, z_max, 1, 0, (double)top_k, \
+                                               scratch->histogram);                        \
+            KEY_T a = keys[low], b = keys[low + (high - low) / 2], c = keys[high];         \
+            KEY_T pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b)); \
+            ptrdiff_t i = low, j = high;                                                   \
+            while (i <= j) {                                                               \
+                while (keys[i] > pivot)                                                    \
+                    ++i;                                                                   \
+                while (keys[j] < pivot)                                                    \
+                    --j;                                                                   \
+                if (i <= j) {                                                              \
+                    KEY_T swapped = keys[i];                                               \
+                    keys[i++] = keys[j];                                                   \
+                    keys[j--] = swapped;                                                   \
+                }                                                                          \
+            }                                                                              \
+            /* keys[low .. j] >= pivot >= keys[i .. high], and pivot in between. */        \
+            if (target <= j)                                                               \
+                high = j;                                                                  \
+            else if (target >= i)                                                          \
+                low = i;                                                                   \
+            else                                                                           \
+                return pivot;                                                              \
+        }                                                                                  \
+        return keys[target];                                                               \
+    }
+
 SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
 SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
+SPECDEC_DEFINE_GATHER_ALL(f, float)
+SPECDEC_DEFINE_GATHER_ALL(d, double)
+SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
+SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 
 /* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
 
@@ -181,6 +323,7 @@ SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
  * (specdec_online_lane of _elementwise.h).  The lanes are combined in a fixed order at the
  * end (specdec_online_finish). */
 #define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, SUFFIX, T)                                       \
+    SPECDEC_CLONES                                                                         \
     static void NAME(const T *logits, ptrdiff_t V, T temperature, T *z_max,                \
                      double *normaliser, int64_t *num_infinite)                            \
     {                                                                                      \
@@ -204,6 +347,7 @@ SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, d, double)
 
 /* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l. */
 #define SPECDEC_DEFINE_KEPT_SUM_SCALAR(NAME, T, WEIGHT)                                     \
+    SPECDEC_CLONES                                                                         \
     static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff)     \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
@@ -218,6 +362,7 @@ SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, d, double)
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
 
 #define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
+    SPECDEC_CLONES                                                                         \
     static void specdec_materialise_##SUFFIX##_scalar(const T *logits, ptrdiff_t start,     \
                                                       ptrdiff_t V, T temperature,          \
                                                       const specdec_row_law *law, T *out)  \
@@ -435,12 +580,16 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,       \
-                                                candidates, positions, histogram);         \
+            /* A short row is gathered whole: its filters then cost what its entries do. */ \
+            count = V <= SPECDEC_TOP_P_CANDIDATES                                          \
+                        ? specdec_gather_all_##SUFFIX(logits, V, temperature, candidates,  \
+                                                      positions)                           \
+                        : specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k, \
+                                                      candidates, positions, histogram);   \
             /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
             KEY_T k_key = count >= 0                                                       \
-                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
-                                                        (double)top_k, histogram)          \
+                              ? specdec_top_k_key_##SUFFIX(candidates, count, top_k, z_max, \
+                                                           scratch)                        \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0, \
                                                         (double)top_k, histogram);         \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
@@ -448,9 +597,10 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         if (count >= 0)                                                                    \
             count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);     \
         if (top_p < 1.0) {                                                                 \
-            /* After min-p alone few tokens are left too: gather their z (in element order, \
-             * so the histograms sum in the same order) and select over them alone. */    \
-            if (count < 0 && floor_key > 1) {                                              \
+            /* After min-p alone few tokens are left too, and a short row is short: gather \
+             * their z (in element order, so the histograms sum in the same order) and     \
+             * select over them alone. */                                                  \
+            if (count < 0 && (floor_key > 1 || V <= SPECDEC_TOP_P_CANDIDATES)) {          \
                 ptrdiff_t found = 0;                                                       \
                 for (ptrdiff_t y = 0; y < V && found <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
                     T z = logits[y] / temperature;                                         \

@@ -1584,7 +1584,7 @@ _CPU_LAW_PROBE = r"""
         for (long long r = 0; r < count; ++r) {                                            \
             const double *s = sampling + 4 * r;                                            \
             specdec_row_law law;                                                           \
-            specdec_law_scratch *scratch = malloc(sizeof *scratch);                        \
+            specdec_law_scratch *scratch = specdec_law_scratch_new();                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
                                      s[3], scratch, &law);                                 \
             free(scratch);                                                                 \
