@@ -32,7 +32,7 @@ void b_row_law(const float *l, ptrdiff_t V, float t, int64_t k, double p, double
     /* The law's scratch is the caller's, once per thread and call, as in the kernels. */
     specdec_law_scratch *scratch = specdec_law_scratch_new();
     for (int r = 0; r < repeats; ++r)
-        specdec_row_law_f(l, V, t, k, p, m, scratch, law);
+        specdec_row_law_f(l, V, t, k, p, m, scratch, NULL, law);
     free(scratch);
 }
 void b_materialise(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,

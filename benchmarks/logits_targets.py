@@ -130,8 +130,19 @@ def measure(repeats: int, label: str) -> list[dict[str, Any]]:
     return cells
 
 
+def _median_cell(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from several runs of it: the median of each measured number."""
+    merged = dict(cells[0])
+    for key in ("ours_s", "bar_s", "ratio", "fixed_us", "roofline", "gb_per_s"):
+        if key in merged:
+            merged[key] = float(np.median([cell[key] for cell in cells]))
+    merged["runs"] = len(cells)
+    return merged
+
+
 def render(records: list[dict[str, Any]], markdown: bool) -> str:
-    """One row per (target, case, threads), one column per label."""
+    """One row per (target, case, threads), one column per label: the median over the runs
+    of each label (alternate the labels' runs, so that a load spike hits both)."""
     labels = list(dict.fromkeys(r["label"] for r in records if r.get("kind") == "cell"))
     keys = list(dict.fromkeys(
         (r["target"], r["case"], r["threads"]) for r in records if r.get("kind") == "cell"
@@ -153,8 +164,13 @@ def render(records: list[dict[str, Any]], markdown: bool) -> str:
 
     table = []
     for target, case, threads in keys:
-        found = {r["label"]: r for r in records if r.get("kind") == "cell"
-                 and (r["target"], r["case"], r["threads"]) == (target, case, threads)}
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            if r.get("kind") == "cell" and (r["target"], r["case"], r["threads"]) == (
+                target, case, threads
+            ):  # fmt: skip
+                runs.setdefault(r["label"], []).append(r)
+        found = {label: _median_cell(cells) for label, cells in runs.items()}
         first = next(iter(found.values()))
         table.append([target, case, str(threads), goal(first)]
                      + [value(found[label]) if label in found else "-" for label in labels])

@@ -69,7 +69,9 @@ double materialise_f(const float *z, ptrdiff_t rows, ptrdiff_t V, float *out)
     double s = 0;
     for (ptrdiff_t r = 0; r < rows; ++r) {
         specdec_row_law law;
-        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, &law);
+        specdec_law_scratch *scratch = specdec_law_scratch_new();
+        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, scratch, NULL, &law);
+        free(scratch);
         specdec_law_materialise_f(z + r * V, V, 1.0f, &law, out);
         s += out[r % V];
     }
@@ -80,7 +82,9 @@ double row_law_f(const float *z, ptrdiff_t rows, ptrdiff_t V)
     double s = 0;
     for (ptrdiff_t r = 0; r < rows; ++r) {
         specdec_row_law law;
-        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, &law);
+        specdec_law_scratch *scratch = specdec_law_scratch_new();
+        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, scratch, NULL, &law);
+        free(scratch);
         s += law.normaliser;
     }
     return s;

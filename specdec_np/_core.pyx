@@ -41,7 +41,6 @@ from cython.view cimport array
 from libc.math cimport isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
 
 cdef extern from "_elementwise.h" nogil:
     # The scalar decisions both backends take from the shared header.
@@ -96,14 +95,17 @@ cdef extern from "_logits.h" nogil:
     ctypedef struct specdec_law_scratch:
         pass
     specdec_law_scratch* specdec_law_scratch_new()
-    void specdec_row_law_f(
+    # With weights (V entries, or NULL), 1 when the row's weights were kept there.
+    int specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
-        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, specdec_law_scratch* scratch, float* weights, specdec_row_law* law,
     )
-    void specdec_row_law_d(
+    int specdec_row_law_d(
         const double* logits, Py_ssize_t V, double temperature, int64_t top_k, double top_p,
-        double min_p, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, specdec_law_scratch* scratch, double* weights, specdec_row_law* law,
     )
+    void specdec_law_from_weights_f(float* weights, Py_ssize_t V, double normaliser)
+    void specdec_law_from_weights_d(double* weights, Py_ssize_t V, double normaliser)
     double specdec_law_probability_f(
         const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
     )

@@ -315,49 +315,14 @@ SPECDEC_SHARED double specdec_weight_d(double z, double z_max)
     return x == x ? exp(x) : 0.0;
 }
 
-/* A running float64 sum of exp(z - old_max) rescaled to exp(z - new_max).  The factor is a
- * float64 exp: a sum may be rescaled once per block of the online pass, and float32
- * factors would compound their rounding over a row whose maximum keeps growing.  A sum
- * whose maximum is still -inf holds 0; so does one that meets +inf. */
-SPECDEC_SHARED double specdec_rescale(double sum, double old_max, double new_max)
-{
-    return new_max > old_max && old_max > -SPECDEC_INFINITY_D ? sum * exp(old_max - new_max)
-                                                              : sum;
-}
-
 /* The per-dtype functions of the law (suffix f: float rows, d: double rows). */
 #define SPECDEC_DEFINE_LAW_ELEMENTS(SUFFIX, T, KEY_T, INFINITY_T)                           \
-    /* One lane's step of the online pass (maximum, count of +inf, sum of exp(z - max))    \
-     * over its eight entries z[0], z[stride], ..., z[7 stride] of a block of 64: the lane  \
-     * maximum grows first, the sum is rescaled to it, then the weights are added. */      \
-    SPECDEC_SHARED void specdec_online_lane_##SUFFIX(const T *z, int stride, T *best,       \
-                                                     double *sum, int64_t *num_infinite)    \
+    /* One entry of the maximum pass: the running maximum (NaN never wins, so any grouping \
+     * finds the same one) and the count of +inf entries. */                               \
+    SPECDEC_SHARED void specdec_max_step_##SUFFIX(T z, T *best, int64_t *num_infinite)      \
     {                                                                                      \
-        T block_best = *best;                                                              \
-        for (int j = 0; j < 8; ++j) {                                                      \
-            T candidate = z[stride * j];                                                   \
-            block_best = candidate > block_best ? candidate : block_best;                  \
-            *num_infinite += candidate == INFINITY_T;                                      \
-        }                                                                                  \
-        double lane_sum = specdec_rescale(*sum, (double)*best, (double)block_best);        \
-        for (int j = 0; j < 8; ++j)                                                        \
-            lane_sum += specdec_weight_##SUFFIX(z[stride * j], block_best);                \
-        *best = block_best;                                                                \
-        *sum = lane_sum;                                                                   \
-    }                                                                                      \
-    /* The end of the online pass: the row maximum m over the eight lanes, and the lane     \
-     * sums rescaled to m and combined. */                                                 \
-    SPECDEC_SHARED void specdec_online_finish_##SUFFIX(const T *best, const double *sums,   \
-                                                       T *z_max, double *normaliser)       \
-    {                                                                                      \
-        T result = -INFINITY_T;                                                            \
-        for (int l = 0; l < 8; ++l)                                                        \
-            result = best[l] > result ? best[l] : result;                                  \
-        double lanes[8];                                                                   \
-        for (int l = 0; l < 8; ++l)                                                        \
-            lanes[l] = specdec_rescale(sums[l], (double)best[l], (double)result);          \
-        *z_max = result;                                                                   \
-        *normaliser = SPECDEC_COMBINE_LANES(lanes);                                        \
+        *best = z > *best ? z : *best;                                                     \
+        *num_infinite += z == INFINITY_T;                                                  \
     }                                                                                      \
     /* min-p keeps w >= min_p, and w is monotone in z: the smallest key whose value has    \
      * w >= min_p, by bisection over the keys of all values of T (no pass over the row). */ \

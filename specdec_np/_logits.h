@@ -12,6 +12,11 @@
  * Each filter keeps an upper set in z, so the kept set is {y : z(y) >= cutoff}.  A row
  * with +inf entries is uniform over them; a row without a finite maximum has no mass.
  *
+ * A row takes two passes: the maximum, then the weights w and their sum (on eight lanes
+ * y mod 8).  specdec_row_law can keep the weights of that pass (its `weights` argument,
+ * then returns 1), and specdec_law_from_weights turns them into the processed row in
+ * place: a row scanned whole costs one exponential per entry, not two.
+ *
  * Summation orders are fixed by this code (eight lanes combined as in _rowscan.h), and the
  * vector build and the scalar fallback (SPECDEC_NO_VECTOR_EXTENSIONS) give the same bits.
  * Every per-element formula (the exponential, the keys of z, w, an entry's probability and
@@ -316,50 +321,58 @@ SPECDEC_DEFINE_GATHER_ALL(d, double)
 SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
 SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 
-/* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
+/* ---- the two passes of a row: the maximum, then the weights and their sum ------------- */
 
-/* Lane l of a block of 64 entries takes the entries 8 j + l; each lane keeps a running
- * maximum and a float64 sum of exp(z - lane maximum), rescaled when its maximum grows
- * (specdec_online_lane of _elementwise.h).  The lanes are combined in a fixed order at the
- * end (specdec_online_finish). */
-#define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, SUFFIX, T)                                       \
+/* The maximum z and the count of +inf entries (specdec_max_step of _elementwise.h). */
+#define SPECDEC_DEFINE_ROW_MAX_SCALAR(NAME, SUFFIX, T)                                      \
     SPECDEC_CLONES                                                                         \
     static void NAME(const T *logits, ptrdiff_t V, T temperature, T *z_max,                \
-                     double *normaliser, int64_t *num_infinite)                            \
+                     int64_t *num_infinite)                                                \
     {                                                                                      \
-        T best[8];                                                                         \
-        double sums[8] = {0};                                                              \
+        T best = (T)-INFINITY;                                                             \
         int64_t infinite = 0;                                                              \
-        for (int l = 0; l < 8; ++l)                                                        \
-            best[l] = (T)-INFINITY;                                                        \
-        for (ptrdiff_t start = 0; start < V; start += 64) {                                \
-            T z[64];                                                                       \
-            for (int i = 0; i < 64; ++i)                                                   \
-                z[i] = start + i < V ? logits[start + i] / temperature : (T)-INFINITY;     \
-            for (int l = 0; l < 8; ++l)                                                    \
-                specdec_online_lane_##SUFFIX(z + l, 8, &best[l], &sums[l], &infinite);      \
-        }                                                                                  \
-        specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                     \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            specdec_max_step_##SUFFIX(logits[y] / temperature, &best, &infinite);          \
+        *z_max = best;                                                                     \
         *num_infinite = infinite;                                                          \
     }
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, d, double)
+SPECDEC_DEFINE_ROW_MAX_SCALAR(specdec_row_max_d, d, double)
 
-/* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l. */
+/* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l; with weights not NULL,
+ * every w is stored there too (0 where z < cutoff), for the row's one exponential pass. */
 #define SPECDEC_DEFINE_KEPT_SUM_SCALAR(NAME, T, WEIGHT)                                     \
     SPECDEC_CLONES                                                                         \
-    static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff)     \
+    static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff,     \
+                       T *weights)                                                         \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
         for (ptrdiff_t y = 0; y < V; ++y) {                                                \
             T z = logits[y] / temperature;                                                 \
+            double w = z >= cutoff ? WEIGHT(z, z_max) : 0.0;                               \
             if (z >= cutoff)                                                               \
-                lanes[y % 8] += WEIGHT(z, z_max);                                          \
+                lanes[y % 8] += w;                                                         \
+            if (weights)                                                                   \
+                weights[y] = (T)w;                                                         \
         }                                                                                  \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
+
+/* The processed row from the weights the law stored (in place): p = w / normaliser, the
+ * bits specdec_kept_probability gives (w is 0 outside the kept set), without a second
+ * exponential. */
+#define SPECDEC_DEFINE_FROM_WEIGHTS(SUFFIX, T)                                              \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_law_from_weights_##SUFFIX(T *weights, ptrdiff_t V, double normaliser) \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            weights[y] = (T)((double)weights[y] / normaliser);                             \
+    }
+
+SPECDEC_DEFINE_FROM_WEIGHTS(f, float)
+SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
 
 #define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
     SPECDEC_CLONES                                                                         \
@@ -415,94 +428,64 @@ SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
     return divide ? x / temperature : x;
 }
 
-SPECDEC_INLINE void specdec_online_block_f(const float *logits, ptrdiff_t left,
-                                           specdec_v8f temperature, int divide,
-                                           specdec_v8f *best, specdec_v4d *sum_low,
-                                           specdec_v4d *sum_high, specdec_v8i *infinite)
-{
-    const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
-    specdec_v8f block_best = *best;
-    for (int j = 0; j < 8; ++j) {
-        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
-        block_best = specdec_larger8(z, block_best);
-        *infinite -= (specdec_v8i)(z == plus_infinity);
-    }
-    specdec_v8i grown = (specdec_v8i)(block_best > *best);
-    int any_grown = 0;
-    for (int l = 0; l < 8; ++l)
-        any_grown |= grown[l];
-    if (__builtin_expect(any_grown, 0)) {
-        double lanes[8] = {(*sum_low)[0], (*sum_low)[1], (*sum_low)[2], (*sum_low)[3],
-                           (*sum_high)[0], (*sum_high)[1], (*sum_high)[2], (*sum_high)[3]};
-        for (int l = 0; l < 8; ++l)
-            lanes[l] = specdec_rescale(lanes[l], (*best)[l], block_best[l]);
-        memcpy(sum_low, lanes, sizeof *sum_low);
-        memcpy(sum_high, lanes + 4, sizeof *sum_high);
-    }
-    *best = block_best;
-    /* The block is in L1 by now: loading (and dividing) again is cheaper than keeping it. */
-    specdec_v4d low = *sum_low, high = *sum_high;
-    for (int j = 0; j < 8; ++j) {
-        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
-        specdec_add_widened(specdec_fast_expf8(z - block_best), &low, &high);
-    }
-    *sum_low = low;
-    *sum_high = high;
-}
-
 SPECDEC_CLONES
-static void specdec_online_f(const float *logits, ptrdiff_t V, float temperature,
-                             float *z_max, double *normaliser, int64_t *num_infinite)
+static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperature,
+                              float *z_max, int64_t *num_infinite)
 {
     const specdec_v8f t8 = specdec_splat8(temperature);
-    specdec_v8f best = specdec_splat8(-INFINITY);
-    specdec_v4d sum_low = {0.0, 0.0, 0.0, 0.0}, sum_high = sum_low;
+    const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
+    /* Four independent maxima, so that the loop is bound by the loads and not by one chain
+     * of compare-and-select; the maximum is a selection, so the grouping changes nothing. */
+    specdec_v8f best[4] = {specdec_splat8(-INFINITY), specdec_splat8(-INFINITY),
+                           specdec_splat8(-INFINITY), specdec_splat8(-INFINITY)};
     specdec_v8i infinite = {0, 0, 0, 0, 0, 0, 0, 0};
-    ptrdiff_t start = 0;
-    if (temperature == 1.0f) {
-        for (; start + 64 <= V; start += 64)
-            specdec_online_block_f(logits + start, 64, t8, 0, &best, &sum_low, &sum_high,
-                                   &infinite);
-    } else {
-        for (; start + 64 <= V; start += 64)
-            specdec_online_block_f(logits + start, 64, t8, 1, &best, &sum_low, &sum_high,
-                                   &infinite);
+    const int divide = temperature != 1.0f;
+    ptrdiff_t y = 0;
+    for (; y + 32 <= V; y += 32) {
+        for (int j = 0; j < 4; ++j) {
+            specdec_v8f z = specdec_load_z8(logits + y + 8 * j, 8, t8, divide);
+            best[j] = specdec_larger8(z, best[j]);
+            infinite -= (specdec_v8i)(z == plus_infinity);
+        }
     }
-    if (start < V) {
-        float padded[64];
-        for (int i = 0; i < 64; ++i)
-            padded[i] = start + i < V ? logits[start + i] : -INFINITY;
-        specdec_online_block_f(padded, 64, t8, 1, &best, &sum_low, &sum_high, &infinite);
+    for (; y < V; y += 8) {
+        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, divide);
+        best[0] = specdec_larger8(z, best[0]);
+        infinite -= (specdec_v8i)(z == plus_infinity);
     }
-    float lane_best[8];
-    memcpy(lane_best, &best, sizeof lane_best);
-    double lanes[8] = {sum_low[0], sum_low[1], sum_low[2], sum_low[3],
-                       sum_high[0], sum_high[1], sum_high[2], sum_high[3]};
-    specdec_online_finish_f(lane_best, lanes, z_max, normaliser);
+    float result = -INFINITY;
     int64_t count = 0;
+    for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 8; ++l)
+            result = best[j][l] > result ? best[j][l] : result;
     for (int l = 0; l < 8; ++l)
         count += infinite[l];
+    *z_max = result;
     *num_infinite = count;
 }
 
 SPECDEC_CLONES
 static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
-                                 float z_max, float cutoff)
+                                 float z_max, float cutoff, float *weights)
 {
     const specdec_v8f t8 = specdec_splat8(temperature), m8 = specdec_splat8(z_max);
     const specdec_v8f c8 = specdec_splat8(cutoff);
+    const int divide = temperature != 1.0f;
     specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
     for (ptrdiff_t y = 0; y < V; y += 8) {
-        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, 1);
+        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, divide);
         specdec_v8i kept = (specdec_v8i)(z >= c8);
         int any = 0;
         for (int l = 0; l < 8; ++l)
             any |= kept[l];
-        if (!any)
-            continue;
         /* Adding +0 to a lane leaves it unchanged, as skipping it does in the scalar build. */
-        specdec_v8f w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
-        specdec_add_widened(w, &low, &high);
+        specdec_v8f w = specdec_splat8(0.0f);
+        if (any) {
+            w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
+            specdec_add_widened(w, &low, &high);
+        }
+        if (weights)
+            memcpy(weights + y, &w, (size_t)(V - y < 8 ? V - y : 8) * sizeof(float));
     }
     double lanes[8] = {low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3]};
     return SPECDEC_COMBINE_LANES(lanes);
@@ -532,7 +515,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #else
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_f, f, float)
+SPECDEC_DEFINE_ROW_MAX_SCALAR(specdec_row_max_f, f, float)
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_f, float, specdec_weight_f)
 
 static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float temperature,
@@ -545,30 +528,34 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 /* ---- public entry points ------------------------------------------------------------------ */
 
-/* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
- * anything.  min-p needs no pass over the row (specdec_min_p_floor). */
-#define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
-    static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
-                                         int64_t top_k, double top_p, double min_p,        \
-                                         specdec_law_scratch *scratch, specdec_row_law *law) \
+/* The law of a row: the cutoff, given m and the count of +inf entries (-inf when no filter
+ * drops anything; min-p needs no pass over the row, specdec_min_p_floor), and the
+ * normaliser.  With `weights` (V entries, not NULL), the weights of the row's exponential
+ * pass are kept there (0 outside the kept set; a row whose kept entries were all gathered
+ * gets zeros and their weights alone): then it returns 1 (and the row needs
+ * specdec_law_from_weights alone), else 0 (a row with +inf entries or without mass). */
+#define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ROW_MAX, KEPT_SUM)                         \
+    static int specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,        \
+                                        int64_t top_k, double top_p, double min_p,         \
+                                        specdec_law_scratch *scratch, T *weights,          \
+                                        specdec_row_law *law)                              \
     {                                                                                      \
         T z_max;                                                                           \
-        double normaliser;                                                                 \
         int64_t num_infinite;                                                              \
-        ONLINE(logits, V, temperature, &z_max, &normaliser, &num_infinite);                \
+        ROW_MAX(logits, V, temperature, &z_max, &num_infinite);                            \
         law->z_max = (double)z_max;                                                        \
         law->num_infinite = num_infinite;                                                  \
         law->status = 0;                                                                   \
         if (num_infinite > 0) {                                                            \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = (double)num_infinite;                                        \
-            return;                                                                        \
+            return 0;                                                                      \
         }                                                                                  \
         if (!(z_max > (T)-INFINITY)) {                                                     \
             law->status = 1;                                                               \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = 0.0;                                                         \
-            return;                                                                        \
+            return 0;                                                                      \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
         if (min_p > 0.0)                                                                   \
@@ -631,19 +618,29 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         }                                                                                  \
         if (floor_key <= 1) {                                                              \
             law->cutoff = -INFINITY;                                                       \
-            law->normaliser = normaliser;                                                  \
-            return;                                                                        \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights); \
+            return weights != NULL;                                                        \
         }                                                                                  \
         T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
         law->cutoff = (double)cutoff;                                                      \
-        law->normaliser = count >= 0                                                       \
-                              ? specdec_kept_sum_gathered_##SUFFIX(candidates, positions,  \
-                                                                   count, z_max, cutoff)  \
-                              : KEPT_SUM(logits, V, temperature, z_max, cutoff);           \
+        if (count >= 0) {                                                                  \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions, count, \
+                                                                 z_max, cutoff);           \
+            if (!weights)                                                                  \
+                return 0;                                                                  \
+            /* Every kept entry is gathered: the others weigh 0, no exponential needed. */ \
+            memset(weights, 0, (size_t)V * sizeof(T));                                     \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                if (candidates[i] >= cutoff)                                               \
+                    weights[positions[i]] = (T)specdec_weight_##SUFFIX(candidates[i], z_max); \
+            return 1;                                                                      \
+        }                                                                                  \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
+        return weights != NULL;                                                            \
     }
 
-SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_online_f, specdec_kept_sum_f)
-SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_online_d, specdec_kept_sum_d)
+SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_row_max_f, specdec_kept_sum_f)
+SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_row_max_d, specdec_kept_sum_d)
 
 /* p(y) as float64 from the one logit logits[y]; 0 for a row without mass. */
 #define SPECDEC_DEFINE_PROBABILITY(SUFFIX, T)                                               \

@@ -1510,7 +1510,7 @@ def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, log
 _ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_needs_more_than_need": lambda s: _replace(
-        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
+        s, "*above + count >= need", "*above + count > need"
     ),
     # The lazy bonus drawn with the residual's uniform instead of its own.
     "bonus_reuses_residual_uniform": lambda s: _replace(
@@ -1586,7 +1586,7 @@ _CPU_LAW_PROBE = r"""
             specdec_row_law law;                                                           \
             specdec_law_scratch *scratch = specdec_law_scratch_new();                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
-                                     s[3], scratch, &law);                                 \
+                                     s[3], scratch, NULL, &law);                           \
             free(scratch);                                                                 \
             double *out = laws + 5 * r;                                                    \
             out[0] = law.z_max;                                                            \
@@ -1683,7 +1683,7 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     ),
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
-        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
+        s, "*above + count >= need", "*above + count > need"
     ),
 }
 

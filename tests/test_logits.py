@@ -87,15 +87,37 @@ void t_row_law_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, doub
                  specdec_row_law *law)
 {
     specdec_law_scratch *scratch = specdec_law_scratch_new();
-    specdec_row_law_f(l, V, t, k, p, m, scratch, law);
+    specdec_row_law_f(l, V, t, k, p, m, scratch, NULL, law);
     free(scratch);
 }
 void t_row_law_d(const double *l, ptrdiff_t V, double t, int64_t k, double p, double m,
                  specdec_row_law *law)
 {
     specdec_law_scratch *scratch = specdec_law_scratch_new();
-    specdec_row_law_d(l, V, t, k, p, m, scratch, law);
+    specdec_row_law_d(l, V, t, k, p, m, scratch, NULL, law);
     free(scratch);
+}
+/* The law that keeps its weights in out and divides them there (the kernels' one
+ * exponential pass); returns whether it could, out then holding the processed row. */
+int t_law_weights_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
+                    specdec_row_law *law, float *out)
+{
+    specdec_law_scratch *scratch = specdec_law_scratch_new();
+    int stored = specdec_row_law_f(l, V, t, k, p, m, scratch, out, law);
+    free(scratch);
+    if (stored)
+        specdec_law_from_weights_f(out, V, law->normaliser);
+    return stored;
+}
+int t_law_weights_d(const double *l, ptrdiff_t V, double t, int64_t k, double p, double m,
+                    specdec_row_law *law, double *out)
+{
+    specdec_law_scratch *scratch = specdec_law_scratch_new();
+    int stored = specdec_row_law_d(l, V, t, k, p, m, scratch, out, law);
+    free(scratch);
+    if (stored)
+        specdec_law_from_weights_d(out, V, law->normaliser);
+    return stored;
 }
 void t_materialise_f(const float *l, ptrdiff_t V, float t, const specdec_row_law *law,
                      float *out) { specdec_law_materialise_f(l, V, t, law, out); }
@@ -156,6 +178,10 @@ class Logits:
                 p,
             ]
             getattr(lib, f"t_materialise_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p, p]
+            getattr(lib, f"t_law_weights_{kind}").argtypes = [
+                p, ctypes.c_ssize_t, scalar, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
+                p, p,
+            ]  # fmt: skip
             getattr(lib, f"t_probability_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p]
             getattr(lib, f"t_probability_{kind}").restype = ctypes.c_double
         for name in ("t_exp_scalar", "t_exp_vector"):
@@ -187,6 +213,19 @@ class Logits:
             row.ctypes.data, row.size, temperature, top_k, top_p, min_p, ctypes.byref(law)
         )
         return law
+
+    def law_from_weights(
+        self, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+    ) -> tuple[RowLaw, np.ndarray | None]:
+        """The law computed with its weights kept, and the row divided from them (None
+        when the law kept none)."""
+        law = RowLaw()
+        out = np.full_like(row, -7.0)
+        stored = getattr(self.lib, f"t_law_weights_{self._kind(row)}")(
+            row.ctypes.data, row.size, temperature, top_k, top_p, min_p, ctypes.byref(law),
+            out.ctypes.data,
+        )
+        return law, (out if stored else None)
 
     def materialise(self, row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray:
         out = np.full_like(row, -7.0)
@@ -731,6 +770,51 @@ def few_candidates(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     then scan the row instead of the survivors in almost every case."""
     tmp = tmp_path_factory.mktemp("few_candidates")
     return _build(tmp, "few_candidates", "-DSPECDEC_TOP_P_CANDIDATES=3")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    vocab=st.integers(1, 5000),
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.sampled_from([0, 1, 50]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    min_p=st.sampled_from([0.0, 1e-3]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    special=st.sampled_from(["none", "nan", "minus_inf", "plus_inf", "all_nan"]),
+)
+def test_the_weights_of_the_law_give_the_materialised_row(
+    builds: dict[str, Logits],
+    vocab: int,
+    seed: int,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    dtype: type,
+    special: str,
+) -> None:
+    """The law that keeps its weights (the kernels' one exponential pass) gives the law's
+    fields and, divided in place, the materialised row, bit for bit, in both builds; it
+    keeps them for every row with mass and without +inf entries (those rows then need no
+    second exponential pass), and says when it did not."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 4).astype(dtype)
+    if special == "nan":
+        row[rng.integers(vocab, size=max(vocab // 7, 1))] = np.nan
+    elif special == "minus_inf":
+        row[rng.integers(vocab, size=max(vocab // 7, 1))] = -np.inf
+    elif special == "plus_inf":
+        row[rng.integers(vocab)] = np.inf
+    elif special == "all_nan":
+        row[:] = np.nan
+    for build in builds.values():
+        law = build.row_law(row, 0.8, top_k, top_p, min_p)
+        kept_law, divided = build.law_from_weights(row, 0.8, top_k, top_p, min_p)
+        assert kept_law.fields() == law.fields()
+        if law.status == 0 and law.num_infinite == 0:
+            assert divided is not None
+        if divided is not None:
+            expected = build.materialise(row, 0.8, law)
+            assert np.array_equal(divided.view(np.uint8), expected.view(np.uint8))
 
 
 @pytest.fixture(scope="module")
