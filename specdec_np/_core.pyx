@@ -198,6 +198,12 @@ cdef struct Request:
     void* target_scratch
     void* draft_scratch
     specdec_law_scratch* law_scratch
+    # Which row's law weights the scratch rows hold (-1: none), and whether a scratch row
+    # was handed out as a processed row (from then on no law writes to it).
+    Py_ssize_t target_weights_row
+    Py_ssize_t draft_weights_row
+    bint target_handed_out
+    bint draft_handed_out
     Py_ssize_t target_law_row
     Py_ssize_t draft_law_row
     specdec_row_law target_law

@@ -29,6 +29,10 @@ cdef inline void init_request(
     request.draft_logits = sampling != NULL and (row_forms & DRAFT_LOGITS) != 0
     request.target_law_row = -1
     request.draft_law_row = -1
+    request.target_weights_row = -1
+    request.draft_weights_row = -1
+    request.target_handed_out = False
+    request.draft_handed_out = False
     if sampling != NULL:
         request.temperature = sampling[0]
         request.top_k = <int64_t>sampling[1]
@@ -60,18 +64,28 @@ cdef inline bint compute_row_law(
         )
     if draft:
         request.draft_law_row = i
+        request.draft_weights_row = i if stored != 0 else -1
     else:
         request.target_law_row = i
+        request.target_weights_row = i if stored != 0 else -1
     return stored != 0
 
 
 cdef inline const specdec_row_law* row_law(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft
 ) noexcept nogil:
-    # Reads of single entries keep no weights: the scratch rows may hold a row in use.
+    # A law for reads of single entries keeps its weights in the scratch row for a later
+    # scan of the same row (a rejected row's residual), but only while no scratch row of
+    # its kind was handed out: until then nothing else can be using it.
     cdef Py_ssize_t cached = request.draft_law_row if draft else request.target_law_row
+    cdef bint handed_out = request.draft_handed_out if draft else request.target_handed_out
+    cdef probability_t* weights = NULL
     if cached != i:
-        compute_row_law(request, rows, i, draft, <probability_t*>NULL)
+        if not handed_out and rows != NULL:
+            weights = <probability_t*>(
+                request.draft_scratch if draft else request.target_scratch
+            )
+        compute_row_law(request, rows, i, draft, weights)
     return &request.draft_law if draft else &request.target_law
 
 
@@ -110,23 +124,40 @@ cdef inline const probability_t* probability_row(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft
 ) noexcept nogil:
     """Row ``i`` as probabilities: the row itself, or its processed law written to the
-    thread's scratch row (NULL stays NULL: a point-mass draft).  A row whose law is not
-    cached yet keeps the weights of the law's exponential pass in the scratch row and
-    divides them there: one exponential per entry for the law and the row together."""
+    thread's scratch row (NULL stays NULL: a point-mass draft).  The weights of the law's
+    exponential pass are divided in the scratch row where they are (a law computed now, or
+    one that a single-entry read kept there): one exponential per entry for the law and the
+    row together.  From the first call on, the scratch row of its kind is the caller's."""
     cdef const specdec_row_law* law
     cdef Py_ssize_t V = request.V
     cdef Py_ssize_t cached = request.draft_law_row if draft else request.target_law_row
+    cdef Py_ssize_t weights_row
     cdef probability_t* scratch
     if rows == NULL or not (request.draft_logits if draft else request.logits):
         return rows + i * V if rows != NULL else rows
     scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
-    if cached != i and compute_row_law(request, rows, i, draft, scratch):
+    if draft:
+        request.draft_handed_out = True
+    else:
+        request.target_handed_out = True
+    weights_row = request.draft_weights_row if draft else request.target_weights_row
+    if (cached == i and weights_row == i) or (
+        cached != i and compute_row_law(request, rows, i, draft, scratch)
+    ):
         law = &request.draft_law if draft else &request.target_law
+        if draft:
+            request.draft_weights_row = -1
+        else:
+            request.target_weights_row = -1
         if probability_t is float:
             specdec_law_from_weights_f(scratch, V, law.normaliser)
         else:
             specdec_law_from_weights_d(scratch, V, law.normaliser)
         return scratch
+    if draft:
+        request.draft_weights_row = -1
+    else:
+        request.target_weights_row = -1
     law = row_law(request, rows, i, draft)
     if probability_t is float:
         specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
