@@ -64,14 +64,14 @@ double residual_update_df(const double *p, const float *q, ptrdiff_t rows, ptrdi
 { SPECDEC_EACH_ROW(specdec_residual_update_df(p + r * V, 0.7, q + r * V, 1.0, V, out)) }
 double clean_sum_f(const float *q, ptrdiff_t rows, ptrdiff_t V)
 { SPECDEC_EACH_ROW(specdec_clean_sum_f(q + r * V, V)) }
-/* The law's working memory: static, never on a small stack. */
-static specdec_law_scratch law_scratch;
 double materialise_f(const float *z, ptrdiff_t rows, ptrdiff_t V, float *out)
 {
     double s = 0;
     for (ptrdiff_t r = 0; r < rows; ++r) {
         specdec_row_law law;
-        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, 0, &law_scratch, &law);
+        specdec_law_scratch *scratch = specdec_law_scratch_new();
+        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, 0, scratch, NULL, &law);
+        free(scratch);
         specdec_law_materialise_f(z + r * V, V, 1.0f, &law, out);
         s += out[r % V];
     }
@@ -82,7 +82,9 @@ double row_law_f(const float *z, ptrdiff_t rows, ptrdiff_t V)
     double s = 0;
     for (ptrdiff_t r = 0; r < rows; ++r) {
         specdec_row_law law;
-        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, 0, &law_scratch, &law);
+        specdec_law_scratch *scratch = specdec_law_scratch_new();
+        specdec_row_law_f(z + r * V, V, 1.0f, 0, 1.0, 0.0, 0, scratch, NULL, &law);
+        free(scratch);
         s += law.normaliser;
     }
     return s;

@@ -41,7 +41,6 @@ from cython.view cimport array
 from libc.math cimport isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
 
 cdef extern from "_elementwise.h" nogil:
     # The scalar decisions both backends take from the shared header.
@@ -95,14 +94,20 @@ cdef extern from "_logits.h" nogil:
     # The law's working memory (heap, one per thread): see new_law_scratch.
     ctypedef struct specdec_law_scratch:
         pass
-    void specdec_row_law_f(
+    specdec_law_scratch* specdec_law_scratch_new()
+    # With weights (V entries, or NULL), 1 when the row's weights were kept there.
+    int specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
-        double min_p, int filter_order, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, int filter_order, specdec_law_scratch* scratch, float* weights,
+        specdec_row_law* law,
     )
-    void specdec_row_law_d(
+    int specdec_row_law_d(
         const double* logits, Py_ssize_t V, double temperature, int64_t top_k, double top_p,
-        double min_p, int filter_order, specdec_law_scratch* scratch, specdec_row_law* law,
+        double min_p, int filter_order, specdec_law_scratch* scratch, double* weights,
+        specdec_row_law* law,
     )
+    void specdec_law_from_weights_f(float* weights, Py_ssize_t V, double normaliser)
+    void specdec_law_from_weights_d(double* weights, Py_ssize_t V, double normaliser)
     double specdec_law_probability_f(
         const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
     )
@@ -196,6 +201,12 @@ cdef struct Request:
     void* target_scratch
     void* draft_scratch
     specdec_law_scratch* law_scratch
+    # Which row's law weights the scratch rows hold (-1: none), and whether a scratch row
+    # was handed out as a processed row (from then on no law writes to it).
+    Py_ssize_t target_weights_row
+    Py_ssize_t draft_weights_row
+    bint target_handed_out
+    bint draft_handed_out
     Py_ssize_t target_law_row
     Py_ssize_t draft_law_row
     specdec_row_law target_law
@@ -235,7 +246,7 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted) noexcept nogil:
     as the row status SPECDEC_STATUS_NO_MEMORY."""
     if not wanted:
         return NULL
-    return <specdec_law_scratch*>malloc(sizeof(specdec_law_scratch))
+    return specdec_law_scratch_new()
 
 
 include "kernels/registry_binding.pxi"

@@ -14,15 +14,16 @@
  * _logits.h and _treescan.h), C++ under g++ (the CPU emulation of the CUDA kernels in the
  * tests), and CUDA C++ under nvcc and under NVRTC (cupy.RawModule), which has no system
  * headers: hence the guarded includes and integer types below.  On CUDA the modules are
- * compiled with --fmad=false, so that no product below is fused with a sum: every
- * operation rounds as the CPU's does.
+ * compiled with --fmad=false, so that no product below is fused with a sum unless the text
+ * says so (the exponential's explicit fused multiply-adds): every operation rounds as the
+ * CPU's does.  The C builds are ISO C (-std=c11), which contracts nothing either.
  *
  * The formulas that the CPU also computes on vectors are macro bodies written with
  * operators that GNU C defines on scalars and on vectors alike (SPECDEC_DEFINE_FAST_EXP,
  * SPECDEC_DEFINE_FAST_LOG, SPECDEC_ENTROPY_TERM_F, SPECDEC_RESIDUAL_WEIGHT,
  * SPECDEC_RESIDUAL_UPDATE): the scalar instances are defined here, the vector instances
  * in the CPU headers from the same bodies, so the vector lanes and the scalars agree bit
- * for bit.  Changing a formula (a fused exponential, say) is a change of this file alone.
+ * for bit.  Changing a formula is a change of this file alone.
  *
  * The kernel contract's constants (SPECDEC_ENTROPY_EPSILON, SPECDEC_OVERFLOW_EXPONENT)
  * come from specdec_np/_contract.py: setup.py passes them to the C compiler and _cuda
@@ -71,18 +72,30 @@ typedef unsigned long long uint64_t;
 #define SPECDEC_COMBINE_LANES(L)                                                           \
     ((((L)[0] + (L)[4]) + ((L)[1] + (L)[5])) + (((L)[2] + (L)[6]) + ((L)[3] + (L)[7])))
 
-/* ---- a float32-accurate exponential ---------------------------------------------------- */
+/* ---- the specified float32 exponential ------------------------------------------------ */
 
-/* libm's expf is an opaque call per element, which stops the CPU loops from vectorising;
- * this one is branch-free, written once with operators that GNU C defines on scalars and
- * on vectors alike, so the scalar and the vector versions give the same bits lane by lane.
- * exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2 in two parts (the
- * first has 9 significant bits, so n times it is exact).  exp(r) = 1 + r + r^2 Q(r) with Q
- * of degree 4 fitted for this project (Lawson-weighted least squares on Chebyshev nodes,
- * relative error 3e-9 on |r| <= 0.3466).  2^n is applied as two exact powers of two, so a
- * subnormal result is rounded once.  Inputs below -104 (where exp rounds to 0), -inf and
- * NaN give 0; inputs above 88 are clamped (the kernels only pass x <= 0). */
-#define SPECDEC_DEFINE_FAST_EXP(QUALIFIER, NAME, FLOAT_T, INT_T, TO_INT, TO_MASK)          \
+/* libm's expf is an opaque call per element, which stops the CPU loops from vectorising
+ * and differs between libraries; this one is a fixed sequence of IEEE float32 operations,
+ * seven of them fused multiply-adds (FMA(a, b, c) = a b + c rounded once), written once
+ * with operators that GNU C defines on scalars and on vectors alike.  Every instance gives
+ * the same bits, because every operation is correctly rounded: fmaf on CUDA and in the
+ * scalar instance (hardware FMA where the CPU has it, libm's correctly rounded fmaf
+ * elsewhere), vfmadd on the CPU's FMA3 and AVX-512 clones (_rowscan.h's SPECDEC_CLONES).
+ * docs/semantics.md ("The exponential") states the sequence:
+ *   x is clamped to [-104, 88] (below -104, -inf and NaN give 0 at the end);
+ *   n = FMA(x, log2 e, 1.5 2^23) - 1.5 2^23      (round(x / ln 2), ties to even)
+ *   r = FMA(n, -C1, x); r = FMA(n, C2, r)        (x - n ln 2, ln 2 = C1 - C2, C1 with 9
+ *                                                 significant bits, so n C1 is exact)
+ *   q = FMA(r, Q4, Q3); q = FMA(q, r, Q2); q = FMA(q, r, Q1); q = FMA(q, r, Q0)
+ *   e = 1 + FMA(r r, q, r)                       (exp(r) = 1 + r + r^2 Q(r), Q fitted for
+ *                                                 this project: Lawson-weighted least
+ *                                                 squares on Chebyshev nodes, relative
+ *                                                 error 3e-9 on |r| <= 0.3466)
+ *   result = (e 2^floor(n/2)) 2^(n - floor(n/2))  (two exact powers of two, so that a
+ *                                                 subnormal result is rounded once).
+ * FMA is fmaf on scalars, a lane-wise fmaf on vectors (which GCC compiles to one vfmadd
+ * where the target has FMA); constants are float32 scalars, broadcast by the vector FMA. */
+#define SPECDEC_DEFINE_FAST_EXP(QUALIFIER, NAME, FLOAT_T, INT_T, TO_INT, TO_MASK, FMA)     \
     QUALIFIER FLOAT_T NAME(FLOAT_T x)                                                      \
     {                                                                                      \
         const float lowest = -104.0f, highest = 88.0f;                                     \
@@ -99,14 +112,14 @@ typedef unsigned long long uint64_t;
         FLOAT_T clamped;                                                                   \
         memcpy(&clamped, &clamped_bits, sizeof clamped);                                   \
         /* Adding and removing 1.5 * 2^23 rounds to the nearest integer, ties to even. */  \
-        FLOAT_T n_float = (clamped * 0x1.715476p+0f + 0x1.8p+23f) - 0x1.8p+23f;            \
-        FLOAT_T r = clamped - n_float * 0x1.63p-1f;                                        \
-        r = r - n_float * -0x1.bd0106p-13f;                                                \
-        FLOAT_T q = r * 0x1.6a243ap-10f + 0x1.1239ep-7f;                                   \
-        q = q * r + 0x1.5558f2p-5f;                                                        \
-        q = q * r + 0x1.555492p-3f;                                                        \
-        q = q * r + 0x1.fffffcp-2f;                                                        \
-        FLOAT_T mantissa = 1.0f + (r + (r * r) * q);                                       \
+        FLOAT_T n_float = FMA(clamped, 0x1.715476p+0f, 0x1.8p+23f) - 0x1.8p+23f;           \
+        FLOAT_T r = FMA(n_float, -0x1.63p-1f, clamped);                                    \
+        r = FMA(n_float, 0x1.bd0106p-13f, r);                                              \
+        FLOAT_T q = FMA(r, 0x1.6a243ap-10f, 0x1.1239ep-7f);                                \
+        q = FMA(q, r, 0x1.5558f2p-5f);                                                     \
+        q = FMA(q, r, 0x1.555492p-3f);                                                     \
+        q = FMA(q, r, 0x1.fffffcp-2f);                                                     \
+        FLOAT_T mantissa = 1.0f + FMA(r * r, q, r);                                        \
         INT_T n = TO_INT(n_float);                                                         \
         INT_T n_low = n >> 1;                                                              \
         INT_T n_high = n - n_low;                                                          \
@@ -125,8 +138,9 @@ typedef unsigned long long uint64_t;
 /* A comparison as a mask of all ones or zeros (a scalar comparison gives 1 or 0). */
 #define SPECDEC_TO_INT32(x) ((int32_t)(x))
 #define SPECDEC_SCALAR_MASK(condition) (-(int32_t)(condition))
+#define SPECDEC_SCALAR_FMA(a, b, c) fmaf((a), (b), (c))
 SPECDEC_DEFINE_FAST_EXP(SPECDEC_SHARED, specdec_fast_expf, float, int32_t, SPECDEC_TO_INT32,
-                        SPECDEC_SCALAR_MASK)
+                        SPECDEC_SCALAR_MASK, SPECDEC_SCALAR_FMA)
 
 /* ---- a float32-accurate natural logarithm ------------------------------------------- */
 
@@ -301,49 +315,14 @@ SPECDEC_SHARED double specdec_weight_d(double z, double z_max)
     return x == x ? exp(x) : 0.0;
 }
 
-/* A running float64 sum of exp(z - old_max) rescaled to exp(z - new_max).  The factor is a
- * float64 exp: a sum may be rescaled once per block of the online pass, and float32
- * factors would compound their rounding over a row whose maximum keeps growing.  A sum
- * whose maximum is still -inf holds 0; so does one that meets +inf. */
-SPECDEC_SHARED double specdec_rescale(double sum, double old_max, double new_max)
-{
-    return new_max > old_max && old_max > -SPECDEC_INFINITY_D ? sum * exp(old_max - new_max)
-                                                              : sum;
-}
-
 /* The per-dtype functions of the law (suffix f: float rows, d: double rows). */
 #define SPECDEC_DEFINE_LAW_ELEMENTS(SUFFIX, T, KEY_T, INFINITY_T)                           \
-    /* One lane's step of the online pass (maximum, count of +inf, sum of exp(z - max))    \
-     * over its eight entries z[0], z[stride], ..., z[7 stride] of a block of 64: the lane  \
-     * maximum grows first, the sum is rescaled to it, then the weights are added. */      \
-    SPECDEC_SHARED void specdec_online_lane_##SUFFIX(const T *z, int stride, T *best,       \
-                                                     double *sum, int64_t *num_infinite)    \
+    /* One entry of the maximum pass: the running maximum (NaN never wins, so any grouping \
+     * finds the same one) and the count of +inf entries. */                               \
+    SPECDEC_SHARED void specdec_max_step_##SUFFIX(T z, T *best, int64_t *num_infinite)      \
     {                                                                                      \
-        T block_best = *best;                                                              \
-        for (int j = 0; j < 8; ++j) {                                                      \
-            T candidate = z[stride * j];                                                   \
-            block_best = candidate > block_best ? candidate : block_best;                  \
-            *num_infinite += candidate == INFINITY_T;                                      \
-        }                                                                                  \
-        double lane_sum = specdec_rescale(*sum, (double)*best, (double)block_best);        \
-        for (int j = 0; j < 8; ++j)                                                        \
-            lane_sum += specdec_weight_##SUFFIX(z[stride * j], block_best);                \
-        *best = block_best;                                                                \
-        *sum = lane_sum;                                                                   \
-    }                                                                                      \
-    /* The end of the online pass: the row maximum m over the eight lanes, and the lane     \
-     * sums rescaled to m and combined. */                                                 \
-    SPECDEC_SHARED void specdec_online_finish_##SUFFIX(const T *best, const double *sums,   \
-                                                       T *z_max, double *normaliser)       \
-    {                                                                                      \
-        T result = -INFINITY_T;                                                            \
-        for (int l = 0; l < 8; ++l)                                                        \
-            result = best[l] > result ? best[l] : result;                                  \
-        double lanes[8];                                                                   \
-        for (int l = 0; l < 8; ++l)                                                        \
-            lanes[l] = specdec_rescale(sums[l], (double)best[l], (double)result);          \
-        *z_max = result;                                                                   \
-        *normaliser = SPECDEC_COMBINE_LANES(lanes);                                        \
+        *best = z > *best ? z : *best;                                                     \
+        *num_infinite += z == INFINITY_T;                                                  \
     }                                                                                      \
     /* min-p keeps w >= min_p, and w is monotone in z: the smallest key whose value has    \
      * w >= min_p, by bisection over the keys of all values of T (no pass over the row). */ \
@@ -432,17 +411,27 @@ SPECDEC_SHARED double specdec_histogram_total(const double *histogram, int bucke
  * after the first pass, the lowest filled bucket: the sub-buckets of a chosen bucket sum, in
  * another grouping, to a hair less than it did, and its lowest value is then the one that
  * reaches need.  -1 when every entry falls short. */
+/* One bucket of the walk, from the top: whether it is the chosen one (else its entries join
+ * *above).  An empty bucket changes nothing (adding 0 to *above is exact), so a walk may
+ * visit only the buckets that were filled, in the same order, and get the same bits. */
+SPECDEC_SHARED int specdec_select_walk_bucket(double count, int bucket, double need,
+                                              double *above, int *lowest_filled)
+{
+    if (count > 0.0)
+        *lowest_filled = bucket;
+    if (count > 0.0 && *above + count >= need)
+        return 1;
+    *above += count;
+    return 0;
+}
+
 SPECDEC_SHARED int specdec_select_walk(const double *histogram, int buckets, int known_bits,
                                        double need, double *above)
 {
     int lowest_filled = -1;
-    for (int bucket = buckets - 1; bucket >= 0; --bucket) {
-        if (histogram[bucket] > 0.0)
-            lowest_filled = bucket;
-        if (histogram[bucket] > 0.0 && *above + histogram[bucket] >= need)
+    for (int bucket = buckets - 1; bucket >= 0; --bucket)
+        if (specdec_select_walk_bucket(histogram[bucket], bucket, need, above, &lowest_filled))
             return bucket;
-        *above += histogram[bucket];
-    }
     return known_bits == 0 ? -1 : lowest_filled;
 }
 

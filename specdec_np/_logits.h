@@ -12,6 +12,11 @@
  * Each filter keeps an upper set in z, so the kept set is {y : z(y) >= cutoff}.  A row
  * with +inf entries is uniform over them; a row without a finite maximum has no mass.
  *
+ * A row takes two passes: the maximum, then the weights w and their sum (on eight lanes
+ * y mod 8).  specdec_row_law can keep the weights of that pass (its `weights` argument,
+ * then returns 1), and specdec_law_from_weights turns them into the processed row in
+ * place: a row scanned whole costs one exponential per entry, not two.
+ *
  * Summation orders are fixed by this code (eight lanes combined as in _rowscan.h), and the
  * vector build and the scalar fallback (SPECDEC_NO_VECTOR_EXTENSIONS) give the same bits.
  * Every per-element formula (the exponential, the keys of z, w, an entry's probability and
@@ -28,6 +33,8 @@
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
 
+#include <stdlib.h>
+
 #include "_rowscan.h"
 
 #ifndef SPECDEC_LOGITS_MUTATION
@@ -38,12 +45,38 @@
 
 /* ---- the float32 exponential on vectors ----------------------------------------------- */
 
-/* specdec_fast_expf of _elementwise.h, from the same body, on eight lanes. */
+/* specdec_fast_expf of _elementwise.h, from the same body, on eight lanes.  Its fused
+ * multiply-add is fmaf lane by lane, which GCC turns into one vfmadd in the clones that
+ * have FMA (SPECDEC_CLONES) and into correctly rounded libm calls in the baseline one: the
+ * same bits either way. */
 #if SPECDEC_HAVE_VECTORS
 #define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
 #define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
+
+SPECDEC_INLINE specdec_v8f specdec_fma8(specdec_v8f a, specdec_v8f b, specdec_v8f c)
+{
+    specdec_v8f result;
+    for (int l = 0; l < 8; ++l)
+        result[l] = fmaf(a[l], b[l], c[l]);
+    return result;
+}
+
+SPECDEC_INLINE specdec_v8f specdec_broadcast8(float x)
+{
+    return (specdec_v8f){x, x, x, x, x, x, x, x};
+}
+
+SPECDEC_INLINE specdec_v8f specdec_same8(specdec_v8f x)
+{
+    return x;
+}
+
+/* An operand of the vector FMA: a vector as it is, a float32 constant on every lane. */
+#define SPECDEC_LANES8(x) _Generic((x), float: specdec_broadcast8, default: specdec_same8)(x)
+#define SPECDEC_VECTOR_FMA(a, b, c)                                                         \
+    specdec_fma8(SPECDEC_LANES8(a), SPECDEC_LANES8(b), SPECDEC_LANES8(c))
 SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec_v8i,
-                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK)
+                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK, SPECDEC_VECTOR_FMA)
 #endif
 
 /* ---- the radix select ---------------------------------------------------------------- */
@@ -55,10 +88,12 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 #define SPECDEC_TOP_P_CANDIDATES 2048
 #endif
 
-/* The law's working memory: the radix select's histogram and the gathered survivors (48
- * KiB for double rows).  It comes from the heap, one per thread (the caller allocates it
- * with malloc and frees it): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
- * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there. */
+/* The law's working memory: the radix select's histogram, the gathered survivors and their
+ * keys (64 KiB for double rows).  It comes from the heap, one per thread (specdec_law_scratch_new,
+ * freed with free): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
+ * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
+ * zeros between calls (each pass of the select clears the buckets it filled), so that a
+ * pass over few entries costs what they cost, not a clear and a walk of every bucket. */
 typedef struct {
     double histogram[1 << SPECDEC_HISTOGRAM_BITS];
     union {
@@ -66,7 +101,17 @@ typedef struct {
         double d[SPECDEC_TOP_P_CANDIDATES];
     } candidates;
     ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
+    union {
+        uint32_t f[SPECDEC_TOP_P_CANDIDATES];
+        uint64_t d[SPECDEC_TOP_P_CANDIDATES];
+    } keys;
 } specdec_law_scratch;
+
+/* A zeroed scratch (NULL when the allocation fails). */
+static inline specdec_law_scratch *specdec_law_scratch_new(void)
+{
+    return (specdec_law_scratch *)calloc(1, sizeof(specdec_law_scratch));
+}
 
 /* Radix select over the keys of the z values: the largest key v such that the entries with
  * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
@@ -76,6 +121,7 @@ typedef struct {
  * sums run in element order and the walk in bucket order, the same in every build; the
  * buckets and the walk are _elementwise.h's. */
 #define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
+    SPECDEC_CLONES                                                                         \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          T z_max, KEY_T floor_key, int by_mass, double need, \
                                          double *histogram)                                \
@@ -86,18 +132,46 @@ typedef struct {
         while (known_bits < KEY_BITS) {                                                    \
             int shift;                                                                     \
             int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
-            int buckets = 1 << width;                                                      \
-            memset(histogram, 0, (size_t)buckets * sizeof histogram[0]);                   \
+            /* The filled buckets are marked in `filled`; the others hold 0, which adds  \
+             * nothing to the total or to the walk's sums, so both visit the marked        \
+             * buckets alone, from the top, and clear them after (see the scratch). */     \
+            uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                     \
             for (ptrdiff_t y = 0; y < V; ++y) {                                            \
                 T z = logits[y] / temperature;                                             \
                 int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
                                                             prefix, known_bits, shift, width); \
-                if (bucket >= 0)                                                           \
+                if (bucket >= 0) {                                                         \
                     histogram[bucket] += by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0; \
+                    filled[bucket >> 6] |= (uint64_t)1 << (bucket & 63);                   \
+                }                                                                          \
             }                                                                              \
-            if (known_bits == 0 && by_mass)                                                \
-                need *= specdec_histogram_total(histogram, buckets);                       \
-            int chosen = specdec_select_walk(histogram, buckets, known_bits, need, &above); \
+            int words = ((1 << width) + 63) / 64;                                          \
+            if (known_bits == 0 && by_mass) {                                              \
+                double total = 0.0;                                                        \
+                for (int word = words - 1; word >= 0; --word) {                            \
+                    for (uint64_t bits = filled[word]; bits;) {                            \
+                        int bucket = 64 * word + 63 - __builtin_clzll(bits);               \
+                        bits &= ~((uint64_t)1 << (bucket & 63));                           \
+                        total += histogram[bucket];                                        \
+                    }                                                                      \
+                }                                                                          \
+                need *= total;                                                             \
+            }                                                                              \
+            int chosen = -1, lowest_filled = -1;                                           \
+            for (int word = words - 1; word >= 0 && chosen < 0; --word) {                  \
+                for (uint64_t bits = filled[word]; bits && chosen < 0;) {                  \
+                    int bucket = 64 * word + 63 - __builtin_clzll(bits);                   \
+                    bits &= ~((uint64_t)1 << (bucket & 63));                               \
+                    if (specdec_select_walk_bucket(histogram[bucket], bucket, need, &above, \
+                                                   &lowest_filled))                        \
+                        chosen = bucket;                                                   \
+                }                                                                          \
+            }                                                                              \
+            if (chosen < 0 && known_bits > 0)                                              \
+                chosen = lowest_filled;                                                    \
+            for (int word = 0; word < words; ++word)                                       \
+                for (uint64_t bits = filled[word]; bits; bits &= bits - 1)                 \
+                    histogram[64 * word + __builtin_ctzll(bits)] = 0.0;                    \
             if (chosen < 0)                                                                \
                 return 0;                                                                  \
             prefix |= (KEY_T)chosen << shift;                                              \
@@ -165,6 +239,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     /* The kept sum of specdec_kept_sum over gathered entries: each weight goes to the lane \
      * of its index, in element order, as the row scan adds it (the scan adds +0 for the   \
      * entries it does not keep, which changes no lane). */                                 \
+    SPECDEC_CLONES                                                                         \
     static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const ptrdiff_t *y,         \
                                                      ptrdiff_t count, T z_max, T cutoff)    \
     {                                                                                      \
@@ -175,53 +250,136 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
+/* Every entry of a row of at most SPECDEC_TOP_P_CANDIDATES, gathered as the top-k path
+ * gathers its survivors (so the later filters and the kept sum work on them alone). */
+#define SPECDEC_DEFINE_GATHER_ALL(SUFFIX, T)                                                \
+    static ptrdiff_t specdec_gather_all_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
+                                                 T *z_out, ptrdiff_t *y_out)                \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+            z_out[y] = logits[y] / temperature;                                            \
+            y_out[y] = y;                                                                  \
+        }                                                                                  \
+        return V;                                                                          \
+    }
+
+/* The tests build the header with a limit of 0, so that the radix select does it all. */
+#ifndef SPECDEC_QUICKSELECT_PARTITIONS
+#define SPECDEC_QUICKSELECT_PARTITIONS 64
+#endif
+
+/* Top-k's key over gathered entries: what specdec_select (counting, floor key 1) finds,
+ * the K-th largest key of the non-NaN entries (0 when there are fewer), by quickselect on
+ * a copy of the keys, which costs a few passes over the entries instead of three
+ * histograms of 2^11 buckets.  The answer is one value, so any exact method finds the same;
+ * after SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select
+ * does the job. */
+#define SPECDEC_DEFINE_TOP_K_KEY(SUFFIX, T, KEY_T)                                          \
+    static KEY_T specdec_top_k_key_##SUFFIX(const T *z, ptrdiff_t count, int64_t top_k,     \
+                                            T z_max, specdec_law_scratch *scratch)          \
+    {                                                                                      \
+        KEY_T *keys = scratch->keys.SUFFIX;                                                \
+        ptrdiff_t n = 0;                                                                   \
+        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
+            KEY_T key = specdec_key_##SUFFIX(z[i]);                                        \
+            keys[n] = key;                                                                 \
+            n += key >= 1;                                                                 \
+        }                                                                                  \
+        if (n < top_k)                                                                     \
+            return 0;                                                                      \
+        /* Descending order: keys[0 .. target] hold the top_k largest once it is done. */  \
+        ptrdiff_t low = 0, high = n - 1, target = (ptrdiff_t)top_k - 1;                    \
+        for (int partitions = 0; low < high; ++partitions) {                               \
+            if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
+                return specdec_select_##SUFFIX(z, count, (T)1, z_max, 1, 0, (double)top_k, \
+                                               scratch->histogram);                        \
+            KEY_T a = keys[low], b = keys[low + (high - low) / 2], c = keys[high];         \
+            KEY_T pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b)); \
+            ptrdiff_t i = low, j = high;                                                   \
+            while (i <= j) {                                                               \
+                while (keys[i] > pivot)                                                    \
+                    ++i;                                                                   \
+                while (keys[j] < pivot)                                                    \
+                    --j;                                                                   \
+                if (i <= j) {                                                              \
+                    KEY_T swapped = keys[i];                                               \
+                    keys[i++] = keys[j];                                                   \
+                    keys[j--] = swapped;                                                   \
+                }                                                                          \
+            }                                                                              \
+            /* keys[low .. j] >= pivot >= keys[i .. high], and pivot in between. */        \
+            if (target <= j)                                                               \
+                high = j;                                                                  \
+            else if (target >= i)                                                          \
+                low = i;                                                                   \
+            else                                                                           \
+                return pivot;                                                              \
+        }                                                                                  \
+        return keys[target];                                                               \
+    }
+
 SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
 SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
+SPECDEC_DEFINE_GATHER_ALL(f, float)
+SPECDEC_DEFINE_GATHER_ALL(d, double)
+SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
+SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 
-/* ---- one pass: maximum, count of +inf and the normaliser -------------------------------- */
+/* ---- the two passes of a row: the maximum, then the weights and their sum ------------- */
 
-/* Lane l of a block of 64 entries takes the entries 8 j + l; each lane keeps a running
- * maximum and a float64 sum of exp(z - lane maximum), rescaled when its maximum grows
- * (specdec_online_lane of _elementwise.h).  The lanes are combined in a fixed order at the
- * end (specdec_online_finish). */
-#define SPECDEC_DEFINE_ONLINE_SCALAR(NAME, SUFFIX, T)                                       \
+/* The maximum z and the count of +inf entries (specdec_max_step of _elementwise.h). */
+#define SPECDEC_DEFINE_ROW_MAX_SCALAR(NAME, SUFFIX, T)                                      \
+    SPECDEC_CLONES                                                                         \
     static void NAME(const T *logits, ptrdiff_t V, T temperature, T *z_max,                \
-                     double *normaliser, int64_t *num_infinite)                            \
+                     int64_t *num_infinite)                                                \
     {                                                                                      \
-        T best[8];                                                                         \
-        double sums[8] = {0};                                                              \
+        T best = (T)-INFINITY;                                                             \
         int64_t infinite = 0;                                                              \
-        for (int l = 0; l < 8; ++l)                                                        \
-            best[l] = (T)-INFINITY;                                                        \
-        for (ptrdiff_t start = 0; start < V; start += 64) {                                \
-            T z[64];                                                                       \
-            for (int i = 0; i < 64; ++i)                                                   \
-                z[i] = start + i < V ? logits[start + i] / temperature : (T)-INFINITY;     \
-            for (int l = 0; l < 8; ++l)                                                    \
-                specdec_online_lane_##SUFFIX(z + l, 8, &best[l], &sums[l], &infinite);      \
-        }                                                                                  \
-        specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                     \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            specdec_max_step_##SUFFIX(logits[y] / temperature, &best, &infinite);          \
+        *z_max = best;                                                                     \
         *num_infinite = infinite;                                                          \
     }
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_d, d, double)
+SPECDEC_DEFINE_ROW_MAX_SCALAR(specdec_row_max_d, d, double)
 
-/* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l. */
+/* Sum of w over {z >= cutoff}, lane l taking the entries 8 i + l; with weights not NULL,
+ * every w is stored there too (0 where z < cutoff), for the row's one exponential pass. */
 #define SPECDEC_DEFINE_KEPT_SUM_SCALAR(NAME, T, WEIGHT)                                     \
-    static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff)     \
+    SPECDEC_CLONES                                                                         \
+    static double NAME(const T *logits, ptrdiff_t V, T temperature, T z_max, T cutoff,     \
+                       T *weights)                                                         \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
         for (ptrdiff_t y = 0; y < V; ++y) {                                                \
             T z = logits[y] / temperature;                                                 \
+            double w = z >= cutoff ? WEIGHT(z, z_max) : 0.0;                               \
             if (z >= cutoff)                                                               \
-                lanes[y % 8] += WEIGHT(z, z_max);                                          \
+                lanes[y % 8] += w;                                                         \
+            if (weights)                                                                   \
+                weights[y] = (T)w;                                                         \
         }                                                                                  \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }
 
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
 
+/* The processed row from the weights the law stored (in place): p = w / normaliser, the
+ * bits specdec_kept_probability gives (w is 0 outside the kept set), without a second
+ * exponential. */
+#define SPECDEC_DEFINE_FROM_WEIGHTS(SUFFIX, T)                                              \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_law_from_weights_##SUFFIX(T *weights, ptrdiff_t V, double normaliser) \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            weights[y] = (T)((double)weights[y] / normaliser);                             \
+    }
+
+SPECDEC_DEFINE_FROM_WEIGHTS(f, float)
+SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
+
 #define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
+    SPECDEC_CLONES                                                                         \
     static void specdec_materialise_##SUFFIX##_scalar(const T *logits, ptrdiff_t start,     \
                                                       ptrdiff_t V, T temperature,          \
                                                       const specdec_row_law *law, T *out)  \
@@ -274,94 +432,64 @@ SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
     return divide ? x / temperature : x;
 }
 
-SPECDEC_INLINE void specdec_online_block_f(const float *logits, ptrdiff_t left,
-                                           specdec_v8f temperature, int divide,
-                                           specdec_v8f *best, specdec_v4d *sum_low,
-                                           specdec_v4d *sum_high, specdec_v8i *infinite)
-{
-    const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
-    specdec_v8f block_best = *best;
-    for (int j = 0; j < 8; ++j) {
-        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
-        block_best = specdec_larger8(z, block_best);
-        *infinite -= (specdec_v8i)(z == plus_infinity);
-    }
-    specdec_v8i grown = (specdec_v8i)(block_best > *best);
-    int any_grown = 0;
-    for (int l = 0; l < 8; ++l)
-        any_grown |= grown[l];
-    if (__builtin_expect(any_grown, 0)) {
-        double lanes[8] = {(*sum_low)[0], (*sum_low)[1], (*sum_low)[2], (*sum_low)[3],
-                           (*sum_high)[0], (*sum_high)[1], (*sum_high)[2], (*sum_high)[3]};
-        for (int l = 0; l < 8; ++l)
-            lanes[l] = specdec_rescale(lanes[l], (*best)[l], block_best[l]);
-        memcpy(sum_low, lanes, sizeof *sum_low);
-        memcpy(sum_high, lanes + 4, sizeof *sum_high);
-    }
-    *best = block_best;
-    /* The block is in L1 by now: loading (and dividing) again is cheaper than keeping it. */
-    specdec_v4d low = *sum_low, high = *sum_high;
-    for (int j = 0; j < 8; ++j) {
-        specdec_v8f z = specdec_load_z8(logits + 8 * j, left - 8 * j, temperature, divide);
-        specdec_add_widened(specdec_fast_expf8(z - block_best), &low, &high);
-    }
-    *sum_low = low;
-    *sum_high = high;
-}
-
 SPECDEC_CLONES
-static void specdec_online_f(const float *logits, ptrdiff_t V, float temperature,
-                             float *z_max, double *normaliser, int64_t *num_infinite)
+static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperature,
+                              float *z_max, int64_t *num_infinite)
 {
     const specdec_v8f t8 = specdec_splat8(temperature);
-    specdec_v8f best = specdec_splat8(-INFINITY);
-    specdec_v4d sum_low = {0.0, 0.0, 0.0, 0.0}, sum_high = sum_low;
+    const specdec_v8f plus_infinity = specdec_splat8(INFINITY);
+    /* Four independent maxima, so that the loop is bound by the loads and not by one chain
+     * of compare-and-select; the maximum is a selection, so the grouping changes nothing. */
+    specdec_v8f best[4] = {specdec_splat8(-INFINITY), specdec_splat8(-INFINITY),
+                           specdec_splat8(-INFINITY), specdec_splat8(-INFINITY)};
     specdec_v8i infinite = {0, 0, 0, 0, 0, 0, 0, 0};
-    ptrdiff_t start = 0;
-    if (temperature == 1.0f) {
-        for (; start + 64 <= V; start += 64)
-            specdec_online_block_f(logits + start, 64, t8, 0, &best, &sum_low, &sum_high,
-                                   &infinite);
-    } else {
-        for (; start + 64 <= V; start += 64)
-            specdec_online_block_f(logits + start, 64, t8, 1, &best, &sum_low, &sum_high,
-                                   &infinite);
+    const int divide = temperature != 1.0f;
+    ptrdiff_t y = 0;
+    for (; y + 32 <= V; y += 32) {
+        for (int j = 0; j < 4; ++j) {
+            specdec_v8f z = specdec_load_z8(logits + y + 8 * j, 8, t8, divide);
+            best[j] = specdec_larger8(z, best[j]);
+            infinite -= (specdec_v8i)(z == plus_infinity);
+        }
     }
-    if (start < V) {
-        float padded[64];
-        for (int i = 0; i < 64; ++i)
-            padded[i] = start + i < V ? logits[start + i] : -INFINITY;
-        specdec_online_block_f(padded, 64, t8, 1, &best, &sum_low, &sum_high, &infinite);
+    for (; y < V; y += 8) {
+        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, divide);
+        best[0] = specdec_larger8(z, best[0]);
+        infinite -= (specdec_v8i)(z == plus_infinity);
     }
-    float lane_best[8];
-    memcpy(lane_best, &best, sizeof lane_best);
-    double lanes[8] = {sum_low[0], sum_low[1], sum_low[2], sum_low[3],
-                       sum_high[0], sum_high[1], sum_high[2], sum_high[3]};
-    specdec_online_finish_f(lane_best, lanes, z_max, normaliser);
+    float result = -INFINITY;
     int64_t count = 0;
+    for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 8; ++l)
+            result = best[j][l] > result ? best[j][l] : result;
     for (int l = 0; l < 8; ++l)
         count += infinite[l];
+    *z_max = result;
     *num_infinite = count;
 }
 
 SPECDEC_CLONES
 static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
-                                 float z_max, float cutoff)
+                                 float z_max, float cutoff, float *weights)
 {
     const specdec_v8f t8 = specdec_splat8(temperature), m8 = specdec_splat8(z_max);
     const specdec_v8f c8 = specdec_splat8(cutoff);
+    const int divide = temperature != 1.0f;
     specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
     for (ptrdiff_t y = 0; y < V; y += 8) {
-        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, 1);
+        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, divide);
         specdec_v8i kept = (specdec_v8i)(z >= c8);
         int any = 0;
         for (int l = 0; l < 8; ++l)
             any |= kept[l];
-        if (!any)
-            continue;
         /* Adding +0 to a lane leaves it unchanged, as skipping it does in the scalar build. */
-        specdec_v8f w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
-        specdec_add_widened(w, &low, &high);
+        specdec_v8f w = specdec_splat8(0.0f);
+        if (any) {
+            w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
+            specdec_add_widened(w, &low, &high);
+        }
+        if (weights)
+            memcpy(weights + y, &w, (size_t)(V - y < 8 ? V - y : 8) * sizeof(float));
     }
     double lanes[8] = {low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3]};
     return SPECDEC_COMBINE_LANES(lanes);
@@ -391,7 +519,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #else
 
-SPECDEC_DEFINE_ONLINE_SCALAR(specdec_online_f, f, float)
+SPECDEC_DEFINE_ROW_MAX_SCALAR(specdec_row_max_f, f, float)
 SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_f, float, specdec_weight_f)
 
 static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float temperature,
@@ -409,7 +537,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 #endif
 
 /* The cutoff and normaliser of a row law in llama.cpp's order (docs/semantics.md §12), for
- * a row with mass and a finite maximum z_max (normaliser: the online pass's).  The filters
+ * a row with mass and a finite maximum z_max; `weights` and the result as in
+ * specdec_row_law (below).  The filters
  * read the logits l at temperature 1, with w1 = exp(l - max l): top-k keeps l >= the K-th
  * largest l (ties kept), top-p keeps, of what top-k kept, the smallest most probable set
  * whose w1 reaches top_p of top-k's, with the tie group of the token that reaches it, and
@@ -418,11 +547,10 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
  * keeps {y : z(y) >= z of S1's lowest logit}: S1, and a token whose z rounds to that z
  * (ties at the temperature are kept, as everywhere in the law). */
 #define SPECDEC_DEFINE_LLAMA_CPP_LAW(SUFFIX, T, KEY_T, KEPT_SUM)                            \
-    static void specdec_llama_cpp_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
-                                               T z_max, double normaliser, int64_t top_k,  \
-                                               double top_p, double min_p,                 \
-                                               specdec_law_scratch *scratch,               \
-                                               specdec_row_law *law)                       \
+    static int specdec_llama_cpp_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,  \
+                                              T z_max, int64_t top_k, double top_p,        \
+                                              double min_p, specdec_law_scratch *scratch,  \
+                                              T *weights, specdec_row_law *law)            \
     {                                                                                      \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
         /* Top-k's survivors, gathered (count >= 0) when they fit: they hold the row's     \
@@ -476,8 +604,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         }                                                                                  \
         if (floor_key <= 1) {                                                              \
             law->cutoff = -INFINITY;                                                       \
-            law->normaliser = normaliser;                                                  \
-            return;                                                                        \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights); \
+            return weights != NULL;                                                        \
         }                                                                                  \
         /* Top-k's and top-p's keys are those of entries; min-p's bisection key need not   \
          * be, and at another temperature the lowest kept logit itself is needed. */       \
@@ -502,9 +630,17 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                 candidates[i] = candidates[i] / temperature;                               \
             law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions,    \
                                                                  count, z_max, cutoff);    \
-        } else {                                                                           \
-            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff);             \
+            if (!weights)                                                                  \
+                return 0;                                                                  \
+            /* Every kept entry is gathered: the others weigh 0, no exponential needed. */ \
+            memset(weights, 0, (size_t)V * sizeof(T));                                     \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                if (candidates[i] >= cutoff)                                               \
+                    weights[positions[i]] = (T)specdec_weight_##SUFFIX(candidates[i], z_max); \
+            return 1;                                                                      \
         }                                                                                  \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
+        return weights != NULL;                                                            \
     }
 
 SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_kept_sum_f)
@@ -512,36 +648,40 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
 
 /* ---- public entry points ------------------------------------------------------------------ */
 
-/* The cutoff of the law, given m and the count of +inf entries: -inf when no filter drops
- * anything.  min-p needs no pass over the row (specdec_min_p_floor). */
-#define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ONLINE, KEPT_SUM)                          \
-    static void specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
-                                         int64_t top_k, double top_p, double min_p,        \
-                                         int filter_order, specdec_law_scratch *scratch,  \
-                                         specdec_row_law *law)                             \
+/* The law of a row: the cutoff, given m and the count of +inf entries (-inf when no filter
+ * drops anything; min-p needs no pass over the row, specdec_min_p_floor), and the
+ * normaliser.  With `weights` (V entries, not NULL), the weights of the row's exponential
+ * pass are kept there (0 outside the kept set; a row whose kept entries were all gathered
+ * gets zeros and their weights alone): then it returns 1 (and the row needs
+ * specdec_law_from_weights alone), else 0 (a row with +inf entries or without mass).
+ * `filter_order` SPECDEC_FILTER_ORDER_LLAMA_CPP filters in llama.cpp's order
+ * (specdec_llama_cpp_law), any other code in vLLM's. */
+#define SPECDEC_DEFINE_ROW_LAW(SUFFIX, T, KEY_T, ROW_MAX, KEPT_SUM)                         \
+    static int specdec_row_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,        \
+                                        int64_t top_k, double top_p, double min_p,         \
+                                        int filter_order, specdec_law_scratch *scratch,    \
+                                        T *weights, specdec_row_law *law)                  \
     {                                                                                      \
         T z_max;                                                                           \
-        double normaliser;                                                                 \
         int64_t num_infinite;                                                              \
-        ONLINE(logits, V, temperature, &z_max, &normaliser, &num_infinite);                \
+        ROW_MAX(logits, V, temperature, &z_max, &num_infinite);                            \
         law->z_max = (double)z_max;                                                        \
         law->num_infinite = num_infinite;                                                  \
         law->status = 0;                                                                   \
         if (num_infinite > 0) {                                                            \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = (double)num_infinite;                                        \
-            return;                                                                        \
+            return 0;                                                                      \
         }                                                                                  \
         if (!(z_max > (T)-INFINITY)) {                                                     \
             law->status = 1;                                                               \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = 0.0;                                                         \
-            return;                                                                        \
+            return 0;                                                                      \
         }                                                                                  \
         if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {                              \
-            specdec_llama_cpp_law_##SUFFIX(logits, V, temperature, z_max, normaliser, top_k, \
-                                           top_p, min_p, scratch, law);                    \
-            return;                                                                        \
+            return specdec_llama_cpp_law_##SUFFIX(logits, V, temperature, z_max, top_k, top_p, \
+                                                  min_p, scratch, weights, law);           \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
         if (min_p > 0.0)                                                                   \
@@ -553,12 +693,16 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,       \
-                                                candidates, positions, histogram);         \
+            /* A short row is gathered whole: its filters then cost what its entries do. */ \
+            count = V <= SPECDEC_TOP_P_CANDIDATES                                          \
+                        ? specdec_gather_all_##SUFFIX(logits, V, temperature, candidates,  \
+                                                      positions)                           \
+                        : specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k, \
+                                                      candidates, positions, histogram);   \
             /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
             KEY_T k_key = count >= 0                                                       \
-                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
-                                                        (double)top_k, histogram)          \
+                              ? specdec_top_k_key_##SUFFIX(candidates, count, top_k, z_max, \
+                                                           scratch)                        \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0, \
                                                         (double)top_k, histogram);         \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
@@ -566,9 +710,10 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         if (count >= 0)                                                                    \
             count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);     \
         if (top_p < 1.0) {                                                                 \
-            /* After min-p alone few tokens are left too: gather their z (in element order, \
-             * so the histograms sum in the same order) and select over them alone. */    \
-            if (count < 0 && floor_key > 1) {                                              \
+            /* After min-p alone few tokens are left too, and a short row is short: gather \
+             * their z (in element order, so the histograms sum in the same order) and     \
+             * select over them alone. */                                                  \
+            if (count < 0 && (floor_key > 1 || V <= SPECDEC_TOP_P_CANDIDATES)) {          \
                 ptrdiff_t found = 0;                                                       \
                 for (ptrdiff_t y = 0; y < V && found <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
                     T z = logits[y] / temperature;                                         \
@@ -599,19 +744,29 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         }                                                                                  \
         if (floor_key <= 1) {                                                              \
             law->cutoff = -INFINITY;                                                       \
-            law->normaliser = normaliser;                                                  \
-            return;                                                                        \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights); \
+            return weights != NULL;                                                        \
         }                                                                                  \
         T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
         law->cutoff = (double)cutoff;                                                      \
-        law->normaliser = count >= 0                                                       \
-                              ? specdec_kept_sum_gathered_##SUFFIX(candidates, positions,  \
-                                                                   count, z_max, cutoff)  \
-                              : KEPT_SUM(logits, V, temperature, z_max, cutoff);           \
+        if (count >= 0) {                                                                  \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions, count, \
+                                                                 z_max, cutoff);           \
+            if (!weights)                                                                  \
+                return 0;                                                                  \
+            /* Every kept entry is gathered: the others weigh 0, no exponential needed. */ \
+            memset(weights, 0, (size_t)V * sizeof(T));                                     \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                if (candidates[i] >= cutoff)                                               \
+                    weights[positions[i]] = (T)specdec_weight_##SUFFIX(candidates[i], z_max); \
+            return 1;                                                                      \
+        }                                                                                  \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
+        return weights != NULL;                                                            \
     }
 
-SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_online_f, specdec_kept_sum_f)
-SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_online_d, specdec_kept_sum_d)
+SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_row_max_f, specdec_kept_sum_f)
+SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_row_max_d, specdec_kept_sum_d)
 
 /* p(y) as float64 from the one logit logits[y]; 0 for a row without mass. */
 #define SPECDEC_DEFINE_PROBABILITY(SUFFIX, T)                                               \

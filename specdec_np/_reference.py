@@ -32,6 +32,7 @@ __all__ = [
     "create_output",
     "decisions_for",
     "fast_expf",
+    "fmaf",
     "greedy_decisions",
     "greedy_sample",
     "process_logits",
@@ -389,16 +390,16 @@ def block_verification_sample(
 
 # ---- the processed law of logits rows ----------------------------------------------------
 
-# The float32 exponential of the fast kernels, operation for operation (the C version is
-# in _logits.h).  Each constant is an exact float32 value, written in hexadecimal so that no
-# decimal rounding can differ between the two.
+# The float32 exponential of the kernels, operation for operation (the C version is
+# SPECDEC_DEFINE_FAST_EXP in _elementwise.h).  Each constant is an exact float32 value,
+# written in hexadecimal so that no decimal rounding can differ between the two.
 _EXP_CONSTANTS = {
     name: float.fromhex(value)
     for name, value in (
         ("log2_e", "0x1.715476p+0"),
         ("round", "0x1.8p+23"),
-        ("ln2_high", "0x1.63p-1"),
-        ("ln2_low", "-0x1.bd0106p-13"),
+        ("minus_ln2_high", "-0x1.63p-1"),
+        ("minus_ln2_low", "0x1.bd0106p-13"),
         ("q4", "0x1.6a243ap-10"),
         ("q3", "0x1.1239ep-7"),
         ("q2", "0x1.5558f2p-5"),
@@ -411,12 +412,46 @@ _EXP_LOWEST, _EXP_HIGHEST = -104.0, 88.0
 _EXP_HALF_LOWEST, _EXP_HALF_HIGHEST = -76, 64
 
 
+def fmaf(a: Any, b: Any, c: Any) -> Any:
+    """``a * b + c`` on float32 arrays, rounded once (C's ``fmaf``), with float64 arithmetic.
+
+    The product of two float32 values is exact in float64, and the float64 sum ``s`` and
+    its rounding error ``e`` are exact by TwoSum.  Rounding ``s`` to float32 is then the
+    correctly rounded result, except where ``s`` lies exactly halfway between two float32
+    values while ``e`` is not 0 (the double rounding of a sum): there the exact value is on
+    ``e``'s side of the midpoint, and the neighbour on that side is the answer.
+
+    Parameters
+    ----------
+    a, b, c : float32 arrays (broadcastable)
+
+    Returns
+    -------
+    float32 array
+    """
+    xp = _namespace(a)
+    product = xp.astype(a, xp.float64) * xp.astype(b, xp.float64)
+    addend = xp.astype(c, xp.float64)
+    total = product + addend
+    from_addend = total - product
+    error = (product - (total - from_addend)) + (addend - from_addend)
+    rounded = xp.astype(total, xp.float32)
+    rounded_wide = xp.astype(rounded, xp.float64)
+    # Halfway: the reflection of the rounded value through s is a float32 value too.
+    other_wide = 2.0 * total - rounded_wide
+    other = xp.astype(other_wide, xp.float32)
+    halfway = (total != rounded_wide) & (xp.astype(other, xp.float64) == other_wide)
+    toward_error = xp.where(error > 0.0, xp.maximum(rounded, other), xp.minimum(rounded, other))
+    return xp.where(halfway & (error != 0.0), toward_error, rounded)
+
+
 def fast_expf(x: Any) -> Any:
-    """The float32-accurate exponential that defines ``w`` for float32 rows.
+    """The specified float32 exponential that defines ``w`` for float32 rows.
 
     ``exp(x) = 2^n exp(r)`` with ``n = round(x / ln 2)``, ``r = x - n ln 2`` (ln 2 in two
-    parts) and ``exp(r) = 1 + r + r^2 Q(r)``; ``2^n`` is applied as two powers of two so
-    that a subnormal result rounds once.
+    parts) and ``exp(r) = 1 + r + r^2 Q(r)``, seven of the operations fused multiply-adds
+    (:func:`fmaf`); ``2^n`` is applied as two powers of two so that a subnormal result
+    rounds once (docs/semantics.md, "The exponential").
 
     Parameters
     ----------
@@ -434,14 +469,14 @@ def fast_expf(x: Any) -> Any:
     lowest = xp.asarray(_EXP_LOWEST, dtype=xp.float32)
     highest = xp.asarray(_EXP_HIGHEST, dtype=xp.float32)
     clamped = xp.where(keep, xp.where(x > highest, highest, x), lowest)
-    n_float = (clamped * c["log2_e"] + c["round"]) - c["round"]
-    r = clamped - n_float * c["ln2_high"]
-    r = r - n_float * c["ln2_low"]
-    q = r * c["q4"] + c["q3"]
-    q = q * r + c["q2"]
-    q = q * r + c["q1"]
-    q = q * r + c["q0"]
-    mantissa = xp.asarray(1.0, dtype=xp.float32) + (r + (r * r) * q)
+    n_float = fmaf(clamped, c["log2_e"], c["round"]) - c["round"]
+    r = fmaf(n_float, c["minus_ln2_high"], clamped)
+    r = fmaf(n_float, c["minus_ln2_low"], r)
+    q = fmaf(r, c["q4"], c["q3"])
+    q = fmaf(q, r, c["q2"])
+    q = fmaf(q, r, c["q1"])
+    q = fmaf(q, r, c["q0"])
+    mantissa = xp.asarray(1.0, dtype=xp.float32) + fmaf(r * r, q, r)
     n = xp.astype(n_float, xp.int32)
     n_low = xp.floor_divide(n, 2)
     n_high = n - n_low

@@ -37,6 +37,21 @@ typedef float specdec_v4f __attribute__((vector_size(16)));
 
 #define SPECDEC_TO_V8F(x) __builtin_convertvector((x), specdec_v8f)
 
+/* x86-64 glibc builds carry an AVX-512 clone (x86-64-v4) and an AVX2 + FMA3 clone
+ * (x86-64-v3) of the hot loops, besides the baseline one; an ifunc picks the widest the CPU
+ * has when the module loads.  Every clone does the same correctly rounded operations in the
+ * same order (the exponential's fused multiply-adds included: a vfmadd in the first two,
+ * libm's fmaf in the baseline), so they return identical bits.  The tests build the
+ * headers with one clone at a time (-DSPECDEC_CLONES=...) to compare them. */
+#ifndef SPECDEC_CLONES
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__clang__)
+#define SPECDEC_CLONES                                                                     \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SPECDEC_CLONES
+#endif
+#endif
+
 /* ---- residual mass: sum of max(rho p - q, 0) * scale in float64 ---------------------- */
 
 /* NAME_accumulate adds a range's weights to eight running lanes, so that a row summed in
@@ -57,13 +72,6 @@ static inline double specdec_combine_lanes(const double lanes[8])
 typedef double specdec_v4d __attribute__((vector_size(32)));
 typedef int64_t specdec_v4l __attribute__((vector_size(32)));
 
-/* x86-64 glibc builds carry an AVX2 clone of the hot loops (an ifunc picks it at load); both
- * clones do the same operations in the same order, so they return identical bits. */
-#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__clang__)
-#define SPECDEC_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SPECDEC_CLONES
-#endif
 
 SPECDEC_INLINE specdec_v4d specdec_positive_part(specdec_v4d w)
 {

@@ -65,7 +65,9 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NEWEST_ARCH = 90
 OLDEST_ARCH = 75
-COMPILE_TIMEOUT_S = 180
+# verify_trees for two architectures takes about 80 s on 2 idle cores and over 200 s under
+# load: the limit catches a hung compiler, not a slow machine.
+COMPILE_TIMEOUT_S = 600
 
 
 def _find_nvcc() -> str | None:
@@ -1514,7 +1516,7 @@ def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, log
 _ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_needs_more_than_need": lambda s: _replace(
-        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
+        s, "*above + count >= need", "*above + count > need"
     ),
     # The lazy bonus drawn with the residual's uniform instead of its own.
     "bonus_reuses_residual_uniform": lambda s: _replace(
@@ -1589,9 +1591,9 @@ _CPU_LAW_PROBE = r"""
         for (long long r = 0; r < count; ++r) {                                            \
             const double *s = sampling + 5 * r;                                            \
             specdec_row_law law;                                                           \
-            specdec_law_scratch *scratch = malloc(sizeof *scratch);                        \
+            specdec_law_scratch *scratch = specdec_law_scratch_new();                        \
             specdec_row_law_##SUFFIX(rows + r * vocab, vocab, (T)s[0], (int64_t)s[1], s[2], \
-                                     s[3], (int)s[4], scratch, &law);                      \
+                                     s[3], (int)s[4], scratch, NULL, &law);                \
             free(scratch);                                                                 \
             double *out = laws + 5 * r;                                                    \
             out[0] = law.z_max;                                                            \
@@ -1689,7 +1691,7 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     ),
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
-        s, "*above + histogram[bucket] >= need", "*above + histogram[bucket] > need"
+        s, "*above + count >= need", "*above + count > need"
     ),
     # llama.cpp's order filters at the temperature's maximum instead of the logits'.
     "llama_cpp_maximum_at_the_temperature": lambda s: _replace(

@@ -18,12 +18,10 @@ constexpr int kWarps = kBlock / kWarp;  // segments of the first draw level
 constexpr int kUnroll = 4;              // independent 16-byte loads in flight per thread
 constexpr int kBuckets = 1 << SPECDEC_HISTOGRAM_BITS;  // the widest radix-select pass
 constexpr int kLanes = 8;                               // the CPU's summation lanes
-constexpr int kLaneBlock = 64;  // entries per step of the online pass (8 per lane)
 constexpr int kPathStack = 64;  // block verification keeps p(x_j), q(x_j) up to this k
 
 static_assert(kBlock % kWarp == 0 && (kBlock & (kBlock - 1)) == 0,
               "kBlock must be a power of two and a multiple of the warp size");
-static_assert(kLaneBlock / kLanes == 8, "a lane step of the online pass takes 8 entries");
 
 __device__ __forceinline__ long long min_ll(long long a, long long b) { return a < b ? a : b; }
 __device__ __forceinline__ long long clamp_ll(long long x, long long lo, long long hi) {
@@ -61,7 +59,7 @@ struct Scratch {
     long long first_bad;
     long long first_reject;
     unsigned long long passed;
-    // The online pass and the kept sum: one float64 sum (and maximum) per lane.
+    // The maximum pass and the kept sum: one maximum (or float64 sum) per lane.
     double lane_sum[kLanes];
     double lane_best[kLanes];
     long long lane_infinite[kLanes];

@@ -2,7 +2,8 @@
 # Inverse-CDF draws.  One draw, :func:`draw_by_blocks`, serves every case: probability
 # rows and logits rows, residuals max(rho p - q, 0) of a draft row or of a point mass, and
 # a row without some tokens (the point-mass tree step's final draw).  It sums the row in
-# blocks and scans one of them, so the row is read about 1.x times and never copied.
+# blocks and scans one of them, so the row is read about 1.x times; a logits row is first
+# written once as probabilities to the thread's scratch row (probability_row).
 # --------------------------------------------------------------------------------------
 
 cdef inline double residual_weight(
@@ -54,42 +55,15 @@ cdef inline Py_ssize_t block_holding(
     return j
 
 
-# Logits rows are never materialised whole for a draw: each block is processed into the
-# first entries of the thread's scratch rows (where it stays in cache) and summed there,
-# and the chosen block is processed again to be scanned.  Every entry gets the bits that
-# materialising the whole row gives it, and the blocks and their sums are those of a
-# probability row, so the draw is the same.
-
-cdef inline Py_ssize_t process_residual_block(
-    Request* request, const probability_t* target, Py_ssize_t i, const probability_t* draft,
-    Py_ssize_t point_mass, Py_ssize_t start, Py_ssize_t stop
-) noexcept nogil:
-    """p (and q unless ``draft`` is NULL) of row ``i`` over ``start .. stop`` into the
-    scratch rows; returns the point mass as an index into the block (-1 outside it)."""
-    process_range(request, target, i, False, start, stop,
-                  <probability_t*>request.target_scratch)
-    if draft != NULL:
-        process_range(request, draft, i, True, start, stop,
-                      <probability_t*>request.draft_scratch)
-    return point_mass - start if start <= point_mass < stop else -1
-
-
 cdef inline Py_ssize_t block_rows(
-    Request* request, const probability_t* p, const probability_t* q, Py_ssize_t i,
-    Py_ssize_t point_mass, Py_ssize_t start, Py_ssize_t stop, const probability_t** block_p,
-    const probability_t** block_q
+    const probability_t* p, const probability_t* q, Py_ssize_t point_mass, Py_ssize_t start,
+    Py_ssize_t stop, const probability_t** block_p, const probability_t** block_q
 ) noexcept nogil:
-    """Entries ``start .. stop`` of the weights' rows, indexed from 0: views of the rows
-    ``p`` and ``q`` when ``request`` is NULL (probabilities), else row ``i`` of the
-    request's logits rows ``p`` and ``q`` processed into its scratch.  Returns the point
+    """Entries ``start .. stop`` of the weights' rows, indexed from 0.  Returns the point
     mass as an index into the block (-1 outside it)."""
-    if request == NULL:
-        block_p[0] = p + start
-        block_q[0] = NULL if q == NULL else q + start
-        return point_mass - start if start <= point_mass < stop else -1
-    block_p[0] = <const probability_t*>request.target_scratch
-    block_q[0] = NULL if q == NULL else <const probability_t*>request.draft_scratch
-    return process_residual_block(request, p, i, q, point_mass, start, stop)
+    block_p[0] = p + start
+    block_q[0] = NULL if q == NULL else q + start
+    return point_mass - start if start <= point_mass < stop else -1
 
 
 cdef Py_ssize_t draw_by_blocks(
@@ -101,9 +75,10 @@ cdef Py_ssize_t draw_by_blocks(
     tokens ``excluded[0 .. num_excluded - 1]`` (sorted and distinct; none for 0); -1 if no
     weight is left.
 
-    The rows are those :func:`block_rows` gives block by block: ``p`` and ``q`` themselves
-    when ``request`` is NULL (probabilities), else row ``i`` of the request's logits rows
-    processed into its scratch; q NULL is the point mass at ``point_mass`` (-1: none).
+    The rows are ``p`` and ``q`` themselves when ``request`` is NULL (probabilities), else
+    row ``i`` of the request's rows as :func:`probability_row` gives them (a logits row's
+    law written to the thread's scratch row, with the weights of the law's one exponential
+    pass); q NULL is the point mass at ``point_mass`` (-1: none).
     Pass 1 sums the blocks, taking the excluded tokens' weights out of their blocks'
     sums; pass 2 skips whole blocks by their sums and scans one, skipping the excluded
     tokens.
@@ -115,6 +90,9 @@ cdef Py_ssize_t draw_by_blocks(
     cdef int _attempt
     cdef const probability_t* block_p
     cdef const probability_t* block_q
+    if request != NULL:
+        p = probability_row(request, p, i, False)
+        q = probability_row(request, q, i, True)
     block = draw_block_size(V)
     num_blocks = (V + block - 1) // block
     for _attempt in range(2):
@@ -123,7 +101,7 @@ cdef Py_ssize_t draw_by_blocks(
         for j in range(num_blocks):
             start = j * block
             stop = start + block if start + block < V else V
-            mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
+            mass = block_rows(p, q, point_mass, start, stop, &block_p, &block_q)
             block_sums[j] = weight_sum(block_p, block_q, mass, rho, scale, 0, stop - start)
             if e < num_excluded and excluded[e] < stop:
                 while e < num_excluded and excluded[e] < stop:
@@ -151,7 +129,7 @@ cdef Py_ssize_t draw_by_blocks(
     while j < num_blocks:
         start = j * block
         stop = start + block if start + block < V else V
-        mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
+        mass = block_rows(p, q, point_mass, start, stop, &block_p, &block_q)
         for y in range(stop - start):
             while e < num_excluded and excluded[e] < start + y:
                 e += 1
@@ -168,7 +146,7 @@ cdef Py_ssize_t draw_by_blocks(
     while j >= 0:
         start = j * block
         stop = start + block if start + block < V else V
-        mass = block_rows(request, p, q, i, point_mass, start, stop, &block_p, &block_q)
+        mass = block_rows(p, q, point_mass, start, stop, &block_p, &block_q)
         y = stop - start - 1
         while y >= 0:
             while e >= 0 and excluded[e] > start + y:

@@ -4,13 +4,13 @@
 //
 // Every per-element formula is _elementwise.h's (the exponential, the keys of z, the weight
 // w, an entry's probability and stored value, the min-p bisection, the radix select's
-// buckets and walk), and every float64 sum runs in the CPU's order: the online pass and the
-// kept sum on eight lanes y mod 8 (one thread each), combined as on the CPU; a mass
-// histogram by one thread in element order. Counting histograms hold integers, exact in any
-// order, so the whole block fills them. The one operation that is not the CPU's is the
-// float64 exp (CUDA's, not the host libm) in the rescaling of the online pass and in the
-// weights of float64 rows: both are within an ulp, and docs/semantics.md says what that can
-// change.
+// buckets and walk), and every float64 sum runs in the CPU's order: the kept sum (the
+// normaliser, over every entry when no filter drops one) on eight lanes y mod 8 (one thread
+// each), combined as on the CPU; a mass histogram by one thread in element order. The
+// maximum and the counting histograms are exact in any order, so the whole block may fill
+// them. The one operation that is not the CPU's is the float64 exp (CUDA's, not the host
+// libm) in the weights of float64 rows: within an ulp, and docs/semantics.md says what that
+// can change.
 #include "block.cuh"
 
 namespace specdec {
@@ -28,13 +28,8 @@ struct LawTraits;
         __device__ static double weight(T z, T z_max) {                                    \
             return specdec_weight_##SUFFIX(z, z_max);                                      \
         }                                                                                  \
-        __device__ static void online_lane(const T* z, T* best, double* sum,               \
-                                           int64_t* num_infinite) {                        \
-            specdec_online_lane_##SUFFIX(z, 1, best, sum, num_infinite);                   \
-        }                                                                                  \
-        __device__ static void online_finish(const T* best, const double* sums, T* z_max,  \
-                                             double* normaliser) {                         \
-            specdec_online_finish_##SUFFIX(best, sums, z_max, normaliser);                 \
+        __device__ static void max_step(T z, T* best, int64_t* num_infinite) {             \
+            specdec_max_step_##SUFFIX(z, best, num_infinite);                              \
         }                                                                                  \
         __device__ static Key min_p_floor(T z_max, double min_p) {                         \
             return specdec_min_p_floor_##SUFFIX(z_max, min_p);                             \
@@ -55,38 +50,32 @@ SPECDEC_LAW_TRAITS(float, f, uint32_t, 32, SPECDEC_INFINITY_F)
 SPECDEC_LAW_TRAITS(double, d, uint64_t, 64, SPECDEC_INFINITY_D)
 #undef SPECDEC_LAW_TRAITS
 
-// The maximum z, the count of +inf entries and sum_y exp(z - m) in the CPU's online order:
-// lane l (thread l) takes the entries y = l mod 8, 64 entries a step; every thread receives
-// the results.
+// The maximum z and the count of +inf entries (the CPU's first pass; a maximum is a
+// selection and the count an integer, so the lanes' grouping changes neither): lane l
+// (thread l) takes the entries y = l mod 8; every thread receives the results.
 template <typename T>
-__device__ void online_pass(const T* row, long long vocab, T temperature, Scratch& s,
-                            T& z_max, double& normaliser, long long& num_infinite) {
+__device__ void max_pass(const T* row, long long vocab, T temperature, Scratch& s, T& z_max,
+                         long long& num_infinite) {
     using Traits = LawTraits<T>;
     const int t = threadIdx.x;
     if (t < kLanes) {
         T best = -Traits::infinity();
-        double sum = 0.0;
         int64_t infinite = 0;
-        for (long long start = 0; start < vocab; start += kLaneBlock) {
-            T z[kLaneBlock / kLanes];
-            for (int j = 0; j < kLaneBlock / kLanes; ++j) {
-                const long long y = start + (long long)kLanes * j + t;
-                z[j] = y < vocab ? row[y] / temperature : -Traits::infinity();
-            }
-            Traits::online_lane(z, &best, &sum, &infinite);
+        for (long long entry = t; entry < vocab; entry += kLanes) {
+            Traits::max_step(row[entry] / temperature, &best, &infinite);
         }
-        s.lane_sum[t] = sum;
         s.lane_best[t] = static_cast<double>(best);
         s.lane_infinite[t] = infinite;
     }
     __syncthreads();
-    T best[kLanes];
+    T best = -Traits::infinity();
     num_infinite = 0;
     for (int l = 0; l < kLanes; ++l) {
-        best[l] = static_cast<T>(s.lane_best[l]);
+        const T lane_best = static_cast<T>(s.lane_best[l]);
+        best = lane_best > best ? lane_best : best;
         num_infinite += s.lane_infinite[l];
     }
-    Traits::online_finish(best, s.lane_sum, &z_max, &normaliser);
+    z_max = best;
     __syncthreads();  // the lanes may be reused as soon as this returns
 }
 
@@ -200,8 +189,8 @@ __device__ T extreme_logit(const T* row, long long vocab, bool lowest,
 // kept set then taken at the temperature from the z of its lowest logit.
 template <typename T>
 __device__ void llama_cpp_law(const T* row, long long vocab, T temperature, T z_max,
-                              double normaliser, long long top_k, double top_p, double min_p,
-                              Scratch& s, specdec_row_law& law) {
+                              long long top_k, double top_p, double min_p, Scratch& s,
+                              specdec_row_law& law) {
     using Traits = LawTraits<T>;
     using Key = typename Traits::Key;
     const T one = static_cast<T>(1);
@@ -225,7 +214,7 @@ __device__ void llama_cpp_law(const T* row, long long vocab, T temperature, T z_
     }
     if (floor_key <= 1) {
         law.cutoff = -infinity();
-        law.normaliser = normaliser;
+        law.normaliser = kept_sum(row, vocab, temperature, z_max, -Traits::infinity(), s);
         return;
     }
     // Top-k's and top-p's keys are those of entries; min-p's bisection key need not be.
@@ -245,9 +234,8 @@ __device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T
     using Traits = LawTraits<T>;
     using Key = typename Traits::Key;
     T z_max;
-    double normaliser;
     long long num_infinite;
-    online_pass(row, vocab, temperature, s, z_max, normaliser, num_infinite);
+    max_pass(row, vocab, temperature, s, z_max, num_infinite);
     specdec_row_law law{static_cast<double>(z_max), 0.0, 0.0, num_infinite, 0};
     if (num_infinite > 0) {
         law.cutoff = infinity();
@@ -260,7 +248,7 @@ __device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T
         return law;
     }
     if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {
-        llama_cpp_law(row, vocab, temperature, z_max, normaliser, top_k, top_p, min_p, s, law);
+        llama_cpp_law(row, vocab, temperature, z_max, top_k, top_p, min_p, s, law);
         return law;
     }
     Key floor_key = 1;  // NaN (key 0) is never kept
@@ -278,7 +266,7 @@ __device__ __noinline__ specdec_row_law row_law(const T* row, long long vocab, T
     }
     if (floor_key <= 1) {
         law.cutoff = -infinity();
-        law.normaliser = normaliser;
+        law.normaliser = kept_sum(row, vocab, temperature, z_max, -Traits::infinity(), s);
         return law;
     }
     const T cutoff = Traits::value(floor_key);

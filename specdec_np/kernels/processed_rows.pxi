@@ -8,20 +8,25 @@ cdef void process_row(
     const probability_t* logits, Py_ssize_t V, const double* sampling,
     specdec_law_scratch* scratch, probability_t* out
 ) noexcept nogil:
-    # The law lives in this frame, its scratch on the heap: one per thread of the loop.
+    # The law lives in this frame, its scratch on the heap: one per thread of the loop.  The
+    # law keeps its weights in ``out`` when it can, and they are divided there.
     cdef specdec_row_law law
     if probability_t is float:
-        specdec_row_law_f(
+        if specdec_row_law_f(
             logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
-            <int>sampling[4], scratch, &law,
-        )
-        specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
+            <int>sampling[4], scratch, out, &law,
+        ):
+            specdec_law_from_weights_f(out, V, law.normaliser)
+        else:
+            specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
     else:
-        specdec_row_law_d(
+        if specdec_row_law_d(
             logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
-            <int>sampling[4], scratch, &law,
-        )
-        specdec_law_materialise_d(logits, V, sampling[0], &law, out)
+            <int>sampling[4], scratch, out, &law,
+        ):
+            specdec_law_from_weights_d(out, V, law.normaliser)
+        else:
+            specdec_law_materialise_d(logits, V, sampling[0], &law, out)
 
 
 def processed_rows(

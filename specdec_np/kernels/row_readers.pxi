@@ -29,6 +29,10 @@ cdef inline void init_request(
     request.draft_logits = sampling != NULL and (row_forms & DRAFT_LOGITS) != 0
     request.target_law_row = -1
     request.draft_law_row = -1
+    request.target_weights_row = -1
+    request.draft_weights_row = -1
+    request.target_handed_out = False
+    request.draft_handed_out = False
     if sampling != NULL:
         request.temperature = sampling[0]
         request.top_k = <int64_t>sampling[1]
@@ -40,25 +44,50 @@ cdef inline void init_request(
         request.law_scratch = law_scratch
 
 
+cdef inline bint compute_row_law(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft,
+    probability_t* weights
+) noexcept nogil:
+    """Row ``i``'s law into the request's cache; with ``weights`` (a row of V, or NULL),
+    whether the row's weights were kept there (see ``specdec_row_law``)."""
+    cdef specdec_row_law* law = &request.draft_law if draft else &request.target_law
+    cdef Py_ssize_t V = request.V
+    cdef int stored
+    if probability_t is float:
+        stored = specdec_row_law_f(
+            rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
+            request.min_p, request.filter_order, request.law_scratch, weights, law,
+        )
+    else:
+        stored = specdec_row_law_d(
+            rows + i * V, V, request.temperature, request.top_k, request.top_p,
+            request.min_p, request.filter_order, request.law_scratch, weights, law,
+        )
+    if draft:
+        request.draft_law_row = i
+        request.draft_weights_row = i if stored != 0 else -1
+    else:
+        request.target_law_row = i
+        request.target_weights_row = i if stored != 0 else -1
+    return stored != 0
+
+
 cdef inline const specdec_row_law* row_law(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft
 ) noexcept nogil:
-    cdef specdec_row_law* law = &request.draft_law if draft else &request.target_law
-    cdef Py_ssize_t* cached = &request.draft_law_row if draft else &request.target_law_row
-    cdef Py_ssize_t V = request.V
-    if cached[0] != i:
-        if probability_t is float:
-            specdec_row_law_f(
-                rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
-                request.min_p, request.filter_order, request.law_scratch, law,
+    # A law for reads of single entries keeps its weights in the scratch row for a later
+    # scan of the same row (a rejected row's residual), but only while no scratch row of
+    # its kind was handed out: until then nothing else can be using it.
+    cdef Py_ssize_t cached = request.draft_law_row if draft else request.target_law_row
+    cdef bint handed_out = request.draft_handed_out if draft else request.target_handed_out
+    cdef probability_t* weights = NULL
+    if cached != i:
+        if not handed_out and rows != NULL:
+            weights = <probability_t*>(
+                request.draft_scratch if draft else request.target_scratch
             )
-        else:
-            specdec_row_law_d(
-                rows + i * V, V, request.temperature, request.top_k, request.top_p,
-                request.min_p, request.filter_order, request.law_scratch, law,
-            )
-        cached[0] = i
-    return law
+        compute_row_law(request, rows, i, draft, weights)
+    return &request.draft_law if draft else &request.target_law
 
 
 cdef inline double read_probability(
@@ -96,37 +125,46 @@ cdef inline const probability_t* probability_row(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft
 ) noexcept nogil:
     """Row ``i`` as probabilities: the row itself, or its processed law written to the
-    thread's scratch row (NULL stays NULL: a point-mass draft)."""
+    thread's scratch row (NULL stays NULL: a point-mass draft).  The weights of the law's
+    exponential pass are divided in the scratch row where they are (a law computed now, or
+    one that a single-entry read kept there): one exponential per entry for the law and the
+    row together.  From the first call on, the scratch row of its kind is the caller's."""
     cdef const specdec_row_law* law
     cdef Py_ssize_t V = request.V
+    cdef Py_ssize_t cached = request.draft_law_row if draft else request.target_law_row
+    cdef Py_ssize_t weights_row
     cdef probability_t* scratch
     if rows == NULL or not (request.draft_logits if draft else request.logits):
         return rows + i * V if rows != NULL else rows
-    law = row_law(request, rows, i, draft)
     scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
+    if draft:
+        request.draft_handed_out = True
+    else:
+        request.target_handed_out = True
+    weights_row = request.draft_weights_row if draft else request.target_weights_row
+    if (cached == i and weights_row == i) or (
+        cached != i and compute_row_law(request, rows, i, draft, scratch)
+    ):
+        law = &request.draft_law if draft else &request.target_law
+        if draft:
+            request.draft_weights_row = -1
+        else:
+            request.target_weights_row = -1
+        if probability_t is float:
+            specdec_law_from_weights_f(scratch, V, law.normaliser)
+        else:
+            specdec_law_from_weights_d(scratch, V, law.normaliser)
+        return scratch
+    if draft:
+        request.draft_weights_row = -1
+    else:
+        request.target_weights_row = -1
+    law = row_law(request, rows, i, draft)
     if probability_t is float:
         specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
     else:
         specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
     return scratch
-
-
-cdef inline void process_range(
-    Request* request, const probability_t* rows, Py_ssize_t i, bint draft, Py_ssize_t start,
-    Py_ssize_t stop, probability_t* out
-) noexcept nogil:
-    """Entries ``start .. stop`` of row ``i``'s processed law (or of the row itself, when
-    it holds probabilities), written to ``out[0 ..]``."""
-    cdef const specdec_row_law* law
-    cdef const probability_t* logits = rows + i * request.V + start
-    if not (request.draft_logits if draft else request.logits):
-        memcpy(out, logits, (stop - start) * sizeof(probability_t))
-        return
-    law = row_law(request, rows, i, draft)
-    if probability_t is float:
-        specdec_law_materialise_f(logits, stop - start, <float>request.temperature, law, out)
-    else:
-        specdec_law_materialise_d(logits, stop - start, request.temperature, law, out)
 
 
 # --------------------------------------------------------------------------------------
@@ -187,37 +225,9 @@ cdef inline Py_ssize_t raw_argmax(
 cdef double row_entropy_and_argmax(
     Request* request, const probability_t* target, Py_ssize_t i, Py_ssize_t* argmax
 ) noexcept nogil:
-    """:func:`entropy_and_argmax` of row ``i``'s law (with the entropy); from logits, each
-    scan block is processed into scratch, and the argmax's block once more to locate it."""
-    cdef Py_ssize_t V = request.V
-    cdef probability_t* p = <probability_t*>request.target_scratch
-    cdef probability_t best = -1.0 / 0.0
-    cdef probability_t block_best
-    cdef Py_ssize_t start, stop, best_block_start = 0
-    cdef double total = 0.0
-    if not request.logits:
-        return entropy_and_argmax(target + i * V, V, True, argmax)
-    start = 0
-    while start < V:
-        stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
-        process_range(request, target, i, False, start, stop, p)
-        if probability_t is float:
-            total += specdec_entropy_max_f(p, 0, stop - start, True, &block_best)
-        else:
-            total += specdec_entropy_max_d(p, 0, stop - start, True, &block_best)
-        if block_best > best:
-            best = block_best
-            best_block_start = start
-        start += SCAN_BLOCK
-    if argmax != NULL:
-        if best > -1.0 / 0.0:
-            start = best_block_start
-            stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
-            process_range(request, target, i, False, start, stop, p)
-            argmax[0] = start + locate_first(p, 0, stop - start, best)
-        else:
-            argmax[0] = 0
-    return -total
+    """:func:`entropy_and_argmax` of row ``i``'s law (with the entropy), on the row as
+    :func:`probability_row` gives it."""
+    return entropy_and_argmax(probability_row(request, target, i, False), request.V, True, argmax)
 
 
 cdef double row_residual_total(
@@ -225,28 +235,8 @@ cdef double row_residual_total(
     Py_ssize_t point_mass, double rho
 ) noexcept nogil:
     """:func:`residual_total` of row ``i`` (q the draft row, or the point mass at
-    ``point_mass`` when ``draft`` is NULL); from logits in blocks, one set of lanes."""
-    cdef Py_ssize_t V = request.V
-    cdef Py_ssize_t start, stop, mass
-    cdef double lanes[8]
-    cdef const probability_t* p = <const probability_t*>request.target_scratch
-    cdef const probability_t* q = (
-        <const probability_t*>request.draft_scratch if draft != NULL else NULL
-    )
-    if not (request.logits or (draft != NULL and request.draft_logits)):
-        return residual_total(
-            target + i * V, NULL if draft == NULL else draft + i * V, point_mass, rho, V
-        )
-    for start in range(8):
-        lanes[start] = 0.0
-    # Blocks are multiples of 8 long, so each entry keeps its lane of the one-call sum.
-    start = 0
-    while start < V:
-        stop = start + MIN_BLOCK if start + MIN_BLOCK < V else V
-        mass = process_residual_block(request, target, i, draft, point_mass, start, stop)
-        if probability_t is float:
-            specdec_residual_sum_f_accumulate(p, q, mass, rho, 1.0, 0, stop - start, lanes)
-        else:
-            specdec_residual_sum_d_accumulate(p, q, mass, rho, 1.0, 0, stop - start, lanes)
-        start += MIN_BLOCK
-    return specdec_combine_lanes(lanes)
+    ``point_mass`` when ``draft`` is NULL), on the rows as :func:`probability_row` gives
+    them."""
+    cdef const probability_t* p = probability_row(request, target, i, False)
+    cdef const probability_t* q = probability_row(request, draft, i, True)
+    return residual_total(p, q, point_mass, rho, request.V)
