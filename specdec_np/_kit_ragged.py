@@ -36,7 +36,14 @@ import numpy as np
 
 from . import _kit_padded, _monte_carlo, _oracles, _reference, registry
 from ._kit_padded import SEEDED_SOURCES, SOURCE_LABELS, chain_chi_square, source_keywords
-from ._kit_report import PropertyResult, TimeLimit, guard, has_keyword, skipped
+from ._kit_report import (
+    PropertyResult,
+    TimeLimit,
+    guard_keywords,
+    has_keyword,
+    layout_keywords,
+    skipped,
+)
 
 __all__ = ["RaggedTarget", "run"]
 
@@ -51,10 +58,6 @@ _EXACT_V = 5
 #: The row forms (target, draft) tried from logits; probabilities/probabilities is the
 #: padded adapter's.
 _FORMS = (("logits", "logits"), ("logits", "probs"), ("probs", "logits"))
-
-
-class _Unsupported(Exception):
-    """The verifier's signature lacks a keyword the check needs: the check is skipped."""
 
 
 class RaggedTarget:
@@ -87,16 +90,10 @@ class RaggedTarget:
 
     def keywords(self, values: dict[str, Any]) -> dict[str, Any]:
         """The keywords to pass: None values dropped where the verifier lacks the keyword,
-        :class:`_Unsupported` for a value it has no keyword for."""
-        keywords = {}
-        for name, value in values.items():
-            if name in ("num_draft_tokens", "draft_token_ids") or self.takes.get(name):
-                keywords[name] = value
-            elif value is not None:
-                raise _Unsupported(f"the verifier takes no {name}= keyword")
-        if self.takes["method"]:
-            keywords["method"] = self.kind
-        return keywords
+        :class:`UnsupportedKeyword` for a value it has no keyword for."""
+        return layout_keywords(
+            self.takes, values, ("num_draft_tokens", "draft_token_ids"), self.kind
+        )
 
     def __call__(self, **values: Any) -> np.ndarray:
         keywords = self.keywords(values)
@@ -629,15 +626,15 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
         rows.append(skipped("probabilities: every padded property",
                             "the verifier takes no target_probs="))
     if entry.stochastic:
-        rows += _guarded("exact law from logits", lambda: _check_exact_logits(
+        rows += guard_keywords("exact law from logits", lambda: _check_exact_logits(
             target, kind, rng, collector), limit)
-        rows += _guarded("Monte Carlo from logits", lambda: _check_monte_carlo_logits(
+        rows += guard_keywords("Monte Carlo from logits", lambda: _check_monte_carlo_logits(
             target, k, vocab_size, num_rows, rng, collector), limit)
     else:
-        rows += _guarded(f"{kind} from logits equals the reference",
+        rows += guard_keywords(f"{kind} from logits equals the reference",
                          lambda: _check_reference_logits(target, kind, rng, collector,
                                                          vocab_size, k), limit)
-    rows += _guarded("ragged batch invariance", lambda: _check_ragged_batch(
+    rows += guard_keywords("ragged batch invariance", lambda: _check_ragged_batch(
         target, kind, k, vocab_size, rng, collector), limit)
     name = "greedy requests (temperature 0): argmax rule on raw rows"
     if collector.greedy_count:
@@ -660,13 +657,3 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
         f"{collector.rows} requests: [B, max_k + 1], each request its accepted draft prefix, "
         f"one token, -1 padding past k_b + 1"))
     return rows
-
-
-def _guarded(name: str, step: Callable[[], Any], limit: TimeLimit) -> list[PropertyResult]:
-    """:func:`guard`, with a keyword the verifier lacks reported as a skip."""
-    def unsupported_as_skip() -> Any:
-        try:
-            return step()
-        except _Unsupported as missing:
-            return [skipped(name, str(missing))]
-    return guard(name, unsupported_as_skip, limit)

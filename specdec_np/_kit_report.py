@@ -322,3 +322,41 @@ def positional_count(fn: Any) -> int | None:
         k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         for k in kinds
     )
+
+
+class UnsupportedKeyword(Exception):
+    """The verifier's signature lacks a keyword a check needs: the check is skipped."""
+
+
+def layout_keywords(
+    takes: dict[str, bool], values: dict[str, Any], required: tuple[str, ...], kind: str
+) -> dict[str, Any]:
+    """The keywords to pass a layout verifier: the ``required`` ones, the others it takes,
+    None values dropped where it lacks the keyword, and ``method=kind`` when it takes one.
+
+    Raises
+    ------
+    UnsupportedKeyword
+        For a value the verifier has no keyword for.
+    """
+    keywords = {}
+    for name, value in values.items():
+        if name in required or takes.get(name):
+            keywords[name] = value
+        elif value is not None:
+            raise UnsupportedKeyword(f"the verifier takes no {name}= keyword")
+    if takes.get("method"):
+        keywords["method"] = kind
+    return keywords
+
+
+def guard_keywords(name: str, step: Callable[[], Any], limit: TimeLimit) -> list[PropertyResult]:
+    """:func:`guard`, with a keyword the verifier lacks reported as a skip."""
+
+    def unsupported_as_skip() -> Any:
+        try:
+            return step()
+        except UnsupportedKeyword as missing:
+            return [skipped(name, str(missing))]
+
+    return guard(name, unsupported_as_skip, limit)

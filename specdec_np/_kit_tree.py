@@ -51,7 +51,14 @@ from . import (
     registry,
 )
 from ._kit_padded import SEEDED_SOURCES, SOURCE_LABELS, source_keywords
-from ._kit_report import PropertyResult, TimeLimit, guard, has_keyword, skipped
+from ._kit_report import (
+    PropertyResult,
+    TimeLimit,
+    guard_keywords,
+    has_keyword,
+    layout_keywords,
+    skipped,
+)
 
 __all__ = ["TreeTarget", "run"]
 
@@ -64,10 +71,6 @@ _ALPHA = 1e-4
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 #: The sampling parameters of the checks from logits; each filter removes mass at V = 5.
 _FILTERS = {"temperature": 0.8, "top_k": 3, "top_p": 0.9, "min_p": 0.05}
-
-
-class _Unsupported(Exception):
-    """The verifier's signature lacks a keyword the check needs: the check is skipped."""
 
 
 class TreeTarget:
@@ -99,14 +102,9 @@ class TreeTarget:
 
     def __call__(self, **values: Any) -> tuple[np.ndarray, Any, Any]:
         max_depth = int(values.pop("max_depth"))
-        keywords = {}
-        for name, value in values.items():
-            if name in ("num_nodes", "tree_parents", "draft_token_ids") or self.takes.get(name):
-                keywords[name] = value
-            elif value is not None:
-                raise _Unsupported(f"the verifier takes no {name}= keyword")
-        if self.takes["method"]:
-            keywords["method"] = self.kind
+        keywords = layout_keywords(
+            self.takes, values, ("num_nodes", "tree_parents", "draft_token_ids"), self.kind
+        )
         result = self.limit.call(self.verifier, **keywords)
         output = _monte_carlo.to_numpy(getattr(result, "output_token_ids", result))
         nodes = getattr(result, "accepted_nodes", None)
@@ -802,19 +800,19 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     collector = _Collector(all_greedy=not target.method.stochastic)
     rows: list[PropertyResult] = []
     if not target.method.stochastic:
-        rows += _guarded("greedy walk of the reference", lambda: _check_greedy(
+        rows += guard_keywords("greedy walk of the reference", lambda: _check_greedy(
             target, vocab_size, rng, collector), limit)
     else:
         sources = target.sources() or ["own"]
-        rows += _guarded(f"exact law equals the {kind} oracle", lambda: _check_exact_law(
+        rows += guard_keywords(f"exact law equals the {kind} oracle", lambda: _check_exact_law(
             target, rng, collector), limit)
-        rows += _guarded("Monte Carlo", lambda: _check_monte_carlo(
+        rows += guard_keywords("Monte Carlo", lambda: _check_monte_carlo(
             target, "probs", {}, 5, num_rows, rng, collector, sources), limit)
-        rows += _guarded("Monte Carlo from logits", lambda: _check_monte_carlo(
+        rows += guard_keywords("Monte Carlo from logits", lambda: _check_monte_carlo(
             target, "logits", _FILTERS, 5, num_rows, rng, collector, sources[:1]), limit)
-        rows += _guarded("zero-probability drafts never accepted (u = 0)",
+        rows += guard_keywords("zero-probability drafts never accepted (u = 0)",
                          lambda: _check_zero_probability(target, 5, collector), limit)
-    rows += _guarded("tree batch invariance", lambda: _check_batch(
+    rows += guard_keywords("tree batch invariance", lambda: _check_batch(
         target, vocab_size, rng, collector), limit)
     if target.method.stochastic:
         name = "greedy requests (temperature 0): the greedy walk"
@@ -838,14 +836,3 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
         f"accepted nodes' tokens along a root-down path, one final token, -1 padding; "
         f"accepted_nodes and accepted_lengths consistent where returned"))
     return rows
-
-
-def _guarded(name: str, step: Callable[[], Any], limit: TimeLimit) -> list[PropertyResult]:
-    """:func:`guard`, with a keyword the verifier lacks reported as a skip."""
-    def unsupported_as_skip() -> Any:
-        try:
-            return step()
-        except _Unsupported as missing:
-            return [skipped(name, str(missing))]
-    return guard(name, unsupported_as_skip, limit)
-

@@ -31,11 +31,6 @@ cdef inline bint tried_before(const Request* request, Py_ssize_t child) noexcept
     return request.repeated_token[child] != 0
 
 
-cdef inline double clean(double value) noexcept nogil:
-    # Negative and NaN entries weigh 0.
-    return value if value > 0.0 else 0.0
-
-
 cdef inline double residual_update(
     const probability_t* p, const double* residual, double mass, const probability_t* q,
     double q_mass, Py_ssize_t V, double* out
@@ -231,12 +226,12 @@ cdef Py_ssize_t residual_tree_step(
             # The distinct tokens tried before: at most min(child, V) of them.
             sibling = first
             while 0 <= sibling < child:
-                q_mass -= clean(q[ids[sibling]])
+                q_mass -= specdec_clean(q[ids[sibling]])
                 sibling = next_distinct_child(request, node, sibling)
             if tried_before(request, child):
                 q_x = 0.0
             else:
-                q_x = clean(q[x])
+                q_x = specdec_clean(q[x])
             if not q_mass > 0.0:
                 q_mass = 1.0
             elif q_mass != 1.0:
@@ -275,7 +270,7 @@ cdef Py_ssize_t residual_tree_step(
                 a = residual[t] if residual != NULL else <double>p[t]
                 if mass != 1.0:
                     a = a / mass
-                a = clean(a)
+                a = specdec_clean(a)
                 updated_mass += a - update[t]
                 update[t] = a
                 sibling = next_distinct_child(request, node, sibling)
