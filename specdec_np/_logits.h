@@ -248,6 +248,18 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
             if (z[i] >= cutoff)                                                            \
                 lanes[y[i] % 8] += specdec_weight_##SUFFIX(z[i], z_max);                   \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }                                                                                      \
+                                                                                           \
+    /* The law's weights of a row whose kept entries were all gathered: 0 elsewhere, no   \
+     * exponential outside them (specdec_row_law's `weights`). */                          \
+    static void specdec_gathered_weights_##SUFFIX(const T *z, const ptrdiff_t *y,           \
+                                                  ptrdiff_t count, T z_max, T cutoff,       \
+                                                  ptrdiff_t V, T *weights)                  \
+    {                                                                                      \
+        memset(weights, 0, (size_t)V * sizeof(T));                                         \
+        for (ptrdiff_t i = 0; i < count; ++i)                                              \
+            if (z[i] >= cutoff)                                                            \
+                weights[y[i]] = (T)specdec_weight_##SUFFIX(z[i], z_max);                   \
     }
 
 /* Every entry of a row of at most SPECDEC_TOP_P_CANDIDATES, gathered as the top-k path
@@ -632,11 +644,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                                                                  count, z_max, cutoff);    \
             if (!weights)                                                                  \
                 return 0;                                                                  \
-            /* Every kept entry is gathered: the others weigh 0, no exponential needed. */ \
-            memset(weights, 0, (size_t)V * sizeof(T));                                     \
-            for (ptrdiff_t i = 0; i < count; ++i)                                          \
-                if (candidates[i] >= cutoff)                                               \
-                    weights[positions[i]] = (T)specdec_weight_##SUFFIX(candidates[i], z_max); \
+            specdec_gathered_weights_##SUFFIX(candidates, positions, count, z_max, cutoff, V, \
+                                              weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
         law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
@@ -754,11 +763,8 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
                                                                  z_max, cutoff);           \
             if (!weights)                                                                  \
                 return 0;                                                                  \
-            /* Every kept entry is gathered: the others weigh 0, no exponential needed. */ \
-            memset(weights, 0, (size_t)V * sizeof(T));                                     \
-            for (ptrdiff_t i = 0; i < count; ++i)                                          \
-                if (candidates[i] >= cutoff)                                               \
-                    weights[positions[i]] = (T)specdec_weight_##SUFFIX(candidates[i], z_max); \
+            specdec_gathered_weights_##SUFFIX(candidates, positions, count, z_max, cutoff, V, \
+                                              weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
         law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
