@@ -39,6 +39,8 @@ from ._kit_padded import SEEDED_SOURCES, SOURCE_LABELS, chain_chi_square, source
 from ._kit_report import (
     PropertyResult,
     TimeLimit,
+    format_result,
+    greedy_result,
     guard_keywords,
     has_keyword,
     layout_keywords,
@@ -636,24 +638,15 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
                                                          vocab_size, k), limit)
     rows += guard_keywords("ragged batch invariance", lambda: _check_ragged_batch(
         target, kind, k, vocab_size, rng, collector), limit)
-    name = "greedy requests (temperature 0): argmax rule on raw rows"
-    if collector.greedy_count:
-        rows.append(PropertyResult(
-            name, not collector.greedy_bad,
-            f"{len(collector.greedy_bad)}/{collector.greedy_count} wrong",
-            "; ".join(collector.greedy_bad[:2]) if collector.greedy_bad else
-            f"{collector.greedy_count} greedy requests mixed into the batches above (ties "
-            f"among them): accept while the draft is the first argmax of the raw row, the "
-            f"argmax at the first mismatch, the bonus row's argmax"))
-    else:
-        rows.append(skipped(name, "no batch with greedy requests ran"))
-    problems = sorted(set(target.format_errors)) + collector.format_problems
-    if not problems and not collector.rows:
-        rows.append(skipped("ragged output format", "no call returned an output to check"))
-        return rows
-    rows.append(PropertyResult(
-        "ragged output format", not problems, f"{len(problems)} problems",
-        "; ".join(problems[:3]) if problems else
-        f"{collector.rows} requests: [B, max_k + 1], each request its accepted draft prefix, "
-        f"one token, -1 padding past k_b + 1"))
+    rows.append(greedy_result(
+        "greedy requests (temperature 0): argmax rule on raw rows", collector.greedy_count,
+        collector.greedy_bad,
+        "greedy requests mixed into the batches above (ties among them): accept while the "
+        "draft is the first argmax of the raw row, the argmax at the first mismatch, the "
+        "bonus row's argmax"))
+    rows.append(format_result(
+        "ragged output format", sorted(set(target.format_errors)) + collector.format_problems,
+        collector.rows,
+        "[B, max_k + 1], each request its accepted draft prefix, one token, -1 padding past "
+        "k_b + 1"))
     return rows

@@ -360,3 +360,21 @@ def guard_keywords(name: str, step: Callable[[], Any], limit: TimeLimit) -> list
             return [skipped(name, str(missing))]
 
     return guard(name, unsupported_as_skip, limit)
+
+
+def greedy_result(name: str, count: int, wrong: list[str], rule: str) -> PropertyResult:
+    """The greedy requests mixed into a layout's batches: ``count`` checked against
+    ``rule``, ``wrong`` the descriptions of those that broke it; skipped when none ran."""
+    if not count:
+        return skipped(name, "no batch with greedy requests ran")
+    detail = "; ".join(wrong[:2]) if wrong else f"{count} {rule}"
+    return PropertyResult(name, not wrong, f"{len(wrong)}/{count} wrong", detail)
+
+
+def format_result(name: str, problems: list[str], count: int, form: str) -> PropertyResult:
+    """A layout's output format over ``count`` checked requests of the form ``form``;
+    skipped when no call returned an output."""
+    if not problems and not count:
+        return skipped(name, "no call returned an output to check")
+    detail = "; ".join(problems[:3]) if problems else f"{count} requests: {form}"
+    return PropertyResult(name, not problems, f"{len(problems)} problems", detail)

@@ -54,6 +54,8 @@ from ._kit_padded import SEEDED_SOURCES, SOURCE_LABELS, source_keywords
 from ._kit_report import (
     PropertyResult,
     TimeLimit,
+    format_result,
+    greedy_result,
     guard_keywords,
     has_keyword,
     layout_keywords,
@@ -815,24 +817,15 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     rows += guard_keywords("tree batch invariance", lambda: _check_batch(
         target, vocab_size, rng, collector), limit)
     if target.method.stochastic:
-        name = "greedy requests (temperature 0): the greedy walk"
-        if collector.greedy_count:
-            rows.append(PropertyResult(
-                name, not collector.greedy_bad,
-                f"{len(collector.greedy_bad)}/{collector.greedy_count} wrong",
-                "; ".join(collector.greedy_bad[:2]) if collector.greedy_bad else
-                f"{collector.greedy_count} temperature-0 requests mixed into the batches "
-                f"above: the reference's greedy walk on their raw rows"))
-        else:
-            rows.append(skipped(name, "no batch with greedy requests ran"))
-    problems = sorted(set(target.format_errors)) + collector.format_problems
-    if not problems and not collector.requests:
-        rows.append(skipped("tree output format", "no call returned an output to check"))
-        return rows
-    rows.append(PropertyResult(
-        "tree output format", not problems, f"{len(problems)} problems",
-        "; ".join(problems[:3]) if problems else
-        f"{collector.requests} requests: output_token_ids [B, max_depth + 1] holding the "
-        f"accepted nodes' tokens along a root-down path, one final token, -1 padding; "
-        f"accepted_nodes and accepted_lengths consistent where returned"))
+        rows.append(greedy_result(
+            "greedy requests (temperature 0): the greedy walk", collector.greedy_count,
+            collector.greedy_bad,
+            "temperature-0 requests mixed into the batches above: the reference's greedy "
+            "walk on their raw rows"))
+    rows.append(format_result(
+        "tree output format", sorted(set(target.format_errors)) + collector.format_problems,
+        collector.requests,
+        "output_token_ids [B, max_depth + 1] holding the accepted nodes' tokens along a "
+        "root-down path, one final token, -1 padding; accepted_nodes and accepted_lengths "
+        "consistent where returned"))
     return rows
