@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -868,4 +869,6 @@ def oracle_for(verifier: Any) -> Callable[[Any, Any], ChainLaw] | None:
     ----------
     verifier : specdec_np.registry.Verifier
     """
-    return None if verifier.oracle_name is None else globals()[verifier.oracle_name]
+    if verifier.oracle_name is None:
+        return None
+    return getattr(sys.modules[__name__], verifier.oracle_name)

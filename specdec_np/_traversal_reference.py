@@ -188,7 +188,8 @@ def traversal_walk(
         return None
 
     found = visit(-1, 1.0)
-    assert found is not None  # the root is never rejected
+    if found is None:
+        raise RuntimeError("the traversal rejected the root, which its weight 1 forbids")
     accepted, weights = found
     token = int(residual_draw(weights[None, :], xp.reshape(row_uniforms[len(tokens)], (1,)))[0])
     if token < 0:
@@ -225,7 +226,8 @@ def _child_tokens(
 ) -> list[tuple[tuple[int, ...], float]]:
     """Every way the children's tokens can come out, with its probability."""
     if drafting == "fixed":
-        assert given is not None
+        if given is None:
+            raise ValueError("the fixed drafting needs the children's tokens (draft_token_ids)")
         return [(given, 1.0)]
     result = []
     for candidate in itertools.product(range(vocab_size), repeat=len(rows)):

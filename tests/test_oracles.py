@@ -141,7 +141,7 @@ def test_emitted_prefix_rows():
         _oracles.grid_chain_law(output, np.ones(6), p)
 
 
-@pytest.mark.parametrize("verifier", ["rejection", "block"])
+@pytest.mark.parametrize("verifier", registry.names(lossless=True))
 def test_threshold_batch_is_exact_for_the_reference(verifier):
     """The midpoint rule on the threshold cells gives the oracle's law to rounding, for
     either lossless algorithm, and the weights are a probability."""
