@@ -52,7 +52,13 @@ def test_verify_ragged_passes_fast(kind: str) -> None:
 def test_verify_tree_passes_fast(kind: str) -> None:
     report = testing.check_verifier(specdec_np.verify_tree, kind, layout="tree", **FAST)
     assert report.passed, str(report)
-    assert not report.skipped(), str(report)
+    skipped = report.skipped()
+    if registry.get_tree_method(kind).sequence_level:
+        # A sequence-level walk has no per-node thresholds to integrate over: its exact
+        # laws are skipped (and flagged), its Monte Carlo checks run.
+        assert skipped and all(name.startswith("exact law") for name in skipped), str(report)
+    else:
+        assert not skipped, str(report)
 
 
 @pytest.mark.slow
