@@ -107,8 +107,11 @@ typedef unsigned long long uint64_t;
         /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */         \
         INT_T keep = TO_MASK(x >= lowest);                                                 \
         INT_T above_highest = TO_MASK(x > highest);                                        \
-        INT_T clamped_bits = (x_bits & keep & ~above_highest) | (((x_bits & 0) + lowest_bits) & ~keep) \
-                             | (((x_bits & 0) + highest_bits) & above_highest);              \
+        /* Two selects (a ^ ((a ^ b) & mask) is b where mask is set, else a): this form   \
+         * keeps GCC 12's sixteen-lane code in vector registers. */                        \
+        INT_T highest_x = (x_bits & 0) + highest_bits, lowest_x = (x_bits & 0) + lowest_bits; \
+        INT_T clamped_bits = x_bits ^ ((x_bits ^ highest_x) & above_highest);              \
+        clamped_bits ^= (clamped_bits ^ lowest_x) & ~keep;                                 \
         FLOAT_T clamped;                                                                   \
         memcpy(&clamped, &clamped_bits, sizeof clamped);                                   \
         /* Adding and removing 1.5 * 2^23 rounds to the nearest integer, ties to even. */  \

@@ -28,7 +28,8 @@
  *
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
  * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
- * 2 = llama.cpp's top-p weighs only what min-p keeps too.
+ * 2 = llama.cpp's top-p weighs only what min-p keeps too; 3 = the sixteen-lane pass adds
+ * the high half of each sixteen to the lanes before the low half.
  */
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
@@ -419,14 +420,6 @@ SPECDEC_INLINE specdec_v8f specdec_splat8(float x)
     return (specdec_v8f){x, x, x, x, x, x, x, x};
 }
 
-SPECDEC_INLINE void specdec_add_widened(specdec_v8f w, specdec_v4d *low, specdec_v4d *high)
-{
-    specdec_v4d w_low, w_high;
-    specdec_widen8(w, &w_low, &w_high);
-    *low += w_low;
-    *high += w_high;
-}
-
 /* Eight z values from logits + y, -inf past `left`. */
 SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
                                           specdec_v8f temperature, int divide)
@@ -480,31 +473,175 @@ static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperatur
     *num_infinite = count;
 }
 
-SPECDEC_CLONES
+/* ---- the exponential pass on sixteen lanes (AVX-512) ----------------------------------- */
+
+/* Eight float64 lanes (one AVX-512 register, two AVX2 ones) and sixteen float32 ones.  A
+ * row sums on the eight lanes y mod 8 at either width: the low and the high half of a
+ * sixteen are added to the same eight lanes, in element order, so both widths give the
+ * same bits. */
+typedef double specdec_v8d __attribute__((vector_size(64)));
+typedef float specdec_v16f __attribute__((vector_size(64)));
+typedef int32_t specdec_v16i __attribute__((vector_size(64)));
+
+SPECDEC_INLINE specdec_v16f specdec_fma16(specdec_v16f a, specdec_v16f b, specdec_v16f c)
+{
+    specdec_v16f result;
+    for (int l = 0; l < 16; ++l)
+        result[l] = fmaf(a[l], b[l], c[l]);
+    return result;
+}
+
+SPECDEC_INLINE specdec_v16f specdec_splat16(float x)
+{
+    return (specdec_v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+SPECDEC_INLINE specdec_v16f specdec_same16(specdec_v16f x)
+{
+    return x;
+}
+
+#define SPECDEC_LANES16(x) _Generic((x), float: specdec_splat16, default: specdec_same16)(x)
+#define SPECDEC_VECTOR_FMA16(a, b, c)                                                       \
+    specdec_fma16(SPECDEC_LANES16(a), SPECDEC_LANES16(b), SPECDEC_LANES16(c))
+#define SPECDEC_TO_V16I(x) __builtin_convertvector((x), specdec_v16i)
+#define SPECDEC_VECTOR_MASK16(condition) ((specdec_v16i)(condition))
+SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf16, specdec_v16f, specdec_v16i,
+                        SPECDEC_TO_V16I, SPECDEC_VECTOR_MASK16, SPECDEC_VECTOR_FMA16)
+
+/* Whether any lane of a comparison's mask is set. */
+SPECDEC_INLINE int specdec_any8(specdec_v8i mask)
+{
+    uint64_t words[4];
+    memcpy(words, &mask, sizeof words);
+    return ((words[0] | words[1]) | (words[2] | words[3])) != 0;
+}
+
+SPECDEC_INLINE int specdec_any16(specdec_v16i mask)
+{
+    uint64_t words[8];
+    memcpy(words, &mask, sizeof words);
+    return ((words[0] | words[1]) | (words[2] | words[3]) | (words[4] | words[5]) |
+            (words[6] | words[7])) != 0;
+}
+
+/* lanes[l] += w[l] (and then += w[8 + l]): element order on the eight lanes. */
+SPECDEC_INLINE void specdec_add_lanes8(specdec_v8f w, specdec_v8d *lanes)
+{
+    *lanes += __builtin_convertvector(w, specdec_v8d);
+}
+
+SPECDEC_INLINE void specdec_add_lanes16(specdec_v16f w, specdec_v8d *lanes)
+{
+    specdec_v8f half[2];
+    memcpy(half, &w, sizeof half);
+    const int first = SPECDEC_LOGITS_MUTATION == 3; /* wrong on purpose: the high half first */
+    *lanes += __builtin_convertvector(half[first], specdec_v8d);
+    *lanes += __builtin_convertvector(half[1 - first], specdec_v8d);
+}
+
+/* Sixteen z values from logits + y, -inf past `left`. */
+SPECDEC_INLINE specdec_v16f specdec_load_z16(const float *logits, ptrdiff_t left,
+                                            specdec_v16f temperature, int divide)
+{
+    specdec_v16f x;
+    if (left >= 16) {
+        memcpy(&x, logits, sizeof x);
+    } else {
+        float padded[16];
+        for (int l = 0; l < 16; ++l)
+            padded[l] = l < left ? logits[l] : -INFINITY;
+        memcpy(&x, padded, sizeof x);
+    }
+    return divide ? x / temperature : x;
+}
+
+/* Sixteen lanes run on the CPUs that have AVX-512 (x86-64-v4), from a function compiled for
+ * it alone and chosen at run time: GCC 12 lowers the masks of sixteen-lane code one lane at
+ * a time in target_clones' clones and in helpers compiled for the baseline CPU (so the
+ * group below is a macro).  The tests build the headers with SPECDEC_AVX512_PATH=0 to
+ * compare the two widths. */
+#ifndef SPECDEC_AVX512_PATH
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECDEC_AVX512_PATH 1
+#else
+#define SPECDEC_AVX512_PATH 0
+#endif
+#endif
+
+/* One group of W lanes of a kept sum at logits + y (`left` >= W: a full group), in the
+ * function below (t_, m_, c_ and lanes are its).  The exponential of a group that keeps
+ * nothing is skipped (its weights are +0, which leaves every lane as it is); with no
+ * cutoff every non-NaN entry is kept, so no group is tested. */
+#define SPECDEC_KEPT_GROUP(W, y, left, divide, filtered, weights)                           \
+    do {                                                                                   \
+        specdec_v##W##f z_ = specdec_load_z##W(logits + (y), (left), t_, (divide));        \
+        specdec_v##W##i kept_ = (specdec_v##W##i)(z_ >= c_);                               \
+        specdec_v##W##f w_ = specdec_splat##W(0.0f);                                       \
+        if (!(filtered) || specdec_any##W(kept_)) {                                        \
+            w_ = (specdec_v##W##f)((specdec_v##W##i)specdec_fast_expf##W(z_ - m_) & kept_); \
+            specdec_add_lanes##W(w_, &lanes);                                              \
+        }                                                                                  \
+        if (weights) {                                                                     \
+            if ((left) >= W)                                                               \
+                memcpy((weights) + (y), &w_, sizeof w_);                                   \
+            else                                                                           \
+                memcpy((weights) + (y), &w_, (size_t)(left) * sizeof(float));              \
+        }                                                                                  \
+    } while (0)
+
+/* Sum of w over {z >= cutoff} on the lanes y mod 8, W lanes at a time; with weights not
+ * NULL every w is stored there too (0 where z < cutoff).  Each case of the loop is written
+ * out, so that the common one (temperature 1, no cutoff) runs without a test per group. */
+#define SPECDEC_DEFINE_KEPT_SUM_F(NAME, ATTRIBUTES, W)                                      \
+    ATTRIBUTES static double NAME(const float *logits, ptrdiff_t V, float temperature,     \
+                                  float z_max, float cutoff, float *weights)               \
+    {                                                                                      \
+        const specdec_v##W##f t_ = specdec_splat##W(temperature);                          \
+        const specdec_v##W##f m_ = specdec_splat##W(z_max), c_ = specdec_splat##W(cutoff); \
+        const int divide = temperature != 1.0f, filtered = cutoff > -INFINITY;             \
+        specdec_v8d lanes = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                      \
+        ptrdiff_t y = 0;                                                                   \
+        if (!divide && !filtered) {                                                        \
+            if (weights)                                                                   \
+                for (; y + W <= V; y += W)                                                 \
+                    SPECDEC_KEPT_GROUP(W, y, W, 0, 0, weights);                            \
+            else                                                                           \
+                for (; y + W <= V; y += W)                                                 \
+                    SPECDEC_KEPT_GROUP(W, y, W, 0, 0, (float *)NULL);                      \
+        } else {                                                                           \
+            for (; y + W <= V; y += W)                                                     \
+                SPECDEC_KEPT_GROUP(W, y, W, divide, filtered, weights);                    \
+        }                                                                                  \
+        if (y < V)                                                                         \
+            SPECDEC_KEPT_GROUP(W, y, V - y, divide, filtered, weights);                    \
+        double sums[8];                                                                    \
+        memcpy(sums, &lanes, sizeof sums);                                                 \
+        return SPECDEC_COMBINE_LANES(sums);                                                \
+    }
+
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_narrow, SPECDEC_CLONES, 8)
+
+#if SPECDEC_AVX512_PATH
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_wide, __attribute__((target("arch=x86-64-v4"))), 16)
+
+/* Whether this CPU runs x86-64-v4 code (the AVX-512 subsets it assumes). */
+static inline int specdec_cpu_has_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512cd");
+}
+#endif
+
 static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
                                  float z_max, float cutoff, float *weights)
 {
-    const specdec_v8f t8 = specdec_splat8(temperature), m8 = specdec_splat8(z_max);
-    const specdec_v8f c8 = specdec_splat8(cutoff);
-    const int divide = temperature != 1.0f;
-    specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
-    for (ptrdiff_t y = 0; y < V; y += 8) {
-        specdec_v8f z = specdec_load_z8(logits + y, V - y, t8, divide);
-        specdec_v8i kept = (specdec_v8i)(z >= c8);
-        int any = 0;
-        for (int l = 0; l < 8; ++l)
-            any |= kept[l];
-        /* Adding +0 to a lane leaves it unchanged, as skipping it does in the scalar build. */
-        specdec_v8f w = specdec_splat8(0.0f);
-        if (any) {
-            w = (specdec_v8f)((specdec_v8i)specdec_fast_expf8(z - m8) & kept);
-            specdec_add_widened(w, &low, &high);
-        }
-        if (weights)
-            memcpy(weights + y, &w, (size_t)(V - y < 8 ? V - y : 8) * sizeof(float));
-    }
-    double lanes[8] = {low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3]};
-    return SPECDEC_COMBINE_LANES(lanes);
+#if SPECDEC_AVX512_PATH
+    if (specdec_cpu_has_avx512())
+        return specdec_kept_sum_f_wide(logits, V, temperature, z_max, cutoff, weights);
+#endif
+    return specdec_kept_sum_f_narrow(logits, V, temperature, z_max, cutoff, weights);
 }
 
 SPECDEC_CLONES

@@ -946,6 +946,64 @@ def test_the_weights_of_the_law_give_the_materialised_row(
 
 
 @pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory) -> Logits:
+    """The vector build without the sixteen-lane (AVX-512) exponential pass."""
+    return _build(tmp_path_factory.mktemp("narrow"), "narrow", "-DSPECDEC_AVX512_PATH=0")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    vocab=st.integers(1, 3000),
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([1.0, 0.7]),
+    filters=st.sampled_from([(0, 1.0, 0.0), (50, 0.9, 0.0), (0, 1.0, 0.01), (0, 0.8, 0.0)]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    special=st.sampled_from(["none", "nan", "minus_inf"]),
+)
+def test_both_widths_of_the_exponential_pass_give_the_same_bits(
+    vector: Logits,
+    narrow: Logits,
+    vocab: int,
+    seed: int,
+    temperature: float,
+    filters: tuple[int, float, float],
+    dtype: type,
+    special: str,
+) -> None:
+    """The sixteen-lane pass (AVX-512 CPUs) and the eight-lane one give the law's fields and
+    its kept weights bit for bit, whatever the row's length modulo 16."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX-512: both builds run the eight-lane pass")
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 4).astype(dtype)
+    if special == "nan":
+        row[rng.integers(vocab, size=max(vocab // 5, 1))] = np.nan
+    elif special == "minus_inf":
+        row[rng.integers(vocab, size=max(vocab // 5, 1))] = -np.inf
+    wide_law, wide_weights = vector.law_from_weights(row, temperature, *filters)
+    narrow_law, narrow_weights = narrow.law_from_weights(row, temperature, *filters)
+    assert np.array(wide_law.fields()[:3]).tobytes() == np.array(narrow_law.fields()[:3]).tobytes()
+    assert wide_law.fields()[3:] == narrow_law.fields()[3:]
+    assert (wide_weights is None) == (narrow_weights is None)
+    if wide_weights is not None:
+        assert wide_weights.tobytes() == narrow_weights.tobytes()
+
+
+def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Path) -> None:
+    """Negative control: a sixteen-lane pass that adds its halves in the wrong order (lane l
+    takes w[8 + l] before w[l]) changes the normaliser's bits on some row."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX-512")
+    swapped = _build(tmp_path, "swapped", "-DSPECDEC_LOGITS_MUTATION=3")
+    rows = (np.random.default_rng(5).standard_normal((20, 1000)) * 4).astype(np.float32)
+    assert any(
+        swapped.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
+        != vector.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
+        for row in rows
+    )
+
+
+@pytest.fixture(scope="module")
 def radix_only(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     """The vector build whose top-k key over gathered survivors is the radix select's from
     the start, never the quickselect's."""
