@@ -108,6 +108,12 @@ cdef extern from "_logits.h" nogil:
     )
     void specdec_law_from_weights_f(float* weights, Py_ssize_t V, double normaliser)
     void specdec_law_from_weights_d(double* weights, Py_ssize_t V, double normaliser)
+    void specdec_block_sums_f(
+        float* p, Py_ssize_t V, double normaliser, Py_ssize_t block, double* block_sums
+    )
+    void specdec_block_sums_d(
+        double* p, Py_ssize_t V, double normaliser, Py_ssize_t block, double* block_sums
+    )
     double specdec_law_probability_f(
         const float* logits, Py_ssize_t y, float temperature, const specdec_row_law* law
     )

@@ -391,6 +391,63 @@ SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
 SPECDEC_DEFINE_FROM_WEIGHTS(f, float)
 SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
 
+/* The block sums of an inverse-CDF draw from a processed row p (specdec_residual_sum with
+ * q = 0, rho = 1 and scale = 1 over each block [j block, (j + 1) block) of V, block a
+ * multiple of 8), dividing kept weights into p first where normaliser is not 0
+ * (specdec_law_from_weights, block by block, in place).  Each block's eight lanes are a
+ * chain of dependent float64 additions, so four blocks are summed side by side: four
+ * independent chains, each in its own order, which changes no bit of any block's sum. */
+#if SPECDEC_HAVE_VECTORS
+#define SPECDEC_DEFINE_BLOCK_SUMS(SUFFIX, T)                                                \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_block_sums_##SUFFIX(T *p, ptrdiff_t V, double normaliser,          \
+                                            ptrdiff_t block, double *block_sums)           \
+    {                                                                                      \
+        ptrdiff_t num_blocks = (V + block - 1) / block, j = 0;                             \
+        for (; j + 4 <= num_blocks && (j + 4) * block <= V; j += 4) {                      \
+            specdec_v4d acc[4][2];                                                         \
+            memset(acc, 0, sizeof acc);                                                    \
+            for (ptrdiff_t y = 0; y < block; y += 8) {                                     \
+                for (int b = 0; b < 4; ++b) {                                              \
+                    T *x = p + (j + b) * block + y;                                        \
+                    if (normaliser != 0.0)                                                 \
+                        for (int l = 0; l < 8; ++l)                                        \
+                            x[l] = (T)((double)x[l] / normaliser);                         \
+                    specdec_residual_sum_##SUFFIX##_plain_group(x, 0, acc[b]);             \
+                }                                                                          \
+            }                                                                              \
+            for (int b = 0; b < 4; ++b) {                                                  \
+                double lanes[8];                                                           \
+                memcpy(lanes, acc[b], sizeof lanes);                                       \
+                block_sums[j + b] = SPECDEC_COMBINE_LANES(lanes);                          \
+            }                                                                              \
+        }                                                                                  \
+        for (; j < num_blocks; ++j) {                                                      \
+            ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;     \
+            if (normaliser != 0.0)                                                         \
+                specdec_law_from_weights_##SUFFIX(p + start, stop - start, normaliser);    \
+            block_sums[j] = specdec_residual_sum_##SUFFIX(p + start, NULL, -1, 1.0, 1.0, 0, \
+                                                          stop - start);                   \
+        }                                                                                  \
+    }
+#else
+#define SPECDEC_DEFINE_BLOCK_SUMS(SUFFIX, T)                                                \
+    static void specdec_block_sums_##SUFFIX(T *p, ptrdiff_t V, double normaliser,          \
+                                            ptrdiff_t block, double *block_sums)           \
+    {                                                                                      \
+        for (ptrdiff_t j = 0; j * block < V; ++j) {                                        \
+            ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;     \
+            if (normaliser != 0.0)                                                         \
+                specdec_law_from_weights_##SUFFIX(p + start, stop - start, normaliser);    \
+            block_sums[j] = specdec_residual_sum_##SUFFIX(p + start, NULL, -1, 1.0, 1.0, 0, \
+                                                          stop - start);                   \
+        }                                                                                  \
+    }
+#endif
+
+SPECDEC_DEFINE_BLOCK_SUMS(f, float)
+SPECDEC_DEFINE_BLOCK_SUMS(d, double)
+
 #define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
     SPECDEC_CLONES                                                                         \
     static void specdec_materialise_##SUFFIX##_scalar(const T *logits, ptrdiff_t start,     \

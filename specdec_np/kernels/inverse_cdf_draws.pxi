@@ -81,26 +81,44 @@ cdef Py_ssize_t draw_by_blocks(
     pass); q NULL is the point mass at ``point_mass`` (-1: none).
     Pass 1 sums the blocks, taking the excluded tokens' weights out of their blocks'
     sums; pass 2 skips whole blocks by their sums and scans one, skipping the excluded
-    tokens.
+    tokens.  Weights that a logits row's law kept are divided in pass 1, block by block,
+    just before the block is summed: the block is then read from L1, not the row twice.
     """
     cdef double block_sums[MAX_BLOCKS]
     cdef Py_ssize_t block
     cdef Py_ssize_t num_blocks, j, y, start, stop, mass, e
     cdef double total, threshold, running = 0.0, w, scale = 1.0
+    cdef double p_normaliser = 0.0, q_normaliser = 0.0
     cdef int _attempt
     cdef const probability_t* block_p
     cdef const probability_t* block_q
     if request != NULL:
-        p = probability_row(request, p, i, False)
-        q = probability_row(request, q, i, True)
+        p = undivided_probability_row(request, p, i, False, &p_normaliser)
+        q = undivided_probability_row(request, q, i, True, &q_normaliser)
     block = draw_block_size(V)
     num_blocks = (V + block - 1) // block
     for _attempt in range(2):
         total = 0.0
         e = 0
+        if _attempt == 0 and q == NULL and point_mass < 0 and rho == 1.0 and num_excluded == 0:
+            # A row drawn from as it is (a bonus token, a row without residual mass).
+            if probability_t is float:
+                specdec_block_sums_f(<float*>p, V, p_normaliser, block, block_sums)
+            else:
+                specdec_block_sums_d(<double*>p, V, p_normaliser, block, block_sums)
+            for j in range(num_blocks):
+                total += block_sums[j]
+            if not isinf(total):
+                break
+            scale = ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT)
+            continue
         for j in range(num_blocks):
             start = j * block
             stop = start + block if start + block < V else V
+            if _attempt == 0:
+                divide_weights(<probability_t*>p + start, stop - start, p_normaliser)
+                if q != NULL:
+                    divide_weights(<probability_t*>q + start, stop - start, q_normaliser)
             mass = block_rows(p, q, point_mass, start, stop, &block_p, &block_q)
             block_sums[j] = weight_sum(block_p, block_q, mass, rho, scale, 0, stop - start)
             if e < num_excluded and excluded[e] < stop:

@@ -121,19 +121,21 @@ cdef inline double draft_probability(
     return q_y if q_y > 0.0 else 0.0
 
 
-cdef inline const probability_t* probability_row(
-    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+cdef inline const probability_t* undivided_probability_row(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft,
+    double* normaliser
 ) noexcept nogil:
-    """Row ``i`` as probabilities: the row itself, or its processed law written to the
-    thread's scratch row (NULL stays NULL: a point-mass draft).  The weights of the law's
-    exponential pass are divided in the scratch row where they are (a law computed now, or
-    one that a single-entry read kept there): one exponential per entry for the law and the
-    row together.  From the first call on, the scratch row of its kind is the caller's."""
+    """Row ``i`` as :func:`probability_row` gives it, except that a row whose law kept the
+    weights of its exponential pass comes back undivided: then ``normaliser[0]`` is what
+    to divide them by (``specdec_law_from_weights``, which a caller may run block by block
+    while the block is in cache), else 0 (the row is probabilities already).  From the
+    first call on, the scratch row of its kind is the caller's."""
     cdef const specdec_row_law* law
     cdef Py_ssize_t V = request.V
     cdef Py_ssize_t cached = request.draft_law_row if draft else request.target_law_row
     cdef Py_ssize_t weights_row
     cdef probability_t* scratch
+    normaliser[0] = 0.0
     if rows == NULL or not (request.draft_logits if draft else request.logits):
         return rows + i * V if rows != NULL else rows
     scratch = <probability_t*>(request.draft_scratch if draft else request.target_scratch)
@@ -150,10 +152,7 @@ cdef inline const probability_t* probability_row(
             request.draft_weights_row = -1
         else:
             request.target_weights_row = -1
-        if probability_t is float:
-            specdec_law_from_weights_f(scratch, V, law.normaliser)
-        else:
-            specdec_law_from_weights_d(scratch, V, law.normaliser)
+        normaliser[0] = law.normaliser
         return scratch
     if draft:
         request.draft_weights_row = -1
@@ -165,6 +164,35 @@ cdef inline const probability_t* probability_row(
     else:
         specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
     return scratch
+
+
+cdef inline void divide_weights(
+    probability_t* weights, Py_ssize_t count, double normaliser
+) noexcept nogil:
+    """The processed row from ``count`` weights kept by the law, in place (nothing when
+    ``normaliser`` is 0: the row is probabilities already)."""
+    if normaliser == 0.0:
+        return
+    if probability_t is float:
+        specdec_law_from_weights_f(weights, count, normaliser)
+    else:
+        specdec_law_from_weights_d(weights, count, normaliser)
+
+
+cdef inline const probability_t* probability_row(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+) noexcept nogil:
+    """Row ``i`` as probabilities: the row itself, or its processed law written to the
+    thread's scratch row (NULL stays NULL: a point-mass draft).  The weights of the law's
+    exponential pass are divided in the scratch row where they are (a law computed now, or
+    one that a single-entry read kept there): one exponential per entry for the law and the
+    row together.  From the first call on, the scratch row of its kind is the caller's."""
+    cdef double normaliser
+    cdef const probability_t* row = undivided_probability_row(
+        request, rows, i, draft, &normaliser
+    )
+    divide_weights(<probability_t*>row, request.V, normaliser)
+    return row
 
 
 # --------------------------------------------------------------------------------------
