@@ -89,10 +89,10 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 #define SPECDEC_TOP_P_CANDIDATES 2048
 #endif
 
-/* The law's working memory: the radix select's histogram, the gathered survivors and their
- * keys (64 KiB for double rows).  It comes from the heap, one per thread (specdec_law_scratch_new,
- * freed with free): a thread's stack may be 32 KiB (Python's smallest) or 16 KiB
- * (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
+/* The law's working memory: the radix select's histogram, the gathered survivors and two
+ * buffers of their keys (80 KiB for double rows).  It comes from the heap, one per thread
+ * (specdec_law_scratch_new, freed with free): a thread's stack may be 32 KiB (Python's
+ * smallest) or 16 KiB (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
  * zeros between calls (each pass of the select clears the buckets it filled), so that a
  * pass over few entries costs what they cost, not a clear and a walk of every bucket. */
 typedef struct {
@@ -105,7 +105,7 @@ typedef struct {
     union {
         uint32_t f[SPECDEC_TOP_P_CANDIDATES];
         uint64_t d[SPECDEC_TOP_P_CANDIDATES];
-    } keys;
+    } keys, spare_keys;
 } specdec_law_scratch;
 
 /* A zeroed scratch (NULL when the allocation fails). */
@@ -227,13 +227,14 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
                                               KEY_T floor_key)                             \
     {                                                                                      \
+        /* Stores at or before the entry read, and no branch on a random outcome. */       \
         ptrdiff_t kept = 0;                                                                \
         for (ptrdiff_t i = 0; i < count; ++i) {                                            \
-            if (specdec_key_##SUFFIX(z[i]) >= floor_key) {                                 \
-                z[kept] = z[i];                                                            \
-                y[kept] = y[i];                                                            \
-                ++kept;                                                                    \
-            }                                                                              \
+            T z_i = z[i];                                                                  \
+            ptrdiff_t y_i = y[i];                                                          \
+            z[kept] = z_i;                                                                 \
+            y[kept] = y_i;                                                                 \
+            kept += specdec_key_##SUFFIX(z_i) >= floor_key;                                \
         }                                                                                  \
         return kept;                                                                       \
     }                                                                                      \
@@ -253,6 +254,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
                                                                                            \
     /* The law's weights of a row whose kept entries were all gathered: 0 elsewhere, no   \
      * exponential outside them (specdec_row_law's `weights`). */                          \
+    SPECDEC_CLONES                                                                         \
     static void specdec_gathered_weights_##SUFFIX(const T *z, const ptrdiff_t *y,           \
                                                   ptrdiff_t count, T z_max, T cutoff,       \
                                                   ptrdiff_t V, T *weights)                  \
@@ -263,17 +265,24 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
                 weights[y[i]] = (T)specdec_weight_##SUFFIX(z[i], z_max);                   \
     }
 
-/* Every entry of a row of at most SPECDEC_TOP_P_CANDIDATES, gathered as the top-k path
- * gathers its survivors (so the later filters and the kept sum work on them alone). */
-#define SPECDEC_DEFINE_GATHER_ALL(SUFFIX, T)                                                \
-    static ptrdiff_t specdec_gather_all_##SUFFIX(const T *logits, ptrdiff_t V, T temperature, \
-                                                 T *z_out, ptrdiff_t *y_out)                \
+/* The z values and indices, in element order, of the entries of a row of at most
+ * SPECDEC_TOP_P_CANDIDATES with key >= floor_key (as the top-k path gathers its survivors,
+ * so that the later filters and the kept sum work on them alone); returns how many.  Each
+ * store lands at or before the entry read and no branch depends on a key. */
+#define SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(SUFFIX, T, KEY_T)                                 \
+    static ptrdiff_t specdec_gather_at_or_above_##SUFFIX(const T *logits, ptrdiff_t V,      \
+                                                         T temperature, KEY_T floor_key,   \
+                                                         T *z_out, ptrdiff_t *y_out)       \
     {                                                                                      \
+        const int divide = temperature != (T)1;                                            \
+        ptrdiff_t kept = 0;                                                                \
         for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            z_out[y] = logits[y] / temperature;                                            \
-            y_out[y] = y;                                                                  \
+            T z = divide ? logits[y] / temperature : logits[y];                            \
+            z_out[kept] = z;                                                               \
+            y_out[kept] = y;                                                               \
+            kept += specdec_key_##SUFFIX(z) >= floor_key;                                  \
         }                                                                                  \
-        return V;                                                                          \
+        return kept;                                                                       \
     }
 
 /* The tests build the header with a limit of 0, so that the radix select does it all. */
@@ -282,59 +291,98 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 #endif
 
 /* Top-k's key over gathered entries: what specdec_select (counting, floor key 1) finds,
- * the K-th largest key of the non-NaN entries (0 when there are fewer), by quickselect on
- * a copy of the keys, which costs a few passes over the entries instead of three
- * histograms of 2^11 buckets.  The answer is one value, so any exact method finds the same;
- * after SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select
- * does the job. */
+ * the K-th largest key of the non-NaN entries (0 when there are fewer), by quickselect,
+ * which costs a few passes over the entries instead of three histograms of 2^11 buckets.
+ * The answer is one value, so any exact method finds the same; after
+ * SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select does
+ * the job.  Each partition is three-way and has no branch on the keys (a key's side is
+ * random, so a branch on it mispredicts one time in two, about ten cycles an entry):
+ * every key is stored to both sides and each side's count advances by its comparison.
+ * The larger keys are packed in place at the front of the range read (a store lands at or
+ * before the key being read) and the smaller ones in the other buffer; equal keys are
+ * counted, not stored.  The first partition reads the z values themselves, with a pivot
+ * from a sample placed just above the K-th largest (top-k keeps a few percent of a row,
+ * where the median of three would keep half); the later ones take the median of three. */
 #define SPECDEC_DEFINE_TOP_K_KEY(SUFFIX, T, KEY_T)                                          \
-    static KEY_T specdec_top_k_key_##SUFFIX(const T *z, ptrdiff_t count, int64_t top_k,     \
-                                            T z_max, specdec_law_scratch *scratch)          \
+    static KEY_T specdec_top_k_pivot_##SUFFIX(const T *values, ptrdiff_t count,             \
+                                              T temperature, int64_t top_k)                \
     {                                                                                      \
-        KEY_T *keys = scratch->keys.SUFFIX;                                                \
-        ptrdiff_t n = 0;                                                                   \
+        enum { SAMPLE = 16 };                                                              \
+        KEY_T sample[SAMPLE];                                                              \
+        for (int i = 0; i < SAMPLE; ++i)                                                   \
+            sample[i] = specdec_key_##SUFFIX(values[(ptrdiff_t)i * count / SAMPLE] / temperature); \
+        /* At most `rank` sampled keys above the pivot: about rank / SAMPLE of the row. */ \
+        int rank = (int)(((double)top_k * SAMPLE + (double)count - 1) / (double)count) + 1; \
+        KEY_T pivot = 0;                                                                   \
+        int best = -1;                                                                     \
+        for (int i = 0; i < SAMPLE; ++i) {                                                 \
+            int above = 0;                                                                 \
+            for (int j = 0; j < SAMPLE; ++j)                                               \
+                above += sample[j] > sample[i];                                            \
+            if (above <= rank && above > best) {                                           \
+                best = above;                                                              \
+                pivot = sample[i];                                                         \
+            }                                                                              \
+        }                                                                                  \
+        return pivot;                                                                      \
+    }                                                                                      \
+    static KEY_T specdec_top_k_key_##SUFFIX(const T *values, ptrdiff_t count, T temperature, \
+                                            int64_t top_k, T z_max,                        \
+                                            specdec_law_scratch *scratch)                  \
+    {                                                                                      \
+        if (SPECDEC_QUICKSELECT_PARTITIONS == 0)                                           \
+            return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,         \
+                                           (double)top_k, scratch->histogram);             \
+        KEY_T *keys = scratch->keys.SUFFIX, *other = scratch->spare_keys.SUFFIX;           \
+        /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
+        ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
+        KEY_T pivot = specdec_top_k_pivot_##SUFFIX(values, count, temperature, top_k);     \
+        const int divide = temperature != (T)1;                                            \
         for (ptrdiff_t i = 0; i < count; ++i) {                                            \
-            KEY_T key = specdec_key_##SUFFIX(z[i]);                                        \
-            keys[n] = key;                                                                 \
+            /* z / 1 is z: the division is skipped, not the rounding changed. */          \
+            KEY_T key = specdec_key_##SUFFIX(divide ? values[i] / temperature : values[i]); \
+            keys[larger] = key;                                                            \
+            other[smaller] = key;                                                          \
             n += key >= 1;                                                                 \
+            larger += key > pivot;                                                         \
+            smaller += key < pivot && key >= 1;                                            \
         }                                                                                  \
         if (n < top_k)                                                                     \
             return 0;                                                                      \
-        /* Descending order: keys[0 .. target] hold the top_k largest once it is done. */  \
-        ptrdiff_t low = 0, high = n - 1, target = (ptrdiff_t)top_k - 1;                    \
-        for (int partitions = 0; low < high; ++partitions) {                               \
-            if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
-                return specdec_select_##SUFFIX(z, count, (T)1, z_max, 1, 0, (double)top_k, \
-                                               scratch->histogram);                        \
-            KEY_T a = keys[low], b = keys[low + (high - low) / 2], c = keys[high];         \
-            KEY_T pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b)); \
-            ptrdiff_t i = low, j = high;                                                   \
-            while (i <= j) {                                                               \
-                while (keys[i] > pivot)                                                    \
-                    ++i;                                                                   \
-                while (keys[j] < pivot)                                                    \
-                    --j;                                                                   \
-                if (i <= j) {                                                              \
-                    KEY_T swapped = keys[i];                                               \
-                    keys[i++] = keys[j];                                                   \
-                    keys[j--] = swapped;                                                   \
-                }                                                                          \
-            }                                                                              \
-            /* keys[low .. j] >= pivot >= keys[i .. high], and pivot in between. */        \
-            if (target <= j)                                                               \
-                high = j;                                                                  \
-            else if (target >= i)                                                          \
-                low = i;                                                                   \
-            else                                                                           \
+        for (int partitions = 0;; ++partitions) {                                          \
+            if (target < larger) {                                                         \
+                n = larger;                                                                \
+            } else if (target < n - smaller) {                                             \
                 return pivot;                                                              \
+            } else {                                                                       \
+                target -= n - smaller;                                                     \
+                n = smaller;                                                               \
+                KEY_T *swapped = keys;                                                     \
+                keys = other;                                                              \
+                other = swapped;                                                           \
+            }                                                                              \
+            if (n == 1)                                                                    \
+                return keys[0];                                                            \
+            if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
+                return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,     \
+                                               (double)top_k, scratch->histogram);         \
+            KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
+            pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
+            larger = smaller = 0;                                                          \
+            for (ptrdiff_t i = 0; i < n; ++i) {                                            \
+                KEY_T key = keys[i];                                                       \
+                keys[larger] = key;                                                        \
+                other[smaller] = key;                                                      \
+                larger += key > pivot;                                                     \
+                smaller += key < pivot;                                                    \
+            }                                                                              \
         }                                                                                  \
-        return keys[target];                                                               \
     }
 
 SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
 SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
-SPECDEC_DEFINE_GATHER_ALL(f, float)
-SPECDEC_DEFINE_GATHER_ALL(d, double)
+SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(f, float, uint32_t)
+SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(d, double, uint64_t)
 SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
 SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 
@@ -896,27 +944,37 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            /* A short row is gathered whole: its filters then cost what its entries do. */ \
-            count = V <= SPECDEC_TOP_P_CANDIDATES                                          \
-                        ? specdec_gather_all_##SUFFIX(logits, V, temperature, candidates,  \
-                                                      positions)                           \
-                        : specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k, \
-                                                      candidates, positions, histogram);   \
-            /* z / 1 is z, so the keys and weights of the gathered z are the same bits. */ \
-            KEY_T k_key = count >= 0                                                       \
-                              ? specdec_top_k_key_##SUFFIX(candidates, count, top_k, z_max, \
-                                                           scratch)                        \
-                              : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, 0, \
-                                                        (double)top_k, histogram);         \
-            floor_key = k_key > floor_key ? k_key : floor_key;                             \
+            if (V <= SPECDEC_TOP_P_CANDIDATES) {                                           \
+                /* A short row: top-k's key from the row itself, then its survivors in one \
+                 * pass, so that its filters cost what its entries do. */                  \
+                KEY_T k_key = specdec_top_k_key_##SUFFIX(logits, V, temperature, top_k, z_max, \
+                                                         scratch);                         \
+                floor_key = k_key > floor_key ? k_key : floor_key;                         \
+                count = specdec_gather_at_or_above_##SUFFIX(logits, V, temperature, floor_key, \
+                                                            candidates, positions);        \
+            } else {                                                                       \
+                count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,  \
+                                                    candidates, positions, histogram);     \
+                /* z / 1 is z, so the keys and weights of the gathered z are the same     \
+                 * bits. */                                                                \
+                KEY_T k_key = count >= 0                                                   \
+                                  ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
+                                                               z_max, scratch)             \
+                                  : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, \
+                                                            0, (double)top_k, histogram);  \
+                floor_key = k_key > floor_key ? k_key : floor_key;                         \
+                if (count >= 0)                                                            \
+                    count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key); \
+            }                                                                              \
         }                                                                                  \
-        if (count >= 0)                                                                    \
-            count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);     \
         if (top_p < 1.0) {                                                                 \
             /* After min-p alone few tokens are left too, and a short row is short: gather \
              * their z (in element order, so the histograms sum in the same order) and     \
              * select over them alone. */                                                  \
-            if (count < 0 && (floor_key > 1 || V <= SPECDEC_TOP_P_CANDIDATES)) {          \
+            if (count < 0 && V <= SPECDEC_TOP_P_CANDIDATES) {                              \
+                count = specdec_gather_at_or_above_##SUFFIX(logits, V, temperature, floor_key, \
+                                                            candidates, positions);        \
+            } else if (count < 0 && floor_key > 1) {                                       \
                 ptrdiff_t found = 0;                                                       \
                 for (ptrdiff_t y = 0; y < V && found <= SPECDEC_TOP_P_CANDIDATES; ++y) {   \
                     T z = logits[y] / temperature;                                         \
