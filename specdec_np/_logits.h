@@ -89,8 +89,8 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 #define SPECDEC_TOP_P_CANDIDATES 2048
 #endif
 
-/* The law's working memory: the radix select's histogram, the gathered survivors and two
- * buffers of their keys (80 KiB for double rows).  It comes from the heap, one per thread
+/* The law's working memory: the radix select's histogram, the gathered survivors, their
+ * weights and two buffers of their keys (96 KiB for double rows).  It comes from the heap, one per thread
  * (specdec_law_scratch_new, freed with free): a thread's stack may be 32 KiB (Python's
  * smallest) or 16 KiB (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
  * zeros between calls (each pass of the select clears the buckets it filled), so that a
@@ -100,7 +100,7 @@ typedef struct {
     union {
         float f[SPECDEC_TOP_P_CANDIDATES];
         double d[SPECDEC_TOP_P_CANDIDATES];
-    } candidates;
+    } candidates, candidate_weights;
     ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
     union {
         uint32_t f[SPECDEC_TOP_P_CANDIDATES];
@@ -125,7 +125,7 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
     SPECDEC_CLONES                                                                         \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          T z_max, KEY_T floor_key, int by_mass, double need, \
-                                         double *histogram)                                \
+                                         const T *weights, double *histogram)              \
     {                                                                                      \
         KEY_T prefix = 0;                                                                  \
         double above = 0.0;                                                                \
@@ -142,7 +142,9 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
                 int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
                                                             prefix, known_bits, shift, width); \
                 if (bucket >= 0) {                                                         \
-                    histogram[bucket] += by_mass ? specdec_weight_##SUFFIX(z, z_max) : 1.0; \
+                    histogram[bucket] += !by_mass ? 1.0                                    \
+                                         : weights ? (double)weights[y]                    \
+                                                   : specdec_weight_##SUFFIX(z, z_max);    \
                     filled[bucket >> 6] |= (uint64_t)1 << (bucket & 63);                   \
                 }                                                                          \
             }                                                                              \
@@ -205,7 +207,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         if (sample > V / 2)                                                                \
             return -1;                                                                     \
         KEY_T lowest = specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,    \
-                                               (double)need, histogram);                   \
+                                               (double)need, NULL, histogram);                   \
         if (lowest < 1)                                                                    \
             return -1;                                                                     \
         /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
@@ -238,31 +240,40 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         }                                                                                  \
         return kept;                                                                       \
     }                                                                                      \
-    /* The kept sum of specdec_kept_sum over gathered entries: each weight goes to the lane \
-     * of its index, in element order, as the row scan adds it (the scan adds +0 for the   \
-     * entries it does not keep, which changes no lane). */                                 \
+    /* The weights w = exp(z - z_max) of gathered entries, computed once for the top-p  \
+     * select, the kept sum and the row's weights (T holds each exactly: a float32 weight \
+     * of a float row, a float64 one of a double row). */                                 \
     SPECDEC_CLONES                                                                         \
-    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const ptrdiff_t *y,         \
-                                                     ptrdiff_t count, T z_max, T cutoff)    \
+    static const T *specdec_candidate_weights_##SUFFIX(const T *z, ptrdiff_t count, T z_max, \
+                                                       T *w)                               \
+    {                                                                                      \
+        for (ptrdiff_t i = 0; i < count; ++i)                                              \
+            w[i] = (T)specdec_weight_##SUFFIX(z[i], z_max);                                \
+        return w;                                                                          \
+    }                                                                                      \
+    /* The kept sum of specdec_kept_sum over gathered entries z with weights w: each       \
+     * weight goes to the lane of its index, in element order, as the row scan adds it (the \
+     * scan adds +0 for the entries it does not keep, which changes no lane). */          \
+    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const T *w, const ptrdiff_t *y, \
+                                                     ptrdiff_t count, T cutoff)             \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
         for (ptrdiff_t i = 0; i < count; ++i)                                              \
             if (z[i] >= cutoff)                                                            \
-                lanes[y[i] % 8] += specdec_weight_##SUFFIX(z[i], z_max);                   \
+                lanes[y[i] % 8] += (double)w[i];                                           \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }                                                                                      \
                                                                                            \
     /* The law's weights of a row whose kept entries were all gathered: 0 elsewhere, no   \
      * exponential outside them (specdec_row_law's `weights`). */                          \
-    SPECDEC_CLONES                                                                         \
-    static void specdec_gathered_weights_##SUFFIX(const T *z, const ptrdiff_t *y,           \
-                                                  ptrdiff_t count, T z_max, T cutoff,       \
-                                                  ptrdiff_t V, T *weights)                  \
+    static void specdec_gathered_weights_##SUFFIX(const T *z, const T *w, const ptrdiff_t *y, \
+                                                  ptrdiff_t count, T cutoff, ptrdiff_t V,  \
+                                                  T *weights)                              \
     {                                                                                      \
         memset(weights, 0, (size_t)V * sizeof(T));                                         \
         for (ptrdiff_t i = 0; i < count; ++i)                                              \
             if (z[i] >= cutoff)                                                            \
-                weights[y[i]] = (T)specdec_weight_##SUFFIX(z[i], z_max);                   \
+                weights[y[i]] = w[i];                                                      \
     }
 
 /* The z values and indices, in element order, of the entries of a row of at most
@@ -332,7 +343,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     {                                                                                      \
         if (SPECDEC_QUICKSELECT_PARTITIONS == 0)                                           \
             return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,         \
-                                           (double)top_k, scratch->histogram);             \
+                                           (double)top_k, NULL, scratch->histogram);             \
         KEY_T *keys = scratch->keys.SUFFIX, *other = scratch->spare_keys.SUFFIX;           \
         /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
         ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
@@ -365,7 +376,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
                 return keys[0];                                                            \
             if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
                 return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,     \
-                                               (double)top_k, scratch->histogram);         \
+                                               (double)top_k, NULL, scratch->histogram);         \
             KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
             pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
             larger = smaller = 0;                                                          \
@@ -820,9 +831,9 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                                                 positions, histogram);                     \
             KEY_T k_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
-                                                        (double)top_k, histogram)          \
+                                                        (double)top_k, NULL, histogram)          \
                               : specdec_select_##SUFFIX(logits, V, (T)1, z_max, 1, 0,       \
-                                                        (double)top_k, histogram);         \
+                                                        (double)top_k, NULL, histogram);         \
             /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
             if (count >= 0)                                                                \
@@ -847,7 +858,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                 p_floor = m_key > p_floor ? m_key : p_floor;                               \
             }                                                                              \
             KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
-                                                  p_floor, 1, top_p, histogram);           \
+                                                  p_floor, 1, top_p, NULL, histogram);           \
             floor_key = p_key > floor_key ? p_key : floor_key;                             \
         }                                                                                  \
         int min_p_decides = 0;                                                             \
@@ -882,11 +893,13 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         if (gathered_hold_the_kept) {                                                      \
             for (ptrdiff_t i = 0; i < count; ++i)                                          \
                 candidates[i] = candidates[i] / temperature;                               \
-            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions,    \
-                                                                 count, z_max, cutoff);    \
+            const T *w = specdec_candidate_weights_##SUFFIX(                               \
+                candidates, count, z_max, scratch->candidate_weights.SUFFIX);              \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, w, positions, \
+                                                                 count, cutoff);           \
             if (!weights)                                                                  \
                 return 0;                                                                  \
-            specdec_gathered_weights_##SUFFIX(candidates, positions, count, z_max, cutoff, V, \
+            specdec_gathered_weights_##SUFFIX(candidates, w, positions, count, cutoff, V,  \
                                               weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
@@ -943,6 +956,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         ptrdiff_t *positions = scratch->positions;                                         \
         double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
+        const T *w = NULL; /* the gathered entries' weights, once computed */              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
             if (V <= SPECDEC_TOP_P_CANDIDATES) {                                           \
                 /* A short row: top-k's key from the row itself, then its survivors in one \
@@ -961,7 +975,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
                                   ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
                                                                z_max, scratch)             \
                                   : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, \
-                                                            0, (double)top_k, histogram);  \
+                                                            0, (double)top_k, NULL, histogram);  \
                 floor_key = k_key > floor_key ? k_key : floor_key;                         \
                 if (count >= 0)                                                            \
                     count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key); \
@@ -988,11 +1002,14 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
                 }                                                                          \
                 count = found <= SPECDEC_TOP_P_CANDIDATES ? found : -1;                    \
             }                                                                              \
+            if (count >= 0)                                                                \
+                w = specdec_candidate_weights_##SUFFIX(candidates, count, z_max,           \
+                                                       scratch->candidate_weights.SUFFIX); \
             KEY_T p_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max,   \
-                                                        floor_key, 1, top_p, histogram)   \
+                                                        floor_key, 1, top_p, w, histogram) \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max,    \
-                                                        floor_key, 1, top_p, histogram);  \
+                                                        floor_key, 1, top_p, NULL, histogram);  \
             if (SPECDEC_LOGITS_MUTATION == 1 && p_key != specdec_key_##SUFFIX(z_max)) {     \
                 /* wrong on purpose: the tie group at the boundary is dropped */           \
                 int64_t tied = 0;                                                          \
@@ -1011,11 +1028,14 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
         law->cutoff = (double)cutoff;                                                      \
         if (count >= 0) {                                                                  \
-            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, positions, count, \
-                                                                 z_max, cutoff);           \
+            if (!w)                                                                        \
+                w = specdec_candidate_weights_##SUFFIX(candidates, count, z_max,           \
+                                                       scratch->candidate_weights.SUFFIX); \
+            law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, w, positions, \
+                                                                 count, cutoff);           \
             if (!weights)                                                                  \
                 return 0;                                                                  \
-            specdec_gathered_weights_##SUFFIX(candidates, positions, count, z_max, cutoff, V, \
+            specdec_gathered_weights_##SUFFIX(candidates, w, positions, count, cutoff, V,  \
                                               weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
