@@ -90,10 +90,10 @@ SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec
 #endif
 
 /* The law's working memory: the radix select's histogram, the gathered survivors, their
- * weights and two buffers of their keys (96 KiB for double rows).  It comes from the heap, one per thread
- * (specdec_law_scratch_new, freed with free): a thread's stack may be 32 KiB (Python's
- * smallest) or 16 KiB (OMP_STACKSIZE=16K), and no kernel keeps large buffers there.  The histogram is all
- * zeros between calls (each pass of the select clears the buckets it filled), so that a
+ * weights and two buffers of their keys (96 KiB for double rows).  It comes from the heap,
+ * one per thread (specdec_law_scratch_new, freed with free): a thread's stack may be
+ * 32 KiB (Python's smallest) or 16 KiB (OMP_STACKSIZE=16K), and no kernel keeps large
+ * buffers there.  The histogram is all zeros between calls (each pass of the select clears the buckets it filled), so that a
  * pass over few entries costs what they cost, not a clear and a walk of every bucket. */
 typedef struct {
     double histogram[1 << SPECDEC_HISTOGRAM_BITS];
@@ -186,6 +186,39 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
 SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
 SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 
+/* Whether any z of the 32 bytes of logits at x (over the temperature when `divide`) is at
+ * least the threshold: the gather's test of a group that is most often empty. */
+#if SPECDEC_HAVE_VECTORS
+#define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
+    SPECDEC_INLINE int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature, \
+                                                     T threshold)                          \
+    {                                                                                      \
+        typedef T group_t __attribute__((vector_size(32)));                               \
+        typedef KEY_T mask_t __attribute__((vector_size(32)));                            \
+        group_t z, t = (group_t){0} + temperature, c = (group_t){0} + threshold;            \
+        memcpy(&z, x, sizeof z);                                                           \
+        if (divide)                                                                        \
+            z = z / t;                                                                     \
+        mask_t hit = (mask_t)(z >= c);                                                     \
+        uint64_t words[4];                                                                 \
+        memcpy(words, &hit, sizeof words);                                                 \
+        return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
+    }
+#else
+#define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
+    static inline int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature,  \
+                                                    T threshold)                           \
+    {                                                                                      \
+        int any = 0;                                                                       \
+        for (size_t l = 0; l < 32 / sizeof(T); ++l)                                        \
+            any |= (divide ? x[l] / temperature : x[l]) >= threshold;                      \
+        return any;                                                                        \
+    }
+#endif
+
+SPECDEC_DEFINE_ANY_AT_LEAST(f, float, uint32_t)
+SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
+
 /* Top-k's survivors without the radix select's passes over the whole row.  The K-th
  * largest z of any part of the row is at most the K-th largest of the row, so every entry
  * that top-k keeps has a key at least that of the K-th largest of a prefix sample (found by
@@ -197,33 +230,81 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
  * the row, has fewer than `need` non-NaN entries, or too many entries pass (a prefix of
  * small values, say): the caller then selects over the row. */
 #define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
+    /* The need-th largest key of logits[0 .. sample) / temperature (0 when fewer are not \
+     * NaN), as specdec_select counts it.  A sample longer than the key buffers is cut    \
+     * down first: the need-th largest key of its first SPECDEC_TOP_P_CANDIDATES entries  \
+     * is at most the answer, so the z at or above it hold the answer's need entries. */  \
+    static KEY_T specdec_sample_top_k_key_##SUFFIX(const T *logits, ptrdiff_t sample,       \
+                                                   T temperature, T z_max, int64_t need,   \
+                                                   specdec_law_scratch *scratch)           \
+    {                                                                                      \
+        if (sample <= SPECDEC_TOP_P_CANDIDATES)                                            \
+            return specdec_top_k_key_##SUFFIX(logits, sample, temperature, need, z_max,    \
+                                              scratch);                                    \
+        KEY_T floor = need <= SPECDEC_TOP_P_CANDIDATES                                     \
+                          ? specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES,   \
+                                                       temperature, need, z_max, scratch)  \
+                          : 0;                                                             \
+        T *z = scratch->candidates.SUFFIX;                                                 \
+        ptrdiff_t count = 0;                                                               \
+        if (floor >= 1) {                                                                  \
+            T threshold = specdec_value_##SUFFIX(floor);                                   \
+            for (ptrdiff_t y = 0; y < sample && count >= 0; ++y) {                         \
+                T z_y = logits[y] / temperature;                                           \
+                if (z_y >= threshold && count == SPECDEC_TOP_P_CANDIDATES)                 \
+                    count = -1;                                                            \
+                else if (z_y >= threshold)                                                 \
+                    z[count++] = z_y;                                                      \
+            }                                                                              \
+        }                                                                                  \
+        if (floor < 1 || count < 0)                                                        \
+            return specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,        \
+                                           (double)need, NULL, scratch->histogram);        \
+        return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
+    }                                                                                      \
+    /* The entries at or above the sample's key, a 32-byte group at a time: few pass. */  \
+    SPECDEC_CLONES                                                                         \
+    static ptrdiff_t specdec_gather_at_least_##SUFFIX(const T *logits, ptrdiff_t V,         \
+                                                      T temperature, T threshold, T *z_out, \
+                                                      ptrdiff_t *y_out)                    \
+    {                                                                                      \
+        const int divide = temperature != (T)1;                                            \
+        const ptrdiff_t group = 32 / sizeof(T);                                            \
+        ptrdiff_t count = 0;                                                               \
+        for (ptrdiff_t y = 0; y < V; y += group) {                                         \
+            if (y + group <= V &&                                                          \
+                !specdec_any_at_least_##SUFFIX(logits + y, divide, temperature, threshold)) \
+                continue;                                                                  \
+            for (ptrdiff_t x = y; x < y + group && x < V; ++x) {                           \
+                T z = logits[x] / temperature;                                             \
+                if (z >= threshold) {                                                      \
+                    if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
+                        return -1;                                                         \
+                    z_out[count] = z;                                                      \
+                    y_out[count] = x;                                                      \
+                    ++count;                                                               \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        return count;                                                                      \
+    }                                                                                      \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
                                                  T temperature, T z_max, int64_t need,      \
-                                                 T *z_out, ptrdiff_t *y_out,                \
-                                                 double *histogram)                         \
+                                                 specdec_law_scratch *scratch)             \
     {                                                                                      \
         double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
         ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
         if (sample > V / 2)                                                                \
             return -1;                                                                     \
-        KEY_T lowest = specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,    \
-                                               (double)need, NULL, histogram);                   \
+        KEY_T lowest = specdec_sample_top_k_key_##SUFFIX(logits, sample, temperature, z_max, \
+                                                         need, scratch);                   \
         if (lowest < 1)                                                                    \
             return -1;                                                                     \
         /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
-        T threshold = specdec_value_##SUFFIX(lowest);                                      \
-        ptrdiff_t count = 0;                                                               \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            T z = logits[y] / temperature;                                                 \
-            if (z >= threshold) {                                                          \
-                if (count == SPECDEC_TOP_P_CANDIDATES)                                     \
-                    return -1;                                                             \
-                z_out[count] = z;                                                          \
-                y_out[count] = y;                                                          \
-                ++count;                                                                   \
-            }                                                                              \
-        }                                                                                  \
-        return count;                                                                      \
+        return specdec_gather_at_least_##SUFFIX(logits, V, temperature,                    \
+                                                specdec_value_##SUFFIX(lowest),            \
+                                                scratch->candidates.SUFFIX,                \
+                                                scratch->positions);                       \
     }                                                                                      \
     /* Keep the gathered entries with key >= floor_key, in order; returns how many. */     \
     static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
@@ -254,8 +335,9 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     /* The kept sum of specdec_kept_sum over gathered entries z with weights w: each       \
      * weight goes to the lane of its index, in element order, as the row scan adds it (the \
      * scan adds +0 for the entries it does not keep, which changes no lane). */          \
-    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const T *w, const ptrdiff_t *y, \
-                                                     ptrdiff_t count, T cutoff)             \
+    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const T *w,                \
+                                                     const ptrdiff_t *y, ptrdiff_t count,  \
+                                                     T cutoff)                             \
     {                                                                                      \
         double lanes[8] = {0};                                                             \
         for (ptrdiff_t i = 0; i < count; ++i)                                              \
@@ -266,9 +348,9 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
                                                                                            \
     /* The law's weights of a row whose kept entries were all gathered: 0 elsewhere, no   \
      * exponential outside them (specdec_row_law's `weights`). */                          \
-    static void specdec_gathered_weights_##SUFFIX(const T *z, const T *w, const ptrdiff_t *y, \
-                                                  ptrdiff_t count, T cutoff, ptrdiff_t V,  \
-                                                  T *weights)                              \
+    static void specdec_gathered_weights_##SUFFIX(const T *z, const T *w,                   \
+                                                  const ptrdiff_t *y, ptrdiff_t count,     \
+                                                  T cutoff, ptrdiff_t V, T *weights)       \
     {                                                                                      \
         memset(weights, 0, (size_t)V * sizeof(T));                                         \
         for (ptrdiff_t i = 0; i < count; ++i)                                              \
@@ -321,7 +403,8 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         enum { SAMPLE = 16 };                                                              \
         KEY_T sample[SAMPLE];                                                              \
         for (int i = 0; i < SAMPLE; ++i)                                                   \
-            sample[i] = specdec_key_##SUFFIX(values[(ptrdiff_t)i * count / SAMPLE] / temperature); \
+            sample[i] =                                                                    \
+                specdec_key_##SUFFIX(values[(ptrdiff_t)i * count / SAMPLE] / temperature);  \
         /* At most `rank` sampled keys above the pivot: about rank / SAMPLE of the row. */ \
         int rank = (int)(((double)top_k * SAMPLE + (double)count - 1) / (double)count) + 1; \
         KEY_T pivot = 0;                                                                   \
@@ -343,7 +426,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
     {                                                                                      \
         if (SPECDEC_QUICKSELECT_PARTITIONS == 0)                                           \
             return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,         \
-                                           (double)top_k, NULL, scratch->histogram);             \
+                                           (double)top_k, NULL, scratch->histogram);        \
         KEY_T *keys = scratch->keys.SUFFIX, *other = scratch->spare_keys.SUFFIX;           \
         /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
         ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
@@ -376,7 +459,7 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
                 return keys[0];                                                            \
             if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
                 return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,     \
-                                               (double)top_k, NULL, scratch->histogram);         \
+                                               (double)top_k, NULL, scratch->histogram);    \
             KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
             pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
             larger = smaller = 0;                                                          \
@@ -390,12 +473,12 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         }                                                                                  \
     }
 
+SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
+SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
 SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
 SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(f, float, uint32_t)
 SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(d, double, uint64_t)
-SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
-SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 
 /* ---- the two passes of a row: the maximum, then the weights and their sum ------------- */
 
@@ -827,13 +910,12 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
             /* Counting selects read no weight: z_max stands in for max l. */              \
-            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, candidates,  \
-                                                positions, histogram);                     \
+            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, scratch);   \
             KEY_T k_key = count >= 0                                                       \
-                              ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max, 1, 0, \
-                                                        (double)top_k, NULL, histogram)          \
+                              ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
+                                                           z_max, scratch)                 \
                               : specdec_select_##SUFFIX(logits, V, (T)1, z_max, 1, 0,       \
-                                                        (double)top_k, NULL, histogram);         \
+                                                        (double)top_k, NULL, histogram);   \
             /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
             if (count >= 0)                                                                \
@@ -858,7 +940,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                 p_floor = m_key > p_floor ? m_key : p_floor;                               \
             }                                                                              \
             KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
-                                                  p_floor, 1, top_p, NULL, histogram);           \
+                                                  p_floor, 1, top_p, NULL, histogram);      \
             floor_key = p_key > floor_key ? p_key : floor_key;                             \
         }                                                                                  \
         int min_p_decides = 0;                                                             \
@@ -968,7 +1050,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
                                                             candidates, positions);        \
             } else {                                                                       \
                 count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,  \
-                                                    candidates, positions, histogram);     \
+                                                    scratch);                              \
                 /* z / 1 is z, so the keys and weights of the gathered z are the same     \
                  * bits. */                                                                \
                 KEY_T k_key = count >= 0                                                   \

@@ -1061,6 +1061,55 @@ def test_gathered_survivors_give_the_law_of_the_row_scans(
     assert radix.fields() == gathered.fields()
 
 
+@settings(max_examples=16, deadline=None)
+@given(
+    vocab=st.sampled_from([40_000, 128_256]),
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.sampled_from([5, 50, 256]),
+    top_p=st.sampled_from([1.0, 0.95]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    ties=st.booleans(),
+    order=st.sampled_from(["random", "ascending", "descending"]),
+    masked=st.booleans(),
+    filter_order=st.sampled_from(["vllm", "llama.cpp"]),
+    temperature=st.sampled_from([1.0, 0.7]),
+)
+def test_long_samples_are_cut_down_to_the_key_buffers(
+    vector: Logits,
+    few_candidates: Logits,
+    radix_only: Logits,
+    vocab: int,
+    seed: int,
+    top_k: int,
+    top_p: float,
+    dtype: type,
+    ties: bool,
+    order: str,
+    masked: bool,
+    filter_order: str,
+    temperature: float,
+) -> None:
+    """Where top-k's prefix sample is longer than the key buffers (long rows), its key from
+    the survivors of the sample's first entries gives the law of the full row scans, bit
+    for bit: with too many survivors (a prefix of small values: the radix select over the
+    sample), ties at the boundary, NaN and -inf entries."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 3).astype(dtype)
+    if ties:
+        row = np.round(row).astype(dtype)
+    if order != "random":
+        row = np.sort(row) if order == "ascending" else -np.sort(-row)
+    if masked:
+        row[rng.integers(vocab, size=vocab // 10)] = rng.choice([np.nan, -np.inf])
+    gathered = vector.row_law(row, temperature, top_k, top_p, 0.0, filter_order)
+    assert gathered.fields() == (
+        few_candidates.row_law(row, temperature, top_k, top_p, 0.0, filter_order).fields()
+    )
+    assert gathered.fields() == (
+        radix_only.row_law(row, temperature, top_k, top_p, 0.0, filter_order).fields()
+    )
+
+
 def test_survivor_comparison_sees_a_different_law(vector: Logits, few_candidates: Logits) -> None:
     """The law comparison can fail: a kept set one token smaller gives other fields."""
     row = (np.random.default_rng(1).standard_normal(3000) * 3).astype(np.float32)
