@@ -93,7 +93,9 @@ cdef extern from "_logits.h" nogil:
         int64_t status
     # The law's working memory (heap, one per thread): see new_law_scratch.
     ctypedef struct specdec_law_scratch:
-        pass
+        # Threads for the passes over one row (0 or 1: one; used only outside a parallel
+        # loop over requests).
+        int row_threads
     specdec_law_scratch* specdec_law_scratch_new()
     # With weights (V entries, or NULL), 1 when the row's weights were kept there.
     int specdec_row_law_f(
@@ -246,13 +248,19 @@ def openmp_max_threads() -> int:
     return specdec_openmp_max_threads()
 
 
-cdef inline specdec_law_scratch* new_law_scratch(bint wanted) noexcept nogil:
+cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) noexcept nogil:
     """A thread's law scratch from the heap (free it with ``free``); NULL when not
     ``wanted`` (probability rows) or when the allocation fails, which the drivers report
-    as the row status SPECDEC_STATUS_NO_MEMORY."""
+    as the row status SPECDEC_STATUS_NO_MEMORY.  ``row_threads`` threads run the passes
+    over one row (the maximum and the exponentials) when the loop over requests runs on
+    one thread: the bits of one thread (``specdec_row_threads`` of ``_logits.h``)."""
+    cdef specdec_law_scratch* scratch
     if not wanted:
         return NULL
-    return specdec_law_scratch_new()
+    scratch = specdec_law_scratch_new()
+    if scratch != NULL:
+        scratch.row_threads = row_threads
+    return scratch
 
 
 include "kernels/registry_binding.pxi"
