@@ -29,7 +29,11 @@
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
  * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
  * 2 = llama.cpp's top-p weighs only what min-p keeps too; 3 = the sixteen-lane pass adds
- * the high half of each sixteen to the lanes before the low half.
+ * the high half of each sixteen to the lanes before the low half; 4 = the exponential pass
+ * split between threads returns the sum of its chunks' sums.
+ *
+ * A row can be split between threads (the scratch's row_threads: "threads inside a row"
+ * below) when the loop over requests runs on one, with the bits of one thread.
  */
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
