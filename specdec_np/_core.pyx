@@ -131,6 +131,11 @@ cdef extern from "_logits.h" nogil:
         double* out,
     )
 
+cdef extern from "_rowthreads.h" nogil:
+    # The threads a row of V entries takes for a law scratch's row_threads (1: its passes
+    # run on the calling thread); declared so that the build depends on the header.
+    int specdec_row_threads(int requested, Py_ssize_t V)
+
 cdef extern from "_treescan.h" nogil:
     double specdec_residual_update_ff(
         const float* src, double src_mass, const float* q, double q_mass, Py_ssize_t V,
