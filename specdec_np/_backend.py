@@ -42,6 +42,7 @@ __all__ = [
     "on_inputs_device",
     "kernel_rows",
     "probabilities",
+    "row_thread_count",
     "thread_count",
     "token_ids",
 ]
@@ -50,6 +51,8 @@ _DLPACK_CPU = 1
 _DLPACK_CUDA = 2
 # Below this many probabilities read per call, starting OpenMP threads costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 20
+# Below this vocabulary, a logits row's passes are too short to split between threads.
+ROW_THREADS_MIN_VOCAB = 1 << 15
 
 
 def is_cupy_array(x: Any) -> bool:
@@ -335,6 +338,40 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
     # OMP_NUM_THREADS is not trusted: libgomp keeps per-thread data of a team on the
     # caller's stack, so a team far larger than the machine crashes the process.
     return max(1, min(batch_size, _core.openmp_max_threads(), available_cores()))
+
+
+def row_thread_count(threads: int, vocab_size: int) -> int:
+    """OpenMP threads for the passes over one logits row (its maximum and its exponentials,
+    the kernels' ``row_threads``).
+
+    Parameters
+    ----------
+    threads : int
+        The threads of the call's loop over requests (:func:`thread_count`).
+    vocab_size : int
+        ``V``, the length of a row.
+
+    Returns
+    -------
+    int
+        1 unless the loop over requests runs on one thread (``threads == 1``: one request,
+        or a call too small to split between requests) and the rows have at least
+        ``ROW_THREADS_MIN_VOCAB`` entries; then the cores that loop leaves idle, capped as
+        :func:`thread_count` caps a team.
+
+    Notes
+    -----
+    A loop over requests on several threads keeps the cores busy already, and the kernels
+    never start a team inside it; a single request (``B = 1``, the common case of a decode
+    step at batch size one) would leave all but one core idle for the whole call.  A row
+    split between threads gives the bits of one thread (``_logits.h``: the maximum is a
+    selection, and the weights are summed in the one-thread order), so the count changes
+    the time of a call, never its result.  Shorter rows cost less than the wake-up of a
+    team.
+    """
+    if threads != 1 or vocab_size < ROW_THREADS_MIN_VOCAB:
+        return 1
+    return max(1, min(_core.openmp_max_threads(), available_cores()))
 
 
 def available_cores() -> int:

@@ -59,6 +59,10 @@ def verify_chains(
     draw_bonus: bool = False,
     sampling: Float64Array | None = None,
     scratch: FloatArray | None = None,
+    target_logits: bool = True,
+    draft_logits: bool = True,
+    bonus_rows: bool = True,
+    row_threads: int = 1,
 ) -> int: ...
 def verify_trees(
     method: int,
@@ -82,6 +86,9 @@ def verify_trees(
     sampling: Float64Array | None = None,
     scratch: FloatArray | None = None,
     working: Float64Array | None = None,
+    target_logits: bool = True,
+    draft_logits: bool = True,
+    row_threads: int = 1,
 ) -> int: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
@@ -121,5 +128,9 @@ def create_output(
 ) -> int: ...
 
 def processed_rows(
-    logits: np.ndarray, sampling: np.ndarray, out: np.ndarray, num_threads: int
+    logits: np.ndarray,
+    sampling: np.ndarray,
+    out: np.ndarray,
+    num_threads: int,
+    row_threads: int = 1,
 ) -> None: ...

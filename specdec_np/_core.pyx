@@ -84,6 +84,14 @@ cdef extern from "_rowscan.h" nogil:
         const double* row, Py_ssize_t start, Py_ssize_t stop, double p_x, Py_ssize_t x
     )
 
+cdef extern from "_survivors.h" nogil:
+    # The law's working memory (heap, one per thread): see new_law_scratch.
+    ctypedef struct specdec_law_scratch:
+        # Threads for the passes over one row (0 or 1: one; used only outside a parallel
+        # loop over requests).
+        int row_threads
+    specdec_law_scratch* specdec_law_scratch_new()
+
 cdef extern from "_logits.h" nogil:
     ctypedef struct specdec_row_law:
         double z_max
@@ -91,10 +99,6 @@ cdef extern from "_logits.h" nogil:
         double normaliser
         int64_t num_infinite
         int64_t status
-    # The law's working memory (heap, one per thread): see new_law_scratch.
-    ctypedef struct specdec_law_scratch:
-        pass
-    specdec_law_scratch* specdec_law_scratch_new()
     # With weights (V entries, or NULL), 1 when the row's weights were kept there.
     int specdec_row_law_f(
         const float* logits, Py_ssize_t V, float temperature, int64_t top_k, double top_p,
@@ -128,6 +132,11 @@ cdef extern from "_logits.h" nogil:
         const double* logits, Py_ssize_t V, double temperature, const specdec_row_law* law,
         double* out,
     )
+
+cdef extern from "_rowthreads.h" nogil:
+    # The threads a row of V entries takes for a law scratch's row_threads (1: its passes
+    # run on the calling thread); declared so that the build depends on the header.
+    int specdec_row_threads(int requested, Py_ssize_t V)
 
 cdef extern from "_treescan.h" nogil:
     double specdec_residual_update_ff(
@@ -246,13 +255,19 @@ def openmp_max_threads() -> int:
     return specdec_openmp_max_threads()
 
 
-cdef inline specdec_law_scratch* new_law_scratch(bint wanted) noexcept nogil:
+cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) noexcept nogil:
     """A thread's law scratch from the heap (free it with ``free``); NULL when not
     ``wanted`` (probability rows) or when the allocation fails, which the drivers report
-    as the row status SPECDEC_STATUS_NO_MEMORY."""
+    as the row status SPECDEC_STATUS_NO_MEMORY.  ``row_threads`` threads run the passes
+    over one row (the maximum and the exponentials) when the loop over requests runs on
+    one thread: the bits of one thread (``specdec_row_threads`` of ``_logits.h``)."""
+    cdef specdec_law_scratch* scratch
     if not wanted:
         return NULL
-    return specdec_law_scratch_new()
+    scratch = specdec_law_scratch_new()
+    if scratch != NULL:
+        scratch.row_threads = row_threads
+    return scratch
 
 
 include "kernels/registry_binding.pxi"

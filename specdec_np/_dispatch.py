@@ -244,12 +244,17 @@ def working_rows(device: int | None, threads: int, batch_size: int) -> int:
 
 
 def sampling_options(batch: Any, threads: int, table: Any) -> dict[str, Any]:
-    """The kernel options of logits rows: the ``[B, 5]`` sampling table and the scratch
-    rows of the processed target and draft row; empty for probability rows."""
+    """The kernel options of logits rows: the ``[B, 5]`` sampling table, the scratch rows
+    of the processed target and draft row and, on the CPU, the threads for the passes over
+    one row (:func:`_backend.row_thread_count`; the CUDA kernels split a row between the
+    threads of a block already, and take no such option); empty for probability rows."""
     if table is None:
         return {}
     rows = working_rows(batch.device, threads, batch.batch_size)
-    return {
+    options = {
         "sampling": table,
         "scratch": scratch_rows(batch.xp, rows, batch.vocab_size, batch.target_rows.dtype),
     }
+    if batch.device is None:
+        options["row_threads"] = _backend.row_thread_count(threads, batch.vocab_size)
+    return options

@@ -29,7 +29,13 @@
  * SPECDEC_LOGITS_MUTATION (tests only) compiles deliberately wrong variants, so that the
  * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
  * 2 = llama.cpp's top-p weighs only what min-p keeps too; 3 = the sixteen-lane pass adds
- * the high half of each sixteen to the lanes before the low half.
+ * the high half of each sixteen to the lanes before the low half; 4 = the exponential pass
+ * split between threads returns the sum of its chunks' sums.
+ *
+ * A row can be split between threads (the scratch's row_threads, _rowthreads.h) when the
+ * loop over requests runs on one, with the bits of one thread.  The filters' selections
+ * (the radix select, top-k's key, the gathered survivors) and the scratch are
+ * _survivors.h's.
  */
 #ifndef SPECDEC_LOGITS_H
 #define SPECDEC_LOGITS_H
@@ -37,6 +43,8 @@
 #include <stdlib.h>
 
 #include "_rowscan.h"
+#include "_rowthreads.h"
+#include "_survivors.h"
 
 #ifndef SPECDEC_LOGITS_MUTATION
 #define SPECDEC_LOGITS_MUTATION 0
@@ -79,406 +87,6 @@ SPECDEC_INLINE specdec_v8f specdec_same8(specdec_v8f x)
 SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec_v8i,
                         SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK, SPECDEC_VECTOR_FMA)
 #endif
-
-/* ---- the radix select ---------------------------------------------------------------- */
-
-/* Top-p after min-p or top-k selects over at most this many gathered survivors; with more
- * it scans the row.  The tests build the header with a smaller one to compare the two
- * paths. */
-#ifndef SPECDEC_TOP_P_CANDIDATES
-#define SPECDEC_TOP_P_CANDIDATES 2048
-#endif
-
-/* The law's working memory: the radix select's histogram, the gathered survivors, their
- * weights and two buffers of their keys (96 KiB for double rows).  It comes from the heap,
- * one per thread (specdec_law_scratch_new, freed with free): a thread's stack may be
- * 32 KiB (Python's smallest) or 16 KiB (OMP_STACKSIZE=16K), and no kernel keeps large
- * buffers there.  The histogram is all zeros between calls (each pass of the select clears the buckets it filled), so that a
- * pass over few entries costs what they cost, not a clear and a walk of every bucket. */
-typedef struct {
-    double histogram[1 << SPECDEC_HISTOGRAM_BITS];
-    union {
-        float f[SPECDEC_TOP_P_CANDIDATES];
-        double d[SPECDEC_TOP_P_CANDIDATES];
-    } candidates, candidate_weights;
-    ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
-    union {
-        uint32_t f[SPECDEC_TOP_P_CANDIDATES];
-        uint64_t d[SPECDEC_TOP_P_CANDIDATES];
-    } keys, spare_keys;
-} specdec_law_scratch;
-
-/* A zeroed scratch (NULL when the allocation fails). */
-static inline specdec_law_scratch *specdec_law_scratch_new(void)
-{
-    return (specdec_law_scratch *)calloc(1, sizeof(specdec_law_scratch));
-}
-
-/* Radix select over the keys of the z values: the largest key v such that the entries with
- * key >= v (and key >= floor_key) reach `need`, counting each entry as 1 (by_mass = 0) or
- * as its w (by_mass = 1; then need is top_p times the total, which the first histogram
- * gives).  Returns 0 when even every entry falls short.  Each pass histograms the next
- * SPECDEC_HISTOGRAM_BITS bits of the keys that share the prefix found so far; histogram
- * sums run in element order and the walk in bucket order, the same in every build; the
- * buckets and the walk are _elementwise.h's. */
-#define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
-    SPECDEC_CLONES                                                                         \
-    static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
-                                         T z_max, KEY_T floor_key, int by_mass, double need, \
-                                         const T *weights, double *histogram)              \
-    {                                                                                      \
-        KEY_T prefix = 0;                                                                  \
-        double above = 0.0;                                                                \
-        int known_bits = 0;                                                                \
-        while (known_bits < KEY_BITS) {                                                    \
-            int shift;                                                                     \
-            int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
-            /* The filled buckets are marked in `filled`; the others hold 0, which adds  \
-             * nothing to the total or to the walk's sums, so both visit the marked        \
-             * buckets alone, from the top, and clear them after (see the scratch). */     \
-            uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                     \
-            for (ptrdiff_t y = 0; y < V; ++y) {                                            \
-                T z = logits[y] / temperature;                                             \
-                int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
-                                                            prefix, known_bits, shift, width); \
-                if (bucket >= 0) {                                                         \
-                    histogram[bucket] += !by_mass ? 1.0                                    \
-                                         : weights ? (double)weights[y]                    \
-                                                   : specdec_weight_##SUFFIX(z, z_max);    \
-                    filled[bucket >> 6] |= (uint64_t)1 << (bucket & 63);                   \
-                }                                                                          \
-            }                                                                              \
-            int words = ((1 << width) + 63) / 64;                                          \
-            if (known_bits == 0 && by_mass) {                                              \
-                double total = 0.0;                                                        \
-                for (int word = words - 1; word >= 0; --word) {                            \
-                    for (uint64_t bits = filled[word]; bits;) {                            \
-                        int bucket = 64 * word + 63 - __builtin_clzll(bits);               \
-                        bits &= ~((uint64_t)1 << (bucket & 63));                           \
-                        total += histogram[bucket];                                        \
-                    }                                                                      \
-                }                                                                          \
-                need *= total;                                                             \
-            }                                                                              \
-            int chosen = -1, lowest_filled = -1;                                           \
-            for (int word = words - 1; word >= 0 && chosen < 0; --word) {                  \
-                for (uint64_t bits = filled[word]; bits && chosen < 0;) {                  \
-                    int bucket = 64 * word + 63 - __builtin_clzll(bits);                   \
-                    bits &= ~((uint64_t)1 << (bucket & 63));                               \
-                    if (specdec_select_walk_bucket(histogram[bucket], bucket, need, &above, \
-                                                   &lowest_filled))                        \
-                        chosen = bucket;                                                   \
-                }                                                                          \
-            }                                                                              \
-            if (chosen < 0 && known_bits > 0)                                              \
-                chosen = lowest_filled;                                                    \
-            for (int word = 0; word < words; ++word)                                       \
-                for (uint64_t bits = filled[word]; bits; bits &= bits - 1)                 \
-                    histogram[64 * word + __builtin_ctzll(bits)] = 0.0;                    \
-            if (chosen < 0)                                                                \
-                return 0;                                                                  \
-            prefix |= (KEY_T)chosen << shift;                                              \
-            known_bits += width;                                                           \
-        }                                                                                  \
-        return prefix;                                                                     \
-    }
-
-SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
-SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
-
-/* Whether any z of the 32 bytes of logits at x (over the temperature when `divide`) is at
- * least the threshold: the gather's test of a group that is most often empty. */
-#if SPECDEC_HAVE_VECTORS
-#define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
-    SPECDEC_INLINE int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature, \
-                                                     T threshold)                          \
-    {                                                                                      \
-        typedef T group_t __attribute__((vector_size(32)));                               \
-        typedef KEY_T mask_t __attribute__((vector_size(32)));                            \
-        group_t z, t = (group_t){0} + temperature, c = (group_t){0} + threshold;            \
-        memcpy(&z, x, sizeof z);                                                           \
-        if (divide)                                                                        \
-            z = z / t;                                                                     \
-        mask_t hit = (mask_t)(z >= c);                                                     \
-        uint64_t words[4];                                                                 \
-        memcpy(words, &hit, sizeof words);                                                 \
-        return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
-    }
-#else
-#define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
-    static inline int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature,  \
-                                                    T threshold)                           \
-    {                                                                                      \
-        int any = 0;                                                                       \
-        for (size_t l = 0; l < 32 / sizeof(T); ++l)                                        \
-            any |= (divide ? x[l] / temperature : x[l]) >= threshold;                      \
-        return any;                                                                        \
-    }
-#endif
-
-SPECDEC_DEFINE_ANY_AT_LEAST(f, float, uint32_t)
-SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
-
-/* Top-k's survivors without the radix select's passes over the whole row.  The K-th
- * largest z of any part of the row is at most the K-th largest of the row, so every entry
- * that top-k keeps has a key at least that of the K-th largest of a prefix sample (found by
- * specdec_select over the sample alone).  One cheap pass gathers, in element order, the z
- * values and indices of the entries at or above it; specdec_select over them finds the key
- * it finds over the row, since they hold every entry with a key at or above the answer.
- * The sample is sized so that about a quarter of SPECDEC_TOP_P_CANDIDATES entries are
- * expected to pass.  Returns how many were gathered, or -1 when the sample would be most of
- * the row, has fewer than `need` non-NaN entries, or too many entries pass (a prefix of
- * small values, say): the caller then selects over the row. */
-#define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
-    /* The need-th largest key of logits[0 .. sample) / temperature (0 when fewer are not \
-     * NaN), as specdec_select counts it.  A sample longer than the key buffers is cut    \
-     * down first: the need-th largest key of its first SPECDEC_TOP_P_CANDIDATES entries  \
-     * is at most the answer, so the z at or above it hold the answer's need entries. */  \
-    static KEY_T specdec_sample_top_k_key_##SUFFIX(const T *logits, ptrdiff_t sample,       \
-                                                   T temperature, T z_max, int64_t need,   \
-                                                   specdec_law_scratch *scratch)           \
-    {                                                                                      \
-        if (sample <= SPECDEC_TOP_P_CANDIDATES)                                            \
-            return specdec_top_k_key_##SUFFIX(logits, sample, temperature, need, z_max,    \
-                                              scratch);                                    \
-        KEY_T floor = need <= SPECDEC_TOP_P_CANDIDATES                                     \
-                          ? specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES,   \
-                                                       temperature, need, z_max, scratch)  \
-                          : 0;                                                             \
-        T *z = scratch->candidates.SUFFIX;                                                 \
-        ptrdiff_t count = 0;                                                               \
-        if (floor >= 1) {                                                                  \
-            T threshold = specdec_value_##SUFFIX(floor);                                   \
-            for (ptrdiff_t y = 0; y < sample && count >= 0; ++y) {                         \
-                T z_y = logits[y] / temperature;                                           \
-                if (z_y >= threshold && count == SPECDEC_TOP_P_CANDIDATES)                 \
-                    count = -1;                                                            \
-                else if (z_y >= threshold)                                                 \
-                    z[count++] = z_y;                                                      \
-            }                                                                              \
-        }                                                                                  \
-        if (floor < 1 || count < 0)                                                        \
-            return specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,        \
-                                           (double)need, NULL, scratch->histogram);        \
-        return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
-    }                                                                                      \
-    /* The entries at or above the sample's key, a 32-byte group at a time: few pass. */  \
-    SPECDEC_CLONES                                                                         \
-    static ptrdiff_t specdec_gather_at_least_##SUFFIX(const T *logits, ptrdiff_t V,         \
-                                                      T temperature, T threshold, T *z_out, \
-                                                      ptrdiff_t *y_out)                    \
-    {                                                                                      \
-        const int divide = temperature != (T)1;                                            \
-        const ptrdiff_t group = 32 / sizeof(T);                                            \
-        ptrdiff_t count = 0;                                                               \
-        for (ptrdiff_t y = 0; y < V; y += group) {                                         \
-            if (y + group <= V &&                                                          \
-                !specdec_any_at_least_##SUFFIX(logits + y, divide, temperature, threshold)) \
-                continue;                                                                  \
-            for (ptrdiff_t x = y; x < y + group && x < V; ++x) {                           \
-                T z = logits[x] / temperature;                                             \
-                if (z >= threshold) {                                                      \
-                    if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
-                        return -1;                                                         \
-                    z_out[count] = z;                                                      \
-                    y_out[count] = x;                                                      \
-                    ++count;                                                               \
-                }                                                                          \
-            }                                                                              \
-        }                                                                                  \
-        return count;                                                                      \
-    }                                                                                      \
-    static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
-                                                 T temperature, T z_max, int64_t need,      \
-                                                 specdec_law_scratch *scratch)             \
-    {                                                                                      \
-        double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
-        ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
-        if (sample > V / 2)                                                                \
-            return -1;                                                                     \
-        KEY_T lowest = specdec_sample_top_k_key_##SUFFIX(logits, sample, temperature, z_max, \
-                                                         need, scratch);                   \
-        if (lowest < 1)                                                                    \
-            return -1;                                                                     \
-        /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
-        return specdec_gather_at_least_##SUFFIX(logits, V, temperature,                    \
-                                                specdec_value_##SUFFIX(lowest),            \
-                                                scratch->candidates.SUFFIX,                \
-                                                scratch->positions);                       \
-    }                                                                                      \
-    /* Keep the gathered entries with key >= floor_key, in order; returns how many. */     \
-    static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
-                                              KEY_T floor_key)                             \
-    {                                                                                      \
-        /* Stores at or before the entry read, and no branch on a random outcome. */       \
-        ptrdiff_t kept = 0;                                                                \
-        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
-            T z_i = z[i];                                                                  \
-            ptrdiff_t y_i = y[i];                                                          \
-            z[kept] = z_i;                                                                 \
-            y[kept] = y_i;                                                                 \
-            kept += specdec_key_##SUFFIX(z_i) >= floor_key;                                \
-        }                                                                                  \
-        return kept;                                                                       \
-    }                                                                                      \
-    /* The weights w = exp(z - z_max) of gathered entries, computed once for the top-p  \
-     * select, the kept sum and the row's weights (T holds each exactly: a float32 weight \
-     * of a float row, a float64 one of a double row). */                                 \
-    SPECDEC_CLONES                                                                         \
-    static const T *specdec_candidate_weights_##SUFFIX(const T *z, ptrdiff_t count, T z_max, \
-                                                       T *w)                               \
-    {                                                                                      \
-        for (ptrdiff_t i = 0; i < count; ++i)                                              \
-            w[i] = (T)specdec_weight_##SUFFIX(z[i], z_max);                                \
-        return w;                                                                          \
-    }                                                                                      \
-    /* The kept sum of specdec_kept_sum over gathered entries z with weights w: each       \
-     * weight goes to the lane of its index, in element order, as the row scan adds it (the \
-     * scan adds +0 for the entries it does not keep, which changes no lane). */          \
-    static double specdec_kept_sum_gathered_##SUFFIX(const T *z, const T *w,                \
-                                                     const ptrdiff_t *y, ptrdiff_t count,  \
-                                                     T cutoff)                             \
-    {                                                                                      \
-        double lanes[8] = {0};                                                             \
-        for (ptrdiff_t i = 0; i < count; ++i)                                              \
-            if (z[i] >= cutoff)                                                            \
-                lanes[y[i] % 8] += (double)w[i];                                           \
-        return SPECDEC_COMBINE_LANES(lanes);                                               \
-    }                                                                                      \
-                                                                                           \
-    /* The law's weights of a row whose kept entries were all gathered: 0 elsewhere, no   \
-     * exponential outside them (specdec_row_law's `weights`). */                          \
-    static void specdec_gathered_weights_##SUFFIX(const T *z, const T *w,                   \
-                                                  const ptrdiff_t *y, ptrdiff_t count,     \
-                                                  T cutoff, ptrdiff_t V, T *weights)       \
-    {                                                                                      \
-        memset(weights, 0, (size_t)V * sizeof(T));                                         \
-        for (ptrdiff_t i = 0; i < count; ++i)                                              \
-            if (z[i] >= cutoff)                                                            \
-                weights[y[i]] = w[i];                                                      \
-    }
-
-/* The z values and indices, in element order, of the entries of a row of at most
- * SPECDEC_TOP_P_CANDIDATES with key >= floor_key (as the top-k path gathers its survivors,
- * so that the later filters and the kept sum work on them alone); returns how many.  Each
- * store lands at or before the entry read and no branch depends on a key. */
-#define SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(SUFFIX, T, KEY_T)                                 \
-    static ptrdiff_t specdec_gather_at_or_above_##SUFFIX(const T *logits, ptrdiff_t V,      \
-                                                         T temperature, KEY_T floor_key,   \
-                                                         T *z_out, ptrdiff_t *y_out)       \
-    {                                                                                      \
-        const int divide = temperature != (T)1;                                            \
-        ptrdiff_t kept = 0;                                                                \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            T z = divide ? logits[y] / temperature : logits[y];                            \
-            z_out[kept] = z;                                                               \
-            y_out[kept] = y;                                                               \
-            kept += specdec_key_##SUFFIX(z) >= floor_key;                                  \
-        }                                                                                  \
-        return kept;                                                                       \
-    }
-
-/* The tests build the header with a limit of 0, so that the radix select does it all. */
-#ifndef SPECDEC_QUICKSELECT_PARTITIONS
-#define SPECDEC_QUICKSELECT_PARTITIONS 64
-#endif
-
-/* Top-k's key over gathered entries: what specdec_select (counting, floor key 1) finds,
- * the K-th largest key of the non-NaN entries (0 when there are fewer), by quickselect,
- * which costs a few passes over the entries instead of three histograms of 2^11 buckets.
- * The answer is one value, so any exact method finds the same; after
- * SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select does
- * the job.  Each partition is three-way and has no branch on the keys (a key's side is
- * random, so a branch on it mispredicts one time in two, about ten cycles an entry):
- * every key is stored to both sides and each side's count advances by its comparison.
- * The larger keys are packed in place at the front of the range read (a store lands at or
- * before the key being read) and the smaller ones in the other buffer; equal keys are
- * counted, not stored.  The first partition reads the z values themselves, with a pivot
- * from a sample placed just above the K-th largest (top-k keeps a few percent of a row,
- * where the median of three would keep half); the later ones take the median of three. */
-#define SPECDEC_DEFINE_TOP_K_KEY(SUFFIX, T, KEY_T)                                          \
-    static KEY_T specdec_top_k_pivot_##SUFFIX(const T *values, ptrdiff_t count,             \
-                                              T temperature, int64_t top_k)                \
-    {                                                                                      \
-        enum { SAMPLE = 16 };                                                              \
-        KEY_T sample[SAMPLE];                                                              \
-        for (int i = 0; i < SAMPLE; ++i)                                                   \
-            sample[i] =                                                                    \
-                specdec_key_##SUFFIX(values[(ptrdiff_t)i * count / SAMPLE] / temperature);  \
-        /* At most `rank` sampled keys above the pivot: about rank / SAMPLE of the row. */ \
-        int rank = (int)(((double)top_k * SAMPLE + (double)count - 1) / (double)count) + 1; \
-        KEY_T pivot = 0;                                                                   \
-        int best = -1;                                                                     \
-        for (int i = 0; i < SAMPLE; ++i) {                                                 \
-            int above = 0;                                                                 \
-            for (int j = 0; j < SAMPLE; ++j)                                               \
-                above += sample[j] > sample[i];                                            \
-            if (above <= rank && above > best) {                                           \
-                best = above;                                                              \
-                pivot = sample[i];                                                         \
-            }                                                                              \
-        }                                                                                  \
-        return pivot;                                                                      \
-    }                                                                                      \
-    static KEY_T specdec_top_k_key_##SUFFIX(const T *values, ptrdiff_t count, T temperature, \
-                                            int64_t top_k, T z_max,                        \
-                                            specdec_law_scratch *scratch)                  \
-    {                                                                                      \
-        if (SPECDEC_QUICKSELECT_PARTITIONS == 0)                                           \
-            return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,         \
-                                           (double)top_k, NULL, scratch->histogram);        \
-        KEY_T *keys = scratch->keys.SUFFIX, *other = scratch->spare_keys.SUFFIX;           \
-        /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
-        ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
-        KEY_T pivot = specdec_top_k_pivot_##SUFFIX(values, count, temperature, top_k);     \
-        const int divide = temperature != (T)1;                                            \
-        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
-            /* z / 1 is z: the division is skipped, not the rounding changed. */          \
-            KEY_T key = specdec_key_##SUFFIX(divide ? values[i] / temperature : values[i]); \
-            keys[larger] = key;                                                            \
-            other[smaller] = key;                                                          \
-            n += key >= 1;                                                                 \
-            larger += key > pivot;                                                         \
-            smaller += key < pivot && key >= 1;                                            \
-        }                                                                                  \
-        if (n < top_k)                                                                     \
-            return 0;                                                                      \
-        for (int partitions = 0;; ++partitions) {                                          \
-            if (target < larger) {                                                         \
-                n = larger;                                                                \
-            } else if (target < n - smaller) {                                             \
-                return pivot;                                                              \
-            } else {                                                                       \
-                target -= n - smaller;                                                     \
-                n = smaller;                                                               \
-                KEY_T *swapped = keys;                                                     \
-                keys = other;                                                              \
-                other = swapped;                                                           \
-            }                                                                              \
-            if (n == 1)                                                                    \
-                return keys[0];                                                            \
-            if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
-                return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,     \
-                                               (double)top_k, NULL, scratch->histogram);    \
-            KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
-            pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
-            larger = smaller = 0;                                                          \
-            for (ptrdiff_t i = 0; i < n; ++i) {                                            \
-                KEY_T key = keys[i];                                                       \
-                keys[larger] = key;                                                        \
-                other[smaller] = key;                                                      \
-                larger += key > pivot;                                                     \
-                smaller += key < pivot;                                                    \
-            }                                                                              \
-        }                                                                                  \
-    }
-
-SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
-SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
-SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
-SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
-SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(f, float, uint32_t)
-SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(d, double, uint64_t)
 
 /* ---- the two passes of a row: the maximum, then the weights and their sum ------------- */
 
@@ -878,6 +486,11 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 
 #endif
 
+/* ---- threads inside a row (_rowthreads.h) -------------------------------------------- */
+
+SPECDEC_DEFINE_ROW_PASSES(f, float, specdec_row_max_f, specdec_kept_sum_f)
+SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
+
 /* ---- llama.cpp's filter order ---------------------------------------------------------- */
 
 #ifndef SPECDEC_FILTER_ORDER_LLAMA_CPP
@@ -951,7 +564,8 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
         }                                                                                  \
         if (floor_key <= 1) {                                                              \
             law->cutoff = -INFINITY;                                                       \
-            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights); \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights, \
+                                       scratch->row_threads);                              \
             return weights != NULL;                                                        \
         }                                                                                  \
         /* Top-k's and top-p's keys are those of entries; min-p's bisection key need not   \
@@ -985,12 +599,13 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                                               weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
-        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights,          \
+                                   scratch->row_threads);                                  \
         return weights != NULL;                                                            \
     }
 
-SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_kept_sum_f)
-SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
+SPECDEC_DEFINE_LLAMA_CPP_LAW(f, float, uint32_t, specdec_law_kept_sum_f)
+SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
 
 /* ---- public entry points ------------------------------------------------------------------ */
 
@@ -1010,7 +625,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
     {                                                                                      \
         T z_max;                                                                           \
         int64_t num_infinite;                                                              \
-        ROW_MAX(logits, V, temperature, &z_max, &num_infinite);                            \
+        ROW_MAX(logits, V, temperature, &z_max, &num_infinite, scratch->row_threads);      \
         law->z_max = (double)z_max;                                                        \
         law->num_infinite = num_infinite;                                                  \
         law->status = 0;                                                                   \
@@ -1104,7 +719,8 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
         }                                                                                  \
         if (floor_key <= 1) {                                                              \
             law->cutoff = -INFINITY;                                                       \
-            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights); \
+            law->normaliser = KEPT_SUM(logits, V, temperature, z_max, (T)-INFINITY, weights, \
+                                       scratch->row_threads);                              \
             return weights != NULL;                                                        \
         }                                                                                  \
         T cutoff = specdec_value_##SUFFIX(floor_key);                                      \
@@ -1121,12 +737,13 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_kept_sum_d)
                                               weights);                                    \
             return 1;                                                                      \
         }                                                                                  \
-        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights);        \
+        law->normaliser = KEPT_SUM(logits, V, temperature, z_max, cutoff, weights,          \
+                                   scratch->row_threads);                                  \
         return weights != NULL;                                                            \
     }
 
-SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_row_max_f, specdec_kept_sum_f)
-SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_row_max_d, specdec_kept_sum_d)
+SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_law_row_max_f, specdec_law_kept_sum_f)
+SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_law_row_max_d, specdec_law_kept_sum_d)
 
 /* p(y) as float64 from the one logit logits[y]; 0 for a row without mass. */
 #define SPECDEC_DEFINE_PROBABILITY(SUFFIX, T)                                               \

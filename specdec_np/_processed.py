@@ -81,7 +81,15 @@ def processed_probs(
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
     device = _backend.device_of(rows)
-    _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
+    if device is None:
+        # Threads inside a row when the loop over rows runs on one (the CUDA kernel has a
+        # block per row and takes no such option).
+        row_threads = _backend.row_thread_count(threads, vocab_size)
+        _dispatch.kernels_for(device).processed_rows(
+            rows, xp.asarray(table), result, threads, row_threads=row_threads
+        )
+    else:
+        _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
     if greedy.any():
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]

@@ -278,7 +278,7 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 
 PACKAGE_DIR = REPO_ROOT / "specdec_np"
 SHARED_HEADER = PACKAGE_DIR / "_elementwise.h"
-CPU_HEADERS = ("_logits.h", "_rowscan.h", "_treescan.h")
+CPU_HEADERS = ("_logits.h", "_rowscan.h", "_rowthreads.h", "_survivors.h", "_treescan.h")
 
 
 def _code(text: str) -> str:

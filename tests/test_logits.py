@@ -31,6 +31,7 @@ from c_headers import build_library
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_np import _core
 from specdec_np._contract import FILTER_ORDER_CODES
 from specdec_np._reference import _processed_law, fast_expf, fmaf, process_logits
 
@@ -130,6 +131,37 @@ double t_probability_d(const double *l, ptrdiff_t y, double t, const specdec_row
 { return specdec_law_probability_d(l, y, t, law); }
 ptrdiff_t t_argmax_f(const float *row, ptrdiff_t V) { return specdec_argmax_f(row, V); }
 
+/* The law with its scratch's row_threads set to `threads`: its weights kept in out and
+ * divided there when out is not NULL (returns whether they were), else no weights. */
+#define T_LAW_THREADS(SUFFIX, T)                                                            \
+    int t_law_threads_##SUFFIX(const T *l, ptrdiff_t V, T t, int64_t k, double p, double m, \
+                               int order, int threads, specdec_row_law *law, T *out)       \
+    {                                                                                      \
+        specdec_law_scratch *scratch = specdec_law_scratch_new();                          \
+        scratch->row_threads = threads;                                                    \
+        int stored = specdec_row_law_##SUFFIX(l, V, t, k, p, m, order, scratch, out, law);  \
+        free(scratch);                                                                     \
+        if (stored)                                                                        \
+            specdec_law_from_weights_##SUFFIX(out, V, law->normaliser);                    \
+        return stored;                                                                     \
+    }                                                                                      \
+    /* The one-thread exponential pass (its sum, its weights in w), and the residual sum   \
+     * of weights w (q = 0, rho = 1, scale = 1), which the threaded pass returns. */       \
+    double t_kept_sum_##SUFFIX(const T *l, ptrdiff_t V, T t, T z_max, T cutoff, T *w)       \
+    { return specdec_kept_sum_##SUFFIX(l, V, t, z_max, cutoff, w); }                       \
+    double t_weights_sum_##SUFFIX(const T *w, ptrdiff_t V)                                  \
+    { return specdec_residual_sum_##SUFFIX(w, NULL, -1, 1.0, 1.0, 0, V); }                  \
+    /* The one-thread maximum scan. */                                                     \
+    T t_row_max_##SUFFIX(const T *l, ptrdiff_t V, T t)                                     \
+    {                                                                                      \
+        T z_max;                                                                           \
+        int64_t infinite;                                                                  \
+        specdec_row_max_##SUFFIX(l, V, t, &z_max, &infinite);                              \
+        return z_max;                                                                      \
+    }
+T_LAW_THREADS(f, float)
+T_LAW_THREADS(d, double)
+
 /* The residual sum of a row in one call, and in pieces of `piece` entries added to one set
  * of lanes (what the kernels do when they process a logits row block by block). */
 double t_residual_sum_f(const float *p, const float *q, ptrdiff_t m, double rho, ptrdiff_t V)
@@ -186,6 +218,18 @@ class Logits:
             ]  # fmt: skip
             getattr(lib, f"t_probability_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar, p]
             getattr(lib, f"t_probability_{kind}").restype = ctypes.c_double
+            getattr(lib, f"t_law_threads_{kind}").argtypes = [
+                p, ctypes.c_ssize_t, scalar, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
+                ctypes.c_int, ctypes.c_int, p, p,
+            ]  # fmt: skip
+            getattr(lib, f"t_kept_sum_{kind}").argtypes = [
+                p, ctypes.c_ssize_t, scalar, scalar, scalar, p
+            ]
+            getattr(lib, f"t_kept_sum_{kind}").restype = ctypes.c_double
+            getattr(lib, f"t_weights_sum_{kind}").argtypes = [p, ctypes.c_ssize_t]
+            getattr(lib, f"t_weights_sum_{kind}").restype = ctypes.c_double
+            getattr(lib, f"t_row_max_{kind}").argtypes = [p, ctypes.c_ssize_t, scalar]
+            getattr(lib, f"t_row_max_{kind}").restype = scalar
         for name in ("t_exp_scalar", "t_exp_vector"):
             getattr(lib, name).argtypes = [p, p, ctypes.c_ssize_t]
         lib.t_exp_monotone_violations.restype = ctypes.c_int64
@@ -235,6 +279,44 @@ class Logits:
             out.ctypes.data,
         )
         return law, (out if stored else None)
+
+    def law_on_threads(
+        self,
+        row: np.ndarray,
+        temperature: float,
+        filters: tuple[int, float, float],
+        filter_order: str,
+        threads: int,
+        keep_weights: bool,
+    ) -> tuple[RowLaw, np.ndarray | None]:
+        """The law with ``threads`` row threads, and the row divided from its weights when
+        ``keep_weights`` and the law kept them (else None)."""
+        law = RowLaw()
+        out = np.full_like(row, -7.0)
+        stored = getattr(self.lib, f"t_law_threads_{self._kind(row)}")(
+            row.ctypes.data, row.size, temperature, *filters, FILTER_ORDER_CODES[filter_order],
+            threads, ctypes.byref(law), out.ctypes.data if keep_weights else None,
+        )  # fmt: skip
+        return law, (out if stored else None)
+
+    def kept_sum(
+        self, row: np.ndarray, temperature: float, z_max: float, cutoff: float
+    ) -> tuple[float, float]:
+        """The one-thread exponential pass's sum, and the residual sum of the weights it
+        stored."""
+        kind = self._kind(row)
+        weights = np.full_like(row, -7.0)
+        kept = getattr(self.lib, f"t_kept_sum_{kind}")(
+            row.ctypes.data, row.size, temperature, z_max, cutoff, weights.ctypes.data
+        )
+        stored = getattr(self.lib, f"t_weights_sum_{kind}")(weights.ctypes.data, row.size)
+        return float(kept), float(stored)
+
+    def row_max(self, row: np.ndarray, temperature: float) -> float:
+        """The one-thread maximum scan's z_max."""
+        return float(getattr(self.lib, f"t_row_max_{self._kind(row)}")(
+            row.ctypes.data, row.size, temperature
+        ))  # fmt: skip
 
     def materialise(self, row: np.ndarray, temperature: float, law: RowLaw) -> np.ndarray:
         out = np.full_like(row, -7.0)
@@ -1134,3 +1216,201 @@ def test_llama_cpp_gathered_survivors_see_ties_at_the_temperature(
     scanned = few_candidates.row_law(row, temperature, 1, 1.0, 0.0, "llama.cpp")
     assert law.fields() == scanned.fields()
     _check_row(vector, row, temperature, 1, 1.0, 0.0, "llama.cpp")
+
+
+# ---- threads inside a row -------------------------------------------------------------
+
+# The chunk of the builds below: small rows then span many chunks (the extension's is 4096).
+_TEST_CHUNK = 64
+
+
+def _threaded_build(tmp: Path, stem: str, *defines: str) -> Logits:
+    """A build whose row threads are OpenMP threads, where the compiler has OpenMP (else the
+    chunked passes run one chunk after the other: the same code, the same bits)."""
+    chunk = f"-DSPECDEC_ROW_CHUNK={_TEST_CHUNK}"
+    try:
+        return _build(tmp, f"{stem}_openmp", chunk, "-fopenmp", *defines)
+    except AssertionError:  # no OpenMP in this compiler: build_library asserts
+        return _build(tmp, stem, chunk, *defines)
+
+
+@pytest.fixture(scope="module")
+def threaded_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Logits]:
+    tmp = tmp_path_factory.mktemp("row_threads")
+    return {
+        "vector": _threaded_build(tmp, "threads"),
+        "scalar": _threaded_build(tmp, "threads_scalar", "-DSPECDEC_NO_VECTOR_EXTENSIONS"),
+    }
+
+
+def _law_bits(law: RowLaw) -> tuple[bytes, tuple[Any, ...]]:
+    """A law's float fields as their bits (so that -0 and +0 differ), and its counts."""
+    return np.array(law.fields()[:3]).tobytes(), law.fields()[3:]
+
+
+def _thread_differences(
+    build: Logits,
+    row: np.ndarray,
+    temperature: float,
+    filters: tuple[int, float, float],
+    filter_order: str,
+    threads: int,
+) -> list[str]:
+    """What differs, bit for bit, between the law (its fields, and the processed row of its
+    kept weights) on ``threads`` row threads and on one."""
+    differences = []
+    for keep_weights in (True, False):
+        one_law, one_row = build.law_on_threads(row, temperature, filters, filter_order, 1,
+                                                keep_weights)  # fmt: skip
+        law, processed = build.law_on_threads(
+            row, temperature, filters, filter_order, threads, keep_weights
+        )
+        if _law_bits(law) != _law_bits(one_law):
+            differences.append(f"law fields {law.fields()} != {one_law.fields()}")
+        if (processed is None) != (one_row is None) or (
+            processed is not None and processed.tobytes() != one_row.tobytes()
+        ):
+            differences.append("the processed row")
+    return differences
+
+
+def _core_processed_rows(rows: np.ndarray, table: np.ndarray, row_threads: int) -> np.ndarray:
+    out = np.full_like(rows, -7.0)
+    _core.processed_rows(rows, table, out, 1, row_threads=row_threads)
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    vocab=st.integers(1, 40 * _TEST_CHUNK + 5),
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([1.0, 0.7, 2.5, 1e-30]),
+    filters=st.sampled_from(
+        [(0, 1.0, 0.0), (50, 1.0, 0.0), (0, 0.95, 0.0), (0, 1.0, 0.05), (50, 0.95, 0.0),
+         (40, 0.9, 0.01), (1, 1.0, 0.0)]
+    ),  # fmt: skip
+    filter_order=st.sampled_from(sorted(FILTER_ORDER_CODES)),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    special=st.sampled_from(["none", "nan", "minus_inf", "plus_inf", "all_minus_inf",
+                             "zero_maximum", "ties"]),  # fmt: skip
+    threads=st.sampled_from([2, 3]),
+)
+def test_threads_inside_a_row_give_the_bits_of_one_thread(
+    threaded_builds: dict[str, Logits],
+    vocab: int,
+    seed: int,
+    temperature: float,
+    filters: tuple[int, float, float],
+    filter_order: str,
+    dtype: type,
+    special: str,
+    threads: int,
+) -> None:
+    """The law of a row split into chunks between row threads (the maximum, the weights and
+    their sum) gives the law's fields (z_max's sign included) and its processed row bit for
+    bit as on one thread, in the vector and the scalar build, whether it keeps its weights
+    or not: rows over many chunks, with NaN, +inf (uniform over them), -inf, all -inf (no
+    mass), a maximum of zero of either sign, ties; and the extension's processed rows (its
+    chunks of 4096) with row_threads 2 against 1."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 4).astype(dtype)
+    where = rng.integers(vocab, size=max(vocab // 7, 1))
+    if special == "nan":
+        row[where] = np.nan
+    elif special == "minus_inf":
+        row[where] = -np.inf
+    elif special == "plus_inf":
+        row[rng.integers(vocab, size=3)] = np.inf
+    elif special == "all_minus_inf":
+        row[:] = -np.inf
+    elif special == "zero_maximum":
+        # Zeros of both signs, everything else below them: which zero the maximum scan
+        # keeps depends on where they fall among its lanes and chunks.
+        row = -np.abs(row)
+        row[where] = rng.choice(np.array([0.0, -0.0], dtype=dtype), size=where.size)
+    elif special == "ties":
+        row = np.round(row).astype(dtype)
+    for name, build in threaded_builds.items():
+        differences = _thread_differences(build, row, temperature, filters, filter_order, threads)
+        assert not differences, (name, differences)
+    # The extension (its chunks of 4096) on rows of two chunks or more made of this one,
+    # of a length that is not a multiple of the chunk.
+    length = 2 * 4096 + 1 + seed % 5000
+    long_rows = np.stack([np.resize(row, length), np.resize(np.roll(row, 5), length)])
+    code = FILTER_ORDER_CODES[filter_order]
+    table = np.tile(np.array([temperature, *filters, code], dtype=np.float64), (2, 1))
+    one = _core_processed_rows(long_rows, table, 1)
+    assert _core_processed_rows(long_rows, table, threads).tobytes() == one.tobytes()
+
+
+def test_a_zero_maximum_keeps_the_sign_of_one_thread(threaded_builds: dict[str, Logits]) -> None:
+    """A row whose maximum is zero: the one-thread scan of the vector build keeps -0 (its
+    first running maximum meets -0 at entry 64 before the second meets +0 at entry 8),
+    while the first chunk alone has +0, so chunk maxima combined in chunk order would give
+    +0; the threaded law gives -0, the one thread's sign."""
+    build = threaded_builds["vector"]
+    for dtype in (np.float32, np.float64):
+        row = np.full(2 * _TEST_CHUNK, -1.0, dtype=dtype)
+        row[8], row[_TEST_CHUNK] = 0.0, -0.0
+        if dtype == np.float32:  # the float64 scan is scalar: the first zero, +0, wins
+            assert math.copysign(1.0, build.row_max(row, 1.0)) == -1.0
+            assert math.copysign(1.0, build.row_max(row[:_TEST_CHUNK], 1.0)) == 1.0
+        one = math.copysign(1.0, build.row_max(row, 1.0))
+        for threads in (2, 3):
+            for _ in range(20):  # the threads' order varies from run to run
+                law, _ = build.law_on_threads(row, 1.0, (0, 1.0, 0.0), "vllm", threads, True)
+                assert math.copysign(1.0, law.z_max) == one
+
+
+def test_the_thread_comparison_sees_chunk_sums(tmp_path: Path) -> None:
+    """Negative control: a threaded exponential pass that returns the sum of its chunks'
+    sums (a float64 order other than one thread's) changes the normaliser's bits on some
+    row, and the comparison of the test above reports it."""
+    chunk_sums = _threaded_build(tmp_path, "chunk_sums", "-DSPECDEC_LOGITS_MUTATION=4")
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        rows = (rng.standard_normal((20, 30 * _TEST_CHUNK)) * 4).astype(dtype)
+        found = [_thread_differences(chunk_sums, row, 1.0, (0, 1.0, 0.0), "vllm", 2)
+                 for row in rows]  # fmt: skip
+        assert any(found), dtype
+        # On one thread the mutation changes nothing: it is the chunked pass that differs.
+        one_law, _ = chunk_sums.law_on_threads(rows[0], 1.0, (0, 1.0, 0.0), "vllm", 1, True)
+        assert one_law.fields() == chunk_sums.row_law(rows[0], 1.0, 0, 1.0, 0.0).fields()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    vocab=st.integers(1, 3000),
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([1.0, 0.7]),
+    cutoff=st.sampled_from([-np.inf, -2.0, 0.5]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    special=st.sampled_from(["none", "nan", "minus_inf"]),
+)
+def test_the_sum_of_the_stored_weights_is_the_kept_sum(
+    builds: dict[str, Logits],
+    narrow: Logits,
+    vocab: int,
+    seed: int,
+    temperature: float,
+    cutoff: float,
+    dtype: type,
+    special: str,
+) -> None:
+    """The sum the threaded pass takes over the stored weights (specdec_residual_sum with
+    q = 0, rho = 1, scale = 1) has the bits of the sum the one-thread exponential pass
+    returns, in every build (sixteen lanes, eight, scalar), whatever the row's length
+    modulo 16 and whichever groups the cutoff skips."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 4).astype(dtype)
+    if special == "nan":
+        row[rng.integers(vocab, size=max(vocab // 5, 1))] = np.nan
+    elif special == "minus_inf":
+        row[rng.integers(vocab, size=max(vocab // 5, 1))] = -np.inf
+    z = row / dtype(temperature)
+    z_max = float(np.nanmax(np.where(np.isnan(z), -np.inf, z)))
+    if not math.isfinite(z_max):
+        z_max = 0.0
+    for build in (*builds.values(), narrow):
+        kept, stored = build.kept_sum(row, temperature, z_max, cutoff)
+        assert np.float64(kept).tobytes() == np.float64(stored).tobytes()

@@ -12,6 +12,7 @@ task run alone.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _backend, registry, samplers
+from specdec_np import _backend, _core, _dispatch, registry, samplers
 from specdec_np.registry import Verifier
 
 THREADS = 4
@@ -300,3 +301,136 @@ def test_the_contract_is_documented() -> None:
     assert "not meant to be shared between threads" in text
     assert "give each thread its own" in text
     assert "release the GIL" in text
+
+
+# ---- threads inside a row ---------------------------------------------------------------
+
+# Several of the kernels' chunks of 4096 entries, and not a whole number of them.
+ROW_VOCAB = 65536 + 123
+
+
+def _record_options(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The kernel options of every logits call made through ``_dispatch.sampling_options``
+    and of every ``_core.processed_rows`` call, as they are passed on."""
+    seen: list[dict[str, Any]] = []
+    sampling_options = _dispatch.sampling_options
+    processed_rows = _core.processed_rows
+
+    def recorded_options(batch: Any, threads: int, table: Any) -> dict[str, Any]:
+        options = sampling_options(batch, threads, table)
+        seen.append(dict(options, threads=threads))
+        return options
+
+    def recorded_rows(rows: Any, table: Any, out: Any, threads: int, **options: Any) -> None:
+        seen.append(dict(options, threads=threads))
+        processed_rows(rows, table, out, threads, **options)
+
+    monkeypatch.setattr(_dispatch, "sampling_options", recorded_options)
+    monkeypatch.setattr(_core, "processed_rows", recorded_rows)
+    return seen
+
+
+def _logits_calls(dtype: type, filters: dict[str, float], seed: int) -> list[np.ndarray]:
+    """Every output of a few calls from logits at B = 1 through the public API: the
+    processed row, bonus-only draws (sample_tokens), a ragged chain with drafts drawn from
+    their logits, a tree walked on its target's logits."""
+    rng = np.random.default_rng(seed)
+    rows = (rng.standard_normal((4, ROW_VOCAB)) * 3).astype(dtype)
+    draft = (rows[:3] + rng.standard_normal((3, ROW_VOCAB)).astype(dtype)).astype(dtype)
+    # Drafts of the targets' argmax, so that some are accepted and later rows are read.
+    ids = rows[:3].argmax(axis=1).astype(np.int64)
+    ids[2] = rng.integers(ROW_VOCAB)
+    generator = np.random.default_rng(seed + 1)
+    outputs = [specdec_np.processed_probs(rows[:1], **filters)]
+    outputs += [
+        specdec_np.sample_tokens(logits=rows[:1], generator=generator, **filters)
+        for _ in range(8)
+    ]
+    for _ in range(4):
+        result = specdec_np.verify_ragged(
+            num_draft_tokens=[3], draft_token_ids=ids, target_logits=rows, draft_logits=draft,
+            generator=generator, **filters,
+        )  # fmt: skip
+        outputs += [result.output_token_ids, result.accepted_lengths]
+        tree = specdec_np.verify_tree(
+            num_nodes=[3], tree_parents=[-1, 0, 0], draft_token_ids=ids, target_logits=rows,
+            generator=generator, **filters,
+        )  # fmt: skip
+        outputs += [tree.output_token_ids, tree.accepted_nodes]
+    return outputs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "filters",
+    [{}, {"temperature": 0.8}, {"top_k": 50, "top_p": 0.95}, {"min_p": 0.05}],
+    ids=["plain", "temperature", "top_k_top_p", "min_p"],
+)
+def test_threads_inside_a_row_give_the_bits_of_one(
+    monkeypatch: pytest.MonkeyPatch, dtype: type, filters: dict[str, float]
+) -> None:
+    """A single request from logits (B = 1, V > 65536) whose rows are split between two
+    threads gives, from the same seed, the processed row bit for bit and the same tokens
+    as on one thread, through processed_probs, sample_tokens, verify_ragged and
+    verify_tree.  Two threads are forced (OpenMP and the cores say two), so the comparison
+    runs on a machine of one core too."""
+    seen = _record_options(monkeypatch)
+    monkeypatch.setattr(_core, "openmp_max_threads", lambda: 2)
+    monkeypatch.setattr(_backend, "available_cores", lambda: 2)
+    split = _logits_calls(dtype, filters, seed=7)
+    assert seen and all(options["row_threads"] == 2 for options in seen), seen
+    seen.clear()
+    monkeypatch.setattr(_core, "openmp_max_threads", lambda: 1)
+    one = _logits_calls(dtype, filters, seed=7)
+    assert seen and all(options["row_threads"] == 1 for options in seen), seen
+    assert len(split) == len(one)
+    for found, expected in zip(split, one):
+        assert found.dtype == expected.dtype
+        assert found.tobytes() == expected.tobytes()
+
+
+def test_threads_inside_a_row_only_when_one_runs_over_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Row threads are the idle cores of a call whose loop over requests runs on one
+    thread, for rows of at least ROW_THREADS_MIN_VOCAB, capped by OpenMP's count and the
+    cores; a threaded loop over requests, a short row, probability rows and the GPU get
+    none."""
+    monkeypatch.setattr(_core, "openmp_max_threads", lambda: 8)
+    monkeypatch.setattr(_backend, "available_cores", lambda: 3)
+    minimum = _backend.ROW_THREADS_MIN_VOCAB
+    assert _backend.row_thread_count(1, 128256) == 3
+    assert _backend.row_thread_count(1, minimum) == 3
+    assert _backend.row_thread_count(1, minimum - 1) == 1
+    assert _backend.row_thread_count(2, 128256) == 1
+    assert _backend.row_thread_count(3, 128256) == 1
+    monkeypatch.setattr(_backend, "available_cores", lambda: 1)
+    assert _backend.row_thread_count(1, 128256) == 1
+    monkeypatch.setattr(_backend, "available_cores", lambda: 3)
+    monkeypatch.setattr(_core, "openmp_max_threads", lambda: 2)  # OMP_NUM_THREADS=2
+    assert _backend.row_thread_count(1, 128256) == 2
+    # Through the public API: one request gets them, a batch whose loop over requests is
+    # threaded (B V >= PARALLEL_MIN_ELEMENTS: processed_probs reads V a row, a draw 2 V)
+    # does not.
+    seen = _record_options(monkeypatch)
+    rng = np.random.default_rng(0)
+    vocab = minimum + 7
+    for batch_size, threads, row_threads in [(1, 1, 2), (32, 2, 1)]:
+        assert batch_size * vocab >= _backend.PARALLEL_MIN_ELEMENTS or batch_size == 1
+        logits = rng.standard_normal((batch_size, vocab)).astype(np.float32)
+        specdec_np.sample_tokens(logits=logits, generator=rng)
+        specdec_np.processed_probs(logits)
+        assert [(o["threads"], o["row_threads"]) for o in seen] == [(threads, row_threads)] * 2
+        seen.clear()
+    # Probability rows compute no law: no option.
+    probs = np.full((1, vocab), 1.0 / vocab, dtype=np.float32)
+    specdec_np.sample_tokens(probs=probs, generator=rng)
+    assert [sorted(options) for options in seen] == [["threads"]]
+    # The CUDA kernels take no row_threads: a batch on a device gets no such option.
+    on_device = types.SimpleNamespace(
+        device=0, xp=np, batch_size=1, vocab_size=vocab,
+        target_rows=np.empty((1, vocab), dtype=np.float32),
+    )  # fmt: skip
+    monkeypatch.undo()
+    assert "row_threads" not in _dispatch.sampling_options(on_device, 1, np.zeros((1, 5)))
+

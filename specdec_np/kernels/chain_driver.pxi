@@ -72,6 +72,7 @@ def verify_chains(
     bint target_logits=True,
     bint draft_logits=True,
     bint bonus_rows=True,
+    int row_threads=1,
 ):
     """Verify a batch of draft chains with the row functions bound to the registry codes.
 
@@ -125,6 +126,10 @@ def verify_chains(
         Whether the target holds each request's bonus row (``[T + B, V]``); without them
         (``[T, V]``, request ``b``'s rows from ``draft_offsets[b]``, as vLLM v1 holds them)
         the bonus ids must be given (``draw_bonus`` False): no bonus row is read then.
+    row_threads : int
+        With ``sampling``: threads for the passes over one logits row (its maximum and its
+        exponentials) when the loop over requests runs on one thread (``num_threads`` <= 1;
+        a parallel loop never nests them); 0 or 1: one.  The bits of one thread either way.
 
     Returns
     -------
@@ -158,6 +163,7 @@ def verify_chains(
     )
     cdef probability_t* scratch_base = NULL
     cdef specdec_law_scratch* law_scratch = NULL
+    cdef specdec_law_scratch* serial_scratch = NULL
     cdef const probability_t* target_base
     require(B >= 0, "draft_offsets must have B + 1 entries")
     require_chain_row_code(method)
@@ -216,10 +222,34 @@ def verify_chains(
     ids_base = &draft_token_ids[0] if T > 0 else NULL
     uniform_base = &uniforms[0, 0] if stochastic else NULL
     parameter_base = &parameters[0] if parameters.shape[0] > 0 else NULL
-    # use_threads_if: a one-thread call skips the OpenMP team (about half a microsecond).
-    # Each thread of the team allocates its law scratch once for the call.
-    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
-        law_scratch = new_law_scratch(sampling_base != NULL)
+    if num_threads <= 1:
+        # One thread, outside any OpenMP region (the loop below, on thread 0): row threads'
+        # teams nested in an inactive region would be new threads every time (libgomp
+        # wakes its pool only for a team at the outer level), hundreds of microseconds a
+        # row, and a one-thread call skips the region's own cost too.
+        with nogil:
+            serial_scratch = new_law_scratch(sampling_base != NULL, row_threads)
+            for b in range(B):
+                start = draft_offsets[b]
+                request_method = request_methods[b] if per_request else method
+                row_status[b] = verify_request(
+                    request_method,
+                    target_base + (start + (b if bonus_rows else 0)) * V,
+                    NULL if draft_base == NULL else draft_base + start * V,
+                    ids_base + start if ids_base != NULL else ids_base,
+                    bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                    NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+                    parameter_base, causal,
+                    NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                    scratch_base, serial_scratch, width, &output[b, 0], &accepted_lengths[b],
+                    &num_accepted[b],
+                )
+            free(serial_scratch)
+        return first_failed_row(row_status)
+    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
+    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
+    with nogil, parallel(num_threads=num_threads):
+        law_scratch = new_law_scratch(sampling_base != NULL, 1)
         for b in prange(B, schedule="dynamic"):
             start = draft_offsets[b]
             request_method = request_methods[b] if per_request else method

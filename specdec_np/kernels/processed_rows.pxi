@@ -34,6 +34,7 @@ def processed_rows(
     const double[:, ::1] sampling,
     probability_t[:, ::1] out,
     int num_threads,
+    int row_threads=1,
 ):
     """Write the processed law of every logits row.
 
@@ -47,20 +48,41 @@ def processed_rows(
         Written: row ``i``'s law (all zeros for a row without a finite maximum).
     num_threads : int
         Threads for the loop over rows.
+    row_threads : int
+        Threads for the passes over one row when the loop over rows runs on one thread
+        (``num_threads`` <= 1); 0 or 1: one.  The bits of one thread either way.
     """
     cdef Py_ssize_t N = logits.shape[0]
     cdef Py_ssize_t V = logits.shape[1]
     cdef Py_ssize_t i
     cdef specdec_law_scratch* scratch = NULL
+    cdef specdec_law_scratch* serial_scratch = NULL
     cdef int failed = 0
     require(V >= 1, "the vocabulary must not be empty")
     require(sampling.shape[0] == N and sampling.shape[1] == 5, "sampling must be [N, 5]")
     require(out.shape[0] == N and out.shape[1] == V, "out must be [N, V]")
     if N == 0:
         return
-    # Each thread of the team allocates its law scratch once for the call.
-    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
-        scratch = new_law_scratch(True)
+    if num_threads <= 1:
+        # One thread, outside any OpenMP region, as in verify_chains: row threads' teams are
+        # never nested in an inactive region (libgomp would start new threads for each).
+        with nogil:
+            serial_scratch = new_law_scratch(True, row_threads)
+            if serial_scratch == NULL:
+                failed = 1
+            else:
+                for i in range(N):
+                    process_row(
+                        &logits[i, 0], V, &sampling[i, 0], serial_scratch, &out[i, 0]
+                    )
+                free(serial_scratch)
+        if failed:
+            raise MemoryError("processed_rows: the law's scratch could not be allocated")
+        return
+    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
+    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
+    with nogil, parallel(num_threads=num_threads):
+        scratch = new_law_scratch(True, 1)
         # Every thread meets the loop (a worksharing loop that some skipped would hang).
         for i in prange(N, schedule="dynamic"):
             if scratch == NULL:

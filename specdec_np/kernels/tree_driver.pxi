@@ -343,6 +343,7 @@ def verify_trees(
     double[:, ::1] working=None,
     bint target_logits=True,
     bint draft_logits=True,
+    int row_threads=1,
 ):
     """Verify a batch of draft trees with the tree steps bound to the registry codes.
 
@@ -396,6 +397,9 @@ def verify_trees(
         uniforms.  Traversal keeps one per level of the walked path and one for the
         update: ``R >= max depth + 1`` (a request deeper than that reports
         ``STATUS_NO_MEMORY``).
+    row_threads : int
+        With ``sampling``: threads for the passes over one logits row, as in
+        :func:`verify_chains`.
 
     Returns
     -------
@@ -435,6 +439,7 @@ def verify_trees(
     )
     cdef probability_t* scratch_base = NULL
     cdef specdec_law_scratch* law_scratch = NULL
+    cdef specdec_law_scratch* serial_scratch = NULL
     cdef double* working_base = NULL
     require(B >= 0, "node_offsets must have B + 1 entries")
     require_tree_step_code(method)
@@ -514,9 +519,37 @@ def verify_trees(
     next_distinct_base = &next_distinct_sibling[0] if N > 0 else NULL
     repeated_base = &repeated_token[0] if N > 0 else NULL
     uniform_base = &uniforms[0] if stochastic else NULL
-    # Each thread of the team allocates its law scratch once for the call.
-    with nogil, parallel(num_threads=num_threads, use_threads_if=num_threads > 1):
-        law_scratch = new_law_scratch(sampling_base != NULL)
+    if num_threads <= 1:
+        # One thread, outside any OpenMP region (the loop below, on thread 0), as in
+        # verify_chains: row threads' teams are never nested in an inactive region.
+        with nogil:
+            serial_scratch = new_law_scratch(sampling_base != NULL, row_threads)
+            for b in range(B):
+                start = node_offsets[b]
+                request_method = request_methods[b] if per_request else method
+                row_status[b] = walk_tree(
+                    request_method,
+                    &target_rows[start + b, 0],
+                    NULL if draft_base == NULL else draft_base + start * V,
+                    ids_base + start if ids_base != NULL else ids_base,
+                    parents_base + start if parents_base != NULL else parents_base,
+                    first_child_base + start + b,
+                    next_sibling_base + start if next_sibling_base != NULL else NULL,
+                    next_distinct_base + start if next_distinct_base != NULL else NULL,
+                    repeated_base + start if repeated_base != NULL else NULL,
+                    node_offsets[b + 1] - start, V,
+                    NULL if uniform_base == NULL else uniform_base + start + b,
+                    NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                    scratch_base, serial_scratch, working_base, working_rows, D,
+                    &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
+                    &accepted_lengths[b],
+                )
+            free(serial_scratch)
+        return first_failed_row(row_status)
+    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
+    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
+    with nogil, parallel(num_threads=num_threads):
+        law_scratch = new_law_scratch(sampling_base != NULL, 1)
         for b in prange(B, schedule="dynamic"):
             start = node_offsets[b]
             thread = threadid()
