@@ -15,6 +15,9 @@ spike hits both), and reports the medians and their ratio:
 * ``roofline``: the bytes a bonus-only unfiltered draw must read (B rows of V float32) over
   its time, divided by the streaming bandwidth of one thread (``np.maximum.reduce``),
   at B in {1, 8, 64}; run the script with OMP_NUM_THREADS=1 and =2 for the two columns.
+  Beside it, the physical floor: the bytes at that bandwidth and the B V exponentials at
+  the machine's vector width (``np.exp`` per element on an L1-resident row), and the
+  fraction of the time that the larger of the two is.
 
 Sampled ``verify_ragged`` against vLLM v1's CPU path is ``benchmarks/engine.py``'s cell.
 The script uses only the public API, so a checkout's build is measured by pointing
@@ -118,22 +121,47 @@ def measure(repeats: int, label: str) -> list[dict[str, Any]]:
                       "ours_s": ours, "bar_s": bar, "ratio": ours / bar, "goal": 1.0,
                       "threads": threads, "label": label})  # fmt: skip
     bandwidth = harness.measure_bandwidth(256 << 20, threads=1)["gb_per_s"]["max_1t"]
+    exp_seconds = exp_seconds_per_element()
     for batch in (1, 8, 64):
         subset = np.ascontiguousarray(rows[:batch])
         draw = bonus_draw(subset, {})
         seconds, _ = interleaved_medians(draw, lambda: None, repeats * (8 if batch < 64 else 1))
         gb_per_s = subset.nbytes / seconds / 1e9
+        # The physical floor: the bytes at one thread's streaming bandwidth, and the
+        # exponentials at the vector width (np.exp's AVX-512 code on an L1-resident row).
+        floor_bytes_s = subset.nbytes / (bandwidth * 1e9)
+        floor_exp_s = subset.size * exp_seconds
         cells.append({"kind": "cell", "target": "roofline", "case": f"B={batch} V={VOCAB}",
                       "ours_s": seconds, "gb_per_s": gb_per_s, "bandwidth_gb_per_s": bandwidth,
-                      "roofline": gb_per_s / bandwidth, "threads": threads,
-                      "label": label})  # fmt: skip
+                      "roofline": gb_per_s / bandwidth, "floor_bytes_s": floor_bytes_s,
+                      "floor_exp_s": floor_exp_s,
+                      "floor_fraction": max(floor_bytes_s, floor_exp_s) / seconds,
+                      "threads": threads, "label": label})  # fmt: skip
     return cells
+
+
+def exp_seconds_per_element(repeats: int = 2000) -> float:
+    """Seconds per float32 exponential of ``np.exp`` on rows that stay in L1 (the machine's
+    vector width, no memory traffic): the difference of the median times of 8192 and 2048
+    entries over the 6144 more, which leaves out the cost of a call."""
+    medians = []
+    for size in (2048, 8192):
+        row = np.linspace(-20.0, 0.0, size, dtype=np.float32)
+        out = np.empty_like(row)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            np.exp(row, out=out)
+            times.append(time.perf_counter_ns() - start)
+        medians.append(float(np.median(times)))
+    return (medians[1] - medians[0]) * 1e-9 / (8192 - 2048)
 
 
 def _median_cell(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell from several runs of it: the median of each measured number."""
     merged = dict(cells[0])
-    for key in ("ours_s", "bar_s", "ratio", "fixed_us", "roofline", "gb_per_s"):
+    for key in ("ours_s", "bar_s", "ratio", "fixed_us", "roofline", "gb_per_s", "floor_bytes_s",
+                "floor_exp_s", "floor_fraction"):
         if key in merged:
             merged[key] = float(np.median([cell[key] for cell in cells]))
     merged["runs"] = len(cells)
@@ -151,6 +179,10 @@ def render(records: list[dict[str, Any]], markdown: bool) -> str:
     def value(cell: dict[str, Any]) -> str:
         if cell["target"] == "filtered row":
             return f"{cell['fixed_us']:.2f} us"
+        if cell["target"] == "roofline" and "floor_bytes_s" in cell:
+            return (f"{cell['roofline']:.2f} ({cell['ours_s'] * 1e3:.2f} ms; floor: bytes "
+                    f"{cell['floor_bytes_s'] * 1e3:.2f} ms, exp {cell['floor_exp_s'] * 1e3:.2f}"
+                    f" ms; {cell['floor_fraction']:.2f} of it)")  # fmt: skip
         if cell["target"] == "roofline":
             return f"{cell['roofline']:.2f} ({cell['ours_s'] * 1e3:.2f} ms)"
         return f"{cell['ratio']:.2f}x ({cell['ours_s'] * 1e3:.2f} ms)"

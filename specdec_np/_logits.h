@@ -227,22 +227,26 @@ SPECDEC_INLINE specdec_v8f specdec_splat8(float x)
     return (specdec_v8f){x, x, x, x, x, x, x, x};
 }
 
-/* Eight z values from logits + y, -inf past `left`. */
-SPECDEC_INLINE specdec_v8f specdec_load_z8(const float *logits, ptrdiff_t left,
-                                          specdec_v8f temperature, int divide)
-{
-    specdec_v8f x;
-    if (left >= 8) {
-        memcpy(&x, logits, sizeof x);
-    } else {
-        float padded[8];
-        for (int l = 0; l < 8; ++l)
-            padded[l] = l < left ? logits[l] : -INFINITY;
-        memcpy(&x, padded, sizeof x);
+/* W z values from logits + y, -inf past `left` (specdec_load_z8, specdec_load_z16). */
+#define SPECDEC_DEFINE_LOAD_Z(W)                                                            \
+    SPECDEC_INLINE specdec_v##W##f specdec_load_z##W(const float *logits, ptrdiff_t left,   \
+                                                     specdec_v##W##f temperature,          \
+                                                     int divide)                           \
+    {                                                                                      \
+        specdec_v##W##f x;                                                                 \
+        if (left >= W) {                                                                   \
+            memcpy(&x, logits, sizeof x);                                                  \
+        } else {                                                                           \
+            float padded[W];                                                               \
+            for (int l = 0; l < W; ++l)                                                    \
+                padded[l] = l < left ? logits[l] : -INFINITY;                              \
+            memcpy(&x, padded, sizeof x);                                                  \
+        }                                                                                  \
+        /* x / 1 is x bit for bit: skipping the division changes nothing but the time. */ \
+        return divide ? x / temperature : x;                                               \
     }
-    /* x / 1 is x bit for bit, so skipping the division changes nothing but the time. */
-    return divide ? x / temperature : x;
-}
+
+SPECDEC_DEFINE_LOAD_Z(8)
 
 SPECDEC_CLONES
 static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperature,
@@ -347,21 +351,7 @@ SPECDEC_INLINE void specdec_add_lanes16(specdec_v16f w, specdec_v8d *lanes)
     *lanes += __builtin_convertvector(half[1 - first], specdec_v8d);
 }
 
-/* Sixteen z values from logits + y, -inf past `left`. */
-SPECDEC_INLINE specdec_v16f specdec_load_z16(const float *logits, ptrdiff_t left,
-                                            specdec_v16f temperature, int divide)
-{
-    specdec_v16f x;
-    if (left >= 16) {
-        memcpy(&x, logits, sizeof x);
-    } else {
-        float padded[16];
-        for (int l = 0; l < 16; ++l)
-            padded[l] = l < left ? logits[l] : -INFINITY;
-        memcpy(&x, padded, sizeof x);
-    }
-    return divide ? x / temperature : x;
-}
+SPECDEC_DEFINE_LOAD_Z(16)
 
 /* Sixteen lanes run on the CPUs that have AVX-512 (x86-64-v4), from a function compiled for
  * it alone and chosen at run time: GCC 12 lowers the masks of sixteen-lane code one lane at

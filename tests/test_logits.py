@@ -1093,6 +1093,23 @@ def radix_only(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     return _build(tmp, "radix_only", "-DSPECDEC_QUICKSELECT_PARTITIONS=0")
 
 
+def _survivor_row(
+    seed: int, vocab: int, dtype: type, ties: bool, order: str, masked: bool
+) -> np.ndarray:
+    """A row for the gathered-survivor comparisons: random, rounded into large tie groups
+    (at the boundaries too), sorted either way (a prefix of the smallest or the largest
+    values), and with NaN and -inf entries."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 3).astype(dtype)
+    if ties:
+        row = np.round(row).astype(dtype)
+    if order != "random":
+        row = np.sort(row) if order == "ascending" else -np.sort(-row)
+    if masked:
+        row[rng.integers(vocab, size=max(vocab // 10, 1))] = rng.choice([np.nan, -np.inf])
+    return row
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     vocab=st.integers(1, 6000),
@@ -1128,14 +1145,7 @@ def test_gathered_survivors_give_the_law_of_the_row_scans(
     row scans: for rows whose prefix holds the smallest values (too many survivors: the row
     scans), the largest, ties, NaN and -inf entries; and the quickselect of top-k's key
     finds the radix select's (rows up to 2048 entries are gathered whole)."""
-    rng = np.random.default_rng(seed)
-    row = (rng.standard_normal(vocab) * 3).astype(dtype)
-    if ties:
-        row = np.round(row).astype(dtype)  # large tie groups, at the boundaries too
-    if order != "random":
-        row = np.sort(row) if order == "ascending" else -np.sort(-row)
-    if masked:
-        row[rng.integers(vocab, size=max(vocab // 10, 1))] = rng.choice([np.nan, -np.inf])
+    row = _survivor_row(seed, vocab, dtype, ties, order, masked)
     gathered = vector.row_law(row, temperature, top_k, top_p, min_p, filter_order)
     scanned = few_candidates.row_law(row, temperature, top_k, top_p, min_p, filter_order)
     assert gathered.fields() == scanned.fields()
@@ -1175,14 +1185,7 @@ def test_long_samples_are_cut_down_to_the_key_buffers(
     the survivors of the sample's first entries gives the law of the full row scans, bit
     for bit: with too many survivors (a prefix of small values: the radix select over the
     sample), ties at the boundary, NaN and -inf entries."""
-    rng = np.random.default_rng(seed)
-    row = (rng.standard_normal(vocab) * 3).astype(dtype)
-    if ties:
-        row = np.round(row).astype(dtype)
-    if order != "random":
-        row = np.sort(row) if order == "ascending" else -np.sort(-row)
-    if masked:
-        row[rng.integers(vocab, size=vocab // 10)] = rng.choice([np.nan, -np.inf])
+    row = _survivor_row(seed, vocab, dtype, ties, order, masked)
     gathered = vector.row_law(row, temperature, top_k, top_p, 0.0, filter_order)
     assert gathered.fields() == (
         few_candidates.row_law(row, temperature, top_k, top_p, 0.0, filter_order).fields()
