@@ -30,7 +30,8 @@
  * tests can show that they catch them: 1 = top-p drops the tie group at its boundary;
  * 2 = llama.cpp's top-p weighs only what min-p keeps too; 3 = the sixteen-lane pass adds
  * the high half of each sixteen to the lanes before the low half; 4 = the exponential pass
- * split between threads returns the sum of its chunks' sums.
+ * split between threads returns the sum of its chunks' sums; 5 = the AVX-512 block sums
+ * round every product, without the check for a float32 midpoint.
  *
  * A row can be split between threads (the scratch's row_threads, _rowthreads.h) when the
  * loop over requests runs on one, with the bits of one thread.  The filters' selections
@@ -62,13 +63,18 @@
 #define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
 #define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
 
-SPECDEC_INLINE specdec_v8f specdec_fma8(specdec_v8f a, specdec_v8f b, specdec_v8f c)
-{
-    specdec_v8f result;
-    for (int l = 0; l < 8; ++l)
-        result[l] = fmaf(a[l], b[l], c[l]);
-    return result;
-}
+/* a b + c rounded once, W lanes (specdec_fma8, specdec_fma16). */
+#define SPECDEC_DEFINE_FMA(W)                                                               \
+    SPECDEC_INLINE specdec_v##W##f specdec_fma##W(specdec_v##W##f a, specdec_v##W##f b,     \
+                                                  specdec_v##W##f c)                       \
+    {                                                                                      \
+        specdec_v##W##f result;                                                            \
+        for (int l = 0; l < W; ++l)                                                        \
+            result[l] = fmaf(a[l], b[l], c[l]);                                            \
+        return result;                                                                     \
+    }
+
+SPECDEC_DEFINE_FMA(8)
 
 SPECDEC_INLINE specdec_v8f specdec_broadcast8(float x)
 {
@@ -148,10 +154,10 @@ SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
  * chain of dependent float64 additions, so four blocks are summed side by side: four
  * independent chains, each in its own order, which changes no bit of any block's sum. */
 #if SPECDEC_HAVE_VECTORS
-#define SPECDEC_DEFINE_BLOCK_SUMS(SUFFIX, T)                                                \
+#define SPECDEC_DEFINE_BLOCK_SUMS(NAME, SUFFIX, T)                                          \
     SPECDEC_CLONES                                                                         \
-    static void specdec_block_sums_##SUFFIX(T *p, ptrdiff_t V, double normaliser,          \
-                                            ptrdiff_t block, double *block_sums)           \
+    static void NAME(T *p, ptrdiff_t V, double normaliser, ptrdiff_t block,                \
+                     double *block_sums)                                                   \
     {                                                                                      \
         ptrdiff_t num_blocks = (V + block - 1) / block, j = 0;                             \
         for (; j + 4 <= num_blocks && (j + 4) * block <= V; j += 4) {                      \
@@ -181,9 +187,9 @@ SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
         }                                                                                  \
     }
 #else
-#define SPECDEC_DEFINE_BLOCK_SUMS(SUFFIX, T)                                                \
-    static void specdec_block_sums_##SUFFIX(T *p, ptrdiff_t V, double normaliser,          \
-                                            ptrdiff_t block, double *block_sums)           \
+#define SPECDEC_DEFINE_BLOCK_SUMS(NAME, SUFFIX, T)                                          \
+    static void NAME(T *p, ptrdiff_t V, double normaliser, ptrdiff_t block,                \
+                     double *block_sums)                                                   \
     {                                                                                      \
         for (ptrdiff_t j = 0; j * block < V; ++j) {                                        \
             ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;     \
@@ -195,8 +201,8 @@ SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
     }
 #endif
 
-SPECDEC_DEFINE_BLOCK_SUMS(f, float)
-SPECDEC_DEFINE_BLOCK_SUMS(d, double)
+SPECDEC_DEFINE_BLOCK_SUMS(specdec_block_sums_f_divided, f, float)
+SPECDEC_DEFINE_BLOCK_SUMS(specdec_block_sums_d, d, double)
 
 #define SPECDEC_DEFINE_MATERIALISE_SCALAR(SUFFIX, T)                                        \
     SPECDEC_CLONES                                                                         \
@@ -280,6 +286,16 @@ static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperatur
             result = best[j][l] > result ? best[j][l] : result;
     for (int l = 0; l < 8; ++l)
         count += infinite[l];
+    if (result == 0.0f) {
+        /* -0 and +0 compare equal, and which one the lanes keep depends on where each zero
+         * lies among them; the scalar scan's (the first in element order) is the one, so
+         * a maximum of zero is found again in element order (the sign is visible in the
+         * law's z_max). */
+        int64_t ignored = 0;
+        result = -INFINITY;
+        for (ptrdiff_t x = 0; x < V; ++x)
+            specdec_max_step_f(logits[x] / temperature, &result, &ignored);
+    }
     *z_max = result;
     *num_infinite = count;
 }
@@ -294,13 +310,7 @@ typedef double specdec_v8d __attribute__((vector_size(64)));
 typedef float specdec_v16f __attribute__((vector_size(64)));
 typedef int32_t specdec_v16i __attribute__((vector_size(64)));
 
-SPECDEC_INLINE specdec_v16f specdec_fma16(specdec_v16f a, specdec_v16f b, specdec_v16f c)
-{
-    specdec_v16f result;
-    for (int l = 0; l < 16; ++l)
-        result[l] = fmaf(a[l], b[l], c[l]);
-    return result;
-}
+SPECDEC_DEFINE_FMA(16)
 
 SPECDEC_INLINE specdec_v16f specdec_splat16(float x)
 {
@@ -475,6 +485,88 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
 }
 
 #endif
+
+/* ---- a float row's block sums on AVX-512: the division by products -------------------- */
+
+/* The draw's block sums of a float row (specdec_block_sums_f_divided's bits) at the cost of
+ * a product per entry instead of a float64 division, on the CPUs that have AVX-512.  With
+ * r = 1 / n rounded (n >= 1), t = w r is within three float64 ulps of w / n (two
+ * roundings; six across a power of 2), so rounding t to float32 gives the bits of rounding
+ * w / n to float64 and then to float32, unless a float32 midpoint lies within 32 ulps of t
+ * (the 29 bits of t below a float32's 24 are within 32 of 1 followed by 28 zeros) or t is
+ * a float32 subnormal (fewer bits): then, about once in 2^23 entries, the group of eight
+ * is divided.  Groups of four full blocks are done here (returns how many blocks), the
+ * rest by the division.  Mutation 5 (tests only) skips the check. */
+#if SPECDEC_HAVE_VECTORS && SPECDEC_AVX512_PATH
+#include <immintrin.h>
+
+#define SPECDEC_DIVIDED_GROUP_WIDE(x, acc)                                                  \
+    do {                                                                                   \
+        __m512d t_ = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x)), reciprocal);        \
+        __m512i from_ = _mm512_add_epi64(                                                  \
+            _mm512_and_si512(_mm512_castpd_si512(t_), low_bits), from_midpoint);           \
+        __mmask8 exact_ = _mm512_cmp_epu64_mask(from_, near, _MM_CMPINT_LE) |              \
+                          (_mm512_cmp_pd_mask(t_, smallest_normal, _CMP_LT_OQ) &           \
+                           _mm512_cmp_pd_mask(t_, zero, _CMP_NEQ_OQ));                     \
+        __m512d p_;                                                                        \
+        if (exact_ && SPECDEC_LOGITS_MUTATION != 5) {                                      \
+            for (int l_ = 0; l_ < 8; ++l_)                                                 \
+                (x)[l_] = (float)((double)(x)[l_] / normaliser);                           \
+            p_ = _mm512_cvtps_pd(_mm256_loadu_ps(x));                                      \
+        } else {                                                                           \
+            __m256 rounded_ = _mm512_cvtpd_ps(t_);                                         \
+            _mm256_storeu_ps((x), rounded_);                                               \
+            p_ = _mm512_cvtps_pd(rounded_);                                                \
+        }                                                                                  \
+        /* specdec_positive_part: p where p > 0, else +0. */                               \
+        (acc) = _mm512_add_pd((acc), _mm512_maskz_mov_pd(                                  \
+                                         _mm512_cmp_pd_mask(p_, zero, _CMP_GT_OQ), p_));   \
+    } while (0)
+
+__attribute__((target("arch=x86-64-v4"))) static ptrdiff_t
+specdec_block_sums_f_wide(float *p, ptrdiff_t V, double normaliser, ptrdiff_t block,
+                          double *block_sums)
+{
+    const __m512d reciprocal = _mm512_set1_pd(1.0 / normaliser);
+    const __m512i low_bits = _mm512_set1_epi64(0x1fffffff);
+    const __m512i from_midpoint = _mm512_set1_epi64(32 - 0x10000000);
+    const __m512i near = _mm512_set1_epi64(64);
+    const __m512d smallest_normal = _mm512_set1_pd(0x1p-126), zero = _mm512_setzero_pd();
+    ptrdiff_t num_blocks = (V + block - 1) / block, j = 0;
+    for (; j + 4 <= num_blocks && (j + 4) * block <= V; j += 4) {
+        __m512d acc0 = zero, acc1 = zero, acc2 = zero, acc3 = zero;
+        for (ptrdiff_t y = 0; y < block; y += 8) {
+            SPECDEC_DIVIDED_GROUP_WIDE(p + j * block + y, acc0);
+            SPECDEC_DIVIDED_GROUP_WIDE(p + (j + 1) * block + y, acc1);
+            SPECDEC_DIVIDED_GROUP_WIDE(p + (j + 2) * block + y, acc2);
+            SPECDEC_DIVIDED_GROUP_WIDE(p + (j + 3) * block + y, acc3);
+        }
+        double lanes[4][8];
+        _mm512_storeu_pd(lanes[0], acc0);
+        _mm512_storeu_pd(lanes[1], acc1);
+        _mm512_storeu_pd(lanes[2], acc2);
+        _mm512_storeu_pd(lanes[3], acc3);
+        for (int b = 0; b < 4; ++b)
+            block_sums[j + b] = SPECDEC_COMBINE_LANES(lanes[b]);
+    }
+    return j;
+}
+#endif
+
+/* The block sums of an inverse-CDF draw from a float row (specdec_block_sums_f_divided). */
+static void specdec_block_sums_f(float *p, ptrdiff_t V, double normaliser, ptrdiff_t block,
+                                 double *block_sums)
+{
+    ptrdiff_t done = 0;
+#if SPECDEC_HAVE_VECTORS && SPECDEC_AVX512_PATH
+    if (normaliser >= 1.0 && normaliser < INFINITY && block % 8 == 0 &&
+        specdec_cpu_has_avx512())
+        done = specdec_block_sums_f_wide(p, V, normaliser, block, block_sums);
+#endif
+    if (done * block < V)
+        specdec_block_sums_f_divided(p + done * block, V - done * block, normaliser, block,
+                                     block_sums + done);
+}
 
 /* ---- threads inside a row (_rowthreads.h) -------------------------------------------- */
 

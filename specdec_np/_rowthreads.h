@@ -81,10 +81,9 @@ static inline ptrdiff_t specdec_chunk_stop(ptrdiff_t start, ptrdiff_t V)
  * +inf count of its chunks with the one-thread scan, and the threads' results are combined
  * one at a time.  The maximum is a selection (NaN never wins) and the count an integer sum,
  * so neither the chunks nor the order of the combination change them, with one exception:
- * -0 and +0 compare equal, and which of the two a scan keeps depends on where each zero
- * lies among the lanes (the one-thread scan keeps four groups of eight running maxima and
- * takes the first of equal ones in its lane order), which a split into chunks and threads
- * does not follow.  The sign is visible (the law reports z_max, and min-p's floor is the
+ * -0 and +0 compare equal, and the one-thread scan keeps the first zero in element order
+ * (its lanes find a zero maximum again in that order), which a combination in the
+ * threads' order does not follow.  The sign is visible (the law reports z_max, and min-p's floor is the
  * key of z_max), so a maximum of zero is found again by the one-thread scan over the row:
  * such a row costs a third pass over its logits, and has the bits of one thread. */
 #define SPECDEC_DEFINE_ROW_MAX_THREADED(SUFFIX, T, ROW_MAX)                                 \

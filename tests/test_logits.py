@@ -162,6 +162,10 @@ ptrdiff_t t_argmax_f(const float *row, ptrdiff_t V) { return specdec_argmax_f(ro
 T_LAW_THREADS(f, float)
 T_LAW_THREADS(d, double)
 
+/* A draw's block sums of a float row, dividing its weights by `normaliser` in place. */
+void t_block_sums_f(float *p, ptrdiff_t V, double normaliser, ptrdiff_t block, double *sums)
+{ specdec_block_sums_f(p, V, normaliser, block, sums); }
+
 /* The residual sum of a row in one call, and in pieces of `piece` entries added to one set
  * of lanes (what the kernels do when they process a logits row block by block). */
 double t_residual_sum_f(const float *p, const float *q, ptrdiff_t m, double rho, ptrdiff_t V)
@@ -235,6 +239,7 @@ class Logits:
         lib.t_exp_monotone_violations.restype = ctypes.c_int64
         lib.t_argmax_f.argtypes = [p, ctypes.c_ssize_t]
         lib.t_argmax_f.restype = ctypes.c_ssize_t
+        lib.t_block_sums_f.argtypes = [p, ctypes.c_ssize_t, ctypes.c_double, ctypes.c_ssize_t, p]
         lib.t_residual_sum_f.argtypes = [p, p, ctypes.c_ssize_t, ctypes.c_double, ctypes.c_ssize_t]
         lib.t_residual_sum_f.restype = ctypes.c_double
         lib.t_residual_pieces_f.argtypes = [*lib.t_residual_sum_f.argtypes, ctypes.c_ssize_t]
@@ -266,6 +271,16 @@ class Logits:
             FILTER_ORDER_CODES[filter_order], ctypes.byref(law),
         )  # fmt: skip
         return law
+
+    def block_sums(
+        self, weights: np.ndarray, normaliser: float, block: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A draw's block sums of a float row of weights, and the row divided by
+        ``normaliser`` in place (on a copy)."""
+        row = np.array(weights, dtype=np.float32)
+        sums = np.zeros(-(-row.size // block))
+        self.lib.t_block_sums_f(row.ctypes.data, row.size, normaliser, block, sums.ctypes.data)
+        return row, sums
 
     def law_from_weights(
         self, row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
@@ -1085,6 +1100,59 @@ def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Pat
     )
 
 
+def _weights_near_midpoints(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Float weights w and normalisers n >= 1 whose w / n lies within a few float64 ulps of
+    a float32 midpoint: n = w / m rounded, for a midpoint m <= w, so that a product by the
+    rounded 1 / n may round to the other float32 than the division."""
+    rng = np.random.default_rng(seed)
+    low = rng.uniform(1e-6, 0.5, count).astype(np.float32)
+    midpoints = low.astype(np.float64) + np.spacing(low).astype(np.float64) / 2
+    weights = (midpoints * rng.uniform(1.0, 2.0, count)).astype(np.float32)
+    weights = np.maximum(weights, np.nextafter(midpoints.astype(np.float32), np.float32(1)))
+    return weights, weights.astype(np.float64) / midpoints
+
+
+def test_block_sums_by_products_give_the_divisions_bits(vector: Logits, narrow: Logits) -> None:
+    """The AVX-512 block sums (a product by the rounded reciprocal, each result checked for
+    a nearby float32 midpoint) give the division's processed row and block sums, bit for
+    bit: on random rows and on weights whose w / n lies on a float32 midpoint to within a
+    few float64 ulps, where the unchecked product rounds the other way (shown below)."""
+    rng = np.random.default_rng(11)
+    for block in (8, 16, 1008):
+        row = np.exp(rng.standard_normal(4 * block + 13) * 4 - 8).astype(np.float32)
+        row[rng.integers(row.size, size=5)] = 0.0
+        row[:3] = [1e-40, 1e-45, 0.0]  # float32 subnormal quotients take the division
+        for normaliser in (1.0, 1.0 + 2.0**-40, float(row.astype(np.float64).sum()), 3e5):
+            wide, wide_sums = vector.block_sums(row, normaliser, block)
+            exact = (row.astype(np.float64) / normaliser).astype(np.float32)
+            assert wide.tobytes() == exact.tobytes()
+            assert wide_sums.tobytes() == narrow.block_sums(row, normaliser, block)[1].tobytes()
+    weights, normalisers = _weights_near_midpoints(2000, 3)
+    product_differs = 0
+    for w, n in zip(weights, normalisers):
+        row = np.full(32, w, dtype=np.float32)
+        exact = np.float32(np.float64(w) / n)
+        product_differs += np.float32(np.float64(w) * (1.0 / n)) != exact
+        divided, sums = vector.block_sums(row, float(n), 8)
+        assert (divided == exact).all(), (w, n)
+        assert sums.tobytes() == narrow.block_sums(row, float(n), 8)[1].tobytes()
+    assert product_differs > 0  # the cases are the hard ones
+
+
+def test_the_product_check_sees_a_midpoint(tmp_path: Path) -> None:
+    """Negative control: AVX-512 block sums that round every product without the midpoint
+    check (mutation 5) give another float32 for some weight near a midpoint."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX-512")
+    unchecked = _build(tmp_path, "unchecked", "-DSPECDEC_LOGITS_MUTATION=5")
+    weights, normalisers = _weights_near_midpoints(2000, 3)
+    assert any(
+        unchecked.block_sums(np.full(32, w, np.float32), float(n), 8)[0][0]
+        != np.float32(np.float64(w) / n)
+        for w, n in zip(weights, normalisers)
+    )
+
+
 @pytest.fixture(scope="module")
 def radix_only(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     """The vector build whose top-k key over gathered survivors is the radix select's from
@@ -1347,22 +1415,19 @@ def test_threads_inside_a_row_give_the_bits_of_one_thread(
 
 
 def test_a_zero_maximum_keeps_the_sign_of_one_thread(threaded_builds: dict[str, Logits]) -> None:
-    """A row whose maximum is zero: the one-thread scan of the vector build keeps -0 (its
-    first running maximum meets -0 at entry 64 before the second meets +0 at entry 8),
-    while the first chunk alone has +0, so chunk maxima combined in chunk order would give
-    +0; the threaded law gives -0, the one thread's sign."""
+    """A row whose maximum is zero: the one-thread scan keeps the first zero in element
+    order (-0 at entry 4), while the second chunk alone has +0, so chunk maxima combined in
+    the threads' order could give +0; the threaded law gives -0, the one thread's sign."""
     build = threaded_builds["vector"]
     for dtype in (np.float32, np.float64):
         row = np.full(2 * _TEST_CHUNK, -1.0, dtype=dtype)
-        row[8], row[_TEST_CHUNK] = 0.0, -0.0
-        if dtype == np.float32:  # the float64 scan is scalar: the first zero, +0, wins
-            assert math.copysign(1.0, build.row_max(row, 1.0)) == -1.0
-            assert math.copysign(1.0, build.row_max(row[:_TEST_CHUNK], 1.0)) == 1.0
-        one = math.copysign(1.0, build.row_max(row, 1.0))
+        row[4], row[_TEST_CHUNK + 3] = -0.0, 0.0
+        assert math.copysign(1.0, build.row_max(row, 1.0)) == -1.0
+        assert math.copysign(1.0, build.row_max(row[_TEST_CHUNK:], 1.0)) == 1.0
         for threads in (2, 3):
             for _ in range(20):  # the threads' order varies from run to run
                 law, _ = build.law_on_threads(row, 1.0, (0, 1.0, 0.0), "vllm", threads, True)
-                assert math.copysign(1.0, law.z_max) == one
+                assert math.copysign(1.0, law.z_max) == -1.0
 
 
 def test_the_thread_comparison_sees_chunk_sums(tmp_path: Path) -> None:
