@@ -147,6 +147,21 @@ SPECDEC_DEFINE_KEPT_SUM_SCALAR(specdec_kept_sum_d, double, specdec_weight_d)
 SPECDEC_DEFINE_FROM_WEIGHTS(f, float)
 SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
 
+/* Block j's sum of a draw's row p (specdec_residual_sum with q = 0, rho = 1 and scale = 1),
+ * dividing the block's kept weights first where normaliser is not 0. */
+#define SPECDEC_DEFINE_ONE_BLOCK_SUM(SUFFIX, T)                                             \
+    static double specdec_one_block_sum_##SUFFIX(T *p, ptrdiff_t V, double normaliser,     \
+                                                 ptrdiff_t block, ptrdiff_t j)             \
+    {                                                                                      \
+        ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;         \
+        if (normaliser != 0.0)                                                             \
+            specdec_law_from_weights_##SUFFIX(p + start, stop - start, normaliser);        \
+        return specdec_residual_sum_##SUFFIX(p + start, NULL, -1, 1.0, 1.0, 0, stop - start); \
+    }
+
+SPECDEC_DEFINE_ONE_BLOCK_SUM(f, float)
+SPECDEC_DEFINE_ONE_BLOCK_SUM(d, double)
+
 /* The block sums of an inverse-CDF draw from a processed row p (specdec_residual_sum with
  * q = 0, rho = 1 and scale = 1 over each block [j block, (j + 1) block) of V, block a
  * multiple of 8), dividing kept weights into p first where normaliser is not 0
@@ -178,26 +193,16 @@ SPECDEC_DEFINE_FROM_WEIGHTS(d, double)
                 block_sums[j + b] = SPECDEC_COMBINE_LANES(lanes);                          \
             }                                                                              \
         }                                                                                  \
-        for (; j < num_blocks; ++j) {                                                      \
-            ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;     \
-            if (normaliser != 0.0)                                                         \
-                specdec_law_from_weights_##SUFFIX(p + start, stop - start, normaliser);    \
-            block_sums[j] = specdec_residual_sum_##SUFFIX(p + start, NULL, -1, 1.0, 1.0, 0, \
-                                                          stop - start);                   \
-        }                                                                                  \
+        for (; j < num_blocks; ++j)                                                        \
+            block_sums[j] = specdec_one_block_sum_##SUFFIX(p, V, normaliser, block, j);    \
     }
 #else
 #define SPECDEC_DEFINE_BLOCK_SUMS(NAME, SUFFIX, T)                                          \
     static void NAME(T *p, ptrdiff_t V, double normaliser, ptrdiff_t block,                \
                      double *block_sums)                                                   \
     {                                                                                      \
-        for (ptrdiff_t j = 0; j * block < V; ++j) {                                        \
-            ptrdiff_t start = j * block, stop = start + block < V ? start + block : V;     \
-            if (normaliser != 0.0)                                                         \
-                specdec_law_from_weights_##SUFFIX(p + start, stop - start, normaliser);    \
-            block_sums[j] = specdec_residual_sum_##SUFFIX(p + start, NULL, -1, 1.0, 1.0, 0, \
-                                                          stop - start);                   \
-        }                                                                                  \
+        for (ptrdiff_t j = 0; j * block < V; ++j)                                          \
+            block_sums[j] = specdec_one_block_sum_##SUFFIX(p, V, normaliser, block, j);    \
     }
 #endif
 

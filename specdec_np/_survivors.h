@@ -170,39 +170,8 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
  * the row, has fewer than `need` non-NaN entries, or too many entries pass (a prefix of
  * small values, say): the caller then selects over the row. */
 #define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
-    /* The need-th largest key of logits[0 .. sample) / temperature (0 when fewer are not \
-     * NaN), as specdec_select counts it.  A sample longer than the key buffers is cut    \
-     * down first: the need-th largest key of its first SPECDEC_TOP_P_CANDIDATES entries  \
-     * is at most the answer, so the z at or above it hold the answer's need entries. */  \
-    static KEY_T specdec_sample_top_k_key_##SUFFIX(const T *logits, ptrdiff_t sample,       \
-                                                   T temperature, T z_max, int64_t need,   \
-                                                   specdec_law_scratch *scratch)           \
-    {                                                                                      \
-        if (sample <= SPECDEC_TOP_P_CANDIDATES)                                            \
-            return specdec_top_k_key_##SUFFIX(logits, sample, temperature, need, z_max,    \
-                                              scratch);                                    \
-        KEY_T floor = need <= SPECDEC_TOP_P_CANDIDATES                                     \
-                          ? specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES,   \
-                                                       temperature, need, z_max, scratch)  \
-                          : 0;                                                             \
-        T *z = scratch->candidates.SUFFIX;                                                 \
-        ptrdiff_t count = 0;                                                               \
-        if (floor >= 1) {                                                                  \
-            T threshold = specdec_value_##SUFFIX(floor);                                   \
-            for (ptrdiff_t y = 0; y < sample && count >= 0; ++y) {                         \
-                T z_y = logits[y] / temperature;                                           \
-                if (z_y >= threshold && count == SPECDEC_TOP_P_CANDIDATES)                 \
-                    count = -1;                                                            \
-                else if (z_y >= threshold)                                                 \
-                    z[count++] = z_y;                                                      \
-            }                                                                              \
-        }                                                                                  \
-        if (floor < 1 || count < 0)                                                        \
-            return specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,        \
-                                           (double)need, NULL, scratch->histogram);        \
-        return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
-    }                                                                                      \
-    /* The entries at or above the sample's key, a 32-byte group at a time: few pass. */  \
+    /* The z and indices of the entries with z >= threshold, in element order, a 32-byte \
+     * group at a time (few pass); -1 when more than SPECDEC_TOP_P_CANDIDATES do. */     \
     SPECDEC_CLONES                                                                         \
     static ptrdiff_t specdec_gather_at_least_##SUFFIX(const T *logits, ptrdiff_t V,         \
                                                       T temperature, T threshold, T *z_out, \
@@ -227,6 +196,33 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
             }                                                                              \
         }                                                                                  \
         return count;                                                                      \
+    }                                                                                      \
+    /* The need-th largest key of logits[0 .. sample) / temperature (0 when fewer are not \
+     * NaN), as specdec_select counts it.  A sample longer than the key buffers is cut    \
+     * down first: the need-th largest key of its first SPECDEC_TOP_P_CANDIDATES entries  \
+     * is at most the answer, so the z at or above it hold the answer's need entries. */  \
+    static KEY_T specdec_sample_top_k_key_##SUFFIX(const T *logits, ptrdiff_t sample,       \
+                                                   T temperature, T z_max, int64_t need,   \
+                                                   specdec_law_scratch *scratch)           \
+    {                                                                                      \
+        if (sample <= SPECDEC_TOP_P_CANDIDATES)                                            \
+            return specdec_top_k_key_##SUFFIX(logits, sample, temperature, need, z_max,    \
+                                              scratch);                                    \
+        KEY_T prefix_key = need <= SPECDEC_TOP_P_CANDIDATES                                \
+                               ? specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES, \
+                                                            temperature, need, z_max,      \
+                                                            scratch)                       \
+                               : 0;                                                        \
+        T *z = scratch->candidates.SUFFIX;                                                 \
+        ptrdiff_t count = prefix_key >= 1                                                  \
+                              ? specdec_gather_at_least_##SUFFIX(                          \
+                                    logits, sample, temperature,                           \
+                                    specdec_value_##SUFFIX(prefix_key), z, scratch->positions) \
+                              : -1;                                                        \
+        if (count < 0)                                                                     \
+            return specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,        \
+                                           (double)need, NULL, scratch->histogram);        \
+        return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
     }                                                                                      \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
                                                  T temperature, T z_max, int64_t need,      \
