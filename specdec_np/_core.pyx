@@ -260,7 +260,7 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) n
     ``wanted`` (probability rows) or when the allocation fails, which the drivers report
     as the row status SPECDEC_STATUS_NO_MEMORY.  ``row_threads`` threads run the passes
     over one row (the maximum and the exponentials) when the loop over requests runs on
-    one thread: the bits of one thread (``specdec_row_threads`` of ``_logits.h``)."""
+    one thread: the bits of one thread (``specdec_row_threads`` of ``_rowthreads.h``)."""
     cdef specdec_law_scratch* scratch
     if not wanted:
         return NULL
