@@ -22,6 +22,7 @@ import ctypes
 import math
 import platform
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -362,13 +363,19 @@ def _build(tmp: Path, stem: str, *defines: str) -> Logits:
     return Logits(build_library(tmp, stem, _WRAPPER, *defines))
 
 
+def _vector_and_scalar(
+    build: Callable[..., Logits], tmp: Path, stem: str
+) -> dict[str, Logits]:
+    """The vector build of ``build`` and its scalar fallback, by name."""
+    return {
+        "vector": build(tmp, stem),
+        "scalar": build(tmp, f"{stem}_scalar", "-DSPECDEC_NO_VECTOR_EXTENSIONS"),
+    }
+
+
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Logits]:
-    tmp = tmp_path_factory.mktemp("logits")
-    return {
-        "vector": _build(tmp, "vector"),
-        "scalar": _build(tmp, "scalar", "-DSPECDEC_NO_VECTOR_EXTENSIONS"),
-    }
+    return _vector_and_scalar(_build, tmp_path_factory.mktemp("logits"), "vector")
 
 
 @pytest.fixture(scope="module")
@@ -1267,11 +1274,7 @@ def _threaded_build(tmp: Path, stem: str, *defines: str) -> Logits:
 
 @pytest.fixture(scope="module")
 def threaded_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Logits]:
-    tmp = tmp_path_factory.mktemp("row_threads")
-    return {
-        "vector": _threaded_build(tmp, "threads"),
-        "scalar": _threaded_build(tmp, "threads_scalar", "-DSPECDEC_NO_VECTOR_EXTENSIONS"),
-    }
+    return _vector_and_scalar(_threaded_build, tmp_path_factory.mktemp("row_threads"), "threads")
 
 
 def _law_bits(law: RowLaw) -> tuple[bytes, tuple[Any, ...]]:
