@@ -383,6 +383,22 @@ def vector(builds: dict[str, Logits]) -> Logits:
     return builds["vector"]
 
 
+def _special_row(seed: int, vocab: int, dtype: type, special: str, share: int) -> np.ndarray:
+    """A random row of logits with one entry in ``share`` set to NaN or -inf (``special``
+    "nan" or "minus_inf"), one +inf entry ("plus_inf"), or every entry NaN ("all_nan")."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(vocab) * 4).astype(dtype)
+    if special == "nan":
+        row[rng.integers(vocab, size=max(vocab // share, 1))] = np.nan
+    elif special == "minus_inf":
+        row[rng.integers(vocab, size=max(vocab // share, 1))] = -np.inf
+    elif special == "plus_inf":
+        row[rng.integers(vocab)] = np.inf
+    elif special == "all_nan":
+        row[:] = np.nan
+    return row
+
+
 # ---- the exponential ------------------------------------------------------------------
 
 
@@ -1028,16 +1044,7 @@ def test_the_weights_of_the_law_give_the_materialised_row(
     fields and, divided in place, the materialised row, bit for bit, in both builds; it
     keeps them for every row with mass and without +inf entries (those rows then need no
     second exponential pass), and says when it did not."""
-    rng = np.random.default_rng(seed)
-    row = (rng.standard_normal(vocab) * 4).astype(dtype)
-    if special == "nan":
-        row[rng.integers(vocab, size=max(vocab // 7, 1))] = np.nan
-    elif special == "minus_inf":
-        row[rng.integers(vocab, size=max(vocab // 7, 1))] = -np.inf
-    elif special == "plus_inf":
-        row[rng.integers(vocab)] = np.inf
-    elif special == "all_nan":
-        row[:] = np.nan
+    row = _special_row(seed, vocab, dtype, special, share=7)
     for build in builds.values():
         law = build.row_law(row, 0.8, top_k, top_p, min_p)
         kept_law, divided = build.law_from_weights(row, 0.8, top_k, top_p, min_p)
@@ -1078,12 +1085,7 @@ def test_both_widths_of_the_exponential_pass_give_the_same_bits(
     its kept weights bit for bit, whatever the row's length modulo 16."""
     if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
         pytest.skip("this CPU has no AVX-512: both builds run the eight-lane pass")
-    rng = np.random.default_rng(seed)
-    row = (rng.standard_normal(vocab) * 4).astype(dtype)
-    if special == "nan":
-        row[rng.integers(vocab, size=max(vocab // 5, 1))] = np.nan
-    elif special == "minus_inf":
-        row[rng.integers(vocab, size=max(vocab // 5, 1))] = -np.inf
+    row = _special_row(seed, vocab, dtype, special, share=5)
     wide_law, wide_weights = vector.law_from_weights(row, temperature, *filters)
     narrow_law, narrow_weights = narrow.law_from_weights(row, temperature, *filters)
     assert np.array(wide_law.fields()[:3]).tobytes() == np.array(narrow_law.fields()[:3]).tobytes()
@@ -1432,12 +1434,7 @@ def test_the_sum_of_the_stored_weights_is_the_kept_sum(
     q = 0, rho = 1, scale = 1) has the bits of the sum the one-thread exponential pass
     returns, in every build (sixteen lanes, eight, scalar), whatever the row's length
     modulo 16 and whichever groups the cutoff skips."""
-    rng = np.random.default_rng(seed)
-    row = (rng.standard_normal(vocab) * 4).astype(dtype)
-    if special == "nan":
-        row[rng.integers(vocab, size=max(vocab // 5, 1))] = np.nan
-    elif special == "minus_inf":
-        row[rng.integers(vocab, size=max(vocab // 5, 1))] = -np.inf
+    row = _special_row(seed, vocab, dtype, special, share=5)
     z = row / dtype(temperature)
     z_max = float(np.nanmax(np.where(np.isnan(z), -np.inf, z)))
     if not math.isfinite(z_max):
