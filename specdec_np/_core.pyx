@@ -70,13 +70,13 @@ cdef extern from "_rowscan.h" nogil:
     double specdec_combine_lanes(const double* lanes)
     double specdec_residual_weight(double p, double q, double rho, double scale)
     double specdec_entropy_max_f(
-        const float* row, Py_ssize_t start, Py_ssize_t stop, bint want_entropy,
-        float* maximum,
+        const float* row, Py_ssize_t start, Py_ssize_t stop, float* maximum
     )
     double specdec_entropy_max_d(
-        const double* row, Py_ssize_t start, Py_ssize_t stop, bint want_entropy,
-        double* maximum,
+        const double* row, Py_ssize_t start, Py_ssize_t stop, double* maximum
     )
+    Py_ssize_t specdec_row_argmax_f(const float* row, Py_ssize_t V)
+    Py_ssize_t specdec_row_argmax_d(const double* row, Py_ssize_t V)
     Py_ssize_t specdec_count_beating_f(
         const float* row, Py_ssize_t start, Py_ssize_t stop, float p_x, Py_ssize_t x
     )

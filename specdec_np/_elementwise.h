@@ -267,6 +267,11 @@ typedef struct {
     int64_t status; /* 0: a law; 1: no entry has a finite maximum, the row has no mass */
 } specdec_row_law;
 
+/* The key of a float z that is not NaN, from the bits of z + 0 and the mask of its sign
+ * (all ones for a negative z, else 0): one expression for one key and for a vector of
+ * them (the CPU's sixteen-lane partitions). */
+#define SPECDEC_KEY_FROM_BITS_F(bits, sign_mask) ((bits) ^ ((sign_mask) | 0x80000000u))
+
 /* The monotone integer image of a z value: keys compare as the values do, -0 and +0
  * share one key, and NaN gets key 0, below every value (-inf has a key above 0). */
 SPECDEC_SHARED uint32_t specdec_key_f(float z)
@@ -276,7 +281,7 @@ SPECDEC_SHARED uint32_t specdec_key_f(float z)
     z = z + 0.0f;
     uint32_t bits;
     memcpy(&bits, &z, sizeof bits);
-    return bits ^ ((bits >> 31) ? 0xffffffffu : 0x80000000u);
+    return SPECDEC_KEY_FROM_BITS_F(bits, (bits >> 31) ? 0xffffffffu : 0u);
 }
 
 SPECDEC_SHARED float specdec_value_f(uint32_t key)

@@ -47,10 +47,6 @@
 #include "_rowthreads.h"
 #include "_survivors.h"
 
-#ifndef SPECDEC_LOGITS_MUTATION
-#define SPECDEC_LOGITS_MUTATION 0
-#endif
-
 /* SPECDEC_INLINE (always inlined vector helpers) comes from _rowscan.h. */
 
 /* ---- the float32 exponential on vectors ----------------------------------------------- */
@@ -368,18 +364,10 @@ SPECDEC_INLINE void specdec_add_lanes16(specdec_v16f w, specdec_v8d *lanes)
 
 SPECDEC_DEFINE_LOAD_Z(16)
 
-/* Sixteen lanes run on the CPUs that have AVX-512 (x86-64-v4), from a function compiled for
- * it alone and chosen at run time: GCC 12 lowers the masks of sixteen-lane code one lane at
- * a time in target_clones' clones and in helpers compiled for the baseline CPU (so the
- * group below is a macro).  The tests build the headers with SPECDEC_AVX512_PATH=0 to
- * compare the two widths. */
-#ifndef SPECDEC_AVX512_PATH
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SPECDEC_AVX512_PATH 1
-#else
-#define SPECDEC_AVX512_PATH 0
-#endif
-#endif
+/* Sixteen lanes run on the CPUs that have AVX-512, from a function compiled for it alone
+ * and chosen at run time (SPECDEC_AVX512_PATH, _rowscan.h): GCC 12 lowers the masks of
+ * sixteen-lane code one lane at a time in target_clones' clones and in helpers compiled for
+ * the baseline CPU (so the group below is a macro). */
 
 /* One group of W lanes of a kept sum at logits + y (`left` >= W: a full group), in the
  * function below (t_, m_, c_ and lanes are its).  The exponential of a group that keeps
@@ -435,15 +423,7 @@ SPECDEC_DEFINE_LOAD_Z(16)
 SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_narrow, SPECDEC_CLONES, 8)
 
 #if SPECDEC_AVX512_PATH
-SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_wide, __attribute__((target("arch=x86-64-v4"))), 16)
-
-/* Whether this CPU runs x86-64-v4 code (the AVX-512 subsets it assumes). */
-static inline int specdec_cpu_has_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd");
-}
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_wide, SPECDEC_AVX512, 16)
 #endif
 
 static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
@@ -503,7 +483,6 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
  * is divided.  Groups of four full blocks are done here (returns how many blocks), the
  * rest by the division.  Mutation 5 (tests only) skips the check. */
 #if SPECDEC_HAVE_VECTORS && SPECDEC_AVX512_PATH
-#include <immintrin.h>
 
 #define SPECDEC_DIVIDED_GROUP_WIDE(x, acc)                                                  \
     do {                                                                                   \
@@ -528,7 +507,7 @@ static void specdec_materialise_f_vector(const float *logits, ptrdiff_t V, float
                                          _mm512_cmp_pd_mask(p_, zero, _CMP_GT_OQ), p_));   \
     } while (0)
 
-__attribute__((target("arch=x86-64-v4"))) static ptrdiff_t
+SPECDEC_AVX512 static ptrdiff_t
 specdec_block_sums_f_wide(float *p, ptrdiff_t V, double normaliser, ptrdiff_t block,
                           double *block_sums)
 {
@@ -863,22 +842,5 @@ SPECDEC_DEFINE_PROBABILITY(d, double)
 SPECDEC_DEFINE_MATERIALISE(f, float, specdec_materialise_f_vector)
 SPECDEC_DEFINE_MATERIALISE(d, double, SPECDEC_MATERIALISE_D_BODY)
 
-/* First index of the largest entry (NaN never wins); 0 for a row of -inf and NaN. */
-#define SPECDEC_DEFINE_ARGMAX(SUFFIX, T)                                                    \
-    static ptrdiff_t specdec_argmax_##SUFFIX(const T *row, ptrdiff_t V)                    \
-    {                                                                                      \
-        ptrdiff_t best = 0;                                                                \
-        T best_value = (T)-INFINITY;                                                       \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
-            if (row[y] > best_value) {                                                     \
-                best_value = row[y];                                                       \
-                best = y;                                                                  \
-            }                                                                              \
-        }                                                                                  \
-        return best;                                                                       \
-    }
-
-SPECDEC_DEFINE_ARGMAX(f, float)
-SPECDEC_DEFINE_ARGMAX(d, double)
 
 #endif

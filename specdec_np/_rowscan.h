@@ -52,6 +52,38 @@ typedef float specdec_v4f __attribute__((vector_size(16)));
 #endif
 #endif
 
+/* The tests build the headers with SPECDEC_LOGITS_MUTATION set to a code that breaks one
+ * step on purpose (each named where it acts), to show that their comparisons see it. */
+#ifndef SPECDEC_LOGITS_MUTATION
+#define SPECDEC_LOGITS_MUTATION 0
+#endif
+
+/* Code written for AVX-512 (x86-64-v4) alone, with its intrinsics, runs where the CPU has
+ * it, chosen at run time by specdec_cpu_has_avx512; elsewhere the same operations run on
+ * narrower vectors or one lane at a time, with the same bits.  The tests build the headers
+ * with SPECDEC_AVX512_PATH=0 to compare the two. */
+#ifndef SPECDEC_AVX512_PATH
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECDEC_AVX512_PATH 1
+#else
+#define SPECDEC_AVX512_PATH 0
+#endif
+#endif
+
+#if SPECDEC_AVX512_PATH
+#include <immintrin.h>
+
+#define SPECDEC_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+/* Whether this CPU runs x86-64-v4 code (the AVX-512 subsets it assumes). */
+static inline int specdec_cpu_has_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512cd");
+}
+#endif
+
 /* ---- residual mass: sum of max(rho p - q, 0) * scale in float64 ---------------------- */
 
 /* NAME_accumulate adds a range's weights to eight running lanes, so that a row summed in
@@ -219,18 +251,18 @@ SPECDEC_DEFINE_RESIDUAL_SUM(specdec_residual_sum_d, double)
 
 /* ---- entropy and maximum ------------------------------------------------------------- */
 
-/* Returns sum_y p(y) * ln(p(y) + 1e-5) over [start, stop) in float64 (when want_entropy)
- * and stores the largest value in *maximum (NaN never wins; -inf if nothing beats it).
- * float rows use the float32-accurate log above; double rows use libm. */
+/* Returns sum_y p(y) * ln(p(y) + 1e-5) over [start, stop) in float64 and stores the
+ * largest value in *maximum (NaN never wins; -inf if nothing beats it).  float rows use
+ * the float32-accurate log above; double rows use libm.  A scan for the maximum alone is
+ * specdec_row_argmax_SUFFIX's. */
 static double specdec_entropy_max_d(const double *row, ptrdiff_t start, ptrdiff_t stop,
-                                    int want_entropy, double *maximum)
+                                    double *maximum)
 {
     double lanes[8] = {0};
     double best = -INFINITY;
     for (ptrdiff_t y = start; y < stop; ++y) {
         double p = row[y];
-        if (want_entropy)
-            lanes[(y - start) % 8] += specdec_entropy_term_d(p);
+        lanes[(y - start) % 8] += specdec_entropy_term_d(p);
         best = p > best ? p : best;
     }
     *maximum = best;
@@ -280,44 +312,18 @@ SPECDEC_INLINE void specdec_entropy_group(specdec_v8f p, specdec_v4d *low, specd
 
 SPECDEC_CLONES
 static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t stop,
-                                    int want_entropy, float *maximum)
+                                    float *maximum)
 {
     const specdec_v8f minus_infinity = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                                         -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     specdec_v4d low = {0.0, 0.0, 0.0, 0.0}, high = low;
     specdec_v8f best = minus_infinity;
     ptrdiff_t y = start;
-    if (want_entropy) {
-        for (; y + 8 <= stop; y += 8) {
-            specdec_v8f p;
-            memcpy(&p, row + y, sizeof p);
-            best = specdec_max8(p, best);
-            specdec_entropy_group(p, &low, &high);
-        }
-    } else {
-        /* Four independent maxima: one chain of compare-and-select per group of 8 would
-         * leave the loop bound by its latency instead of by the loads.  The maximum is a
-         * selection, so the grouping cannot change the value found. */
-        specdec_v8f best1 = minus_infinity, best2 = minus_infinity, best3 = minus_infinity;
-        for (; y + 32 <= stop; y += 32) {
-            specdec_v8f p0, p1, p2, p3;
-            memcpy(&p0, row + y, sizeof p0);
-            memcpy(&p1, row + y + 8, sizeof p1);
-            memcpy(&p2, row + y + 16, sizeof p2);
-            memcpy(&p3, row + y + 24, sizeof p3);
-            best = specdec_max8(p0, best);
-            best1 = specdec_max8(p1, best1);
-            best2 = specdec_max8(p2, best2);
-            best3 = specdec_max8(p3, best3);
-        }
-        for (; y + 8 <= stop; y += 8) {
-            specdec_v8f p;
-            memcpy(&p, row + y, sizeof p);
-            best = specdec_max8(p, best);
-        }
-        best = specdec_max8(best1, best);
-        best = specdec_max8(best2, best);
-        best = specdec_max8(best3, best);
+    for (; y + 8 <= stop; y += 8) {
+        specdec_v8f p;
+        memcpy(&p, row + y, sizeof p);
+        best = specdec_max8(p, best);
+        specdec_entropy_group(p, &low, &high);
     }
     if (y < stop) {
         /* Padding: p = 0 adds 0 * ln(1e-5) = 0 to the entropy; -inf never wins the max. */
@@ -330,8 +336,7 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
         memcpy(&p, values, sizeof p);
         memcpy(&c, candidates, sizeof c);
         best = specdec_max8(c, best);
-        if (want_entropy)
-            specdec_entropy_group(p, &low, &high);
+        specdec_entropy_group(p, &low, &high);
     }
     float result = -INFINITY;
     for (int lane = 0; lane < 8; ++lane)
@@ -344,14 +349,13 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
 #else
 
 static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t stop,
-                                    int want_entropy, float *maximum)
+                                    float *maximum)
 {
     double lanes[8] = {0};
     float best = -INFINITY;
     for (ptrdiff_t y = start; y < stop; ++y) {
         float p = row[y];
-        if (want_entropy)
-            lanes[(y - start) % 8] += specdec_entropy_term_f(p);
+        lanes[(y - start) % 8] += specdec_entropy_term_f(p);
         best = p > best ? p : best;
     }
     *maximum = best;
@@ -359,6 +363,72 @@ static double specdec_entropy_max_f(const float *row, ptrdiff_t start, ptrdiff_t
 }
 
 #endif
+
+/* ---- argmax of a whole row ------------------------------------------------------------ */
+
+/* specdec_row_argmax_SUFFIX(row, V): the first index of the largest entry of row[0, V)
+ * (NaN never wins; 0 for a row with nothing above -inf), in one read of the row.
+ *
+ * A block of SPECDEC_ARGMAX_BLOCK entries is reduced on SPECDEC_ARGMAX_LANES independent
+ * running maxima (four AVX-512 registers of floats), so that the loads and not one compare
+ * chain bound the loop; the index is found at the end by re-reading the one cache-hot
+ * block that first reached the maximum.  The lanes are written as a plain loop over an
+ * array because GCC compiles "candidate > best ? candidate : best" on it to maxps, whose
+ * rule (the first operand if it is greater, else the second) is this one, while a GNU
+ * vector mask-and-select costs a compare and a blend.  The maximum is a selection, so the
+ * width and the grouping cannot change what is found: every clone returns the same index. */
+#define SPECDEC_ARGMAX_BLOCK 2048
+#define SPECDEC_ARGMAX_LANES 64
+
+#define SPECDEC_DEFINE_ROW_ARGMAX(SUFFIX, T)                                                \
+    SPECDEC_CLONES                                                                         \
+    static ptrdiff_t specdec_row_argmax_##SUFFIX(const T *row, ptrdiff_t V)                \
+    {                                                                                      \
+        T best = (T)-INFINITY;                                                             \
+        ptrdiff_t best_start = -1;                                                         \
+        for (ptrdiff_t start = 0; start < V; start += SPECDEC_ARGMAX_BLOCK) {              \
+            ptrdiff_t stop = V - start < SPECDEC_ARGMAX_BLOCK ? V                          \
+                                                              : start + SPECDEC_ARGMAX_BLOCK; \
+            T lanes[SPECDEC_ARGMAX_LANES], block_best;                                     \
+            for (int lane = 0; lane < SPECDEC_ARGMAX_LANES; ++lane)                        \
+                lanes[lane] = (T)-INFINITY;                                                \
+            ptrdiff_t y = start;                                                           \
+            for (; y + SPECDEC_ARGMAX_LANES <= stop; y += SPECDEC_ARGMAX_LANES)            \
+                for (int lane = 0; lane < SPECDEC_ARGMAX_LANES; ++lane)                    \
+                    lanes[lane] = row[y + lane] > lanes[lane] ? row[y + lane] : lanes[lane]; \
+            /* Halving, not one lane after another: a chain of 64 dependent maxima would \
+             * cost more than the block's loads. */                                        \
+            for (int width = SPECDEC_ARGMAX_LANES / 2; width > 0; width /= 2)               \
+                for (int lane = 0; lane < width; ++lane)                                   \
+                    lanes[lane] = lanes[lane + width] > lanes[lane] ? lanes[lane + width]  \
+                                                                    : lanes[lane];         \
+            block_best = lanes[0];                                                         \
+            for (; y < stop; ++y)                                                          \
+                block_best = row[y] > block_best ? row[y] : block_best;                    \
+            if (block_best > best) {                                                       \
+                best = block_best;                                                         \
+                best_start = start;                                                        \
+            }                                                                              \
+        }                                                                                  \
+        if (best_start < 0)                                                                \
+            return 0;                                                                      \
+        /* Chunks of lanes with an or-reduction (vectorised), then the one chunk's entries, \
+         * so that locating costs a fraction of the block's scan. */                       \
+        ptrdiff_t y = best_start;                                                          \
+        for (; y + SPECDEC_ARGMAX_LANES <= V; y += SPECDEC_ARGMAX_LANES) {                 \
+            int found = 0;                                                                 \
+            for (int lane = 0; lane < SPECDEC_ARGMAX_LANES; ++lane)                        \
+                found |= row[y + lane] == best;                                            \
+            if (found)                                                                     \
+                break;                                                                     \
+        }                                                                                  \
+        while (row[y] != best)                                                             \
+            ++y;                                                                           \
+        return y;                                                                          \
+    }
+
+SPECDEC_DEFINE_ROW_ARGMAX(f, float)
+SPECDEC_DEFINE_ROW_ARGMAX(d, double)
 
 /* ---- greedy decision scan ------------------------------------------------------------- */
 

@@ -294,18 +294,64 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
                 weights[y[i]] = w[i];                                                      \
     }
 
-/* The z values and indices, in element order, of the entries of a row of at most
- * SPECDEC_TOP_P_CANDIDATES with key >= floor_key (as the top-k path gathers its survivors,
- * so that the later filters and the kept sum work on them alone); returns how many.  Each
- * store lands at or before the entry read and no branch depends on a key. */
-#define SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(SUFFIX, T, KEY_T)                                 \
-    static ptrdiff_t specdec_gather_at_or_above_##SUFFIX(const T *logits, ptrdiff_t V,      \
-                                                         T temperature, KEY_T floor_key,   \
-                                                         T *z_out, ptrdiff_t *y_out)       \
+/* ---- the partitions of top-k's key and the gathering of survivors -------------------- */
+
+/* Each step goes through the entries from `start` on, with its running counts; the fronts
+ * below run the sixteen-lane version (AVX-512) over the full groups it can and this one
+ * over the rest.  Every key is stored to both sides and each side's count advances by its
+ * comparison (no branch on a key, whose side is random: a branch on it mispredicts one time
+ * in two, about ten cycles an entry); a store lands at or before the entry being read, and
+ * the vector versions store only the lanes they keep (masked), so that neither writes past
+ * what these would.
+ *
+ * specdec_partition_values_from: the keys of values[start, count) (over the temperature),
+ *   above the pivot to keys, below it (and not NaN's, key 0) to other; returns how many
+ *   are not NaN's.
+ * specdec_partition_keys_from: the same over keys[start, n) in place, none of them NaN's.
+ * specdec_gather_at_or_above_from: the z and indices of the entries of logits[start, V)
+ *   with key >= floor_key, in element order, after the `kept` already gathered; returns
+ *   how many there are then. */
+#define SPECDEC_DEFINE_PARTITION_STEPS(SUFFIX, T, KEY_T)                                    \
+    static ptrdiff_t specdec_partition_values_from_##SUFFIX(                               \
+        const T *values, ptrdiff_t start, ptrdiff_t count, T temperature, KEY_T pivot,     \
+        KEY_T *keys, KEY_T *other, ptrdiff_t *larger, ptrdiff_t *smaller)                  \
     {                                                                                      \
         const int divide = temperature != (T)1;                                            \
-        ptrdiff_t kept = 0;                                                                \
-        for (ptrdiff_t y = 0; y < V; ++y) {                                                \
+        ptrdiff_t n = 0, up = *larger, down = *smaller;                                    \
+        for (ptrdiff_t i = start; i < count; ++i) {                                        \
+            /* z / 1 is z: the division is skipped, not the rounding changed. */          \
+            KEY_T key = specdec_key_##SUFFIX(divide ? values[i] / temperature : values[i]); \
+            keys[up] = key;                                                                \
+            other[down] = key;                                                             \
+            n += key >= 1;                                                                 \
+            up += key > pivot;                                                             \
+            down += key < pivot && key >= 1;                                               \
+        }                                                                                  \
+        *larger = up;                                                                      \
+        *smaller = down;                                                                   \
+        return n;                                                                          \
+    }                                                                                      \
+    static void specdec_partition_keys_from_##SUFFIX(KEY_T *keys, ptrdiff_t start,          \
+                                                     ptrdiff_t n, KEY_T pivot, KEY_T *other, \
+                                                     ptrdiff_t *larger, ptrdiff_t *smaller) \
+    {                                                                                      \
+        ptrdiff_t up = *larger, down = *smaller;                                           \
+        for (ptrdiff_t i = start; i < n; ++i) {                                            \
+            KEY_T key = keys[i];                                                           \
+            keys[up] = key;                                                                \
+            other[down] = key;                                                             \
+            up += key > pivot;                                                             \
+            down += key < pivot;                                                           \
+        }                                                                                  \
+        *larger = up;                                                                      \
+        *smaller = down;                                                                   \
+    }                                                                                      \
+    static ptrdiff_t specdec_gather_at_or_above_from_##SUFFIX(                             \
+        const T *logits, ptrdiff_t start, ptrdiff_t V, T temperature, KEY_T floor_key,     \
+        T *z_out, ptrdiff_t *y_out, ptrdiff_t kept)                                        \
+    {                                                                                      \
+        const int divide = temperature != (T)1;                                            \
+        for (ptrdiff_t y = start; y < V; ++y) {                                            \
             T z = divide ? logits[y] / temperature : logits[y];                            \
             z_out[kept] = z;                                                               \
             y_out[kept] = y;                                                               \
@@ -313,6 +359,171 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
         }                                                                                  \
         return kept;                                                                       \
     }
+
+SPECDEC_DEFINE_PARTITION_STEPS(f, float, uint32_t)
+SPECDEC_DEFINE_PARTITION_STEPS(d, double, uint64_t)
+
+#if SPECDEC_HAVE_VECTORS && SPECDEC_AVX512_PATH
+/* Sixteen floats' keys (specdec_key_f's): -0 becomes +0, NaN's key is 0. */
+SPECDEC_AVX512 static inline __m512i specdec_keys16_f(__m512 z)
+{
+    typedef uint32_t keys16 __attribute__((vector_size(64)));
+    z = _mm512_add_ps(z, _mm512_setzero_ps());
+    __m512i bits = _mm512_castps_si512(z);
+    keys16 key = SPECDEC_KEY_FROM_BITS_F((keys16)bits, (keys16)_mm512_srai_epi32(bits, 31));
+    return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(z, z, _CMP_ORD_Q), (__m512i)key);
+}
+
+/* The lanes of `lanes` chosen by `chosen`, in lane order, stored at out (only they). */
+SPECDEC_AVX512 static inline int specdec_store_chosen16(uint32_t *out, __mmask16 chosen,
+                                                        __m512i lanes)
+{
+    int count = __builtin_popcount((unsigned)chosen);
+    /* A compress into a register and a masked store: a compress into memory is slow on
+     * some CPUs that have it (AMD's Zen 4). */
+    _mm512_mask_storeu_epi32(out, (__mmask16)((1u << count) - 1u),
+                             _mm512_maskz_compress_epi32(chosen, lanes));
+    return count;
+}
+
+/* The partition steps sixteen entries at a time over the full groups; each returns how
+ * many entries it did (a multiple of 16), for the steps above to finish. */
+SPECDEC_AVX512 static ptrdiff_t specdec_partition_values_f_wide(
+    const float *values, ptrdiff_t count, float temperature, uint32_t pivot, uint32_t *keys,
+    uint32_t *other, ptrdiff_t *larger, ptrdiff_t *smaller, ptrdiff_t *n)
+{
+    const int divide = temperature != 1.0f;
+    const __m512 t = _mm512_set1_ps(temperature);
+    const __m512i p = _mm512_set1_epi32((int)pivot), zero = _mm512_setzero_si512();
+    ptrdiff_t i = 0, up = *larger, down = *smaller, present = *n;
+    for (; i + 16 <= count; i += 16) {
+        __m512 z = _mm512_loadu_ps(values + i);
+        if (divide)
+            z = _mm512_div_ps(z, t);
+        __m512i key = specdec_keys16_f(z);
+        __mmask16 not_nan = _mm512_cmp_epu32_mask(key, zero, _MM_CMPINT_NE);
+        present += __builtin_popcount((unsigned)not_nan);
+        /* Mutation 7 (tests only): the keys compare as signed integers. */
+        __mmask16 above = SPECDEC_LOGITS_MUTATION == 7
+                              ? _mm512_cmp_epi32_mask(key, p, _MM_CMPINT_NLE)
+                              : _mm512_cmp_epu32_mask(key, p, _MM_CMPINT_NLE);
+        up += specdec_store_chosen16(keys + up, above, key);
+        down += specdec_store_chosen16(
+            other + down, _mm512_mask_cmp_epu32_mask(not_nan, key, p, _MM_CMPINT_LT), key);
+    }
+    *larger = up;
+    *smaller = down;
+    *n = present;
+    return i;
+}
+
+SPECDEC_AVX512 static ptrdiff_t specdec_partition_keys_f_wide(uint32_t *keys, ptrdiff_t n,
+                                                              uint32_t pivot, uint32_t *other,
+                                                              ptrdiff_t *larger,
+                                                              ptrdiff_t *smaller)
+{
+    const __m512i p = _mm512_set1_epi32((int)pivot);
+    ptrdiff_t i = 0, up = *larger, down = *smaller;
+    for (; i + 16 <= n; i += 16) {
+        /* Loaded before the stores, which end at or before i + 16. */
+        __m512i key = _mm512_loadu_si512(keys + i);
+        up += specdec_store_chosen16(keys + up, _mm512_cmp_epu32_mask(key, p, _MM_CMPINT_NLE),
+                                     key);
+        down += specdec_store_chosen16(other + down,
+                                       _mm512_cmp_epu32_mask(key, p, _MM_CMPINT_LT), key);
+    }
+    *larger = up;
+    *smaller = down;
+    return i;
+}
+
+SPECDEC_AVX512 static ptrdiff_t specdec_gather_at_or_above_f_wide(
+    const float *logits, ptrdiff_t V, float temperature, uint32_t floor_key, float *z_out,
+    ptrdiff_t *y_out, ptrdiff_t *kept)
+{
+    const int divide = temperature != 1.0f;
+    const __m512 t = _mm512_set1_ps(temperature);
+    const __m512i floor = _mm512_set1_epi32((int)floor_key);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    ptrdiff_t y = 0, count = *kept;
+    for (; y + 16 <= V; y += 16) {
+        __m512 z = _mm512_loadu_ps(logits + y);
+        if (divide)
+            z = _mm512_div_ps(z, t);
+        /* Mutation 6 (tests only): the entries at the floor key are dropped. */
+        __mmask16 chosen = _mm512_cmp_epu32_mask(
+            specdec_keys16_f(z), floor,
+            SPECDEC_LOGITS_MUTATION == 6 ? _MM_CMPINT_NLE : _MM_CMPINT_NLT);
+        if (!chosen)
+            continue;
+        int found = specdec_store_chosen16((uint32_t *)(z_out + count), chosen,
+                                           _mm512_castps_si512(z));
+        /* The chosen lanes' offsets, widened and added to y in 64 bits. */
+        __m512i offsets = _mm512_maskz_compress_epi32(chosen, lane);
+        __m512i base = _mm512_set1_epi64((long long)y);
+        __m512i low = _mm512_add_epi64(base, _mm512_cvtepu32_epi64(
+                                                 _mm512_castsi512_si256(offsets)));
+        __m512i high = _mm512_add_epi64(base, _mm512_cvtepu32_epi64(
+                                                  _mm512_extracti64x4_epi64(offsets, 1)));
+        _mm512_mask_storeu_epi64(y_out + count, (__mmask8)((1u << (found < 8 ? found : 8)) - 1u),
+                                 low);
+        if (found > 8)
+            _mm512_mask_storeu_epi64(y_out + count + 8, (__mmask8)((1u << (found - 8)) - 1u),
+                                     high);
+        count += found;
+    }
+    *kept = count;
+    return y;
+}
+
+#define SPECDEC_WIDE_F(call) (specdec_cpu_has_avx512() ? (call) : 0)
+#else
+#define SPECDEC_WIDE_F(call) 0
+#endif
+/* Double rows have no sixteen-lane steps. */
+#define SPECDEC_WIDE_D(call) 0
+
+/* The fronts: the sixteen-lane steps where they run, then the one-lane steps. */
+#define SPECDEC_DEFINE_PARTITIONS(SUFFIX, T, KEY_T, WIDE)                                   \
+    static ptrdiff_t specdec_partition_values_##SUFFIX(const T *values, ptrdiff_t count,    \
+                                                       T temperature, KEY_T pivot,         \
+                                                       KEY_T *keys, KEY_T *other,          \
+                                                       ptrdiff_t *larger, ptrdiff_t *smaller) \
+    {                                                                                      \
+        ptrdiff_t n = 0;                                                                   \
+        *larger = *smaller = 0;                                                            \
+        ptrdiff_t done = WIDE(specdec_partition_values_##SUFFIX##_wide(                    \
+            values, count, temperature, pivot, keys, other, larger, smaller, &n));         \
+        return n + specdec_partition_values_from_##SUFFIX(values, done, count, temperature, \
+                                                          pivot, keys, other, larger,      \
+                                                          smaller);                        \
+    }                                                                                      \
+    static void specdec_partition_keys_##SUFFIX(KEY_T *keys, ptrdiff_t n, KEY_T pivot,      \
+                                                KEY_T *other, ptrdiff_t *larger,           \
+                                                ptrdiff_t *smaller)                        \
+    {                                                                                      \
+        *larger = *smaller = 0;                                                            \
+        ptrdiff_t done = WIDE(specdec_partition_keys_##SUFFIX##_wide(keys, n, pivot, other, \
+                                                                     larger, smaller));    \
+        specdec_partition_keys_from_##SUFFIX(keys, done, n, pivot, other, larger, smaller); \
+    }                                                                                      \
+    /* The z values and indices, in element order, of the entries of a row of at most    \
+     * SPECDEC_TOP_P_CANDIDATES with key >= floor_key (as the top-k path gathers its      \
+     * survivors, so that the later filters and the kept sum work on them alone); returns \
+     * how many. */                                                                        \
+    static ptrdiff_t specdec_gather_at_or_above_##SUFFIX(const T *logits, ptrdiff_t V,      \
+                                                         T temperature, KEY_T floor_key,   \
+                                                         T *z_out, ptrdiff_t *y_out)       \
+    {                                                                                      \
+        ptrdiff_t kept = 0;                                                                \
+        ptrdiff_t done = WIDE(specdec_gather_at_or_above_##SUFFIX##_wide(                  \
+            logits, V, temperature, floor_key, z_out, y_out, &kept));                      \
+        return specdec_gather_at_or_above_from_##SUFFIX(logits, done, V, temperature,      \
+                                                        floor_key, z_out, y_out, kept);    \
+    }
+
+SPECDEC_DEFINE_PARTITIONS(f, float, uint32_t, SPECDEC_WIDE_F)
+SPECDEC_DEFINE_PARTITIONS(d, double, uint64_t, SPECDEC_WIDE_D)
 
 /* The tests build the header with a limit of 0, so that the radix select does it all. */
 #ifndef SPECDEC_QUICKSELECT_PARTITIONS
@@ -324,14 +535,12 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
  * which costs a few passes over the entries instead of three histograms of 2^11 buckets.
  * The answer is one value, so any exact method finds the same; after
  * SPECDEC_QUICKSELECT_PARTITIONS partitions (an adversarial order) the radix select does
- * the job.  Each partition is three-way and has no branch on the keys (a key's side is
- * random, so a branch on it mispredicts one time in two, about ten cycles an entry):
- * every key is stored to both sides and each side's count advances by its comparison.
- * The larger keys are packed in place at the front of the range read (a store lands at or
- * before the key being read) and the smaller ones in the other buffer; equal keys are
- * counted, not stored.  The first partition reads the z values themselves, with a pivot
- * from a sample placed just above the K-th largest (top-k keeps a few percent of a row,
- * where the median of three would keep half); the later ones take the median of three. */
+ * the job.  Each partition is three-way, with no branch on the keys (the steps above):
+ * the larger keys are packed in place at the front of the range read and the smaller ones
+ * in the other buffer; equal keys are counted, not stored.  The first partition reads the
+ * z values themselves, with a pivot from a sample placed just above the K-th largest
+ * (top-k keeps a few percent of a row, where the median of three would keep half); the
+ * later ones take the median of three. */
 #define SPECDEC_DEFINE_TOP_K_KEY(SUFFIX, T, KEY_T)                                          \
     static KEY_T specdec_top_k_pivot_##SUFFIX(const T *values, ptrdiff_t count,             \
                                               T temperature, int64_t top_k)                \
@@ -367,16 +576,8 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
         /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
         ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
         KEY_T pivot = specdec_top_k_pivot_##SUFFIX(values, count, temperature, top_k);     \
-        const int divide = temperature != (T)1;                                            \
-        for (ptrdiff_t i = 0; i < count; ++i) {                                            \
-            /* z / 1 is z: the division is skipped, not the rounding changed. */          \
-            KEY_T key = specdec_key_##SUFFIX(divide ? values[i] / temperature : values[i]); \
-            keys[larger] = key;                                                            \
-            other[smaller] = key;                                                          \
-            n += key >= 1;                                                                 \
-            larger += key > pivot;                                                         \
-            smaller += key < pivot && key >= 1;                                            \
-        }                                                                                  \
+        n = specdec_partition_values_##SUFFIX(values, count, temperature, pivot, keys, other, \
+                                              &larger, &smaller);                          \
         if (n < top_k)                                                                     \
             return 0;                                                                      \
         for (int partitions = 0;; ++partitions) {                                          \
@@ -398,14 +599,7 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
                                                (double)top_k, NULL, scratch->histogram);    \
             KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
             pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
-            larger = smaller = 0;                                                          \
-            for (ptrdiff_t i = 0; i < n; ++i) {                                            \
-                KEY_T key = keys[i];                                                       \
-                keys[larger] = key;                                                        \
-                other[smaller] = key;                                                      \
-                larger += key > pivot;                                                     \
-                smaller += key < pivot;                                                    \
-            }                                                                              \
+            specdec_partition_keys_##SUFFIX(keys, n, pivot, other, &larger, &smaller);     \
         }                                                                                  \
     }
 
@@ -413,7 +607,5 @@ SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
 SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
 SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
 SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
-SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(f, float, uint32_t)
-SPECDEC_DEFINE_GATHER_AT_OR_ABOVE(d, double, uint64_t)
 
 #endif

@@ -130,7 +130,7 @@ double t_probability_f(const float *l, ptrdiff_t y, float t, const specdec_row_l
 { return specdec_law_probability_f(l, y, t, law); }
 double t_probability_d(const double *l, ptrdiff_t y, double t, const specdec_row_law *law)
 { return specdec_law_probability_d(l, y, t, law); }
-ptrdiff_t t_argmax_f(const float *row, ptrdiff_t V) { return specdec_argmax_f(row, V); }
+ptrdiff_t t_argmax_f(const float *row, ptrdiff_t V) { return specdec_row_argmax_f(row, V); }
 
 /* The law with its scratch's row_threads set to `threads`: its weights kept in out and
  * divided there when out is not NULL (returns whether they were), else no weights. */
@@ -1107,6 +1107,71 @@ def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Pat
         != vector.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
         for row in rows
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    # Rows up to SPECDEC_TOP_P_CANDIDATES are keyed and gathered whole, in full groups of
+    # sixteen (AVX-512) and a tail.
+    vocab=st.integers(1, 2048),
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([1.0, 0.7]),
+    top_k=st.sampled_from([1, 3, 50, 400]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    min_p=st.sampled_from([0.0, 0.01]),
+    ties=st.booleans(),
+    order=st.sampled_from(["random", "ascending", "descending"]),
+    masked=st.booleans(),
+)
+def test_both_widths_of_the_short_row_selections_give_the_same_law(
+    vector: Logits,
+    narrow: Logits,
+    vocab: int,
+    seed: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    ties: bool,
+    order: str,
+    masked: bool,
+) -> None:
+    """The sixteen-lane partitions of top-k's quickselect and gathering of its survivors
+    (AVX-512 CPUs) give the law's fields and kept weights of the one-lane ones, bit for bit:
+    with tie groups at the boundary, signed zeros, NaN and -inf entries, sorted prefixes."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX-512: both builds run the one-lane selections")
+    row = _survivor_row(seed, vocab, np.float32, ties, order, masked)
+    if ties:
+        row[np.random.default_rng(seed).integers(vocab, size=max(vocab // 9, 1))] = -0.0
+    filters = (top_k, top_p, min_p)
+    wide_law, wide_weights = vector.law_from_weights(row, temperature, *filters)
+    narrow_law, narrow_weights = narrow.law_from_weights(row, temperature, *filters)
+    assert wide_law.fields() == narrow_law.fields()
+    assert (wide_weights is None) == (narrow_weights is None)
+    if wide_weights is not None:
+        assert wide_weights.tobytes() == narrow_weights.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("mutation", "what"),
+    [(6, "a gathering that drops the entries at the floor key"),
+     (7, "a first partition that compares the keys as signed integers")],
+)  # fmt: skip
+def test_the_short_row_width_comparison_sees_a_wrong_selection(
+    narrow: Logits, tmp_path: Path, mutation: int, what: str
+) -> None:
+    """Negative controls: each broken sixteen-lane selection gives another law than the
+    one-lane selections on some short row with ties."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX-512")
+    wrong = _build(tmp_path, f"mutation{mutation}", f"-DSPECDEC_LOGITS_MUTATION={mutation}")
+    rows = [_survivor_row(seed, 1000, np.float32, True, "random", False) for seed in range(20)]
+    assert any(
+        wrong.row_law(row, 1.0, 50, 1.0, 0.0).fields()
+        != narrow.row_law(row, 1.0, 50, 1.0, 0.0).fields()
+        for row in rows
+    ), what
 
 
 def _weights_near_midpoints(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

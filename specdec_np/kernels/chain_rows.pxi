@@ -171,12 +171,10 @@ cdef bint is_first_argmax(const probability_t* row, Py_ssize_t V, Py_ssize_t x) 
     that beats row[x] (larger, or equal at a lower index)."""
     cdef probability_t p_x = row[x]
     cdef Py_ssize_t start, stop, beaten
-    cdef Py_ssize_t argmax = 0
     if p_x != p_x or p_x == -1.0 / 0.0:
         # NaN and -inf never win the scan's comparisons; the argmax rule decides for them
         # (a row with nothing above -inf has argmax 0), as at the first rejection.
-        entropy_and_argmax(row, V, False, &argmax)
-        return argmax == x
+        return row_argmax(row, V) == x
     start = 0
     while start < V:
         stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
@@ -208,7 +206,7 @@ cdef int64_t greedy_row(
         elif target[i * V + x] > 0.5 + SPECDEC_GREEDY_MARGIN:
             accepted = True
         elif r == k:
-            entropy_and_argmax(target + i * V, V, False, &argmax)
+            argmax = row_argmax(target + i * V, V)
             accepted = argmax == x
         else:
             accepted = is_first_argmax(target + i * V, V, x)

@@ -210,12 +210,20 @@ cdef Py_ssize_t locate_first(
     return start
 
 
+cdef inline Py_ssize_t row_argmax(const probability_t* row, Py_ssize_t V) noexcept nogil:
+    """The first index of the maximum of ``row[:V]``, in one read of the row.  NaN entries
+    never win; a row with no entry above -inf has argmax 0."""
+    if probability_t is float:
+        return specdec_row_argmax_f(row, V)
+    else:
+        return specdec_row_argmax_d(row, V)
+
+
 cdef double entropy_and_argmax(
-    const probability_t* row, Py_ssize_t V, bint want_entropy, Py_ssize_t* argmax
+    const probability_t* row, Py_ssize_t V, Py_ssize_t* argmax
 ) noexcept nogil:
-    """Entropy -sum p ln(p + epsilon) (float64, if ``want_entropy``) and, if ``argmax`` is
-    not NULL, the first index of the maximum, both in one pass.  NaN entries never win the
-    argmax; a row with no entry above -inf has argmax 0."""
+    """Entropy -sum p ln(p + epsilon) (float64) and, if ``argmax`` is not NULL, the first
+    index of the maximum (as :func:`row_argmax` finds it), both in one pass."""
     cdef probability_t best = -1.0 / 0.0
     cdef probability_t block_best
     cdef Py_ssize_t start, stop, best_block_start = 0
@@ -224,9 +232,9 @@ cdef double entropy_and_argmax(
     while start < V:
         stop = start + SCAN_BLOCK if start + SCAN_BLOCK < V else V
         if probability_t is float:
-            total += specdec_entropy_max_f(row, start, stop, want_entropy, &block_best)
+            total += specdec_entropy_max_f(row, start, stop, &block_best)
         else:
-            total += specdec_entropy_max_d(row, start, stop, want_entropy, &block_best)
+            total += specdec_entropy_max_d(row, start, stop, &block_best)
         if block_best > best:
             best = block_best
             best_block_start = start
@@ -245,9 +253,7 @@ cdef inline Py_ssize_t raw_argmax(
 ) noexcept nogil:
     # Greedy requests compare raw values: the argmax of logits is the argmax of any
     # temperature's probabilities.
-    cdef Py_ssize_t argmax = 0
-    entropy_and_argmax(rows + i * V, V, False, &argmax)
-    return argmax
+    return row_argmax(rows + i * V, V)
 
 
 cdef double row_entropy_and_argmax(
@@ -255,7 +261,7 @@ cdef double row_entropy_and_argmax(
 ) noexcept nogil:
     """:func:`entropy_and_argmax` of row ``i``'s law (with the entropy), on the row as
     :func:`probability_row` gives it."""
-    return entropy_and_argmax(probability_row(request, target, i, False), request.V, True, argmax)
+    return entropy_and_argmax(probability_row(request, target, i, False), request.V, argmax)
 
 
 cdef double row_residual_total(
