@@ -853,6 +853,27 @@ def test_process_logits_on_array_api_strict() -> None:
     assert np.allclose(expected.sum(axis=1), 1.0)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    # Across the 2048-entry blocks and the 64-lane groups, with the maximum anywhere.
+    vocab=st.integers(1, 7000),
+    seed=st.integers(0, 2**32 - 1),
+    ties=st.booleans(),
+    special=st.sampled_from(["none", "nan", "minus_inf", "all_nan"]),
+)
+def test_row_argmax_is_numpys_first_maximum(
+    builds: dict[str, Logits], vocab: int, seed: int, ties: bool, special: str
+) -> None:
+    """The whole-row argmax is the first index of the largest non-NaN entry (0 when there
+    is none), as np.argmax finds it on the row with NaN taken as -inf, in both builds."""
+    row = _special_row(seed, vocab, np.float32, special, share=7)
+    if ties:
+        row = np.round(row / 4).astype(np.float32)
+    expected = int(np.argmax(np.where(np.isnan(row), -np.inf, row)))
+    for build in builds.values():
+        assert build.lib.t_argmax_f(row.ctypes.data, row.size) == expected
+
+
 def test_argmax(vector: Logits) -> None:
     row = np.float32([np.nan, 1.0, 3.0, 3.0, np.nan])
     assert vector.lib.t_argmax_f(row.ctypes.data, row.size) == 2
