@@ -27,7 +27,7 @@ def _flag(name: str) -> bool:
 
 # The kernel contract's constants, loaded by path (the package itself is not importable
 # before it is built) and handed to the C compiler, so that every backend compiles them.
-contract = runpy.run_path(os.path.join(os.path.dirname(__file__), "specdec_np", "_contract.py"))
+contract = runpy.run_path(os.path.join(os.path.dirname(__file__), "specdec_np", "_runtime", "contract.py"))
 
 debug = _flag("SPECDEC_DEBUG")
 use_openmp = not _flag("SPECDEC_NO_OPENMP")
@@ -51,7 +51,11 @@ if use_openmp:
 extension = Extension(
     "specdec_np._core",
     sources=["specdec_np/_core.pyx"],
-    include_dirs=[numpy.get_include(), "specdec_np"],
+    include_dirs=[
+        numpy.get_include(),
+        "specdec_np/_kernels/src/common",
+        "specdec_np/_kernels/src/cpu",
+    ],
     define_macros=[
         ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
         ("SPECDEC_OPENMP", "1" if use_openmp else "0"),

@@ -21,17 +21,13 @@ from typing import Any
 import numpy as np
 
 import specdec_np
-from specdec_np import (
-    _backend,
-    _chains,
-    _contract,
-    _core,
-    _random,
-    _reference,
-    _validate,
-    registry,
-    verify,
-)
+from specdec_np import _core, registry, verify
+from specdec_np._layouts import padded as _chains
+from specdec_np._reference import chains as _reference
+from specdec_np._runtime import arrays as _backend
+from specdec_np._runtime import checks as _validate
+from specdec_np._runtime import contract as _contract
+from specdec_np._runtime import uniforms as _random
 
 VERIFIERS = registry.VERIFIERS
 VERIFIER_NAMES = tuple(verifier.name for verifier in VERIFIERS)

@@ -46,12 +46,14 @@ from typing import Any
 import numpy as np
 
 import specdec_np
-from specdec_np import _contract
+from specdec_np._runtime import contract as _contract
 
 HERE = Path(__file__).resolve().parent
-#: The package's C headers (``_rowscan.h``, ``_logits.h``, ...): those of the package being
+#: The package's C headers (``rowscan.h``, ``logits_law.h``, ...): those of the package being
 #: measured (shipped with it), whether it runs from a checkout or from an installed wheel.
-HEADERS = Path(specdec_np.__file__).resolve().parent
+# The CPU kernels' headers; the per-element header shared with CUDA is found after them.
+HEADERS = Path(specdec_np.__file__).resolve().parent / "_kernels" / "src" / "cpu"
+COMMON_HEADERS = HEADERS.parent / "common"
 
 
 def log(message: str) -> None:
@@ -439,7 +441,7 @@ def compile_library(
     macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
     command = [
         c_compiler(), "-O3", "-shared", "-fPIC", "-std=c11", "-Wno-psabi", *flags, *macros,
-        f"-I{include}", str(path), "-o", str(library), "-lm",
+        f"-I{include}", f"-I{COMMON_HEADERS}", str(path), "-o", str(library), "-lm",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

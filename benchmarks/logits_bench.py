@@ -1,4 +1,5 @@
-"""ns per element of the row law of specdec_np/_logits.h, and its fraction of streaming.
+"""ns per element of the row law of specdec_np/_kernels/src/cpu/logits_law.h, and its fraction of
+streaming.
 
 Builds the header into a small shared library (``cc -O3``, with the AVX-512 and AVX2 + FMA3
 clones the extension gets), then times one row of ``V`` float32 logits on one thread: the
@@ -25,7 +26,7 @@ import harness  # noqa: E402  (the C build and the best-of timing)
 
 _SOURCE = r"""
 #include <stdlib.h>
-#include "_logits.h"
+#include "logits_law.h"
 void b_row_law(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
                specdec_row_law *law, int repeats)
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Microbenchmark of the kernels' row passes (``specdec_np/_rowscan.h``, ``_treescan.h``,
-``_logits.h``), one vocabulary row at a time, on one core.
+"""Microbenchmark of the kernels' row passes (``rowscan.h``, ``treescan.h``, ``logits_law.h``
+of ``specdec_np/_kernels/src/cpu/``), one vocabulary row at a time, on one core.
 
 Every verifier's cost is a few passes over rows of ``V`` entries: the block sums of an
 inverse-CDF draw, a residual sum, the tree walk's residual update, the online pass and the
@@ -12,7 +12,8 @@ are bound by compute (far below the streaming bandwidth of the harness's probe) 
 than by memory.
 
 ``--include DIR`` compiles another copy of the headers (for instance those of an earlier
-commit: ``git show REV:specdec_np/_rowscan.h > DIR/_rowscan.h``, and the same for the other
+commit: ``git show REV:specdec_np/_kernels/src/cpu/rowscan.h > DIR/rowscan.h``, and the
+same for the other
 two), to measure a change before and after::
 
     OMP_NUM_THREADS=1 python benchmarks/row_scans.py
@@ -39,8 +40,8 @@ import harness  # noqa: E402  (the C build, best-of timing, JSON lines and table
 HEADERS = harness.HEADERS
 
 _SOURCE = r"""
-#include "_treescan.h"
-#include "_logits.h"
+#include "treescan.h"
+#include "logits_law.h"
 
 /* Each function runs one pass over each of `rows` rows of V entries and returns a value
  * that depends on every pass (so that none is optimised away). */

@@ -4,7 +4,7 @@
 Times every verifier of ``specdec_np.registry.VERIFIERS`` on NumPy (and on CuPy when
 ``cupy.is_available()``) over B x k x V in two input regimes (SPEC 8), against
 
-* the array-API reference (``specdec_np._reference``) on NumPy, where it has the verifier's
+* the array-API reference (``specdec_np._reference.chains``) on NumPy, where it has the verifier's
   function (``--skip-reference``);
 * torch baselines (``benchmarks/torch_baselines.py``: vLLM v0's algorithms, and block
   verification as an engine would write it in torch), for the verifiers that have one;

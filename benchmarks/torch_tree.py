@@ -52,7 +52,7 @@ class TreeTables(NamedTuple):
 
 
 def tree_tables(layout: Any) -> TreeTables:
-    """:class:`TreeTables` of a ``specdec_np._trees.TreeLayout``."""
+    """:class:`TreeTables` of a ``specdec_np._layouts.tree.TreeLayout``."""
     batch = layout.batch_size
     max_nodes = max(layout.max_nodes, 1)
     lists = [layout.children(b) for b in range(batch)]

@@ -2,7 +2,7 @@
 """Benchmark of tree verification ``specdec_np.verify_tree`` (CPU), every method of the registry.
 
 Each request verifies an EAGLE-like tree of ``n`` nodes
-(``specdec_np._tree_demo.best_first_tree``, the shape of ``specdec-np demo --tree``:
+(``specdec_np._demo.trees.best_first_tree``, the shape of ``specdec-np demo --tree``:
 best-first growth with up to three children per node, so the top-ranked branch is deep and
 the first levels are wide), at batch ``B`` and vocabulary ``V``, from logits (temperature
 1) and from probabilities.  Every method of ``specdec_np.registry.TREE_METHODS`` is timed
@@ -15,7 +15,7 @@ replacement: from it without replacement).  Baselines measured in the same run:
   rows, then the walk.  It has the semantics of ``point_mass`` (and ``greedy``) and is timed
   once per cell on the fixed tokens; every method's ``x_torch`` is that time over the
   method's own: the cost an engine pays today to verify the tree;
-* ``reference``: ``specdec_np._tree_reference.verify_tree_requests`` where the cell is
+* ``reference``: ``specdec_np._reference.trees.verify_tree_requests`` where the cell is
   small (``--reference-elements``), checked equal to the kernel on the same uniforms;
 * the roofline: :func:`walked_bytes` (the rows on the walked path) over the streaming read
   bandwidth of ``benchmarks/run.py``'s probe, at the start and the end of the run (the
@@ -47,8 +47,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
 
 import specdec_np  # noqa: E402
-from specdec_np import _tree_reference, _trees, registry  # noqa: E402
-from specdec_np._tree_demo import best_first_tree  # noqa: E402
+from specdec_np import registry  # noqa: E402
+from specdec_np._demo.trees import best_first_tree  # noqa: E402
+from specdec_np._layouts import tree as _trees  # noqa: E402
+from specdec_np._reference import trees as _tree_reference  # noqa: E402
 
 METHODS = registry.TREE_METHODS
 METHOD_NAMES = tuple(method.name for method in METHODS)

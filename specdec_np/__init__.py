@@ -10,11 +10,9 @@ per-request sampling parameters) and :func:`verify_tree` draft trees, with the b
 """
 
 from . import registry
-from ._philox import counter_uniforms
-from ._processed import processed_probs, sample_tokens
-from ._ragged import output_buffers, verify_ragged
-from ._results import TreeVerificationResult, VerificationResult
-from ._trees import (
+from ._layouts.processed import processed_probs, sample_tokens
+from ._layouts.ragged import output_buffers, verify_ragged
+from ._layouts.tree import (
     MAX_TREE_DEPTH,
     TreeLayout,
     chain_tree,
@@ -25,6 +23,8 @@ from ._trees import (
     validate_tree,
     verify_tree,
 )
+from ._runtime.philox import counter_uniforms
+from ._runtime.results import TreeVerificationResult, VerificationResult
 from ._version import __version__
 from .engine import EngineVerifier
 from .metrics import VerificationMetrics

@@ -1,13 +1,13 @@
 """Type stub of the compiled CPU kernels (``specdec_np/_core.pyx`` and the include files
-of ``specdec_np/kernels/``).
+of ``specdec_np/_kernels/src/``).
 
 Probability arrays are float32 or float64 and C-contiguous; token ids are int32 or int64
 (one dtype per call); every output buffer is int64 and written by the kernel.  The
-``row_status`` codes are those of ``specdec_np._contract``.  The ``method`` of
+``row_status`` codes are those of ``specdec_np._runtime.contract``.  The ``method`` of
 :func:`verify_chains` and :func:`verify_trees` (and the entries of ``request_methods``) are
 registry codes (``Verifier.code``, ``TreeMethod.code``), bound to the kernels once by
-``specdec_np._dispatch`` through :func:`bind_chain_rows` and :func:`bind_tree_steps`.
-``specdec_np._cuda.core_like`` has the same kernel signatures on CuPy arrays (its kernels
+``specdec_np._kernels.dispatch`` through :func:`bind_chain_rows` and :func:`bind_tree_steps`.
+``specdec_np._kernels.cuda.core_like`` has the same kernel signatures on CuPy arrays (its kernels
 return None).
 """
 

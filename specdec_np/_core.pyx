@@ -1,7 +1,7 @@
 # cython: language_level=3
 """CPU kernels of specdec_np.
 
-Kernels only: every function here trusts its caller (``specdec_np._backend``) for dtypes
+Kernels only: every function here trusts its caller (``specdec_np._runtime.arrays``) for dtypes
 and contiguity, checks shapes and offsets in O(B) before it indexes anything, and reads
 random uniforms that the caller drew.  What a kernel never trusts is a token id: the driver
 checks each request's ids against the vocabulary before a row function uses one as an
@@ -11,13 +11,14 @@ Structure: one driver per batch layout walks the requests and hands each request
 ids and uniforms to the row function (chains) or the walk step (trees) of its verifier,
 with its ``k_b`` and ``V``.  The drivers know no verifier: they call through tables of
 function pointers indexed by the registry code (:attr:`specdec_np.registry.Verifier.code`,
-:attr:`specdec_np.registry.TreeMethod.code`), which ``specdec_np._dispatch`` binds once
+:attr:`specdec_np.registry.TreeMethod.code`), which ``specdec_np._kernels.dispatch`` binds once
 from the registry (:func:`bind_chain_rows`, :func:`bind_tree_steps`).  The chain driver
 :func:`verify_chains` serves the padded ``[B, k+1, V]`` batch and the ragged one alike:
 request ``b`` owns draft rows and ids ``draft_offsets[b] .. draft_offsets[b+1]`` and the
 ``k_b + 1`` target rows that start at ``draft_offsets[b] + b``.
 
-The code lives in ``specdec_np/kernels/``, one concept per include file:
+The code lives in ``specdec_np/_kernels/src/cpu/``, one concept per include file (the
+CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/common/``):
 
 * ``registry_binding.pxi``: the tables of row functions and tree steps, bound from the
   registry;
@@ -33,7 +34,7 @@ The code lives in ``specdec_np/kernels/``, one concept per include file:
 * ``processed_rows.pxi``: :func:`processed_rows`, the processed law of logits rows.
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
-``specdec_np._contract``.
+``specdec_np._runtime.contract``.
 """
 
 from cython.parallel cimport parallel, prange, threadid
@@ -42,7 +43,7 @@ from libc.math cimport isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
-cdef extern from "_elementwise.h" nogil:
+cdef extern from "elementwise.h" nogil:
     # The scalar decisions both backends take from the shared header.
     double specdec_clean(double x)
     bint specdec_draw_stops(double weight, double running, double threshold)
@@ -50,7 +51,7 @@ cdef extern from "_elementwise.h" nogil:
     double specdec_block_check(double total, double rho)
     double specdec_typical_threshold(double plogp, double alpha, double posterior_threshold)
 
-cdef extern from "_rowscan.h" nogil:
+cdef extern from "rowscan.h" nogil:
     double specdec_residual_sum_f(
         const float* p, const float* q, Py_ssize_t point_mass, double rho, double scale,
         Py_ssize_t start, Py_ssize_t stop,
@@ -84,7 +85,7 @@ cdef extern from "_rowscan.h" nogil:
         const double* row, Py_ssize_t start, Py_ssize_t stop, double p_x, Py_ssize_t x
     )
 
-cdef extern from "_survivors.h" nogil:
+cdef extern from "survivors.h" nogil:
     # The law's working memory (heap, one per thread): see new_law_scratch.
     ctypedef struct specdec_law_scratch:
         # Threads for the passes over one row (0 or 1: one; used only outside a parallel
@@ -92,7 +93,7 @@ cdef extern from "_survivors.h" nogil:
         int row_threads
     specdec_law_scratch* specdec_law_scratch_new()
 
-cdef extern from "_logits.h" nogil:
+cdef extern from "logits_law.h" nogil:
     ctypedef struct specdec_row_law:
         double z_max
         double cutoff
@@ -133,12 +134,12 @@ cdef extern from "_logits.h" nogil:
         double* out,
     )
 
-cdef extern from "_rowthreads.h" nogil:
+cdef extern from "rowthreads.h" nogil:
     # The threads a row of V entries takes for a law scratch's row_threads (1: its passes
     # run on the calling thread); declared so that the build depends on the header.
     int specdec_row_threads(int requested, Py_ssize_t V)
 
-cdef extern from "_treescan.h" nogil:
+cdef extern from "treescan.h" nogil:
     double specdec_residual_update_ff(
         const float* src, double src_mass, const float* q, double q_mass, Py_ssize_t V,
         double* dst,
@@ -170,7 +171,7 @@ cdef extern from *:
     int SPECDEC_DEBUG_BUILD
     double SPECDEC_GREEDY_MARGIN
     # A float64 residual sum that overflows is recomputed with every weight times
-    # 2**SPECDEC_OVERFLOW_EXPONENT (see specdec_np/_contract.py).
+    # 2**SPECDEC_OVERFLOW_EXPONENT (see specdec_np/_runtime/contract.py).
     int SPECDEC_OVERFLOW_EXPONENT
     int64_t SPECDEC_STATUS_NO_MEMORY
     int specdec_openmp_max_threads() nogil
@@ -226,8 +227,9 @@ cdef struct Request:
     Py_ssize_t draft_law_row
     specdec_row_law target_law
     specdec_row_law draft_law
-    # Trees only (set by the tree driver): the request's child lists (specdec_np._tree_links;
-    # first_child from the root's entry on), so that a step finds children in O(1).
+    # Trees only (set by the tree driver): the request's child lists
+    # (specdec_np._layouts.tree_links; first_child from the root's entry on), so that a step
+    # finds children in O(1).
     const int64_t* first_child
     const int64_t* next_sibling
     const int64_t* next_distinct_sibling
@@ -260,7 +262,7 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) n
     ``wanted`` (probability rows) or when the allocation fails, which the drivers report
     as the row status SPECDEC_STATUS_NO_MEMORY.  ``row_threads`` threads run the passes
     over one row (the maximum and the exponentials) when the loop over requests runs on
-    one thread: the bits of one thread (``specdec_row_threads`` of ``_rowthreads.h``)."""
+    one thread: the bits of one thread (``specdec_row_threads`` of ``rowthreads.h``)."""
     cdef specdec_law_scratch* scratch
     if not wanted:
         return NULL
@@ -270,13 +272,13 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) n
     return scratch
 
 
-include "kernels/registry_binding.pxi"
-include "kernels/row_readers.pxi"
-include "kernels/inverse_cdf_draws.pxi"
-include "kernels/chain_rows.pxi"
-include "kernels/argument_checks.pxi"
-include "kernels/chain_driver.pxi"
-include "kernels/tree_walks.pxi"
-include "kernels/tree_driver.pxi"
-include "kernels/output_formatting.pxi"
-include "kernels/processed_rows.pxi"
+include "_kernels/src/cpu/registry_binding.pxi"
+include "_kernels/src/cpu/row_readers.pxi"
+include "_kernels/src/cpu/inverse_cdf_draws.pxi"
+include "_kernels/src/cpu/chain_rows.pxi"
+include "_kernels/src/cpu/argument_checks.pxi"
+include "_kernels/src/cpu/chain_driver.pxi"
+include "_kernels/src/cpu/tree_walks.pxi"
+include "_kernels/src/cpu/tree_driver.pxi"
+include "_kernels/src/cpu/output_formatting.pxi"
+include "_kernels/src/cpu/processed_rows.pxi"

@@ -10,7 +10,7 @@ Subcommands
     :func:`specdec_np.verify_tree`, and prints the tokens per request-step of each.
 ``check``
     The conformance self-test of this installation on every available backend (the kit
-    over the registry, :mod:`specdec_np._self_check`); exit status 1 if any check fails.
+    over the registry, :mod:`specdec_np.testing._self_check`); exit status 1 if any check fails.
     ``check --verifier module:function [--kind ...]`` runs the conformance kit
     (:mod:`specdec_np.testing`) on a user's verifier instead.
 ``info``
@@ -37,7 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _backend, _self_check, registry
+from . import registry
+from ._runtime import arrays as _backend
+from .testing import _self_check
 
 __all__ = ["build_parser", "main"]
 
@@ -112,8 +114,8 @@ def _check_check_options(parser: argparse.ArgumentParser, args: argparse.Namespa
     layout = args.layout or "padded"
     kinds = testing.kinds_for(layout)
     if args.kind is None:
-        args.kind = registry.tree_method_names(stochastic=True)[0] if layout == "tree" else (
-            kinds[0])
+        # The first method that reads uniforms: the one the kit checks most closely.
+        args.kind = registry.get_layout(layout).method_names(stochastic=True)[0]
     if args.kind not in kinds:
         parser.error(f"--kind must be one of {', '.join(kinds)} with --layout {layout}; "
                      f"found {args.kind!r}")
@@ -211,7 +213,7 @@ class _Progress:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from . import _demo
+    from ._demo import chains as _demo
 
     if args.tree:
         return _run_tree_demo(args)
@@ -258,7 +260,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_tree_demo(args: argparse.Namespace) -> int:
-    from . import _demo, _tree_demo
+    from ._demo import chains as _demo
+    from ._demo import trees as _tree_demo
 
     config = _demo.DemoConfig(
         k=args.k, batch=args.batch, tokens=args.tokens, seed=args.seed,
@@ -675,7 +678,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         + "; default rejection. Greedy requests are always verified by argmax; the "
         "temperature-0 verifier (greedy) makes every request greedy",
     )
-    from ._demo import DRAFTERS
+    from ._demo.chains import DRAFTERS
 
     demo.add_argument(
         "--drafter",

@@ -1,7 +1,7 @@
 """The stateful engine front: :class:`EngineVerifier`, :func:`verify_ragged` with a method,
 its parameters, a generator and running metrics.
 
-:func:`~specdec_np.verify_ragged` (the ragged layout, :mod:`specdec_np._ragged`) verifies
+:func:`~specdec_np.verify_ragged` (the ragged layout, :mod:`specdec_np._layouts.ragged`) verifies
 the flat batches engines hold; this class keeps what an engine would otherwise keep beside
 it: the method and its parameters, a seeded generator for requests without a seed of their
 own, and :class:`~specdec_np.metrics.VerificationMetrics` over every successful call.
@@ -15,9 +15,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import _backend, _ragged, _random, _validate, registry
-from ._contract import OutputBlock
-from ._results import VerificationResult
+from . import registry
+from ._layouts import ragged as _ragged
+from ._layouts.engine_call import RowSources, UniformSource, engine_call
+from ._layouts.sampling import SamplingParameters
+from ._runtime import arrays as _backend
+from ._runtime import checks as _validate
+from ._runtime import uniforms as _random
+from ._runtime.contract import OutputBlock
+from ._runtime.results import VerificationResult
 from .metrics import VerificationMetrics
 
 __all__ = ["EngineVerifier"]
@@ -125,30 +131,20 @@ class EngineVerifier:
         ``strict_mode``, ``generator`` and the method's parameters, which are set at
         construction; their entries below are :func:`verify_ragged`'s own.
         """
-        return _ragged.run_ragged(
-            num_draft_tokens=num_draft_tokens,
-            draft_token_ids=draft_token_ids,
-            target_logits=target_logits,
-            target_probs=target_probs,
-            draft_logits=draft_logits,
-            draft_probs=draft_probs,
-            method=self._verifier.name,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            bonus_token_ids=bonus_token_ids,
-            uniforms=uniforms,
-            generator=None,
-            seeded_seqs=seeded_seqs,
-            counter_seeds=counter_seeds,
+        return engine_call(
+            _ragged.RaggedCall(
+                self._verifier.name, self._method_parameters, num_draft_tokens,
+                draft_token_ids, bonus_token_ids, on_success=self._record,
+            ),
+            RowSources(target_logits, target_probs, draft_logits, draft_probs),
+            SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+            UniformSource(
+                uniforms, None, seeded_seqs, counter_seeds,
+                generator_for=self._own_generator.for_device,
+            ),
             strict_mode=self._strict_mode,
             out=out,
-            method_parameters=self._method_parameters,
-            generator_for=self._own_generator.for_device,
-            on_success=self._record,
-            filter_order=filter_order,
-        )
+        )  # fmt: skip
 
     if __call__.__doc__ is not None and _ragged.verify_ragged.__doc__ is not None:
         # One source for the arguments' documentation: verify_ragged's own entries.

@@ -57,7 +57,7 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             Causal accepted length per request (NumPy or CuPy; read once).
         commit : object with a ``done`` attribute, optional
             Set to True as the last step of the record (a verifier's call then keeps its
-            draws; see ``specdec_np._dispatch.Commit``).
+            draws; see ``specdec_np._kernels.dispatch.Commit``).
         """
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)

@@ -11,6 +11,8 @@ dispatch on.
 The stateless functions, the samplers, the dispatch layer, the command line,
 ``specdec-np check``, the kit, the benchmarks, the fuzz worker and the test matrices all
 iterate over :data:`VERIFIERS` and :data:`TREE_METHODS`; nothing else lists verifiers.
+Likewise :data:`LAYOUTS` declares each batch layout once (its front, its batch, its
+reference adapter and its kit module).
 This module imports nothing of the package: the modules that own a kernel, a reference or
 an oracle resolve the names given here (``docs/semantics.md`` §10-11 say how to add a
 verifier, a tree method and a layout).
@@ -33,13 +35,17 @@ from typing import Any
 
 __all__ = [
     "DRAFTINGS",
+    "LAYOUTS",
     "TREE_METHODS",
     "VERIFIERS",
+    "Layout",
     "Parameter",
     "TreeMethod",
     "Verifier",
     "get",
+    "get_layout",
     "get_tree_method",
+    "layout_names",
     "names",
     "tree_method_names",
 ]
@@ -86,17 +92,17 @@ class Verifier:  # numpydoc ignore=PR01
         A bonus token the verifier draws itself (``bonus_token_ids=None``) is the argmax
         of the raw bonus row, not a draw from its processed law with the last uniform.
     row_function : str
-        The CPU row kernel, a function of ``specdec_np/kernels/chain_rows.pxi``.
+        The CPU row kernel, a function of ``specdec_np/_kernels/src/cpu/chain_rows.pxi``.
     cuda_row : str
-        The CUDA row functor, a struct of ``specdec_np/kernels/chain_rows.cuh``.
+        The CUDA row functor, a struct of ``specdec_np/_kernels/src/cuda/chain_rows.cuh``.
     reference_name : str
-        The function of ``specdec_np._reference`` that is this verifier's oracle of record.
+        The function of ``specdec_np._reference.chains`` that is this verifier's oracle of record.
     decisions_name : str
-        The function of ``specdec_np._reference`` that gives, per position, the quantity
+        The function of ``specdec_np._reference.chains`` that gives, per position, the quantity
         the verifier compares and its threshold: where the two are within rounding of each
         other, two correct implementations may decide differently.
     oracle_name : str or None
-        The exact-law function of ``specdec_np._oracles`` (lossless verifiers).
+        The exact-law function of ``specdec_np.testing._oracles`` (lossless verifiers).
     parameters : tuple of Parameter
     function_name, sampler_name : str or None
         The names of the stateless function and of the sampler class that front this
@@ -320,13 +326,13 @@ class TreeMethod:  # numpydoc ignore=PR01
     reads_draft_probs : bool
         Whether the walk reads draft rows (without them it walks as ``point_mass``).
     walk : str
-        The CPU walk step, a function of ``specdec_np/kernels/tree_walks.pxi``.
+        The CPU walk step, a function of ``specdec_np/_kernels/src/cpu/tree_walks.pxi``.
     cuda_walk : str
-        The CUDA walk step, a struct of ``specdec_np/kernels/tree_walks.cuh``.
+        The CUDA walk step, a struct of ``specdec_np/_kernels/src/cuda/tree_walks.cuh``.
     reference_name : str
-        The request walk of ``specdec_np._tree_reference`` that is its oracle of record.
+        The request walk of ``specdec_np._reference.trees`` that is its oracle of record.
     oracle_name : str or None
-        The exact emission law of ``specdec_np._tree_reference`` (stochastic methods).
+        The exact emission law of ``specdec_np._reference.trees`` (stochastic methods).
     chain_verifier : str
         The chain verifier (:data:`VERIFIERS`) the walk equals on a chain given with draft
         rows; without them every stochastic walk is ``point_mass``, token-wise rejection.
@@ -486,3 +492,121 @@ def tree_method_names(*, stochastic: bool | None = None) -> tuple[str, ...]:
         for method in TREE_METHODS
         if stochastic is None or method.stochastic == stochastic
     )
+
+
+@dataclass(frozen=True)
+class Layout:  # numpydoc ignore=PR01
+    """One batch layout: how a caller hands a batch over, declared once.
+
+    Attributes
+    ----------
+    name : str
+        Short name, used by ``check_verifier(layout=...)`` and ``specdec-np check --layout``.
+    summary : str
+        One line for the docs and the command line.
+    front : str
+        The function every front of this layout calls (the samplers and the stateless
+        functions for the padded chain), as ``module:attribute``.
+    batch : str
+        The function that checks a batch of this layout and makes it kernel-ready.
+    reference : str
+        The reference's adapter of this layout (the slow twin of :attr:`front`; for the
+        padded chain, the function that gives a verifier's reference).
+    kit : str
+        The conformance kit's module for this layout (its ``check`` function).
+    tree : bool
+        Its methods are :data:`TREE_METHODS` (True) or :data:`VERIFIERS` (False).
+    """
+
+    name: str
+    summary: str
+    front: str
+    batch: str
+    reference: str
+    kit: str
+    tree: bool = False
+
+    def method_names(self, *, stochastic: bool | None = None) -> tuple[str, ...]:
+        """The registry names of the methods this layout runs.
+
+        Parameters
+        ----------
+        stochastic : bool, optional
+            Keep only the methods that read uniforms (True) or those that do not (False).
+
+        Returns
+        -------
+        tuple of str
+        """
+        if self.tree:
+            return tree_method_names(stochastic=stochastic)
+        return names(stochastic=stochastic)
+
+
+#: Every layout, in the order the docs and the command line list them.  The kit, the
+#: command line and the shared tests iterate over this table.
+LAYOUTS: tuple[Layout, ...] = (
+    Layout(
+        name="padded",
+        summary="vLLM's padded chain [B, k+1, V]: the sampler classes and verify()",
+        front="specdec_np.verify:run_padded",
+        batch="specdec_np._layouts.padded:padded_chain",
+        reference="specdec_np._reference.chains:reference_for",
+        kit="specdec_np.testing._padded",
+    ),
+    Layout(
+        name="ragged",
+        summary="an engine's flat ragged batch from logits or probabilities: verify_ragged()",
+        front="specdec_np._layouts.ragged:verify_ragged",
+        batch="specdec_np._layouts.ragged:ragged_chain",
+        reference="specdec_np._reference.chains:verify_ragged",
+        kit="specdec_np.testing._ragged",
+    ),
+    Layout(
+        name="tree",
+        summary="draft trees (EAGLE, Medusa, SpecInfer, multi-draft): verify_tree()",
+        front="specdec_np._layouts.tree:verify_tree",
+        batch="specdec_np._layouts.tree:tree_batch",
+        reference="specdec_np._reference.trees:verify_tree",
+        kit="specdec_np.testing._tree",
+        tree=True,
+    ),
+)
+
+_LAYOUTS_BY_NAME = {layout.name: layout for layout in LAYOUTS}
+
+
+def get_layout(name: str) -> Layout:
+    """The layout called ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A name of :func:`layout_names`.
+
+    Returns
+    -------
+    Layout
+        Its entry of :data:`LAYOUTS`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the known ones.
+    """
+    if name not in _LAYOUTS_BY_NAME:
+        raise ValueError(
+            f"layout must be one of {', '.join(repr(n) for n in _LAYOUTS_BY_NAME)}; "
+            f"found {name!r}"
+        )
+    return _LAYOUTS_BY_NAME[name]
+
+
+def layout_names() -> tuple[str, ...]:
+    """Names of the layouts, in :data:`LAYOUTS` order.
+
+    Returns
+    -------
+    tuple of str
+    """
+    return tuple(_LAYOUTS_BY_NAME)

@@ -23,8 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _random, _validate, registry, verify
-from ._results import VerificationResult
+from . import registry, verify
+from ._runtime import arrays as _backend
+from ._runtime import checks as _validate
+from ._runtime import uniforms as _random
+from ._runtime.results import VerificationResult
 
 __all__ = [
     "BlockVerificationSampler",
@@ -163,7 +166,7 @@ class SpecDecodeBaseSampler:
 
         All or nothing, a ``KeyboardInterrupt`` included: the new totals are computed
         first, then stored by a few assignments that are undone if anything interrupts
-        them; ``commit.done`` (:class:`specdec_np._dispatch.Commit`) is set last.  An empty
+        them; ``commit.done`` (:class:`specdec_np._kernels.dispatch.Commit`) is set last.  An empty
         batch changes nothing and creates no counters (``init_tensors`` still works after
         it).
         """
@@ -561,7 +564,8 @@ class _StochasticSampler(_RegisteredSampler):
 
     def _generator_for(self, device: int | None) -> Any:
         """The sampler's own source of uniforms for the inputs' device (see
-        :class:`specdec_np._random.OwnGenerator`), once the device matches the counters'."""
+        :class:`specdec_np._runtime.uniforms.OwnGenerator`), once the device matches the
+        counters'."""
         self._check_device(device)
         return self._own_generator.for_device(device)
 

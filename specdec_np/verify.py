@@ -3,8 +3,8 @@
 One function per verifier of :mod:`specdec_np.registry` that has a padded front
 (``rejection_sample``, ``block_verification_sample``, ``typical_acceptance_sample``,
 ``greedy_sample``).  Each is a thin front of :func:`run_padded`, the generic driver: it
-builds the ``[B, k+1, V]`` batch (:mod:`specdec_np._chains`), checks the uniform
-sources, and hands both to :func:`specdec_np._dispatch.run`, which runs the chain driver of
+builds the ``[B, k+1, V]`` batch (:mod:`specdec_np._layouts.padded`), checks the uniform
+sources, and hands both to :func:`specdec_np._kernels.dispatch.run`, which runs the chain driver of
 the inputs' backend.  They keep no counters, so an engine with its own metrics can call
 them directly.  ``docs/semantics.md`` states the rules they implement.
 
@@ -20,8 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from . import _backend, _chains, _contract, _dispatch, _random, _validate, registry
-from ._results import TreeVerificationResult, VerificationResult
+from . import registry
+from ._kernels import dispatch as _dispatch
+from ._layouts import padded as _chains
+from ._runtime import arrays as _backend
+from ._runtime import checks as _validate
+from ._runtime import contract as _contract
+from ._runtime import uniforms as _random
+from ._runtime.results import TreeVerificationResult, VerificationResult
 
 __all__ = [
     "TreeVerificationResult",
@@ -73,7 +79,7 @@ def run_padded(
     strict_mode : bool
     on_success : callable, optional
         ``on_success(result, commit)`` records the result before the call counts as done (a
-        sampler's counters; see :class:`specdec_np._dispatch.Commit`).
+        sampler's counters; see :class:`specdec_np._kernels.dispatch.Commit`).
 
     Returns
     -------

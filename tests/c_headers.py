@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from specdec_np import _contract
+from specdec_np._runtime import contract as _contract
 
 # The headers of the package under test (shipped with it), so that an installed wheel is
 # tested against its own headers.
-HEADER_DIR = Path(_contract.__file__).resolve().parent
+SOURCE_DIR = Path(_contract.__file__).resolve().parents[1] / "_kernels" / "src"
+HEADER_DIRS = (SOURCE_DIR / "common", SOURCE_DIR / "cpu")
 COMPILE_TIMEOUT_S = 120
 
 
@@ -41,7 +42,8 @@ def build_library(tmp: Path, stem: str, source_text: str, *defines: str) -> ctyp
     macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
     cmd = [
         cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-psabi",
-        "-Wno-unused-function", *macros, *defines, f"-I{HEADER_DIR}", str(source), "-o",
+        "-Wno-unused-function", *macros, *defines,
+        *(f"-I{folder}" for folder in HEADER_DIRS), str(source), "-o",
         str(lib), "-lm",
     ]  # fmt: skip
     result = subprocess.run(

@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from specdec_np._backend import cuda_available
+from specdec_np._runtime.arrays import cuda_available
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None)
@@ -31,7 +31,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def threaded(monkeypatch: pytest.MonkeyPatch) -> int:
     """Force the OpenMP row loop for every batch of two or more rows; returns the thread
     count the kernels will use (1 on a build without OpenMP)."""
-    from specdec_np import _backend, _core
+    from specdec_np import _core
+    from specdec_np._runtime import arrays as _backend
 
     monkeypatch.setattr(_backend, "PARALLEL_MIN_ELEMENTS", 0)
     return _core.openmp_max_threads()

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from specdec_np._monte_carlo import draw_from
+from specdec_np.testing._monte_carlo import draw_from
 
 LARGEST_BELOW_ONE = float(np.nextafter(1.0, 0.0))
 

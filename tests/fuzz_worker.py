@@ -1321,7 +1321,7 @@ def mutate_parents(rng: np.random.Generator, case: Case) -> str:
 
 def deep_chain(rng: np.random.Generator, case: Case) -> str:
     """One request whose chain reaches MAX_TREE_DEPTH, or one node beyond it."""
-    from specdec_np import _trees
+    from specdec_np._layouts import tree as _trees
 
     depth = _trees.MAX_TREE_DEPTH + pick(rng, [0, 1, 2])
     vocab = case.vocab

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import _statistics
 from specdec_np.adapters import vllm
+from specdec_np.testing import _statistics
 
 torch = pytest.importorskip("torch")
 

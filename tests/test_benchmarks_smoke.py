@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _core, _reference, registry
+from specdec_np import _core, registry
+from specdec_np._reference import chains as _reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run.py"

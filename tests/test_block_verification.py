@@ -32,7 +32,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _monte_carlo, _oracles, _reference
+from specdec_np._reference import chains as _reference
+from specdec_np.testing import _monte_carlo, _oracles
 from specdec_np.verify import VerificationResult
 
 # --------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import _demo, _self_check, cli, registry
-from specdec_np.testing import KINDS
+from specdec_np import cli, registry
+from specdec_np._demo import chains as _demo
+from specdec_np.testing import KINDS, _self_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--tokens", "40", "--batch", "2"]
@@ -252,7 +253,7 @@ def test_demo_tree_prints_chain_and_tree_tokens_per_request_step(
 def test_demo_tree_json_is_a_paired_same_budget_comparison(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from specdec_np import _tree_demo
+    from specdec_np._demo import trees as _tree_demo
 
     assert cli.main([*TREE_SMALL, "--json"]) == 0
     summary = _strict_json(capsys.readouterr().out)
@@ -276,7 +277,8 @@ def test_demo_tree_json_is_a_paired_same_budget_comparison(
 
 
 def test_best_first_tree_is_deepest_on_the_top_ranked_branch() -> None:
-    from specdec_np import _tree_demo, _trees
+    from specdec_np._demo import trees as _tree_demo
+    from specdec_np._layouts import tree as _trees
 
     assert _tree_demo.best_first_tree(0) == []
     assert _tree_demo.best_first_tree(8) == [-1, 0, -1, 1, 0, 2, 3, -1]

@@ -1,5 +1,5 @@
 """The CPU kernel module's dispatch: tables of row functions and tree steps bound from the
-registry (``_core.bind_chain_rows``, ``_core.bind_tree_steps``, ``specdec_np._dispatch``).
+registry (``_core.bind_chain_rows``, ``_core.bind_tree_steps``, ``specdec_np._kernels.dispatch``).
 
 The drivers know no verifier: they call the function bound to a request's registry code
 and check their arguments with that code's bound flags.  These tests pin the binding API
@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import _core, _dispatch, _tree_links, registry
+from specdec_np import _core, registry
+from specdec_np._kernels import dispatch as _dispatch
+from specdec_np._layouts import tree_links as _tree_links
 
 V = 6
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import specdec_np
-from specdec_np import _reference
+from specdec_np._reference import chains as _reference
 
 
 @st.composite

@@ -14,7 +14,7 @@ path on a machine without a driver:
   instead of handing it to ``cuModuleLoadData``;
 * ``CUPY_CACHE_IN_MEMORY=1`` so that a kernel cache on disk can never stand in for a compile.
 
-Each source of ``specdec_np._cuda.cuda_sources()`` is compiled for ``sm_90`` and ``sm_75``
+Each source of ``specdec_np._kernels.cuda.cuda_sources()`` is compiled for ``sm_90`` and ``sm_75``
 with every name expression of ``instantiation_names``; the cubin must be an ELF for that
 architecture holding one symbol per name expression. Negative controls: a source with a
 syntax error and an unknown name expression must fail through the same path.
@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from specdec_np import _cuda
+from specdec_np._kernels import cuda as _cuda
 
 # Compiles every CUDA source through NVRTC for two architectures: the full suite only.
 pytestmark = pytest.mark.slow

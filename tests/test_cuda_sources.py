@@ -1,14 +1,16 @@
 """CPU-side checks of the CUDA backend (SPEC 7, issue 5 item 4).
 
-* Every CUDA source of :mod:`specdec_np._cuda` (a ``.cu`` file of ``specdec_np/kernels/``
+* Every CUDA source of :mod:`specdec_np._kernels.cuda` (a ``.cu`` file of
+  ``specdec_np/_kernels/src/cuda/``
   with its includes expanded) is compiled to PTX with ``nvcc`` for ``sm_90`` and for the
   oldest architecture >= ``sm_75`` that this ``nvcc`` lists, with every template
   instantiation the CuPy backend asks for, so a syntax or template error in a kernel file
   fails CI on any machine with the CUDA toolkit (skipped where there is no ``nvcc``).
 * A deliberately broken source must fail through the same helper (negative control).
-* ``import specdec_np._cuda`` must not import CuPy.
+* ``import specdec_np._kernels.cuda`` must not import CuPy.
 * One source of the per-element maths: the CUDA files restate no formula of the shared
-  header ``specdec_np/_elementwise.h`` (its constants and the transcendental calls appear
+  header ``specdec_np/_kernels/src/common/elementwise.h`` (its constants and the
+  transcendental calls appear
   there only), and the CPU build includes the very header that every CUDA source carries.
 * The kernels' *logic* runs on the CPU: the very same sources (and so the same shared
   header) are compiled with the host C++ compiler against a small emulation of the CUDA
@@ -57,7 +59,10 @@ import pytest
 from c_headers import build_library
 from draw_checks import assert_draw_consistent, block_rho, weighted_residual
 
-from specdec_np import _contract, _cuda, _tree_links, registry
+from specdec_np import registry
+from specdec_np._kernels import cuda as _cuda
+from specdec_np._layouts import tree_links as _tree_links
+from specdec_np._runtime import contract as _contract
 
 # Compiles and emulates every CUDA source (minutes on 2 cores): the full suite only.
 pytestmark = pytest.mark.slow
@@ -174,10 +179,10 @@ def test_cuda_source_compiles_to_ptx(
 
 def test_broken_source_fails_to_compile(nvcc: str, archs: list[str], tmp_path: Path) -> None:
     """Negative control: the helper above must report a syntax error as a failure."""
-    good = _cuda.cuda_sources()["create_output"]
+    good = _cuda.cuda_sources()["output_formatting"]
     broken = good.replace("long long r = k;", "long long r = k", 1)
     assert broken != good, "the negative control no longer edits the source; update it"
-    names = _cuda.instantiation_names("create_output")
+    names = _cuda.instantiation_names("output_formatting")
     for arch, returncode, stderr, _ in _compile_ptx(
         nvcc, tmp_path, "broken", broken, names, archs[:1]
     ):
@@ -191,7 +196,7 @@ def test_unknown_name_expression_fails_to_compile(
     """Negative control: a name expression that matches no template must not compile."""
     names = ["verify_chains_kernel<GreedyRow, float, int>", "no_such_kernel<float>"]
     results = _compile_ptx(
-        nvcc, tmp_path, "badname", _cuda.cuda_sources()["verify_chains"], names, archs[:1]
+        nvcc, tmp_path, "badname", _cuda.cuda_sources()["chain_driver"], names, archs[:1]
     )
     assert results[0][1] != 0
 
@@ -204,7 +209,7 @@ def test_instantiation_names_cover_the_registry_and_dtypes() -> None:
                 assert f"verify_chains_kernel<{verifier.cuda_row}, {prob}, {ids}>" in names
     assert "create_output_kernel<int>" in names
     assert "create_output_kernel<long long>" in names
-    trees = _cuda.instantiation_names("verify_trees")
+    trees = _cuda.instantiation_names("tree_driver")
     for prob in ("float", "double"):
         for ids in ("int", "long long"):
             assert f"verify_trees_kernel<{prob}, {ids}>" in trees
@@ -219,7 +224,7 @@ def test_instantiation_names_cover_the_registry_and_dtypes() -> None:
 
 
 def test_every_registry_verifier_has_its_row_functor() -> None:
-    source = _cuda.cuda_sources()["verify_chains"]
+    source = _cuda.cuda_sources()["chain_driver"]
     for verifier in registry.VERIFIERS:
         assert re.search(rf"^struct {verifier.cuda_row} {{$", source, flags=re.MULTILINE), (
             f"no CUDA row functor {verifier.cuda_row} for {verifier.name}"
@@ -240,7 +245,7 @@ def test_sources_carry_the_contract_and_launch_constants() -> None:
         system = re.findall(r"^\s*#\s*include\s*<([^>]+)>", source, flags=re.MULTILINE)
         assert set(system) <= set(_guarded_system_includes()), system
     # The contract's numbers are written into the sources once, as macros, never as literals.
-    body = _cuda.cuda_sources()["verify_chains"].split("namespace specdec {", 1)[1]
+    body = _cuda.cuda_sources()["chain_driver"].split("namespace specdec {", 1)[1]
     for literal in ("1e-5", "1e-05", "0.0005", "5e-4", "-64"):
         assert literal not in body, f"literal {literal} in the CUDA source"
 
@@ -257,7 +262,7 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import sys
-        import specdec_np._cuda as cuda
+        import specdec_np._kernels.cuda as cuda
         assert cuda.cuda_sources() and cuda.instantiation_names()
         assert "cupy" not in sys.modules, "cupy was imported"
         """
@@ -277,8 +282,8 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 PACKAGE_DIR = REPO_ROOT / "specdec_np"
-SHARED_HEADER = PACKAGE_DIR / "_elementwise.h"
-CPU_HEADERS = ("_logits.h", "_rowscan.h", "_rowthreads.h", "_survivors.h", "_treescan.h")
+SHARED_HEADER = PACKAGE_DIR / "elementwise.h"
+CPU_HEADERS = ("logits_law.h", "rowscan.h", "rowthreads.h", "survivors.h", "treescan.h")
 
 
 def _code(text: str) -> str:
@@ -321,7 +326,7 @@ def _kernel_files() -> list[Path]:
 
 def test_no_formula_is_restated_outside_the_shared_header() -> None:
     """The CUDA files, the generated parts of the CUDA sources and the CPU headers take every
-    per-element formula from ``_elementwise.h``: none of its constants (the exponential's
+    per-element formula from ``elementwise.h``: none of its constants (the exponential's
     and the logarithm's polynomials, the keys' masks, the infinities' bits) and no libm call
     appears anywhere else."""
     texts = {str(path.relative_to(REPO_ROOT)): path.read_text() for path in _kernel_files()}
@@ -353,7 +358,7 @@ def _extern_headers() -> set[str]:
 
 
 def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path) -> None:
-    """The headers the Cython build compiles include ``_elementwise.h`` (the dependencies the
+    """The headers the Cython build compiles include ``elementwise.h`` (the dependencies the
     C compiler reports, with the build's include path), the very file whose text every CUDA
     source carries."""
     compilers = (os.environ.get("CC"), "cc", "gcc", "clang")
@@ -372,8 +377,8 @@ def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path
         dependencies = {Path(d).resolve() for d in result.stdout.replace("\\\n", " ").split()[1:]}
         assert SHARED_HEADER.resolve() in dependencies, (header, dependencies)
     text = SHARED_HEADER.read_text().rstrip("\n")
-    assert _cuda._included_text("_elementwise.h").rstrip("\n") == text
-    for name in ("verify_chains", "verify_trees"):
+    assert _cuda._included_text("elementwise.h").rstrip("\n") == text
+    for name in ("chain_driver", "tree_driver"):
         assert text in _cuda.cuda_sources()[name], name
 
 
@@ -407,7 +412,7 @@ def test_the_kernel_files_are_the_sources_and_are_packaged() -> None:
 
 _EMULATION_PRELUDE = r"""
 // Single-threaded CPU emulation of the CUDA subset used by specdec_np's kernels (the shared
-// header _elementwise.h takes its C++ path here: __CUDACC__ is not defined). Every CUDA
+// header elementwise.h takes its C++ path here: __CUDACC__ is not defined). Every CUDA
 // thread of a block is a fiber (started with makecontext, switched with _setjmp/_longjmp,
 // which save no signal mask and so cost nanoseconds, not a system call); __syncthreads()
 // yields to a scheduler that runs each fiber up to its next barrier, round after round. A
@@ -533,7 +538,7 @@ extern "C" int emu_errors_seen() { return emu_errors; }
 """
 
 # The parameter list of each kernel template (P: probability type, I: id type) and its
-# launch configuration, as the launchers of specdec_np._cuda use them.
+# launch configuration, as the launchers of specdec_np._kernels.cuda use them.
 _KERNEL_SIGNATURES = {
     "verify_chains_kernel": (
         "const P* target_rows, const P* draft_rows, const I* draft_token_ids, "
@@ -687,8 +692,10 @@ def _ptr(array: np.ndarray | None) -> Any:
     return None if array is None else ctypes.c_void_p(array.ctypes.data)
 
 
+
 class Chains:
-    """One ``verify_chains`` call's inputs, in the flat layout of ``specdec_np._chains``."""
+    """One ``verify_chains`` call's inputs, in the flat layout of
+    ``specdec_np._layouts.padded``."""
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update({"target_logits": True, "draft_logits": True, **fields})
@@ -1075,8 +1082,8 @@ def test_emulation_detects_mutated_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls: a wrong kernel must disagree with the CPU kernels."""
-    source = _cuda.cuda_sources()["verify_chains"]
-    mutated = {"verify_chains": _MUTATIONS[mutation](source)}
+    source = _cuda.cuda_sources()["chain_driver"]
+    mutated = {"chain_driver": _MUTATIONS[mutation](source)}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare(lib, core, seed=20240611, cases=300)
     assert tally.problems, f"mutation {mutation} went unnoticed"
@@ -1156,12 +1163,12 @@ def test_launcher_drives_the_skeleton_for_every_verifier(fake_cupy: Any, core: A
             seen.add((name, point_mass, padded))
     assert not tally.problems, "\n".join(tally.problems[:20])
     padded_names = [
-        n for n in _cuda.instantiation_names("verify_chains") if _cuda.MIXED_ROW not in n
+        n for n in _cuda.instantiation_names("chain_driver") if _cuda.MIXED_ROW not in n
     ]
     assert len(seen) == 2 * 2 * len(padded_names)
     # One RawModule per (device, source): compiled once, reused.
-    source = _cuda.cuda_sources()["verify_chains"]
-    names = tuple(_cuda.instantiation_names("verify_chains"))
+    source = _cuda.cuda_sources()["chain_driver"]
+    names = tuple(_cuda.instantiation_names("chain_driver"))
     assert fake_cupy.compiled == [(source, ("--std=c++17", "--fmad=false"), names)]
 
 
@@ -1534,15 +1541,15 @@ def test_engine_emulation_detects_mutated_kernels(
     core: Any, tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls of the engine options and the logits law."""
-    source = _cuda.cuda_sources()["verify_chains"]
-    mutated = {"verify_chains": _ENGINE_MUTATIONS[mutation](source)}
+    source = _cuda.cuda_sources()["chain_driver"]
+    mutated = {"chain_driver": _ENGINE_MUTATIONS[mutation](source)}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tally = _compare_engine(lib, core, seed=20261201, cases=80, logits=True)
     assert tally.problems, f"mutation {mutation} went unnoticed"
 
 
 # ---------------------------------------------------------------------------------------------
-# The processed law itself, bit for bit: the CUDA row_law against _logits.h's
+# The processed law itself, bit for bit: the CUDA row_law against logits_law.h's
 # ---------------------------------------------------------------------------------------------
 
 _LAW_PROBE = r"""
@@ -1579,10 +1586,10 @@ SPECDEC_LAW_ENTRY(f, float)
 SPECDEC_LAW_ENTRY(d, double)
 """
 
-# The same probe of specdec_np/_logits.h, built as the CPU kernels are (C11).
+# The same probe of specdec_np/_kernels/src/cpu/logits_law.h, built as the CPU kernels are (C11).
 _CPU_LAW_PROBE = r"""
 #include <stdlib.h>
-#include "_logits.h"
+#include "logits_law.h"
 
 #define SPECDEC_LAW_ENTRY(SUFFIX, T)                                                        \
     void cpu_law_##SUFFIX(const T *rows, long long count, long long vocab,                 \
@@ -1614,7 +1621,7 @@ SPECDEC_LAW_ENTRY(d, double)
 
 
 def _build_law_probe(tmp: Path, stem: str, source: str) -> tuple[Any, Any]:
-    """The CPU law of ``_logits.h`` (compiled as the extension is) and the emulated CUDA
+    """The CPU law of ``logits_law.h`` (compiled as the extension is) and the emulated CUDA
     source's, two libraries."""
     cpu = build_library(tmp, f"{stem}_cpu", _CPU_LAW_PROBE)
     gpu = _compile_library(tmp, f"{stem}_gpu", f"{_EMULATION_PRELUDE}\n{source}\n{_LAW_PROBE}")
@@ -1672,9 +1679,9 @@ LAW_CASES = 400
 
 def test_cuda_law_equals_the_cpu_law_bit_for_bit(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The CUDA source's processed law (maximum, cutoff, normaliser, float64 probabilities
-    and the materialised row) has the bits of ``_logits.h``'s on logits with ties at the
+    and the materialised row) has the bits of ``logits_law.h``'s on logits with ties at the
     top-k and top-p boundaries, masked, NaN and +inf entries, every filter, both dtypes."""
-    source = _cuda.cuda_sources()["verify_chains"]
+    source = _cuda.cuda_sources()["chain_driver"]
     lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source)
     problems = _law_mismatches(lib, seed=5, cases=LAW_CASES)
     assert not problems, "\n".join(problems[:20])
@@ -1711,7 +1718,7 @@ def test_law_probe_detects_mutated_laws(
     tmp_path_factory: pytest.TempPathFactory, mutation: str
 ) -> None:
     """Negative controls: a law that is off by one rounding must be caught."""
-    source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["verify_chains"])
+    source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["chain_driver"])
     lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
     assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"
 
@@ -1734,7 +1741,7 @@ TREE_WALKS = tuple((method.walk, method.code) for method in registry.TREE_METHOD
 
 
 class Trees:
-    """One ``verify_trees`` call's inputs (the tree layout of ``specdec_np._trees``)."""
+    """One ``verify_trees`` call's inputs (the tree layout of ``specdec_np._layouts.tree``)."""
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update({"target_logits": True, "draft_logits": True, **fields})
@@ -1985,7 +1992,7 @@ def test_dispatch_follows_the_registry_codes() -> None:
     """The generated parts dispatch on registry codes: each tree method's code runs its
     ``cuda_walk`` step, each verifier's code its ``cuda_row`` functor, and the per-code
     tables hold the registry's flags."""
-    trees = _cuda.cuda_sources()["verify_trees"]
+    trees = _cuda.cuda_sources()["tree_driver"]
     for method in registry.TREE_METHODS:
         defined = rf"^(struct {method.cuda_walk} {{|using {method.cuda_walk} = .*;)$"
         assert re.search(defined, trees, flags=re.MULTILINE), method.cuda_walk
@@ -1995,7 +2002,7 @@ def test_dispatch_follows_the_registry_codes() -> None:
     assert f"kWalkReadsUniforms[kTreeMethods] = {{{flags}}};" in trees
     flags = ", ".join("true" if m.sequence_level else "false" for m in registry.TREE_METHODS)
     assert f"kWalkSequenceLevel[kTreeMethods] = {{{flags}}};" in trees
-    chains = _cuda.cuda_sources()["verify_chains"]
+    chains = _cuda.cuda_sources()["chain_driver"]
     for verifier in registry.VERIFIERS:
         assert f"case {verifier.code}:\n            return {verifier.cuda_row}::run(" in chains
         code = f"struct VerifierCode<{verifier.cuda_row}> {{\n    static constexpr int value"
@@ -2062,7 +2069,7 @@ def test_emulation_detects_mutated_tree_kernels(
     """Negative controls: a wrong tree kernel must disagree with the CPU driver (on
     probability rows or on logits rows)."""
     sources = _cuda.cuda_sources()
-    mutated = {"verify_trees": _TREE_MUTATIONS[mutation](sources["verify_trees"])}
+    mutated = {"tree_driver": _TREE_MUTATIONS[mutation](sources["tree_driver"])}
     lib = _build_emulation(tmp_path_factory.mktemp(mutation), mutation, mutated)
     tallies = [
         _compare_trees(lib, core, seed=20260101, cases=100, logits=logits)
@@ -2168,9 +2175,9 @@ def test_tree_launcher_drives_the_kernel(fake_cupy: Any, core: Any) -> None:
             name = _cuda._tree_name(c.target.dtype, c.ids.dtype)
             assert fake_cupy.launches[-1] == (name, (c.batch,), (_cuda.BLOCK_SIZE,))
             seen.add(name)
-    assert seen == set(_cuda.instantiation_names("verify_trees"))
-    source = _cuda.cuda_sources()["verify_trees"]
-    names = tuple(_cuda.instantiation_names("verify_trees"))
+    assert seen == set(_cuda.instantiation_names("tree_driver"))
+    source = _cuda.cuda_sources()["tree_driver"]
+    names = tuple(_cuda.instantiation_names("tree_driver"))
     assert fake_cupy.compiled == [(source, _cuda._COMPILE_OPTIONS, names)]
 
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from specdec_np import _contract, registry
+from specdec_np import registry
+from specdec_np._runtime import contract as _contract
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SEMANTICS = ROOT / "docs" / "semantics.md"

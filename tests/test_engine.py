@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _monte_carlo, _oracles, _reference, _statistics, registry
-from specdec_np._philox import counter_uniforms
+from specdec_np import registry
+from specdec_np._reference import chains as _reference
+from specdec_np._runtime.philox import counter_uniforms
+from specdec_np.testing import _monte_carlo, _oracles, _statistics
 
 VERIFIERS = registry.VERIFIERS
 VERIFIER_IDS = [verifier.name for verifier in VERIFIERS]
@@ -864,7 +866,7 @@ def test_bad_input_names_the_argument(changes, error, words):
 def test_sampling_parameter_ranges_name_the_request(name, values, bad_request):
     """The ranges of the filters, checked as they will be for logits (with probabilities
     any filter is already refused, see above)."""
-    from specdec_np import _validate
+    from specdec_np._runtime import checks as _validate
 
     keywords = {"temperature": None, "top_k": None, "top_p": None, "min_p": None}
     keywords[name] = np.asarray(values)
@@ -875,7 +877,7 @@ def test_sampling_parameter_ranges_name_the_request(name, values, bad_request):
 
 
 def test_sampling_parameters_in_range_pass():
-    from specdec_np import _validate
+    from specdec_np._runtime import checks as _validate
 
     checked = _validate.check_sampling_parameters(
         3,

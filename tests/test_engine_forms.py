@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _reference, _statistics, _tree_reference, registry
+from specdec_np import registry
+from specdec_np._reference import chains as _reference
+from specdec_np._reference import trees as _tree_reference
+from specdec_np.testing import _statistics
 
 FORMS = [("logits", "probs"), ("probs", "logits")]
 

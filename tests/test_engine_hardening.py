@@ -14,7 +14,8 @@ import pytest
 from test_hardening import interrupted
 
 import specdec_np
-from specdec_np import _core, _tree_links, registry
+from specdec_np import _core, registry
+from specdec_np._layouts import tree_links as _tree_links
 
 VOCAB = 12
 

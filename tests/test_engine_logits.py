@@ -4,8 +4,8 @@ real kernel with negative controls, ragged invariances, bad input and mixed batc
 
 What may differ between the kernel and the reference on the same uniforms, and why:
 
-* **Probabilities.**  The kernel's ``p(y)`` comes from ``_logits.h``, the reference's from
-  :func:`~specdec_np._reference.process_logits`.  For float32 rows both compute ``w`` with
+* **Probabilities.**  The kernel's ``p(y)`` comes from ``logits_law.h``, the reference's from
+  :func:`~specdec_np._reference.chains.process_logits`.  For float32 rows both compute ``w`` with
   the same fast exponential, bit for bit; the normalisers differ by summation order (at
   most ``4 V 2^-53`` relative), by the online pass's per-lane rescaling when no filter is
   on (``2 u ln V + 8 u``, ``u`` the unit roundoff of the dtype), and the materialised rows
@@ -47,9 +47,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _monte_carlo, _oracles, _reference, _statistics, registry
-from specdec_np._contract import FILTER_ORDER_CODES
-from specdec_np._reference import _processed_law, fast_expf, process_logits
+from specdec_np import registry
+from specdec_np._reference import chains as _reference
+from specdec_np._reference.chains import _processed_law, fast_expf, process_logits
+from specdec_np._runtime.contract import FILTER_ORDER_CODES
+from specdec_np.testing import _monte_carlo, _oracles, _statistics
 
 METHODS = registry.names()
 LOSSLESS = registry.names(lossless=True)

@@ -69,7 +69,7 @@ def test_the_worker_fails_on_a_broken_copy(worker_mode: str, monkeypatch, tmp_pa
     patch = tmp_path / "sitecustomize.py"
     patch.write_text(
         "import numpy as np\n"
-        "from specdec_np import _random\n"
+        "from specdec_np._runtime import uniforms as _random\n"
         "original = _random.RejectionUniforms.__init__\n"
         "def in_place(self, *args, uniforms=None, **kwargs):\n"
         "    original(self, *args, uniforms=uniforms, **kwargs)\n"

@@ -54,17 +54,11 @@ from draw_checks import (
 )
 
 import specdec_np
-from specdec_np import (
-    _backend,
-    _core,
-    _cuda,
-    _monte_carlo,
-    _oracles,
-    _philox,
-    _self_check,
-    _statistics,
-    registry,
-)
+from specdec_np import _core, registry
+from specdec_np._kernels import cuda as _cuda
+from specdec_np._runtime import arrays as _backend
+from specdec_np._runtime import philox as _philox
+from specdec_np.testing import _monte_carlo, _oracles, _self_check, _statistics
 
 pytestmark = pytest.mark.gpu
 
@@ -1369,7 +1363,7 @@ def test_import_does_not_import_cupy(cp):
         [
             "import sys",
             "import numpy as np",
-            "import specdec_np, specdec_np._cuda, specdec_np.verify, specdec_np.samplers",
+            "import specdec_np, specdec_np._kernels.cuda, specdec_np.verify, specdec_np.samplers",
             "target = np.full((2, 3, 4), 0.25, dtype=np.float32)",
             "ids = np.zeros((2, 2), dtype=np.int64)",
             "specdec_np.RejectionSampler(seed=0)(target, ids[:, :1], None, ids)",

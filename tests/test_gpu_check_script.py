@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_np._backend import cuda_available
+from specdec_np._runtime.arrays import cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"

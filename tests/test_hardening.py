@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _backend, _core, _validate, cli, registry
+from specdec_np import _core, cli, registry
+from specdec_np._runtime import arrays as _backend
+from specdec_np._runtime import checks as _validate
 
 try:
     import array_api_strict
@@ -151,7 +153,7 @@ def test_huge_omp_num_threads_does_not_crash(small_stack: bool) -> None:
         import threading
         import numpy as np
         import specdec_np
-        from specdec_np import _backend
+        from specdec_np._runtime import arrays as _backend
 
         B, k, V = 100_000, 1, 16
         target = np.full((B, k + 1, V), 1.0 / V, dtype=np.float32)

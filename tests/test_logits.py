@@ -1,4 +1,5 @@
-"""specdec_np/_logits.h (the processed law of logits rows) against the reference.
+"""specdec_np/_kernels/src/cpu/logits_law.h (the processed law of logits rows) against the
+reference.
 
 The header is compiled here into small shared libraries (the vector build, the scalar
 fallback, and deliberately wrong variants) and called through ctypes, so these tests need a
@@ -33,12 +34,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_np import _core
-from specdec_np._contract import FILTER_ORDER_CODES
-from specdec_np._reference import _processed_law, fast_expf, fmaf, process_logits
+from specdec_np._reference.chains import _processed_law, fast_expf, fmaf, process_logits
+from specdec_np._runtime.contract import FILTER_ORDER_CODES
 
 _WRAPPER = r"""
 #include <stdlib.h>
-#include "_logits.h"
+#include "logits_law.h"
 
 void t_exp_scalar(const float *x, float *out, ptrdiff_t n)
 {

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec_np import _monte_carlo
+from specdec_np.testing import _monte_carlo
 
 
 def test_draw_from_never_draws_zero_weight_tokens():

@@ -15,7 +15,8 @@ import pytest
 from draw_checks import BLOCK_CASES, ORACLE_CASES
 
 import specdec_np
-from specdec_np import _monte_carlo, _oracles, registry
+from specdec_np import registry
+from specdec_np.testing import _monte_carlo, _oracles
 
 
 def test_oracle_is_computed_from_the_algorithm_not_the_target():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from specdec_np._philox import DOMAIN_TAG, counter_uniforms, philox4x32_10
+from specdec_np._runtime.philox import DOMAIN_TAG, counter_uniforms, philox4x32_10
 
 MASK32 = 0xFFFFFFFF
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _statistics
-from specdec_np._contract import FILTER_ORDER_CODES
-from specdec_np._reference import process_logits
+from specdec_np._reference.chains import process_logits
+from specdec_np._runtime.contract import FILTER_ORDER_CODES
+from specdec_np.testing import _statistics
 
 DTYPES = (np.float32, np.float64)
 ORDERS = sorted(FILTER_ORDER_CODES)

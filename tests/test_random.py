@@ -318,7 +318,7 @@ def test_conflicting_sources_raise():
 def test_counter_stream_rows_are_counter_uniforms_and_rewind():
     """The sampler's GPU source: row n of the stream is counter_uniforms(key, n), and a
     snapshot rewinds it (checked here on NumPy; the GPU tests run it on CuPy)."""
-    from specdec_np import _random
+    from specdec_np._runtime import uniforms as _random
 
     stream = _random.CounterStream(12345, np)
     first = stream.random((3, 5))
@@ -336,7 +336,7 @@ def test_counter_stream_rows_are_counter_uniforms_and_rewind():
 def test_a_failed_call_puts_back_only_its_own_draws():
     """A logged draw is undone when nothing drew since; after another draw of the same
     generator (another thread's) it is left alone, so no uniform is handed out twice."""
-    from specdec_np import _random
+    from specdec_np._runtime import uniforms as _random
 
     for make in (lambda: np.random.default_rng(3), lambda: _random.CounterStream(7, np)):
         generator = make()
@@ -358,7 +358,7 @@ def test_a_failed_call_puts_back_only_its_own_draws():
 def test_no_rewind_over_a_draw_made_between_the_saved_state_and_the_call():
     """Another thread draws between the state a call saves and its own draw: the replay
     from the saved state does not reach the generator's state, so nothing is rewound."""
-    from specdec_np import _random
+    from specdec_np._runtime import uniforms as _random
 
     generator = np.random.default_rng(11)
     log = _random.DrawLog()
@@ -414,7 +414,7 @@ def test_a_failed_call_does_not_repeat_other_threads_uniforms():
 def test_counter_stream_uniforms_reach_the_kernel_contiguous():
     """An odd k + 1 makes the counter stream return a column slice; the verifier must hand
     the kernel a row-major array all the same (the GPU launchers insist on it)."""
-    from specdec_np import _random
+    from specdec_np._runtime import uniforms as _random
 
     sources = _random.RejectionUniforms(3, 4, np, generator=_random.CounterStream(7, np))
     draws = sources.draw()

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_np import _reference, _self_check, registry, testing, verify
+from specdec_np import registry, testing, verify
+from specdec_np._reference import chains as _reference
+from specdec_np.testing import _self_check
 
 # The block kernel's chi-square of the whole chain (the kit's Monte Carlo).
 BLOCK_KERNEL_CHECK = "block: Monte Carlo chi-square"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec_np import _statistics
+from specdec_np.testing import _statistics
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _kit_padded, cli, testing
+from specdec_np import cli, testing
+from specdec_np.testing import _padded as _kit_padded
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

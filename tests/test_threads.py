@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 import specdec_np
-from specdec_np import _backend, _core, _dispatch, registry, samplers
+from specdec_np import _core, registry, samplers
+from specdec_np._kernels import dispatch as _dispatch
+from specdec_np._runtime import arrays as _backend
 from specdec_np.registry import Verifier
 
 THREADS = 4

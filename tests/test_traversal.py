@@ -1,4 +1,4 @@
-"""Traversal verification (``specdec_np._traversal_reference``): lossless by its exact law,
+"""Traversal verification (``specdec_np._reference.traversal``): lossless by its exact law,
 broken walks rejected by the same test, block verification on a chain, never fewer
 accepted tokens than SpecInfer, and the reference walk reproducing the exact law on a
 stratified grid of uniforms.
@@ -34,9 +34,11 @@ from test_tree_reference import (
     tree_shapes,
 )
 
-from specdec_np import _oracles, _trees, registry
-from specdec_np import _traversal_reference as traversal
-from specdec_np import _tree_reference as tree_reference
+from specdec_np import registry
+from specdec_np._layouts import tree as _trees
+from specdec_np._reference import traversal
+from specdec_np._reference import trees as tree_reference
+from specdec_np.testing import _oracles
 
 
 def law_gap(law, target, parents, vocab_size) -> float:
@@ -367,7 +369,9 @@ def test_too_few_working_rows_for_the_depth_is_a_memory_status(method):
     # A direct caller of the driver that passes a pair of working rows for a deep tree gets
     # STATUS_NO_MEMORY for that request, never a write past its rows (uniforms near 1: every
     # test fails, so every level needs its residual row).
-    from specdec_np import _contract, _core, _tree_links
+    from specdec_np import _core
+    from specdec_np._layouts import tree_links as _tree_links
+    from specdec_np._runtime import contract as _contract
 
     vocab_size, parents = 4, np.array([-1, 0, 1, 2], dtype=np.int64)
     rng = np.random.default_rng(0)

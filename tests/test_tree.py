@@ -1,6 +1,6 @@
 """specdec_np.verify_tree and the CPU tree driver (``_core.verify_trees``).
 
-The array-API reference (``specdec_np._tree_reference``) is the oracle: the kernel must
+The array-API reference (``specdec_np._reference.trees``) is the oracle: the kernel must
 give its outputs on the same uniforms, for every method, dtype and row form.  The reference
 itself is proven against the exact enumeration oracle in ``test_tree_reference.py``; here
 the real kernel is also tested by chi-square against that oracle's emission law, with a
@@ -15,8 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec_np
-from specdec_np import _core, _statistics, _tree_links, _trees, registry
-from specdec_np import _tree_reference as tree_reference
+from specdec_np import _core, registry
+from specdec_np._layouts import tree as _trees
+from specdec_np._layouts import tree_links as _tree_links
+from specdec_np._reference import trees as tree_reference
+from specdec_np.testing import _statistics
 
 METHODS = tuple(method.name for method in registry.TREE_METHODS)
 STOCHASTIC = tuple(method.name for method in registry.TREE_METHODS if method.stochastic)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_np import _trees, registry
+from specdec_np import registry
+from specdec_np._layouts import tree as _trees
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "tree.py"

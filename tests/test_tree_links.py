@@ -1,4 +1,4 @@
-"""specdec_np._tree_links: the child lists the tree kernels walk, against an obvious
+"""specdec_np._layouts.tree_links: the child lists the tree kernels walk, against an obvious
 construction, and the CPU driver's check of links it is handed."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_np import _core, _tree_links, registry
+from specdec_np import _core, registry
+from specdec_np._layouts import tree_links as _tree_links
 
 
 @st.composite

@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_np import _reference, _trees, registry
-from specdec_np import _tree_reference as tree_reference
+from specdec_np import registry
+from specdec_np._layouts import tree as _trees
+from specdec_np._reference import chains as _reference
+from specdec_np._reference import trees as tree_reference
 
 EXACT = 1e-9
 

@@ -1,4 +1,5 @@
-"""specdec_np/_treescan.h (the tree walk's row passes): the vector build equals the scalar
+"""specdec_np/_kernels/src/cpu/treescan.h (the tree walk's row passes): the vector build equals
+the scalar
 fallback bit for bit, and both equal the formula of the reference element by element.
 
 The header is compiled here (``c_headers``) and called through ctypes, so these tests need a
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _WRAPPER = r"""
-#include "_treescan.h"
+#include "treescan.h"
 
 double t_update_ff(const float *s, double sm, const float *q, double qm, ptrdiff_t V,
                    double *d) { return specdec_residual_update_ff(s, sm, q, qm, V, d); }

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .._ragged import verify_ragged
+from .._layouts.ragged import verify_ragged
 
 __all__ = ["GREEDY_EPSILON", "PLACEHOLDER_TOKEN_ID", "rejection_sample"]
 

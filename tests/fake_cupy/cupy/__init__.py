@@ -3,7 +3,7 @@
 Arrays are NumPy arrays behind a CuPy-like type (``type(x).__module__`` is ``cupy``, so the
 library takes its GPU path; like CuPy it refuses implicit conversion to NumPy); functions are
 NumPy's, with CuPy arrays unwrapped and results wrapped; ``RawModule`` kernels are the CUDA
-sources of ``specdec_np._cuda`` compiled by the host-compiler emulation of
+sources of ``specdec_np._kernels.cuda`` compiled by the host-compiler emulation of
 ``tests/test_cuda_sources.py`` (every CUDA thread a fiber, one device).  Not a test module:
 ``tests/test_cuda_sources.py::test_gpu_tests_pass_on_a_fake_cupy`` puts its folder first on
 ``PYTHONPATH`` and runs ``tests/test_gpu.py``; by hand::
@@ -270,16 +270,16 @@ def _emulation() -> Any:
         sys.path.insert(0, str(tests))
         import test_cuda_sources
 
-        from specdec_np import _cuda
+        from specdec_np._kernels import cuda as _cuda
 
         sources = _cuda.cuda_sources()
         mutation = os.environ.get("SPECDEC_FAKE_CUPY_MUTATION")
         if mutation in test_cuda_sources._TREE_MUTATIONS:  # a negative control of the trees
             mutate = test_cuda_sources._TREE_MUTATIONS[mutation]
-            sources["verify_trees"] = mutate(sources["verify_trees"])
+            sources["tree_driver"] = mutate(sources["tree_driver"])
         elif mutation:  # a negative control: one of the emulation test's mutated kernels
             mutate = test_cuda_sources._MUTATIONS[mutation]
-            sources["verify_chains"] = mutate(sources["verify_chains"])
+            sources["chain_driver"] = mutate(sources["chain_driver"])
         folder = pathlib.Path(tempfile.mkdtemp(prefix="fake-cupy-"))
         _LIBRARY.append(test_cuda_sources._build_emulation(folder, "fake_cupy", sources))
         _LIBRARY.append(test_cuda_sources._symbol)

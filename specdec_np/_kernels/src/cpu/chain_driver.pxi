@@ -1,0 +1,304 @@
+# --------------------------------------------------------------------------------------
+# The chain driver (padded and ragged batches): each request's rows, ids and uniforms go
+# to the row function bound to its code.
+# --------------------------------------------------------------------------------------
+
+cdef inline int64_t verify_request(
+    int method, const probability_t* target, const probability_t* draft,
+    const token_id_t* draft_ids, int64_t bonus_id, bint draw_bonus, Py_ssize_t k,
+    Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
+    const double* sampling, int row_forms, probability_t* scratch,
+    specdec_law_scratch* law_scratch, Py_ssize_t width, int64_t* out,
+    int64_t* accepted_length, int64_t* num_accepted
+) noexcept nogil:
+    """The skeleton every verifier shares: id check, the row function bound to code
+    ``method``, bonus, output row.
+
+    ``sampling`` (temperature, top-k, top-p, min-p) is NULL for probability rows, and
+    ``scratch`` then unused; with logits, ``scratch`` is the thread's two rows of V and
+    ``law_scratch`` its law scratch (NULL when its allocation failed: the row status is
+    then SPECDEC_STATUS_NO_MEMORY).
+    """
+    cdef int64_t status, last_token = 0
+    cdef Request request_fields
+    cdef Request* request = &request_fields
+    cdef Py_ssize_t bad = invalid_id_column(draft_ids, 0 if draw_bonus else bonus_id, k, V)
+    if bad >= 0:
+        return 1 + bad
+    if sampling != NULL and law_scratch == NULL:
+        return SPECDEC_STATUS_NO_MEMORY
+    init_request(
+        request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch, law_scratch
+    )
+    status = call_chain_row(
+        method, target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
+        num_accepted,
+    )
+    if status == 0 and draw_bonus and accepted_length[0] == k:
+        # The bonus row is read only now that every draft was accepted: its raw argmax for
+        # a code that says so (greedy), otherwise a draw from its processed law with the
+        # last uniform.
+        if bound_chain_rows[method].bonus_by_argmax:
+            last_token = raw_argmax(target, k, V)
+        else:
+            last_token = row_token(request, target, k, uniforms[k + 1])
+            if last_token < 0:
+                status = -(1 + k)
+    if status == 0:
+        write_output_row(draft_ids, accepted_length[0], last_token, width, out)
+    return status
+
+
+def verify_chains(
+    int method,
+    const probability_t[:, ::1] target_rows,
+    const probability_t[:, ::1] draft_rows,
+    bint point_mass_drafts,
+    const token_id_t[::1] draft_token_ids,
+    const token_id_t[::1] bonus_token_ids,
+    const int64_t[::1] draft_offsets,
+    const double[:, ::1] uniforms,
+    const double[::1] parameters,
+    int64_t[:, ::1] output,
+    int64_t[::1] accepted_lengths,
+    int64_t[::1] num_accepted,
+    int64_t[::1] row_status,
+    int num_threads,
+    const int8_t[::1] request_methods=None,
+    bint causal=False,
+    bint draw_bonus=False,
+    const double[:, ::1] sampling=None,
+    probability_t[:, ::1] scratch=None,
+    bint target_logits=True,
+    bint draft_logits=True,
+    bint bonus_rows=True,
+    int row_threads=1,
+):
+    """Verify a batch of draft chains with the row functions bound to the registry codes.
+
+    Parameters
+    ----------
+    method : int
+        The registry code (:attr:`specdec_np.registry.Verifier.code`) of every request's
+        verifier, unless ``request_methods`` is given (it is checked either way).
+    target_rows : float32 or float64 [T + B, V], C-contiguous
+        Request ``b`` owns the ``k_b + 1`` rows from ``draft_offsets[b] + b`` on: its draft
+        positions, then its bonus position.
+    draft_rows : same dtype [T, V]
+        Ignored (pass any array of the right dtype) when ``point_mass_drafts``.
+    point_mass_drafts : bool
+        Drafts are point masses at their token ids.
+    draft_token_ids : int32 or int64 [T]
+    bonus_token_ids : same dtype [B]
+        Ignored (pass any ``[B]`` array) when ``draw_bonus``.
+    draft_offsets : int64 [B + 1]
+        ``0 = draft_offsets[0] <= ... <= draft_offsets[B] = T``; ``k_b`` is the difference.
+    uniforms : float64 [B, W]
+        Request ``b`` reads columns ``0 .. k_b``: acceptance uniforms, then the residual
+        one, then (``draw_bonus``) the bonus one.  ``W >= max k_b + 1 + draw_bonus`` when
+        a code in use reads uniforms or the bonus is drawn; ``[B, 0]`` otherwise.
+    parameters : float64 [P]
+        The verifiers' parameters (typical acceptance: threshold, alpha); ``P`` at least
+        the bound parameter count of every code in use.
+    output : int64 [B, width], ``width >= max k_b + 1``
+    accepted_lengths, num_accepted, row_status : int64 [B]
+        Accepted prefix length, acceptance count and row status (``specdec_np._runtime.contract``).
+    num_threads : int
+        Threads for the loop over requests.
+    request_methods : int8 [B], optional
+        Per-request registry code (mixed greedy and sampled batches).
+    causal : bool
+        Stop at the first rejection (``num_accepted`` = accepted prefix; later rows are
+        never read) instead of testing every position as vLLM counts them.
+    draw_bonus : bool
+        Draw each fully accepted request's bonus token from its bonus row instead of
+        taking ``bonus_token_ids``.
+    sampling : float64 [B, 5], optional
+        The rows are logits: per request ``(temperature, top_k, top_p, min_p, filter order
+        code)`` of the processed law (top-k 0 = off); greedy requests read their rows raw.
+    scratch : same dtype as the rows [num_threads, 2 * V], optional
+        Working rows for logits (a thread's processed target and draft row).
+    target_logits, draft_logits : bool
+        With ``sampling``: whether the target rows and the draft rows are logits (else
+        probabilities, used as they are: vLLM v1 hands target logits with the drafter's
+        probabilities).
+    bonus_rows : bool
+        Whether the target holds each request's bonus row (``[T + B, V]``); without them
+        (``[T, V]``, request ``b``'s rows from ``draft_offsets[b]``, as vLLM v1 holds them)
+        the bonus ids must be given (``draw_bonus`` False): no bonus row is read then.
+    row_threads : int
+        With ``sampling``: threads for the passes over one logits row (its maximum and its
+        exponentials) when the loop over requests runs on one thread (``num_threads`` <= 1;
+        a parallel loop never nests them); 0 or 1: one.  The bits of one thread either way.
+
+    Returns
+    -------
+    int
+        The first request whose ``row_status`` is not 0, or -1 if every request verified.
+
+    Raises
+    ------
+    ValueError
+        For inconsistent shapes or offsets, or a code (``method`` or an entry of
+        ``request_methods``) outside the bound table.
+    RuntimeError
+        When the row functions were never bound (:func:`bind_chain_rows`).
+    """
+    cdef Py_ssize_t B = draft_offsets.shape[0] - 1
+    cdef Py_ssize_t V = target_rows.shape[1]
+    cdef Py_ssize_t T = draft_token_ids.shape[0]
+    cdef Py_ssize_t width = output.shape[1]
+    cdef Py_ssize_t b, max_k, start
+    cdef int request_method
+    cdef bint stochastic
+    cdef Py_ssize_t num_parameters
+    cdef bint per_request = request_methods is not None
+    cdef const probability_t* draft_base
+    cdef const token_id_t* ids_base
+    cdef const double* uniform_base
+    cdef const double* parameter_base
+    cdef const double* sampling_base = NULL
+    cdef int row_forms = (TARGET_LOGITS if target_logits else 0) | (
+        DRAFT_LOGITS if draft_logits else 0
+    )
+    cdef probability_t* scratch_base = NULL
+    cdef specdec_law_scratch* law_scratch = NULL
+    cdef specdec_law_scratch* serial_scratch = NULL
+    cdef const probability_t* target_base
+    require(B >= 0, "draft_offsets must have B + 1 entries")
+    require_chain_row_code(method)
+    stochastic = draw_bonus or bound_chain_rows[method].reads_uniforms
+    num_parameters = bound_chain_rows[method].num_parameters
+    require(V >= 1, "the vocabulary must not be empty")
+    max_k = require_offsets(draft_offsets, B, T)
+    require(bonus_token_ids.shape[0] == B, "bonus_token_ids must have B entries")
+    require(
+        target_rows.shape[0] == T + (B if bonus_rows else 0),
+        "target_rows must have T + B rows (T without bonus rows)",
+    )
+    require(bonus_rows or not draw_bonus, "a drawn bonus needs the bonus rows")
+    require(
+        point_mass_drafts or (draft_rows.shape[0] == T and draft_rows.shape[1] == V),
+        "draft_rows must be [T, V]",
+    )
+    require(
+        output.shape[0] == B and width >= max_k + 1 and accepted_lengths.shape[0] == B
+        and num_accepted.shape[0] == B and row_status.shape[0] == B,
+        "outputs must be [B, >= max k + 1] and [B]",
+    )
+    if per_request:
+        require(request_methods.shape[0] == B, "request_methods must have B entries")
+        for b in range(B):
+            request_method = request_methods[b]
+            require_chain_row_code(request_method)
+            stochastic = stochastic or bound_chain_rows[request_method].reads_uniforms
+            if bound_chain_rows[request_method].num_parameters > num_parameters:
+                num_parameters = bound_chain_rows[request_method].num_parameters
+    require(
+        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_k + 1 + draw_bonus),
+        "uniforms must be [B, >= max k + 1 (+ 1 to draw the bonus)]",
+    )
+    if parameters.shape[0] < num_parameters:
+        require(False, f"parameters must hold the {num_parameters} values its verifiers read")
+    if sampling is not None:
+        require(
+            sampling.shape[0] == B and sampling.shape[1] == 5, "sampling must be [B, 5]"
+        )
+        require(
+            scratch is not None and scratch.shape[0] >= (num_threads if num_threads > 1 else 1)
+            and scratch.shape[1] == 2 * V,
+            "scratch must be [num_threads, 2 V]",
+        )
+    if B == 0:
+        return -1
+    if sampling is not None:
+        sampling_base = &sampling[0, 0]
+        scratch_base = &scratch[0, 0]
+    draft_base = NULL if point_mass_drafts or T == 0 else &draft_rows[0, 0]
+    # Pointer arithmetic, not indexing: without bonus rows a last request with k_b = 0
+    # starts at row T, which it never reads.
+    target_base = &target_rows[0, 0] if target_rows.shape[0] > 0 else NULL
+    # Pointer arithmetic, not indexing: a last request with k_b = 0 starts at T.
+    ids_base = &draft_token_ids[0] if T > 0 else NULL
+    uniform_base = &uniforms[0, 0] if stochastic else NULL
+    parameter_base = &parameters[0] if parameters.shape[0] > 0 else NULL
+    if num_threads <= 1:
+        # One thread, outside any OpenMP region (the loop below, on thread 0): row threads'
+        # teams nested in an inactive region would be new threads every time (libgomp
+        # wakes its pool only for a team at the outer level), hundreds of microseconds a
+        # row, and a one-thread call skips the region's own cost too.
+        with nogil:
+            serial_scratch = new_law_scratch(sampling_base != NULL, row_threads)
+            for b in range(B):
+                start = draft_offsets[b]
+                request_method = request_methods[b] if per_request else method
+                row_status[b] = verify_request(
+                    request_method,
+                    target_base + (start + (b if bonus_rows else 0)) * V,
+                    NULL if draft_base == NULL else draft_base + start * V,
+                    ids_base + start if ids_base != NULL else ids_base,
+                    bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                    NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+                    parameter_base, causal,
+                    NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                    scratch_base, serial_scratch, width, &output[b, 0], &accepted_lengths[b],
+                    &num_accepted[b],
+                )
+            free(serial_scratch)
+        return first_failed_row(row_status)
+    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
+    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
+    with nogil, parallel(num_threads=num_threads):
+        law_scratch = new_law_scratch(sampling_base != NULL, 1)
+        for b in prange(B, schedule="dynamic"):
+            start = draft_offsets[b]
+            request_method = request_methods[b] if per_request else method
+            row_status[b] = verify_request(
+                request_method,
+                target_base + (start + (b if bonus_rows else 0)) * V,
+                NULL if draft_base == NULL else draft_base + start * V,
+                ids_base + start if ids_base != NULL else ids_base,
+                bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
+                parameter_base, causal,
+                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
+                law_scratch, width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
+            )
+        free(law_scratch)
+    return first_failed_row(row_status)
+
+
+def ragged_offsets(const int64_t[::1] counts, int64_t[::1] offsets):
+    """``offsets = [0, cumsum(counts)]`` and the largest count, in one O(B) pass.
+
+    The ragged layout's Python layer calls this instead of three NumPy reductions, whose
+    fixed costs dominate a small batch.
+
+    Parameters
+    ----------
+    counts : int64 [B]
+        ``k_b`` per request.
+    offsets : int64 [B + 1]
+        Written: ``offsets[b]`` is the sum of the counts before request ``b``.
+
+    Returns
+    -------
+    tuple of int
+        ``(max k_b, first request with k_b < 0)``; the second is -1 when there is none
+        (then the offsets are complete; otherwise they stop at that request), and the
+        first is 0 for an empty batch.
+    """
+    cdef Py_ssize_t B = counts.shape[0]
+    cdef Py_ssize_t b
+    cdef int64_t running = 0, largest = 0
+    require(offsets.shape[0] == B + 1, "offsets must have B + 1 entries")
+    offsets[0] = 0
+    for b in range(B):
+        if counts[b] < 0:
+            return largest, b
+        # Wrapping as NumPy's cumsum does (signed overflow would be undefined in C).
+        running = <int64_t>(<uint64_t>running + <uint64_t>counts[b])
+        largest = counts[b] if counts[b] > largest else largest
+        offsets[b + 1] = running
+    return largest, -1

@@ -1,0 +1,18 @@
+"""Batch layouts: how a caller's arrays become one batch the kernels walk.
+
+Map of this folder (the layout is kept apart from the per-row algorithm, as
+``specdec_np.registry.LAYOUTS`` declares each layout once):
+
+* :mod:`.sampling`: the per-request sampling parameters, the row forms (probabilities,
+  logits, mixed) and the kernel's sampling table;
+* :mod:`.padded`: vLLM's padded chain ``[B, k+1, V]`` (the sampler classes and
+  :func:`specdec_np.verify`);
+* :mod:`.ragged`: the engine's flat ragged batch (:func:`specdec_np.verify_ragged`);
+* :mod:`.tree`: draft trees, their builders and :func:`specdec_np.verify_tree`;
+* :mod:`.tree_links`: a tree batch's parent and sibling links in the kernel's form;
+* :mod:`.processed`: the processed law as a function (:func:`specdec_np.processed_probs`,
+  :func:`specdec_np.sample_tokens`).
+
+Each layout hands :mod:`specdec_np._kernels.dispatch` a checked batch; ``docs/semantics.md``
+section 11 says what a new layout touches.
+"""

@@ -1,0 +1,205 @@
+"""The one engine call under every engine-layout front.
+
+:func:`specdec_np.verify_ragged`, :class:`specdec_np.EngineVerifier`,
+:func:`specdec_np.verify_tree` and :func:`specdec_np.sample_tokens` each read "check, build
+the batch, engine call": they put their flat keywords into three small records
+(:class:`RowSources`, :class:`~specdec_np._layouts.sampling.SamplingParameters`,
+:class:`UniformSource`), name their layout (a :class:`LayoutCall`: the ragged chain or the
+tree) and hand them to :func:`engine_call`, which runs the same steps for both layouts:
+
+1. the strict mode, the rows' form and the layout's batch;
+2. the per-request sampling (which requests are greedy, the kernel's table);
+3. the method every request of the batch runs (greedy when every request is);
+4. the uniform source, sized by the layout;
+5. the output block, the thread count and the kernel options (:func:`kernel_options`,
+   the one place they are assembled);
+6. the draws, the kernel and the result (:func:`specdec_np._kernels.dispatch.run`).
+
+A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
+and the law; nothing here changes.  A new layout writes its own :class:`LayoutCall`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from .._kernels import dispatch as _dispatch
+from .._runtime import checks as _validate
+from .._runtime import uniforms as _random
+from . import sampling as _sampling
+
+__all__ = ["LayoutCall", "RowSources", "UniformSource", "engine_call", "kernel_options"]
+
+
+class RowSources(NamedTuple):
+    """The rows of a call, as given: exactly one target form, at most one draft form.
+
+    Attributes
+    ----------
+    target_logits, target_probs : array or None
+        The target's rows (``[T + B, V]`` for a chain, ``[N + B, V]`` for trees).
+    draft_logits, draft_probs : array or None
+        The draft's rows; both None for point-mass drafts.
+    """
+
+    target_logits: Any = None
+    target_probs: Any = None
+    draft_logits: Any = None
+    draft_probs: Any = None
+
+
+class UniformSource(NamedTuple):
+    """Where a call's uniforms come from (``docs/semantics.md`` §5).
+
+    Attributes
+    ----------
+    uniforms : float64 array or None
+        Explicit uniforms.
+    generator : Generator or None
+        The source of requests without a seed of their own.
+    seeded_seqs : mapping of int to Generator, or None
+        Request index -> its own generator.
+    counter_seeds : mapping of int to (int, int), or None
+        Request index -> counter-based Philox ``(seed, position)``.
+    generator_for : callable or None
+        ``generator_for(device)``: the generator of requests without a seed of their own,
+        asked for once every argument is checked (a sampler's own generator), instead of
+        ``generator``.
+    """
+
+    uniforms: Any = None
+    generator: Any = None
+    seeded_seqs: Any = None
+    counter_seeds: Any = None
+    generator_for: Callable[[Any], Any] | None = None
+
+
+class LayoutCall(Protocol):
+    """What :func:`engine_call` asks of a layout (the ragged chain, the tree).
+
+    Attributes
+    ----------
+    entry : registry.Verifier or registry.TreeMethod
+        The method of the call's sampled requests.
+    greedy_entry : registry.Verifier or registry.TreeMethod
+        The layout's greedy method (every request of an all-greedy batch runs it).
+    every_request_greedy : bool
+        The call's method is greedy, so every request is.
+    """
+
+    entry: Any
+    greedy_entry: Any
+    every_request_greedy: bool
+
+    def build(self, form: _sampling.RowForm, strict: bool) -> Any:
+        """The checked, kernel-ready batch."""
+
+    def check_rows(self, batch: Any, form: _sampling.RowForm, greedy: Any, strict: bool) -> None:
+        """Checks that need the requests' sampling (after :meth:`build`)."""
+
+    def uniform_rows(self, batch: Any, greedy: Any) -> dict[str, Any]:
+        """The uniform source's shape: ``k``, ``row_widths`` and ``row_offsets``."""
+
+    def output_block(self, batch: Any, out: Any, inputs: dict[str, Any]) -> Any:
+        """The caller's ``out=`` block checked, or a new one."""
+
+    def threads(self, batch: Any, chosen: Any) -> int:
+        """The OpenMP thread count of the call."""
+
+    def layout_options(
+        self, batch: Any, block: Any, threads: int, chosen: Any, options: dict[str, Any]
+    ) -> None:
+        """Adds the layout's own kernel options to ``options``."""
+
+    def after_uniforms(self, batch: Any, chosen: Any) -> tuple[Any, ...]:
+        """The kernel's arguments after the uniforms (the method's parameters)."""
+
+    def recorder(self, batch: Any) -> Callable[[Any, Any], None] | None:
+        """``on_success(result, commit)``: records a successful call before it counts as
+        done (:class:`specdec_np._kernels.dispatch.Commit`), or None."""
+
+
+def kernel_options(
+    layout: LayoutCall,
+    batch: Any,
+    form: _sampling.RowForm,
+    request: _sampling.RequestSampling,
+    block: Any,
+    threads: int,
+    chosen: Any,
+) -> dict[str, Any]:
+    """The keyword options of the kernel call, assembled in this one place: the sampling
+    table and which rows it processes, the per-request method codes of a mixed batch, then
+    the layout's own options."""
+    options = _dispatch.sampling_options(batch, threads, request.table)
+    if request.table is not None:
+        options.update(form.kernel_options())
+    codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, batch.xp)
+    if codes is not None:
+        options["request_methods"] = codes
+    layout.layout_options(batch, block, threads, chosen, options)
+    return options
+
+
+def engine_call(
+    layout: LayoutCall,
+    rows: RowSources,
+    sampling: _sampling.SamplingParameters,
+    uniform_source: UniformSource,
+    *,
+    strict_mode: bool,
+    out: Any,
+) -> Any:
+    """Verify one engine-layout call (the module docstring's steps).
+
+    Parameters
+    ----------
+    layout : LayoutCall
+    rows : RowSources
+    sampling : SamplingParameters
+    uniform_source : UniformSource
+    strict_mode : bool
+    out : output block or None
+
+    Returns
+    -------
+    VerificationResult or TreeVerificationResult
+    """
+    strict = _validate.check_strict_mode(strict_mode)
+    form = _sampling.row_form(*rows)
+    batch = layout.build(form, strict)
+    request = _sampling.request_sampling(
+        batch.xp, batch.batch_size, batch.vocab_size, strict, form,
+        (batch.target_rows, batch.draft_rows),
+        every_request_greedy=layout.every_request_greedy, parameters=sampling,
+    )  # fmt: skip
+    layout.check_rows(batch, form, request.greedy, strict)
+    chosen = layout.greedy_entry if request.all_greedy else layout.entry
+    # Built even when every request is greedy, so that a bad source is refused whatever
+    # the batch holds; greedy requests draw nothing from it.
+    sources = _random.RejectionUniforms(
+        batch.batch_size,
+        xp=batch.xp,
+        uniforms=uniform_source.uniforms,
+        generator=uniform_source.generator,
+        seeded_seqs=uniform_source.seeded_seqs,
+        counter_seeds=uniform_source.counter_seeds,
+        generator_for=uniform_source.generator_for,
+        device=batch.device,
+        **layout.uniform_rows(batch, request.greedy),
+    )
+    block = layout.output_block(
+        batch, out, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
+    )
+    threads = layout.threads(batch, chosen)
+    return _dispatch.run(
+        batch,
+        chosen.code,
+        sources,
+        block,
+        threads,
+        after_uniforms=layout.after_uniforms(batch, chosen),
+        options=kernel_options(layout, batch, form, request, block, threads, chosen),
+        on_success=layout.recorder(batch),
+    )

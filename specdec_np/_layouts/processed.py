@@ -1,0 +1,215 @@
+"""The processed law as a function, and the draw of a step without drafts.
+
+:func:`processed_probs` returns the rows of exactly the law the verifiers draw from (the
+same bits: it is written by the kernels' own law functions), and :func:`sample_tokens`
+draws one token per row as a bonus position draws it, for the steps of an engine that
+have no drafts.  Both take the sampling parameters of :func:`specdec_np.verify_ragged`;
+``docs/semantics.md`` §12 defines the law.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .._kernels import dispatch as _dispatch
+from .._runtime import arrays as _backend
+from .._runtime import checks as _validate
+from . import ragged as _ragged
+from . import sampling as _sampling
+from .engine_call import RowSources, UniformSource, engine_call
+from .sampling import SamplingParameters
+
+__all__ = ["processed_probs", "sample_tokens"]
+
+
+@_backend.array_front()
+def processed_probs(
+    logits: Any,
+    *,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    filter_order: str = "vllm",
+    out: Any = None,
+) -> Any:
+    """The processed law of logits rows: the distribution every verifier and
+    :func:`sample_tokens` draw from, bit for bit.
+
+    Parameters
+    ----------
+    logits : float32 or float64 [N, V] (or [V]), array_like
+        float16 and bfloat16 are taken as float32.
+    temperature, top_k, top_p, min_p : scalar or array [N], optional
+        As in :func:`specdec_np.verify_ragged`; None is off.  A row with temperature 0 is
+        greedy: its law is the point mass at the argmax of the raw row (first index on
+        ties, NaN never wins).
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters: ``"vllm"`` filters ``logits / temperature``;
+        ``"llama.cpp"`` runs top-k, top-p and min-p on the logits at temperature 1 and
+        applies the temperature to what they keep (``docs/semantics.md`` §12).
+    out : array [N, V] of the result's dtype, optional
+        Written and returned.
+
+    Returns
+    -------
+    array [N, V] (or [V]) of the logits' kernel dtype
+        Non-negative rows summing to one (within rounding); all zeros for a row with no
+        finite logit.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument.
+    """
+    _validate.check_filter_order(filter_order)
+    rows = _backend.intake(logits, "logits")
+    xp = _backend.array_namespace(rows)
+    single = rows.ndim == 1
+    if single:
+        rows = rows.reshape(1, -1)
+    if rows.ndim != 2 or rows.shape[1] < 1:
+        raise ValueError(
+            f"logits must have shape [N, V] or [V] with V >= 1; found shape "
+            f"{_validate.shape_text(logits.shape if hasattr(logits, 'shape') else rows.shape)}"
+        )
+    rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
+    batch_size, vocab_size = (int(n) for n in rows.shape)
+    sampling = _validate.check_sampling_parameters(
+        batch_size, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, from_logits=True, row_dtype=rows.dtype,
+    )
+    greedy = _sampling.greedy_requests(sampling, False, batch_size)
+    table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
+    result = _out_rows(out, xp, rows)
+    threads = _backend.thread_count(batch_size, vocab_size)
+    device = _backend.device_of(rows)
+    if device is None:
+        # Threads inside a row when the loop over rows runs on one (the CUDA kernel has a
+        # block per row and takes no such option).
+        row_threads = _backend.row_thread_count(threads, vocab_size)
+        _dispatch.kernels_for(device).processed_rows(
+            rows, xp.asarray(table), result, threads, row_threads=row_threads
+        )
+    else:
+        _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
+    if greedy.any():
+        chosen = xp.asarray(np.flatnonzero(greedy))
+        raw = rows[chosen]
+        raw = xp.where(xp.isnan(raw), xp.asarray(-np.inf, dtype=raw.dtype), raw)
+        result[chosen] = 0
+        result[chosen, raw.argmax(axis=1)] = 1
+    return result[0] if single else result
+
+
+def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
+    """``out`` checked to hold the rows' law, or a new array."""
+    if out is None:
+        return xp.empty(rows.shape, dtype=rows.dtype)
+    if not _backend.is_array_of(out, xp) or out.dtype != rows.dtype:
+        raise TypeError(f"out must be a {rows.dtype} array of the logits' backend")
+    if tuple(out.shape) not in (tuple(rows.shape), tuple(rows.shape[1:])) or not (
+        out.flags.c_contiguous and out.flags.writeable
+    ):
+        raise ValueError(
+            f"out must be a writeable C-contiguous array of shape "
+            f"{_validate.shape_text(rows.shape)}; found {_validate.shape_text(out.shape)}"
+        )
+    if xp.may_share_memory(out, rows):
+        raise ValueError("out shares memory with logits")
+    return out.reshape(rows.shape)
+
+
+@_backend.array_front(device_from=("logits", "probs"), library_from=("logits", "probs"))
+def sample_tokens(
+    *,
+    logits: Any = None,
+    probs: Any = None,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    filter_order: str = "vllm",
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+) -> Any:
+    """Draw one token per row from its processed law: the draw a bonus position makes, for
+    the steps without drafts.
+
+    The same as :func:`specdec_np.verify_ragged` with ``num_draft_tokens`` all zero and
+    ``bonus_token_ids=None`` (so the same generator gives the same tokens): a sampled row
+    consumes two draws of its source (the residual draw a request without drafts reserves,
+    then its token), a greedy row (temperature 0) none.
+
+    Parameters
+    ----------
+    logits, probs : float32 or float64 [N, V], array_like
+        Exactly one: logits processed with the sampling parameters, or probabilities
+        taken as processed.
+    temperature, top_k, top_p, min_p : scalar or array [N], optional
+        As in :func:`specdec_np.verify_ragged`.
+    filter_order : {"vllm", "llama.cpp"}
+        As in :func:`processed_probs`.
+    uniforms : float64 [N], optional
+        Explicit uniforms in ``[0, 1)``: row ``i``'s token is the inverse-CDF draw at
+        ``uniforms[i]``.
+    generator : numpy.random.Generator, cupy.random.Generator or None
+        Source of the uniforms of rows without a seed of their own (a fresh unseeded
+        generator when None).
+    seeded_seqs : dict of int to Generator, optional
+        Row index -> its own generator, as in :func:`specdec_np.verify_ragged`.
+    counter_seeds : dict of int to (int, int), optional
+        Row index -> ``(seed, position)``: counter-based Philox uniforms, as in
+        :func:`specdec_np.verify_ragged`.
+
+    Returns
+    -------
+    int64 array [N]
+        Row ``i``'s token, in the inputs' array library.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument; a ValueError for a row without positive
+        probability.
+    """
+    _validate.check_filter_order(filter_order)
+    rows = logits if logits is not None else probs
+    if (logits is None) == (probs is None):
+        raise ValueError("give exactly one of logits and probs")
+    rows = _backend.intake(rows, "logits" if logits is not None else "probs")
+    if rows.ndim != 2:
+        raise ValueError(
+            f"{'logits' if logits is not None else 'probs'} must have shape [N, V]; found "
+            f"shape {_validate.shape_text(rows.shape)}"
+        )
+    batch_size = int(rows.shape[0])
+    explicit = None
+    if uniforms is not None:
+        column = _backend.intake(uniforms, "uniforms", like=rows)
+        if tuple(column.shape) != (batch_size,):
+            raise ValueError(
+                f"uniforms must have shape [N] = [{batch_size}]; found shape "
+                f"{_validate.shape_text(column.shape)}"
+            )
+        if column.dtype != np.float64:
+            raise TypeError(f"uniforms must be a float64 array; found {column.dtype}")
+        xp = _backend.array_namespace(rows)
+        explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
+    # A step without drafts is a ragged call whose requests all have k_b = 0: the same
+    # generator gives the same tokens.
+    result = engine_call(
+        _ragged.RaggedCall("rejection", {}, [0] * batch_size, [], None),
+        RowSources(target_logits=rows if logits is not None else None,
+                   target_probs=rows if probs is not None else None),
+        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        UniformSource(explicit, generator, seeded_seqs, counter_seeds),
+        strict_mode=False,
+        out=None,
+    )  # fmt: skip
+    return result.output_token_ids[:, 0]

@@ -1,0 +1,452 @@
+"""The ragged layout of engines and its front, :func:`verify_ragged`.
+
+:func:`verify_ragged` verifies the flat batch that vLLM v1, SGLang and the llama.cpp server
+hand a verifier: request ``b`` proposes ``k_b >= 0`` drafts, the target rows of all
+requests are stacked ``[T + B, V]`` (request ``b``'s ``k_b`` draft positions, then its
+bonus position), and greedy (``temperature == 0``) and sampled requests share one call and
+one kernel launch.  :func:`ragged_chain` checks such a batch and makes it the
+:class:`~specdec_np._layouts.padded.ChainBatch` the chain drivers read; :func:`output_buffers`
+makes the ``out=`` buffers of a steady-state engine.  ``docs/semantics.md`` states the
+rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import _core, registry
+from .._runtime import arrays as _backend
+from .._runtime import checks as _validate
+from .._runtime import contract as _contract
+from .._runtime import results as _results
+from . import padded as _chains
+from . import sampling as _sampling
+from .engine_call import RowSources, UniformSource, engine_call
+from .sampling import SamplingParameters
+
+__all__ = ["RaggedCall", "output_buffers", "ragged_chain", "verify_ragged"]
+
+_GREEDY = registry.get("greedy")
+
+#: The arguments whose arrays decide the results' array library.
+DATA_ARGUMENTS = (
+    "num_draft_tokens",
+    "draft_token_ids",
+    "target_logits",
+    "target_probs",
+    "draft_logits",
+    "draft_probs",
+    "bonus_token_ids",
+)
+
+
+def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _contract.OutputBlock:
+    """Buffers for ``verify_ragged(..., out=...)``, so that a steady-state engine allocates
+    nothing per call.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``.
+    max_draft_tokens : int
+        The largest ``k_b`` the buffers must hold (output width ``max_draft_tokens + 1``).
+    xp : module
+        ``numpy`` or ``cupy`` (on the current device).
+
+    Returns
+    -------
+    OutputBlock
+        ``output_token_ids`` int64 ``[B, max_draft_tokens + 1]`` and three int64 ``[B]``
+        arrays (accepted lengths, acceptance counts, row status).
+    """
+    return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
+
+
+def _check_out(
+    out: Any, batch: _chains.ChainBatch, inputs: dict[str, Any]
+) -> _contract.OutputBlock:
+    def shapes(block: _contract.OutputBlock) -> dict[str, tuple[int, ...]]:
+        found = tuple(block.output_token_ids.shape)
+        if len(found) != 2 or found[0] != batch.batch_size or found[1] < batch.max_k + 1:
+            raise ValueError(
+                f"out must hold [B, >= max k + 1] = [{batch.batch_size}, {batch.max_k + 1}] "
+                f"outputs; found {_validate.shape_text(found)}"
+            )
+        expected: dict[str, tuple[int, ...]] = {
+            name: (batch.batch_size,) for name in block._fields
+        }
+        expected["output_token_ids"] = found
+        return expected
+
+    xp = batch.xp
+    _validate.check_out_block(
+        out,
+        _contract.OutputBlock,
+        "output_buffers(B, max_k)",
+        shapes,
+        lambda array: _backend.is_array_of(array, xp),
+        _backend.device_of,
+        batch.device,
+        xp,
+        inputs,
+    )
+    return out
+
+
+@_backend.array_front(
+    device_from=("target_probs", "target_logits"), library_from=DATA_ARGUMENTS
+)
+def verify_ragged(
+    *,
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_logits: Any = None,
+    target_probs: Any = None,
+    draft_logits: Any = None,
+    draft_probs: Any = None,
+    method: str = "rejection",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    min_p: Any = None,
+    filter_order: str = "vllm",
+    bonus_token_ids: Any = None,
+    uniforms: Any = None,
+    generator: Any = None,
+    seeded_seqs: Mapping[int, Any] | None = None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    strict_mode: bool = False,
+    out: _contract.OutputBlock | None = None,
+    **method_parameters: float,
+) -> _results.VerificationResult:
+    """Verify a flat engine batch: ragged drafts, per-request parameters, mixed methods.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request (0: the request only gets its bonus token).
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        The drafts, request by request.
+    target_logits : float32 or float64 [T + B, V], optional
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.  Each row a request reads is processed with its ``temperature``,
+        ``min_p``, ``top_k`` and ``top_p`` (the law of ``docs/semantics.md``), and only the
+        rows it reads are (exactly one of ``target_logits`` and ``target_probs``).
+    target_probs : float32 or float64 [T + B, V], optional
+        The same rows as probabilities, taken as already processed.  In either form, with
+        ``bonus_token_ids`` given the bonus rows are never read, and ``[T, V]`` (the draft
+        positions only, as vLLM v1 holds them) is accepted.
+    draft_logits : same dtype [T, V], optional
+        The draft's logits (with ``target_logits``), processed like the target's.
+    draft_probs : same dtype [T, V] or None
+        The distributions the drafts were drawn from; None for point-mass drafts.
+    method : str
+        A registry name (``specdec_np.registry.names()``): the verifier of the requests
+        with ``temperature != 0``.
+    temperature : scalar or array [B], optional
+        ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
+        the argmax), the others by ``method``.  With logits it also scales them; with
+        probabilities it only says which requests are greedy.  None: 1, every request
+        uses ``method``.
+    top_k, top_p, min_p : scalar or array [B], optional
+        Sampling filters of logits rows (``top_k`` 0 or >= V, ``top_p`` 1 and ``min_p``
+        0 are off); a ValueError with probabilities, which are taken as processed.
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters: ``"vllm"`` filters ``logits / temperature``;
+        ``"llama.cpp"`` runs top-k, top-p and min-p on the logits at temperature 1 (as
+        llama.cpp's sampler chain does) and applies the temperature to what they keep
+        (``docs/semantics.md`` §12).
+    bonus_token_ids : int [B], optional
+        None: a request whose drafts are all accepted draws its bonus token from its
+        processed bonus row (the argmax for a greedy request), reading that row only then.
+    uniforms : float64 [B, max_k + 2], optional
+        Explicit uniforms in ``[0, 1)``: request ``b`` uses columns ``0 .. k_b - 1``
+        (acceptance), ``k_b`` (residual) and ``k_b + 1`` (bonus).  Every entry is checked.
+    generator : numpy.random.Generator, optional
+        Source of the uniforms of requests without a seed of their own; a fresh unseeded
+        generator if None.
+    seeded_seqs : dict[int, numpy.random.Generator], optional
+        Request index -> that request's generator.
+    counter_seeds : dict[int, tuple[int, int]], optional
+        Request index -> ``(seed, position)``: counter-based Philox uniforms (see
+        :func:`specdec_np.counter_uniforms`).  A sampled request consumes exactly
+        ``k_b + 2`` draws from its source whatever the outcome, a greedy one none.
+    strict_mode : bool
+        Also check exact dtypes and finite, non-negative probabilities.
+    out : OutputBlock, optional
+        Buffers from :func:`output_buffers` to write into.
+    **method_parameters : float
+        The method's parameters (typical acceptance: ``posterior_threshold``,
+        ``posterior_alpha``).
+
+    Returns
+    -------
+    VerificationResult
+        ``output_token_ids`` int64 ``[B, max_k + 1]`` (-1 padded), ``accepted_lengths``
+        int64 ``[B]`` (causal), ``num_accepted`` (equal to ``accepted_lengths``: every
+        request stops at its first rejection and the rows after it are never read), and
+        ``num_draft_tokens`` ``T``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad input, naming the argument and the request, before any uniform is drawn.
+    """
+    return engine_call(
+        RaggedCall(method, method_parameters, num_draft_tokens, draft_token_ids, bonus_token_ids),
+        RowSources(target_logits, target_probs, draft_logits, draft_probs),
+        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        UniformSource(uniforms, generator, seeded_seqs, counter_seeds),
+        strict_mode=strict_mode,
+        out=out,
+    )
+
+
+class RaggedCall:
+    """The ragged chain as :func:`~specdec_np._layouts.engine_call.engine_call` sees it.
+
+    Parameters
+    ----------
+    method : str
+        The registry name of the sampled requests' verifier.
+    method_parameters : mapping of str to float
+        Its parameters (checked here).
+    num_draft_tokens, draft_token_ids, bonus_token_ids
+        As :func:`verify_ragged` takes them.
+    on_success : callable, optional
+        ``on_success(num_draft_tokens, accepted_lengths, commit)``: a sampler's record of a
+        successful call (all or nothing, setting ``commit.done`` last).
+    """
+
+    greedy_entry = _GREEDY
+
+    def __init__(
+        self,
+        method: str,
+        method_parameters: Mapping[str, Any],
+        num_draft_tokens: Any,
+        draft_token_ids: Any,
+        bonus_token_ids: Any,
+        on_success: Callable[[Any, Any, Any], None] | None = None,
+    ) -> None:
+        self.entry = registry.get(method)
+        self.every_request_greedy = self.entry.greedy
+        self._parameters = _validate.check_method_parameters(self.entry, method_parameters)
+        self._num_draft_tokens = num_draft_tokens
+        self._draft_token_ids = draft_token_ids
+        self._bonus_token_ids = bonus_token_ids
+        self._on_success = on_success
+
+    def build(self, form: _sampling.RowForm, strict: bool) -> _chains.ChainBatch:
+        """The checked batch (:func:`ragged_chain`)."""
+        return ragged_chain(
+            self._num_draft_tokens,
+            self._draft_token_ids,
+            form.target,
+            form.draft,
+            self._bonus_token_ids,
+            strict=strict,
+            reads_draft_probs=self.entry.reads_draft_probs,
+            target_name=form.target_name,
+            draft_name=form.draft_name,
+        )
+
+    def check_rows(
+        self, batch: _chains.ChainBatch, form: _sampling.RowForm, greedy: Any, strict: bool
+    ) -> None:
+        """In strict mode, the greedy requests' probability rows must be distributions."""
+        if not strict or form.from_logits or not greedy.any():
+            return
+        # Greedy verification of probabilities accepts p(x) > 1/2 unread: its rows must
+        # be distributions, as for the padded greedy verifier.
+        counts = batch.draft_counts
+        if batch.bonus_rows:
+            rows = np.repeat(greedy, counts + 1)
+            rows[np.cumsum(counts + 1) - 1] = False  # bonus rows are not tested
+        else:
+            rows = np.repeat(greedy, counts)  # [T, V]: the draft positions only
+        _validate.check_row_sums(
+            form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
+        )
+
+    def uniform_rows(self, batch: _chains.ChainBatch, greedy: Any) -> dict[str, Any]:
+        """A sampled request's ``k_b + 2`` draws, a greedy one's none."""
+        return {"k": batch.max_k + 1, "row_widths": np.where(greedy, 0, batch.draft_counts + 2)}
+
+    def output_block(
+        self, batch: _chains.ChainBatch, out: Any, inputs: dict[str, Any]
+    ) -> _contract.OutputBlock:
+        """``out`` checked (:func:`output_buffers`), or a new block."""
+        if out is None:
+            return _contract.allocate_output_block(batch.xp, batch.batch_size, batch.max_k + 1)
+        return _check_out(out, batch, inputs)
+
+    def threads(self, batch: _chains.ChainBatch, chosen: Any) -> int:
+        """The batch's thread count for the chosen verifier."""
+        return batch.threads(chosen)
+
+    def layout_options(
+        self,
+        batch: _chains.ChainBatch,
+        block: Any,
+        threads: int,
+        chosen: Any,
+        options: dict[str, Any],
+    ) -> None:
+        """Causal counting, the lazy bonus draw, and target rows without bonus rows."""
+        options["causal"] = True
+        if self._bonus_token_ids is None:
+            options["draw_bonus"] = True
+        if not batch.bonus_rows:
+            options["bonus_rows"] = False
+
+    def after_uniforms(self, batch: _chains.ChainBatch, chosen: Any) -> tuple[Any, ...]:
+        """The method's parameters (none when every request is greedy)."""
+        return (batch.parameters(self._parameters if chosen is self.entry else ()),)
+
+    def recorder(self, batch: _chains.ChainBatch) -> Callable[[Any, Any], None] | None:
+        """``on_success`` as :func:`specdec_np._kernels.dispatch.run` calls it."""
+        record = self._on_success
+        if record is None:
+            return None
+        counts = batch.draft_counts
+        return lambda result, commit: record(counts, result.accepted_lengths, commit)
+
+
+def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
+    """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
+    largest count and ``T``."""
+    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
+    if counts.ndim != 1:
+        raise ValueError(
+            "num_draft_tokens must have shape [B] (1 dimension); found shape "
+            f"{_validate.shape_text(counts.shape)}"
+        )
+    host = _validate.int64_values(
+        np.asarray(counts.get() if hasattr(counts, "get") else counts), "num_draft_tokens"
+    )
+    offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
+    max_k, negative = _core.ragged_offsets(host, offsets)
+    if negative >= 0:
+        raise ValueError(
+            f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
+            f"for request {negative}"
+        )
+    if max_k > np.iinfo(np.int64).max // max(host.shape[0], 1):
+        # The offsets may have wrapped around int64: no array is that long anyway.
+        raise ValueError(
+            "num_draft_tokens must sum to T, the length of draft_token_ids; found sum "
+            f"{sum(int(count) for count in host)}"
+        )
+    return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
+
+
+def ragged_chain(
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    target_rows: Any,
+    draft_rows: Any,
+    bonus_token_ids: Any,
+    *,
+    strict: bool,
+    reads_draft_probs: bool,
+    target_name: str = "target_probs",
+    draft_name: str = "draft_probs",
+) -> _chains.ChainBatch:
+    """Take a flat engine batch in, check it and make it kernel-ready.
+
+    Parameters
+    ----------
+    num_draft_tokens : int array [B]
+        ``k_b >= 0`` drafts per request.
+    draft_token_ids : int64 or int32 [T], ``T = sum k_b``
+        Request by request.
+    target_rows : float32 or float64 [T + B, V]
+        Request ``b`` owns ``k_b + 1`` consecutive rows: its draft positions, then its
+        bonus position.
+    draft_rows : same dtype [T, V] or None
+        None for point-mass drafts.
+    bonus_token_ids : int [B] or None
+        None: each fully accepted request draws its bonus from its bonus row.
+    strict : bool
+        Also exact dtypes (float32 rows, int64 ids) and finite, non-negative values.
+    reads_draft_probs : bool
+    target_name, draft_name : str
+        The arguments' names in messages (``target_probs`` or ``target_logits``).
+
+    Returns
+    -------
+    ChainBatch
+        With ``padded_k`` None and, when ``bonus_token_ids`` is None, zeros as bonus ids.
+    """
+    target = _backend.intake(target_rows, target_name)
+    draft_ids = _backend.intake(draft_token_ids, "draft_token_ids", like=target)
+    drafts = _backend.intake_if_read(draft_rows, draft_name, reads_draft_probs, like=target)
+    bonus = None
+    if bonus_token_ids is not None:
+        bonus = _backend.intake(bonus_token_ids, "bonus_token_ids", like=target)
+    device = _backend.check_one_device(
+        {target_name: target, "draft_token_ids": draft_ids, draft_name: drafts,
+         "bonus_token_ids": bonus}
+    )
+    xp = _backend.array_namespace(target)
+    counts, offsets, max_k, total = _draft_counts(num_draft_tokens, xp)
+    batch_size = int(counts.shape[0])
+    if tuple(draft_ids.shape) != (total,):
+        raise ValueError(
+            f"draft_token_ids must have shape [T] = [{total}] (T = sum of num_draft_tokens); "
+            f"found shape {_validate.shape_text(draft_ids.shape)}"
+        )
+    # With the bonus ids given, the bonus rows are never read: the target may leave them
+    # out ([T, V], as vLLM v1 holds its target logits).
+    bonus_rows = not (bonus is not None and target.ndim == 2 and target.shape[0] == total)
+    if target.ndim != 2 or target.shape[1] < 1 or (
+        bonus_rows and target.shape[0] != total + batch_size
+    ):
+        also = f" (or [T, V] = [{total}, V] with bonus_token_ids)" if bonus is not None else ""
+        raise ValueError(
+            f"{target_name} must have shape [T + B, V] = [{total + batch_size}, V] with "
+            f"V >= 1{also}; found shape {_validate.shape_text(target.shape)}"
+        )
+    vocab_size = int(target.shape[1])
+    if drafts is not None and tuple(drafts.shape) != (total, vocab_size):
+        raise ValueError(
+            f"{draft_name} must have shape [T, V] = [{total}, {vocab_size}]; found shape "
+            f"{_validate.shape_text(drafts.shape)}"
+        )
+    if bonus is not None and tuple(bonus.shape) not in ((batch_size,), (batch_size, 1)):
+        raise ValueError(
+            f"bonus_token_ids must have shape [B] = [{batch_size}]; found shape "
+            f"{_validate.shape_text(bonus.shape)}"
+        )
+    named = {"draft_token_ids": draft_ids}
+    if bonus is not None:
+        named["bonus_token_ids"] = bonus
+    ids = _backend.token_ids(named, xp, strict)
+    draft_ids = ids[0]
+    if bonus is not None:
+        bonus = ids[1].reshape(batch_size)
+    else:
+        bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
+    target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)
+    return _chains.ChainBatch(
+        xp=xp,
+        device=device,
+        target_rows=target,
+        draft_rows=drafts,
+        draft_token_ids=draft_ids,
+        bonus_token_ids=bonus,
+        draft_offsets=offsets,
+        batch_size=batch_size,
+        max_k=max_k,
+        vocab_size=vocab_size,
+        num_draft_tokens=total,
+        padded_k=None,
+        target_name=target_name,
+        index_label="(request, position)",
+        draft_counts=counts,
+        bonus_rows=bonus_rows,
+    )
