@@ -152,10 +152,78 @@ def test_a_new_tree_method_is_picked_up(monkeypatch: pytest.MonkeyPatch) -> None
 # -- negative controls per layout ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _first_fast(("top_k", "temperature", "top_p", "min_p")))
+#: The exact-law property a ragged verifier that ignores a sampling parameter fails.
+IGNORED_PROPERTIES = {"top_k": "top-k", "temperature": "temperature below 1",
+                      "top_p": "top-p", "min_p": "min-p"}
+
+
+@pytest.mark.parametrize("name", _first_fast(tuple(IGNORED_PROPERTIES)))
 def test_a_ragged_verifier_that_ignores_a_filter_fails(name: str) -> None:
     failed = testing.check_verifier(bv.RAGGED_IGNORED[name], layout="ragged", **FAST).failed()
-    assert "exact law from logits/logits rows equals the processed target" in failed, failed
+    assert f"exact law from logits: {IGNORED_PROPERTIES[name]}" in failed, failed
+
+
+#: The property each wrong handling of the sampling parameters or of a seeded request's
+#: generator fails, by ``broken_verifiers.LAW_BUGS`` name: the name says what is wrong.
+LAW_BUG_PROPERTIES = {
+    "min_p_ignored_with_top_p": "exact law from logits: filters together",
+    "temperature_clamped": "exact law from logits: temperature above 1",
+    "draftless_temperature_ignored": "exact law from logits: requests without drafts",
+    "draft_logits_at_temperature_one":
+        "exact law from target probabilities: draft logits at each request's temperature",
+    "seeded_draws_of_the_widest": "seeded_seqs draws per row independent of the batch",
+}
+
+
+@pytest.mark.parametrize("bug", list(LAW_BUG_PROPERTIES))
+def test_a_ragged_law_bug_fails_the_property_that_names_it(bug: str) -> None:
+    """Each passed an earlier kit: its batches had one setting for every request, no
+    temperature above 1 alone, no sampled request without drafts checked, no draft logits
+    at a temperature with target probabilities, and no look at the seeded generators."""
+    report = testing.check_verifier(bv.RAGGED_LAW_BUGS[bug], layout="ragged", **FAST)
+    assert LAW_BUG_PROPERTIES[bug] in report.failed(), str(report)
+
+
+@pytest.mark.parametrize(("bug", "kind"), [
+    ("min_p_ignored_with_top_p", "point_mass"),
+    ("seeded_draws_of_the_widest", "point_mass"),
+    pytest.param("temperature_clamped", "point_mass", marks=pytest.mark.slow),
+    pytest.param("draftless_temperature_ignored", "rrs", marks=pytest.mark.slow),
+    pytest.param("draft_logits_at_temperature_one", "specinfer", marks=pytest.mark.slow),
+])
+def test_a_tree_law_bug_fails_the_property_that_names_it(bug: str, kind: str) -> None:
+    report = testing.check_verifier(bv.TREE_LAW_BUGS[bug], kind, layout="tree", **FAST)
+    assert LAW_BUG_PROPERTIES[bug] in report.failed(), str(report)
+
+
+def test_a_padded_verifier_with_batch_dependent_seeded_draws_fails() -> None:
+    failed = testing.check_verifier(bv.padded_seeded_draws_of_the_widest, **FAST).failed()
+    assert failed == [LAW_BUG_PROPERTIES["seeded_draws_of_the_widest"]], failed
+
+
+def test_every_exact_law_setting_moves_the_law() -> None:
+    """Each case's rows are drawn so that turning any one of its settings off changes the
+    processed law (what makes a verifier that ignores it fail); the draw never runs out."""
+    from specdec_np import _kit_ragged
+
+    cases = _kit_ragged.SETTING_CASES + _kit_ragged.DRAFT_TEMPERATURE_CASES
+    aspects = {case.aspect for case in cases}
+    assert {"temperature below 1", "temperature above 1", "top-k", "top-p", "min-p",
+            "filters together", "requests without drafts"} < aspects
+    assert any(case.settings.get("temperature", 1.0) > 1 for case in cases)
+    assert any(case.drafts == 0 and case.settings.get("temperature", 1.0) != 1
+               for case in cases)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        for case in cases:
+            for dtype in (np.float32, np.float64):
+                rows = _kit_ragged.load_bearing_logits(rng, case.drafts + 1, 5,
+                                                       case.settings, dtype)
+                law = _kit_ragged.process(rows, case.settings, dtype)
+                for name in case.settings:
+                    off = _kit_ragged.process(
+                        rows, {**case.settings, name: _kit_ragged.OFF[name]}, dtype)
+                    assert np.max(np.abs(off - law)) > 1e-3, (case, name)
 
 
 @pytest.mark.parametrize("kind", _first_fast(registry.tree_method_names(stochastic=True)))
@@ -256,7 +324,7 @@ def test_a_ragged_verifier_without_logits_skips_those_properties() -> None:
     report = testing.check_verifier(probabilities_only, layout="ragged", **FAST)
     assert report.passed, str(report)
     skipped = report.skipped()
-    assert "exact law from logits/logits rows equals the processed target" in skipped
+    assert "exact law from logits: top-k" in skipped
     assert "ragged batch invariance" in skipped
     assert "probabilities: exact law equals the target" not in skipped
 
