@@ -119,7 +119,16 @@ class ConformanceReport:  # numpydoc ignore=PR01
     def passed(self) -> bool:
         """True iff no property failed (skipped ones neither pass nor fail) and at least
         one ran."""
-        return not self.failed() and any(not row.skipped for row in self.rows)
+        return not self.failed() and self.ran() > 0
+
+    def ran(self) -> int:
+        """How many properties ran (passed or failed).
+
+        Returns
+        -------
+        int
+        """
+        return sum(not row.skipped for row in self.rows)
 
     def failed(self) -> list[str]:
         """Names of the failed properties.
@@ -150,7 +159,12 @@ class ConformanceReport:  # numpydoc ignore=PR01
             return "  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
 
         failures, skips = len(self.failed()), len(self.skipped())
-        verdict = "all passed" if not failures else f"{failures} FAILED"
+        if failures:
+            verdict = f"{failures} FAILED"
+        elif self.ran():
+            verdict = "all passed"
+        else:  # nothing was tested: saying "passed" would be a false pass
+            verdict = "NOT PASSED: none ran"
         if skips:
             verdict += f", {skips} skipped"
         where = "" if self.layout == "padded" else f", layout {self.layout!r}"
@@ -271,7 +285,8 @@ def guard(name: str, step: Callable[[], Any], limit: TimeLimit) -> list[Property
 
 def has_keyword(fn: Any, name: str) -> bool:
     """Whether ``fn`` takes keyword ``name``: a ``takes_<name>`` attribute if it declares
-    one, else its signature (an explicit parameter; ``**kwargs`` does not count).
+    one, else its signature: an explicit parameter, or ``**kwargs``, which takes every
+    keyword (the usual adapter, ``def verify(**kwargs): return engine.verify(**kwargs)``).
 
     Parameters
     ----------
@@ -289,6 +304,8 @@ def has_keyword(fn: Any, name: str) -> bool:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return True
     parameter = parameters.get(name)
     return parameter is not None and parameter.kind in (
         inspect.Parameter.KEYWORD_ONLY,

@@ -18,9 +18,10 @@ For ``kind="greedy"`` the call is ``verifier(target, bonus, draft_probs, draft_t
 ``verifier(target, bonus, draft_token_ids)``.  The verifier may return the ``[B, k+1]``
 output (NumPy, or anything DLPack or ``__array__`` can read) or an object with an
 ``output_token_ids`` attribute.  A callable without a ``uniforms`` keyword (seen by
-``inspect.signature``, or declared by a ``takes_uniforms`` attribute) is tested by Monte
-Carlo only.  ``generator``, ``seeded_seqs`` and ``counter_seeds`` keywords, where present,
-are each exercised by their own Monte Carlo test and reproducibility check.
+``inspect.signature``, or declared by a ``takes_uniforms`` attribute; ``**kwargs`` takes
+every keyword) is tested by Monte Carlo only.  ``generator``, ``seeded_seqs`` and
+``counter_seeds`` keywords, where present, are each exercised by their own Monte Carlo test
+and reproducibility check.
 
 ``layout="ragged"`` calls a verifier with :func:`specdec_np.verify_ragged`'s keywords and
 ``layout="tree"`` one with :func:`specdec_np.verify_tree`'s (:mod:`specdec_np._kit_ragged`

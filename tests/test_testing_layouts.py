@@ -292,6 +292,52 @@ def test_the_library_passes_with_a_time_limit_and_without() -> None:
                                       **FAST).passed
 
 
+# -- the verifiers people write: **kwargs ---------------------------------------------------
+
+
+def _keywords_only(function: Any) -> Any:
+    """The usual adapter: every keyword passed on, no signature of its own."""
+
+    def verify(**keywords: Any) -> Any:
+        return function(**keywords)
+
+    return verify
+
+
+@pytest.mark.parametrize(("layout", "kind"), [("ragged", "rejection"), ("tree", "point_mass")])
+def test_a_keywords_only_verifier_is_tested_in_full(layout: str, kind: str) -> None:
+    function = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
+    report = testing.check_verifier(_keywords_only(function), kind, layout=layout, **FAST)
+    assert report.passed, str(report)
+    assert report.ran() == len(report.rows) - len(report.skipped())
+    flagged = [name for name in report.skipped() if "takes no" in report.rows[
+        [row.name for row in report.rows].index(name)].detail]
+    assert not flagged, str(report)
+    assert any(row.name.startswith("exact law from logits") and row.passed
+               for row in report.rows), str(report)
+
+
+def test_a_keywords_only_verifier_with_a_bug_fails() -> None:
+    verifier = _keywords_only(bv.RAGGED_IGNORED["top_k"])
+    failed = testing.check_verifier(verifier, layout="ragged", **FAST).failed()
+    assert "exact law from logits: top-k" in failed, failed
+
+
+def test_a_report_in_which_nothing_ran_is_not_a_pass() -> None:
+    def takes_no_rows(*, num_draft_tokens: Any, draft_token_ids: Any) -> Any:
+        raise AssertionError("never called: the kit has no rows to give it")
+
+    report = testing.check_verifier(takes_no_rows, layout="ragged", **FAST)
+    assert report.rows and report.skipped() == [row.name for row in report.rows]
+    assert report.ran() == 0 and not report.passed and not report.failed()
+    summary = str(report).splitlines()[-1]
+    assert "none ran" in summary and "NOT PASSED" in summary, summary
+    assert "all passed" not in str(report)
+    with pytest.raises(testing.ConformanceError, match="none ran"):
+        report.raise_if_failed()
+    assert "all passed" not in str(testing.ConformanceReport("rejection", "empty"))
+
+
 # -- skipped properties ----------------------------------------------------------------------
 
 
