@@ -56,6 +56,7 @@ from ._kit_report import (
     ConformanceReport,
     PropertyResult,
     TimeLimit,
+    checked_timeout,
     has_keyword,
     positional_count,
 )
@@ -261,22 +262,27 @@ def check_verifier(
         float64).  The exact-law inputs are multiples of 1/1024, the same in both dtypes.
     timeout : float or None
         Time limit of each call to the verifier, in seconds (:data:`DEFAULT_TIMEOUT` by
-        default); a call that does not return in time fails its property, and the
-        properties after it are skipped.  None: no limit (the calls run in the caller's
-        thread).
+        default, at most ``threading.TIMEOUT_MAX``); a call that does not return in time
+        fails its property, and the properties after it are skipped.  None: no limit (the
+        calls run in the caller's thread).
 
     Returns
     -------
     ConformanceReport
-        ``report.passed`` is True iff no property failed; ``print(report)`` shows the
-        table (``SKIP`` rows did not run); ``report.raise_if_failed()`` raises with it.
+        ``report.passed`` is True iff no property failed and at least one ran;
+        ``print(report)`` shows the table (``SKIP`` rows did not run);
+        ``report.raise_if_failed()`` raises with it.  A verifier that raises (``sys.exit``
+        and other ``BaseException`` subclasses too) fails the property it was in; only
+        ``KeyboardInterrupt`` propagates.
 
     Raises
     ------
     TypeError
         If ``verifier`` is not callable.
     ValueError
-        If ``layout`` or ``kind`` is unknown, or a size or the timeout is out of range.
+        If ``layout`` or ``kind`` is unknown, or a size or the timeout is out of range (a
+        timeout must be positive, finite and no longer than this platform's threads can
+        wait).
     """
     if not callable(verifier):
         raise TypeError(f"verifier must be callable; found {type(verifier).__name__}")
@@ -289,12 +295,8 @@ def check_verifier(
             raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
     if np.dtype(probs_dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"probs_dtype must be float32 or float64; found {probs_dtype!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float, np.integer, np.floating)) or not 0 < timeout < float("inf")):
-        raise ValueError(f"timeout must be a positive number of seconds or None; "
-                         f"found {timeout!r}")
+    limit = TimeLimit(checked_timeout(timeout))
     start = time.perf_counter()
-    limit = TimeLimit(None if timeout is None else float(timeout))
     label = getattr(verifier, "__qualname__", None) or getattr(verifier, "__name__", None)
     report = ConformanceReport(kind, str(label or type(verifier).__name__), layout=layout)
     rng = np.random.default_rng(seed)

@@ -1,8 +1,10 @@
-"""The conformance kit on every layout (issue 21 item 5, issue 20 item 4): the library's own
-verifiers pass on each layout, for every registry verifier and tree method; the negative
-controls of ``broken_verifiers`` (a filter ignored, a greedy tree walk, a wrong generator
-path, a hang) fail the property that names their bug; skipped properties are flagged as
-skipped; each call has a time limit.
+"""The conformance kit on every layout: the library's own verifiers pass on each layout,
+for every registry verifier and tree method; the negative controls of ``broken_verifiers``
+(a filter ignored, a greedy tree walk, a wrong generator path, a hang, the sampling
+parameters mishandled per request, a seeded request's draws depending on its batch) fail
+the property that names their bug; a ``**kwargs`` verifier is tested in full; skipped
+properties are flagged as skipped, and a report in which none ran is no pass; each call
+has a time limit.
 
 The fast tests run the kit with ``num_rows=2000`` (the exact-law and rule checks keep their
 sizes); the full-size runs over the registry are marked slow.
@@ -429,6 +431,8 @@ def test_cli_layouts(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "-1"],
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "soon"],
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "inf"],
+    ["--verifier", "specdec_np:verify_ragged", "--timeout", "1e10"],
+    ["--verifier", "specdec_np:verify_ragged", "--timeout", "nan"],
 ])
 def test_cli_misuse_is_a_usage_error(arguments: list[str]) -> None:
     run = subprocess.run([sys.executable, "-m", "specdec_np", "check", *arguments],
