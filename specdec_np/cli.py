@@ -87,14 +87,23 @@ MAX_STEP_ELEMENTS = 1 << 26
 MAX_SEQUENCE_ELEMENTS = 50_000_000
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds ``>= 0``; otherwise a usage error."""
+def _timeout_seconds(text: str) -> float:
+    """An argparse type: ``0`` (no limit) or a time limit the kit accepts (positive, finite,
+    no longer than this platform's threads can wait); otherwise a usage error."""
+    from .testing._report import checked_timeout
+
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds; found {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0; found {text}")
+    if value == 0:
+        return value
+    try:
+        checked_timeout(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (no limit) or {str(error).removeprefix('timeout must be None or ')}"
+        ) from None
     return value
 
 
@@ -438,7 +447,10 @@ def _run_check_verifier(args: argparse.Namespace) -> int:
 
     try:
         verifier = _load_verifier(args.verifier)
-    except Exception as error:  # any import failure is the user's to fix: say which
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # any import failure is the user's to fix: say which
+        # (sys.exit() at import too: it would end the command with no report)
         print(f"specdec-np check: error: cannot load --verifier {args.verifier}: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
@@ -775,7 +787,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        "--layout tree (default its first stochastic method)")
     check.add_argument("--seed", type=_int_at_least(0), default=None,
                        help="seed of the kit's inputs for --verifier (default 0)")
-    check.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+    check.add_argument("--timeout", type=_timeout_seconds, default=None, metavar="SECONDS",
                        help=f"time limit of each call to --verifier (default "
                        f"{DEFAULT_TIMEOUT:g}; 0: no limit)")
     check.set_defaults(handler=_run_check)

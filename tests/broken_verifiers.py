@@ -8,6 +8,7 @@ tests; each module-level function below is it with one bug, importable as
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Any
 
@@ -243,6 +244,23 @@ def padded_hangs(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
     return _hang()
 
 
+def exits(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *, uniforms: Any) -> Any:
+    """Calls ``sys.exit(0)``, as a verifier that reaches a stray exit does."""
+    sys.exit(0)
+
+
+def padded_seeded_draws_of_the_widest(target: Any, bonus: Any, draft_probs: Any,
+                                      draft_ids: Any, *, uniforms: Any = None,
+                                      seeded_seqs: Any = None) -> Any:
+    """Right law, but with ``seeded_seqs`` every row draws ``max(k + 1, B)`` values from
+    its generator (a batch-dependent number) and uses the first ``k + 1``."""
+    if seeded_seqs is not None:
+        batch_size, columns = len(draft_ids), draft_ids.shape[1] + 1
+        uniforms = np.stack([seeded_seqs[b].random(max(columns, batch_size))[:columns]
+                             for b in range(batch_size)])
+    return correct(target, bonus, draft_probs, draft_ids, uniforms=uniforms)
+
+
 #: ``verify_ragged`` that ignores one sampling filter (None: off), by filter name.
 RAGGED_IGNORED = {
     name: _wrapping(specdec_np.verify_ragged, f"ragged_ignores_{name}",
@@ -276,3 +294,86 @@ tree_walks_greedily = _wrapping(specdec_np.verify_tree, "tree_walks_greedily", _
 tree_wrong_generator = _wrapping(specdec_np.verify_tree, "tree_wrong_generator", _tree_columns)
 tree_hangs = _wrapping(_hang, "tree_hangs", lambda keywords: keywords)
 tree_hangs.__wrapped__ = specdec_np.verify_tree
+
+
+# -- false passes of an earlier kit: one wrong handling of the sampling parameters or of
+# a seeded request's generator each, in a wrapper of verify_ragged and of verify_tree ------
+
+
+def _drafts_per_request(keywords: dict) -> np.ndarray:
+    """``num_draft_tokens`` (ragged) or ``num_nodes`` (tree)."""
+    return np.asarray(keywords.get("num_draft_tokens", keywords.get("num_nodes")))
+
+
+def _sampled_temperatures(keywords: dict) -> np.ndarray | None:
+    """The ``[B]`` temperatures as float64 (None when none were given)."""
+    temperature = keywords.get("temperature")
+    if temperature is None:
+        return None
+    return np.broadcast_to(np.asarray(temperature, dtype=np.float64),
+                           _drafts_per_request(keywords).shape).copy()
+
+
+def _min_p_ignored_with_top_p(keywords: dict) -> dict:
+    """min-p dropped for every request whose top-p is on."""
+    if keywords.get("min_p") is None or keywords.get("top_p") is None:
+        return keywords
+    top_p = np.broadcast_to(np.asarray(keywords["top_p"], dtype=np.float64),
+                            _drafts_per_request(keywords).shape)
+    return {**keywords, "min_p": np.where(top_p < 1.0, 0.0, keywords["min_p"])}
+
+
+def _temperature_clamped(keywords: dict) -> dict:
+    """Temperatures above 1 treated as 1."""
+    temperature = _sampled_temperatures(keywords)
+    if temperature is None:
+        return keywords
+    return {**keywords, "temperature": np.minimum(temperature, 1.0)}
+
+
+def _draftless_temperature_ignored(keywords: dict) -> dict:
+    """A sampled request without drafts verified at temperature 1."""
+    temperature = _sampled_temperatures(keywords)
+    if temperature is None:
+        return keywords
+    without = (_drafts_per_request(keywords) == 0) & (temperature > 0)
+    return {**keywords, "temperature": np.where(without, 1.0, temperature)}
+
+
+def _draft_logits_at_temperature_one(keywords: dict) -> dict:
+    """With target probabilities, draft logits turned into probabilities at temperature 1."""
+    if keywords.get("target_probs") is None or keywords.get("draft_logits") is None:
+        return keywords
+    logits = np.asarray(keywords["draft_logits"])
+    weights = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+    probs = (weights / weights.sum(axis=1, keepdims=True)).astype(logits.dtype)
+    return {**keywords, "draft_logits": None, "draft_probs": probs}
+
+
+def _seeded_draws_of_the_widest(keywords: dict) -> dict:
+    """Every seeded request draws as many uniforms as the batch's largest request needs
+    (``max k_b + 2`` on the ragged layout, ``max N_b + 1`` on the tree's): the right law,
+    a batch-dependent number of draws."""
+    seeded = keywords.get("seeded_seqs")
+    if not seeded:
+        return keywords
+    counts = _drafts_per_request(keywords)
+    columns = int(counts.max(initial=0)) + (2 if "num_draft_tokens" in keywords else 1)
+    fallback = keywords.get("generator") or np.random.default_rng()
+    uniforms = np.stack([(seeded[b] if b in seeded else fallback).random(columns)
+                         for b in range(counts.size)]) if counts.size else np.zeros((0, columns))
+    return {**keywords, "seeded_seqs": None, "generator": None, "uniforms": uniforms}
+
+
+#: The false passes above, by name, each as a ragged and a tree verifier.
+LAW_BUGS = {
+    "min_p_ignored_with_top_p": _min_p_ignored_with_top_p,
+    "temperature_clamped": _temperature_clamped,
+    "draftless_temperature_ignored": _draftless_temperature_ignored,
+    "draft_logits_at_temperature_one": _draft_logits_at_temperature_one,
+    "seeded_draws_of_the_widest": _seeded_draws_of_the_widest,
+}
+RAGGED_LAW_BUGS = {name: _wrapping(specdec_np.verify_ragged, f"ragged_{name}", change)
+                   for name, change in LAW_BUGS.items()}
+TREE_LAW_BUGS = {name: _wrapping(specdec_np.verify_tree, f"tree_{name}", change)
+                 for name, change in LAW_BUGS.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -194,13 +195,20 @@ def test_bad_arguments() -> None:
         testing.check_verifier(bv.correct, "point_mass")
     with pytest.raises(ValueError, match="layout must be one of"):
         testing.check_verifier(bv.correct, layout="dense")
-    for timeout in (0, -1.0, float("nan"), "5", True):
+    for timeout in (0, -1.0, float("nan"), float("inf"), "5", True, 1e10,
+                    threading.TIMEOUT_MAX * 2):
         with pytest.raises(ValueError, match="timeout"):
             testing.check_verifier(bv.correct, timeout=timeout)
     with pytest.raises(TypeError, match="verifier must be callable"):
         testing.check_verifier(3)
     with pytest.raises(ValueError, match="num_rows"):
         testing.check_verifier(bv.correct, num_rows=10)
+
+
+def test_the_longest_timeout_of_the_platform_is_accepted() -> None:
+    """A limit as long as the platform's threads can wait is a limit, not an
+    OverflowError in every property."""
+    assert testing.check_verifier(bv.correct, timeout=threading.TIMEOUT_MAX, num_rows=1000).passed
 
 
 def test_a_crashing_verifier_fails_every_property() -> None:
@@ -210,6 +218,36 @@ def test_a_crashing_verifier_fails_every_property() -> None:
     report = testing.check_verifier(crash)
     assert not report.passed
     assert all(not row.passed for row in report.rows if row.figure != "skipped")
+
+
+class _NotAnException(BaseException):
+    """A BaseException that is no Exception, as some frameworks raise."""
+
+
+def _raises_base(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                 uniforms: Any) -> Any:
+    raise _NotAnException("stop")
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["caller's thread", "time limit"])
+@pytest.mark.parametrize("verifier", [bv.exits, _raises_base], ids=["sys.exit", "BaseException"])
+def test_a_verifier_that_exits_fails_the_property_it_was_in(verifier: Any,
+                                                            timeout: float | None) -> None:
+    report = testing.check_verifier(verifier, timeout=timeout, num_rows=1000)
+    assert not report.passed
+    raised = [row for row in report.rows if row.figure == "raised"]
+    assert raised and all(not row.passed for row in raised), str(report)
+    name = "SystemExit" if verifier is bv.exits else "_NotAnException"
+    assert all(row.detail.startswith(name) for row in raised), str(report)
+
+
+def test_a_keyboard_interrupt_stops_the_kit() -> None:
+    def interrupted(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                    uniforms: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        testing.check_verifier(interrupted, timeout=None, num_rows=1000)
 
 
 class _Boxed:
@@ -288,6 +326,9 @@ def test_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     assert cli.main(["check", "--verifier", "broken_verifiers:block", "--kind", "block"]) == 0
     assert cli.main(["check", "--verifier", "specdec_np:greedy_sample", "--kind", "greedy"]) == 0
     capsys.readouterr()
+    # sys.exit(0) in the verifier fails the properties it was in: status 1, with the report.
+    assert cli.main(["check", "--verifier", "broken_verifiers:exits"]) == 1
+    assert "SystemExit: 0" in capsys.readouterr().out
     assert cli.main(["check", "--verifier", "broken_verifiers:nothing"]) == 2
     assert "cannot load --verifier" in capsys.readouterr().err
     with pytest.raises(SystemExit):

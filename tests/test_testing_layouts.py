@@ -1,8 +1,10 @@
-"""The conformance kit on every layout (issue 21 item 5, issue 20 item 4): the library's own
-verifiers pass on each layout, for every registry verifier and tree method; the negative
-controls of ``broken_verifiers`` (a filter ignored, a greedy tree walk, a wrong generator
-path, a hang) fail the property that names their bug; skipped properties are flagged as
-skipped; each call has a time limit.
+"""The conformance kit on every layout: the library's own verifiers pass on each layout,
+for every registry verifier and tree method; the negative controls of ``broken_verifiers``
+(a filter ignored, a greedy tree walk, a wrong generator path, a hang, the sampling
+parameters mishandled per request, a seeded request's draws depending on its batch) fail
+the property that names their bug; a ``**kwargs`` verifier is tested in full; skipped
+properties are flagged as skipped, and a report in which none ran is no pass; each call
+has a time limit.
 
 The fast tests run the kit with ``num_rows=2000`` (the exact-law and rule checks keep their
 sizes); the full-size runs over the registry are marked slow.
@@ -152,10 +154,78 @@ def test_a_new_tree_method_is_picked_up(monkeypatch: pytest.MonkeyPatch) -> None
 # -- negative controls per layout ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _first_fast(("top_k", "temperature", "top_p", "min_p")))
+#: The exact-law property a ragged verifier that ignores a sampling parameter fails.
+IGNORED_PROPERTIES = {"top_k": "top-k", "temperature": "temperature below 1",
+                      "top_p": "top-p", "min_p": "min-p"}
+
+
+@pytest.mark.parametrize("name", _first_fast(tuple(IGNORED_PROPERTIES)))
 def test_a_ragged_verifier_that_ignores_a_filter_fails(name: str) -> None:
     failed = testing.check_verifier(bv.RAGGED_IGNORED[name], layout="ragged", **FAST).failed()
-    assert "exact law from logits/logits rows equals the processed target" in failed, failed
+    assert f"exact law from logits: {IGNORED_PROPERTIES[name]}" in failed, failed
+
+
+#: The property each wrong handling of the sampling parameters or of a seeded request's
+#: generator fails, by ``broken_verifiers.LAW_BUGS`` name: the name says what is wrong.
+LAW_BUG_PROPERTIES = {
+    "min_p_ignored_with_top_p": "exact law from logits: filters together",
+    "temperature_clamped": "exact law from logits: temperature above 1",
+    "draftless_temperature_ignored": "exact law from logits: requests without drafts",
+    "draft_logits_at_temperature_one":
+        "exact law from target probabilities: draft logits at each request's temperature",
+    "seeded_draws_of_the_widest": "seeded_seqs draws per row independent of the batch",
+}
+
+
+@pytest.mark.parametrize("bug", list(LAW_BUG_PROPERTIES))
+def test_a_ragged_law_bug_fails_the_property_that_names_it(bug: str) -> None:
+    """Each passed an earlier kit: its batches had one setting for every request, no
+    temperature above 1 alone, no sampled request without drafts checked, no draft logits
+    at a temperature with target probabilities, and no look at the seeded generators."""
+    report = testing.check_verifier(bv.RAGGED_LAW_BUGS[bug], layout="ragged", **FAST)
+    assert LAW_BUG_PROPERTIES[bug] in report.failed(), str(report)
+
+
+@pytest.mark.parametrize(("bug", "kind"), [
+    ("min_p_ignored_with_top_p", "point_mass"),
+    ("seeded_draws_of_the_widest", "point_mass"),
+    pytest.param("temperature_clamped", "point_mass", marks=pytest.mark.slow),
+    pytest.param("draftless_temperature_ignored", "rrs", marks=pytest.mark.slow),
+    pytest.param("draft_logits_at_temperature_one", "specinfer", marks=pytest.mark.slow),
+])
+def test_a_tree_law_bug_fails_the_property_that_names_it(bug: str, kind: str) -> None:
+    report = testing.check_verifier(bv.TREE_LAW_BUGS[bug], kind, layout="tree", **FAST)
+    assert LAW_BUG_PROPERTIES[bug] in report.failed(), str(report)
+
+
+def test_a_padded_verifier_with_batch_dependent_seeded_draws_fails() -> None:
+    failed = testing.check_verifier(bv.padded_seeded_draws_of_the_widest, **FAST).failed()
+    assert failed == [LAW_BUG_PROPERTIES["seeded_draws_of_the_widest"]], failed
+
+
+def test_every_exact_law_setting_moves_the_law() -> None:
+    """Each case's rows are drawn so that turning any one of its settings off changes the
+    processed law (what makes a verifier that ignores it fail); the draw never runs out."""
+    from specdec_np.testing import _ragged as _kit_ragged
+
+    cases = _kit_ragged.SETTING_CASES + _kit_ragged.DRAFT_TEMPERATURE_CASES
+    aspects = {case.aspect for case in cases}
+    assert {"temperature below 1", "temperature above 1", "top-k", "top-p", "min-p",
+            "filters together", "requests without drafts"} < aspects
+    assert any(case.settings.get("temperature", 1.0) > 1 for case in cases)
+    assert any(case.drafts == 0 and case.settings.get("temperature", 1.0) != 1
+               for case in cases)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        for case in cases:
+            for dtype in (np.float32, np.float64):
+                rows = _kit_ragged.load_bearing_logits(rng, case.drafts + 1, 5,
+                                                       case.settings, dtype)
+                law = _kit_ragged.process(rows, case.settings, dtype)
+                for name in case.settings:
+                    off = _kit_ragged.process(
+                        rows, {**case.settings, name: _kit_ragged.OFF[name]}, dtype)
+                    assert np.max(np.abs(off - law)) > 1e-3, (case, name)
 
 
 @pytest.mark.parametrize("kind", _first_fast(registry.tree_method_names(stochastic=True)))
@@ -224,6 +294,52 @@ def test_the_library_passes_with_a_time_limit_and_without() -> None:
                                       **FAST).passed
 
 
+# -- the verifiers people write: **kwargs ---------------------------------------------------
+
+
+def _keywords_only(function: Any) -> Any:
+    """The usual adapter: every keyword passed on, no signature of its own."""
+
+    def verify(**keywords: Any) -> Any:
+        return function(**keywords)
+
+    return verify
+
+
+@pytest.mark.parametrize(("layout", "kind"), [("ragged", "rejection"), ("tree", "point_mass")])
+def test_a_keywords_only_verifier_is_tested_in_full(layout: str, kind: str) -> None:
+    function = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
+    report = testing.check_verifier(_keywords_only(function), kind, layout=layout, **FAST)
+    assert report.passed, str(report)
+    assert report.ran() == len(report.rows) - len(report.skipped())
+    flagged = [name for name in report.skipped() if "takes no" in report.rows[
+        [row.name for row in report.rows].index(name)].detail]
+    assert not flagged, str(report)
+    assert any(row.name.startswith("exact law from logits") and row.passed
+               for row in report.rows), str(report)
+
+
+def test_a_keywords_only_verifier_with_a_bug_fails() -> None:
+    verifier = _keywords_only(bv.RAGGED_IGNORED["top_k"])
+    failed = testing.check_verifier(verifier, layout="ragged", **FAST).failed()
+    assert "exact law from logits: top-k" in failed, failed
+
+
+def test_a_report_in_which_nothing_ran_is_not_a_pass() -> None:
+    def takes_no_rows(*, num_draft_tokens: Any, draft_token_ids: Any) -> Any:
+        raise AssertionError("never called: the kit has no rows to give it")
+
+    report = testing.check_verifier(takes_no_rows, layout="ragged", **FAST)
+    assert report.rows and report.skipped() == [row.name for row in report.rows]
+    assert report.ran() == 0 and not report.passed and not report.failed()
+    summary = str(report).splitlines()[-1]
+    assert "none ran" in summary and "NOT PASSED" in summary, summary
+    assert "all passed" not in str(report)
+    with pytest.raises(testing.ConformanceError, match="none ran"):
+        report.raise_if_failed()
+    assert "all passed" not in str(testing.ConformanceReport("rejection", "empty"))
+
+
 # -- skipped properties ----------------------------------------------------------------------
 
 
@@ -256,7 +372,7 @@ def test_a_ragged_verifier_without_logits_skips_those_properties() -> None:
     report = testing.check_verifier(probabilities_only, layout="ragged", **FAST)
     assert report.passed, str(report)
     skipped = report.skipped()
-    assert "exact law from logits/logits rows equals the processed target" in skipped
+    assert "exact law from logits: top-k" in skipped
     assert "ragged batch invariance" in skipped
     assert "probabilities: exact law equals the target" not in skipped
 
@@ -315,6 +431,8 @@ def test_cli_layouts(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "-1"],
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "soon"],
     ["--verifier", "specdec_np:verify_ragged", "--timeout", "inf"],
+    ["--verifier", "specdec_np:verify_ragged", "--timeout", "1e10"],
+    ["--verifier", "specdec_np:verify_ragged", "--timeout", "nan"],
 ])
 def test_cli_misuse_is_a_usage_error(arguments: list[str]) -> None:
     run = subprocess.run([sys.executable, "-m", "specdec_np", "check", *arguments],

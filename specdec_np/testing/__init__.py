@@ -28,9 +28,10 @@ For ``kind="greedy"`` the call is ``verifier(target, bonus, draft_probs, draft_t
 ``verifier(target, bonus, draft_token_ids)``.  The verifier may return the ``[B, k+1]``
 output (NumPy, or anything DLPack or ``__array__`` can read) or an object with an
 ``output_token_ids`` attribute.  A callable without a ``uniforms`` keyword (seen by
-``inspect.signature``, or declared by a ``takes_uniforms`` attribute) is tested by Monte
-Carlo only.  ``generator``, ``seeded_seqs`` and ``counter_seeds`` keywords, where present,
-are each exercised by their own Monte Carlo test and reproducibility check.
+``inspect.signature``, or declared by a ``takes_uniforms`` attribute; ``**kwargs`` takes
+every keyword) is tested by Monte Carlo only.  ``generator``, ``seeded_seqs`` and
+``counter_seeds`` keywords, where present, are each exercised by their own Monte Carlo test
+and reproducibility check.
 
 ``layout="ragged"`` calls a verifier with :func:`specdec_np.verify_ragged`'s keywords and
 ``layout="tree"`` one with :func:`specdec_np.verify_tree`'s (:mod:`specdec_np.testing._ragged`
@@ -66,6 +67,7 @@ from ._report import (
     ConformanceReport,
     PropertyResult,
     TimeLimit,
+    checked_timeout,
     has_keyword,
     positional_count,
 )
@@ -271,22 +273,27 @@ def check_verifier(
         float64).  The exact-law inputs are multiples of 1/1024, the same in both dtypes.
     timeout : float or None
         Time limit of each call to the verifier, in seconds (:data:`DEFAULT_TIMEOUT` by
-        default); a call that does not return in time fails its property, and the
-        properties after it are skipped.  None: no limit (the calls run in the caller's
-        thread).
+        default, at most ``threading.TIMEOUT_MAX``); a call that does not return in time
+        fails its property, and the properties after it are skipped.  None: no limit (the
+        calls run in the caller's thread).
 
     Returns
     -------
     ConformanceReport
-        ``report.passed`` is True iff no property failed; ``print(report)`` shows the
-        table (``SKIP`` rows did not run); ``report.raise_if_failed()`` raises with it.
+        ``report.passed`` is True iff no property failed and at least one ran;
+        ``print(report)`` shows the table (``SKIP`` rows did not run);
+        ``report.raise_if_failed()`` raises with it.  A verifier that raises (``sys.exit``
+        and other ``BaseException`` subclasses too) fails the property it was in; only
+        ``KeyboardInterrupt`` propagates.
 
     Raises
     ------
     TypeError
         If ``verifier`` is not callable.
     ValueError
-        If ``layout`` or ``kind`` is unknown, or a size or the timeout is out of range.
+        If ``layout`` or ``kind`` is unknown, or a size or the timeout is out of range (a
+        timeout must be positive, finite and no longer than this platform's threads can
+        wait).
     """
     if not callable(verifier):
         raise TypeError(f"verifier must be callable; found {type(verifier).__name__}")
@@ -299,12 +306,8 @@ def check_verifier(
             raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
     if np.dtype(probs_dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"probs_dtype must be float32 or float64; found {probs_dtype!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float, np.integer, np.floating)) or not 0 < timeout < float("inf")):
-        raise ValueError(f"timeout must be a positive number of seconds or None; "
-                         f"found {timeout!r}")
+    limit = TimeLimit(checked_timeout(timeout))
     start = time.perf_counter()
-    limit = TimeLimit(None if timeout is None else float(timeout))
     label = getattr(verifier, "__qualname__", None) or getattr(verifier, "__name__", None)
     report = ConformanceReport(kind, str(label or type(verifier).__name__), layout=layout)
     rng = np.random.default_rng(seed)

@@ -669,18 +669,22 @@ def emitted_prefix_rows(output_token_ids: Any, vocab_size: int) -> np.ndarray:
     return (lengths >= 1) & in_range & np.all(emitted == (positions < lengths[:, None]), axis=1)
 
 
-def grid_chain_law(output_token_ids: Any, weights: Any, p: Any) -> np.ndarray:
+def grid_chain_law(output_token_ids: Any, weights: Any, p: Any, *,
+                   bonus_drawn: bool = False) -> np.ndarray:
     """Weighted law of a batch's outputs continued by the target (see :class:`ChainLaw`).
 
     A row that accepted ``tau < k`` drafts keeps its ``tau + 1`` emitted tokens and is
     continued by ``p_{tau+1} .. p_k``; a row that accepted all ``k`` keeps its drafts and
-    its bonus token is replaced by ``p_k`` (the batch's bonus ids are placeholders).
+    its bonus token is replaced by ``p_k`` (the batch's bonus ids are placeholders), or
+    kept when the verifier drew it (``bonus_drawn``).
 
     Parameters
     ----------
     output_token_ids : int [N, k+1]
     weights : float [N]
     p : array_like, float [k+1, V]
+    bonus_drawn : bool
+        The verifier drew the bonus tokens from ``p_k`` itself: their law is checked too.
 
     Returns
     -------
@@ -703,7 +707,7 @@ def grid_chain_law(output_token_ids: Any, weights: Any, p: Any) -> np.ndarray:
     law = np.zeros((vocab_size,) * (k + 1), dtype=np.float64)
     for t in range(k + 1):
         rows = tau == t
-        kept = t + 1 if t < k else k
+        kept = t + 1 if t < k or bonus_drawn else k
         flat = np.zeros(rows.sum(), dtype=np.int64)
         for j in range(kept):
             flat = flat * vocab_size + output[rows, j]
@@ -801,7 +805,8 @@ def _cut_axis(points: list[float], refine: int) -> tuple[np.ndarray, np.ndarray]
     return (cuts[:-1] + cuts[1:]) / 2, np.diff(cuts)
 
 
-def threshold_batch(p: Any, q: Any, refine: int) -> ThresholdBatch:
+def threshold_batch(p: Any, q: Any, refine: int,
+                    also: Sequence[tuple[Any, Any]] = ()) -> ThresholdBatch:
     """Rows whose weighted outputs are a correct verifier's exact law.
 
     A correct verifier's output is constant between the thresholds it compares a uniform
@@ -809,7 +814,7 @@ def threshold_batch(p: Any, q: Any, refine: int) -> ThresholdBatch:
     residual CDF points); cutting every axis at those thresholds makes the midpoint rule
     exact for it, so the law it yields (:func:`grid_chain_law`) can be compared with the
     target to rounding.  The regular ``refine`` cuts give a broken verifier's own
-    thresholds room to show.
+    thresholds room to show; ``also`` names broken verifiers' laws outright.
 
     Parameters
     ----------
@@ -819,6 +824,12 @@ def threshold_batch(p: Any, q: Any, refine: int) -> ThresholdBatch:
         Draft rows; every tuple of draft tokens in their supports is enumerated.
     refine : int
         Regular cuts per axis, on top of the thresholds.
+    also : sequence of (p, q)
+        Other target and draft rows of the same shapes whose thresholds are cut too (the
+        drafts still come from ``q``): a verifier that uses one of them instead of
+        ``(p, q)`` (a sampling parameter ignored) is then integrated exactly as well, so
+        its law differs from the target's by all its difference, never by a part the
+        cells hide.
 
     Returns
     -------
@@ -826,23 +837,28 @@ def threshold_batch(p: Any, q: Any, refine: int) -> ThresholdBatch:
     """
     p = np.asarray(p, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
+    laws = [(p, q)] + [(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+                       for a, b in also]
     k = q.shape[0]
     supports = [_draft_support(row) for row in q]
     rows: dict[str, list[np.ndarray]] = {"ids": [], "uniforms": [], "weights": []}
     for choice in itertools.product(*(range(s.size) for s, _ in supports)):
         drafts = np.array([supports[i][0][c] for i, c in enumerate(choice)], dtype=np.int64)
         weight = math.prod(float(supports[i][1][c]) for i, c in enumerate(choice))
-        # Both lossless algorithms' thresholds, so that either is exact here.
-        thresholds, weighted = _block_terms(p, q, tuple(drafts))
-        ratios = acceptance_probabilities(p[np.arange(k), drafts], q[np.arange(k), drafts])
-        accept_points = [[float(a), t] for a, t in zip(ratios, thresholds)]
+        accept_points: list[list[float]] = [[] for _ in range(k)]
         residual_points: list[float] = []
-        for i in range(k):
-            residual_points += (
-                _cdf_points(weighted[i])
-                + _cdf_points(p[i])
-                + _cdf_points(np.maximum(p[i] - q[i], 0.0))
-            )
+        for target, draft in laws:
+            # Both lossless algorithms' thresholds, so that either is exact here.
+            thresholds, weighted = _block_terms(target, draft, tuple(drafts))
+            ratios = acceptance_probabilities(target[np.arange(k), drafts],
+                                              draft[np.arange(k), drafts])
+            for i in range(k):
+                accept_points[i] += [float(ratios[i]), thresholds[i]]
+                residual_points += (
+                    _cdf_points(weighted[i])
+                    + _cdf_points(target[i])
+                    + _cdf_points(np.maximum(target[i] - draft[i], 0.0))
+                )
         axes = [_cut_axis(points, refine) for points in accept_points]
         axes.append(_cut_axis(residual_points, refine))
         mesh = np.meshgrid(*(axis[0] for axis in axes), indexing="ij")

@@ -13,17 +13,23 @@ output ids (or an object with ``output_token_ids``).
 
 * every padded property (:mod:`specdec_np.testing._padded`) through an adapter that hands the
   padded batch over as probabilities, one request per row, the bonus given;
-* for the lossless kinds, the exact law from logits: small requests whose rows are logits
-  processed with temperature, top-k, top-p and min-p (each request its own), in every
-  mixed row form the verifier takes (logits/logits, logits/probabilities,
-  probabilities/logits), ``k_b`` of 0 and 1 mixed, the bonus drawn by the verifier, and
+* for the lossless kinds, the exact law from logits: small requests, each with its own
+  settings (:data:`SETTING_CASES`: temperatures below and above 1, each filter alone and
+  the filters together, requests without drafts), in each logits form the verifier takes
+  (logits/logits, logits/probabilities), the bonus drawn by the verifier and checked, and
   the uniforms integrated cell by cell: the law must be the product of the *processed*
-  target rows (:func:`specdec_np._reference.chains.process_logits`), so a verifier that ignores a
-  filter fails; for the deterministic kinds, equality with the reference
-  (:func:`specdec_np._reference.chains.verify_ragged`) from logits;
+  target rows (:func:`specdec_np._reference.chains.process_logits`).  Every setting of a request
+  moves its law (:func:`load_bearing_logits`) and the cells are cut at the thresholds of
+  each law with one setting off too, so a verifier that ignores a setting fails, and one
+  property per class of settings says which class; target probabilities with draft
+  logits at each request's temperature get their own property.  For the deterministic
+  kinds, equality with the reference (:func:`specdec_np._reference.chains.verify_ragged`) from
+  logits;
 * Monte Carlo from logits with every filter on, once per randomness source it takes;
 * greedy requests (temperature 0) mixed into every batch: the argmax rule on raw rows;
-* batch invariance of a ragged batch (permuted, requests alone), seeds, output format.
+* batch invariance of a ragged batch (permuted, requests alone; every setting of the
+  exact laws mixed in), seeds (a seeded request's draws independent of its batch too),
+  output format.
 """
 
 from __future__ import annotations
@@ -58,11 +64,8 @@ KEYWORDS = ("target_logits", "target_probs", "draft_logits", "draft_probs", "met
             "generator", "seeded_seqs", "counter_seeds")
 _LAW_TOLERANCE = 1e-9
 _ALPHA = 1e-4
-#: The vocabulary of the exact-law requests.
-_EXACT_V = 5
-#: The row forms (target, draft) tried from logits; probabilities/probabilities is the
-#: padded adapter's.
-_FORMS = (("logits", "logits"), ("logits", "probs"), ("probs", "logits"))
+#: The vocabulary of the exact-law requests (and of the tree layout's from logits).
+EXACT_V = 5
 
 
 class RaggedTarget:
@@ -180,6 +183,12 @@ class _Request:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Its sampling parameters, as :func:`process` takes them."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p}
+
 
 def _assemble(requests: list[_Request], form: tuple[str, str], dtype: Any,
               source: str = "uniforms", salt: int = 0) -> dict[str, Any]:
@@ -214,15 +223,6 @@ def _assemble(requests: list[_Request], form: tuple[str, str], dtype: Any,
     else:
         values.update(source_keywords(source, len(requests), salt))
     return values
-
-
-def _processed(rows: np.ndarray, request: _Request, dtype: Any) -> np.ndarray:
-    """The law of logits rows under the request's sampling parameters (the reference's)."""
-    n = rows.shape[0]
-    return np.asarray(_reference.process_logits(
-        np.ascontiguousarray(rows, dtype=dtype), np.full(n, request.temperature),
-        np.full(n, request.top_k, dtype=np.int64), np.full(n, request.top_p),
-        np.full(n, request.min_p)), dtype=np.float64)
 
 
 def _greedy_expected(request: _Request) -> list[int]:
@@ -313,101 +313,348 @@ class _Collector:
 # --------------------------------------------------------------------------------------
 
 
-#: (label, k, sampling parameters) of the exact-law requests; every filter removes mass.
-_FILTER_CASES: tuple[tuple[str, int, dict[str, Any]], ...] = (
-    ("temperature 0.7", 1, {"temperature": 0.7}),
-    ("top-k 2", 1, {"top_k": 2}),
-    ("top-p 0.6 at temperature 1.3", 1, {"top_p": 0.6, "temperature": 1.3}),
-    ("min-p 0.3", 1, {"min_p": 0.3}),
-    ("all four filters", 1, {"temperature": 0.8, "top_k": 3, "top_p": 0.8, "min_p": 0.1}),
-    ("bonus only (k_b = 0), top-k 3", 0, {"top_k": 3}),
+#: Each sampling parameter turned off (``None`` in ``verify_ragged``).
+OFF: dict[str, Any] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+@dataclass(frozen=True)
+class SettingCase:
+    """One request setting of the exact laws from logits.
+
+    Attributes
+    ----------
+    aspect : str
+        The class of settings it belongs to, which names its property, so that a verifier
+        that mishandles one class fails the property that says which.
+    drafts : int
+        ``k_b`` (a chain of that many nodes on the tree layout).
+    settings : dict
+        Its sampling parameters (the others off).
+    """
+
+    aspect: str
+    drafts: int
+    settings: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The settings, for a report (``"temperature 1.7, top-k 3, k_b = 0"``)."""
+        parts = [f"{name.replace('_', '-')} {value:g}" for name, value in self.settings.items()]
+        return ", ".join(parts + [f"k_b = {self.drafts}"])
+
+
+#: The settings of the exact laws from target logits: temperatures below and above 1,
+#: each filter alone, the filters together (each one moving the law, see
+#: :func:`load_bearing_logits`), and requests without drafts, whose one row is processed
+#: too.  The batches that mix settings per request draw from the same list
+#: (:func:`settings_menu`).
+SETTING_CASES = (
+    SettingCase("temperature below 1", 1, {"temperature": 0.6}),
+    SettingCase("temperature above 1", 1, {"temperature": 1.7}),
+    SettingCase("top-k", 1, {"top_k": 2}),
+    SettingCase("top-p", 1, {"top_p": 0.6}),
+    SettingCase("min-p", 1, {"min_p": 0.3}),
+    SettingCase("filters together", 1, {"top_p": 0.8, "min_p": 0.15}),
+    SettingCase("filters together", 1, {"temperature": 1.4, "top_k": 3, "top_p": 0.7}),
+    SettingCase("filters together", 1, {"temperature": 0.8, "top_k": 4, "min_p": 0.1}),
+    SettingCase("requests without drafts", 0, {"temperature": 0.5}),
+    SettingCase("requests without drafts", 0, {"temperature": 1.8, "top_k": 3}),
+    SettingCase("requests without drafts", 0, {"top_p": 0.8, "min_p": 0.15}),
 )
+#: The aspect of target probabilities with draft logits: probabilities are taken as
+#: processed, and the draft logits get the request's temperature.
+DRAFT_TEMPERATURE = "draft logits at each request's temperature"
+#: Its settings: temperatures below and above 1.
+DRAFT_TEMPERATURE_CASES = (
+    SettingCase(DRAFT_TEMPERATURE, 1, {"temperature": 0.6}),
+    SettingCase(DRAFT_TEMPERATURE, 1, {"temperature": 1.7}),
+)
+#: Tries of :func:`load_bearing_logits`; each succeeds with probability above 1/10 for
+#: every case above, so running out is a kit bug, not bad luck.
+_ATTEMPTS = 400
+#: How far turning one setting off must move the law of some row.
+_MOVES = 1e-3
 
 
-def _exact_requests(rng: np.random.Generator, form: tuple[str, str],
-                    dtype: Any) -> tuple[list[_Request], list[tuple]]:
-    """Every request of the exact-law batch of one form, and per case (label, processed
-    target p [k+1, V], draft law q [k, V])."""
-    cases: tuple[tuple[str, int, dict[str, Any]], ...] = _FILTER_CASES
-    if form[0] != "logits":
-        cases = (("softmax drafts", 1, {}), ("bonus only (k_b = 0)", 0, {}))
+def settings_menu() -> list[dict[str, Any]]:
+    """Per-request settings of the batches that mix them: defaults, greedy (temperature
+    0) and every case of :data:`SETTING_CASES`.
+
+    Returns
+    -------
+    list of dict
+    """
+    return [{}, {"temperature": 0.0}, *(dict(case.settings) for case in SETTING_CASES)]
+
+
+def process(rows: np.ndarray, settings: dict[str, Any], dtype: Any) -> np.ndarray:
+    """The law of logits rows ``[n, V]`` under one request's settings (the reference's
+    processing, :func:`specdec_np._reference.chains.process_logits`), in float64.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+    settings : dict
+        Sampling parameters; those absent are off.
+    dtype : numpy.dtype
+        Of the rows the verifier gets.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    values = {**OFF, **settings}
+    n = rows.shape[0]
+    return np.asarray(_reference.process_logits(
+        np.ascontiguousarray(rows, dtype=dtype), np.full(n, float(values["temperature"])),
+        np.full(n, int(values["top_k"]), dtype=np.int64), np.full(n, float(values["top_p"])),
+        np.full(n, float(values["min_p"]))), dtype=np.float64)
+
+
+def load_bearing_logits(rng: np.random.Generator, count: int, vocab_size: int,
+                        settings: dict[str, Any], dtype: Any) -> np.ndarray:
+    """``count`` logits rows on which every setting of ``settings`` moves the law.
+
+    Turned off alone (temperature 1, top-k 0, top-p 1, min-p 0), each changes some row's
+    processed law by more than :data:`_MOVES`: a verifier that ignores or misreads any of
+    them (a filter dropped when another is on, a temperature clamped to 1) emits another
+    law, which the exact law sees.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    count, vocab_size : int
+    settings : dict
+    dtype : numpy.dtype
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[count, V]`` in ``dtype``.
+
+    Raises
+    ------
+    RuntimeError
+        If no draw of :data:`_ATTEMPTS` qualifies (settings no row can make load-bearing).
+    """
+    active = [name for name, value in settings.items() if value != OFF[name]]
+    for _ in range(_ATTEMPTS):
+        # Each row its own spread: flat rows let top-k cut where min-p keeps everything,
+        # peaked ones let min-p cut inside the top k.
+        logits = np.asarray(rng.standard_normal((count, vocab_size))
+                            * rng.uniform(0.5, 3.0, (count, 1)), dtype=dtype)
+        if count == 0:
+            return logits
+        law = process(logits, settings, dtype)
+        if all(np.max(np.abs(process(logits, {**settings, name: OFF[name]}, dtype) - law))
+               > _MOVES for name in active):
+            return logits
+    raise RuntimeError(f"no logits rows on which each of {settings} moves the law")
+
+
+def case_rows(rng: np.random.Generator, case: SettingCase, form: tuple[str, str],
+              vocab_size: int, dtype: Any, rows: int | None = None) -> tuple[np.ndarray, ...]:
+    """One case's rows as the verifier gets them and their laws: ``(target rows, draft
+    rows, p, q)``.
+
+    Target logits are load-bearing for the case's settings; target probabilities (taken as
+    processed) are multiples of 1/1024; draft logits are processed with the settings
+    (load-bearing when the target rows are probabilities: then the draft logits are where
+    the temperature acts), draft probabilities used as given.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    case : SettingCase
+    form : (str, str)
+        ``"logits"`` or ``"probs"``, for the target and the draft rows.
+    vocab_size : int
+    dtype : numpy.dtype
+    rows : int, optional
+        Target rows (``case.drafts + 1`` by default); the draft rows are one fewer.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``[rows, V]``, ``[rows - 1, V]``, and their float64 laws.
+    """
+    count = case.drafts + 1 if rows is None else rows
+    settings = case.settings
+    if form[0] == "logits":
+        target = load_bearing_logits(rng, count, vocab_size, settings, dtype)
+        p = process(target, settings, dtype)
+    else:  # probabilities exact in either dtype (the padded kit's rows)
+        p = np.stack([_kit_padded.exact_probability_row(rng, vocab_size)
+                      for _ in range(count)])
+        target = np.asarray(p, dtype=dtype)
+    if form[1] == "logits":
+        if form[0] == "logits":
+            draft = np.asarray(rng.standard_normal((count - 1, vocab_size)), dtype=dtype)
+        else:
+            draft = load_bearing_logits(rng, count - 1, vocab_size, settings, dtype)
+        q = process(draft, settings, dtype)
+    else:
+        q = np.array([_kit_padded.exact_probability_row(rng, vocab_size)
+                      for _ in range(count - 1)]).reshape(count - 1, vocab_size)
+        draft = np.asarray(q, dtype=dtype)
+    return target, draft, p, q
+
+
+def ignored_laws(settings: dict[str, Any], form: tuple[str, str], target: np.ndarray,
+                 draft: np.ndarray, p: np.ndarray, q: np.ndarray,
+                 dtype: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The laws ``(p, q)`` of the rows with one setting turned off each: what a verifier
+    that ignores that setting follows.  The exact laws cut the uniforms at their
+    thresholds too, so that such a verifier's law is integrated exactly and differs from
+    the target's by all that :func:`load_bearing_logits` made it move.
+
+    Parameters
+    ----------
+    settings : dict
+    form : (str, str)
+    target, draft : numpy.ndarray
+        The rows as the verifier gets them.
+    p, q : numpy.ndarray
+        Their laws under ``settings`` (kept where the rows are probabilities).
+    dtype : numpy.dtype
+
+    Returns
+    -------
+    list of (numpy.ndarray, numpy.ndarray)
+    """
+    laws = []
+    for name, value in settings.items():
+        if value != OFF[name]:
+            changed = {**settings, name: OFF[name]}
+            laws.append((process(target, changed, dtype) if form[0] == "logits" else p,
+                         process(draft, changed, dtype) if form[1] == "logits" else q))
+    return laws
+
+
+def _exact_requests(rng: np.random.Generator, form: tuple[str, str], dtype: Any,
+                    cases: tuple[SettingCase, ...]) -> tuple[list[_Request], list[tuple]]:
+    """Every request of the exact-law batch of one form, and per case ``(case, processed
+    target p [k+1, V], draft law q [k, V])``."""
     requests: list[_Request] = []
     laws = []
-    for index, (label, k, settings) in enumerate(cases):
-        base = _Request(np.zeros((k + 1, _EXACT_V)), None, np.zeros(k, dtype=np.int64),
-                        **settings)
-        # Spread logits, so that each filter cuts tokens of real mass.
-        logits = np.sort(rng.standard_normal((k + 1, _EXACT_V)) * 1.5, axis=1)[:, ::-1]
-        logits = np.ascontiguousarray(logits[:, rng.permutation(_EXACT_V)], dtype=dtype)
-        if form[0] == "logits":
-            target_rows, p = logits, _processed(logits, base, dtype)
-        else:  # probabilities exact in either dtype (the padded kit's rows)
-            p = np.stack([_kit_padded.exact_probability_row(rng, _EXACT_V) for _ in range(k + 1)])
-            target_rows = p
-        draft_logits = np.ascontiguousarray(rng.standard_normal((k, _EXACT_V)), dtype=dtype)
-        if k == 0:
-            draft_rows, q = draft_logits, np.zeros((0, _EXACT_V))
-        elif form[1] == "logits":
-            draft_rows, q = draft_logits, _processed(draft_logits, base, dtype)
-        else:
-            q = np.stack([_kit_padded.exact_probability_row(rng, _EXACT_V) for _ in range(k)])
-            draft_rows = q
-        laws.append((label, p, q))
+    for index, case in enumerate(cases):
+        k = case.drafts
+        target_rows, draft_rows, p, q = case_rows(rng, case, form, EXACT_V, dtype)
+        laws.append((case, p, q))
+        ignored = ignored_laws(case.settings, form, target_rows, draft_rows, p, q, dtype)
         if k == 0:  # the bonus alone: its residual uniform is never read
             batch = _oracles.ThresholdBatch(np.zeros((1, 0), dtype=np.int64),
                                             np.full((1, 1), 0.5), np.ones(1))
         else:
-            batch = _oracles.threshold_batch(p, q, refine=8)
-        bonus_mids, bonus_widths = _oracles._cut_axis(_oracles._cdf_points(p[k]), 8)
+            # The thresholds make the law exact for a correct verifier and for one that
+            # ignores a setting: few regular cuts are needed on top.
+            batch = _oracles.threshold_batch(p, q, refine=2, also=ignored)
+        bonus_mids, bonus_widths = _oracles._cut_axis(
+            [x for rows in [p, *(law for law, _ in ignored)] for x in
+             _oracles._cdf_points(rows[k])], 2)
+        base = _Request(target_rows, draft_rows, np.zeros(k, dtype=np.int64), case=index,
+                        **case.settings)
         for row in range(batch.draft_token_ids.shape[0]):
             for mid, width in zip(bonus_mids, bonus_widths):
-                uniforms = np.concatenate([batch.uniforms[row], [mid]])
                 requests.append(replace(
-                    base, target=target_rows, draft=draft_rows,
-                    ids=batch.draft_token_ids[row], uniforms=uniforms, case=index,
+                    base, ids=batch.draft_token_ids[row],
+                    uniforms=np.concatenate([batch.uniforms[row], [mid]]),
                     weight=float(batch.weights[row] * width)))
     return requests, laws
 
 
+def aspect_results(prefix: str, aspects: tuple[str, ...],
+                   errors: list[tuple[SettingCase, float, str]], what: str,
+                   missing: str) -> list[PropertyResult]:
+    """One property per aspect, ``f"{prefix}: {aspect}"``, from each case's law error.
+
+    Parameters
+    ----------
+    prefix : str
+    aspects : tuple of str
+        In report order.
+    errors : list of (SettingCase, float, str)
+        Each case run, its largest law error and the batch it ran in.
+    what : str
+        What was fed, for the detail.
+    missing : str
+        Why an aspect with no case run was skipped.
+
+    Returns
+    -------
+    list of PropertyResult
+    """
+    results = []
+    for aspect in aspects:
+        name = f"{prefix}: {aspect}"
+        mine = [(error, case, batch) for case, error, batch in errors if case.aspect == aspect]
+        if not mine:
+            results.append(skipped(name, missing))
+            continue
+        worst, case, batch = max(mine, key=lambda item: item[0])
+        settings = sorted({c.label for _, c, _ in mine})
+        batches = sorted({b for _, _, b in mine})
+        results.append(PropertyResult(
+            name, worst <= _LAW_TOLERANCE, f"max err {worst:.2g}",
+            f"{what}; settings: {'; '.join(settings)}; in the {', '.join(batches)} batch"
+            f"{'es' if len(batches) > 1 else ''}; limit {_LAW_TOLERANCE:g}"
+            + (f"; worst: {case.label} ({batch})" if worst > _LAW_TOLERANCE else "")))
+    return results
+
+
+def _exact_batch(target: RaggedTarget, form: tuple[str, str], cases: tuple[SettingCase, ...],
+                 oracle: Any, rng: np.random.Generator,
+                 collector: _Collector) -> list[tuple[SettingCase, float, str]]:
+    """One exact-law batch (greedy requests mixed in): each case's largest error against
+    the product of the processed target rows and, where the kind has one, its oracle."""
+    label = f"{form[0]}/{form[1]}"
+    sampled, laws = _exact_requests(rng, form, target.dtype, cases)
+    greedy = _greedy_requests(rng, 24, EXACT_V, 1, form, lazy_bonus=True)
+    requests = _interleave(rng, sampled, greedy)
+    output = target(**_assemble(requests, form, target.dtype))
+    collector.record(requests, output, f"{label} exact batch", EXACT_V)
+    case_of = np.array([r.case for r in requests])
+    weights = np.array([r.weight for r in requests])
+    errors = []
+    for index, (case, p, q) in enumerate(laws):
+        members = np.flatnonzero(case_of == index)
+        k = p.shape[0] - 1
+        law = _oracles.grid_chain_law(output[members, : k + 1], weights[members], p,
+                                      bonus_drawn=True)
+        error = float(np.max(np.abs(law - _oracles.target_chain_law(p))))
+        if oracle is not None and k > 0:
+            error = max(error, float(np.max(np.abs(law - oracle(p, q).law))))
+        errors.append((case, error, label))
+    return errors
+
+
 def _check_exact_logits(target: RaggedTarget, kind: str, rng: np.random.Generator,
                         collector: _Collector) -> list[PropertyResult]:
-    entry = registry.get(kind)
-    oracle = _oracles.oracle_for(entry)
-    results = []
-    for form in _FORMS:
-        name = f"exact law from {form[0]}/{form[1]} rows equals the processed target"
-        needed = (f"target_{form[0]}", f"draft_{form[1]}", "uniforms")
-        missing = [n for n in needed if not target.takes[n]]
-        if missing:
-            results.append(skipped(name, f"the verifier takes no {', '.join(missing)}="))
-            continue
-        sampled, laws = _exact_requests(rng, form, target.dtype)
-        greedy = _greedy_requests(rng, 24, _EXACT_V, 1, form, lazy_bonus=True)
-        requests = _interleave(rng, sampled, greedy)
-        output = target(**_assemble(requests, form, target.dtype))
-        collector.record(requests, output, f"{form[0]}/{form[1]} exact batch", _EXACT_V)
-        worst, worst_oracle, worst_label = 0.0, 0.0, ""
-        case_of = np.array([r.case for r in requests])
-        weights = np.array([r.weight for r in requests])
-        for index, (label, p, q) in enumerate(laws):
-            members = np.flatnonzero(case_of == index)
-            k = p.shape[0] - 1
-            law = _oracles.grid_chain_law(output[members, : k + 1], weights[members], p)
-            error = float(np.max(np.abs(law - _oracles.target_chain_law(p))))
-            if error > worst:
-                worst, worst_label = error, label
-            if oracle is not None and k > 0:
-                worst_oracle = max(worst_oracle, float(np.max(np.abs(law - oracle(p, q).law))))
-        results.append(PropertyResult(
-            name, worst <= _LAW_TOLERANCE and worst_oracle <= _LAW_TOLERANCE,
-            f"max err {max(worst, worst_oracle):.2g}",
-            f"{len(sampled)} requests integrating drafts and uniforms (the bonus drawn by the "
-            f"verifier, its uniform cut too), V = {_EXACT_V}, k_b in {{0, 1}}, cases: "
-            f"{'; '.join(label for label, _, _ in laws)}; law vs the product of the processed "
-            f"target rows" + (" and the exact oracle" if oracle is not None else "")
-            + f"; limit {_LAW_TOLERANCE:g}" + (f"; worst case: {worst_label}"
-                                              if worst > _LAW_TOLERANCE else "")))
-    return results
+    """The exact laws from logits, one property per aspect of :data:`SETTING_CASES` (run
+    in each logits form the verifier takes) and one for draft logits with target
+    probabilities."""
+    oracle = _oracles.oracle_for(registry.get(kind))
+    errors: list[tuple[SettingCase, float, str]] = []
+    for form in (("logits", "logits"), ("logits", "probs")):
+        if all(target.takes[n] for n in (f"target_{form[0]}", f"draft_{form[1]}", "uniforms")):
+            errors += _exact_batch(target, form, SETTING_CASES, oracle, rng, collector)
+    draft_errors: list[tuple[SettingCase, float, str]] = []
+    if all(target.takes[n] for n in ("target_probs", "draft_logits", "uniforms")):
+        draft_errors = _exact_batch(target, ("probs", "logits"), DRAFT_TEMPERATURE_CASES,
+                                    oracle, rng, collector)
+    what = (f"requests integrating drafts and uniforms (the bonus drawn by the verifier, "
+            f"its uniform cut too), V = {EXACT_V}, each with its own settings, greedy "
+            f"requests mixed in; law vs the product of the processed target rows"
+            + (" and the exact oracle" if oracle is not None else ""))
+    aspects = tuple(dict.fromkeys(case.aspect for case in SETTING_CASES))
+    return aspect_results(
+        "exact law from logits", aspects, errors, what,
+        "the verifier takes no target_logits= with draft_logits= or draft_probs=, or no "
+        "uniforms=") + aspect_results(
+        "exact law from target probabilities", (DRAFT_TEMPERATURE,), draft_errors,
+        what.replace("processed target rows", "target rows, the drafts drawn from the "
+                     "processed draft logits"),
+        "the verifier takes no target_probs= with draft_logits=, or no uniforms=")
 
 
 def _check_reference_logits(target: RaggedTarget, kind: str, rng: np.random.Generator,
@@ -418,9 +665,8 @@ def _check_reference_logits(target: RaggedTarget, kind: str, rng: np.random.Gene
     name = f"{kind} from logits equals the reference"
     if not (target.takes["target_logits"] and target.takes["draft_logits"]):
         return skipped(name, "the verifier takes no target_logits= and draft_logits=")
-    menu: list[dict[str, Any]] = [
-        {}, {"temperature": 0.7, "top_k": 3}, {"top_p": 0.8}, {"min_p": 0.2},
-            {"temperature": 1.5, "top_k": 4, "top_p": 0.9, "min_p": 0.05}]
+    # The greedy requests are mixed in below, as in every batch.
+    menu = [settings for settings in settings_menu() if settings.get("temperature") != 0.0]
     requests = []
     for b in range(96):
         length = int(rng.integers(0, k + 1))
@@ -429,7 +675,7 @@ def _check_reference_logits(target: RaggedTarget, kind: str, rng: np.random.Gene
         request = _Request(logits, rng.standard_normal((length, vocab_size)),
                            np.zeros(length, dtype=np.int64),
                            bonus=int(rng.integers(vocab_size)), **settings)
-        p = _processed(logits, request, target.dtype)
+        p = process(logits, request.settings, target.dtype)
         ids = np.where(rng.random(length) < 0.7, p[:length].argmax(axis=1),
                        rng.integers(0, vocab_size, length)).astype(np.int64)
         requests.append(replace(request, ids=ids))
@@ -452,7 +698,7 @@ def _check_reference_logits(target: RaggedTarget, kind: str, rng: np.random.Gene
         if request.greedy or request.k == 0:
             edge = False
         else:
-            p = _processed(request.target, request, target.dtype)
+            p = process(request.target, request.settings, target.dtype)
             edge = decisions(p, None, request.ids, None).knife_edge(1e-5)
         if not edge and np.any(output[b] != expected[b]):
             bad.append(b)
@@ -480,8 +726,8 @@ def _check_monte_carlo_logits(target: RaggedTarget, k: int, vocab_size: int, num
                                   dtype=target.dtype)
     draft_logits = np.ascontiguousarray(
         0.6 * logits[:k] + 0.8 * rng.standard_normal((k, vocab_size)), dtype=target.dtype)
-    p = _processed(logits, base, target.dtype)
-    q = _processed(draft_logits, base, target.dtype)
+    p = process(logits, settings, target.dtype)
+    q = process(draft_logits, settings, target.dtype)
     results = []
     for position, source in enumerate(target.sources() or ["own"]):
         name = f"Monte Carlo from logits ({SOURCE_LABELS[source]})"
@@ -521,9 +767,7 @@ def _check_monte_carlo_logits(target: RaggedTarget, k: int, vocab_size: int, num
 
 def _mixed_requests(rng: np.random.Generator, k: int, vocab_size: int, stochastic: bool,
                     size: int) -> list[_Request]:
-    menu: list[dict[str, Any]] = [
-        {}, {"temperature": 0.0}, {"temperature": 0.7, "top_k": 3}, {"top_p": 0.8},
-            {"min_p": 0.2, "temperature": 1.3}]
+    menu = settings_menu()
     requests = []
     for b in range(size):
         length = int(rng.integers(0, k + 1))

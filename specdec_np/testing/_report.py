@@ -6,11 +6,14 @@ is the public front that re-exports the report classes.
 
 A property is passed, failed or skipped: a skipped property did not run (the verifier
 lacks the keyword it needs, the kind has no oracle, or an earlier call hung), and it counts
-neither as passed nor as failed (``docs/testing.md``, the skip flag).  Every call to the
-verifier goes through a :class:`TimeLimit`: it runs in a daemon thread the kit waits on for
-at most ``seconds``; a call that does not return by then fails its property with
-:class:`VerifierTimeout`, and the kit calls that verifier no more (the properties left are
-skipped), since a Python thread cannot be stopped from outside.
+neither as passed nor as failed (``docs/testing.md``, the skip flag); a report in which no
+property ran is not a pass.  Every call to the verifier goes through a :class:`TimeLimit`:
+it runs in a daemon thread the kit waits on for at most ``seconds``; a call that does not
+return by then fails its property with :class:`VerifierTimeout`, and the kit calls that
+verifier no more (the properties left are skipped), since a Python thread cannot be
+stopped from outside.  A verifier that raises, ``SystemExit`` and other
+``BaseException`` subclasses included, fails the property it was in (:func:`guard`); only
+``KeyboardInterrupt`` stops the kit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ConformanceError",
@@ -28,6 +33,7 @@ __all__ = [
     "PropertyResult",
     "TimeLimit",
     "VerifierTimeout",
+    "checked_timeout",
     "guard",
     "has_keyword",
     "positional_count",
@@ -36,6 +42,37 @@ __all__ = [
 
 #: The default time limit of one call to the verifier, in seconds (``docs/testing.md``).
 DEFAULT_TIMEOUT = 60.0
+
+
+def checked_timeout(timeout: Any) -> float | None:
+    """``timeout`` as the float seconds :class:`TimeLimit` takes, or None (no limit).
+
+    Parameters
+    ----------
+    timeout : float or None
+        Seconds, positive, finite and at most ``threading.TIMEOUT_MAX`` (the longest wait
+        this platform's threads can make; a longer one would make every call fail with an
+        OverflowError, each property failed for the kit's own reason).
+
+    Returns
+    -------
+    float or None
+
+    Raises
+    ------
+    ValueError
+        For anything else, with the accepted range.
+    """
+    if timeout is None:
+        return None
+    if not isinstance(timeout, bool) and isinstance(timeout, (int, float, np.integer,
+                                                               np.floating)):
+        seconds = float(timeout)
+        if 0 < seconds <= threading.TIMEOUT_MAX:
+            return seconds
+    raise ValueError(f"timeout must be None or a number of seconds in (0, "
+                     f"{threading.TIMEOUT_MAX:g}] (the longest wait of this platform's "
+                     f"threads); found {timeout!r}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +156,16 @@ class ConformanceReport:  # numpydoc ignore=PR01
     def passed(self) -> bool:
         """True iff no property failed (skipped ones neither pass nor fail) and at least
         one ran."""
-        return not self.failed() and any(not row.skipped for row in self.rows)
+        return not self.failed() and self.ran() > 0
+
+    def ran(self) -> int:
+        """How many properties ran (passed or failed).
+
+        Returns
+        -------
+        int
+        """
+        return sum(not row.skipped for row in self.rows)
 
     def failed(self) -> list[str]:
         """Names of the failed properties.
@@ -150,7 +196,12 @@ class ConformanceReport:  # numpydoc ignore=PR01
             return "  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
 
         failures, skips = len(self.failed()), len(self.skipped())
-        verdict = "all passed" if not failures else f"{failures} FAILED"
+        if failures:
+            verdict = f"{failures} FAILED"
+        elif self.ran():
+            verdict = "all passed"
+        else:  # nothing was tested: saying "passed" would be a false pass
+            verdict = "NOT PASSED: none ran"
         if skips:
             verdict += f", {skips} skipped"
         where = "" if self.layout == "padded" else f", layout {self.layout!r}"
@@ -264,14 +315,21 @@ def guard(name: str, step: Callable[[], Any], limit: TimeLimit) -> list[Property
         outcome = step()
     except VerifierTimeout as error:
         return [PropertyResult(name, False, "timed out", str(error))]
-    except Exception as error:  # a crash is a failed property, with its reason
+    except KeyboardInterrupt:
+        # How Ctrl-C arrives: the person running the kit wants it stopped.
+        raise
+    except BaseException as error:
+        # A crash is a failed property, with its reason; sys.exit() in a verifier too,
+        # which would otherwise end the kit (and `specdec-np check`, with status 0) with
+        # no report.
         return [PropertyResult(name, False, "raised", f"{type(error).__name__}: {error}")]
     return outcome if isinstance(outcome, list) else [outcome]
 
 
 def has_keyword(fn: Any, name: str) -> bool:
     """Whether ``fn`` takes keyword ``name``: a ``takes_<name>`` attribute if it declares
-    one, else its signature (an explicit parameter; ``**kwargs`` does not count).
+    one, else its signature: an explicit parameter, or ``**kwargs``, which takes every
+    keyword (the usual adapter, ``def verify(**kwargs): return engine.verify(**kwargs)``).
 
     Parameters
     ----------
@@ -289,6 +347,8 @@ def has_keyword(fn: Any, name: str) -> bool:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return True
     parameter = parameters.get(name)
     return parameter is not None and parameter.kind in (
         inspect.Parameter.KEYWORD_ONLY,

@@ -25,6 +25,10 @@ the registry is checked with no change here.  :func:`run` checks, for a stochast
   continued by target draws against the target's own law (lossless);
 * the same from logits with temperature, top-k, top-p and min-p (the law of the processed
   rows, so that a filter ignored fails);
+* the exact laws from logits of the ragged layout's settings
+  (:data:`specdec_np.testing._ragged.SETTING_CASES`), one chain tree of 0 or 1 nodes per
+  setting, one property per class of settings (and draft logits with target
+  probabilities, for a method that reads draft rows);
 * zero-probability drafts tested at u = 0 (never accepted, never emitted);
 * greedy requests (temperature 0) mixed in: the greedy walk of the reference;
 and for ``"greedy"`` the reference's greedy walk on random trees with ties.  Then batch
@@ -42,10 +46,10 @@ from typing import Any
 import numpy as np
 
 from .. import registry
-from .._reference import chains as _reference
 from .._reference import trees as _tree_reference
 from . import _monte_carlo, _oracles, _statistics
 from . import _padded as _kit_padded
+from . import _ragged as _kit_ragged
 from ._padded import SEEDED_SOURCES, SOURCE_LABELS, source_keywords
 from ._report import (
     PropertyResult,
@@ -159,17 +163,22 @@ class _Request:
 class _Rows:
     """Rows by path, drawn once each: the target's row after a path and the draft's row
     below a path at a sibling position, as logits or as probabilities (multiples of
-    1/1024, with a zero)."""
+    1/1024, with a zero), as ``form`` says for the target and the draft rows."""
 
-    def __init__(self, rng: np.random.Generator, vocab_size: int, logits: bool) -> None:
+    def __init__(self, rng: np.random.Generator, vocab_size: int,
+                 form: tuple[str, str]) -> None:
         self.rng = rng
         self.vocab_size = vocab_size
-        self.logits = logits
+        self.form = form
         self.rows: dict[tuple, np.ndarray] = {}
+
+    def logits(self, kind: str) -> bool:
+        """Whether the ``"target"`` or ``"draft"`` rows are logits."""
+        return self.form[0 if kind == "target" else 1] == "logits"
 
     def _row(self, key: tuple) -> np.ndarray:
         if key not in self.rows:
-            if self.logits:
+            if self.logits(key[0]):
                 # Flatter draft logits: after the filters a draft row keeps at least three
                 # tokens, enough to draw the siblings of every shape without replacement.
                 scale = 1.5 if key[0] == "target" else 0.3
@@ -198,14 +207,10 @@ class _Laws:
 
     def _law(self, key: tuple, row: np.ndarray) -> np.ndarray:
         if key not in self.cache:
-            value = np.asarray(row, dtype=self.dtype).astype(np.float64)
-            if self.source.logits:
-                s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                     **self.settings}
-                value = np.asarray(_reference.process_logits(
-                    np.asarray(row, dtype=self.dtype)[None, :], np.array([s["temperature"]]),
-                    np.array([s["top_k"]], dtype=np.int64), np.array([s["top_p"]]),
-                    np.array([s["min_p"]])), dtype=np.float64)[0]
+            if self.source.logits(key[0]):
+                value = _kit_ragged.process(row[None, :], self.settings, self.dtype)[0]
+            else:
+                value = np.asarray(row, dtype=self.dtype).astype(np.float64)
             self.cache[key] = value
         return self.cache[key]
 
@@ -262,7 +267,9 @@ def _fixed_tokens(parents: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
 
 
 def _assemble(requests: list[_Request], form: str, dtype: Any, source: str = "uniforms",
-              salt: int = 0) -> dict[str, Any]:
+              salt: int = 0, draft_form: str | None = None) -> dict[str, Any]:
+    """The keywords of one call holding ``requests`` in order; the rows are ``form``
+    (``"logits"`` or ``"probs"``), the draft rows ``draft_form`` (the same by default)."""
     counts = np.array([len(r.parents) for r in requests], dtype=np.int64)
     vocab_size = requests[0].target.shape[1]
     values: dict[str, Any] = {
@@ -275,7 +282,7 @@ def _assemble(requests: list[_Request], form: str, dtype: Any, source: str = "un
         "max_depth": max(r.depth() for r in requests),
     }
     if all(r.draft is not None for r in requests):
-        values[f"draft_{form}"] = np.ascontiguousarray(
+        values[f"draft_{draft_form or form}"] = np.ascontiguousarray(
             np.concatenate([r.draft for r in requests]).reshape(-1, vocab_size), dtype=dtype)
     if form == "logits":
         values["top_k"] = np.array([r.top_k for r in requests], dtype=np.int64)
@@ -293,8 +300,10 @@ def _assemble(requests: list[_Request], form: str, dtype: Any, source: str = "un
 
 
 def _call(target: TreeTarget, requests: list[_Request], form: str, source: str = "uniforms",
-          salt: int = 0, **keywords: Any) -> tuple[np.ndarray, Any, Any]:
-    values = _assemble(requests, form, target.dtype, "none" if keywords else source, salt)
+          salt: int = 0, draft_form: str | None = None,
+          **keywords: Any) -> tuple[np.ndarray, Any, Any]:
+    values = _assemble(requests, form, target.dtype, "none" if keywords else source, salt,
+                       draft_form)
     values.update(keywords)
     return target(**values)
 
@@ -452,7 +461,7 @@ def _check_monte_carlo(target: TreeTarget, form: str, settings: dict[str, Any],
         if not target.takes[f"target_{form}"] or (
                 target.method.reads_draft_probs and not target.takes[f"draft_{form}"]):
             return [skipped(names[0], f"the verifier takes no target_{form}= or draft_{form}=")]
-        rows = _Rows(rng, vocab_size, logits=form == "logits")
+        rows = _Rows(rng, vocab_size, (form, form))
         laws = _Laws(rows, settings, target.dtype)
         count = max(num_rows // (20 if source not in SEEDED_SOURCES else 40), 500)
         sampled = _shape_requests(target, rows, laws, rng, count, settings, vocab_size)
@@ -543,49 +552,55 @@ def _draft_position(parents: tuple[int, ...], node: int, drafting: str | None) -
 def _draft_assignments(parents: tuple[int, ...], method: registry.TreeMethod, laws: _Laws,
                        fixed: tuple[int, ...]) -> list[tuple[tuple[int, ...], float]]:
     """Every way the drafter can fill the tree, with its probability."""
+    vocab_size = laws.source.vocab_size
     assignments: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
     for node, parent in enumerate(parents):
         grown = []
         for tokens, weight in assignments:
             below = _path(tokens, parents, parent)
             if method.drafting == "fixed":
-                law = np.eye(_EXACT_V)[fixed[node]]
+                law = np.eye(vocab_size)[fixed[node]]
             else:
                 law = laws.draft(below, _draft_position(parents, node, method.drafting)).copy()
                 if method.drafting == "without_replacement":
                     law[[tokens[s] for s in range(node) if parents[s] == parent]] = 0.0
                     law = law / law.sum() if law.sum() > 0 else law
-            grown += [(tokens + (x,), weight * float(law[x])) for x in range(_EXACT_V)
+            grown += [(tokens + (x,), weight * float(law[x])) for x in range(vocab_size)
                       if law[x] > 0]
         assignments = grown
     return assignments
 
 
 def _integration_requests(target: TreeTarget, parents: tuple[int, ...], tokens: tuple[int, ...],
-                          weight: float, rows: _Rows, laws: _Laws,
-                          shape: int) -> list[tuple[_Request, float]]:
+                          weight: float, rows: _Rows, laws: _Laws, shape: int,
+                          also: tuple[_Laws, ...] = ()) -> list[tuple[_Request, float]]:
     """One draft assignment's requests: every node axis cut at its acceptance probability
-    (and 1/2), the final axis at every final law's CDF points (and quarters)."""
+    (and 1/2), the final axis at every final law's CDF points (and quarters), under
+    ``laws`` and under each of ``also`` (the laws of a verifier that ignores a setting,
+    integrated exactly too, so that its whole difference shows)."""
     n = len(parents)
     children: list[list[int]] = [[] for _ in range(n + 1)]
     for node, parent in enumerate(parents):
         children[parent + 1].append(node)
-    accept = [0.5] * n
+    accept: list[list[float]] = [[] for _ in range(n)]
     final_points: list[float] = []
 
     def visit(node: int, path: tuple[int, ...]) -> None:
         kids = children[node + 1]
-        q_rows = [list(laws.draft(path, _draft_position(parents, kid, target.method.drafting)))
-                  if target.method.reads_draft_probs else None for kid in kids]
-        conditional, final = _tree_reference.sibling_walk(
-            target.kind, list(laws.target(path)), tuple(tokens[k] for k in kids), q_rows)
-        final_points.extend(np.cumsum(final).tolist())
-        for kid, probability in zip(kids, conditional):
-            accept[kid] = probability
+        for law in (laws, *also):
+            q_rows = [list(law.draft(path, _draft_position(parents, kid,
+                                                           target.method.drafting)))
+                      if target.method.reads_draft_probs else None for kid in kids]
+            conditional, final = _tree_reference.sibling_walk(
+                target.kind, list(law.target(path)), tuple(tokens[k] for k in kids), q_rows)
+            final_points.extend(np.cumsum(final).tolist())
+            for kid, probability in zip(kids, conditional):
+                accept[kid].append(probability)
+        for kid in kids:
             visit(kid, path + (tokens[kid],))
 
     visit(-1, ())
-    axes = [_oracles._cut_axis([a], 2) for a in accept] + [_oracles._cut_axis(final_points, 4)]
+    axes = [_oracles._cut_axis(a, 2) for a in accept] + [_oracles._cut_axis(final_points, 4)]
     mids = np.stack([m.reshape(-1) for m in np.meshgrid(*(a[0] for a in axes),
                                                         indexing="ij")], axis=1)
     widths = np.prod(np.stack([w.reshape(-1) for w in np.meshgrid(*(a[1] for a in axes),
@@ -594,13 +609,53 @@ def _integration_requests(target: TreeTarget, parents: tuple[int, ...], tokens: 
     target_rows = np.stack([rows.target(())] + [rows.target(path) for path in paths])
     draft_rows = None
     if target.method.reads_draft_probs:
-        draft_rows = np.stack([rows.draft(_path(tokens, parents, parents[node]),
+        draft_rows = np.array([rows.draft(_path(tokens, parents, parents[node]),
                                           _draft_position(parents, node,
                                                           target.method.drafting))
-                               for node in range(n)])
+                               for node in range(n)]).reshape(n, rows.vocab_size)
     token_array = np.array(tokens, dtype=np.int64)
-    return [(_Request(parents, token_array, target_rows, draft_rows, uniforms=mids[i],
-                      shape=shape), weight * float(widths[i])) for i in range(mids.shape[0])]
+    request = _Request(parents, token_array, target_rows, draft_rows, shape=shape,
+                       **laws.settings)
+    return [(replace(request, uniforms=mids[i]), weight * float(widths[i]))
+            for i in range(mids.shape[0])]
+
+
+def _integrated(target: TreeTarget, parents: tuple[int, ...], rows: _Rows, laws: _Laws,
+                shape: int, also: tuple[_Laws, ...] = ()) -> list[tuple[_Request, float]]:
+    """Every draft assignment of one tree, integrated (:func:`_integration_requests`).
+
+    Raises
+    ------
+    KeyError
+        For a method that does not decide sibling by sibling (no thresholds to cut at).
+    """
+    fixed = _fixed_tokens(parents, rows.vocab_size)
+    weighted = []
+    for tokens, weight in _draft_assignments(parents, target.method, laws, fixed):
+        weighted += _integration_requests(target, parents, tokens, weight, rows, laws, shape,
+                                          also)
+    return weighted
+
+
+def _law_errors(target: TreeTarget, weighted: list[tuple[_Request, float]], output: np.ndarray,
+                shape: int, parents: tuple[int, ...], laws: _Laws) -> tuple[float, float]:
+    """The largest errors of one integrated tree's law: the emitted tuples against the
+    method's oracle, and the output continued by the target against the target."""
+    vocab_size = laws.source.vocab_size
+    law: dict[tuple[int, ...], float] = {}
+    for b, (request, weight) in enumerate(weighted):
+        if request.shape == shape:
+            emitted = tuple(int(t) for t in output[b] if t != -1)
+            law[emitted] = law.get(emitted, 0.0) + weight
+    oracle = _tree_reference.tree_emission_law(
+        target.kind, laws.target, parents, vocab_size,
+        draft=laws.draft if target.method.drafting != "fixed" else None,
+        draft_token_ids=_fixed_tokens(parents, vocab_size))
+    oracle_error = max(abs(law.get(t, 0.0) - oracle.get(t, 0.0)) for t in set(law) | set(oracle))
+    length = max(len(t) for t in law) if law else 1
+    continued = _tree_reference.continued_law(law, laws.target, length, vocab_size)
+    expected = _tree_reference.continued_law({(): 1.0}, laws.target, length, vocab_size)
+    return oracle_error, float(np.max(np.abs(continued - expected)))
 
 
 def _check_exact_law(target: TreeTarget, rng: np.random.Generator,
@@ -613,39 +668,23 @@ def _check_exact_law(target: TreeTarget, rng: np.random.Generator,
                 for name in names]
     if target.method.oracle_name is None:
         return [skipped(name, f"tree method {target.kind!r} names no oracle") for name in names]
-    rows = _Rows(rng, _EXACT_V, logits=False)
+    rows = _Rows(rng, _EXACT_V, ("probs", "probs"))
     laws = _Laws(rows, {}, target.dtype)
     weighted: list[tuple[_Request, float]] = []
     try:
         for shape, parents in enumerate(_EXACT_SHAPES):
-            fixed = _fixed_tokens(parents, _EXACT_V)
-            for tokens, weight in _draft_assignments(parents, target.method, laws, fixed):
-                weighted += _integration_requests(target, parents, tokens, weight, rows, laws,
-                                                  shape)
+            weighted += _integrated(target, parents, rows, laws, shape)
     except KeyError:  # a method that does not decide sibling by sibling
-        return [skipped(name, f"tree method {target.kind!r} has no per-node acceptance "
-                        "thresholds to cut the uniforms at; Monte Carlo only")
-                for name in names]
+        return [skipped(name, _NO_THRESHOLDS.format(kind=target.kind)) for name in names]
     requests = [request for request, _ in weighted]
     result = _call(target, requests, "probs")
     collector.record(requests, result, "exact law")
     worst_oracle, worst_target = 0.0, 0.0
     for shape, parents in enumerate(_EXACT_SHAPES):
-        law: dict[tuple[int, ...], float] = {}
-        for b, (request, weight) in enumerate(weighted):
-            if request.shape == shape:
-                emitted = tuple(int(t) for t in result[0][b] if t != -1)
-                law[emitted] = law.get(emitted, 0.0) + weight
-        oracle = _tree_reference.tree_emission_law(
-            target.kind, laws.target, parents, _EXACT_V,
-            draft=laws.draft if target.method.drafting != "fixed" else None,
-            draft_token_ids=_fixed_tokens(parents, _EXACT_V))
-        worst_oracle = max(worst_oracle, max(abs(law.get(t, 0.0) - oracle.get(t, 0.0))
-                                             for t in set(law) | set(oracle)))
-        length = max(len(t) for t in law) if law else 1
-        continued = _tree_reference.continued_law(law, laws.target, length, _EXACT_V)
-        expected = _tree_reference.continued_law({(): 1.0}, laws.target, length, _EXACT_V)
-        worst_target = max(worst_target, float(np.max(np.abs(continued - expected))))
+        oracle_error, target_error = _law_errors(target, weighted, result[0], shape, parents,
+                                                 laws)
+        worst_oracle, worst_target = max(worst_oracle, oracle_error), max(worst_target,
+                                                                          target_error)
     what = (f"{len(requests)} requests integrating every draft assignment of the trees "
             f"{[list(s) for s in _EXACT_SHAPES]} (V = {_EXACT_V}, rows multiples of 1/1024, "
             f"children drawn by '{target.method.drafting}' drafting) and the uniforms (each "
@@ -658,6 +697,85 @@ def _check_exact_law(target: TreeTarget, rng: np.random.Generator,
         PropertyResult(names[1], worst_target <= _LAW_TOLERANCE, f"max err {worst_target:.2g}",
                        f"{what}; the output continued by the target vs the target's law"),
     ]
+
+
+_NO_THRESHOLDS = ("tree method {kind!r} has no per-node acceptance thresholds to cut the "
+                  "uniforms at; Monte Carlo only")
+
+
+def _exact_logits_batch(target: TreeTarget, form: tuple[str, str],
+                        cases: tuple[_kit_ragged.SettingCase, ...], rng: np.random.Generator,
+                        collector: _Collector) -> list[tuple[_kit_ragged.SettingCase, float, str]]:
+    """One batch of chain trees (``case.drafts`` nodes), one per case, each with its own
+    settings, rows load-bearing for them, every draft assignment and uniform cell
+    integrated; each case's largest error against the oracle and the target."""
+    groups = []
+    weighted: list[tuple[_Request, float]] = []
+    vocab_size = _kit_ragged.EXACT_V
+    for shape, case in enumerate(cases):
+        parents = tuple(range(-1, case.drafts - 1))
+        rows = _Rows(rng, vocab_size, form)
+        # The rows that carry the settings, as on the ragged layout: the root's target row
+        # and the one after it (whatever the first token), or with target probabilities
+        # (taken as processed) the draft row below the root.
+        if form[0] == "logits":
+            carriers = _kit_ragged.load_bearing_logits(rng, case.drafts + 1, vocab_size,
+                                                       case.settings, target.dtype)
+            rows.rows[("target", ())] = carriers[0]
+            for token in range(vocab_size * case.drafts):
+                rows.rows[("target", (token,))] = carriers[1]
+        else:
+            rows.rows[("draft", (), 0)] = _kit_ragged.load_bearing_logits(
+                rng, 1, vocab_size, case.settings, target.dtype)[0]
+        laws = _Laws(rows, case.settings, target.dtype)
+        ignored = tuple(_Laws(rows, {**case.settings, name: _kit_ragged.OFF[name]},
+                              target.dtype)
+                        for name, value in case.settings.items()
+                        if value != _kit_ragged.OFF[name])
+        weighted += _integrated(target, parents, rows, laws, shape, ignored)
+        groups.append((shape, case, parents, laws))
+    requests = [request for request, _ in weighted]
+    output = _call(target, requests, form[0], draft_form=form[1])
+    label = f"{form[0]}/{form[1]}"
+    collector.record(requests, output, f"{label} exact batch")
+    return [(case, max(_law_errors(target, weighted, output[0], shape, parents, laws)), label)
+            for shape, case, parents, laws in groups]
+
+
+def _check_exact_logits(target: TreeTarget, rng: np.random.Generator,
+                        collector: _Collector) -> list[PropertyResult]:
+    """The exact laws from logits on chain trees, one property per aspect of
+    :data:`specdec_np.testing._ragged.SETTING_CASES`, and draft logits with target
+    probabilities where the method reads draft rows."""
+    reads = target.method.reads_draft_probs
+    aspects = tuple(dict.fromkeys(case.aspect for case in _kit_ragged.SETTING_CASES))
+    missing = (f"the verifier takes no target_logits=, {'draft_logits=, ' if reads else ''}"
+               "or uniforms=")
+    missing_draft = "the verifier takes no target_probs=, draft_logits= or uniforms="
+    errors: list[tuple[_kit_ragged.SettingCase, float, str]] = []
+    draft_errors: list[tuple[_kit_ragged.SettingCase, float, str]] = []
+    if target.method.sequence_level:  # no per-node thresholds: known before any row is drawn
+        missing = missing_draft = _NO_THRESHOLDS.format(kind=target.kind)
+    else:
+        if all(target.takes[n] for n in ("target_logits", "uniforms")) and (
+                not reads or target.takes["draft_logits"]):
+            errors = _exact_logits_batch(target, ("logits", "logits"),
+                                         _kit_ragged.SETTING_CASES, rng, collector)
+        if reads and all(target.takes[n] for n in ("target_probs", "draft_logits", "uniforms")):
+            draft_errors = _exact_logits_batch(target, ("probs", "logits"),
+                                               _kit_ragged.DRAFT_TEMPERATURE_CASES, rng,
+                                               collector)
+    what = (f"chain trees of 0 and 1 nodes (V = {_kit_ragged.EXACT_V}), each with its own "
+            f"settings, every draft assignment (children drawn by "
+            f"'{target.method.drafting}' drafting) and uniform cell integrated; the law of the "
+            f"emitted tuples vs specdec_np._tree_reference.{target.method.oracle_name}, and "
+            f"continued by the target vs the target's law, the rows processed")
+    results = _kit_ragged.aspect_results("exact law from logits", aspects, errors, what, missing)
+    if reads:  # a method that reads no draft rows has no draft logits to process
+        results += _kit_ragged.aspect_results(
+            "exact law from target probabilities", (_kit_ragged.DRAFT_TEMPERATURE,),
+            draft_errors, what, missing_draft)
+    return results
 
 
 # --------------------------------------------------------------------------------------
@@ -726,10 +844,7 @@ def _check_batch(target: TreeTarget, vocab_size: int, rng: np.random.Generator,
                  collector: _Collector) -> list[PropertyResult]:
     stochastic = target.method.stochastic
     form = "logits" if target.takes["target_logits"] else "probs"
-    menu: list[dict[str, Any]] = ([
-        {}, {"temperature": 0.0}, {"temperature": 0.7, "top_k": 3}, {"top_p": 0.8},
-             {"min_p": 0.2, "temperature": 1.3}] if form == "logits" else
-            [{}, {"temperature": 0.0}])
+    menu = _kit_ragged.settings_menu() if form == "logits" else [{}, {"temperature": 0.0}]
     size = 32
     requests = _random_requests(target, rng, vocab_size, size, form, menu, stochastic)
     source = "uniforms" if stochastic else "none"
@@ -803,6 +918,8 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     else:
         sources = target.sources() or ["own"]
         rows += guard_keywords(f"exact law equals the {kind} oracle", lambda: _check_exact_law(
+            target, rng, collector), limit)
+        rows += guard_keywords("exact law from logits", lambda: _check_exact_logits(
             target, rng, collector), limit)
         rows += guard_keywords("Monte Carlo", lambda: _check_monte_carlo(
             target, "probs", {}, 5, num_rows, rng, collector, sources), limit)
