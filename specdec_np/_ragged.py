@@ -246,11 +246,20 @@ def run_ragged(
     generator_for: Callable[[Any], Any] | None = None,
     on_success: Callable[[Any, Any, Any], None] | None = None,
     filter_order: str = "vllm",
+    sources_for: Callable[[np.ndarray, tuple[int, int]], Any] | None = None,
 ) -> _results.VerificationResult:
     """:func:`verify_ragged` with a sampler's hooks: ``generator_for(device)`` gives the
     generator once every argument is checked, and ``on_success(num_draft_tokens,
     accepted_lengths, commit)`` records a successful call before it counts as done (all or
-    nothing, setting ``commit.done`` last: :class:`specdec_np._dispatch.Commit`)."""
+    nothing, setting ``commit.done`` last: :class:`specdec_np._dispatch.Commit`).
+
+    ``sources_for(row_widths, shape)`` replaces ``uniforms``, ``generator``,
+    ``seeded_seqs`` and ``counter_seeds`` for a caller that draws from generators the
+    library cannot hold (torch's): from each request's number of draws (``k_b + 2``
+    sampled, 0 greedy) and the uniforms' shape ``[B, max_k + 2]``, it gives an object with
+    the ``draw()`` and ``undo()`` of :class:`specdec_np._random.RejectionUniforms`, whose
+    ``draw()`` returns the uniforms on the inputs' device.  ``draw()`` runs only once
+    every argument, ids included, is checked."""
     strict = _validate.check_strict_mode(strict_mode)
     verifier = registry.get(method)
     parameters = _validate.check_method_parameters(verifier, method_parameters)
@@ -285,20 +294,24 @@ def run_ragged(
             form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
         )
     chosen = _GREEDY if sampling.all_greedy and not verifier.greedy else verifier
-    # Built even when every request is greedy, so that a bad source is refused whatever
-    # the batch holds; greedy requests draw nothing from it.
-    sources = _random.RejectionUniforms(
-        batch.batch_size,
-        batch.max_k + 1,
-        batch.xp,
-        uniforms=uniforms,
-        generator=generator,
-        generator_for=generator_for,
-        device=batch.device,
-        seeded_seqs=seeded_seqs,
-        counter_seeds=counter_seeds,
-        row_widths=np.where(greedy, 0, counts + 2),
-    )
+    row_widths = np.where(greedy, 0, counts + 2)
+    if sources_for is not None:
+        sources = sources_for(row_widths, (batch.batch_size, batch.max_k + 2))
+    else:
+        # Built even when every request is greedy, so that a bad source is refused
+        # whatever the batch holds; greedy requests draw nothing from it.
+        sources = _random.RejectionUniforms(
+            batch.batch_size,
+            batch.max_k + 1,
+            batch.xp,
+            uniforms=uniforms,
+            generator=generator,
+            generator_for=generator_for,
+            device=batch.device,
+            seeded_seqs=seeded_seqs,
+            counter_seeds=counter_seeds,
+            row_widths=row_widths,
+        )
     if out is None:
         block = _contract.allocate_output_block(batch.xp, batch.batch_size, batch.max_k + 1)
     else:
