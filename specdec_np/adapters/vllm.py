@@ -283,11 +283,11 @@ def _generators(generators: Any, batch_size: int, torch: Any) -> dict[int, Any]:
 
 
 class _Draw(NamedTuple):
-    """One ``torch.rand(count)`` from ``generator``, and its state before."""
+    """One ``torch.rand(size)`` from ``generator``, and its state before."""
 
     generator: Any
     before: Any
-    count: int
+    size: int
 
 
 class _TorchUniforms:
@@ -359,7 +359,7 @@ class _TorchUniforms:
             replica = torch.Generator(device=draw.generator.device)
             replica.set_state(draw.before)
             torch.rand(
-                draw.count, dtype=torch.float64, generator=replica, device=replica.device
+                draw.size, dtype=torch.float64, generator=replica, device=replica.device
             )
             if torch.equal(draw.generator.get_state(), replica.get_state()):
                 draw.generator.set_state(draw.before)
