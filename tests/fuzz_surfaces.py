@@ -24,6 +24,13 @@ explicit uniforms so that the call is deterministic), first made once to get its
 * ``masked``: one array argument becomes a masked array or a ``numpy.matrix``: a TypeError
   that names it.  With torch installed, all arrays become torch tensors: the same tokens,
   as torch tensors.
+* ``adapter``: instead, a random vLLM v1 batch through ``specdec_np.adapters.vllm`` (NumPy
+  or torch inputs, bfloat16 rows now and then, greedy and sampled requests, some seeded
+  with their own generator).  The valid call must give vLLM's output, and move each
+  seeded generator by exactly its request's draws (``k_b + 2`` sampled, none greedy); a
+  seeded request verified alone must give the same tokens and the same generator state.
+  The same batch with one corruption must raise a TypeError or ValueError that names
+  the argument, and move no generator, torch's global one included.
 
 The last line printed is a JSON summary (calls per outcome).
 """
@@ -291,9 +298,249 @@ def masked(
     raise AssertionError(f"{type(bad).__name__} {name} was accepted")
 
 
+#: Adapter corruptions: label -> the argument the refusal must name.
+ADAPTER_CORRUPTIONS = {
+    "draft id V": "draft_token_ids",
+    "bonus id -1": "bonus_token_ids",
+    "float counts": "num_draft_tokens",
+    "running sums": "cu_num_draft_tokens",
+    "float max_spec_len": "max_spec_len",
+    "short logits": "target_logits",
+    "generator key": "generators",
+    "no temperature": "temperature",
+    "no metadata": "sampling_metadata",
+    "top_p": "top_p",
+}
+
+
+class SamplingMetadata:
+    """The attributes of vLLM's ``SamplingMetadata`` that the adapter reads."""
+
+    def __init__(self, **attributes: Any) -> None:
+        self.__dict__.update(attributes)
+
+
+def adapter_case(rng: np.random.Generator, torch: Any) -> dict[str, Any]:
+    """A valid vLLM v1 batch: the adapter's arguments, its library, and each seeded
+    request's seed (its generator is made afresh for every call)."""
+    library = "torch" if torch is not None and rng.random() < 0.6 else "numpy"
+    vocab = int(rng.choice(VOCAB_SIZES))
+    batch = int(rng.integers(0, 5))
+    counts = [int(count) for count in rng.integers(0, 4, batch)]
+    total = sum(counts)
+    temperature = np.where(rng.random(batch) < 0.3, rng.choice([0.0, -1.0], batch),
+                           rng.uniform(0.3, 2, batch))  # fmt: skip
+    arrays = {
+        "draft_token_ids": rng.integers(0, vocab, total),
+        "cu_num_draft_tokens": np.cumsum(counts, dtype=np.int64),
+        "target_logits": (rng.normal(size=(total, vocab)) * 2).astype(np.float32),
+        "bonus_token_ids": rng.integers(0, vocab, (batch, 1)),
+        "draft_probs": softmax(rng.normal(size=(total, vocab))).astype(np.float32)
+        if rng.random() < 0.7 else None,
+        "temperature": temperature,
+        "top_k": rng.integers(0, vocab + 1, batch) if rng.random() < 0.5 else None,
+        "top_p": rng.uniform(0.2, 1.0, batch) if rng.random() < 0.5 else None,
+    }
+    if library == "torch":
+        arrays = {name: None if value is None else torch.from_numpy(value)
+                  for name, value in arrays.items()}  # fmt: skip
+        if rng.random() < 0.3:
+            for name in ("target_logits", "draft_probs"):
+                if arrays[name] is not None:
+                    arrays[name] = arrays[name].to(torch.bfloat16)
+    seeds = {b: int(rng.integers(2**31)) for b in range(batch) if rng.random() < 0.6}
+    return {
+        "library": library, "torch": torch, "counts": counts, "vocab": vocab,
+        "max_spec_len": max(counts, default=0) + int(rng.integers(0, 2)),
+        "arrays": arrays, "seeds": seeds,
+        "all_greedy": bool(batch) and bool((temperature <= 1e-5).all()) and rng.random() < 0.5,
+    }
+
+
+def adapter_generator(case: dict[str, Any], seed: int) -> Any:
+    if case["library"] == "torch":
+        return case["torch"].Generator().manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+def adapter_state(case: dict[str, Any], generator: Any) -> Any:
+    if case["library"] == "torch":
+        return generator.get_state().tolist()
+    return repr(generator.bit_generator.state)
+
+
+def adapter_call(case: dict[str, Any], **change: Any) -> tuple[Any, dict[int, Any]]:
+    """Call the adapter on ``case`` (with ``change`` applied); the result and the fresh
+    generators it was given."""
+    from specdec_np.adapters import vllm
+
+    arrays = {**case["arrays"], **{name: value for name, value in change.items()
+                                   if name in case["arrays"]}}  # fmt: skip
+    generators = {b: adapter_generator(case, seed) for b, seed in case["seeds"].items()}
+    all_greedy = case["all_greedy"]
+    metadata = SamplingMetadata(
+        all_greedy=all_greedy, all_random=False,
+        temperature=None if all_greedy else arrays["temperature"],
+        top_k=arrays["top_k"], top_p=arrays["top_p"], generators=generators,
+    )
+    for name in ("temperature", "generators", "all_random"):
+        if name in change:
+            setattr(metadata, name, change[name](generators) if name == "generators"
+                    else change[name])  # fmt: skip
+    result = vllm.rejection_sample(
+        draft_token_ids=arrays["draft_token_ids"],
+        num_draft_tokens=change.get("num_draft_tokens", case["counts"]),
+        max_spec_len=change.get("max_spec_len", case["max_spec_len"]),
+        cu_num_draft_tokens=arrays["cu_num_draft_tokens"],
+        draft_probs=arrays["draft_probs"],
+        target_logits=arrays["target_logits"],
+        bonus_token_ids=arrays["bonus_token_ids"],
+        sampling_metadata=change.get("sampling_metadata", metadata),
+    )
+    return result, generators
+
+
+def adapter_draws(case: dict[str, Any], row: int) -> int:
+    """The uniforms request ``row`` takes from its generator: ``k_b + 2``, none greedy."""
+    greedy = case["all_greedy"] or float(case["arrays"]["temperature"][row]) <= 1e-5
+    return 0 if greedy else case["counts"][row] + 2
+
+
+def adapter_expected_state(case: dict[str, Any], row: int) -> Any:
+    generator = adapter_generator(case, case["seeds"][row])
+    draws = adapter_draws(case, row)
+    if case["library"] == "torch":
+        torch = case["torch"]
+        torch.rand(draws, dtype=torch.float64, generator=generator)
+    else:
+        generator.random(draws)
+    return adapter_state(case, generator)
+
+
+def adapter_output_problems(case: dict[str, Any], output: Any) -> list[str]:
+    """vLLM's output: int32 ``[B, max_spec_len + 1]``, each row the accepted drafts, one
+    more token in ``[0, V)``, then -1."""
+    torch, counts = case["torch"], case["counts"]
+    expected_type = torch.Tensor if case["library"] == "torch" else np.ndarray
+    if not isinstance(output, expected_type) or str(output.dtype).split(".")[-1] != "int32":
+        return [f"output {type(output).__name__} {output.dtype}, not int32 {case['library']}"]
+    if tuple(output.shape) != (len(counts), case["max_spec_len"] + 1):
+        return [f"output shape {tuple(output.shape)}"]
+    rows = np.asarray(output).tolist()
+    drafts = np.asarray(case["arrays"]["draft_token_ids"]).tolist()
+    bonus = np.asarray(case["arrays"]["bonus_token_ids"]).reshape(-1).tolist()
+    start = 0
+    for b, (row, count) in enumerate(zip(rows, counts)):
+        emitted = [token for token in row if token != -1]
+        own = drafts[start : start + count]
+        start += count
+        if (row[: len(emitted)] != emitted or not 1 <= len(emitted) <= count + 1
+                or emitted[:-1] != own[: len(emitted) - 1]
+                or not 0 <= emitted[-1] < case["vocab"]
+                or (len(emitted) == count + 1 and emitted[-1] != bonus[b])):  # fmt: skip
+            return [f"request {b}: {row} for drafts {own}, bonus {bonus[b]}"]
+    return []
+
+
+def adapter_alone(case: dict[str, Any], row: int) -> dict[str, Any]:
+    """Request ``row`` of ``case`` as a batch of its own."""
+    counts = case["counts"]
+    start = sum(counts[:row])
+    rows = slice(start, start + counts[row])
+    arrays = dict(case["arrays"])
+    for name in ("draft_token_ids", "target_logits", "draft_probs"):
+        if arrays[name] is not None:
+            arrays[name] = arrays[name][rows]
+    for name in ("bonus_token_ids", "temperature", "top_k", "top_p"):
+        if arrays[name] is not None:
+            arrays[name] = arrays[name][row : row + 1]
+    arrays["cu_num_draft_tokens"] = arrays["cu_num_draft_tokens"][:1] * 0 + counts[row]
+    return {**case, "counts": [counts[row]], "arrays": arrays,
+            "seeds": {0: case["seeds"][row]}}  # fmt: skip
+
+
+def adapter_corruption(rng: np.random.Generator, case: dict[str, Any]) -> tuple[str, dict]:
+    """One corruption that the batch allows, as a change for :func:`adapter_call`."""
+    counts, arrays, vocab = case["counts"], case["arrays"], case["vocab"]
+    batch = len(counts)
+    options: dict[str, dict[str, Any]] = {
+        "float counts": {"num_draft_tokens": [float(count) for count in counts] or [1.0]},
+        "running sums": {"cu_num_draft_tokens": np.asarray(arrays["cu_num_draft_tokens"])[:-1]
+                         if batch else np.ones(1, dtype=np.int64)},
+        "float max_spec_len": {"max_spec_len": float(case["max_spec_len"])},
+        "generator key": {"generators": lambda generators: {
+            **generators, int(rng.choice([-1, batch, batch + 3])): adapter_generator(case, 1)}},
+        "no metadata": {"sampling_metadata": None},
+    }
+    if batch:
+        options["bonus id -1"] = {"bonus_token_ids": arrays["bonus_token_ids"] * 0 - 1}
+        options["top_p"] = {"top_p": arrays["temperature"] * 0 + 2.0}
+        if not case["all_greedy"]:
+            options["no temperature"] = {"temperature": None, "all_random": True}
+    if sum(counts):
+        ids = arrays["draft_token_ids"].clone() if case["library"] == "torch" else (
+            arrays["draft_token_ids"].copy())  # fmt: skip
+        ids[int(rng.integers(ids.shape[0]))] = vocab
+        options["draft id V"] = {"draft_token_ids": ids}
+        options["short logits"] = {"target_logits": arrays["target_logits"][1:]}
+    label = str(rng.choice(sorted(options)))
+    return label, options[label]
+
+
+def adapter(rng: np.random.Generator) -> str:
+    """One random adapter batch: valid, alone, and corrupted (the module docstring)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    case = adapter_case(rng, torch)
+    print(f"adapter {case['library']} counts {case['counts']} V {case['vocab']} seeds "
+          f"{sorted(case['seeds'])}", file=sys.stderr, flush=True)  # fmt: skip
+    output, generators = adapter_call(case)
+    problems = adapter_output_problems(case, output)
+    for row, generator in generators.items():
+        if adapter_state(case, generator) != adapter_expected_state(case, row):
+            problems.append(f"seeded request {row} drew other than {adapter_draws(case, row)}")
+    if generators:
+        row = int(rng.choice(sorted(generators)))
+        alone, alone_generators = adapter_call(adapter_alone(case, row))
+        width = case["counts"][row] + 1
+        if np.asarray(alone)[0, :width].tolist() != np.asarray(output)[row, :width].tolist():
+            problems.append(f"seeded request {row} emits other tokens alone")
+        if adapter_state(case, alone_generators[0]) != adapter_state(case, generators[row]):
+            problems.append(f"seeded request {row} moves its generator otherwise alone")
+    label, change = adapter_corruption(rng, case)
+    global_state = torch.get_rng_state() if torch is not None else None
+    box: dict[int, Any] = {}
+
+    def keep(generators: dict[int, Any]) -> dict[int, Any]:
+        box.update(generators)
+        return change["generators"](generators) if "generators" in change else generators
+
+    try:
+        adapter_call(case, **{**change, "generators": keep})
+        problems.append(f"{label} was accepted")
+    except (TypeError, ValueError) as error:
+        if ADAPTER_CORRUPTIONS[label] not in str(error):
+            problems.append(f"{label}: the error does not name "
+                            f"{ADAPTER_CORRUPTIONS[label]}: {error}")  # fmt: skip
+    for row, generator in box.items():
+        if row in case["seeds"] and adapter_state(case, generator) != adapter_state(
+            case, adapter_generator(case, case["seeds"][row])
+        ):
+            problems.append(f"{label}: the refused call moved generator {row}")
+    if torch is not None and not torch.equal(torch.get_rng_state(), global_state):
+        problems.append(f"{label}: the refused call moved torch's generator")
+    if problems:
+        raise AssertionError(f"adapter, {case['library']} {case['counts']}: {problems}")
+    return f"refused {case['library']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("writers", "interrupts", "small_stack", "masked"))
+    parser.add_argument(
+        "mode", choices=("writers", "interrupts", "small_stack", "masked", "adapter")
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calls", type=int, default=200)
     arguments = parser.parse_args(argv)
@@ -302,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(1e-6)
     outcomes: Counter[str] = Counter()
     for index in range(arguments.calls):
+        if arguments.mode == "adapter":
+            print(f"call {index}:", file=sys.stderr, end=" ", flush=True)
+            outcomes[adapter(rng)] += 1
+            continue
         layout, case = random_case(rng)
         form = "logits" if "target_logits" in case else "probs"
         shape = np.shape(case.get("target_logits", case.get("target_probs")))

@@ -179,3 +179,300 @@ def test_inconsistent_metadata_is_refused(change: dict, message: str) -> None:
     arguments.update(change)
     with pytest.raises(ValueError, match=message):
         vllm.rejection_sample(**arguments, sampling_metadata=greedy_metadata())
+
+
+# --------------------------------------------------------------------------------------
+# Randomness: a seeded request's draws depend on that request alone, and a refused call
+# moves no generator.
+# --------------------------------------------------------------------------------------
+
+
+def request_rows(counts: list[int], vocab: int = 6, seeds: list[int] | None = None,
+                 library: str = "torch") -> dict:
+    """A batch whose request ``b`` has the same drafts, rows and bonus token wherever it
+    sits (made from ``seeds[b]``), in NumPy or torch."""
+    seeds = seeds or list(range(len(counts)))
+    ids, logits, probs = [], [], []
+    for count, seed in zip(counts, seeds):
+        rng = np.random.default_rng(seed)
+        ids.append(rng.integers(0, vocab, count))
+        logits.append(rng.normal(size=(count, vocab)) * 2)
+        probs.append(rng.dirichlet(np.ones(vocab), size=count))
+    arrays = {
+        "draft_token_ids": np.concatenate([np.zeros(0, np.int64), *ids]),
+        "cu_num_draft_tokens": np.cumsum(counts, dtype=np.int64),
+        "draft_probs": np.concatenate([np.zeros((0, vocab)), *probs]).astype(np.float32),
+        "target_logits": np.concatenate([np.zeros((0, vocab)), *logits]).astype(np.float32),
+        "bonus_token_ids": (np.asarray(seeds, dtype=np.int64) % vocab).reshape(-1, 1),
+    }
+    if library == "torch":
+        arrays = {name: torch.from_numpy(value) for name, value in arrays.items()}
+    return {"num_draft_tokens": list(counts), "max_spec_len": max(counts, default=0), **arrays}
+
+
+def new_generator(library: str, seed: int) -> Any:
+    if library == "torch":
+        return torch.Generator().manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+def state_of(generator: Any) -> Any:
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()
+    return repr(generator.bit_generator.state)
+
+
+def same_state(first: Any, second: Any) -> bool:
+    if isinstance(first, torch.Tensor):
+        return torch.equal(first, second)
+    return first == second
+
+
+def sampled_metadata(batch_size: int, generators: dict | None = None,
+                     temperature: Any = None) -> SamplingMetadata:
+    return SamplingMetadata(
+        temperature=torch.ones(batch_size) if temperature is None else temperature,
+        all_greedy=False, all_random=temperature is None, generators=generators or {},
+    )
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_a_seeded_request_draws_the_same_alone_or_batched(library: str) -> None:
+    """Its generator ends in the same state, and it emits the same tokens, whether the
+    request is verified alone or beside requests with more drafts."""
+    for k in (0, 1, 3):
+        runs = []
+        for counts, seeds in (([k], [7]), ([k, 5, 2, 6], [7, 1, 2, 3])):
+            generator = new_generator(library, 11)
+            output = vllm.rejection_sample(
+                **request_rows(counts, seeds=seeds, library=library),
+                sampling_metadata=sampled_metadata(len(counts), {0: generator}),
+            )
+            runs.append((np.asarray(output)[0, : k + 1].tolist(), state_of(generator)))
+        (alone_tokens, alone_state), (batched_tokens, batched_state) = runs
+        assert alone_tokens == batched_tokens
+        assert same_state(alone_state, batched_state), f"k = {k}"
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_a_seeded_request_draws_k_plus_2_uniforms_and_none_when_greedy(library: str) -> None:
+    counts = [3, 1, 4]
+    generators = {0: new_generator(library, 5), 1: new_generator(library, 6)}
+    temperature = torch.tensor([0.9, 0.0, 1.2])  # request 1 is greedy
+    vllm.rejection_sample(
+        **request_rows(counts, library=library),
+        sampling_metadata=sampled_metadata(3, generators, temperature=temperature),
+    )
+    expected = new_generator(library, 5)
+    if library == "torch":
+        torch.rand(5, dtype=torch.float64, generator=expected)
+    else:
+        expected.random(5)
+    assert same_state(state_of(generators[0]), state_of(expected))
+    assert same_state(state_of(generators[1]), state_of(new_generator(library, 6)))
+
+
+def refused_calls() -> list[tuple[str, dict, Any]]:
+    """(label, change to a valid three-request call, the refusal it must get)."""
+    return [
+        ("draft id V", {"draft_token_ids": [0, 6, 1, 2, 3]}, ValueError),
+        ("bonus id V", {"bonus_token_ids": [[0], [6], [1]]}, ValueError),
+        ("logits shape", {"target_logits": np.zeros((4, 6), np.float32)}, ValueError),
+        ("draft_probs V", {"draft_probs": np.full((5, 5), 0.2, np.float32)}, ValueError),
+        ("cu counts", {"cu_num_draft_tokens": [2, 3, 4]}, ValueError),
+        ("float counts", {"num_draft_tokens": [2.0, 1.0, 2.0]}, TypeError),
+        ("float cu", {"cu_num_draft_tokens": [2.0, 3.0, 5.0]}, TypeError),
+        ("float max_spec_len", {"max_spec_len": 2.0}, TypeError),
+        ("negative key", {"generators": -1}, ValueError),
+        ("top_p", {"top_p": [2.0, 1.0, 1.0]}, ValueError),
+        ("nan temperature", {"temperature": [float("nan"), 1.0, 1.0]}, ValueError),
+    ]
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+@pytest.mark.parametrize(("label", "change", "error"), refused_calls(),
+                         ids=[case[0] for case in refused_calls()])
+def test_a_refused_call_moves_no_generator(library: str, label: str, change: dict,
+                                           error: type) -> None:
+    arguments = request_rows([2, 1, 2], library=library)
+    metadata = sampled_metadata(3, {0: new_generator(library, 1), 2: new_generator(library, 2)})
+    for name, value in change.items():
+        if name == "generators":
+            metadata.generators = {value: new_generator(library, 3), **metadata.generators}
+        elif name in ("temperature", "top_p"):
+            setattr(metadata, name, torch.tensor(value))
+        elif name in ("num_draft_tokens", "max_spec_len"):
+            arguments[name] = value
+        else:
+            array = np.asarray(value)
+            arguments[name] = torch.from_numpy(array) if library == "torch" else array
+    states = {row: state_of(generator) for row, generator in metadata.generators.items()}
+    global_state = torch.get_rng_state()
+    with pytest.raises(error):
+        vllm.rejection_sample(**arguments, sampling_metadata=metadata)
+    for row, generator in metadata.generators.items():
+        assert same_state(state_of(generator), states[row]), f"generator {row} moved"
+    assert torch.equal(torch.get_rng_state(), global_state), "torch's generator moved"
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_a_row_refused_after_the_draws_puts_the_generators_back(library: str) -> None:
+    """A row with no mass is found by the kernel, after the uniforms were drawn."""
+    arguments = request_rows([2, 1, 2], library=library)
+    arguments["target_logits"][3] = float("nan")
+    generators = {0: new_generator(library, 1), 2: new_generator(library, 2)}
+    states = {row: state_of(generator) for row, generator in generators.items()}
+    global_state = torch.get_rng_state()
+    with pytest.raises(ValueError, match="target_logits"):
+        vllm.rejection_sample(**arguments, sampling_metadata=sampled_metadata(3, generators))
+    for row, generator in generators.items():
+        assert same_state(state_of(generator), states[row]), f"generator {row} moved"
+    assert torch.equal(torch.get_rng_state(), global_state)
+
+
+def test_unseeded_requests_draw_from_torchs_generator() -> None:
+    arguments = request_rows([2, 3])
+    outputs = []
+    for _ in range(2):
+        torch.manual_seed(4)
+        outputs.append(vllm.rejection_sample(**arguments,
+                                             sampling_metadata=sampled_metadata(2)).tolist())
+    assert outputs[0] == outputs[1]
+
+
+# --------------------------------------------------------------------------------------
+# Clear errors, never a silent coercion
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("num_draft_tokens", [2.0, 1.0]),
+        ("num_draft_tokens", [True, False]),
+        ("cu_num_draft_tokens", torch.tensor([2.0, 3.0])),
+        ("max_spec_len", 2.0),
+        ("max_spec_len", True),
+    ],
+)
+def test_counts_that_are_not_integers_are_refused(name: str, value: Any) -> None:
+    arguments = batch([[1, 2], [3]])
+    arguments[name] = value
+    with pytest.raises(TypeError, match=name):
+        vllm.rejection_sample(**arguments, sampling_metadata=greedy_metadata())
+
+
+@pytest.mark.parametrize(("key", "error"), [(-1, ValueError), (2, ValueError),
+                                            ("0", TypeError), (True, TypeError)])
+def test_generator_keys_outside_the_batch_are_refused(key: Any, error: type) -> None:
+    metadata = sampled_metadata(2, {key: torch.Generator().manual_seed(0)})
+    with pytest.raises(error, match="generators"):
+        vllm.rejection_sample(**request_rows([2, 1]), sampling_metadata=metadata)
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_generators_of_the_other_library_are_refused(library: str) -> None:
+    other = new_generator("numpy" if library == "torch" else "torch", 0)
+    with pytest.raises(TypeError, match=r"generators\[1\]"):
+        vllm.rejection_sample(**request_rows([2, 1], library=library),
+                              sampling_metadata=sampled_metadata(2, {1: other}))
+
+
+@pytest.mark.parametrize("all_random", [True, False])
+def test_temperatures_left_out_of_a_batch_that_is_not_all_greedy_are_refused(
+    all_random: bool,
+) -> None:
+    """vLLM leaves them out only when every request is greedy: verifying the batch as
+    greedy would be a silent change of law."""
+    metadata = SamplingMetadata(temperature=None, all_greedy=False, all_random=all_random)
+    with pytest.raises(ValueError, match="temperature"):
+        vllm.rejection_sample(**request_rows([2, 1]), sampling_metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "error", "message"),
+    [
+        (None, TypeError, "sampling_metadata"),
+        (object(), TypeError, "sampling_metadata.*all_greedy"),
+        (SamplingMetadata(temperature=None, all_greedy="yes", all_random=False), TypeError,
+         "sampling_metadata.all_greedy"),
+        (SamplingMetadata(temperature=None, all_greedy=True, all_random=True), ValueError,
+         "all_random"),
+        (SamplingMetadata(temperature=torch.ones(3), all_greedy=False, all_random=False),
+         ValueError, "sampling_metadata.temperature"),
+        (SamplingMetadata(temperature=torch.ones(2), all_greedy=False, all_random=False,
+                          generators=[torch.Generator()]), TypeError, "generators"),
+    ],
+    ids=["none", "no attributes", "flag", "both flags", "temperature shape", "generator list"],
+)
+def test_a_missing_or_malformed_sampling_metadata_is_named(metadata: Any, error: type,
+                                                           message: str) -> None:
+    with pytest.raises(error, match=message):
+        vllm.rejection_sample(**request_rows([2, 1]), sampling_metadata=metadata)
+
+
+def test_metadata_missing_one_attribute_is_named() -> None:
+    class WithoutTopP:
+        temperature, all_greedy, all_random, top_k, generators = None, True, False, None, {}
+
+    with pytest.raises(TypeError, match="without top_p"):
+        vllm.rejection_sample(**request_rows([2, 1]), sampling_metadata=WithoutTopP())
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_an_empty_batch_gives_the_empty_result(library: str) -> None:
+    arguments = request_rows([], library=library)
+    arguments["max_spec_len"] = 3
+    for metadata in (greedy_metadata(), sampled_metadata(0)):
+        output = vllm.rejection_sample(**arguments, sampling_metadata=metadata)
+        assert tuple(output.shape) == (0, 4)
+        assert output.dtype == (torch.int32 if library == "torch" else np.int32)
+
+
+# --------------------------------------------------------------------------------------
+# bfloat16
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rows_are_read_as_float32(dtype: Any) -> None:
+    """The same tokens as the rows rounded to ``dtype`` and given in float32, under the
+    same seeds; half-precision sampling parameters are taken too."""
+    counts = [3, 0, 2, 4]
+    arguments = request_rows(counts)
+    for name in ("target_logits", "draft_probs"):
+        arguments[name] = arguments[name].to(dtype)
+    rounded = {**arguments, **{name: arguments[name].float()
+                               for name in ("target_logits", "draft_probs")}}
+
+    def run(rows: dict, temperature: Any) -> list:
+        generators = {b: torch.Generator().manual_seed(b) for b in range(len(counts))}
+        metadata = sampled_metadata(len(counts), generators, temperature=temperature)
+        metadata.top_p = torch.tensor([0.9, 1.0, 0.8, 1.0], dtype=dtype)
+        return vllm.rejection_sample(**rows, sampling_metadata=metadata).tolist()
+
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.3])
+    assert run(arguments, temperature.to(dtype)) == run(rounded, temperature.to(dtype).float())
+
+
+def test_seeded_requests_of_mixed_lengths_keep_the_target_law() -> None:
+    """Each request drawing from its own generator, beside requests of other lengths:
+    the first token still has the target's law."""
+    rng = np.random.default_rng(5)
+    vocab, n = 5, 20_000
+    counts = [1, 3] * (n // 2)
+    total = sum(counts)
+    q = np.array([0.4, 0.1, 0.2, 0.2, 0.1])
+    logits = torch.tensor([[0.5, 1.5, -1.0, 0.0, 0.7]]).repeat(total, 1)
+    generators = {b: torch.Generator().manual_seed(1000 + b) for b in range(n)}
+    output = vllm.rejection_sample(
+        draft_token_ids=torch.tensor(rng.choice(vocab, size=total, p=q)),
+        num_draft_tokens=counts, max_spec_len=3,
+        cu_num_draft_tokens=torch.tensor(np.cumsum(counts)),
+        draft_probs=torch.tensor(q, dtype=torch.float32).repeat(total, 1), target_logits=logits,
+        bonus_token_ids=torch.zeros((n, 1), dtype=torch.int64),
+        sampling_metadata=sampled_metadata(n, generators, temperature=torch.full((n,), 0.8)),
+    )
+    p = torch.softmax(logits[0] / 0.8, -1).numpy().astype(np.float64)
+    for first in (output[0::2, 0], output[1::2, 0]):
+        assert _statistics.chi_square_test(np.bincount(first.numpy(), minlength=vocab), p) > 1e-4

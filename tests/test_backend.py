@@ -101,6 +101,17 @@ def test_bfloat16_is_upcast_to_float32():
     assert_same(verify_all(half[0], bonus, half[1], draft_ids), expected)
 
 
+def test_torch_bfloat16_and_float16_are_read_as_float32():
+    """NumPy cannot take bfloat16 through DLPack: intake converts it on the tensor's side."""
+    torch = pytest.importorskip("torch")
+    target, bonus, draft_probs, draft_ids = inputs()
+    for dtype in (torch.bfloat16, torch.float16):
+        half = [torch.from_numpy(a).to(dtype) for a in (target, draft_probs)]
+        expected = verify_all(half[0].float().numpy(), bonus, half[1].float().numpy(), draft_ids)
+        result = verify_all(half[0], torch.from_numpy(bonus), half[1], torch.from_numpy(draft_ids))
+        assert_same(result, expected, kind=torch.Tensor)
+
+
 def test_dlpack_torch_cpu_tensors_match_numpy():
     torch = pytest.importorskip("torch")
     arrays = inputs()

@@ -4,6 +4,7 @@ that a crash is seen as a crash; docs/semantics.md §6 and §8)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -91,5 +92,41 @@ def test_the_worker_fails_on_a_broken_copy(worker_mode: str, monkeypatch, tmp_pa
             [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])},
     )  # fmt: skip
     assert completed.returncode != 0 and "changed the tokens" in completed.stderr, (
+        completed.stderr[-2000:]
+    )
+
+
+def test_the_vllm_adapter_keeps_vllms_randomness_contract() -> None:
+    """Random vLLM batches through the adapter (NumPy and torch inputs, seeded requests,
+    bfloat16 rows): vLLM's output, each seeded generator moved by its own request's draws,
+    the same tokens alone; a corrupted call is refused, names the argument and moves no
+    generator, torch's global one included."""
+    summary = run_worker("adapter")
+    assert summary.get("refused numpy", 0) > 0, summary
+    if importlib.util.find_spec("torch") is not None:
+        assert summary.get("refused torch", 0) > 0, summary
+
+
+def test_the_adapter_fuzz_fails_on_batch_dependent_draws(tmp_path: Path) -> None:
+    """Negative control: with every seeded request drawing as many uniforms as the
+    batch's longest one, the worker finds the generators moved otherwise."""
+    pytest.importorskip("torch")
+    patch = tmp_path / "sitecustomize.py"
+    patch.write_text(
+        "import numpy as np\n"
+        "from specdec_np.adapters import vllm\n"
+        "original = vllm._TorchUniforms.__init__\n"
+        "def widest(self, torch, generators, device, row_widths, shape):\n"
+        "    row_widths = np.where(row_widths > 0, row_widths.max(initial=0), 0)\n"
+        "    original(self, torch, generators, device, row_widths, shape)\n"
+        "vllm._TorchUniforms.__init__ = widest\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, str(WORKER), "adapter", "--seed", str(SEED), "--calls", "100"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])},
+    )  # fmt: skip
+    assert completed.returncode != 0 and "drew other than" in completed.stderr, (
         completed.stderr[-2000:]
     )

@@ -66,6 +66,13 @@ class UniformSource(NamedTuple):
         ``generator_for(device)``: the generator of requests without a seed of their own,
         asked for once every argument is checked (a sampler's own generator), instead of
         ``generator``.
+    sources_for : callable or None
+        For a caller that draws from generators the library cannot hold (torch's), instead
+        of the fields above: ``sources_for(row_widths, shape)``, from each request's number
+        of draws (0 for a greedy one) and the uniforms' shape, gives an object with the
+        ``draw()`` and ``undo()`` of :class:`specdec_np._runtime.uniforms.RejectionUniforms`
+        whose ``draw()`` returns the uniforms on the inputs' device.  ``draw()`` runs only
+        once every argument, ids included, is checked.
     """
 
     uniforms: Any = None
@@ -73,6 +80,7 @@ class UniformSource(NamedTuple):
     seeded_seqs: Any = None
     counter_seeds: Any = None
     generator_for: Callable[[Any], Any] | None = None
+    sources_for: Callable[[Any, tuple[int, int]], Any] | None = None
 
 
 class LayoutCall(Protocol):
@@ -176,19 +184,25 @@ def engine_call(
     )  # fmt: skip
     layout.check_rows(batch, form, request.greedy, strict)
     chosen = layout.greedy_entry if request.all_greedy else layout.entry
-    # Built even when every request is greedy, so that a bad source is refused whatever
-    # the batch holds; greedy requests draw nothing from it.
-    sources = _random.RejectionUniforms(
-        batch.batch_size,
-        xp=batch.xp,
-        uniforms=uniform_source.uniforms,
-        generator=uniform_source.generator,
-        seeded_seqs=uniform_source.seeded_seqs,
-        counter_seeds=uniform_source.counter_seeds,
-        generator_for=uniform_source.generator_for,
-        device=batch.device,
-        **layout.uniform_rows(batch, request.greedy),
-    )
+    uniform_rows = layout.uniform_rows(batch, request.greedy)
+    if uniform_source.sources_for is not None:
+        sources = uniform_source.sources_for(
+            uniform_rows["row_widths"], (batch.batch_size, uniform_rows["k"] + 1)
+        )
+    else:
+        # Built even when every request is greedy, so that a bad source is refused
+        # whatever the batch holds; greedy requests draw nothing from it.
+        sources = _random.RejectionUniforms(
+            batch.batch_size,
+            xp=batch.xp,
+            uniforms=uniform_source.uniforms,
+            generator=uniform_source.generator,
+            seeded_seqs=uniform_source.seeded_seqs,
+            counter_seeds=uniform_source.counter_seeds,
+            generator_for=uniform_source.generator_for,
+            device=batch.device,
+            **uniform_rows,
+        )
     block = layout.output_block(
         batch, out, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
     )

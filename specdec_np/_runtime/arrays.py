@@ -108,6 +108,13 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
         ``numpy.matrix`` (their mask and their 2-d semantics would be ignored), a torch
         tensor that requires grad, a DLPack device other than CPU and CUDA, and a producer
         whose ``__dlpack__`` or ``__dlpack_device__`` does not follow the protocol.
+
+    Notes
+    -----
+    A torch bfloat16 tensor is converted to float32 on its own device before the DLPack
+    hand-over (one copy): neither NumPy nor CuPy takes bfloat16 through DLPack, and the
+    kernels read float32 anyway.  A torch float16 tensor crosses DLPack as it is and is
+    read as float32 by :func:`probabilities`, as a NumPy float16 array is.
     """
     if isinstance(x, np.ndarray):
         if type(x) is not np.ndarray:
@@ -124,6 +131,8 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
             raise TypeError(
                 f"{name} requires grad; call .detach() before passing it to the verifier"
             )
+        if _is_torch_bfloat16(x):
+            x = x.float()
         device_type = _dlpack_device_type(x, name)
         try:
             if device_type == _DLPACK_CPU:
@@ -132,10 +141,7 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
                 return cuda_module().from_dlpack(x)
         except (BufferError, TypeError, RuntimeError, ValueError) as error:
             _raise_unless_capsule(x, name, device_type)
-            raise TypeError(
-                f"{name} could not be taken through DLPack ({error}); bfloat16 tensors must "
-                "be converted to float32 by the caller"
-            ) from error
+            raise TypeError(f"{name} could not be taken through DLPack ({error})") from error
         raise TypeError(
             f"{name} is on DLPack device type {device_type}; only CPU (1) and CUDA (2) "
             "arrays are supported"
@@ -146,6 +152,13 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
         f"{name} must be an array (NumPy, CuPy, or one that exports DLPack) or array_like "
         f"(a list, tuple or number); found {type(x).__name__}"
     )
+
+
+def _is_torch_bfloat16(x: Any) -> bool:
+    """Whether ``x`` is a torch bfloat16 tensor (asked without importing torch)."""
+    if type(x).__module__.split(".", 1)[0] != "torch":
+        return False
+    return str(getattr(x, "dtype", "")) == "torch.bfloat16"
 
 
 def intake_if_read(x: Any, name: str, read: bool, like: Any = None) -> Any:
