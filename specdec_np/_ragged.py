@@ -64,8 +64,17 @@ def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _con
     OutputBlock
         ``output_token_ids`` int64 ``[B, max_draft_tokens + 1]`` and three int64 ``[B]``
         arrays (accepted lengths, acceptance counts, row status).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a size that is not a non-negative int (floats, even ``2.0``, included).
     """
-    return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
+    return _contract.allocate_output_block(
+        xp,
+        _validate.check_integer("batch_size", batch_size),
+        _validate.check_integer("max_draft_tokens", max_draft_tokens) + 1,
+    )
 
 
 def _check_out(
@@ -333,7 +342,9 @@ def run_ragged(
 def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
     """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
     largest count and ``T``."""
-    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
+    counts = _backend.intake(
+        _validate.empty_sequence_as_integers(num_draft_tokens), "num_draft_tokens"
+    )
     if counts.ndim != 1:
         raise ValueError(
             "num_draft_tokens must have shape [B] (1 dimension); found shape "

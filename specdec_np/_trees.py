@@ -179,8 +179,9 @@ class TreeLayout(NamedTuple):  # numpydoc ignore=PR01
 def _host_integers(x: Any, name: str) -> np.ndarray:
     """``x`` as a private 1-D int64 NumPy array, refusing non-integer dtypes, masked arrays
     and matrices, and values outside int64."""
+    x = _validate.empty_sequence_as_integers(x)
     if isinstance(x, (list, tuple)):
-        array = np.asarray(x, dtype=np.int64) if len(x) == 0 else np.asarray(x)
+        array = np.asarray(x)
     elif isinstance(x, np.ndarray):
         _validate.refuse_array_subclass(x, name)
         array = x
@@ -240,7 +241,8 @@ def validate_tree(
     Raises
     ------
     TypeError
-        If an argument has a non-integer dtype.
+        If an array is not an integer array or list of ints (masked arrays and
+        ``numpy.matrix`` included), or ``vocab_size`` or ``max_depth`` is not an int.
     ValueError
         On a negative count, counts that do not sum to ``N``, a parent outside its request
         or not before its node, a token outside the vocabulary, or a node deeper than
@@ -249,6 +251,9 @@ def validate_tree(
     counts = _host_integers(num_nodes, "num_nodes")
     parents = _host_integers(tree_parents, "tree_parents")
     tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    if vocab_size is not None:
+        vocab_size = _validate.check_integer("vocab_size", vocab_size, minimum=1)
+    max_depth = _validate.check_integer("max_depth", max_depth)
     negative = np.flatnonzero(counts < 0)
     if negative.size:
         b = int(negative[0])
@@ -372,6 +377,34 @@ def _token(value: Any, where: str) -> int:
     return int(value)
 
 
+def _sequence(value: Any, where: str, holds: str) -> Any:
+    """A builder's sequence argument (a list, a tuple or a plain 1-D or wider array), as
+    given: what is not one would otherwise fail deep inside with NumPy's own words.
+
+    Raises
+    ------
+    TypeError
+        Naming where the value is and what it must hold.
+    """
+    if isinstance(value, np.ndarray):
+        _validate.refuse_array_subclass(value, where)
+        if value.ndim >= 1:
+            return value
+    elif isinstance(value, (list, tuple)):
+        return value
+    raise TypeError(f"{where} must be a sequence of {holds}; found {type(value).__name__}")
+
+
+def _checked_layout_argument(layout: Any) -> TreeLayout:
+    """``layout`` of the functions that read a built tree: a :class:`TreeLayout`."""
+    if not isinstance(layout, TreeLayout):
+        raise TypeError(
+            "layout must be a TreeLayout (from validate_tree or a builder); found "
+            f"{type(layout).__name__}"
+        )
+    return layout
+
+
 def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
     counts = [len(parents) for parents, _ in per_request]
     parents = [parent for request_parents, _ in per_request for parent in request_parents]
@@ -399,9 +432,18 @@ def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
     TreeLayout
         ``num_nodes[b] = len(chains[b])``; its root row and node rows are the chain's target
         rows ``[k_b + 1, V]`` in order, the last one the bonus position.
+
+    Raises
+    ------
+    TypeError
+        For ``chains`` or a chain that is not a sequence (a list, a tuple or a plain
+        array), a token that is not an int, or a ``vocab_size`` that is not an int.
+    ValueError
+        As :func:`validate_tree`.
     """
     per_request = []
-    for b, chain in enumerate(chains):
+    for b, chain in enumerate(_sequence(chains, "chains", "token-id sequences")):
+        chain = _sequence(chain, f"chains[{b}]", "int token ids")
         tokens = [_token(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
         per_request.append((list(range(-1, len(tokens) - 1)), tokens))
     return _concatenate(per_request, vocab_size)
@@ -426,14 +468,24 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
     -------
     TreeLayout
         The nodes of chain 0, then those of chain 1, and so on, each chain in order.
+
+    Raises
+    ------
+    TypeError
+        For ``drafts``, a request's chains or a chain that is not a sequence (a list, a
+        tuple or a plain array), a token that is not an int, or a ``vocab_size`` that is
+        not an int.
+    ValueError
+        As :func:`validate_tree`.
     """
     per_request = []
-    for b, request_chains in enumerate(drafts):
+    for b, request_chains in enumerate(_sequence(drafts, "drafts", "per-request chains")):
         parents: list[int] = []
         tokens: list[int] = []
+        request_chains = _sequence(request_chains, f"drafts[{b}]", "token-id sequences")
         for c, chain in enumerate(request_chains):
             previous = -1
-            for i, token in enumerate(chain):
+            for i, token in enumerate(_sequence(chain, f"drafts[{b}][{c}]", "int token ids")):
                 parents.append(previous)
                 tokens.append(_token(token, f"drafts[{b}][{c}][{i}]"))
                 previous = len(parents) - 1
@@ -453,7 +505,13 @@ def leaf_paths(layout: TreeLayout) -> list[list[list[int]]]:
     list of ``B`` lists of int lists
         The inverse of :func:`chain_tree` (one path, none for an empty chain) and of
         :func:`multi_draft_tree` (the non-empty chains).
+
+    Raises
+    ------
+    TypeError
+        For a ``layout`` that is not a :class:`TreeLayout`.
     """
+    layout = _checked_layout_argument(layout)
     result = []
     for b in range(layout.batch_size):
         parents = layout.parents_of(b)
@@ -506,13 +564,22 @@ def from_next_arrays(
 
     Raises
     ------
+    TypeError
+        For an argument that is not an integer array (masked arrays and ``numpy.matrix``
+        included: the mask and the matrix semantics would be ignored), or a ``vocab_size``
+        that is not an int.
     ValueError
         If the arrays differ in shape, a link leaves ``1 .. n - 1``, or a column is reached
         twice (a cycle or a shared child).
     """
-    next_token = np.asarray(retrieve_next_token)
-    next_sibling = np.asarray(retrieve_next_sibling)
-    tokens = np.asarray(candidates)
+    next_token, next_sibling, tokens = (
+        _host_table(value, name)
+        for value, name in (
+            (retrieve_next_token, "retrieve_next_token"),
+            (retrieve_next_sibling, "retrieve_next_sibling"),
+            (candidates, "candidates"),
+        )
+    )
     for name, array in (
         ("retrieve_next_token", next_token),
         ("retrieve_next_sibling", next_sibling),
@@ -563,6 +630,13 @@ def from_next_arrays(
     return _concatenate(per_request, vocab_size), np.asarray(sources, dtype=np.int64)
 
 
+def _host_table(x: Any, name: str) -> np.ndarray:
+    """An array argument of :func:`from_next_arrays` on the host, as the array fronts take
+    arrays in (masked arrays, matrices and what is not an array refused, naming it)."""
+    array = _backend.intake(x, name)
+    return array.get() if _backend.is_cupy_array(array) else array
+
+
 def to_next_arrays(
     layout: TreeLayout, root_token_ids: Any = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -579,13 +653,30 @@ def to_next_arrays(
     -------
     retrieve_next_token, retrieve_next_sibling, candidates : int64 [B, max_nodes + 1]
         ``-1`` for no link and in the padding columns of smaller trees.
+
+    Raises
+    ------
+    TypeError
+        For a ``layout`` that is not a :class:`TreeLayout`, or ``root_token_ids`` that are
+        not integers (masked arrays and ``numpy.matrix`` included).
+    ValueError
+        For ``root_token_ids`` of another shape than ``[B]``.
     """
+    layout = _checked_layout_argument(layout)
     batch_size = layout.batch_size
+    roots = 0
+    if root_token_ids is not None:
+        roots = _host_integers(root_token_ids, "root_token_ids")
+        if roots.shape != (batch_size,):
+            raise ValueError(
+                f"root_token_ids must have shape [B] = [{batch_size}]; found shape "
+                f"{_validate.shape_text(roots.shape)}"
+            )
     width = layout.max_nodes + 1
     next_token = np.full((batch_size, width), -1, dtype=np.int64)
     next_sibling = np.full((batch_size, width), -1, dtype=np.int64)
     candidates = np.full((batch_size, width), -1, dtype=np.int64)
-    candidates[:, 0] = 0 if root_token_ids is None else np.asarray(root_token_ids)
+    candidates[:, 0] = roots
     for b in range(batch_size):
         tokens = layout.tokens_of(b)
         candidates[b, 1 : len(tokens) + 1] = tokens
@@ -795,8 +886,17 @@ def tree_output_buffers(
     TreeOutputBlock
         ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
         ``[B, max_depth + 1]`` and two int64 ``[B]`` arrays (accepted lengths, row status).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a size that is not a non-negative int (floats, even ``2.0``, included).
     """
-    return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
+    return _contract.allocate_tree_output_block(
+        xp,
+        _validate.check_integer("batch_size", batch_size),
+        _validate.check_integer("max_depth", max_depth),
+    )
 
 
 @_backend.array_front(

@@ -246,16 +246,32 @@ def check_posterior(name: str, value: Any) -> float:
     return number
 
 
+def check_integer(name: str, value: Any, minimum: int = 0) -> int:
+    """A count or size: a Python or NumPy integer in ``[minimum, 2**63)``.
+
+    Floats (even ``1.0``), bools and strings are refused rather than converted: ``int()``
+    would truncate ``2.7`` to 2 and turn ``"3"`` into 3 without a word.
+
+    Raises
+    ------
+    TypeError
+        For a value that is not an integer, naming the argument and the type found.
+    ValueError
+        For an integer outside ``[minimum, 2**63)``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; found {type(value).__name__}")
+    if not minimum <= int(value) < 2**63:
+        raise ValueError(f"{name} must lie in [{minimum}, 2**63); found {int(value)}")
+    return int(value)
+
+
 def check_vocab_size(vocab_size: Any) -> int:
     """``_create_output``'s optional vocabulary size: an int in ``[1, 2**63)``; None gives
     ``2**63 - 1`` (ids then only have to be non-negative)."""
     if vocab_size is None:
         return 2**63 - 1
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise TypeError(f"vocab_size must be an int or None; found {type(vocab_size).__name__}")
-    if not 1 <= int(vocab_size) < 2**63:
-        raise ValueError(f"vocab_size must lie in [1, 2**63); found {int(vocab_size)}")
-    return int(vocab_size)
+    return check_integer("vocab_size", vocab_size, minimum=1)
 
 
 def check_strict_mode(value: Any) -> bool:
@@ -438,6 +454,17 @@ def refuse_array_subclass(x: Any, name: str) -> None:
             f"{name} must be a plain NumPy array, not a numpy.matrix; pass numpy.asarray(x); "
             "found matrix"
         )
+
+
+def empty_sequence_as_integers(x: Any) -> Any:
+    """``x``, or an empty int64 array when ``x`` is an empty list or tuple.
+
+    NumPy makes ``[]`` a float64 array, so an empty batch given as a list would be refused
+    as float counts; an empty sequence holds no value that could be a float.
+    """
+    if isinstance(x, (list, tuple)) and len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return x
 
 
 def int64_values(array: np.ndarray, name: str) -> np.ndarray:
