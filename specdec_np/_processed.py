@@ -78,6 +78,9 @@ def processed_probs(
         min_p=min_p, from_logits=True, row_dtype=rows.dtype,
     )
     greedy = _sampling.greedy_requests(sampling, False, batch_size)
+    _sampling.check_tempered_rows(
+        sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
+    )
     table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)

@@ -278,6 +278,7 @@ def run_ragged(
     sampling = _sampling.request_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows), every_request_greedy=verifier.greedy,
+        rows_per_request=(batch.draft_counts + batch.bonus_rows, batch.draft_counts),
         filter_order=filter_order, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
     )
     counts = batch.draft_counts

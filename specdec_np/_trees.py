@@ -1005,8 +1005,8 @@ def verify_tree(
     sampling = _sampling.request_sampling(
         batch.xp, layout.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows), every_request_greedy=not tree_method.stochastic,
-        filter_order=filter_order, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p,
+        rows_per_request=(layout.num_nodes + 1, layout.num_nodes), filter_order=filter_order,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
     )
     chosen = _GREEDY if sampling.all_greedy else tree_method
     sources = _random.RejectionUniforms(

@@ -107,6 +107,92 @@ def test_a_subnormal_float64_temperature_is_refused():
         specdec_np.verify_ragged(**batch, temperature=5e-324)
 
 
+OVERFLOWING = np.float32([10.0, 9.0, -5.0, -6.0])  # at t = 1.5e-38: [inf, inf, -inf, -inf]
+
+
+def _overflowing_calls(rows: np.ndarray, temperature) -> dict:
+    """Every surface that divides logits by a temperature, on rows of two requests with
+    one draft each (request 1's rows are ``rows`` too)."""
+    ragged = {
+        "num_draft_tokens": [1, 1],
+        "draft_token_ids": [0, 1],
+        "temperature": temperature,
+        "generator": np.random.default_rng(0),
+    }
+    tree = {"num_nodes": [1, 1], "tree_parents": [-1, -1], "draft_token_ids": [0, 1]}
+    target = np.tile(rows, (4, 1))
+    probs = np.full((4, rows.shape[0]), 1.0 / rows.shape[0], rows.dtype)
+    return {
+        "processed_probs": lambda: specdec_np.processed_probs(
+            target[:2], temperature=temperature
+        ),
+        "sample_tokens": lambda: specdec_np.sample_tokens(
+            logits=target[:2], temperature=temperature
+        ),
+        "verify_ragged": lambda: specdec_np.verify_ragged(**ragged, target_logits=target),
+        "verify_ragged draft_logits": lambda: specdec_np.verify_ragged(
+            **ragged, target_probs=probs, draft_logits=target[:2]
+        ),
+        "EngineVerifier": lambda: specdec_np.EngineVerifier(seed=0)(
+            **{k: v for k, v in ragged.items() if k != "generator"}, target_logits=target
+        ),
+        "verify_tree": lambda: specdec_np.verify_tree(
+            **tree, target_logits=target, temperature=temperature,
+            generator=np.random.default_rng(0), method="specinfer",
+            draft_logits=target[:2],
+        ),
+    }
+
+
+@pytest.mark.parametrize("surface", list(_overflowing_calls(OVERFLOWING, 1.0)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_temperature_that_makes_finite_logits_overflow_is_refused(surface, dtype):
+    info = np.finfo(dtype)
+    temperature = 1.5e-38 if dtype == np.float32 else 1e-307
+    rows = OVERFLOWING.astype(dtype) * (1.0 if dtype == np.float32 else 1e3)
+    with pytest.raises(ValueError, match=rf"^temperature must not make finite logits "
+                                         rf"overflow in {np.dtype(dtype)}; found .* request 1"):
+        _overflowing_calls(rows, [1.0, temperature])[surface]()
+    # Exact at the boundary: m / t is the largest finite number, or one step past it.
+    edge = np.array([info.max / 2, 0.0, -1.0, 0.0], dtype)
+    _overflowing_calls(edge, 0.5)[surface]()
+    past = edge.copy()
+    past[0] = np.nextafter(past[0], dtype(np.inf))
+    with pytest.raises(ValueError, match="temperature must not make finite logits overflow"):
+        _overflowing_calls(past, 0.5)[surface]()
+    # All finite logits overflowing to -inf would leave the row without mass: refused too.
+    with pytest.raises(ValueError, match=r"overflow.* to -inf"):
+        _overflowing_calls(np.array([-0.75, -0.6, -np.inf, -1.0], dtype) * info.max, 0.5)[
+            surface
+        ]()
+
+
+@pytest.mark.parametrize("surface", list(_overflowing_calls(OVERFLOWING, 1.0)))
+def test_the_overflow_check_reads_only_rows_the_temperature_divides(surface):
+    huge = np.float32([3e38, 1.0, -np.inf, np.nan])
+    # Greedy requests read their rows raw, and t >= 1 never overflows a finite logit.
+    _overflowing_calls(huge, [0.0, 1.0])[surface]()
+    # +inf, -inf and NaN entries are not finite logits; the largest finite one decides.
+    masked = np.float32([np.inf, 1e37, -np.inf, np.nan])
+    _overflowing_calls(masked, 0.5)[surface]()
+    with pytest.raises(ValueError, match="largest finite logit 9.99999993"):
+        _overflowing_calls(masked, 0.01)[surface]()
+    # A smaller logit overflowing to -inf below a finite maximum weighs 0 either way.
+    law = specdec_np.processed_probs(np.float32([[10.0, -3e38, 9.0]]), temperature=0.5)
+    np.testing.assert_allclose(law, [[1 / (1 + np.exp(-2.0)), 0.0, 1 / (1 + np.exp(2.0))]])
+
+
+def test_an_overflowing_temperature_draws_nothing():
+    generator = np.random.default_rng(3)
+    state = generator.bit_generator.state
+    with pytest.raises(ValueError, match="overflow"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=[1], draft_token_ids=[0], target_logits=np.tile(OVERFLOWING, (2, 1)),
+            temperature=1.5e-38, generator=generator,
+        )
+    assert generator.bit_generator.state == state
+
+
 # -- 6. masked arrays and matrices are refused on every surface ----------------------------
 
 
