@@ -1038,15 +1038,51 @@ def verify_tree(
     request_codes = sampling.request_codes(_GREEDY.code, tree_method.code, batch.xp)
     if request_codes is not None:
         options["request_methods"] = request_codes
+    kernel_block = _kernel_block(block, batch)
     if chosen.stochastic or request_codes is not None:
         # The residual and its update (traversal: a residual per level of the path too):
-        # allocated once per call, not per node.
+        # allocated once per call, not per node, and by the trees' depth, never by out's.
         rows = _dispatch.working_rows(batch.device, threads, layout.batch_size)
-        # By the output's depth, which the CUDA kernel sizes the rows by.
-        depth = int(block.accepted_nodes.shape[1])
-        width = tree_method.working_rows(depth) * batch.vocab_size
+        width = _working_width(tree_method, layout, batch.vocab_size)
         options["working"] = batch.xp.empty((rows, width), dtype=batch.xp.float64)
-    return _dispatch.run(batch, chosen.code, sources, block, threads, options=options)
+    result = _dispatch.run(batch, chosen.code, sources, kernel_block, threads, options=options)
+    return result if kernel_block is block else _written_into(block, result, batch)
+
+
+def _working_width(tree_method: registry.TreeMethod, layout: TreeLayout, vocab_size: int) -> int:
+    """The float64 working entries per CPU thread or GPU request of a call: the method's
+    working rows for the batch's deepest node (traversal keeps one per level), times V.
+
+    Sized by the trees themselves: ``out=`` buffers deeper than the batch add nothing.
+    """
+    return tree_method.working_rows(layout.max_depth) * vocab_size
+
+
+def _kernel_block(block: _contract.TreeOutputBlock, batch: TreeBatch) -> _contract.TreeOutputBlock:
+    """The buffers the kernel writes: ``block`` itself, except on the GPU when it is deeper
+    than the batch.  The CUDA kernel strides its working rows by the depth of
+    ``accepted_nodes``, so it gets buffers of the batch's depth (``O(B D)``, next to the
+    ``O(B D V)`` working rows that the caller's depth would otherwise size)."""
+    if batch.device is None or block.accepted_nodes.shape[1] == batch.layout.max_depth:
+        return block
+    return _contract.allocate_tree_output_block(
+        batch.xp, batch.layout.batch_size, batch.layout.max_depth
+    )
+
+
+def _written_into(
+    block: _contract.TreeOutputBlock, result: _results.TreeVerificationResult, batch: TreeBatch
+) -> _results.TreeVerificationResult:
+    """``result`` copied into the caller's deeper ``block``, ``-1`` padded as the kernel
+    pads it, and the result of ``block``."""
+    depth = batch.layout.max_depth
+    block.accepted_nodes[:, :depth] = result.accepted_nodes
+    block.accepted_nodes[:, depth:] = -1
+    block.output_token_ids[:, : depth + 1] = result.output_token_ids
+    block.output_token_ids[:, depth + 1 :] = -1
+    block.accepted_lengths[...] = result.accepted_lengths
+    block.row_status[...] = 0  # the call succeeded: every request's status is 0
+    return batch.result(block)
 
 
 def _check_tree_out(
