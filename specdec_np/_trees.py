@@ -176,38 +176,6 @@ class TreeLayout(NamedTuple):  # numpydoc ignore=PR01
         return int(self.node_offsets[request]) + request + 1 + node
 
 
-def _host_integers(x: Any, name: str) -> np.ndarray:
-    """``x`` as a private 1-D int64 NumPy array, refusing non-integer dtypes, masked arrays
-    and matrices, and values outside int64."""
-    x = _validate.empty_sequence_as_integers(x)
-    if isinstance(x, (list, tuple)):
-        array = np.asarray(x)
-    elif isinstance(x, np.ndarray):
-        _validate.refuse_array_subclass(x, name)
-        array = x
-    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
-        array = x.get()  # CuPy: the layout is O(N) host work
-    elif not (hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "__getitem__")):
-        raise TypeError(
-            f"{name} must be a 1-D integer array or a list of ints; found {type(x).__name__}"
-        )
-    else:
-        # Other array-API arrays (the reference accepts array_api_strict): element by
-        # element, since not every namespace offers DLPack on the host.
-        kind = str(x.dtype)
-        if "int" not in kind:
-            raise TypeError(f"{name} must have an integer dtype; found {kind}")
-        if len(x.shape) != 1:
-            raise ValueError(f"{name} must be 1-D; found {len(x.shape)} dimensions")
-        values = [int(x[i]) for i in range(x.shape[0])]
-        array = np.asarray(values, dtype=np.uint64 if "uint" in kind else np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D; found {array.ndim} dimensions")
-    return _validate.int64_values(array, name)
-
-
 def validate_tree(
     num_nodes: Any,
     tree_parents: Any,
@@ -241,16 +209,15 @@ def validate_tree(
     Raises
     ------
     TypeError
-        If an array is not an integer array or list of ints (masked arrays and
-        ``numpy.matrix`` included), or ``vocab_size`` or ``max_depth`` is not an int.
+        If an argument has a non-integer type or dtype (masked arrays, matrices included).
     ValueError
         On a negative count, counts that do not sum to ``N``, a parent outside its request
         or not before its node, a token outside the vocabulary, or a node deeper than
         ``max_depth``; node errors name ``(request, node)``.
     """
-    counts = _host_integers(num_nodes, "num_nodes")
-    parents = _host_integers(tree_parents, "tree_parents")
-    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    counts = _validate.host_integers(num_nodes, "num_nodes")
+    parents = _validate.host_integers(tree_parents, "tree_parents")
+    tokens = _validate.host_integers(draft_token_ids, "draft_token_ids")
     if vocab_size is not None:
         vocab_size = _validate.check_integer("vocab_size", vocab_size, minimum=1)
     max_depth = _validate.check_integer("max_depth", max_depth)
@@ -326,9 +293,9 @@ def _checked_layout(
     """:func:`validate_tree`'s layout from one compiled pass (``_core.tree_layout_is_valid``);
     :func:`validate_tree` itself, whose NumPy passes cost more than a small batch's walk,
     runs only when that pass finds a fault, to say what it is."""
-    counts = _host_integers(num_nodes, "num_nodes")
-    parents = _host_integers(tree_parents, "tree_parents")
-    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    counts = _validate.host_integers(num_nodes, "num_nodes")
+    parents = _validate.host_integers(tree_parents, "tree_parents")
+    tokens = _validate.host_integers(draft_token_ids, "draft_token_ids")
     offsets = np.empty(counts.shape[0] + 1, dtype=np.int64)
     depths = np.empty(parents.shape[0], dtype=np.int64)
     if not _core.tree_layout_is_valid(
@@ -361,48 +328,10 @@ def _depths(global_parents: np.ndarray) -> np.ndarray:
         ancestor[pending] = ancestor[above]
 
 
-def _token(value: Any, where: str) -> int:
-    """A builder's token as a Python int: an int or a NumPy integer, nothing that merely
-    converts to one (``1.0`` or ``"1"`` is not a token id).
-
-    Raises
-    ------
-    TypeError
-        Naming where the value is.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{where} must be an integer token id; found {type(value).__name__}")
-    if not -(2**63) <= int(value) < 2**63:
-        raise ValueError(f"{where} must fit in int64; found {int(value)}")
-    return int(value)
-
-
-def _sequence(value: Any, where: str, holds: str) -> Any:
-    """A builder's sequence argument (a list, a tuple or a plain 1-D or wider array), as
-    given: what is not one would otherwise fail deep inside with NumPy's own words.
-
-    Raises
-    ------
-    TypeError
-        Naming where the value is and what it must hold.
-    """
-    if isinstance(value, np.ndarray):
-        _validate.refuse_array_subclass(value, where)
-        if value.ndim >= 1:
-            return value
-    elif isinstance(value, (list, tuple)):
-        return value
-    raise TypeError(f"{where} must be a sequence of {holds}; found {type(value).__name__}")
-
-
-def _checked_layout_argument(layout: Any) -> TreeLayout:
-    """``layout`` of the functions that read a built tree: a :class:`TreeLayout`."""
+def _check_layout_type(layout: Any) -> None:
     if not isinstance(layout, TreeLayout):
-        raise TypeError(
-            "layout must be a TreeLayout (from validate_tree or a builder); found "
-            f"{type(layout).__name__}"
-        )
-    return layout
+        found = type(layout).__name__
+        raise TypeError(f"layout must be a TreeLayout (from a tree builder); found {found}")
 
 
 def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
@@ -435,16 +364,14 @@ def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
 
     Raises
     ------
-    TypeError
-        For ``chains`` or a chain that is not a sequence (a list, a tuple or a plain
-        array), a token that is not an int, or a ``vocab_size`` that is not an int.
-    ValueError
-        As :func:`validate_tree`.
+    TypeError, ValueError
+        As :func:`validate_tree`, and for ``chains`` or a chain that is not a sequence (a
+        list, a tuple or a plain array) or a token that is not an int, naming it.
     """
     per_request = []
-    for b, chain in enumerate(_sequence(chains, "chains", "token-id sequences")):
-        chain = _sequence(chain, f"chains[{b}]", "int token ids")
-        tokens = [_token(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
+    for b, chain in enumerate(_validate.sequence(chains, "chains", "token-id sequences")):
+        chain = _validate.sequence(chain, f"chains[{b}]", "int token ids")
+        tokens = [_validate.token_id(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
         per_request.append((list(range(-1, len(tokens) - 1)), tokens))
     return _concatenate(per_request, vocab_size)
 
@@ -471,23 +398,20 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
 
     Raises
     ------
-    TypeError
-        For ``drafts``, a request's chains or a chain that is not a sequence (a list, a
-        tuple or a plain array), a token that is not an int, or a ``vocab_size`` that is
-        not an int.
-    ValueError
-        As :func:`validate_tree`.
+    TypeError, ValueError
+        As :func:`chain_tree`, for ``drafts``, a request's chains, a chain or a token.
     """
     per_request = []
-    for b, request_chains in enumerate(_sequence(drafts, "drafts", "per-request chains")):
+    for b, request_chains in enumerate(_validate.sequence(drafts, "drafts", "per-request chains")):
         parents: list[int] = []
         tokens: list[int] = []
-        request_chains = _sequence(request_chains, f"drafts[{b}]", "token-id sequences")
+        request_chains = _validate.sequence(request_chains, f"drafts[{b}]", "token-id sequences")
         for c, chain in enumerate(request_chains):
             previous = -1
-            for i, token in enumerate(_sequence(chain, f"drafts[{b}][{c}]", "int token ids")):
+            chain = _validate.sequence(chain, f"drafts[{b}][{c}]", "int token ids")
+            for i, token in enumerate(chain):
                 parents.append(previous)
-                tokens.append(_token(token, f"drafts[{b}][{c}][{i}]"))
+                tokens.append(_validate.token_id(token, f"drafts[{b}][{c}][{i}]"))
                 previous = len(parents) - 1
         per_request.append((parents, tokens))
     return _concatenate(per_request, vocab_size)
@@ -511,7 +435,7 @@ def leaf_paths(layout: TreeLayout) -> list[list[list[int]]]:
     TypeError
         For a ``layout`` that is not a :class:`TreeLayout`.
     """
-    layout = _checked_layout_argument(layout)
+    _check_layout_type(layout)
     result = []
     for b in range(layout.batch_size):
         parents = layout.parents_of(b)
@@ -566,27 +490,24 @@ def from_next_arrays(
     ------
     TypeError
         For an argument that is not an integer array (masked arrays and ``numpy.matrix``
-        included: the mask and the matrix semantics would be ignored), or a ``vocab_size``
-        that is not an int.
+        included: their mask and 2-d semantics would be ignored) or int.
     ValueError
         If the arrays differ in shape, a link leaves ``1 .. n - 1``, or a column is reached
         twice (a cycle or a shared child).
     """
-    next_token, next_sibling, tokens = (
-        _host_table(value, name)
-        for value, name in (
-            (retrieve_next_token, "retrieve_next_token"),
-            (retrieve_next_sibling, "retrieve_next_sibling"),
-            (candidates, "candidates"),
-        )
-    )
-    for name, array in (
-        ("retrieve_next_token", next_token),
-        ("retrieve_next_sibling", next_sibling),
-        ("candidates", tokens),
-    ):
+    arrays = {
+        "retrieve_next_token": retrieve_next_token,
+        "retrieve_next_sibling": retrieve_next_sibling,
+        "candidates": candidates,
+    }
+    for name, value in arrays.items():
+        # As the array fronts take arrays in: masked arrays, matrices and non-arrays refused.
+        array = arrays[name] = _backend.intake(value, name)
+        array = arrays[name] = array.get() if _backend.is_cupy_array(array) else array
         if array.dtype.kind not in "iu":
             raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+    next_token, next_sibling, tokens = arrays.values()
+    for name, array in arrays.items():
         if array.ndim != 2 or array.shape != next_token.shape:
             raise ValueError(
                 f"{name} must have the shape [B, n] of retrieve_next_token "
@@ -618,7 +539,7 @@ def from_next_arrays(
             seen[column] = True
             node = len(parents)
             parents.append(parent)
-            node_tokens.append(_token(tokens[b, column], f"candidates[{b}, {column}]"))
+            node_tokens.append(_validate.token_id(tokens[b, column], f"candidates[{b}, {column}]"))
             sources.append(column)
             sibling = int(next_sibling[b, column])
             if sibling != -1:
@@ -628,13 +549,6 @@ def from_next_arrays(
                 stack.append((child, node, f"retrieve_next_token[{b}, {column}]"))
         per_request.append((parents, node_tokens))
     return _concatenate(per_request, vocab_size), np.asarray(sources, dtype=np.int64)
-
-
-def _host_table(x: Any, name: str) -> np.ndarray:
-    """An array argument of :func:`from_next_arrays` on the host, as the array fronts take
-    arrays in (masked arrays, matrices and what is not an array refused, naming it)."""
-    array = _backend.intake(x, name)
-    return array.get() if _backend.is_cupy_array(array) else array
 
 
 def to_next_arrays(
@@ -656,17 +570,15 @@ def to_next_arrays(
 
     Raises
     ------
-    TypeError
+    TypeError, ValueError
         For a ``layout`` that is not a :class:`TreeLayout`, or ``root_token_ids`` that are
-        not integers (masked arrays and ``numpy.matrix`` included).
-    ValueError
-        For ``root_token_ids`` of another shape than ``[B]``.
+        not integers (masked arrays and matrices included) of shape ``[B]``.
     """
-    layout = _checked_layout_argument(layout)
+    _check_layout_type(layout)
     batch_size = layout.batch_size
     roots = 0
     if root_token_ids is not None:
-        roots = _host_integers(root_token_ids, "root_token_ids")
+        roots = _validate.host_integers(root_token_ids, "root_token_ids")
         if roots.shape != (batch_size,):
             raise ValueError(
                 f"root_token_ids must have shape [B] = [{batch_size}]; found shape "
@@ -1038,50 +950,17 @@ def verify_tree(
     request_codes = sampling.request_codes(_GREEDY.code, tree_method.code, batch.xp)
     if request_codes is not None:
         options["request_methods"] = request_codes
-    kernel_block = _kernel_block(block, batch)
+    kernel_block = _contract.tree_kernel_block(block, layout, batch.device, batch.xp)
     if chosen.stochastic or request_codes is not None:
         # The residual and its update (traversal: a residual per level of the path too):
         # allocated once per call, not per node, and by the trees' depth, never by out's.
         rows = _dispatch.working_rows(batch.device, threads, layout.batch_size)
-        width = _working_width(tree_method, layout, batch.vocab_size)
+        width = tree_method.working_rows(layout.max_depth) * batch.vocab_size
         options["working"] = batch.xp.empty((rows, width), dtype=batch.xp.float64)
     result = _dispatch.run(batch, chosen.code, sources, kernel_block, threads, options=options)
-    return result if kernel_block is block else _written_into(block, result, batch)
-
-
-def _working_width(tree_method: registry.TreeMethod, layout: TreeLayout, vocab_size: int) -> int:
-    """The float64 working entries per CPU thread or GPU request of a call: the method's
-    working rows for the batch's deepest node (traversal keeps one per level), times V.
-
-    Sized by the trees themselves: ``out=`` buffers deeper than the batch add nothing.
-    """
-    return tree_method.working_rows(layout.max_depth) * vocab_size
-
-
-def _kernel_block(block: _contract.TreeOutputBlock, batch: TreeBatch) -> _contract.TreeOutputBlock:
-    """The buffers the kernel writes: ``block`` itself, except on the GPU when it is deeper
-    than the batch.  The CUDA kernel strides its working rows by the depth of
-    ``accepted_nodes``, so it gets buffers of the batch's depth (``O(B D)``, next to the
-    ``O(B D V)`` working rows that the caller's depth would otherwise size)."""
-    if batch.device is None or block.accepted_nodes.shape[1] == batch.layout.max_depth:
-        return block
-    return _contract.allocate_tree_output_block(
-        batch.xp, batch.layout.batch_size, batch.layout.max_depth
-    )
-
-
-def _written_into(
-    block: _contract.TreeOutputBlock, result: _results.TreeVerificationResult, batch: TreeBatch
-) -> _results.TreeVerificationResult:
-    """``result`` copied into the caller's deeper ``block``, ``-1`` padded as the kernel
-    pads it, and the result of ``block``."""
-    depth = batch.layout.max_depth
-    block.accepted_nodes[:, :depth] = result.accepted_nodes
-    block.accepted_nodes[:, depth:] = -1
-    block.output_token_ids[:, : depth + 1] = result.output_token_ids
-    block.output_token_ids[:, depth + 1 :] = -1
-    block.accepted_lengths[...] = result.accepted_lengths
-    block.row_status[...] = 0  # the call succeeded: every request's status is 0
+    if kernel_block is block:
+        return result
+    _contract.fill_deeper_tree_block(block, result, layout.max_depth)
     return batch.result(block)
 
 

@@ -37,7 +37,7 @@ from test_tree_reference import (
 )
 
 import specdec_np
-from specdec_np import _backend, _oracles, _trees, registry
+from specdec_np import _backend, _contract, _oracles, _trees, registry
 from specdec_np import _traversal_reference as traversal
 from specdec_np import _tree_reference as tree_reference
 
@@ -421,8 +421,6 @@ def test_deep_out_buffers_do_not_size_the_working_rows(method):
     # (depth + 1) V float64 = 32 MB; a one-node tree needs two rows, 32 kB.
     threads = _backend.thread_count(1, 2 * vocab_size)
     assert peak < 1_000_000 + threads * 4 * 8 * vocab_size, peak
-    assert _trees._working_width(registry.get_tree_method(method), _trees.validate_tree(
-        [1], [-1], [3]), vocab_size) == 2 * vocab_size
     for name in ("accepted_nodes", "output_token_ids", "accepted_lengths"):
         np.testing.assert_array_equal(getattr(result, name), getattr(expected, name))
     assert (out.accepted_nodes[:, 1:] == -1).all() and (out.output_token_ids[:, 2:] == -1).all()
@@ -436,8 +434,8 @@ def test_buffers_of_the_batch_depth_are_copied_into_deeper_out_buffers(monkeypat
     out.accepted_nodes[...] = 99
     out.output_token_ids[...] = 99
     monkeypatch.setattr(
-        _trees, "_kernel_block",
-        lambda block, batch: specdec_np.tree_output_buffers(1, batch.layout.max_depth),
+        _contract, "tree_kernel_block",
+        lambda block, layout, device, xp: specdec_np.tree_output_buffers(1, layout.max_depth),
     )
     result = specdec_np.verify_tree(**arguments, out=out)
     for name in ("accepted_nodes", "output_token_ids", "accepted_lengths"):
