@@ -31,6 +31,14 @@ explicit uniforms so that the call is deterministic), first made once to get its
   seeded request verified alone must give the same tokens and the same generator state.
   The same batch with one corruption must raise a TypeError or ValueError that names
   the argument, and move no generator, torch's global one included.
+* ``sampling``: ``processed_probs``, ``sample_tokens``, ``verify_ragged`` and
+  ``verify_tree`` on logits rows with temperatures near and past the overflow of the
+  rows' largest finite logits (huge logits, ``-inf`` masks, NaN and ``+inf`` entries,
+  greedy requests), and on empty batches.  A call is refused with a ValueError naming
+  ``temperature`` exactly when some row a temperature divides has ``m / t`` infinite for
+  its largest finite logit ``m`` (computed here in the rows' dtype); otherwise its laws
+  are distributions and an empty batch gives empty results of the right shapes.  (The
+  random case of the other modes is not used.)
 
 The last line printed is a JSON summary (calls per outcome).
 """
@@ -534,12 +542,109 @@ def adapter(rng: np.random.Generator) -> str:
     if problems:
         raise AssertionError(f"adapter, {case['library']} {case['counts']}: {problems}")
     return f"refused {case['library']}"
+def overflowing_rows(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Logits rows of one random dtype and a temperature per row near the overflow of
+    their largest finite logits, and whether some divided row overflows (the oracle:
+    ``m / t`` in the rows' dtype, ``m`` the largest finite logit, for ``0 < t``)."""
+    dtype = np.float32 if rng.random() < 0.6 else np.float64
+    info = np.finfo(dtype)
+    batch, vocab = int(rng.integers(1, 5)), int(rng.choice(VOCAB_SIZES))
+    scale = float(info.max) * 10.0 ** -rng.uniform(0, 6, (batch, 1))
+    rows = (rng.uniform(-1, 1, (batch, vocab)) * scale).astype(dtype)
+    special = rng.random((batch, vocab))
+    rows[special < 0.15] = -np.inf
+    rows[(special >= 0.15) & (special < 0.2)] = np.nan
+    rows[(special >= 0.2) & (special < 0.23)] = np.inf
+    finite = np.where(np.isfinite(rows), rows, -np.inf)
+    largest = finite.max(axis=1)
+    # Temperatures around |m| / max: just past, at and just below the overflow.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        edge = np.abs(largest.astype(np.float64)) / float(info.max)
+    factor = rng.choice([0.5, 1.0 - 1e-7, 1.0, 1.0 + 1e-7, 2.0, 1e3], batch)
+    temperature = np.clip(np.nan_to_num(edge * factor, nan=1.0), float(info.tiny), 4.0)
+    temperature = np.where(rng.random(batch) < 0.15, 0.0, temperature)
+    divisor = temperature.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        quotient = largest / np.where(divisor > 0, divisor, dtype(1))
+    overflows = (divisor > 0) & np.isfinite(largest) & np.isinf(quotient)
+    return rows, temperature, bool(overflows.any())
+
+
+def sampling(rng: np.random.Generator) -> str:
+    if rng.random() < 0.2:
+        return empty_batches(rng)
+    rows, temperature, overflows = overflowing_rows(rng)
+    batch = rows.shape[0]
+    surface = str(rng.choice(["processed_probs", "sample_tokens", "verify_ragged",
+                              "verify_tree"]))  # fmt: skip
+    uniforms = rng.random(batch)
+    try:
+        if surface == "processed_probs":
+            law = specdec_np.processed_probs(rows, temperature=temperature)
+            sums = law.astype(np.float64).sum(axis=1)
+            if not (np.isfinite(law).all() and (law >= 0).all()
+                    and np.all((np.abs(sums - 1) < 1e-3) | (sums == 0))):  # fmt: skip
+                raise AssertionError(f"processed_probs gave rows that are not laws: {law}")
+        elif surface == "sample_tokens":
+            specdec_np.sample_tokens(logits=rows, temperature=temperature, uniforms=uniforms)
+        elif surface == "verify_ragged":
+            specdec_np.verify_ragged(
+                num_draft_tokens=np.zeros(batch, np.int64), draft_token_ids=[],
+                target_logits=rows, temperature=temperature,
+                uniforms=np.stack([uniforms, uniforms], axis=1),
+            )  # fmt: skip
+        else:
+            specdec_np.verify_tree(
+                num_nodes=np.zeros(batch, np.int64), tree_parents=[], draft_token_ids=[],
+                target_logits=rows, temperature=temperature, method="traversal",
+                uniforms=uniforms[:, None],
+            )  # fmt: skip
+    except ValueError as error:
+        if "temperature" in str(error) and "overflow" in str(error):
+            if not overflows:
+                raise AssertionError(f"{surface} refused a temperature that overflows no "
+                                     f"finite logit: {error}") from None  # fmt: skip
+            return "refused"
+        if "no positive probability" in str(error) and not overflows:
+            return "no mass"  # a row of -inf and NaN only, drawn from
+        raise
+    if overflows:
+        raise AssertionError(f"{surface} accepted temperatures {temperature.tolist()} that "
+                             f"overflow finite logits of rows {rows.tolist()}")  # fmt: skip
+    return "accepted"
+
+
+def empty_batches(rng: np.random.Generator) -> str:
+    dtype = np.float32 if rng.random() < 0.5 else np.float64
+    vocab = int(rng.choice(VOCAB_SIZES))
+    rows = np.zeros((0, vocab), dtype)
+    empty = [[], (), np.zeros(0, np.int64)][int(rng.integers(3))]
+    temperature = [None, [], 0.5][int(rng.integers(3))]
+    law = specdec_np.processed_probs(rows, temperature=temperature)
+    drawn = specdec_np.sample_tokens(logits=rows, temperature=temperature)
+    ragged = specdec_np.verify_ragged(
+        num_draft_tokens=empty, draft_token_ids=[], target_logits=rows, temperature=temperature
+    )
+    engine = specdec_np.EngineVerifier(seed=0)
+    engine_result = engine(
+        num_draft_tokens=empty, draft_token_ids=[], target_logits=rows, temperature=temperature
+    )
+    tree = specdec_np.verify_tree(
+        num_nodes=empty, tree_parents=[], draft_token_ids=[], target_logits=rows,
+        temperature=temperature,
+    )  # fmt: skip
+    shapes = (law.shape, drawn.shape, ragged.output_token_ids.shape,
+              engine_result.output_token_ids.shape, tree.output_token_ids.shape)  # fmt: skip
+    if shapes != ((0, vocab), (0,), (0, 1), (0, 1), (0, 1)) or engine.metrics.requests:
+        raise AssertionError(f"an empty batch gave shapes {shapes}, {engine.metrics}")
+    return "empty"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "mode", choices=("writers", "interrupts", "small_stack", "masked", "adapter")
+        "mode",
+        choices=("writers", "interrupts", "small_stack", "masked", "adapter", "sampling"),
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calls", type=int, default=200)
@@ -552,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         if arguments.mode == "adapter":
             print(f"call {index}:", file=sys.stderr, end=" ", flush=True)
             outcomes[adapter(rng)] += 1
+        if arguments.mode == "sampling":
+            print(f"call {index}: sampling", file=sys.stderr, flush=True)
+            outcomes[sampling(rng)] += 1
             continue
         layout, case = random_case(rng)
         form = "logits" if "target_logits" in case else "probs"

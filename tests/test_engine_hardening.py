@@ -6,6 +6,7 @@ before its fix.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 
@@ -107,6 +108,92 @@ def test_a_subnormal_float64_temperature_is_refused():
         specdec_np.verify_ragged(**batch, temperature=5e-324)
 
 
+OVERFLOWING = np.float32([10.0, 9.0, -5.0, -6.0])  # at t = 1.5e-38: [inf, inf, -inf, -inf]
+
+
+def _overflowing_calls(rows: np.ndarray, temperature) -> dict:
+    """Every surface that divides logits by a temperature, on rows of two requests with
+    one draft each (request 1's rows are ``rows`` too)."""
+    ragged = {
+        "num_draft_tokens": [1, 1],
+        "draft_token_ids": [0, 1],
+        "temperature": temperature,
+        "generator": np.random.default_rng(0),
+    }
+    tree = {"num_nodes": [1, 1], "tree_parents": [-1, -1], "draft_token_ids": [0, 1]}
+    target = np.tile(rows, (4, 1))
+    probs = np.full((4, rows.shape[0]), 1.0 / rows.shape[0], rows.dtype)
+    return {
+        "processed_probs": lambda: specdec_np.processed_probs(
+            target[:2], temperature=temperature
+        ),
+        "sample_tokens": lambda: specdec_np.sample_tokens(
+            logits=target[:2], temperature=temperature
+        ),
+        "verify_ragged": lambda: specdec_np.verify_ragged(**ragged, target_logits=target),
+        "verify_ragged draft_logits": lambda: specdec_np.verify_ragged(
+            **ragged, target_probs=probs, draft_logits=target[:2]
+        ),
+        "EngineVerifier": lambda: specdec_np.EngineVerifier(seed=0)(
+            **{k: v for k, v in ragged.items() if k != "generator"}, target_logits=target
+        ),
+        "verify_tree": lambda: specdec_np.verify_tree(
+            **tree, target_logits=target, temperature=temperature,
+            generator=np.random.default_rng(0), method="specinfer",
+            draft_logits=target[:2],
+        ),
+    }
+
+
+@pytest.mark.parametrize("surface", list(_overflowing_calls(OVERFLOWING, 1.0)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_temperature_that_makes_finite_logits_overflow_is_refused(surface, dtype):
+    info = np.finfo(dtype)
+    temperature = 1.5e-38 if dtype == np.float32 else 1e-307
+    rows = OVERFLOWING.astype(dtype) * (1.0 if dtype == np.float32 else 1e3)
+    with pytest.raises(ValueError, match=rf"^temperature must not make finite logits "
+                                         rf"overflow in {np.dtype(dtype)}; found .* request 1"):
+        _overflowing_calls(rows, [1.0, temperature])[surface]()
+    # Exact at the boundary: m / t is the largest finite number, or one step past it.
+    edge = np.array([info.max / 2, 0.0, -1.0, 0.0], dtype)
+    _overflowing_calls(edge, 0.5)[surface]()
+    past = edge.copy()
+    past[0] = np.nextafter(past[0], dtype(np.inf))
+    with pytest.raises(ValueError, match="temperature must not make finite logits overflow"):
+        _overflowing_calls(past, 0.5)[surface]()
+    # All finite logits overflowing to -inf would leave the row without mass: refused too.
+    with pytest.raises(ValueError, match=r"overflow.* to -inf"):
+        _overflowing_calls(np.array([-0.75, -0.6, -np.inf, -1.0], dtype) * info.max, 0.5)[
+            surface
+        ]()
+
+
+@pytest.mark.parametrize("surface", list(_overflowing_calls(OVERFLOWING, 1.0)))
+def test_the_overflow_check_reads_only_rows_the_temperature_divides(surface):
+    huge = np.float32([3e38, 1.0, -np.inf, np.nan])
+    # Greedy requests read their rows raw, and t >= 1 never overflows a finite logit.
+    _overflowing_calls(huge, [0.0, 1.0])[surface]()
+    # +inf, -inf and NaN entries are not finite logits; the largest finite one decides.
+    masked = np.float32([np.inf, 1e37, -np.inf, np.nan])
+    _overflowing_calls(masked, 0.5)[surface]()
+    with pytest.raises(ValueError, match="largest finite logit 9.99999993"):
+        _overflowing_calls(masked, 0.01)[surface]()
+    # A smaller logit overflowing to -inf below a finite maximum weighs 0 either way.
+    law = specdec_np.processed_probs(np.float32([[10.0, -3e38, 9.0]]), temperature=0.5)
+    np.testing.assert_allclose(law, [[1 / (1 + np.exp(-2.0)), 0.0, 1 / (1 + np.exp(2.0))]])
+
+
+def test_an_overflowing_temperature_draws_nothing():
+    generator = np.random.default_rng(3)
+    state = generator.bit_generator.state
+    with pytest.raises(ValueError, match="overflow"):
+        specdec_np.verify_ragged(
+            num_draft_tokens=[1], draft_token_ids=[0], target_logits=np.tile(OVERFLOWING, (2, 1)),
+            temperature=1.5e-38, generator=generator,
+        )
+    assert generator.bit_generator.state == state
+
+
 # -- 6. masked arrays and matrices are refused on every surface ----------------------------
 
 
@@ -193,11 +280,126 @@ def test_tree_builders_refuse_tokens_beyond_int64():
         specdec_np.chain_tree([[2**63]])
 
 
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_every_tree_builder_refuses_masked_arrays_and_matrices(kind):
+    def wrap(rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.ma.masked_array(rows, mask=True) if kind == "masked" else np.asmatrix(rows)
+
+    found = "MaskedArray" if kind == "masked" else "matrix"
+    links = {
+        "retrieve_next_token": [[1, -1]],
+        "retrieve_next_sibling": [[-1, -1]],
+        "candidates": [[0, 4]],
+    }
+    for name in links:
+        with pytest.raises(TypeError, match=f"{name} .*{found}"):
+            specdec_np.from_next_arrays(**{**links, name: wrap(links[name])})
+    with pytest.raises(TypeError, match=f"chains .*{found}"):
+        specdec_np.chain_tree(wrap([[1, 2]]))
+    with pytest.raises(TypeError, match=f"drafts.* .*{found}"):
+        specdec_np.multi_draft_tree([[wrap([[1, 2]])[0]]] if kind == "masked" else [wrap([[1]])])
+    layout = specdec_np.chain_tree([[1, 2]])
+    with pytest.raises(TypeError, match=f"root_token_ids .*{found}"):
+        specdec_np.to_next_arrays(layout, root_token_ids=wrap([3]))
+    for name in ("num_nodes", "tree_parents", "draft_token_ids"):
+        arguments = {"num_nodes": [2], "tree_parents": [-1, 0], "draft_token_ids": [1, 2]}
+        arguments[name] = wrap(arguments[name])
+        with pytest.raises(TypeError, match=f"{name} .*{found}"):
+            specdec_np.validate_tree(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: specdec_np.chain_tree(5), "chains"),
+        (lambda: specdec_np.chain_tree("12"), "chains"),
+        (lambda: specdec_np.chain_tree(np.array([1, 2])), r"chains\[0\]"),
+        (lambda: specdec_np.multi_draft_tree([5]), r"drafts\[0\]"),
+        (lambda: specdec_np.multi_draft_tree([[3]]), r"drafts\[0\]\[0\]"),
+        (lambda: specdec_np.to_next_arrays([1, 2]), "layout"),
+        (lambda: specdec_np.to_next_arrays(specdec_np.chain_tree([[1]]), [1.0]),
+         "root_token_ids"),
+        (lambda: specdec_np.validate_tree([1], [-1], [0], vocab_size="3"), "vocab_size"),
+        (lambda: specdec_np.validate_tree([1], [-1], [0], vocab_size=3.0), "vocab_size"),
+        (lambda: specdec_np.validate_tree([1], [-1], [0], max_depth=2.0), "max_depth"),
+        (lambda: specdec_np.validate_tree(1, [-1], [0]), "num_nodes"),
+        (lambda: specdec_np.chain_tree([[1]], vocab_size=3.0), "vocab_size"),
+        (lambda: specdec_np.from_next_arrays("ab", [[-1]], [[0]]), "retrieve_next_token"),
+        (lambda: specdec_np.from_next_arrays([[-1]], [[-1]], [[0]], vocab_size="2"),
+         "vocab_size"),
+        (lambda: specdec_np.tree_output_buffers(2.0, 3), "batch_size"),
+        (lambda: specdec_np.tree_output_buffers(2, 3.0), "max_depth"),
+        (lambda: specdec_np.output_buffers(2.7, 3), "batch_size"),
+        (lambda: specdec_np.output_buffers(2, np.float64(1.0)), "max_draft_tokens"),
+    ],
+)
+def test_wrong_types_on_the_builders_are_type_errors_naming_the_argument(call, name):
+    with pytest.raises(TypeError, match=f"^{name} must"):
+        call()
+
+
+def test_root_token_ids_of_another_length_are_refused():
+    layout = specdec_np.chain_tree([[1], [2]])
+    with pytest.raises(ValueError, match=r"root_token_ids must have shape \[B\] = \[2\]"):
+        specdec_np.to_next_arrays(layout, root_token_ids=[7])
+    assert specdec_np.to_next_arrays(layout, root_token_ids=[7, 8])[2][:, 0].tolist() == [7, 8]
+
+
 def test_float_parents_are_a_type_error():
     arguments = _tree()
     arguments["tree_parents"] = arguments["tree_parents"].astype(np.float64)
     with pytest.raises(TypeError, match="tree_parents"):
         specdec_np.verify_tree(**arguments)
+
+
+@pytest.mark.parametrize("count", [1.0, np.float32(2.0)])
+def test_float_counts_are_a_type_error_naming_them(count):
+    batch = _ragged(logits=True)
+    batch["num_draft_tokens"] = [count, 0, 3]
+    with pytest.raises(TypeError, match="num_draft_tokens must have an integer dtype"):
+        specdec_np.verify_ragged(**batch)
+    with pytest.raises(TypeError, match="num_draft_tokens must have an integer dtype"):
+        specdec_np.EngineVerifier()(**batch)
+    arguments = _tree()
+    arguments["num_nodes"] = [count, 2]
+    with pytest.raises(TypeError, match="num_nodes must have an integer dtype"):
+        specdec_np.verify_tree(**arguments)
+
+
+# -- empty batches are valid calls ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("logits", [True, False])
+@pytest.mark.parametrize("empty", [[], (), np.zeros(0, dtype=np.int32)])
+def test_an_empty_ragged_batch_is_a_valid_call(empty, logits):
+    rows = np.zeros((0, VOCAB), dtype=np.float32)
+    batch = {
+        "num_draft_tokens": empty,
+        "draft_token_ids": [],
+        ("target_logits" if logits else "target_probs"): rows,
+        "temperature": [],
+    }
+    for verify in (specdec_np.verify_ragged, specdec_np.EngineVerifier(seed=0)):
+        result = verify(**batch)
+        assert result.output_token_ids.shape == (0, 1)
+        assert result.accepted_lengths.shape == result.num_accepted.shape == (0,)
+        assert result.output_token_ids.dtype == np.int64
+
+
+def test_an_empty_call_keeps_the_engine_metrics_and_generator_consistent():
+    engine = specdec_np.EngineVerifier(seed=0)
+    engine(**_ragged())
+    before = copy.deepcopy(engine.metrics)
+    state = engine._own_generator.numpy.bit_generator.state
+    engine(num_draft_tokens=[], draft_token_ids=[], target_probs=np.zeros((0, VOCAB)))
+    assert engine.metrics == before
+    assert engine._own_generator.numpy.bit_generator.state == state
+    # A fresh engine's first call may be empty: nothing recorded, nothing drawn.
+    fresh = specdec_np.EngineVerifier(seed=0)
+    fresh(num_draft_tokens=[], draft_token_ids=[], target_probs=np.zeros((0, VOCAB)))
+    assert fresh.metrics == specdec_np.VerificationMetrics()
+    assert fresh.metrics.acceptance_by_position.shape == (0,)
 
 
 # -- 9. metrics and generators move together ------------------------------------------------

@@ -19,9 +19,12 @@ SEED = int(os.environ.get("SPECDEC_FUZZ_SEED", "20240607"))
 
 
 def run_worker(mode: str, **environment: str) -> dict:
+    # The checkout under test first: an installed copy elsewhere must not answer instead.
+    path = os.pathsep.join(filter(None, [str(WORKER.parents[1]), os.environ.get("PYTHONPATH")]))
     completed = subprocess.run(
         [sys.executable, str(WORKER), mode, "--seed", str(SEED), "--calls", str(CALLS)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, **environment},
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": path, **environment},
     )  # fmt: skip
     last_call = completed.stderr.strip().splitlines()[-1:] if completed.stderr else []
     assert completed.returncode == 0, (
@@ -50,6 +53,15 @@ def test_masked_matrix_and_foreign_arrays() -> None:
     torch tensors give the same tokens as torch tensors."""
     summary = run_worker("masked")
     assert summary.get("refused", 0) > 0, summary
+
+
+def test_overflowing_temperatures_and_empty_batches() -> None:
+    """processed_probs, sample_tokens, verify_ragged and verify_tree refuse exactly the
+    temperatures that overflow a divided row's largest finite logit, and empty batches are
+    empty results; both outcomes happen."""
+    summary = run_worker("sampling")
+    assert summary.get("refused", 0) > 0 and summary.get("accepted", 0) > 0, summary
+    assert summary.get("empty", 0) > 0, summary
 
 
 @pytest.mark.parametrize("omp_stacksize", [None, "16K"])

@@ -215,3 +215,33 @@ def test_out_and_single_rows() -> None:
 def test_bad_input_names_the_argument(call, error, message) -> None:
     with pytest.raises(error, match=message):
         call()
+
+
+def test_an_out_of_one_row_for_several_rows_is_refused_naming_it() -> None:
+    logits = np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^out must .*shape \[3, 4\]; found \[4\]"):
+        specdec_np.processed_probs(logits, out=np.empty(4, np.float32))
+    with pytest.raises(ValueError, match=r"^out must .*shape \[3, 4\]; found \[1, 4\]"):
+        specdec_np.processed_probs(logits, out=np.empty((1, 4), np.float32))
+    with pytest.raises(TypeError, match="^out must be a plain NumPy array, not a masked"):
+        specdec_np.processed_probs(logits, out=np.ma.masked_array(np.empty((3, 4), np.float32)))
+    # One row may be written through its [V] view, whichever form the row was given in.
+    for rows in (logits[0], logits[:1]):
+        out = np.empty(4, np.float32)
+        specdec_np.processed_probs(rows, out=out)
+        np.testing.assert_array_equal(out, np.full(4, 0.25, np.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_empty_batch_is_a_valid_call(dtype) -> None:
+    rows = np.zeros((0, 5), dtype)
+    for parameters in ({}, {"temperature": [], "top_k": [], "top_p": [], "min_p": []},
+                       {"temperature": 0.5, "top_k": 2}):
+        law = specdec_np.processed_probs(rows, **parameters)
+        assert law.shape == (0, 5) and law.dtype == dtype
+        tokens = specdec_np.sample_tokens(logits=rows, **parameters)
+        assert tokens.shape == (0,) and tokens.dtype == np.int64
+    tokens = specdec_np.sample_tokens(probs=rows, uniforms=np.zeros(0))
+    assert tokens.shape == (0,) and tokens.dtype == np.int64
+    out = np.empty((0, 5), dtype)
+    assert specdec_np.processed_probs(rows, out=out) is not None

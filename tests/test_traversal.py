@@ -7,6 +7,8 @@ stratified grid of uniforms.
 from __future__ import annotations
 
 import itertools
+import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,10 +36,13 @@ from test_tree_reference import (
     tree_shapes,
 )
 
+import specdec_np
 from specdec_np import registry
 from specdec_np._layouts import tree as _trees
 from specdec_np._reference import traversal
 from specdec_np._reference import trees as tree_reference
+from specdec_np._runtime import arrays as _backend
+from specdec_np._runtime import contract as _contract
 from specdec_np.testing import _oracles
 
 
@@ -391,3 +396,56 @@ def test_too_few_working_rows_for_the_depth_is_a_memory_status(method):
             np.full(5, 1 - 1e-12), *outputs, 1, working=np.empty((1, rows * vocab_size)),
         )  # fmt: skip
         assert outputs[3][0] == wanted
+
+
+# --- working memory follows the trees, not the out= buffers ---------------------------------
+
+
+def _one_node_tree(vocab_size: int, depth_of_out: int, method: str) -> tuple[dict, Any]:
+    rng = np.random.default_rng(9)
+    arguments = {
+        "num_nodes": [1], "tree_parents": [-1], "draft_token_ids": [3],
+        "target_probs": rng.dirichlet(np.ones(vocab_size), 2),
+        "draft_probs": rng.dirichlet(np.ones(vocab_size), 1),
+        "method": method, "uniforms": np.full((1, 2), 0.999),
+    }  # fmt: skip
+    return arguments, specdec_np.tree_output_buffers(1, depth_of_out)
+
+
+@pytest.mark.parametrize("method", SEQUENCE_LEVEL + ("specinfer",))
+def test_deep_out_buffers_do_not_size_the_working_rows(method):
+    vocab_size, depth_of_out = 2_000, 2_000
+    arguments, out = _one_node_tree(vocab_size, depth_of_out, method)
+    expected = specdec_np.verify_tree(**arguments)
+    tracemalloc.start()
+    try:
+        result = specdec_np.verify_tree(**arguments, out=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Sized by the out buffers' depth, a thread's working rows alone would take
+    # (depth + 1) V float64 = 32 MB; a one-node tree needs two rows, 32 kB.
+    threads = _backend.thread_count(1, 2 * vocab_size)
+    assert peak < 1_000_000 + threads * 4 * 8 * vocab_size, peak
+    for name in ("accepted_nodes", "output_token_ids", "accepted_lengths"):
+        np.testing.assert_array_equal(getattr(result, name), getattr(expected, name))
+    assert (out.accepted_nodes[:, 1:] == -1).all() and (out.output_token_ids[:, 2:] == -1).all()
+
+
+def test_buffers_of_the_batch_depth_are_copied_into_deeper_out_buffers(monkeypatch):
+    # The GPU path (its kernel strides working rows by the depth of accepted_nodes): the
+    # kernel writes buffers of the batch's depth, then the caller's are filled from them.
+    arguments, out = _one_node_tree(50, 7, "traversal")
+    expected = specdec_np.verify_tree(**arguments, out=specdec_np.tree_output_buffers(1, 7))
+    out.accepted_nodes[...] = 99
+    out.output_token_ids[...] = 99
+    monkeypatch.setattr(
+        _contract, "tree_kernel_block",
+        lambda block, layout, device, xp: specdec_np.tree_output_buffers(1, layout.max_depth),
+    )
+    result = specdec_np.verify_tree(**arguments, out=out)
+    for name in ("accepted_nodes", "output_token_ids", "accepted_lengths"):
+        np.testing.assert_array_equal(getattr(result, name), getattr(expected, name))
+    assert np.shares_memory(result.accepted_nodes, out.accepted_nodes)
+    assert (out.accepted_nodes[:, 1:] == -1).all() and (out.output_token_ids[:, 2:] == -1).all()
+    assert (out.row_status == 0).all()

@@ -13,7 +13,8 @@ tree) and hand them to :func:`engine_call`, which runs the same steps for both l
 4. the uniform source, sized by the layout;
 5. the output block, the thread count and the kernel options (:func:`kernel_options`,
    the one place they are assembled);
-6. the draws, the kernel and the result (:func:`specdec_np._kernels.dispatch.run`).
+6. the draws, the kernel and the result (:func:`specdec_np._kernels.dispatch.run`), in
+   the caller's output block.
 
 A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
 and the law; nothing here changes.  A new layout writes its own :class:`LayoutCall`.
@@ -106,6 +107,10 @@ class LayoutCall(Protocol):
     def check_rows(self, batch: Any, form: _sampling.RowForm, greedy: Any, strict: bool) -> None:
         """Checks that need the requests' sampling (after :meth:`build`)."""
 
+    def rows_per_request(self, batch: Any) -> tuple[Any, Any]:
+        """How many consecutive target and draft rows each request owns (int64 ``[B]``
+        each)."""
+
     def uniform_rows(self, batch: Any, greedy: Any) -> dict[str, Any]:
         """The uniform source's shape: ``k``, ``row_widths`` and ``row_offsets``."""
 
@@ -126,6 +131,9 @@ class LayoutCall(Protocol):
     def recorder(self, batch: Any) -> Callable[[Any, Any], None] | None:
         """``on_success(result, commit)``: records a successful call before it counts as
         done (:class:`specdec_np._kernels.dispatch.Commit`), or None."""
+
+    def finish(self, batch: Any, result: Any) -> Any:
+        """The caller's result from the kernel's."""
 
 
 def kernel_options(
@@ -180,7 +188,8 @@ def engine_call(
     request = _sampling.request_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows),
-        every_request_greedy=layout.every_request_greedy, parameters=sampling,
+        every_request_greedy=layout.every_request_greedy,
+        rows_per_request=layout.rows_per_request(batch), parameters=sampling,
     )  # fmt: skip
     layout.check_rows(batch, form, request.greedy, strict)
     chosen = layout.greedy_entry if request.all_greedy else layout.entry
@@ -207,7 +216,7 @@ def engine_call(
         batch, out, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
     )
     threads = layout.threads(batch, chosen)
-    return _dispatch.run(
+    result = _dispatch.run(
         batch,
         chosen.code,
         sources,
@@ -217,3 +226,4 @@ def engine_call(
         options=kernel_options(layout, batch, form, request, block, threads, chosen),
         on_success=layout.recorder(batch),
     )
+    return layout.finish(batch, result)

@@ -51,8 +51,9 @@ def processed_probs(
         The order of the filters: ``"vllm"`` filters ``logits / temperature``;
         ``"llama.cpp"`` runs top-k, top-p and min-p on the logits at temperature 1 and
         applies the temperature to what they keep (``docs/semantics.md`` §12).
-    out : array [N, V] of the result's dtype, optional
-        Written and returned.
+    out : array of the result's dtype, optional
+        ``[N, V]`` (``[V]`` too when there is one row), C-contiguous and writeable:
+        written and returned.
 
     Returns
     -------
@@ -83,6 +84,9 @@ def processed_probs(
         min_p=min_p, from_logits=True, row_dtype=rows.dtype,
     )
     greedy = _sampling.greedy_requests(sampling, False, batch_size)
+    _sampling.check_tempered_rows(
+        sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
+    )
     table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
@@ -109,11 +113,13 @@ def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
     """``out`` checked to hold the rows' law, or a new array."""
     if out is None:
         return xp.empty(rows.shape, dtype=rows.dtype)
+    if isinstance(out, np.ndarray):
+        _validate.refuse_array_subclass(out, "out")
     if not _backend.is_array_of(out, xp) or out.dtype != rows.dtype:
         raise TypeError(f"out must be a {rows.dtype} array of the logits' backend")
-    if tuple(out.shape) not in (tuple(rows.shape), tuple(rows.shape[1:])) or not (
-        out.flags.c_contiguous and out.flags.writeable
-    ):
+    # One row may be written through its [V] view; several rows need the whole block.
+    shapes = [tuple(rows.shape)] + ([tuple(rows.shape[1:])] if rows.shape[0] == 1 else [])
+    if tuple(out.shape) not in shapes or not (out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(
             f"out must be a writeable C-contiguous array of shape "
             f"{_validate.shape_text(rows.shape)}; found {_validate.shape_text(out.shape)}"

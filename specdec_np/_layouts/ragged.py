@@ -61,8 +61,17 @@ def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _con
     OutputBlock
         ``output_token_ids`` int64 ``[B, max_draft_tokens + 1]`` and three int64 ``[B]``
         arrays (accepted lengths, acceptance counts, row status).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a size that is not a non-negative int (floats, even ``2.0``, included).
     """
-    return _contract.allocate_output_block(xp, int(batch_size), int(max_draft_tokens) + 1)
+    return _contract.allocate_output_block(
+        xp,
+        _validate.check_integer("batch_size", batch_size),
+        _validate.check_integer("max_draft_tokens", max_draft_tokens) + 1,
+    )
 
 
 def _check_out(
@@ -272,6 +281,11 @@ class RaggedCall:
             form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
         )
 
+    def rows_per_request(self, batch: _chains.ChainBatch) -> tuple[np.ndarray, np.ndarray]:
+        """A request's ``k_b + 1`` target rows (``k_b`` without bonus rows) and ``k_b``
+        draft rows."""
+        return batch.draft_counts + batch.bonus_rows, batch.draft_counts
+
     def uniform_rows(self, batch: _chains.ChainBatch, greedy: Any) -> dict[str, Any]:
         """A sampled request's ``k_b + 2`` draws, a greedy one's none."""
         return {"k": batch.max_k + 1, "row_widths": np.where(greedy, 0, batch.draft_counts + 2)}
@@ -315,11 +329,17 @@ class RaggedCall:
         counts = batch.draft_counts
         return lambda result, commit: record(counts, result.accepted_lengths, commit)
 
+    def finish(self, batch: _chains.ChainBatch, result: Any) -> Any:
+        """The kernel's result as it is."""
+        return result
+
 
 def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:
     """``num_draft_tokens`` checked: host int64 counts, the offsets on the device, the
     largest count and ``T``."""
-    counts = _backend.intake(num_draft_tokens, "num_draft_tokens")
+    counts = _backend.intake(
+        _validate.empty_sequence_as_integers(num_draft_tokens), "num_draft_tokens"
+    )
     if counts.ndim != 1:
         raise ValueError(
             "num_draft_tokens must have shape [B] (1 dimension); found shape "

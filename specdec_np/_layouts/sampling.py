@@ -21,6 +21,7 @@ __all__ = [
     "RequestSampling",
     "RowForm",
     "SamplingParameters",
+    "check_tempered_rows",
     "greedy_requests",
     "request_sampling",
     "row_form",
@@ -148,6 +149,7 @@ def request_sampling(
     rows: tuple[Any, Any],
     *,
     every_request_greedy: bool,
+    rows_per_request: tuple[np.ndarray, np.ndarray],
     parameters: SamplingParameters,
 ) -> RequestSampling:
     """The per-request sampling parameters, checked, and in strict mode the row values.
@@ -159,9 +161,11 @@ def request_sampling(
     strict : bool
     form : RowForm
     rows : (target rows, draft rows or None)
-        The kernel-ready rows, for the strict checks.
+        The kernel-ready rows, for the strict checks and the temperatures' overflow check.
     every_request_greedy : bool
         The call's method is greedy: every request is.
+    rows_per_request : (int64 [B], int64 [B])
+        How many consecutive target and draft rows each request owns, request by request.
     parameters : SamplingParameters
         As given (the filter order is checked here too).
 
@@ -183,10 +187,102 @@ def request_sampling(
             else:
                 _validate.check_probability_values(name, values, xp)
     greedy = greedy_requests(sampling, every_request_greedy, batch_size)
+    for name, values, logits, counts in zip(
+        (form.target_name, form.draft_name), rows, (form.from_logits, form.draft_from_logits),
+        rows_per_request,
+    ):
+        if logits and values is not None:
+            check_tempered_rows(sampling["temperature"], greedy, name, values, counts, xp)
     table = None
     if form.processed:
         table = xp.asarray(sampling_table(sampling, greedy, batch_size, filter_order))
     return RequestSampling(greedy, table)
+
+
+def check_tempered_rows(
+    temperature: np.ndarray | None,
+    greedy: np.ndarray,
+    name: str,
+    rows: Any,
+    rows_per_request: np.ndarray,
+    xp: Any,
+) -> None:
+    """Refuse a temperature at which the largest finite logit of a row it divides overflows.
+
+    The kernels compute ``z = logits / t`` in the rows' dtype.  If the largest finite
+    logit ``m`` of a row gives ``m / t = +inf``, the row would be drawn as if uniform over
+    its overflowing entries; if it gives ``-inf``, every finite logit does and the row
+    would lose its mass.  Both are refused.  A smaller logit that overflows to ``-inf``
+    below a finite maximum is harmless: its weight ``exp(z - max z)`` is exactly 0 at any
+    exponent range, and so is its share of every filter, so the law is unchanged.
+
+    Correctly rounded division is monotone, so ``m / t`` decides for the whole row, and a
+    temperature of at least 1 (in the rows' dtype) never overflows a finite logit: the
+    rows are read only for requests with ``0 < t < 1``, one maximum pass over their rows
+    (NaN ignored, ``-inf`` masks harmless), and each run of consecutive such rows is
+    reduced in place, without a copy.
+
+    Parameters
+    ----------
+    temperature : float64 [B] or None
+        The checked temperatures (None: 1 everywhere).
+    greedy : bool [B]
+        Requests that read their rows raw (never divided).
+    name : str
+        The rows' argument, for the message.
+    rows : float32 or float64 [R, V]
+        Logits rows, request by request.
+    rows_per_request : int64 [B]
+        How many consecutive rows each request owns.
+    xp : module
+
+    Raises
+    ------
+    ValueError
+        Naming ``temperature``, the first request and row that overflow, and the logit.
+    """
+    if temperature is None or not rows.shape[0]:
+        return
+    dtype = np.dtype(rows.dtype)
+    divisor = temperature.astype(dtype)
+    at_risk = ~greedy & (divisor < 1)
+    if not at_risk.any():
+        return
+    row_at_risk = np.repeat(at_risk, rows_per_request)
+    # Runs of consecutive rows at risk, as [start, stop) pairs.
+    edges = np.flatnonzero(np.diff(row_at_risk.astype(np.int8), prepend=0, append=0))
+    largest = np.full(rows.shape[0], -np.inf, dtype=dtype)
+    for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist()):
+        largest[start:stop] = _largest_finite(rows[start:stop], xp)
+    requests = np.repeat(np.arange(temperature.shape[0]), rows_per_request)
+    with np.errstate(over="ignore"):
+        quotient = largest / divisor[requests]
+    overflow = np.flatnonzero(row_at_risk & np.isfinite(largest) & np.isinf(quotient))
+    if overflow.size:
+        row = int(overflow[0])
+        request = int(requests[row])
+        raise ValueError(
+            f"temperature must not make finite logits overflow in {dtype}; found "
+            f"{float(temperature[request])!r} for request {request}, which divides the "
+            f"largest finite logit {float(largest[row])!r} of {name} row {row} to "
+            f"{float(quotient[row])}"
+        )
+
+
+def _largest_finite(rows: Any, xp: Any) -> np.ndarray:
+    """The largest finite entry of each row, ``-inf`` for a row without one, on the host."""
+    if xp is np:
+        largest = np.fmax.reduce(rows, axis=1)  # NaN ignored, -inf never the largest
+    else:
+        largest = xp.max(xp.where(xp.isnan(rows), -xp.inf, rows), axis=1).get()
+    infinite = np.flatnonzero(largest == np.inf)
+    for row in infinite.tolist():
+        # A +inf logit: the largest finite entry is below it (rare: only outside strict
+        # mode, and then this row alone is read again).
+        values = rows[row]
+        finite = values[xp.isfinite(values)]
+        largest[row] = float(finite.max()) if finite.size else -np.inf
+    return largest
 
 
 def greedy_requests(

@@ -174,37 +174,6 @@ class TreeLayout(NamedTuple):  # numpydoc ignore=PR01
         return int(self.node_offsets[request]) + request + 1 + node
 
 
-def _host_integers(x: Any, name: str) -> np.ndarray:
-    """``x`` as a private 1-D int64 NumPy array, refusing non-integer dtypes, masked arrays
-    and matrices, and values outside int64."""
-    if isinstance(x, (list, tuple)):
-        array = np.asarray(x, dtype=np.int64) if len(x) == 0 else np.asarray(x)
-    elif isinstance(x, np.ndarray):
-        _validate.refuse_array_subclass(x, name)
-        array = x
-    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
-        array = x.get()  # CuPy: the layout is O(N) host work
-    elif not (hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "__getitem__")):
-        raise TypeError(
-            f"{name} must be a 1-D integer array or a list of ints; found {type(x).__name__}"
-        )
-    else:
-        # Other array-API arrays (the reference accepts array_api_strict): element by
-        # element, since not every namespace offers DLPack on the host.
-        kind = str(x.dtype)
-        if "int" not in kind:
-            raise TypeError(f"{name} must have an integer dtype; found {kind}")
-        if len(x.shape) != 1:
-            raise ValueError(f"{name} must be 1-D; found {len(x.shape)} dimensions")
-        values = [int(x[i]) for i in range(x.shape[0])]
-        array = np.asarray(values, dtype=np.uint64 if "uint" in kind else np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D; found {array.ndim} dimensions")
-    return _validate.int64_values(array, name)
-
-
 def validate_tree(
     num_nodes: Any,
     tree_parents: Any,
@@ -238,15 +207,18 @@ def validate_tree(
     Raises
     ------
     TypeError
-        If an argument has a non-integer dtype.
+        If an argument has a non-integer type or dtype (masked arrays, matrices included).
     ValueError
         On a negative count, counts that do not sum to ``N``, a parent outside its request
         or not before its node, a token outside the vocabulary, or a node deeper than
         ``max_depth``; node errors name ``(request, node)``.
     """
-    counts = _host_integers(num_nodes, "num_nodes")
-    parents = _host_integers(tree_parents, "tree_parents")
-    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    counts = _validate.host_integers(num_nodes, "num_nodes")
+    parents = _validate.host_integers(tree_parents, "tree_parents")
+    tokens = _validate.host_integers(draft_token_ids, "draft_token_ids")
+    if vocab_size is not None:
+        vocab_size = _validate.check_integer("vocab_size", vocab_size, minimum=1)
+    max_depth = _validate.check_integer("max_depth", max_depth)
     negative = np.flatnonzero(counts < 0)
     if negative.size:
         b = int(negative[0])
@@ -319,9 +291,9 @@ def _checked_layout(
     """:func:`validate_tree`'s layout from one compiled pass (``_core.tree_layout_is_valid``);
     :func:`validate_tree` itself, whose NumPy passes cost more than a small batch's walk,
     runs only when that pass finds a fault, to say what it is."""
-    counts = _host_integers(num_nodes, "num_nodes")
-    parents = _host_integers(tree_parents, "tree_parents")
-    tokens = _host_integers(draft_token_ids, "draft_token_ids")
+    counts = _validate.host_integers(num_nodes, "num_nodes")
+    parents = _validate.host_integers(tree_parents, "tree_parents")
+    tokens = _validate.host_integers(draft_token_ids, "draft_token_ids")
     offsets = np.empty(counts.shape[0] + 1, dtype=np.int64)
     depths = np.empty(parents.shape[0], dtype=np.int64)
     if not _core.tree_layout_is_valid(
@@ -354,20 +326,10 @@ def _depths(global_parents: np.ndarray) -> np.ndarray:
         ancestor[pending] = ancestor[above]
 
 
-def _token(value: Any, where: str) -> int:
-    """A builder's token as a Python int: an int or a NumPy integer, nothing that merely
-    converts to one (``1.0`` or ``"1"`` is not a token id).
-
-    Raises
-    ------
-    TypeError
-        Naming where the value is.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{where} must be an integer token id; found {type(value).__name__}")
-    if not -(2**63) <= int(value) < 2**63:
-        raise ValueError(f"{where} must fit in int64; found {int(value)}")
-    return int(value)
+def _check_layout_type(layout: Any) -> None:
+    if not isinstance(layout, TreeLayout):
+        found = type(layout).__name__
+        raise TypeError(f"layout must be a TreeLayout (from a tree builder); found {found}")
 
 
 def _concatenate(per_request: list[tuple[list[int], list[int]]], vocab_size: int | None):
@@ -397,10 +359,17 @@ def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
     TreeLayout
         ``num_nodes[b] = len(chains[b])``; its root row and node rows are the chain's target
         rows ``[k_b + 1, V]`` in order, the last one the bonus position.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`validate_tree`, and for ``chains`` or a chain that is not a sequence (a
+        list, a tuple or a plain array) or a token that is not an int, naming it.
     """
     per_request = []
-    for b, chain in enumerate(chains):
-        tokens = [_token(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
+    for b, chain in enumerate(_validate.sequence(chains, "chains", "token-id sequences")):
+        chain = _validate.sequence(chain, f"chains[{b}]", "int token ids")
+        tokens = [_validate.token_id(token, f"chains[{b}][{i}]") for i, token in enumerate(chain)]
         per_request.append((list(range(-1, len(tokens) - 1)), tokens))
     return _concatenate(per_request, vocab_size)
 
@@ -424,16 +393,23 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
     -------
     TreeLayout
         The nodes of chain 0, then those of chain 1, and so on, each chain in order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`chain_tree`, for ``drafts``, a request's chains, a chain or a token.
     """
     per_request = []
-    for b, request_chains in enumerate(drafts):
+    for b, request_chains in enumerate(_validate.sequence(drafts, "drafts", "per-request chains")):
         parents: list[int] = []
         tokens: list[int] = []
+        request_chains = _validate.sequence(request_chains, f"drafts[{b}]", "token-id sequences")
         for c, chain in enumerate(request_chains):
             previous = -1
+            chain = _validate.sequence(chain, f"drafts[{b}][{c}]", "int token ids")
             for i, token in enumerate(chain):
                 parents.append(previous)
-                tokens.append(_token(token, f"drafts[{b}][{c}][{i}]"))
+                tokens.append(_validate.token_id(token, f"drafts[{b}][{c}][{i}]"))
                 previous = len(parents) - 1
         per_request.append((parents, tokens))
     return _concatenate(per_request, vocab_size)
@@ -451,7 +427,13 @@ def leaf_paths(layout: TreeLayout) -> list[list[list[int]]]:
     list of ``B`` lists of int lists
         The inverse of :func:`chain_tree` (one path, none for an empty chain) and of
         :func:`multi_draft_tree` (the non-empty chains).
+
+    Raises
+    ------
+    TypeError
+        For a ``layout`` that is not a :class:`TreeLayout`.
     """
+    _check_layout_type(layout)
     result = []
     for b in range(layout.batch_size):
         parents = layout.parents_of(b)
@@ -504,20 +486,26 @@ def from_next_arrays(
 
     Raises
     ------
+    TypeError
+        For an argument that is not an integer array (masked arrays and ``numpy.matrix``
+        included: their mask and 2-d semantics would be ignored) or int.
     ValueError
         If the arrays differ in shape, a link leaves ``1 .. n - 1``, or a column is reached
         twice (a cycle or a shared child).
     """
-    next_token = np.asarray(retrieve_next_token)
-    next_sibling = np.asarray(retrieve_next_sibling)
-    tokens = np.asarray(candidates)
-    for name, array in (
-        ("retrieve_next_token", next_token),
-        ("retrieve_next_sibling", next_sibling),
-        ("candidates", tokens),
-    ):
+    arrays = {
+        "retrieve_next_token": retrieve_next_token,
+        "retrieve_next_sibling": retrieve_next_sibling,
+        "candidates": candidates,
+    }
+    for name, value in arrays.items():
+        # As the array fronts take arrays in: masked arrays, matrices and non-arrays refused.
+        array = arrays[name] = _backend.intake(value, name)
+        array = arrays[name] = array.get() if _backend.is_cupy_array(array) else array
         if array.dtype.kind not in "iu":
             raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+    next_token, next_sibling, tokens = arrays.values()
+    for name, array in arrays.items():
         if array.ndim != 2 or array.shape != next_token.shape:
             raise ValueError(
                 f"{name} must have the shape [B, n] of retrieve_next_token "
@@ -549,7 +537,7 @@ def from_next_arrays(
             seen[column] = True
             node = len(parents)
             parents.append(parent)
-            node_tokens.append(_token(tokens[b, column], f"candidates[{b}, {column}]"))
+            node_tokens.append(_validate.token_id(tokens[b, column], f"candidates[{b}, {column}]"))
             sources.append(column)
             sibling = int(next_sibling[b, column])
             if sibling != -1:
@@ -577,13 +565,28 @@ def to_next_arrays(
     -------
     retrieve_next_token, retrieve_next_sibling, candidates : int64 [B, max_nodes + 1]
         ``-1`` for no link and in the padding columns of smaller trees.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a ``layout`` that is not a :class:`TreeLayout`, or ``root_token_ids`` that are
+        not integers (masked arrays and matrices included) of shape ``[B]``.
     """
+    _check_layout_type(layout)
     batch_size = layout.batch_size
+    roots = np.zeros(batch_size, dtype=np.int64)
+    if root_token_ids is not None:
+        roots = _validate.host_integers(root_token_ids, "root_token_ids")
+        if roots.shape != (batch_size,):
+            raise ValueError(
+                f"root_token_ids must have shape [B] = [{batch_size}]; found shape "
+                f"{_validate.shape_text(roots.shape)}"
+            )
     width = layout.max_nodes + 1
     next_token = np.full((batch_size, width), -1, dtype=np.int64)
     next_sibling = np.full((batch_size, width), -1, dtype=np.int64)
     candidates = np.full((batch_size, width), -1, dtype=np.int64)
-    candidates[:, 0] = 0 if root_token_ids is None else np.asarray(root_token_ids)
+    candidates[:, 0] = roots
     for b in range(batch_size):
         tokens = layout.tokens_of(b)
         candidates[b, 1 : len(tokens) + 1] = tokens
@@ -793,8 +796,17 @@ def tree_output_buffers(
     TreeOutputBlock
         ``accepted_nodes`` int64 ``[B, max_depth]``, ``output_token_ids`` int64
         ``[B, max_depth + 1]`` and two int64 ``[B]`` arrays (accepted lengths, row status).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a size that is not a non-negative int (floats, even ``2.0``, included).
     """
-    return _contract.allocate_tree_output_block(xp, int(batch_size), int(max_depth))
+    return _contract.allocate_tree_output_block(
+        xp,
+        _validate.check_integer("batch_size", batch_size),
+        _validate.check_integer("max_depth", max_depth),
+    )
 
 
 @_backend.array_front(
@@ -947,15 +959,23 @@ class TreeCall:
             "row_offsets": layout.node_offsets + np.arange(layout.batch_size + 1),
         }
 
+    def rows_per_request(self, batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
+        """A request's ``N_b + 1`` target rows and ``N_b`` draft rows."""
+        return batch.layout.num_nodes + 1, batch.layout.num_nodes
+
     def output_block(
         self, batch: TreeBatch, out: Any, inputs: dict[str, Any]
     ) -> _contract.TreeOutputBlock:
-        """``out`` checked (:func:`tree_output_buffers`), or a new block."""
+        """``out`` checked (:func:`tree_output_buffers`), or a new block; the block the
+        kernel writes has the trees' own depth (:meth:`finish` copies it into a deeper
+        ``out``)."""
         if out is None:
-            return _contract.allocate_tree_output_block(
+            self._block = _contract.allocate_tree_output_block(
                 batch.xp, batch.layout.batch_size, batch.layout.max_depth
             )
-        return _check_tree_out(out, batch, inputs)
+        else:
+            self._block = _check_tree_out(out, batch, inputs)
+        return _contract.tree_kernel_block(self._block, batch.layout, batch.device, batch.xp)
 
     def threads(self, batch: TreeBatch, chosen: Any) -> int:
         """Threads by the rows a walk reads (a target and a draft row per node)."""
@@ -968,10 +988,9 @@ class TreeCall:
         if chosen.stochastic or "request_methods" in options:
             # The residual and its update (traversal: a residual per level of the path
             # too): allocated once per call, not per node.
+            # By the trees' depth, never by out's.
             rows = _dispatch.working_rows(batch.device, threads, batch.layout.batch_size)
-            # By the output's depth, which the CUDA kernel sizes the rows by.
-            depth = int(block.accepted_nodes.shape[1])
-            width = self.entry.working_rows(depth) * batch.vocab_size
+            width = self.entry.working_rows(batch.layout.max_depth) * batch.vocab_size
             options["working"] = batch.xp.empty((rows, width), dtype=batch.xp.float64)
 
     def after_uniforms(self, batch: TreeBatch, chosen: Any) -> tuple[Any, ...]:
@@ -981,6 +1000,13 @@ class TreeCall:
     def recorder(self, batch: TreeBatch) -> None:
         """The tree front records nothing."""
         return None
+
+    def finish(self, batch: TreeBatch, result: Any) -> Any:
+        """The result in the caller's block (a deeper ``out`` is filled and padded)."""
+        if result.accepted_nodes is self._block.accepted_nodes:
+            return result
+        _contract.fill_deeper_tree_block(self._block, result, batch.layout.max_depth)
+        return batch.result(self._block)
 
 
 def _check_tree_out(

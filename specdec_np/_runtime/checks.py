@@ -246,16 +246,32 @@ def check_posterior(name: str, value: Any) -> float:
     return number
 
 
+def check_integer(name: str, value: Any, minimum: int = 0) -> int:
+    """A count or size: a Python or NumPy integer in ``[minimum, 2**63)``.
+
+    Floats (even ``1.0``), bools and strings are refused rather than converted: ``int()``
+    would truncate ``2.7`` to 2 and turn ``"3"`` into 3 without a word.
+
+    Raises
+    ------
+    TypeError
+        For a value that is not an integer, naming the argument and the type found.
+    ValueError
+        For an integer outside ``[minimum, 2**63)``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; found {type(value).__name__}")
+    if not minimum <= int(value) < 2**63:
+        raise ValueError(f"{name} must lie in [{minimum}, 2**63); found {int(value)}")
+    return int(value)
+
+
 def check_vocab_size(vocab_size: Any) -> int:
     """``_create_output``'s optional vocabulary size: an int in ``[1, 2**63)``; None gives
     ``2**63 - 1`` (ids then only have to be non-negative)."""
     if vocab_size is None:
         return 2**63 - 1
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise TypeError(f"vocab_size must be an int or None; found {type(vocab_size).__name__}")
-    if not 1 <= int(vocab_size) < 2**63:
-        raise ValueError(f"vocab_size must lie in [1, 2**63); found {int(vocab_size)}")
-    return int(vocab_size)
+    return check_integer("vocab_size", vocab_size, minimum=1)
 
 
 def check_strict_mode(value: Any) -> bool:
@@ -438,6 +454,84 @@ def refuse_array_subclass(x: Any, name: str) -> None:
             f"{name} must be a plain NumPy array, not a numpy.matrix; pass numpy.asarray(x); "
             "found matrix"
         )
+
+
+def empty_sequence_as_integers(x: Any) -> Any:
+    """``x``, or an empty int64 array when ``x`` is an empty list or tuple.
+
+    NumPy makes ``[]`` a float64 array, so an empty batch given as a list would be refused
+    as float counts; an empty sequence holds no value that could be a float.
+    """
+    if isinstance(x, (list, tuple)) and len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return x
+
+
+def host_integers(x: Any, name: str) -> np.ndarray:
+    """``x`` as a private 1-D int64 NumPy array, refusing non-integer dtypes, masked arrays
+    and matrices, and values outside int64 (the tree layouts' arrays: O(N) host work)."""
+    x = empty_sequence_as_integers(x)
+    if isinstance(x, (list, tuple)):
+        array = np.asarray(x)
+    elif isinstance(x, np.ndarray):
+        refuse_array_subclass(x, name)
+        array = x
+    elif hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
+        array = x.get()  # CuPy
+    elif not (hasattr(x, "dtype") and hasattr(x, "shape") and hasattr(x, "__getitem__")):
+        raise TypeError(
+            f"{name} must be a 1-D integer array or a list of ints; found {type(x).__name__}"
+        )
+    else:
+        # Other array-API arrays (the reference accepts array_api_strict): element by
+        # element, since not every namespace offers DLPack on the host.
+        kind = str(x.dtype)
+        if "int" not in kind:
+            raise TypeError(f"{name} must have an integer dtype; found {kind}")
+        if len(x.shape) != 1:
+            raise ValueError(f"{name} must be 1-D; found {len(x.shape)} dimensions")
+        values = [int(x[i]) for i in range(x.shape[0])]
+        array = np.asarray(values, dtype=np.uint64 if "uint" in kind else np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype; found {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D; found {array.ndim} dimensions")
+    return int64_values(array, name)
+
+
+def token_id(value: Any, where: str) -> int:
+    """A tree builder's token as a Python int: an int or a NumPy integer, nothing that
+    merely converts to one (``1.0`` or ``"1"`` is not a token id).
+
+    Raises
+    ------
+    TypeError
+        Naming where the value is.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where} must be an integer token id; found {type(value).__name__}")
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{where} must fit in int64; found {int(value)}")
+    return int(value)
+
+
+def sequence(value: Any, where: str, holds: str) -> Any:
+    """A tree builder's sequence argument (a list, a tuple or a plain array of at least one
+    dimension), as given: what is not one would otherwise fail deep inside with NumPy's
+    own words.
+
+    Raises
+    ------
+    TypeError
+        Naming where the value is and what it must hold.
+    """
+    if isinstance(value, np.ndarray):
+        refuse_array_subclass(value, where)
+        if value.ndim >= 1:
+            return value
+    elif isinstance(value, (list, tuple)):
+        return value
+    raise TypeError(f"{where} must be a sequence of {holds}; found {type(value).__name__}")
 
 
 def int64_values(array: np.ndarray, name: str) -> np.ndarray:

@@ -41,6 +41,8 @@ __all__ = [
     "TreeOutputBlock",
     "allocate_output_block",
     "allocate_tree_output_block",
+    "fill_deeper_tree_block",
+    "tree_kernel_block",
     "compile_time_macros",
     "raise_for_invalid_id",
     "raise_for_kernel_status",
@@ -158,6 +160,30 @@ def allocate_tree_output_block(xp: Any, batch_size: int, depth: int) -> TreeOutp
         block[nodes + tokens : nodes + tokens + batch_size],
         block[nodes + tokens + batch_size :],
     )
+
+
+def tree_kernel_block(
+    block: TreeOutputBlock, layout: Any, device: Any, xp: Any
+) -> TreeOutputBlock:
+    """The tree buffers the kernel writes: ``block`` itself, except on the GPU when it is
+    deeper than the batch (``layout.max_depth``).  The CUDA kernel strides its working rows
+    by the depth of ``accepted_nodes``, so it gets buffers of the batch's depth (``O(B D)``,
+    against the ``O(B D V)`` working rows the caller's depth would size), and
+    :func:`fill_deeper_tree_block` copies them into ``block`` after a successful call."""
+    if device is None or block.accepted_nodes.shape[1] == layout.max_depth:
+        return block
+    return allocate_tree_output_block(xp, layout.batch_size, layout.max_depth)
+
+
+def fill_deeper_tree_block(block: TreeOutputBlock, written: Any, depth: int) -> None:
+    """Copy a successful call's tree outputs ``written`` (of depth ``depth``) into the
+    deeper ``block``, ``-1`` padded as the kernel pads it."""
+    block.accepted_nodes[:, :depth] = written.accepted_nodes
+    block.accepted_nodes[:, depth:] = -1
+    block.output_token_ids[:, : depth + 1] = written.output_token_ids
+    block.output_token_ids[:, depth + 1 :] = -1
+    block.accepted_lengths[...] = written.accepted_lengths
+    block.row_status[...] = 0  # the call succeeded: every request's status is 0
 
 
 def raise_for_row_status(
