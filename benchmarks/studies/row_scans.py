@@ -15,8 +15,8 @@ than by memory.
 commit: ``git show REV:specdec_np/_rowscan.h > DIR/_rowscan.h``, and the same for the other
 two), to measure a change before and after::
 
-    OMP_NUM_THREADS=1 python benchmarks/row_scans.py
-    python benchmarks/row_scans.py --quick        # tiny rows (the smoke test)
+    OMP_NUM_THREADS=1 python benchmarks/studies/row_scans.py
+    python benchmarks/studies/row_scans.py --quick        # tiny rows (the smoke test)
 """
 
 from __future__ import annotations

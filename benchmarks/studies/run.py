@@ -6,7 +6,7 @@ Times every verifier of ``specdec_np.registry.VERIFIERS`` on NumPy (and on CuPy 
 
 * the array-API reference (``specdec_np._reference``) on NumPy, where it has the verifier's
   function (``--skip-reference``);
-* torch baselines (``benchmarks/torch_baselines.py``: vLLM v0's algorithms, and block
+* torch baselines (``benchmarks/studies/torch_baselines.py``: vLLM v0's algorithms, and block
   verification as an engine would write it in torch), for the verifiers that have one;
   skipped with a note if torch is missing, or with ``--skip-torch``;
 * the memory roofline: the bytes each algorithm must read for the outcome it actually had,
@@ -25,14 +25,14 @@ rejection's on the same ids and uniforms.
 
 Usage::
 
-    python benchmarks/run.py                          # full grid, ~10 minutes on 2 cores
-    python benchmarks/run.py --quick                  # tiny grid (smoke test)
-    python benchmarks/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
-    python benchmarks/run.py --json out.jsonl --plot out.png --markdown
-    python benchmarks/run.py --backends cupy --k 4 --dry-run   # the options, as JSON
+    python benchmarks/studies/run.py                          # full grid, ~10 minutes on 2 cores
+    python benchmarks/studies/run.py --quick                  # tiny grid (smoke test)
+    python benchmarks/studies/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
+    python benchmarks/studies/run.py --json out.jsonl --plot out.png --markdown
+    python benchmarks/studies/run.py --backends cupy --k 4 --dry-run   # the options, as JSON
 
-The cells, read models and timed calls are ``benchmarks/chain_cells.py``; timing, the
-bandwidth probe, metadata, JSON lines and tables are ``benchmarks/harness.py``.
+The cells, read models and timed calls are ``benchmarks/studies/chain_cells.py``; timing, the
+bandwidth probe, metadata, JSON lines and tables are ``benchmarks/studies/harness.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The chain benchmark's cells: inputs, read models, and the calls it times.
 
-The grid of ``benchmarks/run.py`` is B x k x V in two input regimes (SPEC 8): ``flat``
+The grid of ``benchmarks/studies/run.py`` is B x k x V in two input regimes (SPEC 8): ``flat``
 (a confident drafter unrelated to the target: almost every draft rejected) and
 ``realistic`` (a peaked target and a close drafter: most drafts accepted).  For one cell
 this module makes the inputs (:func:`make_cell`), says how many bytes each verifier must
