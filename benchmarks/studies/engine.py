@@ -61,7 +61,8 @@ FLOAT_BYTES = 4
 #: The name ``_reference`` would give a ragged-layout function (none exists yet).
 REFERENCE_RAGGED = "verify_ragged"
 
-# Targets of issue 12 (single thread).
+# The targets of the engine layout from logits (single thread): a roofline of at least 0.5
+# at B >= 8, and sampled requests at least 20x vLLM v1's sampler in torch at B = 64.
 ROOFLINE_TARGET = 0.5
 ROOFLINE_MIN_BATCH = 8
 TORCH_TARGET = 20.0
@@ -476,7 +477,7 @@ def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The issue's targets, each with the cells that meet it and the worst cell."""
+    """The engine layout's targets, each with the cells that meet it and the worst cell."""
     report = []
 
     def line(name: str, selected: list[dict[str, Any]], key: str, bar: float) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""SPEC 17's targets from logits, through the public API, with their bars in the same run.
+"""The targets for logits rows, through the public API, with their bars in the same run.
 
 Each cell alternates calls of ``specdec_np`` and of its bar (interleaved, so that a load
 spike hits both), and reports the medians and their ratio:

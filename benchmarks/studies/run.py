@@ -2,7 +2,7 @@
 """Benchmark grid of specdec_np's verifiers against the reference, torch and the roofline.
 
 Times every verifier of ``specdec_np.registry.VERIFIERS`` on NumPy (and on CuPy when
-``cupy.is_available()``) over B x k x V in two input regimes (SPEC 8), against
+``cupy.is_available()``) over B x k x V in two input regimes (flat and realistic), against
 
 * the array-API reference (``specdec_np._reference``) on NumPy, where it has the verifier's
   function (``--skip-reference``);
@@ -79,7 +79,8 @@ QUICK_BATCH = (1, 2)
 QUICK_K = (1, 2)
 QUICK_VOCAB = (1000,)
 
-# Targets of issues 3 and 4 (ratios against the torch baseline, 2-core machine).
+# The padded layout's targets (speed-ups over the torch baseline and a roofline, on the
+# 2-core development machine).
 REJECTION_MIN_SPEEDUP = 50.0
 REJECTION_KEY_CELL = (64, 4, 128256)
 REJECTION_KEY_SPEEDUP = 150.0
@@ -337,8 +338,8 @@ def format_table(
 
 
 def missed_targets(rows: Sequence[dict[str, Any]], best: bool = False) -> list[str]:
-    """Cells of the numpy backend that miss the speed-up/roofline targets of issues 3 and 4
-    (on medians; with ``best``, on the fastest call of each side)."""
+    """Cells of the numpy backend that miss the padded layout's speed-up and roofline
+    targets (on medians; with ``best``, on the fastest call of each side)."""
     missed = []
     for row in rows:
         speedup = row.get("x_torch_best" if best else "x_torch")

@@ -425,7 +425,8 @@ def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The issue's roofline target, the torch speed-ups and the checks, one line each."""
+    """The roofline target (0.5 at B >= 8), the torch speed-ups and the checks, one line
+    each."""
     lines = []
     selected = [row for row in rows if row["B"] >= ROOFLINE_MIN_BATCH]
     for name in METHOD_NAMES:
