@@ -124,10 +124,10 @@ def test_configuration_points_at_the_suite() -> None:
     config = json.loads(text)
     assert (BENCHMARKS / config["benchmark_dir"]).resolve() == SUITE
     assert (BENCHMARKS / config["repo"]).resolve() == ROOT
-    # asv's own results must not land among the studies' (benchmarks/results/).
-    assert (
-        not (BENCHMARKS / config["results_dir"]).resolve().is_relative_to(BENCHMARKS / "results")
-    )
+    # asv's environments and results stay out of benchmarks/: not among the studies'
+    # results, and not in the sdist, which ships benchmarks/'s files.
+    for key in ("env_dir", "results_dir", "html_dir"):
+        assert not (BENCHMARKS / config[key]).resolve().is_relative_to(BENCHMARKS), key
 
 
 @pytest.mark.skipif(
