@@ -3,7 +3,7 @@
 #   1. build the package in place, offline (--no-build-isolation --no-deps);
 #   2. run the gpu-marked tests with SPECDEC_REQUIRE_GPU=1, so a missing device fails (they
 #      include verify_ragged on CuPy against the NumPy path: logits, filters, mixed methods);
-#   3. time every verifier on CuPy arrays (benchmarks/run.py --backends cupy) over
+#   3. time every verifier on CuPy arrays (benchmarks/studies/run.py --backends cupy) over
 #      B in {1, 8, 64}, k = 4, V in {32000, 128256}, and print time_us and achieved GB/s;
 #   4. time verify_ragged on CuPy float32 logits (B in {8, 64}, V in {32000, 128256}, filters
 #      off, top-k with top-p, top-p alone) and print time_us.
@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wheelhouse=benchmarks/wheelhouse
-# The benchmark grid (tests/test_gpu_check_script.py parses it with benchmarks/run.py's parser).
+# The benchmark grid (tests/test_gpu_check_script.py parses it with the parser of
+# benchmarks/studies/run.py).
 bench_args=(--backends cupy --batch 1 8 64 --k 4 --vocab 32000 128256 --skip-reference
     --skip-torch --no-profile)
 test_requirements=(hypothesis sortedcontainers array-api-strict)
@@ -89,7 +90,7 @@ fi
 
 echo "== GPU benchmark (CuPy, k = 4) =="
 bench_rc=0
-timeout "$(left 5)" "$python" benchmarks/run.py "${bench_args[@]}" \
+timeout "$(left 5)" "$python" benchmarks/studies/run.py "${bench_args[@]}" \
     --json "$out/gpu_bench.jsonl" --markdown 2>&1 | tee "$out/gpu_bench.log" || bench_rc=$?
 if [[ $bench_rc -eq 0 ]]; then
     "$python" - "$out/gpu_bench.jsonl" <<'EOF' 2>&1 | tee "$out/gpu_bench.md" || bench_rc=$?

@@ -1,8 +1,8 @@
 """The chain benchmark must not rot: run it on a tiny grid (no timing assertions).
 
-``benchmarks/run.py`` is a script (run here as one); its cells, read models and staged
-calls are ``benchmarks/chain_cells.py``, loaded as a module; the shared timing, metadata and
-output code is ``benchmarks/harness.py``.
+``benchmarks/studies/run.py`` is a script (run here as one); its cells, read models and
+staged calls are ``benchmarks/studies/chain_cells.py``, loaded as a module; the shared
+timing, metadata and output code is ``benchmarks/studies/harness.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from specdec_np import _core, registry
 from specdec_np._reference import chains as _reference
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "run.py"
-CELLS = ROOT / "benchmarks" / "chain_cells.py"
+SCRIPT = ROOT / "benchmarks" / "studies" / "run.py"
+CELLS = ROOT / "benchmarks" / "studies" / "chain_cells.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 COLUMNS = (
     "verifier",
@@ -155,7 +155,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_every_script_shares_the_harness_and_nothing_imports_run() -> None:
-    benchmarks = ROOT / "benchmarks"
+    benchmarks = ROOT / "benchmarks" / "studies"
     scripts = [path for path in sorted(benchmarks.glob("*.py")) if "__main__" in path.read_text()]
     assert {path.name for path in scripts} >= {
         "run.py", "engine.py", "tree.py", "tree_gain.py", "row_scans.py", "logits_bench.py"
@@ -165,8 +165,8 @@ def test_every_script_shares_the_harness_and_nothing_imports_run() -> None:
     # Neither imported nor loaded from its path: run.py is a script, run as one.
     loads_run = re.compile(r"(spec_from_file_location|run_path)\([^)]*run\.py")
     for path in [*benchmarks.glob("*.py"), *(ROOT / "tests").glob("*.py")]:
-        assert "run" not in _imported_modules(path), f"{path.name} imports benchmarks/run.py"
-        assert not loads_run.search(path.read_text()), f"{path.name} loads benchmarks/run.py"
+        assert "run" not in _imported_modules(path), f"{path.name} imports studies/run.py"
+        assert not loads_run.search(path.read_text()), f"{path.name} loads studies/run.py"
 
 
 def test_bad_arguments_exit_2() -> None:
@@ -278,11 +278,11 @@ def _inputs(seed: int, batch: int = 6, k: int = 3, vocab: int = 50) -> tuple[np.
 @pytest.fixture(scope="module")
 def baselines():  # noqa: ANN201 - a module
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
     try:
         import torch_baselines
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
     torch_baselines.configure(2)
     return torch_baselines
 
@@ -373,20 +373,20 @@ def test_torch_block_verification_accepts_what_the_kernel_accepts(baselines, see
 
 
 def test_the_front_page_figure_is_drawn_from_the_committed_run(tmp_path: Path) -> None:
-    """``benchmarks/plot_summary.py`` draws the README's figure from the committed JSON, and
-    the README's summary table quotes that file's cells."""
-    source = ROOT / "benchmarks" / "results" / "cpu_2026-12-01.jsonl"
+    """``benchmarks/studies/plot_summary.py`` draws the README's figure from the committed
+    JSON, and the README's summary table quotes that file's cells."""
+    source = ROOT / "benchmarks" / "results" / "2026-12-01-padded-cpu" / "reduced-grid.jsonl"
     records = [json.loads(line) for line in source.read_text().splitlines() if line]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
     try:
         spec = importlib.util.spec_from_file_location(
-            "plot_summary", ROOT / "benchmarks" / "plot_summary.py"
+            "plot_summary", ROOT / "benchmarks" / "studies" / "plot_summary.py"
         )
         assert spec is not None and spec.loader is not None
         plot_summary = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(plot_summary)
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
     cells = plot_summary.summary_cells(records, 128256)
     assert {cell["verifier"] for cell in cells} == set(registry.names())
     readme = (ROOT / "README.md").read_text()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "benchmarks" / "engine.py"
+HARNESS = ROOT / "benchmarks" / "studies" / "engine.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # Written out here, not taken from the harness: a column the harness drops must fail the test.
 COLUMNS = (

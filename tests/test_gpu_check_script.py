@@ -2,7 +2,7 @@
 
 It cannot run here, so what can be checked without a device is: the shell parses
 (``bash -n``; ``shellcheck`` too where installed), its benchmark grid is accepted by
-``benchmarks/run.py``'s own parser (``--dry-run``), its summary of the benchmark's JSON
+``benchmarks/studies/run.py``'s own parser (``--dry-run``), its summary of the benchmark's JSON
 prints time and GB/s and fails when nothing was timed on CuPy, and the script fails, before
 building anything, where there is no usable device.
 """
@@ -61,7 +61,7 @@ def _bench_args() -> list[str]:
 
 def _run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), *args],
+        [sys.executable, str(ROOT / "benchmarks" / "studies" / "run.py"), *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""benchmarks/row_scans.py runs on a tiny grid and reports every pass it defines."""
+"""benchmarks/studies/row_scans.py runs on a tiny grid and reports every pass it defines."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "row_scans.py"
+SCRIPT = ROOT / "benchmarks" / "studies" / "row_scans.py"
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")), reason="needs a C compiler"
@@ -27,11 +27,11 @@ def _run(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def test_quick_run_reports_every_pass(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
     try:
         import row_scans
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
     out = tmp_path / "scans.jsonl"
     completed = _run("--quick", "--json", str(out))
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -382,11 +382,11 @@ def hf_speculative_sampling(target: Any, bonus: Any, draft_probs: Any, draft_ids
 @pytest.fixture(scope="module")
 def torch_baselines() -> Any:
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
     try:
         import torch_baselines
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "studies"))
     torch_baselines.configure(2)
     return torch_baselines
 

@@ -1,6 +1,6 @@
 """The README's performance figure, drawn from a committed benchmark run.
 
-Reads the JSON lines that ``benchmarks/run.py --json`` wrote (the padded layout, the
+Reads the JSON lines that ``benchmarks/studies/run.py --json`` wrote (the padded layout, the
 verifiers of the registry against their torch baselines) and draws two panels for one
 vocabulary size: the speed-up over the torch baseline, and the fraction of the roofline
 (the time the bytes the algorithm must read take at the measured bandwidth, over the
@@ -9,7 +9,8 @@ here: the figure is a picture of the file, so that it can be redrawn and checked
 
 Usage::
 
-    python benchmarks/plot_summary.py benchmarks/results/cpu_2026-12-01.jsonl \\
+    python benchmarks/studies/plot_summary.py \\
+        benchmarks/results/2026-12-01-padded-cpu/reduced-grid.jsonl \\
         --vocab 128256 --out benchmarks/summary.png
 """
 
@@ -87,9 +88,9 @@ def draw(records: list[dict[str, Any]], vocab_size: int, out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("jsonl", help="a run of benchmarks/run.py --json")
+    parser.add_argument("jsonl", help="a run of benchmarks/studies/run.py --json")
     parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--out", default=str(HERE / "summary.png"))
+    parser.add_argument("--out", default=str(HERE.parent / "summary.png"))
     arguments = parser.parse_args(argv)
     count = draw(harness.read_jsonl(arguments.jsonl), arguments.vocab, Path(arguments.out))
     harness.log(f"{arguments.out}: {count} cells of {arguments.jsonl}")

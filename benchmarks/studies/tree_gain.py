@@ -11,7 +11,7 @@ method's drafts drawn as its ``drafting`` says:
   plus ``noise`` x normals seeded by the path, for each of ``--draft-noises`` (small: a
   draft close to the target, long chains accepted; large: a weak draft);
   fixed candidates are the top-ranked tokens of the draft row;
-* ``monte_carlo``: ``benchmarks/tree.py``'s realistic inputs at a large vocabulary (peaked
+* ``monte_carlo``: ``benchmarks/studies/tree.py``'s realistic inputs at a large vocabulary (peaked
   targets; the draft row is the testing target row plus ``noise`` x normals, for each of
   ``--mc-draft-noises``; 0.3 is the benchmark's realistic regime), ``--rounds`` rounds of
   fresh inputs and drafts at batch ``--batch``, verified from logits with
@@ -24,8 +24,8 @@ method's drafts drawn as its ``drafting`` says:
 Chain: ``[-1, 0, 1, ...]``; tree: ``specdec_np._demo.trees.best_first_tree`` (the shape of
 ``specdec-np demo --tree`` and of the benchmark)::
 
-    python benchmarks/tree_gain.py --markdown
-    python benchmarks/tree_gain.py --quick       # tiny (the smoke test)
+    python benchmarks/studies/tree_gain.py --markdown
+    python benchmarks/studies/tree_gain.py --quick       # tiny (the smoke test)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402  (JSON lines and tables)
-import tree as bench  # noqa: E402  (the inputs of benchmarks/tree.py)
+import tree as bench  # noqa: E402  (the inputs of benchmarks/studies/tree.py)
 
 import specdec_np  # noqa: E402
 from specdec_np import registry  # noqa: E402

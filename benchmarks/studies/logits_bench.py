@@ -6,7 +6,7 @@ clones the extension gets), then times one row of ``V`` float32 logits on one th
 law with no filter (the online pass), with top-k 50, with top-p 0.95, and the materialised
 row; and a NumPy streaming read of the same row (``row.sum()``) as the bandwidth reference.
 
-    python benchmarks/logits_bench.py [--vocab 128256] [--repeats 200]
+    python benchmarks/studies/logits_bench.py [--vocab 128256] [--repeats 200]
 """
 
 from __future__ import annotations

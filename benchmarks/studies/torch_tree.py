@@ -17,7 +17,7 @@ drawn by inverse CDF from the row with the rejected children's tokens removed.  
 the semantics of ``specdec_np.verify_tree(method="point_mass")`` (and ``"greedy"``), on the
 same uniforms.
 
-torch is never imported by ``specdec_np``; only ``benchmarks/tree.py`` uses this module.
+torch is never imported by ``specdec_np``; only ``benchmarks/studies/tree.py`` uses this module.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ commit: ``git show REV:specdec_np/_kernels/src/cpu/rowscan.h > DIR/rowscan.h``, 
 same for the other
 two), to measure a change before and after::
 
-    OMP_NUM_THREADS=1 python benchmarks/row_scans.py
-    python benchmarks/row_scans.py --quick        # tiny rows (the smoke test)
+    OMP_NUM_THREADS=1 python benchmarks/studies/row_scans.py
+    python benchmarks/studies/row_scans.py --quick        # tiny rows (the smoke test)
 """
 
 from __future__ import annotations

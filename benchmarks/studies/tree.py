@@ -11,14 +11,14 @@ on the same target rows; each method's draft tokens are drawn as its ``drafting`
 replacement: from it without replacement).  Baselines measured in the same run:
 
 * ``torch``: SGLang's target-only tree verification written in torch
-  (``benchmarks/torch_tree.py``): the softmax (or argmax) of **every** one of the ``N + B``
+  (``benchmarks/studies/torch_tree.py``): the softmax (or argmax) of **every** one of the ``N + B``
   rows, then the walk.  It has the semantics of ``point_mass`` (and ``greedy``) and is timed
   once per cell on the fixed tokens; every method's ``x_torch`` is that time over the
   method's own: the cost an engine pays today to verify the tree;
 * ``reference``: ``specdec_np._reference.trees.verify_tree_requests`` where the cell is
   small (``--reference-elements``), checked equal to the kernel on the same uniforms;
 * the roofline: :func:`walked_bytes` (the rows on the walked path) over the streaming read
-  bandwidth of ``benchmarks/run.py``'s probe, at the start and the end of the run (the
+  bandwidth of ``benchmarks/studies/run.py``'s probe, at the start and the end of the run (the
   larger is used).
 
 Every call gets the same explicit uniforms (drawn before the clock), so each timed call has
@@ -27,9 +27,9 @@ rounds of fresh uniforms on the same tokens.
 
 Run it single-threaded (the kernels' OpenMP and torch get one thread)::
 
-    OMP_NUM_THREADS=1 python benchmarks/tree.py --json benchmarks/results/tree_cpu.jsonl
-    python benchmarks/tree.py --quick            # tiny grid (the smoke test)
-    python benchmarks/tree.py --render FILE.jsonl --markdown  # reprint a saved run
+    OMP_NUM_THREADS=1 python benchmarks/studies/tree.py --json tree_cpu.jsonl
+    python benchmarks/studies/tree.py --quick            # tiny grid (the smoke test)
+    python benchmarks/studies/tree.py --render FILE.jsonl --markdown  # reprint a saved run
 """
 
 from __future__ import annotations
@@ -427,7 +427,8 @@ def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The issue's roofline target, the torch speed-ups and the checks, one line each."""
+    """The roofline target (0.5 at B >= 8), the torch speed-ups and the checks, one line
+    each."""
     lines = []
     selected = [row for row in rows if row["B"] >= ROOFLINE_MIN_BATCH]
     for name in METHOD_NAMES:

@@ -1,7 +1,7 @@
 """The chain benchmark's cells: inputs, read models, and the calls it times.
 
-The grid of ``benchmarks/run.py`` is B x k x V in two input regimes (SPEC 8): ``flat``
-(a confident drafter unrelated to the target: almost every draft rejected) and
+The grid of ``benchmarks/studies/run.py`` is B x k x V in two input regimes: ``flat`` (a
+confident drafter unrelated to the target: almost every draft rejected) and
 ``realistic`` (a peaked target and a close drafter: most drafts accepted).  For one cell
 this module makes the inputs (:func:`make_cell`), says how many bytes each verifier must
 read for the outcome it had (:data:`BYTES_MODELS`, the roofline's numerator), and builds
@@ -42,7 +42,7 @@ TOKENWISE = "rejection"
 
 
 # --------------------------------------------------------------------------------------
-# Inputs (SPEC 8 regimes)
+# Inputs (the flat and the realistic regime)
 # --------------------------------------------------------------------------------------
 
 

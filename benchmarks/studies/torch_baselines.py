@@ -27,10 +27,10 @@ then ``-1``.  Point-mass drafts (``draft_probs=None``) do not exist in vLLM v0; 
 draft probabilities instead.
 
 ``v1_rejection_sample_flat`` is vLLM v1's flat-layout sampler from logits, the baseline of
-``benchmarks/engine.py``.
+``benchmarks/studies/engine.py``.
 
-torch is never imported by ``specdec_np``; this module is only used by ``benchmarks/run.py``
-and ``benchmarks/engine.py``.
+torch is never imported by ``specdec_np``; this module is only used by
+``benchmarks/studies/run.py`` and ``benchmarks/studies/engine.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""SPEC 17's targets from logits, through the public API, with their bars in the same run.
+"""The targets for logits rows, through the public API, with their bars in the same run.
 
 Each cell alternates calls of ``specdec_np`` and of its bar (interleaved, so that a load
 spike hits both), and reports the medians and their ratio:
@@ -19,12 +19,12 @@ spike hits both), and reports the medians and their ratio:
   the machine's vector width (``np.exp`` per element on an L1-resident row), and the
   fraction of the time that the larger of the two is.
 
-Sampled ``verify_ragged`` against vLLM v1's CPU path is ``benchmarks/engine.py``'s cell.
+Sampled ``verify_ragged`` against vLLM v1's CPU path is ``benchmarks/studies/engine.py``'s cell.
 The script uses only the public API, so a checkout's build is measured by pointing
 PYTHONPATH at it::
 
-    OMP_NUM_THREADS=1 python benchmarks/logits_targets.py --label after --json FILE.jsonl
-    python benchmarks/logits_targets.py --render BEFORE.jsonl AFTER.jsonl [--markdown]
+    OMP_NUM_THREADS=1 python benchmarks/studies/logits_targets.py --label after --json FILE.jsonl
+    python benchmarks/studies/logits_targets.py --render BEFORE.jsonl AFTER.jsonl [--markdown]
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 """Benchmark grid of specdec_np's verifiers against the reference, torch and the roofline.
 
 Times every verifier of ``specdec_np.registry.VERIFIERS`` on NumPy (and on CuPy when
-``cupy.is_available()``) over B x k x V in two input regimes (SPEC 8), against
+``cupy.is_available()``) over B x k x V in two input regimes (flat and realistic), against
 
 * the array-API reference (``specdec_np._reference.chains``) on NumPy, where it has the verifier's
   function (``--skip-reference``);
-* torch baselines (``benchmarks/torch_baselines.py``: vLLM v0's algorithms, and block
+* torch baselines (``benchmarks/studies/torch_baselines.py``: vLLM v0's algorithms, and block
   verification as an engine would write it in torch), for the verifiers that have one;
   skipped with a note if torch is missing, or with ``--skip-torch``;
 * the memory roofline: the bytes each algorithm must read for the outcome it actually had,
@@ -25,14 +25,14 @@ rejection's on the same ids and uniforms.
 
 Usage::
 
-    python benchmarks/run.py                          # full grid, ~10 minutes on 2 cores
-    python benchmarks/run.py --quick                  # tiny grid (smoke test)
-    python benchmarks/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
-    python benchmarks/run.py --json out.jsonl --plot out.png --markdown
-    python benchmarks/run.py --backends cupy --k 4 --dry-run   # the options, as JSON
+    python benchmarks/studies/run.py                          # full grid, ~10 minutes on 2 cores
+    python benchmarks/studies/run.py --quick                  # tiny grid (smoke test)
+    python benchmarks/studies/run.py --batch 64 --k 4 --vocab 128256 --verifiers rejection block
+    python benchmarks/studies/run.py --json out.jsonl --plot out.png --markdown
+    python benchmarks/studies/run.py --backends cupy --k 4 --dry-run   # the options, as JSON
 
-The cells, read models and timed calls are ``benchmarks/chain_cells.py``; timing, the
-bandwidth probe, metadata, JSON lines and tables are ``benchmarks/harness.py``.
+The cells, read models and timed calls are ``benchmarks/studies/chain_cells.py``; timing, the
+bandwidth probe, metadata, JSON lines and tables are ``benchmarks/studies/harness.py``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ QUICK_BATCH = (1, 2)
 QUICK_K = (1, 2)
 QUICK_VOCAB = (1000,)
 
-# Targets of issues 3 and 4 (ratios against the torch baseline, 2-core machine).
+# The padded layout's targets (speed-ups over the torch baseline and a roofline, on the
+# 2-core development machine).
 REJECTION_MIN_SPEEDUP = 50.0
 REJECTION_KEY_CELL = (64, 4, 128256)
 REJECTION_KEY_SPEEDUP = 150.0
@@ -337,8 +338,8 @@ def format_table(
 
 
 def missed_targets(rows: Sequence[dict[str, Any]], best: bool = False) -> list[str]:
-    """Cells of the numpy backend that miss the speed-up/roofline targets of issues 3 and 4
-    (on medians; with ``best``, on the fastest call of each side)."""
+    """Cells of the numpy backend that miss the padded layout's speed-up and roofline
+    targets (on medians; with ``best``, on the fastest call of each side)."""
     missed = []
     for row in rows:
         speedup = row.get("x_torch_best" if best else "x_torch")

@@ -8,9 +8,10 @@ bonus token drawn by the verifier (``bonus_token_ids=None``).  Each cell is time
 baselines measured in the same run:
 
 * ``torch``: vLLM v1's rejection sampler on the flat layout, written from its description
-  in ``benchmarks/torch_baselines.py`` (``v1_rejection_sample_flat``): softmax of every row,
-  top-k/top-p by sorting every row, a ``[B, V]`` exponential race for the recovered token of
-  every position and for the bonus, greedy requests by the argmax of the raw logits;
+  in ``benchmarks/studies/torch_baselines.py`` (``v1_rejection_sample_flat``): softmax of
+  every row, top-k/top-p by sorting every row, a ``[B, V]`` exponential race for the
+  recovered token of every position and for the bonus, greedy requests by the argmax of
+  the raw logits;
 * ``padded``: what a user does today: a NumPy softmax (with temperature, top-k and top-p
   masking, top-p by sorting) of every row, the bonus drawn from every processed bonus row,
   then ``specdec_np.rejection_sample`` / ``greedy_sample`` on padded ``[n, k_b + 1, V]``
@@ -26,9 +27,9 @@ baselines measured in the same run:
 Run it single-threaded on a loaded machine (the engine's OpenMP, NumPy and torch all get
 one thread)::
 
-    OMP_NUM_THREADS=1 python benchmarks/engine.py --json benchmarks/results/engine.jsonl
-    python benchmarks/engine.py --quick            # tiny grid (the smoke test)
-    python benchmarks/engine.py --render FILE.jsonl  # reprint a saved run
+    OMP_NUM_THREADS=1 python benchmarks/studies/engine.py --json engine.jsonl
+    python benchmarks/studies/engine.py --quick            # tiny grid (the smoke test)
+    python benchmarks/studies/engine.py --render FILE.jsonl  # reprint a saved run
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ FLOAT_BYTES = 4
 #: The name ``_reference`` would give a ragged-layout function (none exists yet).
 REFERENCE_RAGGED = "verify_ragged"
 
-# Targets of issue 12 (single thread).
+# The targets of the engine layout from logits (single thread): a roofline of at least 0.5
+# at B >= 8, and sampled requests at least 20x vLLM v1's sampler in torch at B = 64.
 ROOFLINE_TARGET = 0.5
 ROOFLINE_MIN_BATCH = 8
 TORCH_TARGET = 20.0
@@ -476,7 +478,7 @@ def format_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The issue's targets, each with the cells that meet it and the worst cell."""
+    """The engine layout's targets, each with the cells that meet it and the worst cell."""
     report = []
 
     def line(name: str, selected: list[dict[str, Any]], key: str, bar: float) -> None:
