@@ -516,6 +516,8 @@ class Layout:  # numpydoc ignore=PR01
         The conformance kit's module for this layout (its ``check`` function).
     tree : bool
         Its methods are :data:`TREE_METHODS` (True) or :data:`VERIFIERS` (False).
+    row_forms : tuple of str
+        The forms its target rows may take: ``"probs"``, ``"logits"``.
     """
 
     name: str
@@ -525,6 +527,7 @@ class Layout:  # numpydoc ignore=PR01
     reference: str
     kit: str
     tree: bool = False
+    row_forms: tuple[str, ...] = ("logits", "probs")
 
     def method_names(self, *, stochastic: bool | None = None) -> tuple[str, ...]:
         """The registry names of the methods this layout runs.
@@ -553,6 +556,7 @@ LAYOUTS: tuple[Layout, ...] = (
         batch="specdec_np._layouts.padded:padded_chain",
         reference="specdec_np._reference.chains:reference_for",
         kit="specdec_np.testing._padded",
+        row_forms=("probs",),
     ),
     Layout(
         name="ragged",

@@ -652,14 +652,14 @@ def test_the_compiled_layout_check_agrees_with_validate_tree(case):
         expected = _trees.validate_tree(counts, parents, tokens, vocab)
     except ValueError as error:
         with pytest.raises(ValueError) as found:
-            _trees._checked_layout(counts, parents, tokens, vocab)
+            _trees.checked_layout(counts, parents, tokens, vocab)
         assert str(found.value) == str(error)
         offsets = np.empty(counts.shape[0] + 1, np.int64)
         depths = np.empty(parents.shape[0], np.int64)
         args = (counts, parents, tokens, vocab, _trees.MAX_TREE_DEPTH, offsets, depths)
         assert not _core.tree_layout_is_valid(*args)
         return
-    found = _trees._checked_layout(counts, parents, tokens, vocab)
+    found = _trees.checked_layout(counts, parents, tokens, vocab)
     for name, value in expected._asdict().items():
         np.testing.assert_array_equal(getattr(found, name), value, err_msg=name)
 

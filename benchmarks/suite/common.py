@@ -38,13 +38,11 @@ FULL_GRID = os.environ.get("SPECDEC_ASV_FULL", "").strip().lower() in {"1", "tru
 BATCHES: tuple[int, ...] = (1, 8, 64) if FULL_GRID else (1, 8)
 VOCABS: tuple[int, ...] = (32000, 128256, 256000) if FULL_GRID else (1024, 32000)
 
-#: Layout -> the forms of rows the suite gives it.  This is the one list of layouts in the
-#: suite; ``specdec_np.registry.LAYOUTS`` will declare them, and this table will then be
-#: read from it.
+#: Layout -> the forms of rows the suite gives it: every layout of
+#: ``specdec_np.registry.LAYOUTS`` with its own row forms, and the processed law as a
+#: function beside them.
 LAYOUTS: dict[str, tuple[str, ...]] = {
-    "padded": ("probs",),
-    "ragged": ("logits", "probs"),
-    "tree": ("logits", "probs"),
+    **{layout.name: layout.row_forms for layout in registry.LAYOUTS},
     "processed": ("logits",),
 }
 
