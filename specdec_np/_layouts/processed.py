@@ -66,6 +66,7 @@ def processed_probs(
     TypeError, ValueError
         On bad input, naming the argument.
     """
+    parameters = SamplingParameters(temperature, top_k, top_p, min_p, filter_order)
     _validate.check_filter_order(filter_order)
     rows = _backend.intake(logits, "logits")
     xp = _backend.array_namespace(rows)
@@ -79,15 +80,15 @@ def processed_probs(
         )
     rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
     batch_size, vocab_size = (int(n) for n in rows.shape)
-    sampling = _validate.check_sampling_parameters(
-        batch_size, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, from_logits=True, row_dtype=rows.dtype,
-    )
-    greedy = _sampling.greedy_requests(sampling, False, batch_size)
-    _sampling.check_tempered_rows(
-        sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
-    )
-    table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
+    # The same per-request sampling as a verification call's, each row its own request.
+    request = _sampling.request_sampling(
+        xp, batch_size, vocab_size, False,
+        _sampling.row_form(rows, None, None, None)._replace(target_name="logits"),
+        (rows, None), every_request_greedy=False,
+        rows_per_request=(np.ones(batch_size, np.int64), np.zeros(batch_size, np.int64)),
+        parameters=parameters,
+    )  # fmt: skip
+    greedy, table = request.greedy, request.table
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
     device = _backend.device_of(rows)
@@ -96,10 +97,10 @@ def processed_probs(
         # block per row and takes no such option).
         row_threads = _backend.row_thread_count(threads, vocab_size)
         _dispatch.kernels_for(device).processed_rows(
-            rows, xp.asarray(table), result, threads, row_threads=row_threads
+            rows, table, result, threads, row_threads=row_threads
         )
     else:
-        _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
+        _dispatch.kernels_for(device).processed_rows(rows, table, result, threads)
     if greedy.any():
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]
