@@ -203,7 +203,8 @@ def test_strict_mode_takes_float32_only(precision: str) -> None:
     half = _half("numpy", precision)
     target = half(_probabilities(19, (2, 3, V)))
     bonus, ids = np.zeros((2, 1), np.int64), np.zeros((2, 2), np.int64)
-    with pytest.raises(TypeError, match=f"must have dtype float32 in strict mode; found {precision}"):
+    refused = f"must have dtype float32 in strict mode; found {precision}"
+    with pytest.raises(TypeError, match=refused):
         specdec_np.greedy_sample(target, bonus, ids, strict_mode=True)
     with pytest.raises(TypeError, match="float32 in strict mode"):
         specdec_np.verify_ragged(
@@ -293,7 +294,8 @@ def test_other_uniform_dtypes_are_refused_saying_what_to_do(
     surface: str, dtype: Any, advice: str
 ) -> None:
     uniforms = np.zeros((T_ROWS, 8), dtype=dtype)
-    with pytest.raises(TypeError, match=f"^uniforms must be a float64 or float32 array .*{advice}"):
+    refused = f"^uniforms must be a float64 or float32 array .*{advice}"
+    with pytest.raises(TypeError, match=refused):
         SURFACES[surface](uniforms)
 
 
