@@ -653,10 +653,12 @@ def document_methods(documented: _Documented) -> _Documented:
     Parameters
     ----------
     documented : function or class
+        The object whose docstring holds the placeholder lines.
 
     Returns
     -------
-    The same object, its ``__doc__`` filled in.
+    function or class
+        ``documented`` itself, its ``__doc__`` filled in.
     """
     lines = []
     for line in (documented.__doc__ or "").split("\n"):

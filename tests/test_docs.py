@@ -111,9 +111,11 @@ def listing_errors(name: str, docstring: str) -> list[str]:
 
 
 def public_docstrings() -> dict[str, str]:
-    """Every public function's, class's and method's docstring, by qualified name."""
+    """Every public module's, function's, class's and method's docstring, by qualified
+    name."""
     found: dict[str, str] = {}
     for module in PUBLIC_MODULES:
+        found[module.__name__] = module.__doc__ or ""
         for name in module.__all__:
             value: Any = getattr(module, name)
             if isinstance(value, ModuleType) or not callable(value):

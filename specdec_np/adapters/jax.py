@@ -52,7 +52,7 @@ __all__ = ["JaxVerificationResult", "sample_tokens", "verify_ragged"]
 PLACEHOLDER_TOKEN_ID = -1
 
 
-class JaxVerificationResult(NamedTuple):
+class JaxVerificationResult(NamedTuple):  # numpydoc ignore=PR01
     """What :func:`verify_ragged` returns: JAX arrays of JAX's default integer dtype
     (a pytree, so a jitted function can return it or carry it through a loop).
 
@@ -118,6 +118,7 @@ def verify_ragged(
         ``k_b >= 0`` drafts per request; they must add up to ``T``, the length of
         ``draft_token_ids`` (a static shape).
     draft_token_ids : int32 or int64 [T]
+        The drafts, request by request.
     target_logits, target_probs, draft_logits, draft_probs : float [T + B, V] / [T, V]
         As :func:`specdec_np.verify_ragged` takes them; float16 and bfloat16 are read as
         float32.
@@ -127,12 +128,15 @@ def verify_ragged(
     temperature, top_k, top_p, min_p : scalar or array [B], optional
         As :func:`specdec_np.verify_ragged` takes them (arrays may be traced).
     filter_order : {"vllm", "llama.cpp"}
+        As :func:`specdec_np.verify_ragged` takes it.
     bonus_token_ids : int [B], optional
+        As :func:`specdec_np.verify_ragged` takes them (None: drawn from the bonus rows).
     uniforms : float32 or float64 [B, max_spec_len + 2] or [B, max_k + 2], optional
         Needed when a request is sampled (the module docstring), e.g.
         ``jax.random.uniform(key, (B, max_spec_len + 2))``: request ``b`` reads columns
         ``0 .. k_b + 1``, as :func:`specdec_np.verify_ragged` reads them.
     strict_mode : bool
+        Also check exact dtypes (float32 rows, int64 ids) and finite rows.
     **method_parameters : float
         The method's parameters (typical acceptance: ``posterior_threshold``,
         ``posterior_alpha``).
@@ -237,7 +241,9 @@ def sample_tokens(
         Exactly one, as :func:`specdec_np.sample_tokens` takes them; float16 and
         bfloat16 are read as float32.
     temperature, top_k, top_p, min_p : scalar or array [N], optional
+        As :func:`specdec_np.sample_tokens` takes them (arrays may be traced).
     filter_order : {"vllm", "llama.cpp"}
+        As :func:`specdec_np.sample_tokens` takes it.
     uniforms : float32 or float64 [N], optional
         Row ``i``'s token is the inverse-CDF draw at ``uniforms[i]``
         (``jax.random.uniform(key, (N,))``); needed unless every row is greedy.
