@@ -543,6 +543,7 @@ class Layout:  # numpydoc ignore=PR01
         Returns
         -------
         tuple of str
+            In code order.
         """
         if self.tree:
             return tree_method_names(stochastic=stochastic)
@@ -615,6 +616,7 @@ def layout_names() -> tuple[str, ...]:
     Returns
     -------
     tuple of str
+        ``("padded", "ragged", "tree")`` at this revision.
     """
     return tuple(_LAYOUTS_BY_NAME)
 
