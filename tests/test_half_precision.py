@@ -313,3 +313,17 @@ def test_float32_uniforms_of_jax_and_torch() -> None:
         foreign = module.from_numpy(single) if library == "torch" else module.asarray(single)
         for got, want in zip(_numpy(call(foreign)), expected):
             np.testing.assert_array_equal(got, want)
+
+
+def test_strict_mode_widens_float32_uniforms_too() -> None:
+    """The widening changes no value, so strict mode (exact dtypes of the rows and ids)
+    takes float32 uniforms as well."""
+    batch, k = 2, 3
+    target, draft = _probabilities(29, (batch, k + 1, V)), _probabilities(30, (batch, k, V))
+    bonus, ids = np.zeros((batch, 1), np.int64), np.ones((batch, k), np.int64)
+    single = _uniforms(31)[:batch, : k + 1]
+    results = [
+        specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=u, strict_mode=True)
+        for u in (single, single.astype(np.float64))
+    ]
+    np.testing.assert_array_equal(results[0].output_token_ids, results[1].output_token_ids)
