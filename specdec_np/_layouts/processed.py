@@ -17,6 +17,7 @@ import numpy as np
 from .._kernels import dispatch as _dispatch
 from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
+from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
 from .engine_call import RowSources, UniformSource, engine_call
@@ -162,9 +163,9 @@ def sample_tokens(
         As in :func:`specdec_np.verify_ragged`.
     filter_order : {"vllm", "llama.cpp"}
         As in :func:`processed_probs`.
-    uniforms : float64 [N], optional
-        Explicit uniforms in ``[0, 1)``: row ``i``'s token is the inverse-CDF draw at
-        ``uniforms[i]``.
+    uniforms : float64 or float32 [N], optional
+        Explicit uniforms in ``[0, 1)`` (float32, JAX's default, is widened exactly): row
+        ``i``'s token is the inverse-CDF draw at ``uniforms[i]``.
     generator : numpy.random.Generator, cupy.random.Generator or None
         Source of the uniforms of rows without a seed of their own (a fresh unseeded
         generator when None).
@@ -198,14 +199,12 @@ def sample_tokens(
     batch_size = int(rows.shape[0])
     explicit = None
     if uniforms is not None:
-        column = _backend.intake(uniforms, "uniforms", like=rows)
+        column = _random.explicit_uniforms(uniforms, like=rows)
         if tuple(column.shape) != (batch_size,):
             raise ValueError(
                 f"uniforms must have shape [N] = [{batch_size}]; found shape "
                 f"{_validate.shape_text(column.shape)}"
             )
-        if column.dtype != np.float64:
-            raise TypeError(f"uniforms must be a float64 array; found {column.dtype}")
         xp = _backend.array_namespace(rows)
         explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same
