@@ -540,6 +540,7 @@ class Layout:  # numpydoc ignore=PR01
         Returns
         -------
         tuple of str
+            Tree method names for the tree layout, verifier names otherwise, in code order.
         """
         if self.tree:
             return tree_method_names(stochastic=stochastic)
@@ -612,5 +613,6 @@ def layout_names() -> tuple[str, ...]:
     Returns
     -------
     tuple of str
+        The ``name`` of each :class:`Layout`.
     """
     return tuple(_LAYOUTS_BY_NAME)
