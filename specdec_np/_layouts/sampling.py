@@ -38,7 +38,7 @@ class SamplingParameters(NamedTuple):
     Attributes
     ----------
     temperature, top_k, top_p, min_p : scalar, array [B] or None
-        None is off (``docs/semantics.md`` §11).
+        None is off (``docs/semantics.md`` §12).
     filter_order : {"vllm", "llama.cpp"}
         The order of the filters.
     """
