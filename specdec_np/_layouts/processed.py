@@ -9,6 +9,7 @@ have no drafts.  Both take the sampling parameters of :func:`specdec_np.verify_r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,15 +80,14 @@ def processed_probs(
         )
     rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
     batch_size, vocab_size = (int(n) for n in rows.shape)
-    sampling = _validate.check_sampling_parameters(
-        batch_size, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, from_logits=True, row_dtype=rows.dtype,
-    )
-    greedy = _sampling.greedy_requests(sampling, False, batch_size)
+    sampling, greedy, table = _sampling.checked_parameters(
+        batch_size, vocab_size, SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        from_logits=True, divides_logits=True, row_dtype=rows.dtype,
+        every_request_greedy=False, table=True,
+    )  # fmt: skip
     _sampling.check_tempered_rows(
-        sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
+        sampling["temperature"], greedy, "logits", rows, _one_row_each(batch_size), xp
     )
-    table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
     device = _backend.device_of(rows)
@@ -107,6 +107,14 @@ def processed_probs(
         result[chosen] = 0
         result[chosen, raw.argmax(axis=1)] = 1
     return result[0] if single else result
+
+
+@functools.lru_cache(maxsize=64)
+def _one_row_each(batch_size: int) -> np.ndarray:
+    """int64 ones ``[B]``, read-only: every request of processed_probs owns one row."""
+    ones = np.ones(batch_size, dtype=np.int64)
+    ones.flags.writeable = False
+    return ones
 
 
 def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
