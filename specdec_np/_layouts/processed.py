@@ -86,7 +86,7 @@ def processed_probs(
         every_request_greedy=False, table=True,
     )  # fmt: skip
     _sampling.check_tempered_rows(
-        sampling["temperature"], greedy, "logits", rows, _one_row_each(batch_size), xp
+        sampling["temperature"], greedy, "logits", rows, _filled(batch_size, 1), xp
     )
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
@@ -110,11 +110,15 @@ def processed_probs(
 
 
 @functools.lru_cache(maxsize=64)
-def _one_row_each(batch_size: int) -> np.ndarray:
-    """int64 ones ``[B]``, read-only: every request of processed_probs owns one row."""
-    ones = np.ones(batch_size, dtype=np.int64)
-    ones.flags.writeable = False
-    return ones
+def _filled(batch_size: int, value: int) -> np.ndarray:
+    """int64 ``[B]`` of one value, read-only (made once per size): the one row each request
+    of processed_probs owns, the zero drafts of sample_tokens."""
+    array = np.full(batch_size, value, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+_NO_DRAFTS = _filled(0, 0)
 
 
 def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
@@ -216,9 +220,11 @@ def sample_tokens(
         xp = _backend.array_namespace(rows)
         explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same
-    # generator gives the same tokens.
+    # generator gives the same tokens.  No draft ids: an empty list becomes an array of
+    # the rows' library.
+    drafts = _NO_DRAFTS if isinstance(rows, np.ndarray) else []
     result = engine_call(
-        _ragged.RaggedCall("rejection", {}, [0] * batch_size, [], None),
+        _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
         RowSources(target_logits=rows if logits is not None else None,
                    target_probs=rows if probs is not None else None),
         SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
