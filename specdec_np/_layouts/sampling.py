@@ -164,6 +164,8 @@ def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...]
     Equal numbers check alike, with one exception: ``-0.0`` equals ``0.0`` but would keep
     its sign in the table, so it is not cached.
     """
+    if type(parameters.filter_order) is not str:
+        return None  # checked (and refused) by the general path, hashable or not
     values = parameters[:4]
     for value in values:
         kind = type(value)
