@@ -97,6 +97,12 @@ def first_invalid_id(
     vocab_size: int,
 ) -> tuple[int, int] | None: ...
 def ragged_offsets(counts: Int64Array, offsets: Int64Array) -> tuple[int, int]: ...
+def first_tempered_overflow(
+    rows: FloatArray,
+    temperature: Float64Array,
+    greedy: npt.NDArray[np.uint8],
+    rows_per_request: Int64Array,
+) -> int: ...
 def tree_layout_is_valid(
     num_nodes: Int64Array,
     tree_parents: Int64Array,

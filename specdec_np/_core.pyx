@@ -39,7 +39,7 @@ This file keeps the declarations they share.  The ``row_status`` codes are those
 
 from cython.parallel cimport parallel, prange, threadid
 from cython.view cimport array
-from libc.math cimport isinf, ldexp
+from libc.math cimport INFINITY, isinf, ldexp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 

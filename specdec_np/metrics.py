@@ -61,16 +61,28 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         """
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)
-        width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
-        positions = np.arange(width)
-        accepted_at, drafted_at = self._grown(width)
-        accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
-        drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
+        if drafted.shape[0] <= _PYTHON_MAX and accepted.shape[0] <= _PYTHON_MAX:
+            # A small batch on Python ints: a NumPy reduction costs more than a request.
+            drafted_list, accepted_list = drafted.tolist(), accepted.tolist()
+            width = max([0, *drafted_list, *accepted_list])
+            accepted_at, drafted_at = self._grown(width)
+            for counts, lengths in ((accepted_at, accepted_list), (drafted_at, drafted_list)):
+                for length in lengths:
+                    if length > 0:
+                        counts[:length] += 1
+            drafted_sum, accepted_sum = sum(drafted_list), sum(accepted_list)
+        else:
+            width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
+            positions = np.arange(width)
+            accepted_at, drafted_at = self._grown(width)
+            accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
+            drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
+            drafted_sum, accepted_sum = int(drafted.sum()), int(accepted.sum())
         new = (
             self.requests + int(drafted.shape[0]),
-            self.drafted + int(drafted.sum()),
-            self.accepted + int(accepted.sum()),
-            self.emitted + int(accepted.sum()) + int(drafted.shape[0]),
+            self.drafted + drafted_sum,
+            self.accepted + accepted_sum,
+            self.emitted + accepted_sum + int(drafted.shape[0]),
             accepted_at,
             drafted_at,
         )
@@ -90,6 +102,8 @@ class VerificationMetrics:  # numpydoc ignore=PR01
     def _grown(self, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the per-position counts, at least ``width`` long."""
         extra = max(width - self.accepted_at.shape[0], 0)
+        if not extra:
+            return self.accepted_at.copy(), self.drafted_at.copy()
         padding = np.zeros(extra, np.int64)
         return (
             np.concatenate([self.accepted_at, padding]),
@@ -172,10 +186,13 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             )
 
 
+#: Batches of at most this many requests are recorded on Python ints.
+_PYTHON_MAX = 16
+
 _FIELDS = ("requests", "drafted", "accepted", "emitted", "accepted_at", "drafted_at")
 
 
 def _host(values: Any) -> np.ndarray:
-    if hasattr(values, "get") and not isinstance(values, np.ndarray):
+    if not isinstance(values, np.ndarray) and hasattr(values, "get"):
         values = values.get()
     return np.asarray(values, dtype=np.int64).reshape(-1)

@@ -64,7 +64,7 @@ def smallest_cells(benchmark: type) -> list[tuple]:
 
 def test_suite_has_the_expected_benchmarks() -> None:
     names = {benchmark.__name__ for benchmark in benchmark_classes()}
-    assert names == {"TimePadded", "TimeRagged", "TimeTree", "TimeProcessed"}
+    assert names == {"TimePadded", "TimeRagged", "TimeTree", "TimeProcessed", "TimeFixedCost"}
 
 
 def test_the_grid_is_b_and_v_and_iterates_over_the_registry() -> None:
@@ -76,6 +76,10 @@ def test_the_grid_is_b_and_v_and_iterates_over_the_registry() -> None:
     seen_layouts: set[str] = set()
     for benchmark in benchmark_classes():
         parameters = dict(zip(benchmark.param_names, benchmark.params))
+        if benchmark.__name__ == "TimeFixedCost":
+            # One fixed cell (B = 1, V = 16): a call's fixed cost, not its rows.
+            assert "B" not in parameters and "V" not in parameters
+            continue
         assert parameters["B"] == common.BATCHES and parameters["V"] == common.VOCABS
         if "verifier" in parameters:
             assert parameters["verifier"] == registry.names()

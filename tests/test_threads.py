@@ -377,6 +377,7 @@ def test_threads_inside_a_row_give_the_bits_of_one(
     verify_tree.  Two threads are forced (OpenMP and the cores say two), so the comparison
     runs on a machine of one core too."""
     seen = _record_options(monkeypatch)
+    monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, "auto")
     monkeypatch.setattr(_core, "openmp_max_threads", lambda: 2)
     monkeypatch.setattr(_backend, "available_cores", lambda: 2)
     split = _logits_calls(dtype, filters, seed=7)
@@ -394,13 +395,26 @@ def test_threads_inside_a_row_give_the_bits_of_one(
 def test_threads_inside_a_row_only_when_one_runs_over_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Row threads are the idle cores of a call whose loop over requests runs on one
-    thread, for rows of at least ROW_THREADS_MIN_VOCAB, capped by OpenMP's count and the
-    cores; a threaded loop over requests, a short row, probability rows and the GPU get
-    none."""
+    """Row threads, when SPECDEC_ROW_THREADS asks for them, are the idle cores of a call
+    whose loop over requests runs on one thread, for rows of at least
+    ROW_THREADS_MIN_VOCAB, capped by the variable, OpenMP's count and the cores; a threaded
+    loop over requests, a short row, probability rows and the GPU get none."""
     monkeypatch.setattr(_core, "openmp_max_threads", lambda: 8)
     monkeypatch.setattr(_backend, "available_cores", lambda: 3)
     minimum = _backend.ROW_THREADS_MIN_VOCAB
+    # Off by default, and for 0 and 1, however many cores are idle.
+    monkeypatch.delenv(_backend.ROW_THREADS_VARIABLE, raising=False)
+    assert _backend.row_thread_count(1, 128256) == 1
+    for setting in ("0", "1"):
+        monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, setting)
+        assert _backend.row_thread_count(1, 128256) == 1
+    monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, "2")
+    assert _backend.row_thread_count(1, 128256) == 2
+    for setting in ("two", "-2", "2.0"):
+        monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, setting)
+        with pytest.raises(ValueError, match="SPECDEC_ROW_THREADS must be"):
+            _backend.row_thread_count(1, 128256)
+    monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, "auto")
     assert _backend.row_thread_count(1, 128256) == 3
     assert _backend.row_thread_count(1, minimum) == 3
     assert _backend.row_thread_count(1, minimum - 1) == 1

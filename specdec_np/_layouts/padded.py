@@ -103,6 +103,8 @@ class ChainBatch(NamedTuple):
 
     def parameters(self, values: tuple[float, ...]) -> Any:
         """A verifier's checked parameters as the kernels read them (float64 ``[P]``)."""
+        if not values and self.xp is np:
+            return _NO_PARAMETERS
         return self.xp.asarray(values, dtype=self.xp.float64)
 
     def check_ids(self) -> None:
@@ -173,6 +175,10 @@ class ChainBatch(NamedTuple):
         keep = xp.ones(self.target_rows.shape[0], dtype=bool)
         keep[self.draft_offsets[1:] + xp.arange(self.batch_size)] = False
         return self.target_rows[keep]
+
+
+_NO_PARAMETERS = np.empty(0, dtype=np.float64)
+_NO_PARAMETERS.flags.writeable = False
 
 
 @functools.lru_cache(maxsize=64)

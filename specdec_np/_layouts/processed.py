@@ -9,6 +9,7 @@ have no drafts.  Both take the sampling parameters of :func:`specdec_np.verify_r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,7 +87,7 @@ def processed_probs(
         xp, batch_size, vocab_size, False,
         _sampling.row_form(rows, None, None, None)._replace(target_name="logits"),
         (rows, None), every_request_greedy=False,
-        rows_per_request=(np.ones(batch_size, np.int64), np.zeros(batch_size, np.int64)),
+        rows_per_request=(_filled(batch_size, 1), _filled(batch_size, 0)),
         parameters=parameters,
     )  # fmt: skip
     greedy, table = request.greedy, request.table
@@ -109,6 +110,18 @@ def processed_probs(
         result[chosen] = 0
         result[chosen, raw.argmax(axis=1)] = 1
     return result[0] if single else result
+
+
+@functools.lru_cache(maxsize=64)
+def _filled(batch_size: int, value: int) -> np.ndarray:
+    """int64 ``[B]`` of one value, read-only (made once per size): the one row each request
+    of processed_probs owns, the zero drafts of sample_tokens."""
+    array = np.full(batch_size, value, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+_NO_DRAFTS = _filled(0, 0)
 
 
 def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
@@ -208,9 +221,11 @@ def sample_tokens(
         xp = _backend.array_namespace(rows)
         explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same
-    # generator gives the same tokens.
+    # generator gives the same tokens.  No draft ids: an empty list becomes an array of
+    # the rows' library.
+    drafts = _NO_DRAFTS if isinstance(rows, np.ndarray) else []
     result = engine_call(
-        _ragged.RaggedCall("rejection", {}, [0] * batch_size, [], None),
+        _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
         RowSources(target_logits=rows if logits is not None else None,
                    target_probs=rows if probs is not None else None),
         SamplingParameters(temperature, top_k, top_p, min_p, filter_order),

@@ -12,6 +12,7 @@ rules.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from .sampling import SamplingParameters
 __all__ = ["RaggedCall", "output_buffers", "ragged_chain", "verify_ragged"]
 
 _GREEDY = registry.get("greedy")
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 #: The arguments whose arrays decide the results' array library.
 DATA_ARGUMENTS = (
@@ -347,9 +349,9 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int,
             "num_draft_tokens must have shape [B] (1 dimension); found shape "
             f"{_validate.shape_text(counts.shape)}"
         )
-    host = _validate.int64_values(
-        np.asarray(counts.get() if hasattr(counts, "get") else counts), "num_draft_tokens"
-    )
+    if type(counts) is not np.ndarray:
+        counts = np.asarray(counts.get() if hasattr(counts, "get") else counts)
+    host = _validate.int64_values(counts, "num_draft_tokens")
     offsets = np.empty(host.shape[0] + 1, dtype=np.int64)
     max_k, negative = _core.ragged_offsets(host, offsets)
     if negative >= 0:
@@ -357,13 +359,21 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int,
             f"num_draft_tokens must be >= 0 for every request; found {int(host[negative])} "
             f"for request {negative}"
         )
-    if max_k > np.iinfo(np.int64).max // max(host.shape[0], 1):
+    if max_k > _INT64_MAX // max(host.shape[0], 1):
         # The offsets may have wrapped around int64: no array is that long anyway.
         raise ValueError(
             "num_draft_tokens must sum to T, the length of draft_token_ids; found sum "
             f"{sum(int(count) for count in host)}"
         )
     return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_ids(batch_size: int, dtype: np.dtype) -> np.ndarray:
+    """Read-only zeros ``[B]``: the bonus ids the kernels ignore when they draw the bonus."""
+    zeros = np.zeros(batch_size, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
 
 
 def ragged_chain(
@@ -451,6 +461,8 @@ def ragged_chain(
     draft_ids = ids[0]
     if bonus is not None:
         bonus = ids[1].reshape(batch_size)
+    elif xp is np:
+        bonus = _zero_ids(batch_size, draft_ids.dtype)
     else:
         bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
     target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)

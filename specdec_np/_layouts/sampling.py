@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import _core
 from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 
@@ -22,6 +23,7 @@ __all__ = [
     "RowForm",
     "SamplingParameters",
     "check_tempered_rows",
+    "checked_parameters",
     "greedy_requests",
     "request_sampling",
     "row_form",
@@ -135,9 +137,100 @@ class RequestSampling(NamedTuple):
     def request_codes(self, greedy_code: int, code: int, xp: Any) -> Any:
         """int8 ``[B]`` kernel codes for a batch that mixes greedy and sampled requests;
         None when every request takes the same code."""
-        if not self.greedy.any() or self.greedy.all():
+        if self.greedy.shape[0] == 1 or not self.greedy.any() or self.greedy.all():
             return None
         return xp.asarray(np.where(self.greedy, greedy_code, code).astype(np.int8))
+
+
+class CheckedParameters(NamedTuple):
+    """:func:`checked_parameters`: the checked parameters (those of
+    :func:`specdec_np._runtime.checks.check_sampling_parameters`), the greedy requests
+    and the host sampling table (None without logits rows)."""
+
+    sampling: Mapping[str, np.ndarray | None]
+    greedy: np.ndarray
+    table: np.ndarray | None
+
+
+#: Checked parameters given as Python numbers (the common engine call), by value: they
+#: do not change between calls, so a call with the same numbers and shapes reuses them.
+_BY_NUMBERS: dict[tuple[Any, ...], CheckedParameters] = {}
+_BY_NUMBERS_MAX = 256
+
+
+def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...] | None:
+    """The cache key of parameters that are all Python numbers or None, else None.
+
+    Equal numbers check alike, with one exception: ``-0.0`` equals ``0.0`` but would keep
+    its sign in the table, so it is not cached.
+    """
+    if type(parameters.filter_order) is not str:
+        return None  # checked (and refused) by the general path, hashable or not
+    values = parameters[:4]
+    for value in values:
+        kind = type(value)
+        if kind is float:
+            if value == 0.0 and str(value)[0] == "-":
+                return None
+        elif kind is not int and value is not None:
+            return None
+    return (*values, parameters.filter_order, *shape)
+
+
+def checked_parameters(
+    batch_size: int,
+    vocab_size: int,
+    parameters: SamplingParameters,
+    *,
+    from_logits: bool,
+    divides_logits: bool,
+    row_dtype: Any,
+    every_request_greedy: bool,
+    table: bool,
+) -> CheckedParameters:
+    """The checked per-request parameters, the greedy requests and the sampling table.
+
+    Parameters
+    ----------
+    batch_size, vocab_size : int
+    parameters : SamplingParameters
+        As given (the filter order is checked too).
+    from_logits, divides_logits, row_dtype
+        As :func:`specdec_np._runtime.checks.check_sampling_parameters` takes them.
+    every_request_greedy : bool
+        The call's method is greedy: every request is.
+    table : bool
+        Make the host sampling table (some rows are logits).
+
+    Returns
+    -------
+    CheckedParameters
+        Its arrays read-only when they come from the cache of calls with Python numbers.
+    """
+    key = _numbers_key(
+        parameters, batch_size, vocab_size, from_logits, divides_logits,
+        np.dtype(row_dtype), every_request_greedy, table,
+    )  # fmt: skip
+    found = _BY_NUMBERS.get(key) if key is not None else None
+    if found is not None:
+        return found
+    filter_order = _validate.check_filter_order(parameters.filter_order)
+    sampling = _validate.check_sampling_parameters(
+        batch_size, vocab_size, from_logits=from_logits, row_dtype=row_dtype,
+        divides_logits=divides_logits, temperature=parameters.temperature,
+        top_k=parameters.top_k, top_p=parameters.top_p, min_p=parameters.min_p,
+    )  # fmt: skip
+    greedy = greedy_requests(sampling, every_request_greedy, batch_size)
+    host_table = sampling_table(sampling, greedy, batch_size, filter_order) if table else None
+    found = CheckedParameters(sampling, greedy, host_table)
+    if key is not None:
+        for array in (*sampling.values(), greedy, host_table):
+            if array is not None:
+                array.flags.writeable = False
+        if len(_BY_NUMBERS) >= _BY_NUMBERS_MAX:
+            _BY_NUMBERS.clear()
+        _BY_NUMBERS[key] = found
+    return found
 
 
 def request_sampling(
@@ -173,11 +266,11 @@ def request_sampling(
     -------
     RequestSampling
     """
-    filter_order = _validate.check_filter_order(parameters.filter_order)
-    sampling = _validate.check_sampling_parameters(
-        batch_size, vocab_size, from_logits=form.from_logits, row_dtype=rows[0].dtype,
-        divides_logits=form.processed, **parameters.filters(),
-    )
+    sampling, greedy, host_table = checked_parameters(
+        batch_size, vocab_size, parameters, from_logits=form.from_logits,
+        divides_logits=form.processed, row_dtype=rows[0].dtype,
+        every_request_greedy=every_request_greedy, table=form.processed,
+    )  # fmt: skip
     if strict:
         for name, values, logits in zip(
             (form.target_name, form.draft_name), rows, (form.from_logits, form.draft_from_logits)
@@ -186,17 +279,13 @@ def request_sampling(
                 _validate.check_logit_values(name, values, xp)
             else:
                 _validate.check_probability_values(name, values, xp)
-    greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     for name, values, logits, counts in zip(
         (form.target_name, form.draft_name), rows, (form.from_logits, form.draft_from_logits),
         rows_per_request,
     ):
         if logits and values is not None:
             check_tempered_rows(sampling["temperature"], greedy, name, values, counts, xp)
-    table = None
-    if form.processed:
-        table = xp.asarray(sampling_table(sampling, greedy, batch_size, filter_order))
-    return RequestSampling(greedy, table)
+    return RequestSampling(greedy, None if host_table is None else xp.asarray(host_table))
 
 
 def check_tempered_rows(
@@ -243,6 +332,11 @@ def check_tempered_rows(
     """
     if temperature is None or not rows.shape[0]:
         return
+    if type(rows) is np.ndarray and rows.dtype in _KERNEL_FLOATS and rows.flags.c_contiguous:
+        # The test in one compiled pass; the passes below only word the message.
+        counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)
+        if _core.first_tempered_overflow(rows, temperature, greedy.view(np.uint8), counts) < 0:
+            return
     dtype = np.dtype(rows.dtype)
     divisor = temperature.astype(dtype)
     at_risk = ~greedy & (divisor < 1)
@@ -267,6 +361,9 @@ def check_tempered_rows(
             f"largest finite logit {float(largest[row])!r} of {name} row {row} to "
             f"{float(quotient[row])}"
         )
+
+
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _largest_finite(rows: Any, xp: Any) -> np.ndarray:

@@ -43,6 +43,7 @@ __all__ = [
     "on_inputs_device",
     "kernel_rows",
     "probabilities",
+    "ROW_THREADS_VARIABLE",
     "row_thread_count",
     "thread_count",
     "token_ids",
@@ -359,9 +360,14 @@ def thread_count(batch_size: int, elements_per_row: int) -> int:
     return max(1, min(batch_size, _core.openmp_max_threads(), available_cores()))
 
 
+#: The environment variable that turns threads inside a row on: an int (at most that many
+#: threads for one row) or ``auto`` (every core the loop over requests leaves idle).
+ROW_THREADS_VARIABLE = "SPECDEC_ROW_THREADS"
+
+
 def row_thread_count(threads: int, vocab_size: int) -> int:
     """OpenMP threads for the passes over one logits row (its maximum and its exponentials,
-    the kernels' ``row_threads``).
+    the kernels' ``row_threads``): 1 unless :data:`ROW_THREADS_VARIABLE` asks for more.
 
     Parameters
     ----------
@@ -373,24 +379,48 @@ def row_thread_count(threads: int, vocab_size: int) -> int:
     Returns
     -------
     int
-        1 unless the loop over requests runs on one thread (``threads == 1``: one request,
-        or a call too small to split between requests) and the rows have at least
-        ``ROW_THREADS_MIN_VOCAB`` entries; then the cores that loop leaves idle, capped as
-        :func:`thread_count` caps a team.
+        1 by default.  With ``SPECDEC_ROW_THREADS`` set to ``n`` (or ``auto``), a call
+        whose loop over requests runs on one thread (``threads == 1``: one request, or a
+        call too small to split between requests) on rows of at least
+        ``ROW_THREADS_MIN_VOCAB`` entries splits each row between up to ``n`` threads (all
+        the cores with ``auto``), capped as :func:`thread_count` caps a team.
+
+    Raises
+    ------
+    ValueError
+        For a ``SPECDEC_ROW_THREADS`` that is neither a positive int nor ``auto``.
 
     Notes
     -----
-    A loop over requests on several threads keeps the cores busy already, and the kernels
-    never start a team inside it; a single request (``B = 1``, the common case of a decode
-    step at batch size one) would leave all but one core idle for the whole call.  A row
-    split between threads gives the bits of one thread (``logits_law.h``: the maximum is a
-    selection, and the weights are summed in the one-thread order), so the count changes
-    the time of a call, never its result.  Shorter rows cost less than the wake-up of a
-    team.
+    Off by default because a row split between threads hands work between them several
+    times per row: on a machine whose cores are busy, a descheduled thread stalls every
+    hand-off, and the call runs 10 to 100 times slower than on one thread.  On idle
+    cores a long row (``B = 1``, ``V`` = 128256) runs up to about twice as fast on two.
+    A row split between threads gives the bits of one thread (``logits_law.h``: the
+    maximum is a selection, and the weights are summed in the one-thread order), so the
+    count changes the time of a call, never its result.
     """
     if threads != 1 or vocab_size < ROW_THREADS_MIN_VOCAB:
         return 1
-    return max(1, min(_core.openmp_max_threads(), available_cores()))
+    wanted = _row_threads_wanted(os.environ.get(ROW_THREADS_VARIABLE, ""))
+    if wanted <= 1:
+        return 1
+    return max(1, min(wanted, _core.openmp_max_threads(), available_cores()))
+
+
+@functools.lru_cache(maxsize=8)
+def _row_threads_wanted(setting: str) -> int:
+    """The most threads ``SPECDEC_ROW_THREADS`` asks for one row (1 when unset)."""
+    text = setting.strip().lower()
+    if text in ("", "0", "1"):
+        return 1
+    if text == "auto":
+        return sys.maxsize
+    if text.isdigit():
+        return int(text)
+    raise ValueError(
+        f"{ROW_THREADS_VARIABLE} must be a positive int or 'auto'; found {setting!r}"
+    )
 
 
 def available_cores() -> int:
@@ -458,6 +488,21 @@ def array_front(
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             arrays = args[1:] if method else args
+            # The common call (NumPy arrays, array_likes and None throughout) runs on the
+            # host and answers in NumPy: one type test per input decides it.
+            for x in arrays:
+                if type(x) not in _HOST_TYPES:
+                    break
+            else:
+                for name in library_from:
+                    if type(kwargs.get(name)) not in _HOST_TYPES:
+                        break
+                else:
+                    for name in device_from:
+                        if type(kwargs.get(name)) not in _HOST_TYPES:
+                            break
+                    else:
+                        return function(*args, **kwargs)
             if device_from:
                 first = next((kwargs[n] for n in device_from if kwargs.get(n) is not None), None)
             else:
@@ -473,6 +518,11 @@ def array_front(
         return cast(_Function, wrapper)
 
     return decorate
+
+
+# Inputs that run on the host and answer in NumPy, by exact type (what
+# :func:`inputs_library` skips and :func:`device_context` gives a null context for).
+_HOST_TYPES = frozenset({np.ndarray, type(None), list, tuple, int, float, dict})
 
 
 def inputs_library(*inputs: Any) -> Callable[[Any], Any] | None:

@@ -314,6 +314,9 @@ def check_seed(seed: Any) -> Any:
 
 def _per_request(name: str, value: Any, batch_size: int, dtype: Any) -> np.ndarray:
     """A scalar or a ``[B]`` array of one sampling parameter, as a host array."""
+    if type(value) is float or (type(value) is int and -(2**63) <= value < 2**63):
+        # What the path below makes of a Python number (an int64 then cast), in one step.
+        return np.full(batch_size, value, dtype=dtype)
     if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
         value = value.get()  # CuPy: the parameters are O(B) host work
     refuse_array_subclass(value, name)
@@ -346,6 +349,15 @@ def _within(values: np.ndarray, low: float, high: float, low_open: bool) -> bool
 
 
 _PYTHON_CHECK_MAX = 16
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+
+
+def _whole(values: np.ndarray) -> bool:
+    """Whether every value (none NaN) is a whole number or infinite, as ``numpy.floor``
+    leaves it; on Python floats for a small batch (:func:`_within`)."""
+    if values.shape[0] <= _PYTHON_CHECK_MAX:
+        return all(value == int(value) for value in values.tolist() if abs(value) != np.inf)
+    return bool((values == np.floor(values)).all())
 
 
 def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, expected: str) -> None:
@@ -410,7 +422,7 @@ def check_sampling_parameters(
         result["temperature"] = None
     else:
         values = _per_request("temperature", temperature, batch_size, np.float64)
-        if not _within(values, 0.0, np.finfo(np.float64).max, False):
+        if not _within(values, 0.0, _FLOAT64_MAX, False):
             _first_bad(
                 "temperature", values, ~(np.isfinite(values) & (values >= 0)), "finite and >= 0"
             )
@@ -421,10 +433,11 @@ def check_sampling_parameters(
         result["top_k"] = None
     else:
         raw = _per_request("top_k", top_k, batch_size, np.float64)
-        if not _within(raw, 0.0, np.inf, False) or raw.tolist() != np.floor(raw).tolist():
+        if not _within(raw, 0.0, np.inf, False) or not _whole(raw):
             _first_bad("top_k", raw, ~((raw >= 0) & (raw == np.floor(raw))), "an integer >= 0")
         values = np.minimum(raw, vocab_size).astype(np.int64)
-        result["top_k"] = np.where(values >= vocab_size, 0, values)
+        values[values >= vocab_size] = 0
+        result["top_k"] = values
     for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
         if value is None:
             result[name] = None
@@ -440,18 +453,37 @@ def check_sampling_parameters(
 
 def _check_temperature_in(values: np.ndarray, dtype: np.dtype) -> None:
     """Positive temperatures must survive the cast to the rows' dtype as normal numbers."""
-    info = np.finfo(dtype)
-    if values.shape[0] <= _PYTHON_CHECK_MAX and dtype == np.float64:
-        if all(value == 0.0 or value >= info.tiny for value in values.tolist()):
+    if values.shape[0] <= _PYTHON_CHECK_MAX:
+        # A number between the dtype's smallest normal and its largest casts to a number
+        # between them (rounding is monotone): accepted on Python floats; anything else
+        # (closer to the limits, or refused) takes the exact test below.
+        low, high = _normal_range(dtype)
+        if all(value == 0.0 or low <= value <= high for value in values.tolist()):
             return
+    info = np.finfo(dtype)
     with np.errstate(over="ignore"):
         cast = values.astype(dtype)
     bad = (values > 0) & ~((cast >= info.tiny) & np.isfinite(cast))
+    if not bad.any():
+        return  # the message below costs far more than the check: only on failure
     _first_bad(
         "temperature", values, bad,
         f"0 or a normal {dtype} number (in [{info.tiny:.3g}, {info.max:.3g}]: the logits "
         f"are divided by it in {dtype})",
     )
+
+
+_NORMAL_RANGES: dict[np.dtype, tuple[float, float]] = {}
+
+
+def _normal_range(dtype: np.dtype) -> tuple[float, float]:
+    """The smallest normal and the largest finite number of a float dtype (cached: asking
+    ``numpy.finfo`` costs more than the test it serves)."""
+    found = _NORMAL_RANGES.get(dtype)
+    if found is None:
+        info = np.finfo(dtype)
+        found = _NORMAL_RANGES[dtype] = (float(info.tiny), float(info.max))
+    return found
 
 
 def refuse_array_subclass(x: Any, name: str) -> None:
@@ -463,6 +495,8 @@ def refuse_array_subclass(x: Any, name: str) -> None:
     TypeError
         Naming the argument and what to pass instead.
     """
+    if type(x) is np.ndarray or not isinstance(x, np.ndarray):
+        return  # only subclasses are refused (and ``np.ma`` costs a lookup every time)
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(
             f"{name} must be a plain NumPy array, not a masked array (the mask would be "

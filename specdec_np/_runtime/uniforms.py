@@ -387,6 +387,8 @@ class RejectionUniforms:
         taken = len(self._seeded) + len(self._counter_rows)
         if self._row_widths is None:
             return taken < batch_size
+        if not taken:
+            return not self._draws_nothing
         own = np.ones(batch_size, dtype=bool)
         own[[*self._seeded, *self._counter_rows]] = False
         return bool((self._row_widths[own] > 0).any())
@@ -416,8 +418,11 @@ class RejectionUniforms:
             # returns a column slice.
             return xp.ascontiguousarray(xp.asarray(log.random(self._generator, self._shape)))
         result = xp.empty(self._shape, dtype=xp.float64)
-        taken = set(self._seeded).union(self._counter_rows)
-        own_rows = [b for b in range(batch_size) if b not in taken]
+        if self._seeded or self._counter_rows:
+            taken = set(self._seeded).union(self._counter_rows)
+            own_rows = [b for b in range(batch_size) if b not in taken]
+        else:
+            own_rows = range(batch_size)
         if own_rows and widths is None:
             result[own_rows] = xp.asarray(log.random(self._generator, (len(own_rows), width)))
         elif own_rows and isinstance(self._generator, CounterStream):
@@ -426,13 +431,21 @@ class RejectionUniforms:
             drawing = [b for b in own_rows if widths[b] > 0]
             if drawing:
                 result[drawing] = log.random(self._generator, (len(drawing), width))
+        elif len(own_rows) == 1:
+            # One row: its count of draws, in its leading columns.
+            row = own_rows[0]
+            count = int(widths[row])
+            if count:
+                result[row, :count] = xp.asarray(log.random(self._generator, count))
         elif own_rows:
             # One flat draw of exactly the rows' counts, laid out row by row: a boolean
             # mask assigns in row-major order.
-            own = np.zeros(batch_size, dtype=bool)
-            own[own_rows] = True
-            mask = own[:, None] & (np.arange(width)[None, :] < widths[:, None])
-            count = int(widths[own].sum())
+            mask = np.arange(width)[None, :] < widths[:, None]
+            if not isinstance(own_rows, range):
+                own = np.zeros(batch_size, dtype=bool)
+                own[own_rows] = True
+                mask &= own[:, None]
+            count = int(np.count_nonzero(mask))
             if count:
                 result[xp.asarray(mask)] = xp.asarray(log.random(self._generator, count))
         for row, row_generator in self._seeded.items():

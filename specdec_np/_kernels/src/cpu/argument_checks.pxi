@@ -76,3 +76,58 @@ def first_invalid_id(
             if bad >= 0:
                 break
     return (b, bad) if bad >= 0 else None
+
+
+def first_tempered_overflow(
+    const probability_t[:, ::1] rows,
+    const double[::1] temperature,
+    const uint8_t[::1] greedy,
+    const int64_t[::1] rows_per_request,
+):
+    """The first row whose largest finite logit overflows when divided by its request's
+    temperature in the rows' dtype, or -1 (the test of
+    ``specdec_np._layouts.sampling.check_tempered_rows``, which words the message).
+
+    Only rows of requests that are not greedy and whose temperature, cast to the rows'
+    dtype, is below 1 are read: one pass each, NaN and infinities skipped.
+
+    Parameters
+    ----------
+    rows : float32 or float64 [R, V], C-contiguous
+        Logits rows, request by request.
+    temperature : float64 [B]
+    greedy : uint8 [B]
+        Non-zero for a request that reads its rows raw.
+    rows_per_request : int64 [B]
+        How many consecutive rows each request owns (summing to at most ``R``).
+    """
+    cdef Py_ssize_t B = temperature.shape[0]
+    cdef Py_ssize_t V = rows.shape[1]
+    cdef Py_ssize_t b, r, i, start = 0, total = 0, found = -1
+    cdef probability_t divisor, largest, value
+    cdef const probability_t* row
+    require(greedy.shape[0] == B and rows_per_request.shape[0] == B,
+            "temperature, greedy and rows_per_request must have B entries")
+    for b in range(B):
+        require(rows_per_request[b] >= 0, "rows_per_request must be >= 0")
+        total += rows_per_request[b]
+    require(total <= rows.shape[0], "rows_per_request must sum to at most R")
+    with nogil:
+        for b in range(B):
+            divisor = <probability_t>temperature[b]
+            if not greedy[b] and divisor < 1:
+                for r in range(start, start + rows_per_request[b]):
+                    row = &rows[r, 0]
+                    largest = -INFINITY
+                    for i in range(V):
+                        value = row[i]
+                        # NaN compares false; +inf is not finite.
+                        if value > largest and value < INFINITY:
+                            largest = value
+                    if largest > -INFINITY and isinf(largest / divisor):
+                        found = r
+                        break
+            if found >= 0:
+                break
+            start += rows_per_request[b]
+    return found
