@@ -1,0 +1,453 @@
+"""The ragged call on one rank's vocabulary shard (:func:`specdec_np.sharded.verify_ragged`).
+
+The call runs in rounds, every rank through the same ones (the decisions that choose a
+round are computed from gathered, identical numbers):
+
+1. agreement: each rank's columns, its vocabulary size and a digest of everything that
+   must be shared (:func:`~specdec_np._sharded.exchange.agree`);
+2. maxima: per row the largest ``z`` and its count of ``+inf`` (sampled requests' logits
+   rows), the largest raw value and its first id (greedy requests' rows);
+3. top-k's floor and top-p's cutoff, when a request has them on: radix selects, 4 rounds
+   each for float32 rows, 8 for float64;
+4. per row the kept mass and the drafted token's weight (its owner's);
+5. the two rounds of the residual and bonus draws, when a request draws.
+
+Then every rank decides every acceptance from the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import registry
+from .._runtime import checks as _validate
+from .._runtime.results import VerificationResult
+from .._runtime.uniforms import RejectionUniforms
+from . import rows as _rows
+from .exchange import Exchange, agree, digest
+
+__all__ = ["ShardedResult", "verify_ragged"]
+
+#: The chain methods a sharded call verifies with so far.
+METHODS = ("rejection", "greedy")
+
+
+class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
+    """:class:`~specdec_np.VerificationResult`, the same on every rank, plus what the call
+    cost in communication.
+
+    Attributes
+    ----------
+    exchanged_bytes : int
+        The bytes this rank handed ``allgather``.
+    gather_bytes : int
+        What all-gathering this call's rows would have cost this rank: ``rows x
+        vocab_size x itemsize`` (target and draft rows).
+    rounds : int
+        The allgather calls the call made.
+    """
+
+    exchanged_bytes: int
+    gather_bytes: int
+    rounds: int
+
+
+def _per_request(name: str, value: Any, batch_size: int, off: float) -> np.ndarray:
+    """A scalar, ``[B]`` array or None as float64 ``[B]``."""
+    if value is None:
+        return np.full(batch_size, off, dtype=np.float64)
+    array = np.asarray(value, dtype=np.float64)
+    if array.ndim == 0:
+        return np.full(batch_size, float(array), dtype=np.float64)
+    if array.shape != (batch_size,):
+        raise ValueError(
+            f"{name} must be a scalar or have shape [B] = [{batch_size}]; found shape "
+            f"{_validate.shape_text(array.shape)}"
+        )
+    return array.copy()
+
+
+def _check_settings(
+    temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray
+) -> None:
+    checks = (
+        ("temperature", temperature, (temperature >= 0) & np.isfinite(temperature), ">= 0"),
+        ("top_k", top_k, (top_k >= 0) & (top_k == np.floor(top_k)), "an int >= 0"),
+        ("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1]"),
+        ("min_p", min_p, (min_p >= 0) & (min_p <= 1), "in [0, 1]"),
+    )
+    for name, values, good, rule in checks:
+        bad = np.flatnonzero(~good)
+        if bad.size:
+            raise ValueError(
+                f"{name} must be {rule} for every request; found {values[bad[0]]!r} for "
+                f"request {int(bad[0])}"
+            )
+
+
+def _ids(name: str, value: Any, shape: tuple[int, ...], vocab_size: int) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers; found dtype {array.dtype}")
+    if array.shape != shape:
+        raise ValueError(
+            f"{name} must have shape {list(shape)}; found shape "
+            f"{_validate.shape_text(array.shape)}"
+        )
+    array = array.astype(np.int64)
+    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    if bad.size:
+        raise ValueError(
+            f"{name}[{int(bad[0])}] = {int(array[bad[0]])} is outside the vocabulary "
+            f"0 .. {vocab_size - 1}"
+        )
+    return array
+
+
+def _row_block(name: str, value: Any, num_rows: int, width: int | None) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64; found dtype {array.dtype}")
+    if array.ndim != 2 or array.shape[0] != num_rows or (
+        width is not None and array.shape[1] != width
+    ):
+        expected = f"[{num_rows}, {'width' if width is None else width}]"
+        raise ValueError(
+            f"{name} must have shape {expected} (this rank's columns); found shape "
+            f"{_validate.shape_text(array.shape)}"
+        )
+    return array
+
+
+class _Call:
+    """One rank's checked call: its rows, the shared settings and the uniforms."""
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        a = arguments
+        self.vocab_size = _validate.check_integer("vocab_size", a["vocab_size"], 1)
+        self.start = _validate.check_integer("vocab_start", a["vocab_start"])
+        self.method = str(a["method"])
+        if self.method not in METHODS:
+            raise ValueError(
+                f"method={self.method!r} is not verified across shards yet; use one of "
+                f"{list(METHODS)} (temperature 0 makes a request greedy)"
+            )
+        if a["filter_order"] != "vllm":
+            raise ValueError(
+                f"filter_order={a['filter_order']!r} is not verified across shards yet; use "
+                "'vllm'"
+            )
+        counts = np.asarray(a["num_draft_tokens"])
+        if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
+            raise ValueError("num_draft_tokens must be an int array of shape [B]")
+        counts = counts.astype(np.int64)
+        if (counts < 0).any():
+            raise ValueError("num_draft_tokens must be >= 0 for every request")
+        self.counts = counts
+        batch_size = self.batch_size = int(counts.shape[0])
+        total = self.total = int(counts.sum())
+        self.max_k = int(counts.max(initial=0))
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.draft_ids = _ids("draft_token_ids", a["draft_token_ids"], (total,), self.vocab_size)
+        self.bonus_ids = None
+        if a["bonus_token_ids"] is not None:
+            self.bonus_ids = _ids(
+                "bonus_token_ids",
+                np.reshape(np.asarray(a["bonus_token_ids"]), (-1,)),
+                (batch_size,),
+                self.vocab_size,
+            )
+        if (a["target_logits"] is None) == (a["target_probs"] is None):
+            raise ValueError("give exactly one of target_logits and target_probs")
+        if a["draft_logits"] is not None and a["draft_probs"] is not None:
+            raise ValueError("give at most one of draft_logits and draft_probs")
+        self.from_logits = a["target_logits"] is not None
+        target_name = "target_logits" if self.from_logits else "target_probs"
+        target_value = a[target_name]
+        self.bonus_rows = not (
+            self.bonus_ids is not None and np.shape(target_value)[:1] == (total,)
+        )
+        self.target = _row_block(target_name, target_value, total + batch_size * self.bonus_rows, None)
+        self.width = int(self.target.shape[1])
+        self.draft_from_logits = a["draft_logits"] is not None
+        draft_name = "draft_logits" if self.draft_from_logits else "draft_probs"
+        self.draft = None
+        if a[draft_name] is not None and self.method != "greedy":
+            self.draft = _row_block(draft_name, a[draft_name], total, self.width)
+            if self.draft.dtype != self.target.dtype:
+                raise TypeError(
+                    f"{draft_name} must have the target's dtype {self.target.dtype}; found "
+                    f"{self.draft.dtype}"
+                )
+        if self.start + self.width > self.vocab_size:
+            raise ValueError(
+                f"vocab_start + width = {self.start} + {self.width} exceeds vocab_size = "
+                f"{self.vocab_size}"
+            )
+        self.temperature = _per_request("temperature", a["temperature"], batch_size, 1.0)
+        self.top_k = _per_request("top_k", a["top_k"], batch_size, 0.0)
+        self.top_p = _per_request("top_p", a["top_p"], batch_size, 1.0)
+        self.min_p = _per_request("min_p", a["min_p"], batch_size, 0.0)
+        _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
+        filtered = any(a[name] is not None for name in ("top_k", "top_p", "min_p"))
+        if not self.from_logits and filtered:
+            raise ValueError(
+                "top_k, top_p and min_p filter logits rows; target_probs are taken as "
+                "already processed"
+            )
+        self.greedy = (self.temperature == 0.0) | (self.method == "greedy")
+        widths = np.where(self.greedy, 0, counts + 2)
+        self.source = RejectionUniforms(
+            batch_size,
+            self.max_k + 1,
+            np,
+            uniforms=a["uniforms"],
+            generator=a["generator"],
+            seeded_seqs=a["seeded_seqs"],
+            counter_seeds=a["counter_seeds"],
+            row_widths=widths,
+        )
+        if (
+            widths.any()
+            and a["uniforms"] is None
+            and a["generator"] is None
+            and len(a["seeded_seqs"] or {}) + len(a["counter_seeds"] or {})
+            < int(np.count_nonzero(widths))
+        ):
+            raise ValueError(
+                "a sharded call needs the same randomness on every rank: give uniforms, "
+                "counter_seeds, seeded_seqs or a generator seeded alike on every rank (a "
+                "fresh unseeded generator per rank would draw other uniforms on each)"
+            )
+        self.widths = widths
+        self.uniforms = np.empty((batch_size, self.max_k + 2))
+
+    def settings_digest(self) -> np.ndarray:
+        """Everything every rank must share, the uniforms it will use included."""
+        used = np.arange(self.max_k + 2)[None, :] < self.widths[:, None]
+        return digest(
+            self.method,
+            self.from_logits,
+            self.draft_from_logits,
+            self.draft is not None,
+            self.bonus_rows,
+            self.target.dtype.str,
+            self.vocab_size,
+            self.counts,
+            self.draft_ids,
+            self.bonus_ids,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            np.where(used, self.uniforms, 0.0),
+        )
+
+    def request_rows(self, b: int) -> tuple[int, int]:
+        """Request ``b``'s first target row and its number of target rows."""
+        return int(self.offsets[b]) + b * self.bonus_rows, int(self.counts[b]) + self.bonus_rows
+
+
+def verify_ragged(*, communicator: Any, **arguments: Any) -> ShardedResult:
+    """The rank-local ragged call (see :func:`specdec_np.sharded.verify_ragged`).
+
+    Parameters
+    ----------
+    communicator : Communicator
+    **arguments
+        The checked front's keywords.
+
+    Returns
+    -------
+    ShardedResult
+    """
+    exchange = Exchange(communicator)
+    call: _Call | None = None
+    error: BaseException | None = None
+    try:
+        call = _Call(arguments)
+        call.uniforms[:, : call.max_k + 2] = call.source.draw()
+        settings = call.settings_digest()
+    except (TypeError, ValueError) as refused:
+        error, settings = refused, None
+    start = 0 if call is None else call.start
+    width = 0 if call is None else call.width
+    vocab_size = 0 if call is None else call.vocab_size
+    try:
+        shard = agree(exchange, start, width, vocab_size, settings, error)
+    except ValueError:
+        if call is not None:
+            call.source.undo()
+        raise
+    assert call is not None
+    return _verify(exchange, shard, call)
+
+
+def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
+    batch_size, counts = call.batch_size, call.counts
+    target, draft = call.target, call.draft
+    sampled = np.flatnonzero(~call.greedy)
+    greedy = np.flatnonzero(call.greedy)
+    # The rows each request reads, as target row indices, in request order.
+    target_rows = [np.arange(*_span(call.request_rows(b))) for b in range(batch_size)]
+    sampled_target = np.concatenate([target_rows[b] for b in sampled] + [np.zeros(0, int)])
+    greedy_target = np.concatenate([target_rows[b] for b in greedy] + [np.zeros(0, int)])
+    draft_rows = [np.arange(call.offsets[b], call.offsets[b + 1]) for b in range(batch_size)]
+    sampled_draft = np.concatenate([draft_rows[b] for b in sampled] + [np.zeros(0, int)])
+    # The drafted token each row tests (-1 at a bonus row).
+    target_token = np.full(target.shape[0], -1, dtype=np.int64)
+    for b in range(batch_size):
+        first, _ = call.request_rows(b)
+        target_token[first : first + counts[b]] = call.draft_ids[draft_rows[b]]
+
+    # Round: maxima of the sampled logits rows, argmaxes of the greedy rows.
+    law_rows: list[np.ndarray] = []
+    law_settings: list[np.ndarray] = []
+    request_of_target = np.repeat(np.arange(batch_size), counts + call.bonus_rows)
+    if call.from_logits:
+        law_rows.append(target[sampled_target])
+        law_settings.append(request_of_target[sampled_target])
+    draft_laws = draft is not None and call.draft_from_logits
+    if draft_laws:
+        assert draft is not None
+        law_rows.append(draft[sampled_draft])
+        law_settings.append(np.repeat(np.arange(batch_size), counts)[sampled_draft])
+    dtype = target.dtype
+    logits = np.concatenate(law_rows) if law_rows else np.zeros((0, call.width), dtype)
+    requests = np.concatenate(law_settings) if law_settings else np.zeros(0, np.int64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        z = logits / call.temperature[requests].astype(dtype)[:, None]
+    present = ~np.isnan(z)
+    z = np.where(present, z, dtype.type(-np.inf))
+    local = np.concatenate(
+        [_rows.maxima_table(z), _rows.argmax_table(target[greedy_target], call.start)]
+    )
+    gathered = exchange.gather(local)
+    maxima = np.stack([gathered[:, : z.shape[0], 0].max(axis=0),
+                       gathered[:, : z.shape[0], 1].sum(axis=0)], axis=1)
+    argmax = np.full(target.shape[0], -1, dtype=np.int64)
+    argmax[greedy_target] = _rows.global_argmax(gathered[:, z.shape[0] :])
+
+    # Rounds: the filters, then the kept masses and the drafted tokens' weights.
+    weights = _rows.kept_weights(
+        exchange, z, present, maxima, call.top_k[requests].astype(np.int64),
+        call.top_p[requests], call.min_p[requests], call.vocab_size,
+    )
+    target_weights = weights[: sampled_target.size] if call.from_logits else (
+        target[sampled_target].astype(np.float64)
+    )
+    if draft is None:
+        draft_weights = None
+    elif draft_laws:
+        draft_weights = weights[weights.shape[0] - sampled_draft.size :]
+    else:
+        draft_weights = np.maximum(np.nan_to_num(draft[sampled_draft].astype(np.float64)), 0.0)
+    tokens = [target_token[sampled_target]]
+    stacked = [target_weights]
+    if draft_weights is not None:
+        tokens.append(call.draft_ids[sampled_draft])
+        stacked.append(draft_weights)
+    all_weights = np.concatenate(stacked) if stacked else np.zeros((0, call.width))
+    all_tokens = np.concatenate(tokens)
+    mine = (all_tokens >= call.start) & (all_tokens < call.start + call.width)
+    local = np.zeros((all_tokens.size, 2))
+    local[:, 0] = all_weights.sum(axis=1)
+    local[mine, 1] = all_weights[np.flatnonzero(mine), all_tokens[mine] - call.start]
+    totals = _rows.row_totals(exchange, local)
+    normaliser = totals[:, 0]
+    if not call.from_logits:
+        normaliser[: target_weights.shape[0]] = 1.0
+    if draft_weights is not None and not draft_laws:
+        normaliser[target_weights.shape[0] :] = 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(normaliser > 0.0, totals[:, 1] / normaliser, 0.0)
+
+    # Every rank decides every request from the same numbers.
+    output = np.full((batch_size, call.max_k + 1), -1, dtype=np.int64)
+    lengths = np.zeros(batch_size, dtype=np.int64)
+    draws: list[tuple[int, np.ndarray, np.ndarray, float]] = []
+    target_at = {row: i for i, row in enumerate(sampled_target)}
+    draft_at = {row: target_weights.shape[0] + i for i, row in enumerate(sampled_draft)}
+    for b in range(batch_size):
+        k = int(counts[b])
+        first, _ = call.request_rows(b)
+        ids = call.draft_ids[draft_rows[b]]
+        if call.greedy[b]:
+            tests = argmax[first : first + k]
+            accepted = np.append(ids == tests, False)
+            r = int(np.argmin(accepted))
+            output[b, :r] = ids[:r]
+            if r < k:
+                output[b, r] = tests[r]
+            elif call.bonus_ids is not None:
+                output[b, r] = call.bonus_ids[b]
+            else:
+                output[b, r] = argmax[first + k]
+            lengths[b] = r
+            continue
+        u = call.uniforms[b]
+        r = k
+        for i in range(k):
+            p_x = value[target_at[first + i]]
+            q_x = 1.0 if draft is None else value[draft_at[int(call.offsets[b]) + i]]
+            if not u[i] * q_x < p_x:
+                r = i
+                break
+        output[b, :r] = ids[:r]
+        lengths[b] = r
+        if r < k:
+            p_row = target_at[first + r]
+            p = all_weights[p_row] / _safe(normaliser[p_row])
+            if draft is None:
+                q = np.zeros_like(p)
+                if call.start <= ids[r] < call.start + call.width:
+                    q[ids[r] - call.start] = np.inf
+            else:
+                q_row = draft_at[int(call.offsets[b]) + r]
+                q = all_weights[q_row] / _safe(normaliser[q_row])
+            draws.append((b, np.maximum(p - q, 0.0), p, float(u[k])))
+        elif call.bonus_ids is not None:
+            output[b, r] = call.bonus_ids[b]
+        else:
+            p_row = target_at[first + k]
+            p = all_weights[p_row] / _safe(normaliser[p_row])
+            draws.append((b, p, p, float(u[k + 1])))
+
+    # Rounds: the residual and bonus draws, two-level.
+    if draws:
+        drawn = _rows.draw(
+            exchange,
+            shard,
+            call.start,
+            np.stack([weights_row for _, weights_row, _, _ in draws]),
+            np.stack([fallback for _, _, fallback, _ in draws]),
+            np.array([v for _, _, _, v in draws]),
+        )
+        empty = np.flatnonzero(drawn.empty)
+        if empty.size:
+            b = draws[int(empty[0])][0]
+            name = "target_logits" if call.from_logits else "target_probs"
+            raise ValueError(
+                f"{name}: request {b} must draw a token from a row with no positive "
+                "probability"
+            )
+        for (b, *_), token in zip(draws, drawn.tokens, strict=True):
+            output[b, lengths[b]] = token
+    itemsize = target.dtype.itemsize
+    read_rows = target.shape[0] + (0 if draft is None else draft.shape[0])
+    result = ShardedResult(output, lengths, lengths.copy(), call.total)
+    result.exchanged_bytes = exchange.sent_bytes
+    result.gather_bytes = read_rows * call.vocab_size * itemsize
+    result.rounds = exchange.rounds
+    return result
+
+
+def _span(first_and_count: tuple[int, int]) -> tuple[int, int]:
+    first, count = first_and_count
+    return first, first + count
+
+
+def _safe(normaliser: float) -> float:
+    return normaliser if normaliser > 0.0 else 1.0
