@@ -93,7 +93,9 @@ def radix_select(
         if amounts is None:
             local = np.bincount(index, minlength=rows * BUCKETS).astype(np.int32)
         else:
-            local = np.bincount(index, weights=amounts[inside], minlength=rows * BUCKETS)
+            local = np.bincount(
+                index, weights=amounts[inside], minlength=rows * BUCKETS
+            ).astype(np.float64)  # bincount of no entries is int64
         histogram = exchange.gather(local.reshape(rows, BUCKETS)).sum(axis=0)
         bucket = choose(histogram, round_index).astype(np.uint64)
         prefix = (prefix << np.uint64(DIGIT_BITS)) | bucket
