@@ -214,7 +214,7 @@ def test_seeded_generators_on_every_rank():
 
 # ---- the emitted law, by stratified uniforms --------------------------------------------
 
-GRID = 200
+GRID = 64
 
 
 def _first_token_law(widths, arguments):

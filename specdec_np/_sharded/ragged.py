@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import registry
 from .._runtime import checks as _validate
 from .._runtime.results import VerificationResult
 from .._runtime.uniforms import RejectionUniforms
@@ -169,7 +168,8 @@ class _Call:
         self.bonus_rows = not (
             self.bonus_ids is not None and np.shape(target_value)[:1] == (total,)
         )
-        self.target = _row_block(target_name, target_value, total + batch_size * self.bonus_rows, None)
+        num_rows = total + batch_size * self.bonus_rows
+        self.target = _row_block(target_name, target_value, num_rows, None)
         self.width = int(self.target.shape[1])
         self.draft_from_logits = a["draft_logits"] is not None
         draft_name = "draft_logits" if self.draft_from_logits else "draft_probs"
