@@ -262,6 +262,7 @@ def law_case():
     return case, law
 
 
+@pytest.mark.slow
 def test_emitted_law_is_the_processed_law(law_case):
     case, law = law_case
     # The kept set [0, 2, 3, 5, 6, 8] spans every shard.
@@ -271,6 +272,7 @@ def test_emitted_law_is_the_processed_law(law_case):
         np.testing.assert_allclose(found, law, atol=2.5 / GRID)
 
 
+@pytest.mark.slow
 def test_negative_control_local_normaliser(law_case, monkeypatch):
     case, law = law_case
 
@@ -284,6 +286,7 @@ def test_negative_control_local_normaliser(law_case, monkeypatch):
         np.testing.assert_allclose(_first_token_law([4, 5], case), law, atol=2.5 / GRID)
 
 
+@pytest.mark.slow
 def test_negative_control_shard_by_width(law_case, monkeypatch):
     case, law = law_case
 

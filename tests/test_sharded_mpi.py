@@ -18,6 +18,7 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec beside {sys.executable}")
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 4])
 def test_example_matches_the_unsharded_call(processes):
     environment = dict(os.environ)
