@@ -27,7 +27,7 @@ __all__ = [
 
 
 @runtime_checkable
-class Communicator(Protocol):
+class Communicator(Protocol):  # numpydoc ignore=PR01
     """What a sharded call needs of a collective library.
 
     Attributes
@@ -42,7 +42,18 @@ class Communicator(Protocol):
     size: int
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        """Every rank's ``array``, stacked in rank order: ``[size, *array.shape]``."""
+        """Every rank's ``array``, stacked in rank order.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            This rank's array; every rank passes the same shape and dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[size, *array.shape]``, rank by rank.
+        """
         ...
 
 
@@ -72,7 +83,9 @@ class LocalCommunicator:
     room : _Room
         The group's shared slots and barrier.
     rank : int
+        This thread's rank.
     size : int
+        The number of threads in the group.
     """
 
     def __init__(self, room: _Room, rank: int, size: int) -> None:
@@ -81,8 +94,23 @@ class LocalCommunicator:
         self.size = size
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        """Every thread's ``array`` in rank order; raises ``threading.BrokenBarrierError``
-        when another rank failed or the group's timeout passed (never a hang)."""
+        """Every thread's ``array`` in rank order.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            This rank's array; every rank passes the same shape and dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[size, *array.shape]``, rank by rank.
+
+        Raises
+        ------
+        threading.BrokenBarrierError
+            When another rank failed or the group's timeout passed (never a hang).
+        """
         room = self._room
         room.slots[self.rank] = np.array(array, copy=True)
         room.barrier.wait()
@@ -174,7 +202,18 @@ class MPICommunicator:
         self.size = int(comm.Get_size())
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        """``MPI_Allgather`` of the array's bytes."""
+        """``MPI_Allgather`` of the array's bytes.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            This rank's array; every rank passes the same shape and dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[size, *array.shape]``, rank by rank.
+        """
         send = _as_bytes(np.asarray(array))
         received = np.empty(self.size * send.size, dtype=np.uint8)
         self._comm.Allgather(send, received)
@@ -188,6 +227,7 @@ class NCCLCommunicator:
     Parameters
     ----------
     comm : cupy.cuda.nccl.NcclCommunicator
+        An initialised NCCL communicator of this rank.
     stream : cupy.cuda.Stream, optional
         The stream the collective runs on (the current one if None).
     """
@@ -199,7 +239,18 @@ class NCCLCommunicator:
         self.size = int(comm.size())
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        """``ncclAllGather`` of the array's bytes, copied back to the host."""
+        """``ncclAllGather`` of the array's bytes, copied back to the host.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            This rank's array; every rank passes the same shape and dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[size, *array.shape]``, rank by rank.
+        """
         import cupy
         from cupy.cuda import nccl
 
@@ -235,7 +286,18 @@ class TorchCommunicator:
         self.size = int(distributed.get_world_size(group))
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        """``all_gather`` of the array's bytes as uint8 tensors."""
+        """``all_gather`` of the array's bytes as uint8 tensors.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            This rank's array; every rank passes the same shape and dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[size, *array.shape]``, rank by rank.
+        """
         import torch
 
         host = np.asarray(array)
