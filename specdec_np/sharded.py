@@ -90,8 +90,9 @@ def verify_ragged(
         ``bonus_token_ids``).
     draft_logits, draft_probs : same dtype [T, width], optional
         This rank's columns of the draft rows; neither for point-mass drafts.
-    method : {"rejection", "greedy"}
-        The sampled requests' verifier (``temperature == 0`` requests are greedy).
+    method : {"rejection", "block", "greedy"}
+        The sampled requests' verifier (``temperature == 0`` requests are greedy); block
+        verification adds one round (the weighted residuals' masses at every position).
     temperature, top_k, top_p, min_p : scalar or array [B], optional
         Sampling parameters, as :func:`specdec_np.verify_ragged` takes them.
     filter_order : {"vllm"}

@@ -56,23 +56,24 @@ def run_sharded(widths, **arguments):
 
 
 def _batch(rng, vocab_size, counts, dtype, draft_form):
+    """A ragged batch whose drafts are often accepted: the draft's logits are the target's
+    plus noise, and most drafts are the draft's argmax."""
     counts = np.asarray(counts)
     total = int(counts.sum())
     batch_size = counts.size
-    # Few distinct values make ties inside and across shards.
     target = (rng.normal(size=(total + batch_size, vocab_size)) * 2).astype(dtype)
+    # Target row of each draft position: request b's rows start at offset_b + b.
+    request = np.repeat(np.arange(batch_size), counts)
+    rows = np.arange(total) + request
+    draft = (target[rows] + 0.7 * rng.normal(size=(total, vocab_size))).astype(dtype)
+    drafted = np.where(
+        rng.random(total) < 0.7, np.argmax(draft, axis=1), rng.integers(0, vocab_size, total)
+    )
     arguments = {
         "num_draft_tokens": counts,
-        "draft_token_ids": rng.integers(0, vocab_size, total),
+        "draft_token_ids": drafted,
         "target_logits": target,
     }
-    draft = (rng.normal(size=(total, vocab_size)) * 2).astype(dtype)
-    # Drafts drawn near the target's top so that some are accepted.
-    arguments["draft_token_ids"] = np.where(
-        rng.random(total) < 0.5,
-        np.argmax(target[np.repeat(np.arange(batch_size), counts + 1) != -1][:total], axis=1),
-        arguments["draft_token_ids"],
-    )
     if draft_form == "logits":
         arguments["draft_logits"] = draft
     elif draft_form == "probs":
@@ -134,6 +135,17 @@ def test_forms_dtypes_and_bonus(dtype, draft_form, bonus):
     if bonus:
         arguments["bonus_token_ids"] = np.array([1, 2, 3, 4])
     assert _compare([5, 11, 17], arguments, rng, trials=10) == 0
+
+
+@pytest.mark.parametrize("draft_form", ["logits", "probs", None])
+@pytest.mark.parametrize("setting", ["plain", "all", "greedy_mixed"])
+def test_block_verification(draft_form, setting):
+    rng = np.random.default_rng(17)
+    arguments = _batch(rng, 31, [3, 0, 4, 1], np.float32, draft_form)
+    arguments.update(_settings(setting))
+    arguments["method"] = "block"
+    assert _compare([9, 0, 22], arguments, rng, trials=10) == 0
+    assert _compare([31], arguments, rng, trials=4) == 0
 
 
 def test_target_probabilities():

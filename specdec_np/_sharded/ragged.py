@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._reference.chains import _path_weights
 from .._runtime import checks as _validate
 from .._runtime.results import VerificationResult
 from .._runtime.uniforms import RejectionUniforms
@@ -30,7 +31,7 @@ from .exchange import Exchange, agree, digest
 __all__ = ["ShardedResult", "verify_ragged"]
 
 #: The chain methods a sharded call verifies with so far.
-METHODS = ("rejection", "greedy")
+METHODS = ("rejection", "block", "greedy")
 
 
 class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
@@ -370,6 +371,47 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     draws: list[tuple[int, np.ndarray, np.ndarray, float]] = []
     target_at = {row: i for i, row in enumerate(sampled_target)}
     draft_at = {row: target_weights.shape[0] + i for i, row in enumerate(sampled_draft)}
+
+    def law_row(row: int) -> np.ndarray:
+        return all_weights[row] / _safe(normaliser[row])
+
+    def draft_row(b: int, i: int) -> np.ndarray:
+        """``q`` of request ``b``'s position ``i`` on this rank (``inf`` at a point-mass
+        draft, so that ``p - q`` is never positive there)."""
+        if draft is not None:
+            return law_row(draft_at[int(call.offsets[b]) + i])
+        q = np.zeros(call.width)
+        token = int(call.draft_ids[call.offsets[b] + i])
+        if call.start <= token < call.start + call.width:
+            q[token - call.start] = np.inf
+        return q
+
+    def drafted_values(b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Request ``b``'s ``p(x_i)`` and ``q(x_i)``, the same on every rank."""
+        first, _ = call.request_rows(b)
+        k = int(counts[b])
+        p_x = np.array([value[target_at[first + i]] for i in range(k)])
+        if draft is None:
+            return p_x, np.ones(k)
+        return p_x, np.array([value[draft_at[int(call.offsets[b]) + i]] for i in range(k)])
+
+    # Block verification's thresholds need the weighted residuals' masses at every
+    # position: one more round, of one number a position.
+    block = [int(b) for b in sampled if call.method == "block"]
+    path: dict[int, np.ndarray] = {}
+    residual_local: list[float] = []
+    for b in block:
+        p_x, q_x = drafted_values(b)
+        path[b] = _path_weights(np, p_x[None, :], q_x[None, :])[0]
+        first, _ = call.request_rows(b)
+        for i in range(int(counts[b])):
+            weighted = path[b][i] * law_row(target_at[first + i]) - draft_row(b, i)
+            residual_local.append(float(np.maximum(weighted, 0.0).sum()))
+    residual_masses = (
+        _rows.row_totals(exchange, np.array(residual_local)) if block else np.zeros(0)
+    )
+    residual_offsets = np.concatenate([[0], np.cumsum([counts[b] for b in block])]).astype(int)
+    block_index = {b: j for j, b in enumerate(block)}
     for b in range(batch_size):
         k = int(counts[b])
         first, _ = call.request_rows(b)
@@ -388,31 +430,32 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             lengths[b] = r
             continue
         u = call.uniforms[b]
-        r = k
-        for i in range(k):
-            p_x = value[target_at[first + i]]
-            q_x = 1.0 if draft is None else value[draft_at[int(call.offsets[b]) + i]]
-            if not u[i] * q_x < p_x:
-                r = i
-                break
+        p_x, q_x = drafted_values(b)
+        if b in block_index:
+            rho = path[b]
+            j = residual_offsets[block_index[b]]
+            masses = residual_masses[j : j + k]
+            slack = masses[1:] + (1.0 - rho[1:k])
+            h = np.append(
+                np.where(slack > 0, masses[1:] / np.where(slack > 0, slack, 1.0), 1.0), rho[k:]
+            )
+            passing = np.flatnonzero(u[:k] < h)
+            r = int(passing[-1]) + 1 if passing.size else 0
+            scale = rho[r] if r < k else 1.0
+        else:
+            rejected = np.flatnonzero(~(u[:k] * q_x < p_x))
+            r = int(rejected[0]) if rejected.size else k
+            scale = 1.0
         output[b, :r] = ids[:r]
         lengths[b] = r
         if r < k:
-            p_row = target_at[first + r]
-            p = all_weights[p_row] / _safe(normaliser[p_row])
-            if draft is None:
-                q = np.zeros_like(p)
-                if call.start <= ids[r] < call.start + call.width:
-                    q[ids[r] - call.start] = np.inf
-            else:
-                q_row = draft_at[int(call.offsets[b]) + r]
-                q = all_weights[q_row] / _safe(normaliser[q_row])
-            draws.append((b, np.maximum(p - q, 0.0), p, float(u[k])))
+            p = law_row(target_at[first + r])
+            residual = np.maximum(scale * p - draft_row(b, r), 0.0)
+            draws.append((b, residual, p, float(u[k])))
         elif call.bonus_ids is not None:
             output[b, r] = call.bonus_ids[b]
         else:
-            p_row = target_at[first + k]
-            p = all_weights[p_row] / _safe(normaliser[p_row])
+            p = law_row(target_at[first + k])
             draws.append((b, p, p, float(u[k + 1])))
 
     # Rounds: the residual and bonus draws, two-level.
