@@ -10,7 +10,10 @@ shard by width) must fail both checks.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -433,3 +436,81 @@ def test_local_allgather_is_rank_ordered():
     )
     for array in gathered:
         np.testing.assert_array_equal(array, [[0, 0], [1, 1], [2, 2]])
+
+
+# ---- the NCCL adapter, emulated: fake CuPy arrays on host memory, a fake NCCL group ------
+
+
+class _FakeDeviceArray:
+    def __init__(self, array):
+        self.array = np.ascontiguousarray(array)
+        self.size = self.array.size
+        self.data = types.SimpleNamespace(ptr=self.array.ctypes.data)
+
+
+class _FakeNcclGroup:
+    """ncclAllGather on raw pointers, for ranks that are threads of this process."""
+
+    def __init__(self, size):
+        self.slots = [b""] * size
+        self.barrier = threading.Barrier(size, timeout=TIMEOUT)
+
+
+class _FakeNcclCommunicator:
+    def __init__(self, group, rank):
+        self._group, self._rank = group, rank
+
+    def rank_id(self):
+        return self._rank
+
+    def size(self):
+        return len(self._group.slots)
+
+    def allGather(self, send, receive, count, datatype, stream):  # noqa: N802 - NCCL's name
+        assert datatype == 7
+        group = self._group
+        group.slots[self._rank] = ctypes.string_at(send, count)
+        group.barrier.wait()
+        for rank, data in enumerate(group.slots):
+            ctypes.memmove(receive + rank * count, data, count)
+        group.barrier.wait()
+
+
+def _fake_cupy(monkeypatch):
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    nccl.NCCL_UINT8 = 7
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.nccl = nccl
+    cuda.get_current_stream = lambda: stream
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    cupy.uint8 = np.uint8
+    cupy.asarray = lambda array: _FakeDeviceArray(np.array(array))
+    cupy.empty = lambda size, dtype: _FakeDeviceArray(np.empty(size, dtype=dtype))
+    cupy.asnumpy = lambda array: array.array.copy()
+    for name, module in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.nccl", nccl)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_nccl_communicator_emulated(monkeypatch):
+    _fake_cupy(monkeypatch)
+    rng = np.random.default_rng(21)
+    arguments = _batch(rng, 30, [2, 3], np.float32, "logits")
+    arguments.update({"temperature": np.array([0.8, 0.0]), "top_k": 9, "top_p": 0.9})
+    uniforms = rng.random((2, 5))
+    expected = specdec_np.verify_ragged(uniforms=uniforms, **arguments)
+    group = _FakeNcclGroup(2)
+
+    def rank_call(communicator):
+        nccl = sharded.NCCLCommunicator(_FakeNcclCommunicator(group, communicator.rank))
+        start, end = [(0, 11), (11, 30)][nccl.rank]
+        local = dict(arguments)
+        for name in ("target_logits", "draft_logits"):
+            local[name] = arguments[name][:, start:end]
+        return sharded.verify_ragged(
+            communicator=nccl, vocab_start=start, vocab_size=30, uniforms=uniforms, **local
+        )
+
+    for result in sharded.run_local(2, rank_call, timeout=TIMEOUT):
+        np.testing.assert_array_equal(result.output_token_ids, expected.output_token_ids)
