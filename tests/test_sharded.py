@@ -514,3 +514,38 @@ def test_nccl_communicator_emulated(monkeypatch):
 
     for result in sharded.run_local(2, rank_call, timeout=TIMEOUT):
         np.testing.assert_array_equal(result.output_token_ids, expected.output_token_ids)
+
+
+def test_infinite_and_masked_entries_across_shards():
+    rng = np.random.default_rng(8)
+    arguments = _batch(rng, 24, [2, 2, 1], np.float32, "logits")
+    target = arguments["target_logits"]
+    target[0, [2, 20]] = np.inf  # uniform over +inf entries in two shards
+    target[3, :] = -np.inf
+    target[3, [5, 6, 19]] = [1.0, 1.0, 0.5]  # a mask leaving a few tokens, ties across shards
+    target[4, ::3] = np.nan
+    arguments["top_k"] = np.array([0, 2, 30])
+    arguments["top_p"] = np.array([0.7, 1.0, 0.5])
+    assert _compare([6, 0, 7, 11], arguments, rng, trials=20) == 0
+
+
+def test_a_draw_without_mass_fails_on_every_rank():
+    target = np.full((2, 8), -np.inf, dtype=np.float32)
+    target[0, 3] = 0.0
+    arguments = {
+        "num_draft_tokens": np.array([1]),
+        "draft_token_ids": np.array([3]),
+        "target_logits": target,
+        "uniforms": np.full((1, 3), 0.5),
+    }
+    with pytest.raises(ValueError, match="no positive probability"):
+        specdec_np.verify_ragged(**arguments)
+
+    def rank_call(communicator):
+        start = 4 * communicator.rank
+        local = dict(arguments, target_logits=target[:, start : start + 4])
+        sharded.verify_ragged(communicator=communicator, vocab_start=start, vocab_size=8,
+                              **local)
+
+    errors = _errors(2, rank_call)
+    assert all("no positive probability" in str(error) for error in errors), errors
