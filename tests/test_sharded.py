@@ -151,6 +151,21 @@ def test_block_verification(draft_form, setting):
     assert _compare([31], arguments, rng, trials=4) == 0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("setting", ["top_k", "top_p", "min_p", "all", "greedy_mixed"])
+def test_llama_cpp_order(dtype, setting):
+    rng = np.random.default_rng(23)
+    arguments = _batch(rng, 37, [2, 3, 0, 1], dtype, "logits")
+    arguments.update(_settings(setting))
+    arguments["filter_order"] = "llama.cpp"
+    # Adjacent logits tie at the temperature only in llama.cpp's order's threshold.
+    arguments["temperature"] = np.array([0.6, 1.7, 1.0, 0.9])
+    if setting == "greedy_mixed":
+        arguments["temperature"] = np.array([0.0, 1.7, 0.0, 0.9])
+    assert _compare([12, 0, 25], arguments, rng, trials=10) == 0
+    assert _compare([5, 9, 10, 13], arguments, rng, trials=5) == 0
+
+
 def test_target_probabilities():
     rng = np.random.default_rng(3)
     arguments = _batch(rng, 24, [2, 2, 1], np.float64, "probs")

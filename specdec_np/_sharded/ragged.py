@@ -134,11 +134,11 @@ class _Call:
                 f"method={self.method!r} is not verified across shards yet; use one of "
                 f"{list(METHODS)} (temperature 0 makes a request greedy)"
             )
-        if a["filter_order"] != "vllm":
+        if a["filter_order"] not in ("vllm", "llama.cpp"):
             raise ValueError(
-                f"filter_order={a['filter_order']!r} is not verified across shards yet; use "
-                "'vllm'"
+                f"filter_order must be 'vllm' or 'llama.cpp'; found {a['filter_order']!r}"
             )
+        self.filter_order = a["filter_order"]
         counts = np.asarray(a["num_draft_tokens"])
         if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
             raise ValueError("num_draft_tokens must be an int array of shape [B]")
@@ -230,6 +230,7 @@ class _Call:
         used = np.arange(self.max_k + 2)[None, :] < self.widths[:, None]
         return digest(
             self.method,
+            self.filter_order,
             self.from_logits,
             self.draft_from_logits,
             self.draft is not None,
@@ -332,9 +333,15 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     argmax[greedy_target] = _rows.global_argmax(gathered[:, z.shape[0] :])
 
     # Rounds: the filters, then the kept masses and the drafted tokens' weights.
+    top_k = call.top_k[requests].astype(np.int64)
+    top_p, min_p = call.top_p[requests], call.min_p[requests]
+    # Without a filter both orders keep every entry: llama.cpp's rounds only when one is on.
+    filtered = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
+    llama_cpp = None
+    if call.filter_order == "llama.cpp" and filtered.any():
+        llama_cpp = (logits, call.temperature[requests])
     weights = _rows.kept_weights(
-        exchange, z, present, maxima, call.top_k[requests].astype(np.int64),
-        call.top_p[requests], call.min_p[requests], call.vocab_size,
+        exchange, z, present, maxima, top_k, top_p, min_p, call.vocab_size, llama_cpp
     )
     target_weights = weights[: sampled_target.size] if call.from_logits else (
         target[sampled_target].astype(np.float64)

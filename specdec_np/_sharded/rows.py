@@ -171,6 +171,54 @@ def global_argmax(gathered: np.ndarray) -> np.ndarray:
     return ids.min(axis=0).astype(np.int64)
 
 
+def _exponential(shifted: np.ndarray) -> np.ndarray:
+    """float64 ``exp`` of ``shifted`` by the law's rule: the specified float32 exponential
+    for float32 rows, ``exp`` for float64 rows."""
+    if shifted.dtype == np.float32:
+        return fast_expf(shifted).astype(np.float64)
+    return np.exp(shifted)
+
+
+def _shifted_weights(values: np.ndarray, top: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """``exp(values - top)`` per row (``top`` the rows' global maxima, float64), 0 on the
+    rows where ``skip`` holds."""
+    dtype = values.dtype
+    top = top.astype(dtype)
+    finite_top = np.where(np.isfinite(top), top, dtype.type(0))
+    shifted = values - finite_top[:, None]
+    shifted[skip] = -np.inf
+    return _exponential(shifted)
+
+
+def _top_k_and_top_p(
+    exchange: Exchange,
+    values: np.ndarray,
+    w: np.ndarray,
+    kept: np.ndarray,
+    top_k: np.ndarray,
+    top_p: np.ndarray,
+    vocab_size: int,
+    on: np.ndarray,
+) -> None:
+    """Top-k on ``values`` (ties kept), then top-p over the mass ``w`` that ``kept`` holds
+    by then, narrowing ``kept`` in place on the rows where ``on`` holds."""
+    key_bits = 32 if values.dtype == np.float32 else 64
+    keys = ordered_keys(values)
+    rows = np.flatnonzero((top_k > 0) & (top_k < vocab_size) & on)
+    if rows.size:
+        floor = radix_select(exchange, keys[rows], key_bits, None, _top_k_chooser(top_k[rows]))
+        kept[rows] &= keys[rows] >= floor[:, None]
+    rows = np.flatnonzero((top_p < 1.0) & on)
+    if rows.size:
+        masses = np.where(kept[rows], w[rows], 0.0)
+        cutoff = radix_select(exchange, keys[rows], key_bits, masses, _top_p_chooser(top_p[rows]))
+        kept[rows] &= keys[rows] >= cutoff[:, None]
+
+
+def _min_p_kept(w: np.ndarray, min_p: np.ndarray) -> np.ndarray:
+    return (w >= min_p[:, None]) | (min_p[:, None] <= 0.0)
+
+
 def kept_weights(
     exchange: Exchange,
     z: np.ndarray,
@@ -180,6 +228,7 @@ def kept_weights(
     top_p: np.ndarray,
     min_p: np.ndarray,
     vocab_size: int,
+    llama_cpp: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """float64 ``[R, width]``: the unnormalised processed law on this rank's columns,
     ``w = exp(z - max z)`` where the filters keep it and 0 elsewhere; a row with ``+inf``
@@ -197,34 +246,34 @@ def kept_weights(
     top_k : int64 [R]
     top_p, min_p : float64 [R]
     vocab_size : int
+    llama_cpp : (logits [R, width], temperature [R]) or None
+        llama.cpp's order: the filters select on the logits at temperature 1, and the law
+        keeps every ``z`` that reaches the lowest logit they keep, over the temperature
+        (two more rounds: the logits' maxima, the lowest kept logit).  None: vLLM's order.
 
     Returns
     -------
     float64 [R, width]
     """
-    dtype = z.dtype
-    top = maxima[:, 0].astype(dtype)
     infinite_rows = maxima[:, 1] > 0
     no_mass = ~(maxima[:, 0] > -np.inf)
-    finite_top = np.where(np.isfinite(top), top, dtype.type(0))
-    shifted = z - finite_top[:, None]
-    shifted[infinite_rows] = -np.inf
-    if dtype == np.float32:
-        w = fast_expf(shifted).astype(np.float64)
+    w = _shifted_weights(z, maxima[:, 0], infinite_rows)
+    on = ~infinite_rows & ~no_mass
+    if llama_cpp is None:
+        kept = present & _min_p_kept(w, min_p)
+        _top_k_and_top_p(exchange, z, w, kept, top_k, top_p, vocab_size, on)
     else:
-        w = np.exp(shifted)
-    kept = present & ((w >= min_p[:, None]) | (min_p[:, None] <= 0.0))
-    key_bits = 32 if dtype == np.float32 else 64
-    keys = ordered_keys(z)
-    rows = np.flatnonzero((top_k > 0) & (top_k < vocab_size) & ~infinite_rows & ~no_mass)
-    if rows.size:
-        floor = radix_select(exchange, keys[rows], key_bits, None, _top_k_chooser(top_k[rows]))
-        kept[rows] &= keys[rows] >= floor[:, None]
-    rows = np.flatnonzero((top_p < 1.0) & ~infinite_rows & ~no_mass)
-    if rows.size:
-        masses = np.where(kept[rows], w[rows], 0.0)
-        cutoff = radix_select(exchange, keys[rows], key_bits, masses, _top_p_chooser(top_p[rows]))
-        kept[rows] &= keys[rows] >= cutoff[:, None]
+        logits, temperature = llama_cpp
+        values = np.where(present, logits, logits.dtype.type(-np.inf))
+        top = exchange.gather(np.max(values, axis=1, initial=-np.inf)).max(axis=0)
+        w1 = _shifted_weights(values, top, infinite_rows)
+        selected = present.copy()
+        _top_k_and_top_p(exchange, values, w1, selected, top_k, top_p, vocab_size, on)
+        selected &= _min_p_kept(w1, min_p)
+        lowest_local = np.min(np.where(selected, values, np.inf), axis=1, initial=np.inf)
+        lowest = exchange.gather(lowest_local.astype(np.float64)).min(axis=0)
+        threshold = lowest.astype(z.dtype) / temperature.astype(z.dtype)
+        kept = present & (z >= threshold[:, None])
     weights = np.where(kept, w, 0.0)
     weights[infinite_rows] = (z[infinite_rows] == np.inf).astype(np.float64)
     weights[no_mass] = 0.0
