@@ -95,8 +95,8 @@ def verify_ragged(
         verification adds one round (the weighted residuals' masses at every position).
     temperature, top_k, top_p, min_p : scalar or array [B], optional
         Sampling parameters, as :func:`specdec_np.verify_ragged` takes them.
-    filter_order : {"vllm"}
-        The order of the filters (llama.cpp's is not verified across shards yet).
+    filter_order : {"vllm", "llama.cpp"}
+        The order of the filters, as :func:`specdec_np.verify_ragged` takes it.
     bonus_token_ids : int [B], optional
         None: fully accepted requests draw their bonus token.
     uniforms : float64 [B, max_k + 2], optional
