@@ -60,6 +60,7 @@ def verify_ragged(
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    **method_parameters: float,
 ) -> ShardedResult:
     """Verify a ragged engine batch whose rows are split over ranks by vocabulary columns.
 
@@ -90,9 +91,10 @@ def verify_ragged(
         ``bonus_token_ids``).
     draft_logits, draft_probs : same dtype [T, width], optional
         This rank's columns of the draft rows; neither for point-mass drafts.
-    method : {"rejection", "block", "greedy"}
+    method : {"rejection", "block", "typical", "greedy"}
         The sampled requests' verifier (``temperature == 0`` requests are greedy); block
-        verification adds one round (the weighted residuals' masses at every position).
+        verification adds one round (the weighted residuals' masses at every position),
+        typical acceptance one (every position's entropy and argmax).
     temperature, top_k, top_p, min_p : scalar or array [B], optional
         Sampling parameters, as :func:`specdec_np.verify_ragged` takes them.
     filter_order : {"vllm", "llama.cpp"}
@@ -106,6 +108,9 @@ def verify_ragged(
     seeded_seqs, counter_seeds : mapping, optional
         Per-request sources, as :func:`specdec_np.verify_ragged` takes them, the same on
         every rank.
+    **method_parameters : float
+        The method's parameters (typical acceptance: ``posterior_threshold``,
+        ``posterior_alpha``), the same on every rank.
 
     Returns
     -------
@@ -141,4 +146,5 @@ def verify_ragged(
         generator=generator,
         seeded_seqs=seeded_seqs,
         counter_seeds=counter_seeds,
+        method_parameters=method_parameters,
     )

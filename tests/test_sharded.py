@@ -166,6 +166,18 @@ def test_llama_cpp_order(dtype, setting):
     assert _compare([5, 9, 10, 13], arguments, rng, trials=5) == 0
 
 
+@pytest.mark.parametrize("setting", ["plain", "all", "greedy_mixed"])
+@pytest.mark.parametrize("parameters", [(0.09, 0.3), (0.3, 0.0), (0.02, 0.9)])
+def test_typical_acceptance(setting, parameters):
+    rng = np.random.default_rng(29)
+    arguments = _batch(rng, 26, [3, 0, 2, 4], np.float64, "logits")
+    arguments.update(_settings(setting))
+    arguments.update(method="typical", posterior_threshold=parameters[0],
+                     posterior_alpha=parameters[1])
+    assert _compare([8, 18], arguments, rng, trials=6) == 0
+    assert _compare([3, 0, 10, 13], arguments, rng, trials=3) == 0
+
+
 def test_target_probabilities():
     rng = np.random.default_rng(3)
     arguments = _batch(rng, 24, [2, 2, 1], np.float64, "probs")

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import registry
 from .._reference.chains import _path_weights
 from .._runtime import checks as _validate
+from .._runtime.contract import ENTROPY_EPSILON
 from .._runtime.results import VerificationResult
 from .._runtime.uniforms import RejectionUniforms
 from . import rows as _rows
@@ -31,7 +33,7 @@ from .exchange import Exchange, agree, digest
 __all__ = ["ShardedResult", "verify_ragged"]
 
 #: The chain methods a sharded call verifies with so far.
-METHODS = ("rejection", "block", "greedy")
+METHODS = ("rejection", "block", "typical", "greedy")
 
 
 class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
@@ -134,6 +136,9 @@ class _Call:
                 f"method={self.method!r} is not verified across shards yet; use one of "
                 f"{list(METHODS)} (temperature 0 makes a request greedy)"
             )
+        self.parameters = _validate.check_method_parameters(
+            registry.get(self.method), a["method_parameters"]
+        )
         if a["filter_order"] not in ("vllm", "llama.cpp"):
             raise ValueError(
                 f"filter_order must be 'vllm' or 'llama.cpp'; found {a['filter_order']!r}"
@@ -175,7 +180,7 @@ class _Call:
         self.draft_from_logits = a["draft_logits"] is not None
         draft_name = "draft_logits" if self.draft_from_logits else "draft_probs"
         self.draft = None
-        if a[draft_name] is not None and self.method != "greedy":
+        if a[draft_name] is not None and registry.get(self.method).reads_draft_probs:
             self.draft = _row_block(draft_name, a[draft_name], total, self.width)
             if self.draft.dtype != self.target.dtype:
                 raise TypeError(
@@ -230,6 +235,7 @@ class _Call:
         used = np.arange(self.max_k + 2)[None, :] < self.widths[:, None]
         return digest(
             self.method,
+            self.parameters,
             self.filter_order,
             self.from_logits,
             self.draft_from_logits,
@@ -419,6 +425,28 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     )
     residual_offsets = np.concatenate([[0], np.cumsum([counts[b] for b in block])]).astype(int)
     block_index = {b: j for j, b in enumerate(block)}
+
+    # Typical acceptance needs every draft position's entropy and, where it rejects, the
+    # processed row's argmax: one round of three numbers a position.
+    typical_rows = [
+        target_at[call.request_rows(int(b))[0] + i]
+        for b in sampled
+        if call.method == "typical"
+        for i in range(int(counts[b]))
+    ]
+    entropy: dict[int, float] = {}
+    typical_argmax: dict[int, int] = {}
+    if typical_rows:
+        p_rows = np.stack([law_row(row) for row in typical_rows])
+        local_table = np.empty((len(typical_rows), 3))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            local_table[:, 0] = -np.sum(p_rows * np.log(p_rows + ENTROPY_EPSILON), axis=1)
+        local_table[:, 1:] = _rows.argmax_table(p_rows, call.start)
+        table = exchange.gather(local_table)
+        entropies = table[:, :, 0].sum(axis=0)
+        maxima_ids = _rows.global_argmax(table[:, :, 1:])
+        for j, row in enumerate(typical_rows):
+            entropy[row], typical_argmax[row] = float(entropies[j]), int(maxima_ids[j])
     for b in range(batch_size):
         k = int(counts[b])
         first, _ = call.request_rows(b)
@@ -449,6 +477,19 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             passing = np.flatnonzero(u[:k] < h)
             r = int(passing[-1]) + 1 if passing.size else 0
             scale = rho[r] if r < k else 1.0
+        elif call.method == "typical":
+            threshold, alpha = call.parameters
+            rows_b = [target_at[first + i] for i in range(k)]
+            h = np.array([entropy[row] for row in rows_b])
+            scaled = alpha * np.exp(-h) if alpha > 0 else np.zeros(k)
+            rejected = np.flatnonzero(~(p_x > np.minimum(threshold, scaled)))
+            r = int(rejected[0]) if rejected.size else k
+            output[b, :r] = ids[:r]
+            lengths[b] = r
+            if r < k:
+                output[b, r] = typical_argmax[rows_b[r]]
+                continue
+            scale = 1.0
         else:
             rejected = np.flatnonzero(~(u[:k] * q_x < p_x))
             r = int(rejected[0]) if rejected.size else k
