@@ -167,7 +167,7 @@ def test_llama_cpp_order(dtype, setting):
 
 
 @pytest.mark.parametrize("setting", ["plain", "all", "greedy_mixed"])
-@pytest.mark.parametrize("parameters", [(0.09, 0.3), (0.3, 0.0), (0.02, 0.9)])
+@pytest.mark.parametrize("parameters", [(0.09, 0.3), (0.3, 0.0), (0.9, 1.0), (0.9, 2.5)])
 def test_typical_acceptance(setting, parameters):
     rng = np.random.default_rng(29)
     arguments = _batch(rng, 26, [3, 0, 2, 4], np.float64, "logits")

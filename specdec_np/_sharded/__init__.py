@@ -12,7 +12,7 @@ Map of this folder:
 * :mod:`.rows`: the distributed row statistics: maxima, the radix selects of top-k and
   top-p over float keys, normalisers, the drafted tokens' values, greedy argmaxes and the
   two-level inverse-CDF draw;
-* :mod:`.ragged`: the ragged call itself (rejection, block and greedy requests).
+* :mod:`.ragged`: the ragged call itself (every chain method of the registry).
 
 ``docs/semantics.md`` ("Verification across vocabulary shards") states the protocol and
 why it is exact.
