@@ -418,6 +418,25 @@ def test_disagreeing_ranks_fail_on_every_rank(difference):
     assert all(isinstance(error, ValueError) for error in errors), errors
 
 
+def test_an_overflowing_temperature_is_refused_on_every_rank():
+    arguments = _bad_case()
+    arguments["target_logits"][1, 7] = 3e38  # in the second rank's columns
+    arguments["temperature"] = np.array([0.5, 1.0])
+    with pytest.raises(ValueError, match="overflow"):
+        specdec_np.verify_ragged(uniforms=np.full((2, 4), 0.5), **arguments)
+
+    def rank_call(communicator):
+        r = communicator.rank
+        local = dict(arguments)
+        for name in ("target_logits", "draft_logits"):
+            local[name] = arguments[name][:, 5 * r : 5 * r + 5]
+        sharded.verify_ragged(communicator=communicator, vocab_start=5 * r, vocab_size=10,
+                              uniforms=np.full((2, 4), 0.5), **local)
+
+    errors = _errors(2, rank_call)
+    assert all("overflow" in str(error) and "request 0" in str(error) for error in errors)
+
+
 def test_no_randomness_is_refused_on_every_rank():
     arguments = _bad_case()
 

@@ -313,15 +313,18 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     # Round: maxima of the sampled logits rows, argmaxes of the greedy rows.
     law_rows: list[np.ndarray] = []
     law_settings: list[np.ndarray] = []
+    law_names: list[tuple[str, np.ndarray]] = []  # each row's argument and row index
     request_of_target = np.repeat(np.arange(batch_size), counts + call.bonus_rows)
     if call.from_logits:
         law_rows.append(target[sampled_target])
         law_settings.append(request_of_target[sampled_target])
+        law_names.append(("target_logits", sampled_target))
     draft_laws = draft is not None and call.draft_from_logits
     if draft_laws:
         assert draft is not None
         law_rows.append(draft[sampled_draft])
         law_settings.append(np.repeat(np.arange(batch_size), counts)[sampled_draft])
+        law_names.append(("draft_logits", sampled_draft))
     dtype = target.dtype
     logits = np.concatenate(law_rows) if law_rows else np.zeros((0, call.width), dtype)
     requests = np.concatenate(law_settings) if law_settings else np.zeros(0, np.int64)
@@ -329,14 +332,19 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         z = logits / call.temperature[requests].astype(dtype)[:, None]
     present = ~np.isnan(z)
     z = np.where(present, z, dtype.type(-np.inf))
-    local = np.concatenate(
-        [_rows.maxima_table(z), _rows.argmax_table(target[greedy_target], call.start)]
+    # A third column: the largest finite logit, for the temperature overflow check.
+    local = np.zeros((z.shape[0] + greedy_target.size, 3))
+    local[: z.shape[0], :2] = _rows.maxima_table(z)
+    local[: z.shape[0], 2] = np.max(
+        np.where(np.isfinite(logits), logits, -np.inf), axis=1, initial=-np.inf
     )
+    local[z.shape[0] :, :2] = _rows.argmax_table(target[greedy_target], call.start)
     gathered = exchange.gather(local)
     maxima = np.stack([gathered[:, : z.shape[0], 0].max(axis=0),
                        gathered[:, : z.shape[0], 1].sum(axis=0)], axis=1)
+    _check_overflow(call, gathered[:, : z.shape[0], 2].max(axis=0), requests, law_names)
     argmax = np.full(target.shape[0], -1, dtype=np.int64)
-    argmax[greedy_target] = _rows.global_argmax(gathered[:, z.shape[0] :])
+    argmax[greedy_target] = _rows.global_argmax(gathered[:, z.shape[0] :, :2])
 
     # Rounds: the filters, then the kept masses and the drafted tokens' weights.
     top_k = call.top_k[requests].astype(np.int64)
@@ -533,6 +541,34 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     result.gather_bytes = read_rows * call.vocab_size * itemsize
     result.rounds = exchange.rounds
     return result
+
+
+def _check_overflow(
+    call: _Call, largest: np.ndarray, requests: np.ndarray, names: list[tuple[str, np.ndarray]]
+) -> None:
+    """The unsharded call's refusal of a temperature that makes a row's largest finite
+    logit overflow (``docs/semantics.md`` section 12), on the gathered maxima: the same
+    ValueError on every rank."""
+    dtype = call.target.dtype
+    divisor = call.temperature[requests].astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        quotient = largest.astype(dtype) / divisor
+    overflow = np.flatnonzero((divisor < 1) & np.isfinite(largest) & np.isinf(quotient))
+    if not overflow.size:
+        return
+    first = int(overflow[0])
+    request = int(requests[first])
+    # The law rows are the target's rows, then the draft's: find the argument and its row.
+    sizes = np.cumsum([rows.size for _, rows in names])
+    part = int(np.searchsorted(sizes, first, side="right"))
+    name, rows = names[part]
+    row = int(rows[first - (int(sizes[part - 1]) if part else 0)])
+    raise ValueError(
+        f"temperature must not make finite logits overflow in {dtype}; found "
+        f"{float(call.temperature[request])!r} for request {request}, which divides the "
+        f"largest finite logit {float(largest[first])!r} of {name} row {row} to "
+        f"{float(quotient[first])}"
+    )
 
 
 def _span(first_and_count: tuple[int, int]) -> tuple[int, int]:
