@@ -210,7 +210,7 @@ def test_greedy_is_bit_equal_with_ties_across_shards():
     np.testing.assert_array_equal(expected.output_token_ids, [[3, 8, 11, 0]])
 
 
-@pytest.mark.parametrize("source", ["generator", "counter_seeds"])
+@pytest.mark.parametrize("source", ["generator", "counter_seeds", "seeded_seqs"])
 def test_one_shard_matches_every_source(source):
     rng = np.random.default_rng(11)
     arguments = _batch(rng, 29, [2, 3, 0], np.float32, "logits")
@@ -227,10 +227,28 @@ def test_one_shard_matches_every_source(source):
                     generator=np.random.default_rng(seed), **arguments,
                 ),
             )[0]
-        else:
+        elif source == "counter_seeds":
             seeds = {0: (seed, 4), 2: (seed + 1, 0)}
             expected = specdec_np.verify_ragged(counter_seeds=seeds, **arguments)
             found = run_sharded([13, 16], counter_seeds=seeds, **arguments)
+        else:
+            def sources(seed):
+                return {0: np.random.default_rng(seed), 2: np.random.default_rng(seed + 7)}
+
+            expected = specdec_np.verify_ragged(seeded_seqs=sources(seed), **arguments)
+
+            def rank_call(communicator, seed=seed):
+                start, end = [(0, 10), (10, 29)][communicator.rank]
+                local = dict(arguments)
+                for name in ("target_logits", "draft_logits"):
+                    local[name] = arguments[name][:, start:end]
+                # Each rank owns its generator, seeded as every other rank's.
+                return sharded.verify_ragged(
+                    communicator=communicator, vocab_start=start, vocab_size=29,
+                    seeded_seqs=sources(seed), **local,
+                )
+
+            found = sharded.run_local(2, rank_call, timeout=TIMEOUT)[0]
         np.testing.assert_array_equal(found.output_token_ids, expected.output_token_ids)
 
 
