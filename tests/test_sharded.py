@@ -613,3 +613,22 @@ def test_a_draw_without_mass_fails_on_every_rank():
 
     errors = _errors(2, rank_call)
     assert all("no positive probability" in str(error) for error in errors), errors
+
+
+def test_the_bytes_study_and_the_documented_formula():
+    """benchmarks/studies/sharded.py runs, and its plain rows follow docs/semantics.md's
+    count: 288 + 24 (R + G) + 16 R + 24 D bytes (R rows read, no greedy rows, one draw a
+    request)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "sharded.py"
+    spec = importlib.util.spec_from_file_location("specdec_np_sharded_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.bytes_table(small_vocabulary=64)
+    for row in rows:
+        assert row["gather_bytes"] == row["B"] * (2 * row["k"] + 1) * row["V"] * 4
+        if row["setting"] == "plain":
+            read = row["B"] * (2 * row["k"] + 1)
+            assert row["exchanged_bytes"] == 288 + 24 * read + 16 * read + 24 * row["B"]
