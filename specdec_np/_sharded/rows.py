@@ -347,7 +347,8 @@ def draw(
     crossing = (running > threshold[None, :]) & (chosen > 0.0)
     last_with_mass = chosen.shape[0] - 1 - np.argmax((chosen > 0.0)[::-1], axis=0)
     position = np.where(crossing.any(axis=0), np.argmax(crossing, axis=0), last_with_mass)
-    before = running - chosen
+    # The running mass before each shard, exactly the sum the crossing test added to.
+    before = np.concatenate([np.zeros((1, v.shape[0])), running[:-1]], axis=0)
     rows = np.arange(v.shape[0])
     inside = threshold - before[position, rows]
     mine = (shard.order()[position] == exchange.rank) & ~empty
