@@ -1,0 +1,158 @@
+"""Every round of a sharded call goes through :class:`Exchange`, which counts the bytes
+this rank hands the communicator; :func:`agree` is the first round, which makes
+disagreeing or badly sharded ranks a ValueError on every rank instead of a hang."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["DIGEST_BYTES", "Exchange", "Shard", "agree", "digest"]
+
+#: The width of the settings digest each rank sends in the agreement round.
+DIGEST_BYTES = 32
+
+
+class Exchange:
+    """A communicator that counts what this rank sends.
+
+    Parameters
+    ----------
+    communicator : Communicator
+        ``rank``, ``size`` and ``allgather(array) -> [size, *array.shape]``.
+    """
+
+    def __init__(self, communicator: Any) -> None:
+        for name in ("rank", "size", "allgather"):
+            if not hasattr(communicator, name):
+                raise TypeError(
+                    f"communicator must have rank, size and allgather; {type(communicator)!r} "
+                    f"has no {name}"
+                )
+        self.communicator = communicator
+        self.rank = int(communicator.rank)
+        self.size = int(communicator.size)
+        self.sent_bytes = 0
+        self.rounds = 0
+
+    def gather(self, array: np.ndarray) -> np.ndarray:
+        """``allgather`` of ``array`` (every rank passes the same shape and dtype), as a
+        NumPy array ``[size, *array.shape]``."""
+        array = np.ascontiguousarray(array)
+        self.sent_bytes += int(array.nbytes)
+        self.rounds += 1
+        gathered = np.asarray(self.communicator.allgather(array))
+        if gathered.shape != (self.size, *array.shape):
+            raise RuntimeError(
+                f"the communicator's allgather returned shape {gathered.shape}; expected "
+                f"{(self.size, *array.shape)}"
+            )
+        return gathered.astype(array.dtype, copy=False)
+
+
+def digest(*parts: Any) -> np.ndarray:
+    """A fixed-size digest (uint8 ``[DIGEST_BYTES]``) of the values every rank must share:
+    arrays by dtype, shape and bytes, everything else by ``repr``."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            contiguous = np.ascontiguousarray(part)
+            hasher.update(f"{contiguous.dtype.str}{contiguous.shape}".encode())
+            hasher.update(contiguous.tobytes())
+        else:
+            hasher.update(repr(part).encode())
+        hasher.update(b"|")
+    return np.frombuffer(hasher.digest(), dtype=np.uint8)[:DIGEST_BYTES]
+
+
+class Shard(NamedTuple):
+    """Where every rank's columns lie, in rank order (agreed on every rank)."""
+
+    starts: np.ndarray
+    widths: np.ndarray
+
+    def order(self) -> np.ndarray:
+        """Ranks in vocabulary order (the order of the inverse-CDF draws)."""
+        return np.argsort(self.starts, kind="stable")
+
+
+def agree(
+    exchange: Exchange,
+    vocab_start: int,
+    width: int,
+    vocab_size: int,
+    settings: np.ndarray | None,
+    local_error: BaseException | None,
+) -> Shard:
+    """The agreement round: one allgather of ``[ok, vocab_start, width, vocab_size,
+    digest]`` per rank.
+
+    Parameters
+    ----------
+    exchange : Exchange
+    vocab_start, width, vocab_size : int
+        This rank's columns and the vocabulary it believes in.
+    settings : uint8 [DIGEST_BYTES] or None
+        :func:`digest` of everything every rank must share (None with ``local_error``).
+    local_error : exception or None
+        What this rank's own checks refused; every other rank then raises too.
+
+    Returns
+    -------
+    Shard
+
+    Raises
+    ------
+    ValueError
+        On every rank, when any rank refused its input, the ranks' digests or vocabulary
+        sizes differ, or the shards do not tile ``0 .. vocab_size - 1`` exactly.
+    """
+    record = np.zeros(4 + DIGEST_BYTES, dtype=np.int64)
+    record[0] = 0 if local_error is None else 1
+    if local_error is None and settings is not None:
+        record[1:4] = (vocab_start, width, vocab_size)
+        record[4:] = settings
+    table = exchange.gather(record)
+    failed = np.flatnonzero(table[:, 0])
+    if failed.size:
+        if local_error is not None:
+            raise local_error
+        raise ValueError(
+            f"rank {int(failed[0])} refused its input of the sharded call (its own error "
+            "names the argument)"
+        )
+    sizes = np.unique(table[:, 3])
+    if sizes.size != 1:
+        raise ValueError(
+            f"vocab_size must be the same on every rank; found {sizes.tolist()} "
+            f"(rank by rank: {table[:, 3].tolist()})"
+        )
+    different = np.flatnonzero((table[:, 4:] != table[0, 4:]).any(axis=1))
+    if different.size:
+        raise ValueError(
+            f"rank {int(different[0])} was given other settings, token ids or randomness "
+            "than rank 0 (the sampling parameters, num_draft_tokens, draft_token_ids, "
+            "bonus_token_ids, the method, the row forms and the uniforms must be the same "
+            "on every rank)"
+        )
+    starts, widths = table[:, 1].copy(), table[:, 2].copy()
+    shard = Shard(starts, widths)
+    if int(widths.sum()) != vocab_size:
+        raise ValueError(
+            f"the shards' widths {widths.tolist()} add up to {int(widths.sum())}, not "
+            f"vocab_size = {vocab_size}"
+        )
+    end = 0
+    for rank in shard.order():
+        if widths[rank] == 0:
+            continue
+        if starts[rank] != end:
+            kind = "overlaps the shard before it" if starts[rank] < end else "leaves a gap"
+            raise ValueError(
+                f"rank {int(rank)}'s shard (vocab_start={int(starts[rank])}, width="
+                f"{int(widths[rank])}) {kind}: the shards must tile 0 .. vocab_size - 1"
+            )
+        end += int(widths[rank])
+    return shard
