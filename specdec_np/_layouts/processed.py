@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import dispatch as _dispatch
 from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
 from . import ragged as _ragged
 from . import sampling as _sampling
+from . import surface as _surface
 from .engine_call import RowSources, UniformSource, engine_call
 from .sampling import SamplingParameters
 
@@ -35,6 +35,17 @@ def processed_probs(
     min_p: Any = None,
     filter_order: str = "vllm",
     out: Any = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    token_bitmask: Any = None,
 ) -> Any:
     """The processed law of logits rows: the distribution every verifier and
     :func:`sample_tokens` draw from, bit for bit.
@@ -54,6 +65,13 @@ def processed_probs(
     out : array of the result's dtype, optional
         ``[N, V]`` (``[V]`` too when there is one row), C-contiguous and writeable:
         written and returned.
+    prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
+presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
+stop_token_ids, token_bitmask : optional
+        The row settings of :func:`specdec_np.verify_ragged`, each row its own request
+        (its context is its prompt and output; ``token_bitmask`` is ``[N, ceil(V / 32)]``).
+        Applied before the temperature and the filters; a greedy row's point mass is at
+        the argmax of its adjusted row.
 
     Returns
     -------
@@ -67,6 +85,13 @@ def processed_probs(
         On bad input, naming the argument.
     """
     _validate.check_filter_order(filter_order)
+    parameters = SamplingParameters(
+        temperature, top_k, top_p, min_p, filter_order, prompt_token_ids, output_token_ids,
+        repetition_penalty, frequency_penalty, presence_penalty, logit_bias,
+        allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids, None,
+        token_bitmask,
+    )
+    surface_on = parameters.surface_on()
     rows = _backend.intake(logits, "logits")
     xp = _backend.array_namespace(rows)
     single = rows.ndim == 1
@@ -84,22 +109,15 @@ def processed_probs(
         min_p=min_p, from_logits=True, row_dtype=rows.dtype,
     )
     greedy = _sampling.greedy_requests(sampling, False, batch_size)
+    result = _out_rows(out, xp, rows)
+    if surface_on:
+        # Masks and bias, then penalties, before the temperature and the filters.
+        rows = _surface.adjusted_rows_of(parameters, rows, xp)
     _sampling.check_tempered_rows(
         sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
     )
     table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
-    result = _out_rows(out, xp, rows)
-    threads = _backend.thread_count(batch_size, vocab_size)
-    device = _backend.device_of(rows)
-    if device is None:
-        # Threads inside a row when the loop over rows runs on one (the CUDA kernel has a
-        # block per row and takes no such option).
-        row_threads = _backend.row_thread_count(threads, vocab_size)
-        _dispatch.kernels_for(device).processed_rows(
-            rows, xp.asarray(table), result, threads, row_threads=row_threads
-        )
-    else:
-        _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
+    _surface.law_rows(rows, xp.asarray(table), result)
     if greedy.any():
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]
