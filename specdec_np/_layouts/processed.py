@@ -161,6 +161,17 @@ def sample_tokens(
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    token_bitmask: Any = None,
 ) -> Any:
     """Draw one token per row from its processed law: the draw a bonus position makes, for
     the steps without drafts.
@@ -190,6 +201,10 @@ def sample_tokens(
     counter_seeds : dict of int to (int, int), optional
         Row index -> ``(seed, position)``: counter-based Philox uniforms, as in
         :func:`specdec_np.verify_ragged`.
+    prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
+presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
+stop_token_ids, token_bitmask : optional
+        The row settings of :func:`processed_probs`, each row its own request.
 
     Returns
     -------
@@ -231,7 +246,12 @@ def sample_tokens(
         _ragged.RaggedCall("rejection", {}, [0] * batch_size, [], None),
         RowSources(target_logits=rows if logits is not None else None,
                    target_probs=rows if probs is not None else None),
-        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        SamplingParameters(
+            temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
+            output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
+            logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
+            None, token_bitmask,
+        ),
         UniformSource(explicit, generator, seeded_seqs, counter_seeds),
         strict_mode=False,
         out=None,

@@ -42,6 +42,8 @@ __all__ = [
     "residual_draw",
     "typical_acceptance_decisions",
     "typical_acceptance_sample",
+    "adjust_logits",
+    "cut_run",
     "verify_ragged",
 ]
 
@@ -669,6 +671,117 @@ def _process_request_rows(
     )
 
 
+def _request_setting(settings: Any, name: str, b: int, off: Any = None) -> Any:
+    """Request ``b``'s entry of a setting given as None, a scalar or one entry per request."""
+    value = settings.get(name)
+    if value is None:
+        return off
+    if isinstance(value, (int, float, np.number)):
+        return value
+    entry = value[b]
+    return off if entry is None else entry
+
+
+def adjust_logits(
+    xp: Any, rows: Any, contexts: list[list[int]], settings: Any, b: int,
+    bitmask_rows: Any = None,
+) -> Any:
+    """One request's logits rows with the row settings applied, whole-vocabulary.
+
+    The order (``docs/semantics.md``, "The whole sampling surface"): the logit bias
+    (``x + bias`` in the rows' dtype); the masks (allowed ids, bad words, the packed
+    bitmask, then the stop tokens while the context is shorter than ``min_tokens`` unless
+    nothing else is possible) to ``-inf``; then the repetition penalty over prompt and
+    context (``x / r`` where ``x > 0``, ``x * r`` elsewhere, in the dtype), then
+    ``x - dtype(frequency * count + presence)`` where the context holds the token
+    ``count > 0`` times.
+
+    Parameters
+    ----------
+    xp : namespace
+    rows : float32 or float64 [R, V]
+    contexts : list of R lists of int
+        Each row's context: the output before this step and the drafts before the row.
+    settings : mapping
+        The public keywords (``repetition_penalty``, ``logit_bias``, ...), each None, a
+        scalar or one entry per request.
+    b : int
+        The request.
+    bitmask_rows : int32 [R, ceil(V / 32)] or None
+
+    Returns
+    -------
+    array [R, V]
+    """
+    dtype = rows.dtype
+    num_rows, vocab_size = rows.shape
+    tokens = xp.arange(vocab_size)
+    minus_infinity = xp.asarray(-xp.inf, dtype=dtype)
+    prompt = list(_request_setting(settings, "prompt_token_ids", b, []))
+    bias = _request_setting(settings, "logit_bias", b, {})
+    allowed = _request_setting(settings, "allowed_token_ids", b)
+    bad_words = _request_setting(settings, "bad_words_token_ids", b, [])
+    stops = list(_request_setting(settings, "stop_token_ids", b, []))
+    min_tokens = int(_request_setting(settings, "min_tokens", b, 0))
+    repetition = float(_request_setting(settings, "repetition_penalty", b, 1.0))
+    frequency = float(_request_setting(settings, "frequency_penalty", b, 0.0))
+    presence = float(_request_setting(settings, "presence_penalty", b, 0.0))
+    adjusted = []
+    for i in range(num_rows):
+        x = rows[i, :]
+        context = list(contexts[i])
+        bias_vector = np.zeros(vocab_size)
+        has_bias = np.zeros(vocab_size, dtype=bool)
+        for token, value in dict(bias).items():
+            bias_vector[int(token)] = float(value)
+            has_bias[int(token)] = True
+        x = xp.where(xp.asarray(has_bias), x + xp.asarray(bias_vector, dtype=dtype), x)
+        masked = xp.zeros(vocab_size, dtype=xp.bool)
+        if allowed is not None:
+            listed = xp.asarray(np.isin(np.arange(vocab_size), allowed))
+            masked = masked | xp.logical_not(listed)
+        for word in bad_words:
+            word = list(word)
+            head = word[:-1]
+            if len(head) <= len(context) and context[len(context) - len(head):] == head:
+                masked = masked | (tokens == word[-1])
+        if bitmask_rows is not None:
+            words = xp.take(bitmask_rows[i, :], tokens // 32)
+            bits = (words >> xp.astype(tokens % 32, words.dtype)) & 1
+            masked = masked | (bits == 0)
+        x = xp.where(masked, minus_infinity, x)
+        if stops and len(context) < min_tokens:
+            is_stop = xp.asarray(np.isin(np.arange(vocab_size), stops))
+            if bool(xp.any(xp.logical_not(is_stop) & (x > minus_infinity))):
+                x = xp.where(is_stop, minus_infinity, x)
+        seen = xp.asarray(np.isin(np.arange(vocab_size), prompt + context))
+        r = xp.asarray(repetition, dtype=dtype)
+        x = xp.where(seen, xp.where(x > 0, x / r, x * r), x)
+        counts = np.bincount(np.asarray(context, dtype=np.int64), minlength=vocab_size)
+        host_dtype = np.float32 if dtype == xp.float32 else np.float64
+        term = xp.asarray((frequency * counts + presence).astype(host_dtype))
+        x = xp.where(xp.asarray(counts > 0), x - term, x)
+        adjusted.append(x)
+    return xp.stack(adjusted) if adjusted else rows
+
+
+def cut_run(
+    tokens: list[int], length: int, stops: Any, budget: Any
+) -> tuple[list[int], int, bool]:
+    """An emitted run ``tokens`` (``length`` accepted drafts, then one more) cut at its first
+    stop token (kept) or after ``budget`` tokens: (tokens, accepted drafts emitted,
+    finished)."""
+    emitted = len(tokens)
+    finished = False
+    for position, token in enumerate(tokens):
+        if stops is not None and token in list(stops):
+            emitted, finished = position + 1, True
+            break
+    if budget is not None and emitted >= int(budget):
+        emitted, finished = int(budget), True
+    return tokens[:emitted], min(length, emitted), finished
+
+
 def reference_for(verifier: Any) -> Any:
     """A registry verifier's reference, called as ``reference(target_with_bonus_probs,
     bonus_token_ids, draft_probs, draft_token_ids, uniforms, **parameters)`` whatever the
@@ -874,8 +987,9 @@ def verify_ragged(
     bonus_token_ids: Any = None,
     uniforms: Any = None,
     draft_from_logits: bool | None = None,
+    settings: Any = None,
     **parameters: float,
-) -> tuple[Any, Any]:
+) -> Any:
     """The engine layout on the padded references, one request at a time.
 
     Request ``b`` owns drafts ``o_b .. o_b + k_b - 1`` (``o_b = k_0 + ... + k_{b-1}``),
@@ -915,6 +1029,13 @@ def verify_ragged(
     bonus_token_ids : int [B] or None
     uniforms : float64 [B, max_k + 2] or None
         Needed when a request is not greedy.
+    settings : mapping, optional
+        The whole sampling surface by its public keywords (``output_token_ids``,
+        ``repetition_penalty``, ``token_bitmask``, ``stop_token_ids``, ``max_tokens``,
+        ``logprobs``, ...): each row of a logits request goes through
+        :func:`adjust_logits` with its context (the output, then the drafts before it)
+        before the law; a greedy request takes the argmax of its adjusted rows; the
+        emitted run is cut by :func:`cut_run`.
     **parameters : float
         The method's parameters.
 
@@ -923,6 +1044,10 @@ def verify_ragged(
     output_token_ids : int64 [B, max_k + 1]
         Accepted drafts, then the recovered or bonus token, then -1.
     accepted_lengths : int64 [B]
+    extras : dict, only with ``settings``
+        ``finished`` bool [B], and with ``logprobs`` the float64 ``logprobs`` and
+        ``raw_logprobs`` [B, max_k + 1] and ``top_token_ids`` and ``top_logprobs``
+        [B, max_k + 1, N] (NaN and -1 padded).
 
     Raises
     ------
@@ -944,13 +1069,31 @@ def verify_ragged(
     rows_out: list[list[int]] = []
     accepted_lengths: list[int] = []
     offset = 0
+    surface = dict(settings or {})
+    bitmask = surface.get("token_bitmask")
+    top_count = surface.get("logprobs")
+    finished: list[bool] = []
+    extras: dict[str, list[Any]] = {"logprobs": [], "raw_logprobs": [], "top_token_ids": [],
+                                    "top_logprobs": []}
     for b in range(batch_size):
         k = counts[b]
         greedy = temperatures[b] == 0.0 or verifier is greedy_verifier
         target = target_rows[offset + b : offset + b + k + 1, :]
+        raw_target = target
         draft = None if draft_rows is None else draft_rows[offset : offset + k, :]
         request_ids = ids[offset : offset + k]
+        if surface and from_logits:
+            before = list(_request_setting(surface, "output_token_ids", b, []))
+            drafted = [int(request_ids[i]) for i in range(k)]
+            contexts = [before + drafted[:i] for i in range(k + 1)]
+            masks = None if bitmask is None else bitmask[offset + b : offset + b + k + 1, :]
+            target = adjust_logits(xp, target, contexts, surface, b, masks)
+            if draft is not None and draft_logits:
+                draft = adjust_logits(
+                    xp, draft, contexts[:k], surface, b, None if masks is None else masks[:k]
+                )
         offset += k
+        adjusted_target = target
         if greedy:
             # NaN never wins the greedy argmax; -inf is its neutral value.
             target = xp.where(xp.isnan(target), xp.asarray(-xp.inf, dtype=target.dtype), target)
@@ -990,10 +1133,72 @@ def verify_ragged(
                         "no positive probability"
                     )
             tokens = tokens[:length] + [bonus]
+        if surface:
+            tokens, length, done = cut_run(
+                tokens, length, _request_setting(surface, "stop_token_ids", b),
+                _request_setting(surface, "max_tokens", b),
+            )
+            finished.append(done)
+            if top_count is not None:
+                settings_b = (1.0, 0.0, 1.0, 0.0) if greedy else (
+                    temperatures[b], top_ks[b], top_ps[b], min_ps[b]
+                )
+                _reference_logprobs(
+                    xp, extras, adjusted_target, raw_target, tokens, max_k, int(top_count), from_logits,
+                    settings_b, filter_order,
+                )
         rows_out.append(tokens + [-1] * (max_k + 1 - len(tokens)))
         accepted_lengths.append(length)
     output_token_ids = xp.reshape(
         xp.asarray(rows_out, dtype=xp.int64) if rows_out else xp.zeros((0,), dtype=xp.int64),
         (batch_size, max_k + 1),
     )
-    return output_token_ids, xp.asarray(accepted_lengths, dtype=xp.int64)
+    lengths_array = xp.asarray(accepted_lengths, dtype=xp.int64)
+    if not surface:
+        return output_token_ids, lengths_array
+    found: dict[str, Any] = {"finished": np.asarray(finished, dtype=bool)}
+    if top_count is not None:
+        for name, values in extras.items():
+            found[name] = np.asarray(values)
+    return output_token_ids, lengths_array, found
+
+
+def _reference_logprobs(
+    xp: Any, extras: dict[str, list[Any]], target: Any, raw_target: Any, tokens: list[int],
+    max_k: int, count: int, from_logits: bool, settings: tuple[float, ...], filter_order: str,
+) -> None:
+    """One request's logprobs rows: the processed law of each emitted position's adjusted
+    row (the softmax of it for a greedy request, ``settings`` then being off), the raw
+    softmax of its row as given, and the ``count`` most likely tokens (ties to the lower
+    id)."""
+    width = max_k + 1
+    processed = np.full(width, np.nan)
+    raw = np.full(width, np.nan)
+    top_ids = np.full((width, count), -1, dtype=np.int64)
+    top_values = np.full((width, count), np.nan)
+    if tokens:
+        rows = len(tokens)
+        if from_logits:
+            law = np.asarray(_process_request_rows(xp, target[:rows, :], settings, filter_order))
+            given = np.asarray(raw_target[:rows, :], dtype=np.float64)
+            given = np.where(np.isnan(given), -np.inf, given)
+            top = np.max(given, axis=1, keepdims=True)
+            top = np.where(np.isfinite(top), top, 0.0)
+            with np.errstate(divide="ignore"):
+                raw_law = given - top - np.log(np.sum(np.exp(given - top), axis=1, keepdims=True))
+        else:
+            law = np.asarray(target[:rows, :], dtype=np.float64)
+            with np.errstate(divide="ignore"):
+                raw_law = np.log(law)
+        with np.errstate(divide="ignore"):
+            log_law = np.log(law)
+        for position, token in enumerate(tokens):
+            processed[position] = log_law[position, token]
+            raw[position] = raw_law[position, token]
+            order = sorted(range(law.shape[1]), key=lambda y: (-law[position, y], y))[:count]
+            top_ids[position, : len(order)] = order
+            top_values[position, : len(order)] = log_law[position, order]
+    extras["logprobs"].append(processed)
+    extras["raw_logprobs"].append(raw)
+    extras["top_token_ids"].append(top_ids)
+    extras["top_logprobs"].append(top_values)
