@@ -23,6 +23,7 @@ import pytest
 import specdec_np
 from specdec_np._layouts import surface as _surface
 from specdec_np._reference import chains as _reference
+from specdec_np._reference import surface as _reference_surface
 from specdec_np.testing import _monte_carlo, _statistics
 
 # --------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class Case:
     def _row(self, rows: np.ndarray, i: int, context: tuple[int, ...], mask: Any) -> np.ndarray:
         before = list(self.settings.get("output_token_ids", [[]])[0] or [])
         masks = None if mask is None else mask[i : i + 1]
-        adjusted = _reference.adjust_logits(
+        adjusted = _reference_surface.adjust_logits(
             np, rows[i : i + 1], [before + list(context)], self.settings, 0, masks
         )
         return _reference.process_logits(
@@ -326,8 +327,8 @@ def _control_law(case: Case, control: str) -> np.ndarray:
     settings = case.settings
     if control == "penalties without the draft prefix":
         before = list(settings["output_token_ids"][0])
-        target = _reference.adjust_logits(np, case.target, [before] * (K + 1), settings, 0)
-        draft = _reference.adjust_logits(np, case.draft, [before] * K, settings, 0)
+        target = _reference_surface.adjust_logits(np, case.target, [before] * (K + 1), settings, 0)
+        draft = _reference_surface.adjust_logits(np, case.draft, [before] * K, settings, 0)
         ids, uniforms, weights = _batch(case, [case], 2)
         result = specdec_np.verify_ragged(**_tiled(case, ids, target, draft),
                                           temperature=case.temperature, uniforms=uniforms)
