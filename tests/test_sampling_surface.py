@@ -24,6 +24,7 @@ import specdec_np
 from specdec_np._layouts import surface as _surface
 from specdec_np._reference import chains as _reference
 from specdec_np._reference import surface as _reference_surface
+from specdec_np._reference import trees as _tree_reference
 from specdec_np.testing import _monte_carlo, _statistics
 
 # --------------------------------------------------------------------------------------
@@ -550,3 +551,45 @@ def test_row_settings_need_logits(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         specdec_np.verify_ragged(num_draft_tokens=[2], draft_token_ids=[1, 2],
                                  target_probs=probs, **{name: value})
+
+
+@pytest.mark.parametrize("method", ["point_mass", "specinfer", "greedy"])
+@pytest.mark.parametrize("seed", range(2))
+def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, seed: int):
+    rng = np.random.default_rng(100 + seed)
+    checked = 0
+    for _ in range(20):
+        batch = int(rng.integers(1, 4))
+        sizes = rng.integers(0, 5, batch)
+        parents = np.concatenate([
+            [int(rng.integers(-1, j)) for j in range(int(n))] for n in sizes
+        ] + [[]]).astype(np.int64)
+        total = int(sizes.sum())
+        vocab = int(rng.integers(4, 40))
+        target = rng.normal(0, 2, (total + batch, vocab)).astype(np.float32)
+        draft = rng.normal(0, 2, (total, vocab)).astype(np.float32)
+        ids = rng.integers(0, 4, total)
+        temperature = np.where(rng.random(batch) < 0.3, 0.0, rng.uniform(0.5, 1.5, batch))
+        settings = _random_settings(rng, batch, vocab, total + batch)
+        settings.pop("logprobs")
+        uniforms = rng.random((batch, int(sizes.max(initial=0)) + 1))
+        draft_logits = draft if method == "specinfer" else None
+        keywords = dict(num_nodes=sizes, tree_parents=parents, draft_token_ids=ids,
+                        target_logits=target, draft_logits=draft_logits,
+                        temperature=temperature, uniforms=uniforms, method=method)
+        try:
+            expected = _tree_reference.verify_tree_requests(
+                sizes, parents, ids, target, draft_logits, uniforms, method=method,
+                from_logits=True, temperature=temperature, settings=settings,
+            )
+        except ValueError:
+            with pytest.raises(ValueError, match="no positive probability"):
+                specdec_np.verify_tree(**keywords, **settings)
+            continue
+        fast = specdec_np.verify_tree(**keywords, **settings)
+        np.testing.assert_array_equal(fast.output_token_ids, expected[1])
+        np.testing.assert_array_equal(fast.accepted_lengths, expected[2])
+        np.testing.assert_array_equal(fast.accepted_nodes, expected[0])
+        np.testing.assert_array_equal(fast.finished, expected[3])
+        checked += 1
+    assert checked >= 10
