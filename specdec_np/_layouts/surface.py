@@ -330,6 +330,12 @@ def checked_surface(
 
 def _bitmask_allowed(bitmask: Any, rows: Any, vocab_size: int, xp: Any) -> Any:
     """bool [len(rows), V]: bit ``j`` of word ``i`` of each row's mask allows ``32 i + j``."""
+    if xp is np and np.little_endian:
+        # A word's bytes in memory, least significant first: bit j of word i is bit j % 8
+        # of byte 4 i + j // 8, which is what a little-endian unpacking reads.
+        words = np.ascontiguousarray(bitmask[rows])
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+        return bits[:, :vocab_size].astype(bool)
     tokens = xp.arange(vocab_size)
     words = bitmask[rows][:, tokens // 32]
     return ((words >> (tokens % 32).astype(words.dtype)) & 1).astype(bool)
@@ -588,28 +594,45 @@ def _add_logprobs(
             law_rows_ = plan.target[picked_device]
             raw_rows = None
         law_host = law_rows_.get() if xp is not np else np.asarray(law_rows_)
-        with np.errstate(divide="ignore"):
-            log_law = np.log(law_host.astype(np.float64))
         chosen = host_tokens[where[:, 0], where[:, 1]]
         index = np.arange(chosen.size)
-        processed[where[:, 0], where[:, 1]] = log_law[index, chosen]
+        with np.errstate(divide="ignore"):
+            chosen_log = np.log(law_host[index, chosen].astype(np.float64))
+        processed[where[:, 0], where[:, 1]] = chosen_log
         if raw_rows is None:
-            raw[where[:, 0], where[:, 1]] = log_law[index, chosen]
+            raw[where[:, 0], where[:, 1]] = chosen_log
         else:
             raw_host = raw_rows.get() if xp is not np else raw_rows
             raw[where[:, 0], where[:, 1]] = raw_host[index, chosen]
         if count:
-            # Most likely first, ties to the lower id (a stable sort of -p).
-            order = np.argsort(-law_host, axis=1, kind="stable")[:, :count]
+            order = _most_likely(law_host, count)
             kept = order.shape[1]
             top_ids[where[:, 0], where[:, 1], :kept] = order
-            top_values[where[:, 0], where[:, 1], :kept] = np.take_along_axis(
-                log_law, order, axis=1
-            )
+            with np.errstate(divide="ignore"):
+                top_values[where[:, 0], where[:, 1], :kept] = np.log(
+                    np.take_along_axis(law_host, order, axis=1).astype(np.float64)
+                )
     result.logprobs = xp.asarray(processed)
     result.raw_logprobs = xp.asarray(raw)
     result.top_token_ids = xp.asarray(top_ids)
     result.top_logprobs = xp.asarray(top_values)
+
+
+def _most_likely(law: np.ndarray, count: int) -> np.ndarray:
+    """int64 [rows, min(count, V)]: each row's most likely tokens, ties to the lower id,
+    without sorting the vocabulary (a partition, then a sort of the candidates: every
+    token tied with the last one kept is a candidate)."""
+    rows, vocab_size = law.shape
+    count = min(count, vocab_size)
+    if count >= vocab_size:
+        return np.argsort(-law, axis=1, kind="stable")
+    order = np.empty((rows, count), dtype=np.int64)
+    last = np.partition(law, vocab_size - count, axis=1)[:, vocab_size - count]
+    for row in range(rows):
+        candidates = np.flatnonzero(law[row] >= last[row])
+        ranked = candidates[np.argsort(-law[row, candidates], kind="stable")]
+        order[row] = ranked[:count]
+    return order
 
 
 def _log_softmax(rows: Any, xp: Any) -> np.ndarray:
