@@ -593,3 +593,79 @@ def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, s
         np.testing.assert_array_equal(fast.finished, expected[3])
         checked += 1
     assert checked >= 10
+
+
+def _vllm_metadata(vocab: int, seed: int, greedy: bool) -> tuple[Any, dict]:
+    """A ``SamplingMetadata``-like object (vLLM's attribute names) and the keywords of
+    :func:`specdec_np.verify_ragged` it maps to."""
+    import types
+
+    mask = np.zeros((2, vocab), dtype=bool)
+    mask[1, vocab // 2 :] = True  # request 1 may only use the lower half
+    metadata = types.SimpleNamespace(
+        all_greedy=greedy, all_random=not greedy,
+        temperature=None if greedy else np.array([0.8, 1.1]), top_k=None, top_p=None,
+        generators={} if greedy else {b: np.random.default_rng(seed + b) for b in range(2)},
+        no_penalties=False, frequency_penalties=np.array([0.5, 0.0]),
+        presence_penalties=np.array([0.2, -0.3]), repetition_penalties=np.array([1.5, 1.0]),
+        prompt_token_ids=np.array([[1, 2, vocab], [3, vocab, vocab]]),
+        output_token_ids=[[1], [2, 3]], allowed_token_ids_mask=mask,
+        bad_words_token_ids={1: [[3, 3]]},
+        logitsprocs=types.SimpleNamespace(all=[
+            types.SimpleNamespace(min_toks={0: (5, [1], {7})}),
+            types.SimpleNamespace(biases={1: {6: 3.0}}),
+        ]),
+    )
+    keywords = dict(
+        frequency_penalty=[0.5, 0.0], presence_penalty=[0.2, -0.3],
+        repetition_penalty=[1.5, 1.0], prompt_token_ids=[[1, 2], [3]],
+        output_token_ids=[[1], [2, 3]], allowed_token_ids=[None, list(range(vocab // 2))],
+        bad_words_token_ids=[None, [[3, 3]]], min_tokens=[5, 0], stop_token_ids=[[7], None],
+        logit_bias=[None, {6: 3.0}], temperature=0.0 if greedy else [0.8, 1.1],
+    )
+    if not greedy:
+        keywords["seeded_seqs"] = {b: np.random.default_rng(seed + b) for b in range(2)}
+    return metadata, keywords
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_vllm_adapter_reads_the_surface_from_sampling_metadata(greedy: bool, seed: int):
+    from specdec_np.adapters import vllm
+
+    vocab = 16
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2, (5, vocab)).astype(np.float32)
+    ids = np.array([1, 1, 7, 3, 3])
+    bonus = np.array([[4], [5]])
+    metadata, keywords = _vllm_metadata(vocab, seed, greedy)
+    probs = None if greedy else specdec_np.processed_probs(
+        rng.normal(size=(5, vocab)).astype(np.float32)
+    )
+    output = vllm.rejection_sample(ids, [3, 2], 3, np.array([3, 5]), probs, logits, bonus,
+                                   metadata)
+    expected = specdec_np.verify_ragged(
+        num_draft_tokens=[3, 2], draft_token_ids=ids, target_logits=logits, draft_probs=probs,
+        bonus_token_ids=bonus[:, 0], **keywords,
+    )
+    np.testing.assert_array_equal(output, expected.output_token_ids)
+
+
+def test_the_vllm_adapter_without_the_surface_differs() -> None:
+    """The control: the same batch with the surface's attributes left out emits other
+    tokens for some seed (the mapping above is being tested)."""
+    import types
+
+    from specdec_np.adapters import vllm
+
+    differs = False
+    for seed in range(4):
+        logits = np.random.default_rng(seed).normal(0, 2, (5, 16)).astype(np.float32)
+        metadata, _ = _vllm_metadata(16, seed, True)
+        bare = types.SimpleNamespace(**{name: getattr(metadata, name)
+                                        for name in vllm.METADATA_ATTRIBUTES})
+        arguments = (np.array([1, 1, 7, 3, 3]), [3, 2], 3, np.array([3, 5]), None, logits,
+                     np.array([[4], [5]]))
+        differs |= not np.array_equal(vllm.rejection_sample(*arguments, metadata),
+                                      vllm.rejection_sample(*arguments, bare))
+    assert differs
