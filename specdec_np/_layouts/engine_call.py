@@ -7,17 +7,21 @@ the batch, engine call": they put their flat keywords into three small records
 :class:`UniformSource`), name their layout (a :class:`LayoutCall`: the ragged chain or the
 tree) and hand them to :func:`engine_call`, which runs the same steps for both layouts:
 
-1. the strict mode, the rows' form and the layout's batch;
+1. the strict mode, the rows' form and the layout's batch; with a setting of the whole
+   sampling surface (:mod:`specdec_np._layouts.surface`), its plan and the batch's rows
+   adjusted (the layout says each row's context: :meth:`LayoutCall.surface_contexts`);
 2. the per-request sampling (which requests are greedy, the kernel's table);
 3. the method every request of the batch runs (greedy when every request is);
 4. the uniform source, sized by the layout;
 5. the output block, the thread count and the kernel options (:func:`kernel_options`,
    the one place they are assembled);
 6. the draws, the kernel and the result (:func:`specdec_np._kernels.dispatch.run`), in
-   the caller's output block.
+   the caller's output block; with the surface, the runs cut at their stops and budgets
+   (before the counters record them) and the logprobs added
+   (:meth:`LayoutCall.emitted_rows`).
 
 A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
-and the law; nothing here changes.  A new layout writes its own :class:`LayoutCall`.
+and the law (or the surface); nothing here changes.  A new layout writes its own :class:`LayoutCall`.
 """
 
 from __future__ import annotations
