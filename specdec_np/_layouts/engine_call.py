@@ -21,7 +21,8 @@ tree) and hand them to :func:`engine_call`, which runs the same steps for both l
    (:meth:`LayoutCall.emitted_rows`).
 
 A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
-and the law (or the surface); nothing here changes.  A new layout writes its own :class:`LayoutCall`.
+and the law (or the surface); nothing here changes.  A new layout writes its own
+:class:`LayoutCall`.
 """
 
 from __future__ import annotations

@@ -379,10 +379,14 @@ def adjust_rows(
         )
         block = adjusted[xp.asarray(row_indices)]
         adjusted[xp.asarray(row_indices)] = xp.where(allowed, block, minus_infinity)
+    per_request: dict[int, _RequestTables] = {}
     for row, source in zip(row_indices.tolist(), context_rows.tolist()):
         b = int(contexts.requests[source])
         if not surface.request_adjusts(b):
             continue
+        tables = per_request.get(b)
+        if tables is None:
+            tables = per_request[b] = _RequestTables(surface, b, vocab_size, xp)
         prefix = contexts.prefixes[source]
         output = surface.outputs[b]
         context = prefix if output is None else np.concatenate([output, prefix])
@@ -391,10 +395,8 @@ def adjust_rows(
         if surface.bias[b] is not None:
             ids, bias = surface.bias[b]
             values[xp.asarray(ids)] += xp.asarray(bias.astype(dtype))
-        if surface.allowed[b] is not None:
-            keep = np.zeros(vocab_size, dtype=bool)
-            keep[surface.allowed[b]] = True
-            values[xp.asarray(np.flatnonzero(~keep))] = minus_infinity
+        if tables.disallowed is not None:
+            values[tables.disallowed] = minus_infinity
         if surface.bad_words[b] is not None:
             for word in surface.bad_words[b]:
                 head = word[:-1]
@@ -402,25 +404,25 @@ def adjust_rows(
                     context[context.size - head.size:], head
                 ):
                     values[int(word[-1])] = minus_infinity
-        stops = surface.stops[b]
-        if stops is not None and context.size < surface.min_tokens[b]:
-            others = np.ones(vocab_size, dtype=bool)
-            others[stops] = False
+        if tables.non_stops is not None and context.size < surface.min_tokens[b]:
             # vLLM's rule: the stops stay possible when nothing else is.
-            if bool(xp.any(values[xp.asarray(np.flatnonzero(others))] > minus_infinity)):
-                values[xp.asarray(stops)] = minus_infinity
-        # Penalties.
+            if bool(xp.any(values[tables.non_stops] > minus_infinity)):
+                values[tables.stops] = minus_infinity
+        # Penalties: the context's counts are the output's (once per request) plus the
+        # drafts before the row.
+        counts = dict(tables.output_counts)
+        for token in prefix.tolist():
+            counts[token] = counts.get(token, 0) + 1
         if surface.repetition[b] != 1.0:
-            seen = context if surface.prompts[b] is None else np.concatenate(
-                [surface.prompts[b], context]
-            )
-            tokens = xp.asarray(np.unique(seen))
+            seen = tables.prompt_tokens | counts.keys()
+            tokens = xp.asarray(np.fromiter(seen, dtype=np.int64, count=len(seen)))
             penalty = dtype.type(surface.repetition[b])
             picked = values[tokens]
             values[tokens] = xp.where(picked > 0, picked / penalty, picked * penalty)
-        if (surface.frequency[b] != 0.0 or surface.presence[b] != 0.0) and context.size:
-            tokens, counts = np.unique(context, return_counts=True)
-            term = surface.frequency[b] * counts + surface.presence[b]
+        if (surface.frequency[b] != 0.0 or surface.presence[b] != 0.0) and counts:
+            tokens = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+            times = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+            term = surface.frequency[b] * times + surface.presence[b]
             values[xp.asarray(tokens)] -= xp.asarray(term.astype(dtype))
     return adjusted
 
@@ -444,6 +446,31 @@ def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
     else:
         _dispatch.kernels_for(device).processed_rows(rows, table, out, threads)
     return out
+
+
+class _RequestTables:
+    """What every row of one request shares: the output's token counts, the prompt's
+    tokens, the disallowed ids and the stop and non-stop ids (computed once a call)."""
+
+    def __init__(self, surface: Surface, b: int, vocab_size: int, xp: Any) -> None:
+        output = surface.outputs[b]
+        self.output_counts: dict[int, int] = {}
+        if output is not None:
+            tokens, times = np.unique(output, return_counts=True)
+            self.output_counts = dict(zip(tokens.tolist(), times.tolist()))
+        prompt = surface.prompts[b]
+        self.prompt_tokens: set[int] = set() if prompt is None else set(prompt.tolist())
+        self.disallowed = None
+        if surface.allowed[b] is not None:
+            keep = np.zeros(vocab_size, dtype=bool)
+            keep[surface.allowed[b]] = True
+            self.disallowed = xp.asarray(np.flatnonzero(~keep))
+        self.stops = self.non_stops = None
+        if surface.stops[b] is not None and surface.min_tokens[b] > 0:
+            others = np.ones(vocab_size, dtype=bool)
+            others[surface.stops[b]] = False
+            self.stops = xp.asarray(surface.stops[b])
+            self.non_stops = xp.asarray(np.flatnonzero(others))
 
 
 # ---- stops and logprobs -----------------------------------------------------------------
