@@ -170,13 +170,15 @@ class EngineVerifier:
             inspect.cleandoc(_ragged.verify_ragged.__doc__)
         )
 
-    def _record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any) -> None:
+    def _record(
+        self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None
+    ) -> None:
         # Not ``with``: an interrupt between acquiring the lock and entering the block would
         # keep it for good.  The ``finally`` releases it whenever this thread holds it.
         lock = self._metrics_lock
         try:
             lock.acquire()
-            self.metrics.record(num_draft_tokens, accepted_lengths, commit)
+            self.metrics.record(num_draft_tokens, accepted_lengths, commit, emitted)
         finally:
             if lock._is_owned():  # type: ignore[attr-defined]
                 lock.release()

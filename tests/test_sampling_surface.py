@@ -462,6 +462,7 @@ def test_engine_counters_count_what_was_emitted() -> None:
     verifier(num_draft_tokens=[3], draft_token_ids=[1, 2, 3], target_logits=target,
              temperature=0, stop_token_ids=[[2]])
     assert verifier.metrics.accepted == 2
+    assert verifier.metrics.emitted == 2  # the stop token, an accepted draft, ends the run
 
 
 def test_logprobs_follow_the_processed_law_not_the_raw_one() -> None:

@@ -276,8 +276,9 @@ class RaggedCall:
     num_draft_tokens, draft_token_ids, bonus_token_ids
         As :func:`verify_ragged` takes them.
     on_success : callable, optional
-        ``on_success(num_draft_tokens, accepted_lengths, commit)``: a sampler's record of a
-        successful call (all or nothing, setting ``commit.done`` last).
+        ``on_success(num_draft_tokens, accepted_lengths, commit[, emitted])``: a sampler's
+        record of a successful call (all or nothing, setting ``commit.done`` last);
+        ``emitted`` (tokens per request) is passed where the sampling surface cut a run.
     """
 
     greedy_entry = _GREEDY
@@ -289,7 +290,7 @@ class RaggedCall:
         num_draft_tokens: Any,
         draft_token_ids: Any,
         bonus_token_ids: Any,
-        on_success: Callable[[Any, Any, Any], None] | None = None,
+        on_success: Callable[..., None] | None = None,
     ) -> None:
         self.entry = registry.get(method)
         self.every_request_greedy = self.entry.greedy
@@ -377,7 +378,16 @@ class RaggedCall:
         if record is None:
             return None
         counts = batch.draft_counts
-        return lambda result, commit: record(counts, result.accepted_lengths, commit)
+
+        def record_result(result: Any, commit: Any) -> None:
+            if result.finished is None:
+                record(counts, result.accepted_lengths, commit)
+            else:
+                # A run the sampling surface cut: count what it emitted.
+                record(counts, result.accepted_lengths, commit,
+                       (result.output_token_ids >= 0).sum(axis=1))
+
+        return record_result
 
     def finish(self, batch: _chains.ChainBatch, result: Any) -> Any:
         """The kernel's result as it is."""
