@@ -670,3 +670,36 @@ def test_the_vllm_adapter_without_the_surface_differs() -> None:
         differs |= not np.array_equal(vllm.rejection_sample(*arguments, metadata),
                                       vllm.rejection_sample(*arguments, bare))
     assert differs
+
+
+def test_processed_probs_with_row_settings_is_the_reference_law() -> None:
+    rng = np.random.default_rng(12)
+    logits = rng.normal(0, 2, (4, 40)).astype(np.float32)
+    settings = _random_settings(rng, 4, 40, 4)
+    for name in ("max_tokens", "logprobs"):
+        settings.pop(name, None)
+    settings.update(repetition_penalty=[1.3, 1.0, 0.7, 2.0],
+                    output_token_ids=[[1, 1], [2], [], [5]])
+    law = specdec_np.processed_probs(logits, temperature=0.8, top_p=0.9, **settings)
+    for row in range(4):
+        before = list(settings["output_token_ids"][row])
+        masks = settings.get("token_bitmask")
+        adjusted = _reference_surface.adjust_logits(
+            np, logits[row : row + 1], [before], settings, row,
+            None if masks is None else masks[row : row + 1],
+        )
+        expected = _reference.process_logits(adjusted, np.array([0.8]), np.array([0]),
+                                             np.array([0.9]), np.array([0.0]))
+        np.testing.assert_allclose(law[row], expected[0], atol=1e-6)
+
+
+def test_a_cut_run_is_written_into_the_out_buffers() -> None:
+    target = np.full((4, 6), -5.0, dtype=np.float32)
+    for position, token in enumerate([1, 2, 3, 4]):
+        target[position, token] = 5.0
+    out = specdec_np.output_buffers(1, 3)
+    result = specdec_np.verify_ragged(num_draft_tokens=[3], draft_token_ids=[1, 2, 3],
+                                      target_logits=target, temperature=0,
+                                      stop_token_ids=[[2]], out=out)
+    np.testing.assert_array_equal(out.output_token_ids[0], [1, 2, -1, -1])
+    assert result.output_token_ids is out.output_token_ids
