@@ -126,6 +126,19 @@ class EngineVerifier:
         seeded_seqs: Mapping[int, Any] | None = None,
         counter_seeds: Mapping[int, tuple[int, int]] | None = None,
         out: OutputBlock | None = None,
+        prompt_token_ids: Any = None,
+        output_token_ids: Any = None,
+        repetition_penalty: Any = None,
+        frequency_penalty: Any = None,
+        presence_penalty: Any = None,
+        logit_bias: Any = None,
+        allowed_token_ids: Any = None,
+        bad_words_token_ids: Any = None,
+        min_tokens: Any = None,
+        stop_token_ids: Any = None,
+        max_tokens: Any = None,
+        token_bitmask: Any = None,
+        logprobs: int | None = None,
     ) -> VerificationResult:
         """Verify a batch; the metrics are updated only by a call that succeeds.
 
@@ -139,7 +152,12 @@ class EngineVerifier:
                 draft_token_ids, bonus_token_ids, on_success=self._record,
             ),
             RowSources(target_logits, target_probs, draft_logits, draft_probs),
-            SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+            SamplingParameters(
+                temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
+                output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
+                logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens,
+                stop_token_ids, max_tokens, token_bitmask, logprobs,
+            ),
             UniformSource(
                 uniforms, None, seeded_seqs, counter_seeds,
                 generator_for=self._own_generator.for_device,
@@ -154,13 +172,15 @@ class EngineVerifier:
             inspect.cleandoc(_ragged.verify_ragged.__doc__)
         )
 
-    def _record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any) -> None:
+    def _record(
+        self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None
+    ) -> None:
         # Not ``with``: an interrupt between acquiring the lock and entering the block would
         # keep it for good.  The ``finally`` releases it whenever this thread holds it.
         lock = self._metrics_lock
         try:
             lock.acquire()
-            self.metrics.record(num_draft_tokens, accepted_lengths, commit)
+            self.metrics.record(num_draft_tokens, accepted_lengths, commit, emitted)
         finally:
             if lock._is_owned():  # type: ignore[attr-defined]
                 lock.release()

@@ -46,7 +46,10 @@ class VerificationMetrics:  # numpydoc ignore=PR01
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     drafted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def record(self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any = None) -> None:
+    def record(
+        self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any = None,
+        emitted: Any = None,
+    ) -> None:
         """Add one verification call.
 
         Parameters
@@ -58,6 +61,9 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         commit : object with a ``done`` attribute, optional
             Set to True as the last step of the record (a verifier's call then keeps its
             draws; see ``specdec_np._kernels.dispatch.Commit``).
+        emitted : int [B], optional
+            Tokens emitted per request, where a stop or a budget cut the run (the sampling
+            surface); ``accepted_lengths + 1`` when None.
         """
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)
@@ -82,7 +88,10 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             self.requests + int(drafted.shape[0]),
             self.drafted + drafted_sum,
             self.accepted + accepted_sum,
-            self.emitted + accepted_sum + int(drafted.shape[0]),
+            self.emitted + (
+                accepted_sum + int(drafted.shape[0]) if emitted is None
+                else int(_host(emitted).sum())
+            ),
             accepted_at,
             drafted_at,
         )

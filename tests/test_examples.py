@@ -3,6 +3,9 @@
 * ``numpy_engine_loop.py``: greedy requests, alone or in a mixed ragged batch, emit what
   plain greedy decoding emits; the caches hold exactly the states of a prefix of the text;
   every registry verifier drives the loop.
+* ``constrained_decoding.py``: greedy speculative decoding under a repetition penalty, a
+  grammar bitmask and a stop token with a minimum length emits what plain greedy decoding
+  under the same settings emits, the grammar holds and the run ends at the stop token;
 * ``vllm_v1_batch.py`` (skipped without torch): vLLM's output form, the greedy rule, the
   seeded request reproducible.
 * ``jax_decode_loop.py`` (skipped without JAX): the whole loop in one ``jax.jit``, the
@@ -46,6 +49,23 @@ def load_example(name: str) -> ModuleType:
         del sys.modules[module_name]
         raise
     return module
+
+
+# -- constrained decoding --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("prompt", [[5, 8, 3], [12, 1], [7]])
+def test_constrained_speculative_decoding_equals_plain_greedy(prompt: list[int], k: int):
+    example = load_example("constrained_decoding")
+    target, draft = example.ToyModel(0), example.ToyModel(0, noise=0.5)
+    output, accepted = example.speculative(target, draft, prompt, 40, k)
+    assert output == example.greedy_reference(target, prompt, 40)
+    assert accepted > 0
+    assert output[-1] == example.STOP_TOKEN and example.STOP_TOKEN not in output[:-1]
+    assert len(output) > example.MIN_TOKENS
+    text = prompt + output
+    assert all(a % 2 != b % 2 for a, b in zip(text[len(prompt) - 1 :], text[len(prompt) :]))
 
 
 # -- the NumPy engine loop -------------------------------------------------------------------

@@ -11,7 +11,10 @@ Map of this folder (the layout is kept apart from the per-row algorithm, as
 * :mod:`.tree`: draft trees, their builders and :func:`specdec_np.verify_tree`;
 * :mod:`.tree_links`: a tree batch's parent and sibling links in the kernel's form;
 * :mod:`.processed`: the processed law as a function (:func:`specdec_np.processed_probs`,
-  :func:`specdec_np.sample_tokens`).
+  :func:`specdec_np.sample_tokens`);
+* :mod:`.surface`: the whole sampling surface per draft position (context, penalties,
+  bias, masks, stops, logprobs): the settings checked, the rows adjusted before the law,
+  the runs cut and the logprobs added after the kernel.
 
 Each layout hands :mod:`specdec_np._kernels.dispatch` a checked batch; ``docs/semantics.md``
 section 11 says what a new layout touches (section 10 maps the whole house).

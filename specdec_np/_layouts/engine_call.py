@@ -7,17 +7,22 @@ the batch, engine call": they put their flat keywords into three small records
 :class:`UniformSource`), name their layout (a :class:`LayoutCall`: the ragged chain or the
 tree) and hand them to :func:`engine_call`, which runs the same steps for both layouts:
 
-1. the strict mode, the rows' form and the layout's batch;
+1. the strict mode, the rows' form and the layout's batch; with a setting of the whole
+   sampling surface (:mod:`specdec_np._layouts.surface`), its plan and the batch's rows
+   adjusted (the layout says each row's context: :meth:`LayoutCall.surface_contexts`);
 2. the per-request sampling (which requests are greedy, the kernel's table);
 3. the method every request of the batch runs (greedy when every request is);
 4. the uniform source, sized by the layout;
 5. the output block, the thread count and the kernel options (:func:`kernel_options`,
    the one place they are assembled);
 6. the draws, the kernel and the result (:func:`specdec_np._kernels.dispatch.run`), in
-   the caller's output block.
+   the caller's output block; with the surface, the runs cut at their stops and budgets
+   (before the counters record them) and the logprobs added
+   (:meth:`LayoutCall.emitted_rows`).
 
 A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
-and the law; nothing here changes.  A new layout writes its own :class:`LayoutCall`.
+and the law (or the surface); nothing here changes.  A new layout writes its own
+:class:`LayoutCall`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .._kernels import dispatch as _dispatch
 from .._runtime import checks as _validate
 from .._runtime import uniforms as _random
 from . import sampling as _sampling
+from . import surface as _surface
 
 __all__ = ["LayoutCall", "RowSources", "UniformSource", "engine_call", "kernel_options"]
 
@@ -135,6 +141,13 @@ class LayoutCall(Protocol):
     def finish(self, batch: Any, result: Any) -> Any:
         """The caller's result from the kernel's."""
 
+    def surface_contexts(self, batch: Any) -> Any:
+        """The :class:`~specdec_np._layouts.surface.RowContexts` of the batch's rows."""
+
+    def emitted_rows(self, batch: Any, result: Any) -> Any:
+        """int64 ``[B, W]``: the target row each emitted token was drawn from, -1 where
+        none."""
+
 
 def kernel_options(
     layout: LayoutCall,
@@ -185,6 +198,12 @@ def engine_call(
     strict = _validate.check_strict_mode(strict_mode)
     form = _sampling.row_form(*rows)
     batch = layout.build(form, strict)
+    plan = None
+    if sampling.surface_on():
+        # The whole sampling surface: the rows adjusted before the law, the runs cut and
+        # the logprobs added after the kernel (nothing of this runs when no setting is on).
+        plan = _surface.plan_for(sampling, batch, form, layout.surface_contexts(batch))
+        batch = plan.adjusted_batch(batch)
     request = _sampling.request_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows),
@@ -224,6 +243,14 @@ def engine_call(
         threads,
         after_uniforms=layout.after_uniforms(batch, chosen),
         options=kernel_options(layout, batch, form, request, block, threads, chosen),
-        on_success=layout.recorder(batch),
+        on_success=layout.recorder(batch) if plan is None else plan.recorder(
+            layout.recorder(batch), batch.xp
+        ),
     )
-    return layout.finish(batch, result)
+    result = layout.finish(batch, result)
+    if plan is not None:
+        result = plan.finish(
+            result, batch.xp, request.greedy, request.table,
+            lambda emitted: layout.emitted_rows(batch, emitted),
+        )
+    return result

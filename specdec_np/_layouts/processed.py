@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import dispatch as _dispatch
 from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
 from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
+from . import surface as _surface
 from .engine_call import RowSources, UniformSource, engine_call
 from .sampling import SamplingParameters
 
@@ -37,6 +37,17 @@ def processed_probs(
     min_p: Any = None,
     filter_order: str = "vllm",
     out: Any = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    token_bitmask: Any = None,
 ) -> Any:
     """The processed law of logits rows: the distribution every verifier and
     :func:`sample_tokens` draw from, bit for bit.
@@ -56,6 +67,13 @@ def processed_probs(
     out : array of the result's dtype, optional
         ``[N, V]`` (``[V]`` too when there is one row), C-contiguous and writeable:
         written and returned.
+    prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
+presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
+stop_token_ids, token_bitmask : optional
+        The row settings of :func:`specdec_np.verify_ragged`, each row its own request
+        (its context is its prompt and output; ``token_bitmask`` is ``[N, ceil(V / 32)]``).
+        Applied before the temperature and the filters; a greedy row's point mass is at
+        the argmax of its adjusted row.
 
     Returns
     -------
@@ -68,8 +86,14 @@ def processed_probs(
     TypeError, ValueError
         On bad input, naming the argument.
     """
-    parameters = SamplingParameters(temperature, top_k, top_p, min_p, filter_order)
     _validate.check_filter_order(filter_order)
+    parameters = SamplingParameters(
+        temperature, top_k, top_p, min_p, filter_order, prompt_token_ids, output_token_ids,
+        repetition_penalty, frequency_penalty, presence_penalty, logit_bias,
+        allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids, None,
+        token_bitmask,
+    )
+    surface_on = parameters.surface_on()
     rows = _backend.intake(logits, "logits")
     xp = _backend.array_namespace(rows)
     single = rows.ndim == 1
@@ -82,6 +106,10 @@ def processed_probs(
         )
     rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
     batch_size, vocab_size = (int(n) for n in rows.shape)
+    result = _out_rows(out, xp, rows)
+    if surface_on:
+        # Masks and bias, then penalties, before the temperature and the filters.
+        rows = _surface.adjusted_rows_of(parameters, rows, xp)
     # The same per-request sampling as a verification call's, each row its own request.
     request = _sampling.request_sampling(
         xp, batch_size, vocab_size, False,
@@ -90,19 +118,8 @@ def processed_probs(
         rows_per_request=(_filled(batch_size, 1), _filled(batch_size, 0)),
         parameters=parameters,
     )  # fmt: skip
-    greedy, table = request.greedy, request.table
-    result = _out_rows(out, xp, rows)
-    threads = _backend.thread_count(batch_size, vocab_size)
-    device = _backend.device_of(rows)
-    if device is None:
-        # Threads inside a row when the loop over rows runs on one (the CUDA kernel has a
-        # block per row and takes no such option).
-        row_threads = _backend.row_thread_count(threads, vocab_size)
-        _dispatch.kernels_for(device).processed_rows(
-            rows, table, result, threads, row_threads=row_threads
-        )
-    else:
-        _dispatch.kernels_for(device).processed_rows(rows, table, result, threads)
+    greedy = request.greedy
+    _surface.law_rows(rows, request.table, result)
     if greedy.any():
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]
@@ -158,6 +175,17 @@ def sample_tokens(
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    token_bitmask: Any = None,
 ) -> Any:
     """Draw one token per row from its processed law: the draw a bonus position makes, for
     the steps without drafts.
@@ -187,6 +215,10 @@ def sample_tokens(
     counter_seeds : dict of int to (int, int), optional
         Row index -> ``(seed, position)``: counter-based Philox uniforms, as in
         :func:`specdec_np.verify_ragged`.
+    prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
+presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
+stop_token_ids, token_bitmask : optional
+        The row settings of :func:`processed_probs`, each row its own request.
 
     Returns
     -------
@@ -228,7 +260,12 @@ def sample_tokens(
         _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
         RowSources(target_logits=rows if logits is not None else None,
                    target_probs=rows if probs is not None else None),
-        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        SamplingParameters(
+            temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
+            output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
+            logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
+            None, token_bitmask,
+        ),
         UniformSource(explicit, generator, seeded_seqs, counter_seeds),
         strict_mode=False,
         out=None,

@@ -25,6 +25,7 @@ from .._runtime import contract as _contract
 from .._runtime import results as _results
 from . import padded as _chains
 from . import sampling as _sampling
+from . import surface as _surface
 from .engine_call import RowSources, UniformSource, engine_call
 from .sampling import SamplingParameters
 
@@ -132,6 +133,19 @@ def verify_ragged(
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
     out: _contract.OutputBlock | None = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    max_tokens: Any = None,
+    token_bitmask: Any = None,
+    logprobs: int | None = None,
     **method_parameters: float,
 ) -> _results.VerificationResult:
     """Verify a flat engine batch: ragged drafts, per-request parameters, mixed methods.
@@ -191,6 +205,36 @@ def verify_ragged(
         Also check exact dtypes and finite, non-negative probabilities.
     out : OutputBlock, optional
         Buffers from :func:`output_buffers` to write into.
+    prompt_token_ids, output_token_ids : sequence of B token sequences, optional
+        What each request had before this step (None, or None for a request: empty).  The
+        context of a row is the output plus the drafts before that row.
+    repetition_penalty : scalar or array [B], optional
+        ``> 0``, 1 off: over prompt and context, a positive logit divided, a negative one
+        multiplied.
+    frequency_penalty, presence_penalty : scalar or array [B], optional
+        In ``[-2, 2]``, 0 off: ``logit -= frequency * count + presence * (count > 0)``
+        over the context.
+    logit_bias : sequence of B mappings (token -> finite bias), optional
+    allowed_token_ids : sequence of B token sequences, optional
+        Every other token masked.
+    bad_words_token_ids : sequence of B lists of token sequences, optional
+        A word's last token masked where the context (not the prompt) ends with the rest.
+    min_tokens : int or int array [B], optional
+        ``stop_token_ids`` masked while the context holds fewer tokens, unless nothing
+        else is possible.
+    stop_token_ids : sequence of B token sequences, optional
+        The emitted run ends at its first stop token (kept).
+    max_tokens : int or int array [B], optional
+        The remaining budget (``>= 1``): the emitted run ends when it is spent.
+    token_bitmask : int32 [T + B, ceil(V / 32)], optional
+        One packed mask per target row (xgrammar's layout: bit ``j`` of word ``i`` allows
+        token ``32 i + j``); a draft logits row takes its position's mask.
+    logprobs : int, optional
+        ``N >= 0``: the result gains ``logprobs``, ``raw_logprobs`` (float32 ``[B,
+        max_k + 1]``, NaN padded), ``top_token_ids`` and ``top_logprobs`` (``[B, max_k +
+        1, N]``).  ``docs/semantics.md`` ("The whole sampling surface") has the order:
+        masks and bias, penalties, then temperature and filters.  Penalties, bias and
+        masks need logits.
     **method_parameters : float
         The method's parameters (typical acceptance: ``posterior_threshold``,
         ``posterior_alpha``).
@@ -201,7 +245,8 @@ def verify_ragged(
         ``output_token_ids`` int64 ``[B, max_k + 1]`` (-1 padded), ``accepted_lengths``
         int64 ``[B]`` (causal), ``num_accepted`` (equal to ``accepted_lengths``: every
         request stops at its first rejection and the rows after it are never read), and
-        ``num_draft_tokens`` ``T``.
+        ``num_draft_tokens`` ``T``; with a stop or budget also ``finished`` (bool
+        ``[B]``), with ``logprobs`` the four logprob arrays.
 
     Raises
     ------
@@ -211,7 +256,12 @@ def verify_ragged(
     return engine_call(
         RaggedCall(method, method_parameters, num_draft_tokens, draft_token_ids, bonus_token_ids),
         RowSources(target_logits, target_probs, draft_logits, draft_probs),
-        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        SamplingParameters(
+            temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
+            output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
+            logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
+            max_tokens, token_bitmask, logprobs,
+        ),
         UniformSource(uniforms, generator, seeded_seqs, counter_seeds),
         strict_mode=strict_mode,
         out=out,
@@ -230,8 +280,9 @@ class RaggedCall:
     num_draft_tokens, draft_token_ids, bonus_token_ids
         As :func:`verify_ragged` takes them.
     on_success : callable, optional
-        ``on_success(num_draft_tokens, accepted_lengths, commit)``: a sampler's record of a
-        successful call (all or nothing, setting ``commit.done`` last).
+        ``on_success(num_draft_tokens, accepted_lengths, commit[, emitted])``: a sampler's
+        record of a successful call (all or nothing, setting ``commit.done`` last);
+        ``emitted`` (tokens per request) is passed where the sampling surface cut a run.
     """
 
     greedy_entry = _GREEDY
@@ -243,7 +294,7 @@ class RaggedCall:
         num_draft_tokens: Any,
         draft_token_ids: Any,
         bonus_token_ids: Any,
-        on_success: Callable[[Any, Any, Any], None] | None = None,
+        on_success: Callable[..., None] | None = None,
     ) -> None:
         self.entry = registry.get(method)
         self.every_request_greedy = self.entry.greedy
@@ -331,11 +382,54 @@ class RaggedCall:
         if record is None:
             return None
         counts = batch.draft_counts
-        return lambda result, commit: record(counts, result.accepted_lengths, commit)
+
+        def record_result(result: Any, commit: Any) -> None:
+            if result.finished is None:
+                record(counts, result.accepted_lengths, commit)
+            else:
+                # A run the sampling surface cut: count what it emitted.
+                record(counts, result.accepted_lengths, commit,
+                       (result.output_token_ids >= 0).sum(axis=1))
+
+        return record_result
 
     def finish(self, batch: _chains.ChainBatch, result: Any) -> Any:
         """The kernel's result as it is."""
         return result
+
+    def surface_contexts(self, batch: _chains.ChainBatch) -> _surface.RowContexts:
+        """Chain position ``i`` follows drafts ``0 .. i - 1`` of its request (the bonus row
+        all of them); draft row ``i`` shares target row ``i``'s context."""
+        return chain_contexts(batch)
+
+    def emitted_rows(self, batch: _chains.ChainBatch, result: Any) -> np.ndarray:
+        """Position ``i`` of request ``b`` was drawn from its target row ``i``."""
+        counts = batch.draft_counts
+        starts = np.cumsum(counts) - counts + (np.arange(counts.size) if batch.bonus_rows else 0)
+        positions = np.arange(batch.max_k + 1)
+        rows = starts[:, None] + positions[None, :]
+        width = counts + 1 if batch.bonus_rows else counts
+        return np.where(positions[None, :] < width[:, None], rows, -1)
+
+
+def chain_contexts(batch: _chains.ChainBatch) -> _surface.RowContexts:
+    """The :class:`~specdec_np._layouts.surface.RowContexts` of a ragged chain batch."""
+    ids = batch.draft_token_ids
+    ids = np.asarray(ids.get() if hasattr(ids, "get") else ids, dtype=np.int64)
+    requests: list[int] = []
+    prefixes: list[np.ndarray] = []
+    draft_targets: list[int] = []
+    offset = 0
+    for b, count in enumerate(batch.draft_counts.tolist()):
+        for position in range(count + (1 if batch.bonus_rows else 0)):
+            if position < count:
+                draft_targets.append(len(requests))
+            requests.append(b)
+            prefixes.append(ids[offset : offset + position])
+        offset += count
+    return _surface.RowContexts(
+        np.asarray(requests, dtype=np.int64), prefixes, np.asarray(draft_targets, np.int64)
+    )
 
 
 def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int, int]:

@@ -19,6 +19,7 @@ from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 
 __all__ = [
+    "SURFACE_SETTINGS",
     "RequestSampling",
     "RowForm",
     "SamplingParameters",
@@ -43,6 +44,15 @@ class SamplingParameters(NamedTuple):
         None is off (``docs/semantics.md`` §12).
     filter_order : {"vllm", "llama.cpp"}
         The order of the filters.
+    prompt_token_ids, output_token_ids : sequence of B token sequences, or None
+        The context before this step (``docs/semantics.md``, "The whole sampling surface").
+    repetition_penalty, frequency_penalty, presence_penalty : scalar, array [B] or None
+    logit_bias : sequence of B mappings (token -> bias), or None
+    allowed_token_ids, stop_token_ids : sequence of B token sequences, or None
+    bad_words_token_ids : sequence of B lists of token sequences, or None
+    min_tokens, max_tokens : int, int array [B] or None
+    token_bitmask : int32 array [rows, ceil(V / 32)] or None
+    logprobs : int or None
     """
 
     temperature: Any = None
@@ -50,10 +60,48 @@ class SamplingParameters(NamedTuple):
     top_p: Any = None
     min_p: Any = None
     filter_order: str = "vllm"
+    prompt_token_ids: Any = None
+    output_token_ids: Any = None
+    repetition_penalty: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    allowed_token_ids: Any = None
+    bad_words_token_ids: Any = None
+    min_tokens: Any = None
+    stop_token_ids: Any = None
+    max_tokens: Any = None
+    token_bitmask: Any = None
+    logprobs: Any = None
 
     def filters(self) -> dict[str, Any]:
-        """The per-request parameters by name (everything but the filter order)."""
-        return {name: getattr(self, name) for name in self._fields if name != "filter_order"}
+        """The per-request filter parameters by name (temperature, top-k, top-p, min-p)."""
+        return {name: getattr(self, name) for name in _FILTERS}
+
+    def surface_on(self) -> bool:
+        """Whether a setting of the whole sampling surface (context, penalties, bias,
+        masks, stops, logprobs) is given: only then does a call look at them."""
+        return any(getattr(self, name) is not None for name in SURFACE_SETTINGS)
+
+
+_FILTERS = ("temperature", "top_k", "top_p", "min_p")
+
+#: The settings of the whole sampling surface, by keyword (every front takes them).
+SURFACE_SETTINGS = (
+    "prompt_token_ids",
+    "output_token_ids",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words_token_ids",
+    "min_tokens",
+    "stop_token_ids",
+    "max_tokens",
+    "token_bitmask",
+    "logprobs",
+)
 
 
 class RowForm(NamedTuple):

@@ -31,6 +31,7 @@ from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 from .._runtime import results as _results
 from . import sampling as _sampling
+from . import surface as _surface
 from . import tree_links as _tree_links
 from .engine_call import RowSources, UniformSource, engine_call
 from .sampling import SamplingParameters
@@ -310,6 +311,19 @@ def verify_tree(
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
     out: _contract.TreeOutputBlock | None = None,
+    prompt_token_ids: Any = None,
+    output_token_ids: Any = None,
+    repetition_penalty: Any = None,
+    frequency_penalty: Any = None,
+    presence_penalty: Any = None,
+    logit_bias: Any = None,
+    allowed_token_ids: Any = None,
+    bad_words_token_ids: Any = None,
+    min_tokens: Any = None,
+    stop_token_ids: Any = None,
+    max_tokens: Any = None,
+    token_bitmask: Any = None,
+    logprobs: int | None = None,
 ) -> _results.TreeVerificationResult:
     """Verify a batch of draft trees (EAGLE, Medusa, SpecInfer, multi-draft).
 
@@ -360,6 +374,13 @@ def verify_tree(
         Also check exact dtypes and finite (non-negative) row values.
     out : TreeOutputBlock, optional
         Buffers from :func:`tree_output_buffers` to write into.
+    prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
+presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
+stop_token_ids, max_tokens, token_bitmask, logprobs : optional
+        The whole sampling surface of :func:`specdec_np.verify_ragged`; a node's row has
+        the node's ancestors and the node itself as the drafts before it, the root row
+        none; ``token_bitmask`` is ``[N + B, ceil(V / 32)]`` and a node's draft row takes
+        its parent's row's mask.
 
     Returns
     -------
@@ -377,7 +398,12 @@ def verify_tree(
     return engine_call(
         TreeCall(method, num_nodes, tree_parents, draft_token_ids),
         RowSources(target_logits, target_probs, draft_logits, draft_probs),
-        SamplingParameters(temperature, top_k, top_p, min_p, filter_order),
+        SamplingParameters(
+            temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
+            output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
+            logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
+            max_tokens, token_bitmask, logprobs,
+        ),
         UniformSource(uniforms, generator, seeded_seqs, counter_seeds),
         strict_mode=strict_mode,
         out=out,
@@ -484,6 +510,44 @@ class TreeCall:
             return result
         _contract.fill_deeper_tree_block(self._block, result, batch.layout.max_depth)
         return batch.result(self._block)
+
+    def surface_contexts(self, batch: TreeBatch) -> _surface.RowContexts:
+        """A node's row follows its ancestors and itself, the root row nothing; a node's
+        draft row shares its parent's row (the root row for a child of the root)."""
+        layout = batch.layout
+        requests: list[int] = []
+        prefixes: list[np.ndarray] = []
+        draft_targets: list[int] = []
+        for b in range(layout.batch_size):
+            start = int(layout.node_offsets[b])
+            root = len(requests)
+            requests.append(b)
+            prefixes.append(np.zeros(0, dtype=np.int64))
+            for j in range(int(layout.num_nodes[b])):
+                parent = int(layout.tree_parents[start + j])
+                parent_row = root if parent < 0 else root + 1 + parent
+                draft_targets.append(parent_row)
+                requests.append(b)
+                prefixes.append(np.append(prefixes[parent_row], layout.draft_token_ids[start + j]))
+        return _surface.RowContexts(
+            np.asarray(requests, dtype=np.int64), prefixes, np.asarray(draft_targets, np.int64)
+        )
+
+    def emitted_rows(self, batch: TreeBatch, result: Any) -> np.ndarray:
+        """Position 0 was drawn from the root row, position ``i`` from the row of the
+        ``i``-th accepted node."""
+        layout = batch.layout
+        nodes = result.accepted_nodes
+        nodes = np.asarray(nodes.get() if hasattr(nodes, "get") else nodes)
+        width = int(result.output_token_ids.shape[1])
+        roots = layout.node_offsets[:-1] + np.arange(layout.batch_size)
+        rows = np.full((layout.batch_size, width), -1, dtype=np.int64)
+        rows[:, 0] = roots
+        depth = min(width - 1, nodes.shape[1])
+        rows[:, 1 : depth + 1] = np.where(
+            nodes[:, :depth] >= 0, roots[:, None] + 1 + nodes[:, :depth], -1
+        )
+        return rows
 
 
 def _check_tree_out(

@@ -4,8 +4,10 @@ Map of this folder (the oracle the fast paths are tested against; array-API code
 ``array_api_strict`` in the tests):
 
 * :mod:`.chains`: the chain verifiers (rejection, typical acceptance, greedy, block
-  verification), their per-position decisions, the processed law of logits rows and the
-  ragged layout's adapter;
+  verification), their per-position decisions and the processed law of logits rows;
+* :mod:`.ragged`: the ragged layout's adapter (each request on the padded references);
+* :mod:`.surface`: the whole sampling surface (context, penalties, bias, masks, stops,
+  logprobs) applied whole-vocabulary;
 * :mod:`.trees`: the tree walks and their exact output laws;
 * :mod:`.traversal`: traversal verification's walk and law.
 

@@ -47,6 +47,7 @@ from .. import registry
 from .._layouts.tree import validate_tree
 from . import traversal as _traversal_reference
 from .chains import _per_request, _process_request_rows, residual_draw
+from .surface import adjust_logits, cut_run, request_setting
 
 __all__ = [
     "continued_law",
@@ -189,7 +190,8 @@ def verify_tree_requests(
     min_p: Any = None,
     draft_from_logits: bool | None = None,
     filter_order: str = "vllm",
-) -> tuple[Any, Any, Any]:
+    settings: Any = None,
+) -> Any:
     """The engine form of :func:`verify_tree`: logits or probabilities, per-request
     sampling parameters, greedy requests mixed with sampled ones, one request at a time.
 
@@ -217,26 +219,43 @@ def verify_tree_requests(
         ``from_logits`` by default.
     filter_order : {"vllm", "llama.cpp"}
         The order of the filters.
+    settings : mapping, optional
+        The sampling surface by its public keywords, as in
+        :func:`specdec_np._reference.ragged.verify_ragged`: a node's row has the output,
+        the node's ancestors and the node as its context, the root row the output; a
+        node's draft row takes its parent's row's context and mask.  Logprobs are not
+        computed here.
 
     Returns
     -------
     accepted_nodes, output_token_ids, accepted_lengths
         As :func:`verify_tree`, over the whole batch.
+    finished : bool [B], only with ``settings``
     """
     xp = target_rows.__array_namespace__()
     layout = validate_tree(num_nodes, tree_parents, draft_token_ids, int(target_rows.shape[1]))
     batch_size = layout.batch_size
+    surface = dict(settings or {})
+    bitmask = surface.get("token_bitmask")
     settings = [
         _per_request(xp, value, batch_size, off)
         for value, off in ((temperature, 1.0), (top_k, 0.0), (top_p, 1.0), (min_p, 0.0))
     ]
-    nodes_out, tokens_out, lengths = [], [], []
+    nodes_out, tokens_out, lengths, finished = [], [], [], []
     for b in range(batch_size):
         start, stop = int(layout.node_offsets[b]), int(layout.node_offsets[b + 1])
         target = target_rows[start + b : stop + b + 1, :]
         draft = None if draft_rows is None else draft_rows[start:stop, :]
         greedy = not registry.get_tree_method(method).stochastic or settings[0][b] == 0.0
         draft_logits = from_logits if draft_from_logits is None else draft_from_logits
+        if surface and from_logits:
+            target, adjusted_draft = _adjusted_tree_rows(
+                xp, surface, b, target, draft if draft_logits else None,
+                layout.tree_parents[start:stop], layout.draft_token_ids[start:stop],
+                None if bitmask is None else bitmask[start + b : stop + b + 1, :],
+            )
+            if draft_logits:
+                draft = adjusted_draft
         if not greedy:
             request_settings = tuple(column[b] for column in settings)
             if from_logits:
@@ -253,17 +272,47 @@ def verify_tree_requests(
             "greedy" if greedy else method,
         )
         depth = int(length[0])
-        nodes_out.append([int(nodes[0, i]) for i in range(depth)])
-        tokens_out.append([int(tokens[0, i]) for i in range(depth + 1)])
+        run = [int(tokens[0, i]) for i in range(depth + 1)]
+        if surface:
+            run, depth, done = cut_run(
+                run, depth, request_setting(surface, "stop_token_ids", b),
+                request_setting(surface, "max_tokens", b),
+            )
+            finished.append(done)
+        nodes_out.append([int(nodes[0, i]) for i in range(min(depth, len(run)))])
+        tokens_out.append(run)
         lengths.append(depth)
     width = layout.max_depth
     accepted_nodes = [row + [-1] * (width - len(row)) for row in nodes_out]
     output = [row + [-1] * (width + 1 - len(row)) for row in tokens_out]
-    return (
+    found = (
         xp.reshape(xp.asarray(accepted_nodes, dtype=xp.int64), (batch_size, width)),
         xp.reshape(xp.asarray(output, dtype=xp.int64), (batch_size, width + 1)),
         xp.asarray(lengths, dtype=xp.int64),
     )
+    return found + (np.asarray(finished, dtype=bool),) if surface else found
+
+
+def _adjusted_tree_rows(
+    xp: Any, surface: Any, b: int, target: Any, draft: Any, parents: Any, tokens: Any,
+    masks: Any,
+) -> tuple[Any, Any]:
+    """One request's tree rows with the surface's row settings: the root row after the
+    output, node ``j``'s row after its ancestors and itself; node ``j``'s draft row with
+    its parent's row's context and mask."""
+    before = [int(t) for t in request_setting(surface, "output_token_ids", b, [])]
+    paths: list[list[int]] = [before]
+    for j in range(len(parents)):
+        parent = int(parents[j])
+        paths.append(paths[0 if parent < 0 else parent + 1] + [int(tokens[j])])
+    adjusted = adjust_logits(xp, target, paths, surface, b, masks)
+    if draft is None:
+        return adjusted, None
+    rows = [0 if int(parent) < 0 else int(parent) + 1 for parent in parents]
+    draft_masks = None
+    if masks is not None:
+        draft_masks = xp.take(masks, xp.asarray(rows, dtype=xp.int64), axis=0)
+    return adjusted, adjust_logits(xp, draft, [paths[r] for r in rows], surface, b, draft_masks)
 
 
 def _draft_row(xp: Any, draft_probs: Any, global_node: int, token: int, vocabulary: Any) -> Any:

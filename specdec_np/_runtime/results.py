@@ -38,9 +38,23 @@ class VerificationResult(_ChainOutputs):  # numpydoc ignore=PR01
         Draft tokens verified by the call (``B * k`` for a padded batch; the default when
         it is not given).  Not part of the triple, so ``output, lengths, accepted =
         result`` keeps working.
+    finished : bool [B] or None
+        With ``stop_token_ids`` or ``max_tokens`` (the sampling surface): a stop token was
+        emitted, or exactly the budget was; None otherwise.
+    logprobs, raw_logprobs : float32 [B, W] or None
+        With ``logprobs=N``: each emitted token's log-probability under its row's processed
+        law and under the raw softmax of the row (NaN after the emitted run).
+    top_token_ids, top_logprobs : int64 and float32 [B, W, N] or None
+        With ``logprobs=N``: the processed law's ``N`` most likely tokens, most likely
+        first, ties to the lower id (``-1`` and NaN padded).
     """
 
     num_draft_tokens: int
+    finished: Any = None
+    logprobs: Any = None
+    raw_logprobs: Any = None
+    top_token_ids: Any = None
+    top_logprobs: Any = None
 
     def __new__(
         cls,
@@ -91,9 +105,23 @@ class TreeVerificationResult(_TreeOutputs):  # numpydoc ignore=PR01
     num_draft_tokens : int
         Nodes verified by the call (``N``).  Neither this nor ``num_accepted`` is part of
         the triple, so ``nodes, output, lengths = result`` keeps working.
+    finished : bool [B] or None
+        With ``stop_token_ids`` or ``max_tokens`` (the sampling surface): a stop token was
+        emitted, or exactly the budget was; None otherwise.
+    logprobs, raw_logprobs : float32 [B, W] or None
+        With ``logprobs=N``: each emitted token's log-probability under its row's processed
+        law and under the raw softmax of the row (NaN after the emitted run).
+    top_token_ids, top_logprobs : int64 and float32 [B, W, N] or None
+        With ``logprobs=N``: the processed law's ``N`` most likely tokens, most likely
+        first, ties to the lower id (``-1`` and NaN padded).
     """
 
     num_draft_tokens: int
+    finished: Any = None
+    logprobs: Any = None
+    raw_logprobs: Any = None
+    top_token_ids: Any = None
+    top_logprobs: Any = None
 
     def __new__(
         cls,

@@ -25,6 +25,25 @@ in between.  vLLM's own streams (``k_b`` acceptance uniforms, then ``V`` exponen
 the recovered token) are not reproduced bit for bit: the tokens have vLLM's law, not its
 exact draws.
 
+The sampling surface (docs/semantics.md, "The whole sampling surface") is read from the
+optional attributes of ``SamplingMetadata``, each where present (:data:`SURFACE_ATTRIBUTES`),
+and applied at every draft position with the drafts before it in the context:
+
+* ``frequency_penalties``, ``presence_penalties``, ``repetition_penalties`` (``[B]``) and
+  ``prompt_token_ids`` (``[B, max prompt length]``, padded with ids ``>= V``, which are
+  dropped), unless ``no_penalties`` is set;
+* ``output_token_ids`` (a list of B lists): the output before this step;
+* ``allowed_token_ids_mask`` (bool ``[B, V]``, True where a token is *not* allowed, as vLLM
+  fills it): a request with a True entry gets ``allowed_token_ids`` = its False entries;
+* ``bad_words_token_ids`` (request index -> list of token sequences);
+* ``logitsprocs``: the processors in its ``all`` (or ``non_argmax_invariant``) collection,
+  by attribute: ``min_toks`` (request index -> ``(min_tokens, output ids, stop ids)``, vLLM's
+  min-tokens processor) gives ``min_tokens`` and ``stop_token_ids`` (and the output ids
+  where ``output_token_ids`` is absent), ``biases`` (request index -> token -> bias, vLLM's
+  logit-bias processor) gives ``logit_bias``.
+
+Stops are not cut here (vLLM's engine does that), and the bonus token is vLLM's own.
+
 torch is imported only when the inputs are torch tensors; NumPy inputs give NumPy outputs.
 bfloat16 and float16 logits and probabilities are read as float32.
 """
@@ -52,6 +71,18 @@ PLACEHOLDER_TOKEN_ID = -1
 GREEDY_EPSILON = 1e-5
 #: The attributes of vLLM's ``SamplingMetadata`` that the adapter reads.
 METADATA_ATTRIBUTES = ("all_greedy", "all_random", "temperature", "top_k", "top_p", "generators")
+#: The optional attributes read where present: the sampling surface.
+SURFACE_ATTRIBUTES = (
+    "no_penalties",
+    "prompt_token_ids",
+    "output_token_ids",
+    "frequency_penalties",
+    "presence_penalties",
+    "repetition_penalties",
+    "allowed_token_ids_mask",
+    "bad_words_token_ids",
+    "logitsprocs",
+)
 
 
 def rejection_sample(
@@ -131,7 +162,10 @@ def rejection_sample(
         target_logits=target_logits,
         draft_probs=draft_probs,
         bonus_token_ids=bonus_token_ids,
-        sampling=SamplingParameters(metadata.temperature, metadata.top_k, metadata.top_p),
+        sampling=SamplingParameters(
+            metadata.temperature, metadata.top_k, metadata.top_p,
+            **_surface_settings(sampling_metadata, batch_size, int(target_logits.shape[-1])),
+        ),
         uniform_source=UniformSource(
             seeded_seqs=None if torch is not None else metadata.generators,
             sources_for=sources_for,
@@ -262,6 +296,71 @@ def _read_metadata(metadata: Any, batch_size: int, torch: Any) -> _Metadata:
         top_p=_parameter(metadata.top_p, "top_p"),
         generators=_generators(metadata.generators, batch_size, torch),
     )
+
+
+def _surface_settings(metadata: Any, batch_size: int, vocab_size: int) -> dict[str, Any]:
+    """The sampling surface's settings from ``SamplingMetadata``'s optional attributes
+    (the module docstring's mapping); checked by the verifier, which names them."""
+    settings: dict[str, Any] = {}
+    if not getattr(metadata, "no_penalties", True):
+        for name, setting in (("frequency_penalties", "frequency_penalty"),
+                              ("presence_penalties", "presence_penalty"),
+                              ("repetition_penalties", "repetition_penalty")):
+            value = getattr(metadata, name, None)
+            if value is not None:
+                settings[setting] = _host(value, f"sampling_metadata.{name}").reshape(-1)
+        prompts = getattr(metadata, "prompt_token_ids", None)
+        if prompts is not None:
+            # vLLM pads the prompts with V (one past the vocabulary): the ids below it count.
+            rows = _host(prompts, "sampling_metadata.prompt_token_ids").astype(np.int64)
+            settings["prompt_token_ids"] = [
+                row[(row >= 0) & (row < vocab_size)] for row in rows.reshape(batch_size, -1)
+            ]
+    outputs = getattr(metadata, "output_token_ids", None)
+    if outputs is not None and len(outputs):
+        settings["output_token_ids"] = [list(row) for row in outputs]
+    mask = getattr(metadata, "allowed_token_ids_mask", None)
+    if mask is not None:
+        masked = _host(mask, "sampling_metadata.allowed_token_ids_mask").astype(bool)
+        settings["allowed_token_ids"] = [
+            np.flatnonzero(~row) if row.any() else None for row in masked
+        ]
+    bad_words = getattr(metadata, "bad_words_token_ids", None)
+    if bad_words:
+        settings["bad_words_token_ids"] = [bad_words.get(b) for b in range(batch_size)]
+    for processor in _processors(getattr(metadata, "logitsprocs", None)):
+        min_tokens = getattr(processor, "min_toks", None)
+        if min_tokens:
+            settings["min_tokens"] = [
+                int(min_tokens[b][0]) if b in min_tokens else 0 for b in range(batch_size)
+            ]
+            settings["stop_token_ids"] = [
+                sorted(min_tokens[b][2]) if b in min_tokens else None for b in range(batch_size)
+            ]
+            if "output_token_ids" not in settings:
+                settings["output_token_ids"] = [
+                    list(min_tokens[b][1]) if b in min_tokens else None
+                    for b in range(batch_size)
+                ]
+        biases = getattr(processor, "biases", None)
+        if biases:
+            settings["logit_bias"] = [biases.get(b) for b in range(batch_size)]
+    if set(settings) <= {"output_token_ids", "prompt_token_ids"}:
+        # vLLM always hands the outputs over; alone they change nothing, and a batch
+        # without a setting must not pay for reading them.
+        return {}
+    return settings
+
+
+def _processors(logitsprocs: Any) -> list[Any]:
+    """The logits processors of ``SamplingMetadata.logitsprocs``, by vLLM's collections."""
+    if logitsprocs is None:
+        return []
+    for name in ("all", "non_argmax_invariant"):
+        found = getattr(logitsprocs, name, None)
+        if found is not None:
+            return list(found)
+    return list(logitsprocs) if isinstance(logitsprocs, (list, tuple)) else []
 
 
 def _flag(value: Any, name: str) -> bool:
