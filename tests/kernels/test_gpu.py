@@ -12,7 +12,7 @@ How the GPU may differ from the CPU, and why only there
   accepted prefix must be identical.  The recovered token is an inverse-CDF draw whose float64
   sums are taken in another order on the GPU (segments, chunks, scan) than on the CPU; the two
   tokens may differ only where ``v * Z`` lies within float rounding of the CDF boundary between
-  them (:func:`assert_draw_consistent`, the check of ``tests/test_rejection.py``).
+  them (:func:`assert_draw_consistent`, the check of ``tests/verifiers/test_rejection.py``).
 * Block verification, same explicit uniforms: ``rho`` is the same float64 recurrence on both
   backends; ``h_i`` divides residual masses summed in another order, so a decision could flip
   only where ``eta_i`` lies within rounding of ``h_i`` (never on these inputs): accepted
@@ -20,9 +20,10 @@ How the GPU may differ from the CPU, and why only there
 * Greedy: comparisons of stored values only, identical on both backends.
 * Typical acceptance: both backends use the same float32 entropy term ``p * ln(p + 1e-5)``
   accumulated in float64, but another log implementation (CUDA ``logf``/``log``, both within
-  one ulp) and another summation order.  The error bound of ``tests/test_typical_acceptance.py``
-  holds for both, so a decision may differ only where ``p(x)`` lies inside that rounding band
-  around the float64 threshold (``typical_expectation``); everywhere else GPU, CPU and the
+  one ulp) and another summation order.  The error bound of
+  ``tests/verifiers/test_typical_acceptance.py`` holds for both, so a decision may differ
+  only where ``p(x)`` lies inside that rounding band around the float64 threshold
+  (``typical_expectation``); everywhere else GPU, CPU and the
   float64 formula agree exactly, and the recovered argmax is identical.
 * Trees (``verify_tree``): every element of a residual update is the CPU's double (the same
   operations in the same order); the masses and the final inverse-CDF totals are float64 sums
@@ -69,7 +70,7 @@ STOCHASTIC = tuple(v for v in registry.VERIFIERS if v.stochastic)
 # The verifiers with padded fronts (a sampler class and a stateless function); one reached
 # through method= only is tested on the device through verify_ragged.
 PADDED = tuple(v for v in registry.VERIFIERS if v.sampler_name is not None)
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -486,8 +487,8 @@ def typical_expectation(target, draft, threshold_arg, alpha):
     The entropy error of either kernel is at most ``delta = c * (sum p + sum |p ln(p+1e-5)|)``
     with ``c = 1e-6`` for float32 rows (four float32 roundings per element, times a safety
     factor of four) and ``c = (V + 8) * 2.3e-16`` for float64 rows (the bound derived in
-    ``tests/test_typical_acceptance.py``).  A decision may then differ from the float64 one
-    only where ``p(x)`` lies in ``(min(t, e exp(-2 delta)), min(t, e exp(2 delta))]``,
+    ``tests/verifiers/test_typical_acceptance.py``).  A decision may then differ from the
+    float64 one only where ``p(x)`` lies in ``(min(t, e exp(-2 delta)), min(t, e exp(2 delta))]``,
     ``e = alpha exp(-H)``: about 1e-5 relative for large normalised rows, empty where the
     posterior threshold is the minimum with room to spare.
     """
@@ -1185,7 +1186,7 @@ def test_philox_block_bit_identical_on_cupy(cp):
 
 def flat_inputs(batch_size, seed=0, k=4, vocab_size=50):
     """Flat targets and unrelated drafts: a row's output changes with almost any change of
-    its uniforms (the inputs of ``tests/test_random.py``)."""
+    its uniforms (the inputs of ``tests/runtime/test_random.py``)."""
     rng = np.random.default_rng(seed)
     target = rng.dirichlet(np.ones(vocab_size), size=(batch_size, k + 1)).astype(np.float32)
     draft = rng.dirichlet(np.ones(vocab_size), size=(batch_size, k)).astype(np.float32)

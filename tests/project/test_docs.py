@@ -10,7 +10,7 @@ import pytest
 from specdec_np import registry
 from specdec_np._runtime import contract as _contract
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEMANTICS = ROOT / "docs" / "semantics.md"
 
 

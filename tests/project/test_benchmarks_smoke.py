@@ -23,7 +23,7 @@ import specdec_np
 from specdec_np import _core, registry
 from specdec_np._reference import chains as _reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "studies" / "run.py"
 CELLS = ROOT / "benchmarks" / "studies" / "chain_cells.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -164,7 +164,7 @@ def test_every_script_shares_the_harness_and_nothing_imports_run() -> None:
         assert "harness" in _imported_modules(path), f"{path.name} does not use the harness"
     # Neither imported nor loaded from its path: run.py is a script, run as one.
     loads_run = re.compile(r"(spec_from_file_location|run_path)\([^)]*run\.py")
-    for path in [*benchmarks.glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+    for path in [*benchmarks.glob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         assert "run" not in _imported_modules(path), f"{path.name} imports studies/run.py"
         assert not loads_run.search(path.read_text()), f"{path.name} loads studies/run.py"
 

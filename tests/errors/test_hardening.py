@@ -27,7 +27,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the installation
     array_api_strict = None
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = str(Path(specdec_np.__file__).resolve().parent)
 needs_array_api_strict = pytest.mark.skipif(
     array_api_strict is None, reason="needs array_api_strict"

@@ -22,7 +22,7 @@ import pytest
 
 from specdec_np._runtime.arrays import cuda_available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 BASH = shutil.which("bash")
 

@@ -1,5 +1,5 @@
 """The engine and tree surfaces fuzzed under attack conditions: writer threads, interrupts,
-small stacks, masked and foreign arrays (``tests/fuzz_surfaces.py``, run in a subprocess so
+small stacks, masked and foreign arrays (``tests/errors/fuzz_surfaces.py``, run in a subprocess so
 that a crash is seen as a crash; docs/semantics.md §6 and §8)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SEED = int(os.environ.get("SPECDEC_FUZZ_SEED", "20240607"))
 
 def run_worker(mode: str, **environment: str) -> dict:
     # The checkout under test first: an installed copy elsewhere must not answer instead.
-    path = os.pathsep.join(filter(None, [str(WORKER.parents[1]), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(WORKER.parents[2]), os.environ.get("PYTHONPATH")]))
     completed = subprocess.run(
         [sys.executable, str(WORKER), mode, "--seed", str(SEED), "--calls", str(CALLS)],
         capture_output=True, text=True, timeout=600,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "benchmarks" / "studies" / "engine.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # Written out here, not taken from the harness: a column the harness drops must fail the test.

@@ -24,7 +24,7 @@ import pytest
 
 from specdec_np import registry
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load_example(name: str) -> ModuleType:

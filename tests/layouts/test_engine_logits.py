@@ -22,8 +22,8 @@ What may differ between the kernel and the reference on the same uniforms, and w
   the allowance: ``|u q - p| <= delta (u q + p)`` for rejection; for block verification
   ``|eta_i - h_i|`` within the propagated bound of ``h = Z / (Z + 1 - rho)``, or a path
   step ``rho p`` within ``delta`` of ``q``; for typical acceptance ``p(x)`` within the
-  entropy bound of ``tests/test_typical_acceptance.py`` plus ``2 delta`` of its threshold,
-  or a recovered argmax whose top two processed probabilities are within ``2 delta``.
+  entropy bound of ``tests/verifiers/test_typical_acceptance.py`` plus ``2 delta`` of its
+  threshold, or a recovered argmax whose top two processed probabilities are within ``2 delta``.
 * **Residual and bonus draws** may differ only where ``v * Z`` lies within rounding of a
   CDF boundary (:func:`draw_checks.assert_draw_consistent`), with the CDF tolerance widened
   to ``delta`` times the mass the weights are made of (the weights are differences of rows

@@ -774,7 +774,7 @@ def test_the_driver_refuses_inconsistent_arguments():
 
 
 # The walks from the root down (a sequence-level walk reads what its post-order visits:
-# tests/test_traversal.py checks it against its reference's reads).
+# tests/reference/test_traversal.py checks it against its reference's reads).
 TOP_DOWN = tuple(method.name for method in registry.TREE_METHODS if not method.sequence_level)
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from specdec_np import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SUITE = BENCHMARKS / "suite"
 CONFIG = BENCHMARKS / "asv.conf.json"

@@ -2,10 +2,10 @@
 writer threads, interrupts, small stacks, masked and foreign arrays (docs/semantics.md §6
 and §8).
 
-Run as a script in a subprocess by ``tests/test_fuzz_surfaces.py``, so that a crash is seen
+Run as a script in a subprocess by ``tests/errors/test_fuzz_surfaces.py``, so that a crash is seen
 as a crash::
 
-    python tests/fuzz_surfaces.py MODE --seed S --calls N
+    python tests/errors/fuzz_surfaces.py MODE --seed S --calls N
 
 Every case is a random valid call of ``verify_ragged`` or ``verify_tree`` (a method of the
 registry, probability or logits rows with sampling parameters, greedy requests mixed in,

@@ -1,6 +1,6 @@
 """Every CUDA source compiles through CuPy's own ``RawModule``/NVRTC path, without a GPU.
 
-``tests/test_cuda_sources.py`` compiles the sources with ``nvcc``; what the library really
+``tests/kernels/test_cuda_sources.py`` compiles the sources with ``nvcc``; what the library really
 runs is ``cupy.RawModule(code, options, name_expressions)``, which adds CuPy's own options,
 include paths and name-expression handling before NVRTC sees the text. This file drives that
 path on a machine without a driver:

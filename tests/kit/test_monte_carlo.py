@@ -1,7 +1,7 @@
 """The Monte-Carlo runs and the pieces they share with the conformance kit.
 
-The runs on the kernels are tested with their verifiers (``tests/test_rejection.py``,
-``tests/test_block_verification.py``); here, the shared pieces and the failure paths.
+The runs on the kernels are tested with their verifiers (``tests/verifiers/test_rejection.py``,
+``tests/verifiers/test_block_verification.py``); here, the shared pieces and the failure paths.
 """
 
 from __future__ import annotations

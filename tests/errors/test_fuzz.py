@@ -2,7 +2,7 @@
 API and the flat layouts of ``verify_ragged`` and ``verify_tree`` alike.
 
 The kernels run with Cython's bounds checks off, so a missed check is memory corruption.
-``tests/fuzz_worker.py`` makes thousands of calls with corrupted inputs in a subprocess,
+``tests/errors/fuzz_worker.py`` makes thousands of calls with corrupted inputs in a subprocess,
 so that a crash (segfault, abort) is seen here as a crash, with the call that caused it;
 every call must return a valid output or raise ``TypeError``/``ValueError`` that names an
 argument, and a call that raises must leave counters and generators as they were.
@@ -33,7 +33,7 @@ import pytest
 
 from specdec_np import registry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("fuzz_worker.py")
 # One group per verifier with padded fronts (one reached through method= only is fuzzed
 # by the ragged group), and vLLM's _create_output.

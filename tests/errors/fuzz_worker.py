@@ -1,9 +1,9 @@
-"""Fuzz worker of ``tests/test_fuzz.py``: corrupted inputs for every public entry point.
+"""Fuzz worker of ``tests/errors/test_fuzz.py``: corrupted inputs for every public entry point.
 
 Run by the test in a subprocess, so that a crash inside a kernel (segfault, abort) ends
 this process and not the test run::
 
-    python tests/fuzz_worker.py --family arrays --group rejection --seed 1 --calls 2000 \
+    python tests/errors/fuzz_worker.py --family arrays --group rejection --seed 1 --calls 2000 \
         --log /tmp/last_call.txt
 
 Each call is generated from ``numpy.random.default_rng([seed, family, group, index])``, so
@@ -140,7 +140,7 @@ MAX_FAILURES = 40  # distinct failure signatures kept in the summary
 # Inputs that package code mishandles today, found by this fuzz and reported: a full run
 # counts their cases as "known_bug" without making the call, and ``--only`` replays one
 # anyway.  Mutation label patterns -> reason; empty while every bug found is fixed (the
-# fixed ones are replayed by tests/test_fuzz.py's FIXED_BUG_CASES).
+# fixed ones are replayed by tests/errors/test_fuzz.py's FIXED_BUG_CASES).
 KNOWN_BUGS: dict[str, str] = {}
 
 

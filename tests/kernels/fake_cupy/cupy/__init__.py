@@ -1,14 +1,15 @@
-"""A stand-in for CuPy on a machine without a GPU, to run ``tests/test_gpu.py`` on the CPU.
+"""A stand-in for CuPy on a machine without a GPU, to run ``tests/kernels/test_gpu.py`` on the
+CPU.
 
 Arrays are NumPy arrays behind a CuPy-like type (``type(x).__module__`` is ``cupy``, so the
 library takes its GPU path; like CuPy it refuses implicit conversion to NumPy); functions are
 NumPy's, with CuPy arrays unwrapped and results wrapped; ``RawModule`` kernels are the CUDA
 sources of ``specdec_np._kernels.cuda`` compiled by the host-compiler emulation of
-``tests/test_cuda_sources.py`` (every CUDA thread a fiber, one device).  Not a test module:
-``tests/test_cuda_sources.py::test_gpu_tests_pass_on_a_fake_cupy`` puts its folder first on
-``PYTHONPATH`` and runs ``tests/test_gpu.py``; by hand::
+``tests/kernels/test_cuda_sources.py`` (every CUDA thread a fiber, one device).  Not a test module:
+``tests/kernels/test_cuda_sources.py::test_gpu_tests_pass_on_a_fake_cupy`` puts its folder
+first on ``PYTHONPATH`` and runs ``tests/kernels/test_gpu.py``; by hand::
 
-    PYTHONPATH=tests/fake_cupy pytest tests/test_gpu.py -k "not chi_square"
+    PYTHONPATH=tests/kernels/fake_cupy pytest tests/kernels/test_gpu.py -k "not chi_square"
 
 ``SPECDEC_FAKE_CUPY_MUTATION=<name>`` builds one of that file's mutated kernels instead.
 """
@@ -266,8 +267,9 @@ compiled: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
 
 def _emulation() -> Any:
     if not _LIBRARY:
-        tests = pathlib.Path(__file__).resolve().parents[2]
-        sys.path.insert(0, str(tests))
+        # tests/kernels (the emulation's test module) and tests/ (the helpers it imports).
+        kernels = pathlib.Path(__file__).resolve().parents[2]
+        sys.path[:0] = [str(kernels), str(kernels.parent)]
         import test_cuda_sources
 
         from specdec_np._kernels import cuda as _cuda

@@ -67,7 +67,7 @@ from specdec_np._runtime import contract as _contract
 # Compiles and emulates every CUDA source (minutes on 2 cores): the full suite only.
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NEWEST_ARCH = 90
 OLDEST_ARCH = 75
 # verify_trees for two architectures takes about 80 s on 2 idle cores and over 200 s under
@@ -1096,10 +1096,10 @@ def test_emulation_detects_mutated_kernels(
 
 
 def _fake_cupy_module() -> Any:
-    """A fresh import of the stand-in CuPy of ``tests/fake_cupy`` (not put on sys.path)."""
+    """A fresh import of the stand-in CuPy of ``tests/kernels/fake_cupy`` (not put on sys.path)."""
     import importlib.util
 
-    path = REPO_ROOT / "tests" / "fake_cupy" / "cupy" / "__init__.py"
+    path = REPO_ROOT / "tests" / "kernels" / "fake_cupy" / "cupy" / "__init__.py"
     spec = importlib.util.spec_from_file_location("cupy", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -1293,7 +1293,8 @@ def test_offsets_never_make_a_block_leave_the_arrays(emulated: Any, core: Any) -
 
 
 # ---------------------------------------------------------------------------------------------
-# tests/test_gpu.py itself, on a stand-in CuPy (tests/fake_cupy) whose kernels are emulated
+# tests/kernels/test_gpu.py itself, on a stand-in CuPy (tests/kernels/fake_cupy) whose kernels
+# are emulated
 # ---------------------------------------------------------------------------------------------
 
 # Chi-square and Monte-Carlo tests launch 10**5 blocks or more: minutes in the emulation.
@@ -1302,15 +1303,16 @@ FAKE_CUPY_SELECTION = "not chi_square and not conformance"
 
 def _run_gpu_tests_on_fake_cupy(selection: str, mutation: str | None = None) -> Any:
     env = dict(os.environ)
+    fake_cupy_folder = REPO_ROOT / "tests" / "kernels" / "fake_cupy"
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT / "tests" / "fake_cupy"), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+        [str(fake_cupy_folder), str(REPO_ROOT), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
     env["SPECDEC_REQUIRE_GPU"] = "1"  # a skip for want of a device is a failure
     env.pop("SPECDEC_FAKE_CUPY_MUTATION", None)
     if mutation is not None:
         env["SPECDEC_FAKE_CUPY_MUTATION"] = mutation
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
-    command += ["tests/test_gpu.py", "-k", selection]
+    command += ["tests/kernels/test_gpu.py", "-k", selection]
     return subprocess.run(
         command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
     )

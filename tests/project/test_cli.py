@@ -25,7 +25,7 @@ from specdec_np import cli, registry
 from specdec_np._demo import chains as _demo
 from specdec_np.testing import KINDS, _self_check
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--tokens", "40", "--batch", "2"]
 
 

@@ -1,6 +1,6 @@
 """The conformance kit (``specdec_np.testing``): every check must fail its control.
 
-Each deliberately broken verifier (``tests/broken_verifiers.py``) must be reported as
+Each deliberately broken verifier (``tests/kit/broken_verifiers.py``) must be reported as
 failing with the property that names its bug; the package's own verifiers and the correct
 controls must pass.  Torch implementations of Hugging Face's ``_speculative_sampling``
 algorithm and of vLLM v0's are checked where torch is installed.
@@ -26,7 +26,7 @@ import specdec_np
 from specdec_np import cli, testing
 from specdec_np.testing import _padded as _kit_padded
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 
 # The property each bug must be caught by (more may fail too).
@@ -423,7 +423,7 @@ def _without_timing(text: str) -> list[str]:
 
 def test_docs_example_is_the_real_report() -> None:
     page = (ROOT / "docs" / "testing.md").read_text()
-    block = re.search(r"```console\n\$ cd tests && specdec-np check --verifier "
+    block = re.search(r"```console\n\$ cd tests/kit && specdec-np check --verifier "
                       r"broken_verifiers:wrong_row\n(.*?)\n\$ echo", page, re.S)
     assert block is not None
     assert _without_timing(block.group(1)) == _without_timing(
