@@ -25,7 +25,7 @@ Families:
   dimensions, non-finite values, layouts, containers) — the memory-safety fuzz;
 * ``arguments``: the other arguments (uniforms with seeds, ``seeded_seqs``,
   ``counter_seeds``, ``generator``, posteriors, ``vocab_size``, ``strict_mode``);
-* ``hardening``: the input classes of the second attack (issue 11), each with the outcome
+* ``hardening``: the input classes of the second outside attack, each with the outcome
   it must have: byte-swapped arrays give the native result, ``longdouble`` is refused,
   generator subclasses and look-alikes are refused, masked arrays and ``numpy.matrix``
   are refused, broken DLPack producers get a TypeError that says so, foreign float64
@@ -371,7 +371,7 @@ def base_case(rng: np.random.Generator, index: int, family: str, group: str) -> 
 
 
 def rejection_sources(rng: np.random.Generator, case: Case, batch: int, k: int) -> None:
-    """Valid uniforms sources of a rejection call (SPEC 5), chosen at random."""
+    """Valid uniforms sources of a rejection call (docs/semantics.md §5), chosen at random."""
     source = pick(rng, ["none", "uniforms", "seeded", "counter", "mixed"])
     rows = [b for b in range(batch) if rng.random() < 0.5]
     if source == "uniforms":
@@ -823,7 +823,7 @@ def mutate_arguments(rng: np.random.Generator, case: Case, batch: int, vocab: in
 
 
 # --------------------------------------------------------------------------------------
-# Hardening and kernel families (issue 11): corrupted inputs with a known outcome
+# Hardening and kernel families (the second outside attack): corrupted inputs with a known outcome
 # --------------------------------------------------------------------------------------
 
 
@@ -870,7 +870,8 @@ def numpy_arrays(case: Case) -> list[str]:
 
 
 def mutate_hardening(rng: np.random.Generator, case: Case) -> str:
-    """One input of classes 3, 5, 7 and 13 of issue 11, with the outcome it must have."""
+    """One input of the second attack's classes (byte order, masked arrays, matrices,
+    DLPack producers, long doubles), with the outcome it must have."""
     kinds = ["byteorder", "byteorder", "masked", "matrix", "dlpack_capsule", "dlpack_device"]
     if np.dtype(np.longdouble).itemsize > 8 and case.group != "output":
         kinds.append("longdouble")
@@ -961,7 +962,7 @@ def mutate_hardening(rng: np.random.Generator, case: Case) -> str:
 
 
 def mutate_kernel_inputs(rng: np.random.Generator, case: Case) -> str:
-    """Classes 4 and 6 of issue 11: negative or NaN draft entries, overflowing rows."""
+    """Negative or NaN draft entries, overflowing rows."""
     case.strict = False
     if not is_stochastic(case.group) or rng.random() < 0.3:
         x = case.args.get("target_with_bonus_probs")
@@ -2023,7 +2024,7 @@ def vocabulary_limit(case: Case) -> int | None:
 
 
 def output_problems(case: Case, result: Any) -> list[str]:
-    """Everything wrong with a returned value (SPEC 3's output format)."""
+    """Everything wrong with a returned value (the output format of docs/semantics.md §1)."""
     if case.group == "ragged":
         return ragged_output_problems(case, result)
     if case.group == "tree":
@@ -2144,7 +2145,7 @@ def counter_problems(case: Case, output: np.ndarray, before: tuple, after: tuple
     accepted1, emitted1, drafts1 = after
     problems = []
     if batch == 0:
-        # An empty batch changes no counter and creates none (issue 11).
+        # An empty batch changes no counter and creates none.
         return [] if after == before else [f"an empty batch changed the counters: {after}"]
     if not isinstance(accepted1, int) or not isinstance(emitted1, int):
         return ["counters missing after a successful call"]
@@ -2172,7 +2173,7 @@ def consumed_exactly(bit: Any, state: Any, draws: int) -> bool:
 
 
 def consumption_problems(case: Case, states: list, output: np.ndarray) -> list[str]:
-    """SPEC 5: a seeded row's generator is consumed by exactly one ``random(k + 1)``."""
+    """A seeded row's generator is consumed by exactly one ``random(k + 1)``."""
     problems = []
     width = output.shape[1]
     for name, bit, state in states:

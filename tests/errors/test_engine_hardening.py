@@ -1,4 +1,4 @@
-"""Bad input on the engine, tree and layout surfaces (issue 20, docs/semantics.md §8).
+"""Bad input on the engine, tree and layout surfaces (docs/semantics.md §8).
 
 Each test is a regression test of one class of defect an outside attack found; each failed
 before its fix.

@@ -1,4 +1,4 @@
-"""Error quality (SPEC 6, issue 7): exact messages, state untouched by failed calls, NaN.
+"""Error quality (docs/semantics.md §8): exact messages, state untouched by failed calls, NaN.
 
 * Every exception is a ``TypeError`` (type or dtype) or a ``ValueError`` (shape, value,
   token id), and its message names the argument, what was expected and what was found;
@@ -1043,8 +1043,8 @@ def test_a_first_call_that_fails_creates_no_counters() -> None:
 
 
 def assert_valid_output(result: Any, inputs: dict[str, Any]) -> np.ndarray:
-    """SPEC 3's format: int64 [B, k+1], ids in [-1, V), the drafts' prefix, then one
-    recovered or bonus token, then -1."""
+    """The output format (docs/semantics.md §1): int64 [B, k+1], ids in [-1, V), the drafts'
+    prefix, then one recovered or bonus token, then -1."""
     output = output_of(result)
     draft_ids, bonus = inputs["draft_ids"], np.asarray(inputs["bonus"]).reshape(-1)
     batch, k = draft_ids.shape

@@ -1,4 +1,4 @@
-"""Fuzz every public entry point with corrupted inputs (SPEC 6, issue 7), the padded vLLM
+"""Fuzz every public entry point with corrupted inputs (docs/semantics.md §8), the padded vLLM
 API and the flat layouts of ``verify_ragged`` and ``verify_tree`` alike.
 
 The kernels run with Cython's bounds checks off, so a missed check is memory corruption.
@@ -275,7 +275,7 @@ def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("group", PADDED_NAMES)
 def test_fuzz_kernel_classes(group: str, tmp_path: Path) -> None:
     """Negative or NaN draft entries never let a token of target probability 0 out, and
-    a residual whose float64 sum overflows is drawn without bias (issue 11)."""
+    a residual whose float64 sum overflows is drawn without bias."""
     calls = max(1, CALLS // 6)
     arguments = ("--family", "kernel", "--group", group, "--seed", str(SEED + 3))
     run = run_worker(tmp_path, *arguments, "--calls", str(calls))

@@ -1,4 +1,4 @@
-"""Hardening, second round (issue 11): the defects an outside attack found, one class each.
+"""Hardening, second round: the defects an outside attack found, one class each.
 
 Each test below failed on the implementation the attack was run against.
 """

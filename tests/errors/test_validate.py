@@ -1,4 +1,5 @@
-"""The checks of SPEC 6 on every sampler, in both modes: type, message and no side effect."""
+"""The bad-input checks (docs/semantics.md §8) on every sampler, in both modes: type,
+message and no side effect."""
 
 from __future__ import annotations
 

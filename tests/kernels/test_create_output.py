@@ -67,7 +67,7 @@ def test_empty_batch_leaves_counters_alone():
     empty = np.zeros((0, 3), dtype=np.int64)
     output = sampler._create_output(empty.astype(bool), empty, empty, np.zeros((0, 1), np.int64))
     assert output.shape == (0, 4)
-    # An empty batch creates no counters (issue 11), so init_tensors still works after it.
+    # An empty batch creates no counters, so init_tensors still works after it.
     assert sampler.num_accepted_tokens is None and sampler.num_emitted_tokens is None
     assert sampler.num_draft_tokens == 0
 

@@ -1,4 +1,4 @@
-"""CPU-side checks of the CUDA backend (SPEC 7, issue 5 item 4).
+"""CPU-side checks of the CUDA backend, for machines without a GPU.
 
 * Every CUDA source of :mod:`specdec_np._kernels.cuda` (a ``.cu`` file of
   ``specdec_np/_kernels/src/cuda/``

@@ -113,7 +113,8 @@ def assert_on_device(cp, array, device, shape=None, dtype=np.int64):
 
 
 def assert_gpu_result(cp, result, device, batch_size, k):
-    """A :class:`VerificationResult` of CuPy int64 arrays on ``device`` with SPEC 3 shapes."""
+    """A :class:`VerificationResult` of CuPy int64 arrays on ``device`` with the output shapes
+    of docs/semantics.md §1."""
     output, lengths, passes = result
     assert_on_device(cp, output, device, (batch_size, k + 1))
     assert_on_device(cp, lengths, device, (batch_size,))
@@ -131,7 +132,8 @@ def synchronize(cp, device=0):
 
 
 def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_draft_probs):
-    """A batch mixing the edge cases of SPEC 4.1 position by position: ``p(x) = 0``,
+    """A batch mixing the edge cases of rejection sampling (docs/semantics.md §2.2)
+    position by position: ``p(x) = 0``,
     ``q(x) = 0``, ``p == q``, an empty residual (``q = 2p``), one-hot targets, uniforms 0 and
     the largest double below 1, drafts drawn from ``q`` and rows that accept often.  Every
     target row keeps positive mass, so no call fails."""
@@ -176,7 +178,8 @@ def make_rejection_case(seed, batch_size, k, vocab_size, dtype, id_dtype, with_d
 
 
 def acceptance_passes(target, draft_probs, draft_ids, uniforms):
-    """SPEC 4.1's acceptance test restated: ``u * q(x) < p(x)`` in float64, ``[B, k]``."""
+    """Rejection's acceptance test (docs/semantics.md §2.2) restated: ``u * q(x) < p(x)`` in
+    float64, ``[B, k]``."""
     k = draft_ids.shape[1]
     ids = draft_ids.astype(np.int64)[:, :, None]
     p_x = np.take_along_axis(target[:, :k], ids, 2)[..., 0].astype(np.float64)
@@ -467,7 +470,7 @@ def make_deterministic_case(seed, batch_size, k, vocab_size, dtype, id_dtype, ki
 
 
 def expected_row(accepted, recovered, draft, bonus):
-    """SPEC 3 row ``(tokens, accepted_length, num_accepted)`` from per-position decisions."""
+    """The output row ``(tokens, accepted_length, num_accepted)`` from per-position decisions."""
     k = accepted.shape[0]
     r = k if accepted.all() else int(np.argmin(accepted))
     row = np.full(k + 1, -1, dtype=np.int64)
@@ -482,7 +485,8 @@ def result_row(result, b):
 
 
 def typical_expectation(target, draft, threshold_arg, alpha):
-    """The float64 decisions of SPEC 4.3 and the band where a kernel may flip them.
+    """The float64 decisions of typical acceptance (docs/semantics.md §2.4) and the band
+    where a kernel may flip them.
 
     The entropy error of either kernel is at most ``delta = c * (sum p + sum |p ln(p+1e-5)|)``
     with ``c = 1e-6`` for float32 rows (four float32 roundings per element, times a safety
@@ -1137,7 +1141,7 @@ def test_second_device_results_and_counters(two_devices):
 
 
 # --------------------------------------------------------------------------------------
-# Randomness (SPEC 5)
+# Randomness (docs/semantics.md §5)
 # --------------------------------------------------------------------------------------
 
 EDGE_SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 0x0123456789ABCDEF]
@@ -1278,7 +1282,7 @@ def test_seeded_gpu_sampler_is_reproducible(cp):
 
 
 def test_failed_gpu_call_leaves_generators_alone(cp):
-    """SPEC 6: a failed call changes no counter and no generator state that a later call
+    """A failed call changes no counter and no generator state that a later call
     depends on; on the GPU the error is found after the uniforms were drawn."""
     good = on_device(cp, 0, *flat_inputs(3, seed=5))
     target, bonus, draft, ids = flat_inputs(3, seed=5)
@@ -1353,7 +1357,7 @@ def test_torch_tensor_requiring_grad_raises(cp, torch_cuda):
 
 
 # --------------------------------------------------------------------------------------
-# The import rule (SPEC 1)
+# The import rule: importing specdec_np never imports CuPy
 # --------------------------------------------------------------------------------------
 
 

@@ -261,7 +261,8 @@ def test_the_exact_tree_law_tells_the_methods_apart(pair: tuple[str, str]) -> No
 ], ids=["padded", "ragged", "tree"])
 def test_a_wrong_generator_path_fails(verifier: Any, layout: str, kind: str,
                                       expected: str) -> None:
-    """Right with explicit uniforms, wrong with generator= (issue 20 item 4)."""
+    """Right with explicit uniforms, wrong with generator=: the distribution checks must run
+    on every source of uniforms the verifier takes, not on explicit uniforms only."""
     report = testing.check_verifier(verifier, kind, layout=layout, **FAST)
     assert expected in report.failed(), str(report)
     explicit = [row for row in report.rows if "explicit uniforms" in row.name

@@ -124,7 +124,8 @@ def test_quick_grid_runs_and_prints_the_table(tmp_path: Path) -> None:
         # entry point are timed at different moments and a loaded machine can invert them.
         assert profile["kernel_us"] > 0 and profile["entry_us"] > 0
         assert profile["overhead_us"] == profile["entry_us"] - profile["kernel_us"]
-    # The regimes are what SPEC 8 says: flat rejects nearly every draft, realistic accepts most.
+    # The regimes mean what their names say: flat rejects nearly every draft, realistic
+    # accepts most.
     # --render reprints the same table from the JSON lines without measuring.
     rendered = subprocess.run(
         [sys.executable, str(SCRIPT), "--render", str(json_path)],

@@ -1,4 +1,4 @@
-"""Shipped as real software (SPEC 19): licence and metadata, one version, a complete sdist,
+"""Shipped as real software: licence and metadata, one version, a complete sdist,
 a release extension without debug information, the cibuildwheel configuration, an API
 reference that names every public name, and typed public signatures.
 

@@ -1,4 +1,5 @@
-"""Sources of uniforms (SPEC 5): sampler generator, seeded_seqs, counter seeds, explicit.
+"""Sources of uniforms (docs/semantics.md §5): sampler generator, seeded_seqs, counter
+seeds, explicit.
 
 The inputs are flat targets with unrelated drafts over a vocabulary of 50, so that the
 output of a row changes with almost any change of its uniforms: equal outputs across
@@ -263,7 +264,7 @@ BAD_SOURCES = {
 def test_bad_seed_source_restores_generators(name):
     """A bad counter seed or seeded_seqs entry is found after other rows' uniforms may
     have been drawn; the failed call must still leave every generator as it was and raise
-    TypeError/ValueError (SPEC 5, 6)."""
+    TypeError/ValueError (docs/semantics.md §5.3 and §8)."""
     counter_seeds, bad_generator, error, match = BAD_SOURCES[name]
     generator = np.random.default_rng(31)
     seeded = np.random.default_rng(32)
@@ -371,7 +372,7 @@ def test_no_rewind_over_a_draw_made_between_the_saved_state_and_the_call():
 
 
 def test_a_failed_call_does_not_repeat_other_threads_uniforms():
-    """End to end (issue 20, class 2): calls that fail late (the kernel finds a target row
+    """End to end: calls that fail late (the kernel finds a target row
     without mass after the draws) share a generator with a thread that draws from it
     directly; none of that thread's uniforms may come out twice."""
     import threading

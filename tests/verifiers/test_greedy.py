@@ -1,6 +1,6 @@
-"""Greedy verification (SPEC 4.2): the Cython kernel against the array-API reference and a
-plain per-position oracle, the decision-only scan after the first rejection, the counters
-and strict mode.
+"""Greedy verification (docs/semantics.md §2.5): the Cython kernel against the array-API
+reference and a plain per-position oracle, the decision-only scan after the first
+rejection, the counters and strict mode.
 
 Greedy decisions involve no arithmetic (a comparison of stored values), so for finite
 inputs kernel, reference and oracle must agree exactly.  The kernel accepts a draft with
@@ -401,7 +401,7 @@ def test_strict_mode_accepts_normalised_rows(row_sum):
     target, bonus, draft = make_case(7, 4, 3, 200, np.float64, np.int64)
     target[:, :3] /= target[:, :3].sum(axis=-1, keepdims=True)
     target[:, :3] *= row_sum
-    target[:, 3] = 0.0  # the bonus row is only shape-checked (SPEC 3)
+    target[:, 3] = 0.0  # the bonus row is only shape-checked
     target = target.astype(np.float32)
     expected = greedy_oracle(target, bonus, draft)
     sampler = specdec_np.GreedySampler(strict_mode=True)

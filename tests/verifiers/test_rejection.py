@@ -1,4 +1,5 @@
-"""Rejection sampler (SPEC 4.1, 7): kernel versus reference, exact oracle, grids, chi-square.
+"""Rejection sampler (docs/semantics.md §2.2): kernel versus reference, exact oracle, grids,
+chi-square.
 
 Every distributional check here is also run on deliberately broken samplers (negative
 controls) and must reject them: a check that cannot fail proves nothing.

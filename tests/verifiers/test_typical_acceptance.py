@@ -1,5 +1,5 @@
-"""Typical acceptance (SPEC 4.3): the Cython kernel against the array-API reference, the
-behaviours users rely on, the counters and the constructor checks.
+"""Typical acceptance (docs/semantics.md §2.4): the Cython kernel against the array-API
+reference, the behaviours users rely on, the counters and the constructor checks.
 
 How kernel and reference may differ, and why only there
 -------------------------------------------------------
@@ -80,7 +80,8 @@ def entropy_error_bound(target: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
 
 
 def typical_expectation(target, bonus, draft, threshold_arg, alpha) -> Expectation:
-    """The reference decisions computed the way SPEC 4.3 states them, per position."""
+    """The reference decisions computed the way docs/semantics.md §2.4 states them,
+    per position."""
     k = draft.shape[1]
     terms, delta = entropy_error_bound(target, k)
     entropy = -terms.sum(axis=-1)
@@ -109,7 +110,7 @@ def typical_expectation(target, bonus, draft, threshold_arg, alpha) -> Expectati
 
 
 def output_row(accepted: np.ndarray, recovered: np.ndarray, draft: np.ndarray, bonus: int):
-    """SPEC 3 row for one sequence: ``(row, accepted_length, num_accepted)``."""
+    """The output row for one sequence: ``(row, accepted_length, num_accepted)``."""
     k = accepted.shape[0]
     r = k if accepted.all() else int(np.argmin(accepted))
     row = np.full(k + 1, -1, dtype=np.int64)
@@ -756,8 +757,8 @@ def test_constructor_accepts_non_negative_numbers(value):
 
 
 def test_alpha_zero_with_overflowing_exp():
-    """posterior_alpha = 0 makes the threshold 0 for every finite entropy (SPEC 4.3:
-    min(t, 0 * exp(-H)) = 0), so every draft with p(x) > 0 is accepted.  Here the
+    """posterior_alpha = 0 makes the threshold 0 for every finite entropy
+    (min(t, 0 * exp(-H)) = 0), so every draft with p(x) > 0 is accepted.  Here the
     unnormalised row has H ~ -6900, where exp(-H) overflows to inf in float64 and
     0 * inf = NaN: neither implementation may let that NaN decide."""
     target = np.zeros((1, 3, 4))
