@@ -43,7 +43,6 @@ None of these needs a GPU or CuPy.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 import shutil
@@ -57,11 +56,12 @@ from typing import Any
 import numpy as np
 import pytest
 from c_headers import build_library
-from draw_checks import assert_draw_consistent, block_rho, weighted_residual
+from draw_checks import assert_draw_consistent, weighted_residual
 
 from specdec_np import registry
 from specdec_np._kernels import cuda as _cuda
 from specdec_np._layouts import tree_links as _tree_links
+from specdec_np._reference import chains as _reference
 from specdec_np._runtime import contract as _contract
 
 # Compiles and emulates every CUDA source (minutes on 2 cores): the full suite only.
@@ -870,11 +870,6 @@ def _q_row(draft: Any, ids: np.ndarray, i: int, vocab: int) -> np.ndarray:
     return np.eye(1, vocab, int(ids[i]))[0] if draft is None else draft[i]
 
 
-def _rho(rows: np.ndarray, draft: Any, ids: np.ndarray, i: int) -> float:
-    p_x = [rows[j, ids[j]] for j in range(i)]
-    return block_rho(p_x, None if draft is None else [draft[j, ids[j]] for j in range(i)])
-
-
 def _residual(rows: np.ndarray, draft: Any, ids: np.ndarray, r: int, rho: float) -> np.ndarray:
     """The draw weights at position r, scaled as the kernels scale an overflowing sum."""
     weights = weighted_residual(rows[r], _q_row(draft, ids, r, rows.shape[1]), rho)
@@ -885,33 +880,20 @@ def _residual(rows: np.ndarray, draft: Any, ids: np.ndarray, r: int, rho: float)
     return weights
 
 
-def _block_check_is_close(
-    rows: np.ndarray, draft: Any, ids: np.ndarray, u: np.ndarray, i: int
-) -> bool:
-    """Whether eta_i lies within rounding of h_i (where two summation orders may decide
-    differently)."""
-    rho = _rho(rows, draft, ids, i)
-    if i == ids.shape[0] or rho >= 1.0 or rho == 0.0:
-        return False
-    q_row = _q_row(draft, ids, i, rows.shape[1])
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = float(weighted_residual(rows[i], q_row, rho, fallback=False).sum())
-        h = total / (total + 1.0 - rho)
-    return abs(float(u[i - 1]) - h) <= 1e-12 * max(h, 1e-300) + 1e-300
+#: How far the emulated and the CPU kernels' float64 sums (the same terms in another order,
+#: V of a few hundred at most) may move a compared quantity, relative to it: the ``delta``
+#: of the reference's knife-edge rule (:class:`specdec_np._reference.chains.Decisions`),
+#: whose floors add each verifier's own rounding (typical acceptance's float32 logarithms).
+EMULATION_ROUNDING = 1e-12
 
 
-def _typical_check_is_close(rows: np.ndarray, ids: np.ndarray, parameters: np.ndarray) -> bool:
-    """Whether some position of a request has p(x) within rounding of its typical threshold
-    (the two backends use different logarithms)."""
-    threshold_arg, alpha = (float(v) for v in parameters)
-    for i in range(ids.shape[0]):
-        p = rows[i].astype(np.float64)
-        with np.errstate(all="ignore"):
-            plogp = float((p * np.log(p + _contract.ENTROPY_EPSILON)).sum())
-            threshold = min(threshold_arg, alpha * math.exp(plogp) if alpha > 0 else 0.0)
-        if abs(float(p[ids[i]]) - threshold) <= 1e-5 * threshold:
-            return True
-    return False
+def _decisions(verifier: registry.Verifier, c: Chains, b: int) -> Any:
+    """The reference's decisions of request ``b`` under ``verifier`` (its registry entry
+    names them): how close each is to its boundary, and the residual's scale ``rho``."""
+    rows, draft, ids, _ = c.request(b)
+    parameters = dict(zip(verifier.parameter_names, (float(v) for v in c.posterior)))
+    with np.errstate(all="ignore"):
+        return _reference.decisions_for(verifier)(rows, draft, ids, c.uniforms[b], **parameters)
 
 
 class Comparison:
@@ -937,15 +919,9 @@ def _compare_request(
         tally.problems.append(f"{where}: row {b} status {status[b]} != CPU {cpu_status[b]}")
         return
     if (lengths[b], passed[b]) != (cpu_lengths[b], cpu_passed[b]):
-        close = False
-        if verifier.name == "block":
-            low, high = sorted((int(lengths[b]), int(cpu_lengths[b])))
-            close = any(
-                _block_check_is_close(rows, draft, ids, c.uniforms[b], i)
-                for i in range(max(low, 1), high + 1)
-            )
-        elif verifier.name == "typical":
-            close = _typical_check_is_close(rows, ids, c.posterior)
+        # Two summation orders may decide differently only on a knife edge of the
+        # verifier's own rule; an exact rule (greedy's comparisons) has none.
+        close = status[b] == 0 and _decisions(verifier, c, b).knife_edge(EMULATION_ROUNDING)
         if close:
             tally.close_decisions += 1
         else:
@@ -968,7 +944,7 @@ def _compare_request(
         tally.problems.append(f"{where}: row {b} output {out[b]} != CPU {cpu_out[b]}")
         return
     tally.draws += 1
-    rho = _rho(rows, draft, ids, r) if verifier.name == "block" else 1.0
+    rho = float(_decisions(verifier, c, b).rho[r])
     weights = _residual(rows, draft, ids, r, rho)
     try:
         assert_draw_consistent(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,18 @@ from specdec_np import cli, registry, testing
 
 TESTS = Path(__file__).resolve().parent
 FAST = {"num_rows": 2000}
+
+
+def _front(layout: str) -> Any:
+    """The function the registry names as the layout's front (``module:attribute``)."""
+    module, _, attribute = registry.get_layout(layout).front.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _takes_a_method(layout: str) -> bool:
+    """Whether the layout's front is one function for every method (``method=``), rather
+    than one stateless function per verifier (vLLM's padded chain)."""
+    return "method" in inspect.signature(_front(layout)).parameters
 
 
 def _first_fast(names: tuple[str, ...], fast: int = 1) -> list[Any]:
@@ -69,13 +83,13 @@ def test_every_registry_verifier_passes_on_every_layout(layout: str) -> None:
     """Full size, iterating over the registry: a verifier or tree method added to it is
     checked here with no edit."""
     for kind in testing.kinds_for(layout):
-        if layout == "padded":
+        if _takes_a_method(layout):
+            verifier = _front(layout)
+        else:
             function_name = registry.get(kind).function_name
             if function_name is None:  # reached through method= only: the ragged run has it
                 continue
             verifier = getattr(specdec_np, function_name)
-        else:
-            verifier = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
         report = testing.check_verifier(verifier, kind, layout=layout)
         assert report.passed, str(report)
 
@@ -85,7 +99,7 @@ def test_every_registry_verifier_passes_on_every_layout(layout: str) -> None:
 def test_float32_rows_pass(layout: str, kind: str) -> None:
     """Probability rows are multiples of 1/1024 and logits are processed in the rows'
     dtype, so the exact laws hold in float32 too."""
-    verifier = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
+    verifier = _front(layout)
     report = testing.check_verifier(verifier, kind, layout=layout, probs_dtype=np.float32,
                                     **FAST)
     assert report.passed, str(report)
@@ -309,7 +323,7 @@ def _keywords_only(function: Any) -> Any:
 
 @pytest.mark.parametrize(("layout", "kind"), [("ragged", "rejection"), ("tree", "point_mass")])
 def test_a_keywords_only_verifier_is_tested_in_full(layout: str, kind: str) -> None:
-    function = specdec_np.verify_ragged if layout == "ragged" else specdec_np.verify_tree
+    function = _front(layout)
     report = testing.check_verifier(_keywords_only(function), kind, layout=layout, **FAST)
     assert report.passed, str(report)
     assert report.ran() == len(report.rows) - len(report.skipped())

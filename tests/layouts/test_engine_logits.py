@@ -55,6 +55,8 @@ from specdec_np.testing import _monte_carlo, _oracles, _statistics
 
 METHODS = registry.names()
 LOSSLESS = registry.names(lossless=True)
+#: The entry that decides a temperature-0 request of a sampling verifier.
+GREEDY_DECODING = registry.get("greedy")
 
 
 # --------------------------------------------------------------------------------------
@@ -695,6 +697,30 @@ def test_negative_controls_fail_the_chi_square(control: str) -> None:
     assert p_value < MC_CONTROL_P, (statistic, dof, p_value)
 
 
+def _first_decision_boundary(method: str, request: Request, uniforms: np.ndarray):
+    """The smallest uniform of position 0 at which the reference flips its decision there,
+    found by bisection on the verifier's own reference (whatever its rule: ``u q = p`` for
+    token-wise rejection, ``eta_1 = h_1`` for block verification), or None where that
+    uniform decides nothing."""
+    reference = _reference.reference_for(registry.get(method))
+    draft = None if request.q is None else request.q[None]
+    bonus = np.zeros((1, 1), np.int64)
+
+    def accepted(u0: float) -> int:
+        row = np.array(uniforms[: request.k + 1], dtype=np.float64)
+        row[0] = u0
+        _, lengths, _ = reference(request.p[None], bonus, draft, request.ids[None], row[None])
+        return int(np.asarray(lengths)[0])
+
+    low, high = 0.0, LARGEST_BELOW_ONE
+    below = accepted(low)
+    if accepted(high) == below:
+        return None
+    while (middle := (low + high) / 2) not in (low, high):
+        low, high = (middle, high) if accepted(middle) == below else (low, middle)
+    return high
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_knife_edges_are_explained_not_ignored(method: str, dtype: Any) -> None:
@@ -702,24 +728,20 @@ def test_knife_edges_are_explained_not_ignored(method: str, dtype: Any) -> None:
     may fall on either side there, and the checker must accept either."""
     case = _tie_case(method, dtype)
     case["top_p"] = np.array([1.0, 1.0, 0.7])
-    reasons = []
+    reasons, boundaries = [], 0
     for b in range(3):
         request = Request(case, b)
-        x = request.ids[0]
         uniforms = np.full((3, 4), 0.5)
-        if method == "rejection":
-            uniforms[b, 0] = request.p[0, x]  # u * q == p with a point-mass draft
-        else:
-            _, h = _reference._block_thresholds(
-                np, request.p[None], request.q_rows()[None], request.ids[None]
-            )
-            uniforms[b, 0] = h[0, 0]  # eta_1 == h_1
+        edge = _first_decision_boundary(method, request, uniforms[b])
+        if edge is not None:
+            uniforms[b, 0], boundaries = edge, boundaries + 1
         # v * Z on the boundary after token 2 of the row the residual or bonus reads.
         row = request.p[1]
         uniforms[b, 2] = math.fsum(row[:3].tolist())
         uniforms[b, 3] = math.fsum(request.p[2][:3].tolist())
         case["uniforms"] = uniforms
         reasons += check_case(case, _kernel(case), _reference_of(case))
+    assert boundaries, "no request's first decision has a boundary to stand on"
     assert set(reasons) <= {"equal", "decision", "residual draw", "bonus draw"}, reasons
 
 
@@ -814,11 +836,16 @@ def test_greedy_requests_are_argmax_decoding(case: dict[str, Any]) -> None:
     result = _kernel(case)
     counts = case["num_draft_tokens"]
     offsets = np.concatenate([[0], np.cumsum(counts)])
+    verifier = registry.get(case["method"])
     for b in range(counts.size):
-        verifier = registry.get(case["method"])
-        # Greedy decoding: every request of the greedy entry, temperature-0 requests of a
-        # sampling one; another argmax entry decides by its own rule (its own tests).
-        if verifier.name != "greedy" and (verifier.greedy or case["temperature"][b] != 0.0):
+        # Greedy decoding: every request an argmax entry decides by its rule, and the
+        # temperature-0 requests of a sampling entry, which the engine hands to the greedy
+        # entry; another argmax entry's rule is its own (its own tests).
+        if verifier.greedy:
+            deciding = verifier
+        else:
+            deciding = GREEDY_DECODING if case["temperature"][b] == 0.0 else None
+        if deciding is not GREEDY_DECODING:
             continue
         rows = case["target_logits"][offsets[b] + b : offsets[b + 1] + b + 1]
         expected = []

@@ -175,7 +175,7 @@ def test_kernel_equals_reference_with_hundreds_of_siblings(method):
     }
     result = run_kernel(case, method)
     assert_same(result, run_reference(case, method))
-    if method == "point_mass":
+    if registry.get_tree_method(method).drafting == "fixed":  # every sibling rejected
         assert int(result.accepted_lengths[0]) == 0
 
 
@@ -228,7 +228,7 @@ def test_a_chain_as_a_tree_equals_the_chain_verifiers(seed, counts, with_drafts,
     # stochastic walk is point-mass rejection.
     for method in registry.TREE_METHODS:
         tree_method = method.name
-        with_rows = draft is not None and tree_method != "point_mass"
+        with_rows = draft is not None and method.reads_draft_probs
         chain_method = (
             method.chain_verifier if with_rows or not method.stochastic else "rejection"
         )
@@ -237,7 +237,7 @@ def test_a_chain_as_a_tree_equals_the_chain_verifiers(seed, counts, with_drafts,
             tree_parents=layout.tree_parents,
             draft_token_ids=layout.draft_token_ids,
             target_probs=target,
-            draft_probs=draft if tree_method != "point_mass" else None,
+            draft_probs=draft if method.reads_draft_probs else None,
             method=tree_method,
             uniforms=uniforms[:, :-1],
         )
@@ -245,7 +245,7 @@ def test_a_chain_as_a_tree_equals_the_chain_verifiers(seed, counts, with_drafts,
             num_draft_tokens=counts,
             draft_token_ids=layout.draft_token_ids,
             target_probs=target,
-            draft_probs=draft if tree_method != "point_mass" else None,
+            draft_probs=draft if method.reads_draft_probs else None,
             method=chain_method,
             uniforms=chain_uniforms,
         )

@@ -22,6 +22,17 @@ from specdec_np._reference import chains as _reference
 from specdec_np._reference import trees as tree_reference
 
 EXACT = 1e-9
+#: The walks that decide child by child (traversal, sequence-level, has its own file).
+SIBLING_WALKS = [m.name for m in registry.TREE_METHODS if m.stochastic and not m.sequence_level]
+
+
+def _fixed_drafts(method: str) -> bool:
+    """Whether the method takes its children as given candidates (no draft law)."""
+    return registry.get_tree_method(method).drafting == "fixed"
+
+
+def _reads_rows(method: str) -> bool:
+    return registry.get_tree_method(method).reads_draft_probs
 
 
 class PathLaw:
@@ -98,14 +109,14 @@ def gap_to_target(method, target, parents, vocab_size, **options) -> float:
     parents=tree_shapes(),
     vocab_size=st.integers(3, 5),
     seed=st.integers(0, 2**16),
-    method=st.sampled_from(["point_mass", "specinfer", "rrs"]),
+    method=st.sampled_from(SIBLING_WALKS),
 )
 def test_oracle_law_equals_target_on_random_trees(parents, vocab_size, seed, method):
     target = PathLaw(vocab_size, seed)
     draft = SiblingDraft(vocab_size, seed + 1)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(vocab_size, size=len(parents))
-    options = {"draft_token_ids": tokens} if method == "point_mass" else {"draft": draft}
+    options = {"draft_token_ids": tokens} if _fixed_drafts(method) else {"draft": draft}
     assert gap_to_target(method, target, parents, vocab_size, **options) < EXACT
 
 
@@ -119,7 +130,7 @@ HAND_BUILT = {
 
 
 @pytest.mark.parametrize("shape", sorted(HAND_BUILT))
-@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("method", SIBLING_WALKS)
 def test_oracle_law_equals_target_on_hand_built_trees(shape, method):
     parents = HAND_BUILT[shape]
     vocab_size = 4
@@ -128,7 +139,7 @@ def test_oracle_law_equals_target_on_hand_built_trees(shape, method):
     tokens = [(i * 3) % vocab_size for i in range(len(parents))]
     options = (
         {"draft_token_ids": tokens}
-        if method == "point_mass"
+        if _fixed_drafts(method)
         else {"draft": SiblingDraft(vocab_size, 8)}
     )
     assert gap_to_target(method, target, parents, vocab_size, **options) < EXACT
@@ -259,7 +270,7 @@ def cells(breakpoints):
     return [((lo + hi) / 2, hi - lo) for lo, hi in zip(edges[:-1], edges[1:])]
 
 
-@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("method", SIBLING_WALKS)
 @pytest.mark.parametrize("shape", ["three siblings", "two chains", "branching 3 at depth 2"])
 def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, shape):
     parents = HAND_BUILT[shape]
@@ -268,7 +279,7 @@ def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, sha
     draft = SiblingDraft(vocab_size, 42)
     tokens = [(i * 3 + 1) % vocab_size for i in range(len(parents))]
     target_rows, draft_rows = fixed_tree_rows(parents, tokens, target, draft)
-    draft_rows = None if method == "point_mass" else draft_rows
+    draft_rows = draft_rows if _reads_rows(method) else None
     # The strata: each node's acceptance probability, and every end node's residual CDF.
     children = [[] for _ in range(len(parents) + 1)]
     for node, parent in enumerate(parents):
@@ -312,7 +323,7 @@ def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, sha
         target,
         parents,
         vocab_size,
-        draft=None if method == "point_mass" else draft,
+        draft=draft if _reads_rows(method) else None,
         draft_token_ids=tokens,
         drafting="fixed",
     )
@@ -320,7 +331,7 @@ def test_reference_on_an_exact_stratified_grid_reproduces_the_oracle(method, sha
         assert abs(law.get(emitted, 0.0) - oracle.get(emitted, 0.0)) < 1e-12, emitted
 
 
-@pytest.mark.parametrize("method", ["point_mass", "specinfer", "rrs"])
+@pytest.mark.parametrize("method", SIBLING_WALKS)
 @pytest.mark.parametrize("shape", ["three siblings", "two chains", "branching 3 at depth 2"])
 def test_reference_accepts_exactly_below_the_oracle_thresholds(method, shape):
     # The grid above samples one point per stratum; this pins each stratum's edge: with its
@@ -332,7 +343,7 @@ def test_reference_accepts_exactly_below_the_oracle_thresholds(method, shape):
     draft = SiblingDraft(vocab_size, 44)
     tokens = [(i * 3 + 1) % vocab_size for i in range(len(parents))]
     target_rows, draft_rows = fixed_tree_rows(parents, tokens, target, draft)
-    draft_rows = None if method == "point_mass" else draft_rows
+    draft_rows = draft_rows if _reads_rows(method) else None
     children = [[] for _ in range(len(parents) + 1)]
     for node, parent in enumerate(parents):
         children[parent + 1].append(node)
@@ -402,7 +413,9 @@ def test_second_sibling_threshold_by_hand(method, threshold):
     k=st.integers(1, 4),
     vocab_size=st.integers(2, 6),
     seed=st.integers(0, 2**16),
-    method=st.sampled_from(["point_mass", "specinfer", "rrs"]),
+    method=st.sampled_from(
+        [m.name for m in registry.TREE_METHODS if m.stochastic and m.chain_verifier == "rejection"]
+    ),
     point_mass_drafts=st.booleans(),
 )
 def test_chain_as_tree_equals_rejection_sample(
@@ -421,9 +434,8 @@ def test_chain_as_tree_equals_rejection_sample(
     # The tree draws the bonus itself, from the last row with the last uniform.
     bonus = _reference.residual_draw(target[:, k, :], uniforms[:, k])
     expected, lengths, _ = _reference.rejection_sample(target, bonus, draft, tokens, uniforms)
-    if method == "point_mass":
-        if draft is not None:
-            return
+    if draft is not None and not _reads_rows(method):
+        return  # the walk ignores draft rows: rejection with them is another law
     layout = _trees.chain_tree(tokens, vocab_size)
     accepted, output, accepted_lengths = tree_reference.verify_tree(
         layout.num_nodes,
