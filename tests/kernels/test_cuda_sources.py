@@ -282,7 +282,9 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 PACKAGE_DIR = REPO_ROOT / "specdec_np"
-SHARED_HEADER = PACKAGE_DIR / "elementwise.h"
+KERNEL_SOURCES = PACKAGE_DIR / "_kernels" / "src"
+CPU_DIR = KERNEL_SOURCES / "cpu"
+SHARED_HEADER = KERNEL_SOURCES / "common" / "elementwise.h"
 CPU_HEADERS = ("logits_law.h", "rowscan.h", "rowthreads.h", "survivors.h", "treescan.h")
 
 
@@ -331,7 +333,7 @@ def test_no_formula_is_restated_outside_the_shared_header() -> None:
     appears anywhere else."""
     texts = {str(path.relative_to(REPO_ROOT)): path.read_text() for path in _kernel_files()}
     texts.update({name: generate() for name, generate in _cuda._GENERATED.items()})
-    texts.update({name: (PACKAGE_DIR / name).read_text() for name in CPU_HEADERS})
+    texts.update({name: (CPU_DIR / name).read_text() for name in CPU_HEADERS})
     assert len(texts) > 10
     for name, text in texts.items():
         assert not _restated_formulas(text), f"{name} restates {_restated_formulas(text)}"
@@ -350,7 +352,7 @@ def test_the_restated_formula_check_catches_a_copy() -> None:
 
 def _extern_headers() -> set[str]:
     """The C headers that the Cython kernels declare their C functions from."""
-    sources = [PACKAGE_DIR / "_core.pyx", *sorted((PACKAGE_DIR / "kernels").glob("*.pxi"))]
+    sources = [PACKAGE_DIR / "_core.pyx", *sorted(CPU_DIR.glob("*.pxi"))]
     found = set()
     for source in sources:
         found.update(re.findall(r'cdef extern from "([^"]+\.h)"', source.read_text()))
@@ -368,9 +370,11 @@ def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path
     headers = _extern_headers()
     assert set(CPU_HEADERS) <= headers, headers
     macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
+    include = [f"-I{SHARED_HEADER.parent}", f"-I{CPU_DIR}"]  # the build's include path
     for header in sorted(headers):
+        path = CPU_DIR / header if (CPU_DIR / header).exists() else SHARED_HEADER.parent / header
         result = subprocess.run(
-            [cc, "-std=c11", "-MM", *macros, f"-I{PACKAGE_DIR}", str(PACKAGE_DIR / header)],
+            [cc, "-std=c11", "-MM", *macros, *include, str(path)],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -387,23 +391,28 @@ def test_the_kernel_files_are_the_sources_and_are_packaged() -> None:
     carry every kernel file and the shared header."""
     assert {path.stem for path in _cuda.KERNEL_DIR.glob("*.cu")} == set(_cuda.SOURCE_NAMES)
     assert sorted(_cuda.cuda_sources()) == sorted(_cuda.SOURCE_NAMES)
+    import fnmatch
+
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    data = re.search(r"^\[tool\.setuptools\.package-data\]\nspecdec_np = \[(.*?)\]", pyproject,
-                     flags=re.MULTILINE | re.DOTALL)  # fmt: skip
-    assert data, "no package-data for specdec_np in pyproject.toml"
+    data = re.search(r'^"specdec_np\._kernels" = \[(.*?)\]', pyproject, flags=re.MULTILINE)
+    assert data, "no package-data for specdec_np._kernels in pyproject.toml"
     patterns = re.findall(r'"([^"]+)"', data.group(1))
-    manifest = [
-        pattern
+    kernels = PACKAGE_DIR / "_kernels"
+    # recursive-include DIR PATTERN...: the sdist's rule for every kernel file.
+    recursive = [
+        (line.split()[1], line.split()[2:])
         for line in (REPO_ROOT / "MANIFEST.in").read_text().splitlines()
-        if line.startswith("include ")
-        for pattern in line.split()[1:]
+        if line.startswith("recursive-include ")
     ]
-    files = [*_kernel_files(), SHARED_HEADER, *(PACKAGE_DIR / name for name in CPU_HEADERS)]
+    files = [*_kernel_files(), SHARED_HEADER, *(CPU_DIR / name for name in CPU_HEADERS)]
     for path in files:
-        relative = path.relative_to(PACKAGE_DIR)
-        assert any(relative.match(pattern) for pattern in patterns), f"{relative} not packaged"
+        relative = path.relative_to(kernels).as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} not packaged"
         in_sdist = path.relative_to(REPO_ROOT)
-        assert any(in_sdist.match(pattern) for pattern in manifest), f"{in_sdist} not in MANIFEST"
+        assert any(
+            in_sdist.is_relative_to(folder) and any(fnmatch.fnmatch(path.name, n) for n in names)
+            for folder, names in recursive
+        ), f"{in_sdist} not in MANIFEST"
 
 
 # ---------------------------------------------------------------------------------------------
