@@ -48,6 +48,7 @@ def test_interrupts_leave_metrics_and_generators_together() -> None:
     assert summary.get("interrupted", 0) > 0, summary
 
 
+@pytest.mark.slow  # the fuzz at length; the hardening tests cover each refusal once
 def test_masked_matrix_and_foreign_arrays() -> None:
     """Masked arrays and matrices in any argument, read or not, are a TypeError naming it;
     torch tensors give the same tokens as torch tensors."""
@@ -108,6 +109,7 @@ def test_the_worker_fails_on_a_broken_copy(worker_mode: str, monkeypatch, tmp_pa
     )
 
 
+@pytest.mark.slow  # the fuzz at length; tests/adapters covers the contract case by case
 def test_the_vllm_adapter_keeps_vllms_randomness_contract() -> None:
     """Random vLLM batches through the adapter (NumPy and torch inputs, seeded requests,
     bfloat16 rows): vLLM's output, each seeded generator moved by its own request's draws,
@@ -119,6 +121,7 @@ def test_the_vllm_adapter_keeps_vllms_randomness_contract() -> None:
         assert summary.get("refused torch", 0) > 0, summary
 
 
+@pytest.mark.slow  # the negative control of the slow adapter fuzz above
 def test_the_adapter_fuzz_fails_on_batch_dependent_draws(tmp_path: Path) -> None:
     """Negative control: with every seeded request drawing as many uniforms as the
     batch's longest one, the worker finds the generators moved otherwise."""

@@ -885,6 +885,7 @@ def test_argmax(vector: Logits) -> None:
 # ---- negative controls ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a negative control that compiles a broken copy of the header
 def test_top_p_without_the_tie_rule_is_caught(tmp_path: Path) -> None:
     wrong = _build(tmp_path, "mutation1", "-DSPECDEC_LOGITS_MUTATION=1")
     row = np.float32([2.0, 1.0, 1.0, 0.0, 1.0, -1.0])
@@ -928,6 +929,7 @@ def test_llama_cpp_order_filters_at_temperature_one(vector: Logits) -> None:
         assert _kernel_kept(row, 1.0, law).tolist() == kept
 
 
+@pytest.mark.slow  # a negative control that compiles a broken copy of the header
 def test_llama_cpp_top_p_over_min_p_is_caught(tmp_path: Path) -> None:
     """llama.cpp's top-p runs before min-p, over top-k's set: top-p 0.5 of the whole row
     keeps every token (the tie group of -2 crosses it) and min-p 0.5 then the first two;
@@ -1117,6 +1119,7 @@ def test_both_widths_of_the_exponential_pass_give_the_same_bits(
         assert wide_weights.tobytes() == narrow_weights.tobytes()
 
 
+@pytest.mark.slow  # a negative control that compiles a broken copy of the header
 def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Path) -> None:
     """Negative control: a sixteen-lane pass that adds its halves in the wrong order (lane l
     takes w[8 + l] before w[l]) changes the normaliser's bits on some row."""
@@ -1235,6 +1238,7 @@ def test_block_sums_by_products_give_the_divisions_bits(vector: Logits, narrow: 
     assert product_differs > 0  # the cases are the hard ones
 
 
+@pytest.mark.slow  # a negative control that compiles a broken copy of the header
 def test_the_product_check_sees_a_midpoint(tmp_path: Path) -> None:
     """Negative control: AVX-512 block sums that round every product without the midpoint
     check (mutation 5) give another float32 for some weight near a midpoint."""
@@ -1274,6 +1278,7 @@ def _survivor_row(
     return row
 
 
+@pytest.mark.slow  # two more builds; the law of the survivors is checked against the reference
 @settings(max_examples=80, deadline=None)
 @given(
     # Long rows: top-k's prefix sample is longer than the key buffers and is cut down.
@@ -1482,6 +1487,7 @@ def test_a_zero_maximum_keeps_the_sign_of_one_thread(threaded_builds: dict[str, 
                 assert math.copysign(1.0, law.z_max) == -1.0
 
 
+@pytest.mark.slow  # a negative control that compiles a broken copy of the header
 def test_the_thread_comparison_sees_chunk_sums(tmp_path: Path) -> None:
     """Negative control: a threaded exponential pass that returns the sum of its chunks'
     sums (a float64 order other than one thread's) changes the normaliser's bits on some

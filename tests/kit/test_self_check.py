@@ -17,8 +17,14 @@ from specdec_np.testing import _self_check
 BLOCK_KERNEL_CHECK = "block: Monte Carlo chi-square"
 
 
-def test_run_checks_all_pass_on_numpy():
-    results = _self_check.run_checks()
+@pytest.fixture(scope="module")
+def numpy_checks() -> list:
+    """One full run of the checks on the NumPy backend, shared by the tests that read it."""
+    return _self_check.run_checks()
+
+
+def test_run_checks_all_pass_on_numpy(numpy_checks):
+    results = numpy_checks
     assert len(results) >= 8
     names = [r.name for r in results]
     assert len(set(names)) == len(names)
@@ -32,10 +38,10 @@ def test_run_checks_all_pass_on_numpy():
         assert any(n.startswith(name) for n in names), name
 
 
-def test_check_covers_every_registry_verifier():
+def test_check_covers_every_registry_verifier(numpy_checks):
     """The kit's properties for every verifier it knows, the reference comparison for every
     deterministic one; nothing else."""
-    names = [r.name for r in _self_check.run_checks()]
+    names = [r.name for r in numpy_checks]
     for verifier in registry.VERIFIERS:
         own = {n.split(": ", 1)[1] for n in names if n.split(": ", 1)[0] == verifier.name}
         expected = set()
@@ -54,6 +60,7 @@ def test_run_checks_rejects_unknown_backend():
         _self_check.run_checks("tpu")
 
 
+@pytest.mark.slow  # a full run per control: the block and crash controls stay fast
 def test_run_checks_fails_for_a_lossy_rejection_sampler(monkeypatch):
     real = verify.rejection_sample
 
@@ -73,6 +80,7 @@ def test_run_checks_fails_for_a_lossy_rejection_sampler(monkeypatch):
     assert not any(name.startswith("block") for name in failed)
 
 
+@pytest.mark.slow  # a full run per control: the block and crash controls stay fast
 def test_run_checks_fails_for_a_wrong_greedy_kernel(monkeypatch):
     real = verify.greedy_sample
 
@@ -140,10 +148,11 @@ def test_run_checks_reports_a_crash_as_a_failure(monkeypatch):
     assert all(name.startswith("typical: ") for name in names)
 
 
-def test_check_backends_rows_and_failures(monkeypatch):
+def test_check_backends_rows_and_failures(monkeypatch, numpy_checks):
+    told = []
+    monkeypatch.setattr(_self_check, "run_checks", lambda backend: numpy_checks)
     rows = _self_check.check_backends(["numpy"])
     assert rows and all(row.backend == "numpy" and row.passed for row in rows)
-    told = []
     monkeypatch.setattr(_self_check, "run_checks", lambda backend: [])
     rows = _self_check.check_backends(["numpy", "cupy"], told.append)
     assert [(r.name, r.backend, r.passed) for r in rows] == [

@@ -163,6 +163,7 @@ def test_format_controls() -> None:
     assert "integer dtype" in next(r for r in report.rows if r.name == "output format").detail
 
 
+@pytest.mark.slow  # a sweep: the default size is checked, with its controls, by the tests above
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(k=st.integers(1, 4), vocab_size=st.integers(3, 12), seed=st.integers(0, 2**32 - 1))
 def test_sizes_and_seeds(k: int, vocab_size: int, seed: int) -> None:

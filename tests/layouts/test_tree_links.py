@@ -68,11 +68,7 @@ def obvious_links(offsets: np.ndarray, parents: np.ndarray, tokens: np.ndarray) 
     return first_child, next_sibling, next_distinct, repeated
 
 
-@settings(max_examples=300, deadline=None)
-@given(layout=layouts())
-def test_tree_links_are_the_child_lists_by_definition(layout: tuple) -> None:
-    """Both constructions, the compiled pass (sibling lists of at most 16 distinct tokens)
-    and NumPy's sorts (any), give the links by their definition."""
+def _check_links_by_definition(layout: tuple) -> None:
     offsets, parents, tokens = layout
     expected = obvious_links(*layout)
     sorted_links = _tree_links._sorted_links(offsets, parents, tokens.astype(np.int64))
@@ -82,6 +78,21 @@ def test_tree_links_are_the_child_lists_by_definition(layout: tuple) -> None:
         np.testing.assert_array_equal(by_sorts, wanted, err_msg=name)
     assert [link.dtype for link in links] == [np.int64, np.int64, np.int64, np.int8]
     assert [link.dtype for link in sorted_links] == [link.dtype for link in links]
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts())
+def test_tree_links_are_the_child_lists_by_definition(layout: tuple) -> None:
+    """Both constructions, the compiled pass (sibling lists of at most 16 distinct tokens)
+    and NumPy's sorts (any), give the links by their definition."""
+    _check_links_by_definition(layout)
+
+
+@pytest.mark.slow  # the same property on many more layouts
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts())
+def test_tree_links_are_the_child_lists_by_definition_at_length(layout: tuple) -> None:
+    _check_links_by_definition(layout)
 
 
 def test_the_compiled_pass_gives_way_past_16_distinct_sibling_tokens() -> None:

@@ -161,7 +161,10 @@ def test_kernel_matches_reference_at_every_cdf_boundary(dtype):
         )
 
 
-@pytest.mark.parametrize("vocab_size", [2047, 2048, 2049, 6000, 2048 * 512 + 9])
+@pytest.mark.parametrize(
+    "vocab_size",
+    [2047, 2048, 2049, 6000, pytest.param(2048 * 512 + 9, marks=pytest.mark.slow)],
+)
 def test_kernel_matches_reference_on_large_vocabularies(vocab_size):
     """The blocked two-pass inverse CDF (block sums, then one block scanned) against the
     reference's plain cumulative sum, with v on and next to block and token boundaries."""
