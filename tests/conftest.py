@@ -4,8 +4,10 @@ shared helper modules.
 The test files live in folders that mirror the package (``runtime/``, ``layouts/``,
 ``kernels/``, ``reference/``, ``verifiers/``, ``kit/``, ``errors/``, ``adapters/``,
 ``project/``); the helpers several folders share (``c_headers.py``, ``draw_checks.py``) stay
-here, and this folder is put on ``sys.path`` so that every test file imports them by name,
-whatever pytest's import mode.  Test file names are unique across the folders.
+here.  This folder and each of its test folders are put on ``sys.path``, so that every
+test file imports a helper, or another test file's helpers (``test_tree``'s cases in
+``reference/test_traversal.py``), by its name whatever file is collected first and
+whatever pytest's import mode: test file names are unique across the folders.
 
 Tests marked ``gpu`` run only where CuPy is importable and ``cupy.is_available()``; they are
 skipped otherwise, unless ``SPECDEC_REQUIRE_GPU=1``, which turns the skip into a failure.
@@ -22,9 +24,10 @@ from hypothesis import settings
 
 from specdec_np._runtime.arrays import cuda_available
 
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+_TESTS = Path(__file__).resolve().parent
+for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None)
