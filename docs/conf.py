@@ -72,6 +72,9 @@ numpydoc_validation_exclude = {
     r"\.TREE_METHODS$",
     r"\.DRAFTINGS$",
     r"\.KINDS$",
+    r"\.__version__$",
+    r"\.PLACEHOLDER_TOKEN_ID$",
+    r"\.GREEDY_EPSILON$",
 }
 
 

@@ -6,7 +6,8 @@ The samplers keep vLLM's names and semantics (``RejectionSampler``,
 work and can be used on their own.  :mod:`specdec_np.registry` lists every verifier.
 :func:`verify_ragged` verifies the flat batches engines hold (ragged drafts, logits,
 per-request sampling parameters) and :func:`verify_tree` draft trees, with the builders
-:func:`chain_tree`, :func:`multi_draft_tree` and :func:`from_next_arrays`.
+:func:`chain_tree`, :func:`multi_draft_tree`, :func:`from_next_arrays` and
+:func:`best_first_tree`.
 """
 
 from . import registry
@@ -23,6 +24,7 @@ from ._layouts.tree import (
     validate_tree,
     verify_tree,
 )
+from ._layouts.tree_builders import best_first_tree
 from ._runtime.philox import counter_uniforms
 from ._runtime.results import TreeVerificationResult, VerificationResult
 from ._version import __version__
@@ -60,6 +62,7 @@ __all__ = [
     "VerificationMetrics",
     "VerificationResult",
     "__version__",
+    "best_first_tree",
     "block_verification_sample",
     "chain_tree",
     "counter_uniforms",

@@ -51,13 +51,15 @@ def _call_sections(ragged_doc: str) -> str:
     )
 
 
+@registry.document_methods
 class EngineVerifier:
     """:func:`verify_ragged` with a method, its parameters, a generator and running metrics.
 
     Parameters
     ----------
     method : str, default "rejection"
-        A registry name.
+        The verifier of the requests with ``temperature != 0``:
+        [[verifier names]]
     seed : int, optional
         Seed of the verifier's own ``numpy.random.Generator``, the source of the uniforms
         of requests without a seed of their own.

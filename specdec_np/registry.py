@@ -30,8 +30,10 @@ Examples
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "DRAFTINGS",
@@ -42,6 +44,7 @@ __all__ = [
     "Parameter",
     "TreeMethod",
     "Verifier",
+    "document_methods",
     "get",
     "get_layout",
     "get_tree_method",
@@ -540,6 +543,7 @@ class Layout:  # numpydoc ignore=PR01
         Returns
         -------
         tuple of str
+            In code order.
         """
         if self.tree:
             return tree_method_names(stochastic=stochastic)
@@ -612,5 +616,66 @@ def layout_names() -> tuple[str, ...]:
     Returns
     -------
     tuple of str
+        ``("padded", "ragged", "tree")`` at this revision.
     """
     return tuple(_LAYOUTS_BY_NAME)
+
+
+# A documented object keeps its own type.
+_Documented = TypeVar("_Documented", bound=Callable[..., Any])
+
+
+def _quoted(names: tuple[str, ...]) -> str:
+    quoted = [f'``"{name}"``' for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _method_lists() -> dict[str, list[str]]:
+    """Each placeholder of :func:`document_methods` and the paragraphs it stands for."""
+    reading = tuple(method.name for method in TREE_METHODS if method.reads_draft_probs)
+    return {
+        "[[verifier names]]": [f"{_quoted(names())} (``specdec_np.registry.VERIFIERS``)."],
+        "[[tree methods]]": [
+            f'* ``"{method.name}"``: {method.summary}.' for method in TREE_METHODS
+        ],
+        "[[tree methods reading draft rows]]": [
+            f"Read by {_quoted(reading)}; None for deterministic candidates."
+        ],
+    }
+
+
+def document_methods(documented: _Documented) -> _Documented:
+    """Write the method lists into a docstring from the tables, so that no docstring
+    lists methods by hand.
+
+    A line of the docstring that holds only ``[[verifier names]]``, ``[[tree methods]]``
+    (one bullet per tree method with its summary) or ``[[tree methods reading draft
+    rows]]`` is replaced by that list, wrapped at the line's indent.
+
+    Parameters
+    ----------
+    documented : function or class
+        The object whose docstring holds the placeholder lines.
+
+    Returns
+    -------
+    function or class
+        ``documented`` itself, its ``__doc__`` filled in.
+    """
+    lines = []
+    for line in (documented.__doc__ or "").split("\n"):
+        paragraphs = _method_lists().get(line.strip())
+        if paragraphs is None:
+            lines.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        for paragraph in paragraphs:
+            bullet = "  " if paragraph.startswith("* ") else ""
+            lines.extend(
+                textwrap.wrap(
+                    paragraph, 88, initial_indent=indent,
+                    subsequent_indent=indent + bullet, break_on_hyphens=False,
+                )
+            )
+    documented.__doc__ = "\n".join(lines)
+    return documented

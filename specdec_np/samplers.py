@@ -544,8 +544,9 @@ class _StochasticSampler(_RegisteredSampler):
             Row index -> that row's generator (consumed by one ``random(k + 1)`` per call).
         counter_seeds : dict[int, tuple[int, int]], optional
             Row index -> ``(seed, position)`` for counter-based uniforms.
-        uniforms : float64 [B, k+1], optional
-            Explicit uniforms (acceptance columns, then the residual column).
+        uniforms : float64 or float32 [B, k+1], optional
+            Explicit uniforms (acceptance columns, then the residual column; float32 is
+            widened exactly).
 
         Returns
         -------

@@ -143,9 +143,10 @@ draft_probs : same float dtype [B, k, V] or None
     None means point-mass drafts (n-gram, prompt lookup, argmax drafters).
 draft_token_ids : int64 or int32 [B, k]
     The draft tokens.
-uniforms : float64 [B, k+1], optional
-    Explicit uniforms in ``[0, 1)``: columns ``0 .. k-1`` for the acceptance tests,
-    column ``k`` for the residual draw.  Excludes the three options below.
+uniforms : float64 or float32 [B, k+1], optional
+    Explicit uniforms in ``[0, 1)`` (float32 is widened exactly): columns ``0 .. k-1``
+    for the acceptance tests, column ``k`` for the residual draw.  Excludes the three
+    options below.
 generator : numpy.random.Generator, optional
     Source of the uniforms of rows without a seed; a fresh unseeded generator if None.
 seeded_seqs : dict[int, numpy.random.Generator], optional

@@ -2,7 +2,7 @@
 """Benchmark of tree verification ``specdec_np.verify_tree`` (CPU), every method of the registry.
 
 Each request verifies an EAGLE-like tree of ``n`` nodes
-(``specdec_np._demo.trees.best_first_tree``, the shape of ``specdec-np demo --tree``:
+(``specdec_np.best_first_tree``, the shape of ``specdec-np demo --tree``:
 best-first growth with up to three children per node, so the top-ranked branch is deep and
 the first levels are wide), at batch ``B`` and vocabulary ``V``, from logits (temperature
 1) and from probabilities.  Every method of ``specdec_np.registry.TREE_METHODS`` is timed
@@ -47,8 +47,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
 
 import specdec_np  # noqa: E402
-from specdec_np import registry  # noqa: E402
-from specdec_np._demo.trees import best_first_tree  # noqa: E402
+from specdec_np import (
+    best_first_tree,  # noqa: E402
+    registry,  # noqa: E402
+)
 from specdec_np._layouts import tree as _trees  # noqa: E402
 from specdec_np._reference import trees as _tree_reference  # noqa: E402
 

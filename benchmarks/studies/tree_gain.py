@@ -21,7 +21,7 @@ method's drafts drawn as its ``drafting`` says:
   request-step, their difference and the relative gain, with standard errors (paired
   where both methods see the same drafts and uniforms).
 
-Chain: ``[-1, 0, 1, ...]``; tree: ``specdec_np._demo.trees.best_first_tree`` (the shape of
+Chain: ``[-1, 0, 1, ...]``; tree: ``specdec_np.best_first_tree`` (the shape of
 ``specdec-np demo --tree`` and of the benchmark)::
 
     python benchmarks/studies/tree_gain.py --markdown
@@ -45,8 +45,8 @@ import harness  # noqa: E402  (JSON lines and tables)
 import tree as bench  # noqa: E402  (the inputs of benchmarks/studies/tree.py)
 
 import specdec_np  # noqa: E402
-from specdec_np import registry  # noqa: E402
-from specdec_np._demo.trees import best_first_tree, chain_parents  # noqa: E402
+from specdec_np import best_first_tree, registry  # noqa: E402
+from specdec_np._demo.trees import chain_parents  # noqa: E402
 from specdec_np._reference import trees as _tree_reference  # noqa: E402
 
 METHODS = [method for method in registry.TREE_METHODS if method.stochastic]

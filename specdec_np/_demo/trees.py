@@ -7,7 +7,7 @@ every decoding step each request gets, for every sampled tree method of
 draft model:
 
 * a **chain**: ``nodes`` tokens, each below the previous one;
-* a **tree** of the shape :func:`best_first_tree` (EAGLE-2-like: the top-ranked
+* a **tree** of the shape :func:`specdec_np.best_first_tree` (EAGLE-2-like: the top-ranked
   continuations at each of the first levels, the top-ranked branch deepest).
 
 Children are drafted as the method assumes (``registry.TreeMethod.drafting``): ``fixed``
@@ -25,7 +25,6 @@ output advances it, and the chain and tree lengths are a paired comparison.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import numpy as np
 
 from .. import registry
 from .._layouts.tree import verify_tree
+from .._layouts.tree_builders import best_first_tree
 from .._reference.chains import process_logits
 from .chains import (
     DemoConfig,
@@ -45,55 +45,13 @@ from .chains import (
     build_models,
 )
 
-__all__ = ["SHAPES", "TreeDemoResult", "best_first_tree", "chain_parents", "run_tree_demo"]
+__all__ = ["SHAPES", "TreeDemoResult", "chain_parents", "run_tree_demo"]
 
 #: The two drafts compared, same node budget.
 SHAPES = ("chain", "tree")
 
 # Per request: parents, tokens, each node's token path, draft rows [n, V].
 _Drafted = tuple[list[list[int]], list[list[int]], list[list[tuple[int, ...]]], list[np.ndarray]]
-
-#: Sibling-rank weights of :func:`best_first_tree`.
-RANK_WEIGHTS = (0.6, 0.25, 0.1)
-
-
-def best_first_tree(nodes: int, weights: Sequence[float] = RANK_WEIGHTS) -> list[int]:
-    """Parents of an EAGLE-2-like tree of ``nodes`` nodes (``-1``: a child of the root).
-
-    Best-first growth: the candidate at sibling rank ``r`` scores its parent's score times
-    ``weights[r]`` (the root scores 1), and the ``nodes`` best candidates are kept (ties to
-    the earlier candidate), as EAGLE-2 keeps the drafts of highest path probability.  Nodes
-    are numbered in the order they are kept, so parents come before their children and
-    siblings are in rank order.
-
-    Parameters
-    ----------
-    nodes : int
-        ``>= 0``.
-    weights : sequence of float
-        Decreasing, in ``(0, 1)``; its length is the most children of a node.
-
-    Returns
-    -------
-    list of int, length ``nodes``
-    """
-    if nodes < 0:
-        raise ValueError(f"nodes must be at least 0; found {nodes}")
-    parents: list[int] = []
-    heap: list[tuple[float, int, int]] = []  # (-score, serial, parent)
-    serial = 0
-    for weight in weights:
-        heapq.heappush(heap, (-weight, serial, -1))
-        serial += 1
-    while len(parents) < nodes:
-        negative, _, parent = heapq.heappop(heap)
-        parents.append(parent)
-        node = len(parents) - 1
-        for weight in weights:
-            heapq.heappush(heap, (negative * weight, serial, node))
-            serial += 1
-    return parents
-
 
 def chain_parents(nodes: int) -> list[int]:
     """Parents of a chain of ``nodes`` nodes: ``[-1, 0, 1, ...]``."""

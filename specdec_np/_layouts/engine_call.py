@@ -55,8 +55,8 @@ class UniformSource(NamedTuple):
 
     Attributes
     ----------
-    uniforms : float64 array or None
-        Explicit uniforms.
+    uniforms : float64 or float32 array, or None
+        Explicit uniforms (float32 widened exactly).
     generator : Generator or None
         The source of requests without a seed of their own.
     seeded_seqs : mapping of int to Generator, or None

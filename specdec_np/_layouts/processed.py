@@ -17,6 +17,7 @@ import numpy as np
 from .._kernels import dispatch as _dispatch
 from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
+from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
 from .engine_call import RowSources, UniformSource, engine_call
@@ -66,6 +67,7 @@ def processed_probs(
     TypeError, ValueError
         On bad input, naming the argument.
     """
+    parameters = SamplingParameters(temperature, top_k, top_p, min_p, filter_order)
     _validate.check_filter_order(filter_order)
     rows = _backend.intake(logits, "logits")
     xp = _backend.array_namespace(rows)
@@ -79,15 +81,15 @@ def processed_probs(
         )
     rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
     batch_size, vocab_size = (int(n) for n in rows.shape)
-    sampling = _validate.check_sampling_parameters(
-        batch_size, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, from_logits=True, row_dtype=rows.dtype,
-    )
-    greedy = _sampling.greedy_requests(sampling, False, batch_size)
-    _sampling.check_tempered_rows(
-        sampling["temperature"], greedy, "logits", rows, np.ones(batch_size, np.int64), xp
-    )
-    table = _sampling.sampling_table(sampling, greedy, batch_size, filter_order)
+    # The same per-request sampling as a verification call's, each row its own request.
+    request = _sampling.request_sampling(
+        xp, batch_size, vocab_size, False,
+        _sampling.row_form(rows, None, None, None)._replace(target_name="logits"),
+        (rows, None), every_request_greedy=False,
+        rows_per_request=(np.ones(batch_size, np.int64), np.zeros(batch_size, np.int64)),
+        parameters=parameters,
+    )  # fmt: skip
+    greedy, table = request.greedy, request.table
     result = _out_rows(out, xp, rows)
     threads = _backend.thread_count(batch_size, vocab_size)
     device = _backend.device_of(rows)
@@ -96,10 +98,10 @@ def processed_probs(
         # block per row and takes no such option).
         row_threads = _backend.row_thread_count(threads, vocab_size)
         _dispatch.kernels_for(device).processed_rows(
-            rows, xp.asarray(table), result, threads, row_threads=row_threads
+            rows, table, result, threads, row_threads=row_threads
         )
     else:
-        _dispatch.kernels_for(device).processed_rows(rows, xp.asarray(table), result, threads)
+        _dispatch.kernels_for(device).processed_rows(rows, table, result, threads)
     if greedy.any():
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]
@@ -161,9 +163,9 @@ def sample_tokens(
         As in :func:`specdec_np.verify_ragged`.
     filter_order : {"vllm", "llama.cpp"}
         As in :func:`processed_probs`.
-    uniforms : float64 [N], optional
-        Explicit uniforms in ``[0, 1)``: row ``i``'s token is the inverse-CDF draw at
-        ``uniforms[i]``.
+    uniforms : float64 or float32 [N], optional
+        Explicit uniforms in ``[0, 1)`` (float32, JAX's default, is widened exactly): row
+        ``i``'s token is the inverse-CDF draw at ``uniforms[i]``.
     generator : numpy.random.Generator, cupy.random.Generator or None
         Source of the uniforms of rows without a seed of their own (a fresh unseeded
         generator when None).
@@ -197,14 +199,12 @@ def sample_tokens(
     batch_size = int(rows.shape[0])
     explicit = None
     if uniforms is not None:
-        column = _backend.intake(uniforms, "uniforms", like=rows)
+        column = _random.explicit_uniforms(uniforms, like=rows)
         if tuple(column.shape) != (batch_size,):
             raise ValueError(
                 f"uniforms must have shape [N] = [{batch_size}]; found shape "
                 f"{_validate.shape_text(column.shape)}"
             )
-        if column.dtype != np.float64:
-            raise TypeError(f"uniforms must be a float64 array; found {column.dtype}")
         xp = _backend.array_namespace(rows)
         explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same

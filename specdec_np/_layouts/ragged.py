@@ -108,6 +108,7 @@ def _check_out(
 @_backend.array_front(
     device_from=("target_probs", "target_logits"), library_from=DATA_ARGUMENTS
 )
+@registry.document_methods
 def verify_ragged(
     *,
     num_draft_tokens: Any,
@@ -153,8 +154,8 @@ def verify_ragged(
     draft_probs : same dtype [T, V] or None
         The distributions the drafts were drawn from; None for point-mass drafts.
     method : str
-        A registry name (``specdec_np.registry.names()``): the verifier of the requests
-        with ``temperature != 0``.
+        The verifier of the requests with ``temperature != 0``:
+        [[verifier names]]
     temperature : scalar or array [B], optional
         ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
         the argmax), the others by ``method``.  With logits it also scales them; with
@@ -171,9 +172,10 @@ def verify_ragged(
     bonus_token_ids : int [B], optional
         None: a request whose drafts are all accepted draws its bonus token from its
         processed bonus row (the argmax for a greedy request), reading that row only then.
-    uniforms : float64 [B, max_k + 2], optional
-        Explicit uniforms in ``[0, 1)``: request ``b`` uses columns ``0 .. k_b - 1``
-        (acceptance), ``k_b`` (residual) and ``k_b + 1`` (bonus).  Every entry is checked.
+    uniforms : float64 or float32 [B, max_k + 2], optional
+        Explicit uniforms in ``[0, 1)`` (float32, JAX's default, is widened exactly):
+        request ``b`` uses columns ``0 .. k_b - 1`` (acceptance), ``k_b`` (residual) and
+        ``k_b + 1`` (bonus).  Every entry is checked.
     generator : numpy.random.Generator, optional
         Source of the uniforms of requests without a seed of their own; a fresh unseeded
         generator if None.

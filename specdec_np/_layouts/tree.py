@@ -288,6 +288,7 @@ def tree_output_buffers(
 @_backend.array_front(
     device_from=("target_probs", "target_logits"), library_from=_DATA_ARGUMENTS
 )
+@registry.document_methods
 def verify_tree(
     *,
     num_nodes: Any,
@@ -329,13 +330,13 @@ def verify_tree(
     target_probs : float32 or float64 [N + B, V], optional
         The same rows as probabilities, taken as already processed.
     draft_logits, draft_probs : same dtype [N, V], optional
-        The distribution each node was drawn from (``"specinfer"``, ``"rrs"``), as logits
-        or probabilities; None for deterministic candidates.
+        The distribution each node was drawn from, as logits or probabilities.
+        [[tree methods reading draft rows]]
     method : str, default "point_mass"
-        A tree method (``specdec_np.registry.TREE_METHODS``): ``"greedy"``,
-        ``"point_mass"`` (lossless whatever drew the children), ``"specinfer"``
-        (children drawn independently from their rows) or ``"rrs"`` (siblings drawn
-        without replacement from one row).  The walks are in ``docs/semantics.md``.
+        A tree method of ``specdec_np.registry.TREE_METHODS`` (the walks are in
+        ``docs/semantics.md``; ``"traversal"`` is the recommended lossless one):
+
+        [[tree methods]]
     temperature : scalar or array [B], optional
         ``0`` walks a request greedily on its raw rows, the others by ``method``.  With
         logits it also scales them.
@@ -343,9 +344,9 @@ def verify_tree(
         Sampling filters of logits rows; a ValueError with probabilities.
     filter_order : {"vllm", "llama.cpp"}
         The order of the filters, as in :func:`specdec_np.verify_ragged`.
-    uniforms : float64 [B, max_nodes + 1], optional
-        Request ``b`` uses column ``j`` for node ``j``'s test and column ``N_b`` for the
-        final token.
+    uniforms : float64 or float32 [B, max_nodes + 1], optional
+        Explicit uniforms in ``[0, 1)`` (float32 is widened exactly): request ``b`` uses
+        column ``j`` for node ``j``'s test and column ``N_b`` for the final token.
     generator : numpy.random.Generator, optional
         Source of the uniforms of requests without a seed of their own; a fresh unseeded
         generator if None.

@@ -10,12 +10,14 @@ A batch of draft trees is described by three flat arrays (docs/semantics.md, tre
 :func:`validate_tree` checks a layout and returns a :class:`TreeLayout`; :func:`chain_tree`,
 :func:`multi_draft_tree` and :func:`from_next_arrays` build one from a chain per request,
 from several independent chains per request, and from SGLang's ``retrieve_next_token`` /
-``retrieve_next_sibling`` arrays.  :func:`leaf_paths` and :func:`to_next_arrays` go back.
+``retrieve_next_sibling`` arrays; :func:`best_first_tree` gives the parents of an
+EAGLE-2-like shape.  :func:`leaf_paths` and :func:`to_next_arrays` go back.
 :mod:`specdec_np._layouts.tree` verifies a batch of them.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -27,7 +29,9 @@ from .._runtime import checks as _validate
 
 __all__ = [
     "MAX_TREE_DEPTH",
+    "RANK_WEIGHTS",
     "TreeLayout",
+    "best_first_tree",
     "chain_tree",
     "checked_layout",
     "from_next_arrays",
@@ -386,6 +390,75 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
                 previous = len(parents) - 1
         per_request.append((parents, tokens))
     return _concatenate(per_request, vocab_size)
+
+
+#: Sibling-rank weights of :func:`best_first_tree`.
+RANK_WEIGHTS = (0.6, 0.25, 0.1)
+
+
+def best_first_tree(nodes: int, weights: Sequence[float] = RANK_WEIGHTS) -> list[int]:
+    """Parents of an EAGLE-2-like tree of ``nodes`` nodes (``-1``: a child of the root).
+
+    Best-first growth: the candidate at sibling rank ``r`` scores its parent's score times
+    ``weights[r]`` (the root scores 1), and the ``nodes`` best candidates are kept (ties to
+    the earlier candidate), as EAGLE-2 keeps the drafts of highest path probability.  Nodes
+    are numbered in the order they are kept, so parents come before their children and
+    siblings are in rank order.  A drafter fills the shape with its top-ranked tokens
+    (node ``j`` with its parent's rank-``r`` continuation when it is the ``r``-th child).
+
+    Parameters
+    ----------
+    nodes : int
+        ``>= 0``.
+    weights : sequence of float
+        Non-increasing, in ``(0, 1)``; its length (at least one) is the most children of
+        a node.
+
+    Returns
+    -------
+    list of int, length ``nodes``
+        The parents of one request, as :func:`verify_tree`'s ``tree_parents`` takes them
+        (``numpy.tile`` them for ``B`` requests of the same shape).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a ``nodes`` that is not a non-negative int, or ``weights`` that are not a
+        non-empty, non-increasing sequence of numbers in ``(0, 1)``, naming the argument.
+
+    Examples
+    --------
+    >>> from specdec_np import best_first_tree
+    >>> best_first_tree(8)
+    [-1, 0, -1, 1, 0, 2, 3, -1]
+    """
+    nodes = _validate.check_integer("nodes", nodes)
+    weights = _validate.sequence(weights, "weights", "numbers in (0, 1)")
+    for rank, weight in enumerate(weights):
+        if isinstance(weight, (bool, np.bool_)) or not isinstance(
+            weight, (int, float, np.integer, np.floating)
+        ):
+            raise TypeError(f"weights[{rank}] must be a number; found {type(weight).__name__}")
+        if not 0.0 < float(weight) < 1.0 or (rank and float(weight) > float(weights[rank - 1])):
+            raise ValueError(
+                f"weights must be non-increasing numbers in (0, 1); found {weights!r}"
+            )
+    if len(weights) == 0:
+        raise ValueError("weights must hold at least one number (the most children of a node)")
+    parents: list[int] = []
+    heap: list[tuple[float, int, int]] = []  # (-score, serial, parent)
+    serial = 0
+    for weight in weights:
+        heapq.heappush(heap, (-float(weight), serial, -1))
+        serial += 1
+    while len(parents) < nodes:
+        negative, _, parent = heapq.heappop(heap)
+        parents.append(parent)
+        node = len(parents) - 1
+        for weight in weights:
+            heapq.heappush(heap, (negative * float(weight), serial, node))
+            serial += 1
+    return parents
 
 
 def leaf_paths(layout: TreeLayout) -> list[list[list[int]]]:

@@ -111,10 +111,11 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
 
     Notes
     -----
-    A torch bfloat16 tensor is converted to float32 on its own device before the DLPack
-    hand-over (one copy): neither NumPy nor CuPy takes bfloat16 through DLPack, and the
-    kernels read float32 anyway.  A torch float16 tensor crosses DLPack as it is and is
-    read as float32 by :func:`probabilities`, as a NumPy float16 array is.
+    A torch or JAX bfloat16 array is converted to float32 in its own library, on its own
+    device, before the DLPack hand-over (one copy): neither NumPy nor CuPy takes bfloat16
+    through DLPack, and the kernels read float32 anyway.  Torch and JAX float16 arrays cross
+    DLPack as they are and are read as float32 by :func:`probabilities`, as NumPy float16
+    and ``ml_dtypes`` bfloat16 arrays are.
     """
     if isinstance(x, np.ndarray):
         if type(x) is not np.ndarray:
@@ -131,8 +132,7 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
             raise TypeError(
                 f"{name} requires grad; call .detach() before passing it to the verifier"
             )
-        if _is_torch_bfloat16(x):
-            x = x.float()
+        x = _bfloat16_as_float32(x)
         device_type = _dlpack_device_type(x, name)
         try:
             if device_type == _DLPACK_CPU:
@@ -154,11 +154,16 @@ def intake(x: Any, name: str, like: Any = None) -> Any:
     )
 
 
-def _is_torch_bfloat16(x: Any) -> bool:
-    """Whether ``x`` is a torch bfloat16 tensor (asked without importing torch)."""
-    if type(x).__module__.split(".", 1)[0] != "torch":
-        return False
-    return str(getattr(x, "dtype", "")) == "torch.bfloat16"
+def _bfloat16_as_float32(x: Any) -> Any:
+    """A torch or JAX bfloat16 array as float32 in its own library and on its own device
+    (one copy), any other producer as it is; asked without importing torch or jax."""
+    root = type(x).__module__.split(".", 1)[0]
+    dtype = str(getattr(x, "dtype", ""))
+    if root == "torch" and dtype == "torch.bfloat16":
+        return x.float()
+    if root in ("jax", "jaxlib") and dtype == "bfloat16":
+        return x.astype(np.float32)
+    return x
 
 
 def intake_if_read(x: Any, name: str, read: bool, like: Any = None) -> Any:

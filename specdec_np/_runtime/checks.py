@@ -219,8 +219,27 @@ def first_index(mask: Any, xp: Any) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
+def check_uniform_dtype(dtype: Any) -> None:
+    """Explicit uniforms: float64, or float32 (JAX's default; widened exactly to float64).
+
+    float16 and bfloat16 are refused rather than widened: their steps in ``[0, 1)`` (as
+    coarse as ``2**-11`` and ``2**-8``) would move every acceptance test by that much.
+    Integers, booleans and complex numbers are not uniforms.
+    """
+    if dtype == np.float64 or dtype == np.float32:
+        return
+    if getattr(dtype, "kind", None) == "f" or str(dtype) == "bfloat16":
+        advice = "too coarse for uniforms in [0, 1); draw them in float32 or float64"
+    else:
+        advice = "convert them with .astype(numpy.float64) if they are uniforms in [0, 1)"
+    raise TypeError(
+        f"uniforms must be a float64 or float32 array (float32 is widened exactly to float64); "
+        f"found {dtype}: {advice}"
+    )
+
+
 def check_uniforms(uniforms: np.ndarray, batch_size: int, k: int) -> None:
-    """Explicit uniforms: float64 ``[B, k+1]`` in ``[0, 1)`` (cheap, always checked)."""
+    """Explicit uniforms: ``[B, k+1]`` in ``[0, 1)`` (cheap, always checked)."""
     if uniforms.shape != (batch_size, k + 1):
         raise ValueError(
             f"uniforms must have shape [B, k+1] = {shape_text((batch_size, k + 1))}; "

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .arrays import intake
-from .checks import check_uniforms
+from .checks import check_uniform_dtype, check_uniforms
 from .philox import counter_uniforms
 
 __all__ = [
@@ -36,7 +36,33 @@ __all__ = [
     "OwnGenerator",
     "RejectionUniforms",
     "counter_uniforms",
+    "explicit_uniforms",
 ]
+
+
+def explicit_uniforms(uniforms: Any, like: Any = None) -> Any:
+    """A caller's explicit uniforms taken in (:func:`~specdec_np._runtime.arrays.intake`),
+    float64 or float32 (JAX's default), the latter widened exactly to float64.
+
+    Parameters
+    ----------
+    uniforms : array or array_like
+    like : array, optional
+        As :func:`~specdec_np._runtime.arrays.intake` takes it.
+
+    Returns
+    -------
+    float64 NumPy or CuPy array
+        Not yet checked for shape or range (the caller knows the shape).
+
+    Raises
+    ------
+    TypeError
+        For another dtype, saying what to do (:func:`check_uniform_dtype`).
+    """
+    array = intake(uniforms, "uniforms", like=like)
+    check_uniform_dtype(array.dtype)
+    return array if array.dtype == np.float64 else array.astype(np.float64)
 
 
 def _check_rows(name: str, rows: Any, batch_size: int) -> Mapping[int, Any]:
@@ -268,8 +294,9 @@ class RejectionUniforms:
         ``B`` and the number of draft tokens.
     xp : module
         ``numpy`` or ``cupy``: the namespace of the uniforms.
-    uniforms : float64 array [B, k+1], optional
-        Explicit uniforms; excludes ``seeded_seqs`` and ``counter_seeds``.
+    uniforms : float64 or float32 array [B, k+1], optional
+        Explicit uniforms (float32 widened exactly); excludes ``seeded_seqs`` and
+        ``counter_seeds``.
     generator : numpy.random.Generator or cupy.random.Generator, optional
         Source for the rows that have no seed of their own; a fresh, unseeded
         ``numpy.random.default_rng()`` when None.
@@ -324,9 +351,7 @@ class RejectionUniforms:
                     "uniforms cannot be combined with seeded_seqs or counter_seeds: explicit "
                     "uniforms already fix every row"
                 )
-            uniforms = intake(uniforms, "uniforms")
-            if uniforms.dtype != np.float64:
-                raise TypeError(f"uniforms must be a float64 array; found {uniforms.dtype}")
+            uniforms = explicit_uniforms(uniforms)
             # The values are checked on a private copy, which is what the kernels read: a
             # caller's thread writing its own array during the call cannot slip an
             # unchecked value past the check.

@@ -899,24 +899,7 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     return rows
 
 
-def check(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit, k: int,
-          vocab_size: int, num_rows: int, rng: np.random.Generator) -> list[PropertyResult]:
-    """The ragged layout's entry of the kit (``registry.get_layout("ragged").kit``): every
-    property of ``kind`` on ``verifier``, in report order, with the arguments every
-    layout's kit takes.
 
-    Parameters
-    ----------
-    verifier : callable
-    kind : str
-    dtype : numpy dtype
-    limit : TimeLimit
-    k, vocab_size, num_rows : int
-    rng : numpy.random.Generator
-
-    Returns
-    -------
-    list of PropertyResult
-    """
-    return run(verifier, kind, dtype=dtype, limit=limit, k=k, vocab_size=vocab_size,
-               num_rows=num_rows, rng=rng)
+#: The ragged layout's entry of the kit (``registry.get_layout("ragged").kit``), with the
+#: arguments every layout's kit takes.
+check = run

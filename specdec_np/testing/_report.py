@@ -164,6 +164,7 @@ class ConformanceReport:  # numpydoc ignore=PR01
         Returns
         -------
         int
+            The rows that are not ``SKIP``.
         """
         return sum(not row.skipped for row in self.rows)
 

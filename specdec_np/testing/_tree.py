@@ -888,7 +888,8 @@ def _widen(output: np.ndarray, width: int) -> np.ndarray:
 
 
 def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit,
-        vocab_size: int, num_rows: int, rng: np.random.Generator) -> list[PropertyResult]:
+        vocab_size: int, num_rows: int, rng: np.random.Generator,
+        k: int | None = None) -> list[PropertyResult]:
     """Every tree property of ``kind`` (see the module docstring), in report order.
 
     Parameters
@@ -904,6 +905,9 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     num_rows : int
         Sets the Monte Carlo sizes (a tenth per tree shape).
     rng : numpy.random.Generator
+    k : int, optional
+        Unused: the trees' depths come from the kit's own tree shapes (taken so that every
+        layout's kit has one signature).
 
     Returns
     -------
@@ -944,25 +948,7 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
     return rows
 
 
-def check(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit, k: int,
-          vocab_size: int, num_rows: int, rng: np.random.Generator) -> list[PropertyResult]:
-    """The tree layout's entry of the kit (``registry.get_layout("tree").kit``): every
-    property of ``kind`` on ``verifier``, in report order, with the arguments every
-    layout's kit takes.
 
-    Parameters
-    ----------
-    verifier : callable
-    kind : str
-    dtype : numpy dtype
-    limit : TimeLimit
-    k, vocab_size, num_rows : int
-    rng : numpy.random.Generator
-
-    Returns
-    -------
-    list of PropertyResult
-    """
-    # A tree's depth comes from the kit's own tree shapes, not from k.
-    return run(verifier, kind, dtype=dtype, limit=limit, vocab_size=vocab_size,
-               num_rows=num_rows, rng=rng)
+#: The tree layout's entry of the kit (``registry.get_layout("tree").kit``), with the
+#: arguments every layout's kit takes.
+check = run

@@ -332,11 +332,33 @@ def test_every_tree_builder_refuses_masked_arrays_and_matrices(kind):
         (lambda: specdec_np.tree_output_buffers(2, 3.0), "max_depth"),
         (lambda: specdec_np.output_buffers(2.7, 3), "batch_size"),
         (lambda: specdec_np.output_buffers(2, np.float64(1.0)), "max_draft_tokens"),
+        (lambda: specdec_np.best_first_tree(4.0), "nodes"),
+        (lambda: specdec_np.best_first_tree(True), "nodes"),
+        (lambda: specdec_np.best_first_tree(4, 0.5), "weights"),
+        (lambda: specdec_np.best_first_tree(4, np.ma.masked_array([0.5])), "weights"),
+        (lambda: specdec_np.best_first_tree(4, ["0.5"]), r"weights\[0\]"),
     ],
 )
 def test_wrong_types_on_the_builders_are_type_errors_naming_the_argument(call, name):
     with pytest.raises(TypeError, match=f"^{name} must"):
         call()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: specdec_np.best_first_tree(-1), r"nodes must lie in \[0, "),
+        (lambda: specdec_np.best_first_tree(4, []), "weights must hold at least one"),
+        (lambda: specdec_np.best_first_tree(4, [0.5, 1.0]), r"non-increasing numbers in \(0, 1\)"),
+        (lambda: specdec_np.best_first_tree(4, [0.2, 0.5]), "non-increasing"),
+        (lambda: specdec_np.best_first_tree(4, [0.0]), "non-increasing"),
+    ],
+)
+def test_bad_best_first_tree_weights_and_sizes_are_value_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+    # One child per node: a chain.
+    assert specdec_np.best_first_tree(3, [0.5]) == [-1, 0, 1]
 
 
 def test_root_token_ids_of_another_length_are_refused():

@@ -605,7 +605,16 @@ UNIFORM_ERRORS = [
     ("shape", "uniforms must have shape [B, k+1] = [3, 4]; found shape [3, 3]"),
     ("transposed", "uniforms must have shape [B, k+1] = [3, 4]; found shape [4, 3]"),
     ("0-d", "uniforms must have shape [B, k+1] = [3, 4]; found shape []"),
-    ("float32", "uniforms must be a float64 array; found float32"),
+    (
+        "float16",
+        "uniforms must be a float64 or float32 array (float32 is widened exactly to float64); "
+        "found float16: too coarse for uniforms in [0, 1); draw them in float32 or float64",
+    ),
+    (
+        "int64",
+        "uniforms must be a float64 or float32 array (float32 is widened exactly to float64); "
+        "found int64: convert them with .astype(numpy.float64) if they are uniforms in [0, 1)",
+    ),
     (
         "str",
         "uniforms must be an array (NumPy, CuPy, or one that exports DLPack) or array_like "
@@ -625,7 +634,8 @@ def bad_uniforms(kind: str) -> Any:
         "shape": uniforms[:, :K],
         "transposed": uniforms.T,
         "0-d": np.array(0.5),
-        "float32": uniforms.astype(np.float32),
+        "float16": uniforms.astype(np.float16),
+        "int64": np.zeros((B, K + 1), dtype=np.int64),
         "str": "0.5",
         "list of nan": [[0.5] * (K + 1), [0.5, 0.5, np.nan, 0.5], [0.5] * (K + 1)],
     }[kind]
@@ -634,7 +644,7 @@ def bad_uniforms(kind: str) -> Any:
 @pytest.mark.parametrize("entry", REJECTION)
 @pytest.mark.parametrize(("kind", "message"), UNIFORM_ERRORS, ids=[c[0] for c in UNIFORM_ERRORS])
 def test_bad_uniforms(entry: str, kind: str, message: str) -> None:
-    error = TypeError if kind in ("float32", "str") else ValueError
+    error = TypeError if kind in ("float16", "int64", "str") else ValueError
     with pytest.raises(error, match=exactly(message)):
         rejection_entries()[entry](*positional(valid_inputs()), uniforms=bad_uniforms(kind))
 

