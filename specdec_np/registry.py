@@ -543,7 +543,7 @@ class Layout:  # numpydoc ignore=PR01
         Returns
         -------
         tuple of str
-            In code order.
+            Tree method names for the tree layout, verifier names otherwise, in code order.
         """
         if self.tree:
             return tree_method_names(stochastic=stochastic)
@@ -616,7 +616,7 @@ def layout_names() -> tuple[str, ...]:
     Returns
     -------
     tuple of str
-        ``("padded", "ragged", "tree")`` at this revision.
+        The ``name`` of each :class:`Layout`.
     """
     return tuple(_LAYOUTS_BY_NAME)
 

@@ -28,7 +28,8 @@ three included parts are generated here, from the contract and the registry:
   ``TreeMethod.code``.
 
 A code outside the registry is never walked as some other method: the kernels report it as
-``_contract.STATUS_BAD_METHOD``.  Each source is compiled with ``cupy.RawModule`` (NVRTC,
+``specdec_np._runtime.contract.STATUS_BAD_METHOD``.  Each source is compiled with
+``cupy.RawModule`` (NVRTC,
 ``--std=c++17 --fmad=false``: no product is fused with a sum, so every operation rounds as
 the CPU's) the first time one of its kernels is needed on a device, and cached per
 ``(device id, source)``.  Every kernel is a template, instantiated through
@@ -66,7 +67,7 @@ thread per row, :data:`CREATE_OUTPUT_BLOCK` threads per block.
 
 :data:`core_like` exposes them with ``specdec_np._core``'s calling convention; its kernels
 return None instead of the first failed row, which the caller reads from ``row_status``
-(``_backend.first_failed_row``: the one host synchronisation of a call).
+(``specdec_np._runtime.arrays.first_failed_row``: the one host synchronisation of a call).
 """
 
 from __future__ import annotations
@@ -511,7 +512,7 @@ class _CoreLikeKernels:
         ``_core.verify_chains``'s, except that ``scratch`` is float ``[B, 2 V]`` (one pair of
         processed rows per request, not per thread) and that the values of
         ``request_methods`` are trusted (the engine layout writes them; a code outside the
-        registry gets row status ``_contract.STATUS_BAD_METHOD``).
+        registry gets row status ``specdec_np._runtime.contract.STATUS_BAD_METHOD``).
         """
         verifier = _registry_entry(registry.VERIFIERS, method, "verifier")
         batch = int(bonus_token_ids.shape[0]) if bonus_token_ids.ndim == 1 else -1

@@ -113,8 +113,9 @@ class Batch(Protocol):
 
 def kernels_for(device: int | None) -> Any:
     """The kernels for a device, with the signatures of ``_core.pyi``: ``_core`` (NumPy,
-    CPU) or ``_cuda.core_like`` (CuPy; its kernels return None and leave the first failed
-    request to :func:`_backend.first_failed_row`)."""
+    CPU) or ``specdec_np._kernels.cuda.core_like`` (CuPy; its kernels return None and
+    leave the first failed request to
+    :func:`specdec_np._runtime.arrays.first_failed_row`)."""
     return _core if device is None else _cuda.core_like
 
 
@@ -249,8 +250,9 @@ def working_rows(device: int | None, threads: int, batch_size: int) -> int:
 def sampling_options(batch: Any, threads: int, table: Any) -> dict[str, Any]:
     """The kernel options of logits rows: the ``[B, 5]`` sampling table, the scratch rows
     of the processed target and draft row and, on the CPU, the threads for the passes over
-    one row (:func:`_backend.row_thread_count`; the CUDA kernels split a row between the
-    threads of a block already, and take no such option); empty for probability rows."""
+    one row (:func:`specdec_np._runtime.arrays.row_thread_count`; the CUDA kernels split a
+    row between the threads of a block already, and take no such option); empty for
+    probability rows."""
     if table is None:
         return {}
     rows = working_rows(batch.device, threads, batch.batch_size)

@@ -17,5 +17,5 @@ Map of this folder (the layout is kept apart from the per-row algorithm, as
   :func:`specdec_np.sample_tokens`).
 
 Each layout hands :mod:`specdec_np._kernels.dispatch` a checked batch; ``docs/semantics.md``
-section 11 says what a new layout touches.
+section 11 says what a new layout touches (section 10 maps the whole house).
 """

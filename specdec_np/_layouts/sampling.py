@@ -38,7 +38,7 @@ class SamplingParameters(NamedTuple):
     Attributes
     ----------
     temperature, top_k, top_p, min_p : scalar, array [B] or None
-        None is off (``docs/semantics.md`` §11).
+        None is off (``docs/semantics.md`` §12).
     filter_order : {"vllm", "llama.cpp"}
         The order of the filters.
     """
@@ -303,8 +303,8 @@ def sampling_table(
     sampling: Mapping[str, Any], greedy: np.ndarray, batch_size: int, filter_order: str = "vllm"
 ) -> np.ndarray:
     """float64 [B, 5]: temperature, top-k (0 = off), top-p, min-p and the filter order's
-    code (``_contract.FILTER_ORDER_CODES``) of every request, with the defaults of "off" (a
-    greedy request reads its rows raw; its entries are unused)."""
+    code (``specdec_np._runtime.contract.FILTER_ORDER_CODES``) of every request, with the
+    defaults of "off" (a greedy request reads its rows raw; its entries are unused)."""
     table = np.empty((batch_size, _contract.SAMPLING_COLUMNS), dtype=np.float64)
     for column, (name, off) in enumerate(_SAMPLING_COLUMNS):
         values = sampling[name]

@@ -10,6 +10,6 @@ Map of this folder (the oracle the fast paths are tested against; array-API code
 * :mod:`.traversal`: traversal verification's walk and law.
 
 The registry names each verifier's reference function
-(:attr:`specdec_np.registry.Verifier.reference`); ``docs/semantics.md`` section 10 says
+(:attr:`specdec_np.registry.Verifier.reference_name`); ``docs/semantics.md`` section 10 says
 where a new verifier's reference goes.
 """

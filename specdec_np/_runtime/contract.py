@@ -2,7 +2,8 @@
 
 This module is the one owner of what the Python layer and the kernels of both backends
 must agree on.  It is pure Python with no package imports, so that ``setup.py`` can load
-it by path and hand the constants to the C compiler as macros, and ``_cuda`` can write
+it by path and hand the constants to the C compiler as macros, and
+:mod:`specdec_np._kernels.cuda` can write
 them into the CUDA sources: every backend compiles the same numbers.
 
 Row status, written by every kernel for every request ``b``:

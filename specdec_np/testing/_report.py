@@ -164,7 +164,7 @@ class ConformanceReport:  # numpydoc ignore=PR01
         Returns
         -------
         int
-            The rows that are not ``SKIP``.
+            The rows that are not skipped.
         """
         return sum(not row.skipped for row in self.rows)
 

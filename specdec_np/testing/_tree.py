@@ -768,7 +768,7 @@ def _check_exact_logits(target: TreeTarget, rng: np.random.Generator,
     what = (f"chain trees of 0 and 1 nodes (V = {_kit_ragged.EXACT_V}), each with its own "
             f"settings, every draft assignment (children drawn by "
             f"'{target.method.drafting}' drafting) and uniform cell integrated; the law of the "
-            f"emitted tuples vs specdec_np._tree_reference.{target.method.oracle_name}, and "
+            f"emitted tuples vs specdec_np._reference.trees.{target.method.oracle_name}, and "
             f"continued by the target vs the target's law, the rows processed")
     results = _kit_ragged.aspect_results("exact law from logits", aspects, errors, what, missing)
     if reads:  # a method that reads no draft rows has no draft logits to process

@@ -282,9 +282,9 @@ def test_import_does_not_import_cupy(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 PACKAGE_DIR = REPO_ROOT / "specdec_np"
-KERNEL_SOURCES = PACKAGE_DIR / "_kernels" / "src"
-CPU_DIR = KERNEL_SOURCES / "cpu"
-SHARED_HEADER = KERNEL_SOURCES / "common" / "elementwise.h"
+SOURCE_DIR = PACKAGE_DIR / "_kernels" / "src"
+SHARED_HEADER = SOURCE_DIR / "common" / "elementwise.h"
+CPU_SOURCE_DIR = SOURCE_DIR / "cpu"
 CPU_HEADERS = ("logits_law.h", "rowscan.h", "rowthreads.h", "survivors.h", "treescan.h")
 
 
@@ -333,7 +333,7 @@ def test_no_formula_is_restated_outside_the_shared_header() -> None:
     appears anywhere else."""
     texts = {str(path.relative_to(REPO_ROOT)): path.read_text() for path in _kernel_files()}
     texts.update({name: generate() for name, generate in _cuda._GENERATED.items()})
-    texts.update({name: (CPU_DIR / name).read_text() for name in CPU_HEADERS})
+    texts.update({name: (CPU_SOURCE_DIR / name).read_text() for name in CPU_HEADERS})
     assert len(texts) > 10
     for name, text in texts.items():
         assert not _restated_formulas(text), f"{name} restates {_restated_formulas(text)}"
@@ -352,7 +352,7 @@ def test_the_restated_formula_check_catches_a_copy() -> None:
 
 def _extern_headers() -> set[str]:
     """The C headers that the Cython kernels declare their C functions from."""
-    sources = [PACKAGE_DIR / "_core.pyx", *sorted(CPU_DIR.glob("*.pxi"))]
+    sources = [PACKAGE_DIR / "_core.pyx", *sorted(CPU_SOURCE_DIR.glob("*.pxi"))]
     found = set()
     for source in sources:
         found.update(re.findall(r'cdef extern from "([^"]+\.h)"', source.read_text()))
@@ -370,11 +370,11 @@ def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path
     headers = _extern_headers()
     assert set(CPU_HEADERS) <= headers, headers
     macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
-    include = [f"-I{SHARED_HEADER.parent}", f"-I{CPU_DIR}"]  # the build's include path
     for header in sorted(headers):
-        path = CPU_DIR / header if (CPU_DIR / header).exists() else SHARED_HEADER.parent / header
         result = subprocess.run(
-            [cc, "-std=c11", "-MM", *macros, *include, str(path)],
+            [cc, "-std=c11", "-MM", *macros, f"-I{SHARED_HEADER.parent}", f"-I{CPU_SOURCE_DIR}",
+             str(next(folder / header for folder in (CPU_SOURCE_DIR, SHARED_HEADER.parent)
+                      if (folder / header).exists()))],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -391,28 +391,25 @@ def test_the_kernel_files_are_the_sources_and_are_packaged() -> None:
     carry every kernel file and the shared header."""
     assert {path.stem for path in _cuda.KERNEL_DIR.glob("*.cu")} == set(_cuda.SOURCE_NAMES)
     assert sorted(_cuda.cuda_sources()) == sorted(_cuda.SOURCE_NAMES)
-    import fnmatch
-
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    data = re.search(r'^"specdec_np\._kernels" = \[(.*?)\]', pyproject, flags=re.MULTILINE)
+    data = re.search(r'^"specdec_np\._kernels" = \[(.*?)\]', pyproject,
+                     flags=re.MULTILINE | re.DOTALL)  # fmt: skip
     assert data, "no package-data for specdec_np._kernels in pyproject.toml"
     patterns = re.findall(r'"([^"]+)"', data.group(1))
-    kernels = PACKAGE_DIR / "_kernels"
-    # recursive-include DIR PATTERN...: the sdist's rule for every kernel file.
-    recursive = [
-        (line.split()[1], line.split()[2:])
+    # The manifest's recursive-include lines: (folder, file patterns).
+    manifest = [
+        (REPO_ROOT / line.split()[1], line.split()[2:])
         for line in (REPO_ROOT / "MANIFEST.in").read_text().splitlines()
         if line.startswith("recursive-include ")
     ]
-    files = [*_kernel_files(), SHARED_HEADER, *(CPU_DIR / name for name in CPU_HEADERS)]
+    files = [*_kernel_files(), SHARED_HEADER, *(CPU_SOURCE_DIR / name for name in CPU_HEADERS)]
     for path in files:
-        relative = path.relative_to(kernels).as_posix()
-        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} not packaged"
-        in_sdist = path.relative_to(REPO_ROOT)
+        relative = path.relative_to(PACKAGE_DIR / "_kernels")
+        assert any(relative.match(pattern) for pattern in patterns), f"{relative} not packaged"
         assert any(
-            in_sdist.is_relative_to(folder) and any(fnmatch.fnmatch(path.name, n) for n in names)
-            for folder, names in recursive
-        ), f"{in_sdist} not in MANIFEST"
+            path.is_relative_to(folder) and any(path.match(pattern) for pattern in names)
+            for folder, names in manifest
+        ), f"{path.relative_to(REPO_ROOT)} not in MANIFEST"
 
 
 # ---------------------------------------------------------------------------------------------

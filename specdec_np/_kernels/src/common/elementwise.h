@@ -26,8 +26,8 @@
  * for bit.  Changing a formula is a change of this file alone.
  *
  * The kernel contract's constants (SPECDEC_ENTROPY_EPSILON, SPECDEC_OVERFLOW_EXPONENT)
- * come from specdec_np/_runtime/contract.py: setup.py passes them to the C compiler and _cuda
- * writes them at the top of every CUDA source.
+ * come from specdec_np/_runtime/contract.py: setup.py passes them to the C compiler and
+ * specdec_np/_kernels/cuda.py writes them at the top of every CUDA source.
  */
 #ifndef SPECDEC_ELEMENTWISE_H
 #define SPECDEC_ELEMENTWISE_H
@@ -45,7 +45,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 #if !defined(SPECDEC_ENTROPY_EPSILON) || !defined(SPECDEC_OVERFLOW_EXPONENT)
-#error "the kernel contract's macros must be defined first (setup.py, _cuda's prelude)"
+#error "the kernel contract's macros must be defined first (setup.py, specdec_np/_kernels/cuda.py's prelude)"
 #endif
 
 /* SPECDEC_SHARED qualifies every function below: an inline device function on CUDA (not
@@ -233,7 +233,7 @@ SPECDEC_SHARED double specdec_residual_update_element(double a, double src_mass,
 }
 
 /* The factor applied to every weight of a row whose float64 sum overflows to inf, so that
- * v * Z stays finite (_contract.OVERFLOW_EXPONENT). */
+ * v * Z stays finite (specdec_np/_runtime/contract.py: OVERFLOW_EXPONENT). */
 SPECDEC_SHARED double specdec_overflow_scale(void)
 {
     return ldexp(1.0, SPECDEC_OVERFLOW_EXPONENT);

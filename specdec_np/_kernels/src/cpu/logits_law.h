@@ -560,7 +560,7 @@ SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
 /* ---- llama.cpp's filter order ---------------------------------------------------------- */
 
 #ifndef SPECDEC_FILTER_ORDER_LLAMA_CPP
-#error "the kernel contract's macros must be defined first (setup.py, _cuda's prelude)"
+#error "the kernel contract's macros must be defined first (setup.py, specdec_np/_kernels/cuda.py's prelude)"
 #endif
 
 /* The cutoff and normaliser of a row law in llama.cpp's order (docs/semantics.md §12), for

@@ -43,7 +43,7 @@ def processed_rows(
     logits : float32 or float64 [N, V], C-contiguous
     sampling : float64 [N, 5]
         Per row ``(temperature, top_k, top_p, min_p, filter order code)``, top-k 0 = off,
-        temperature > 0 (``_contract.FILTER_ORDER_CODES``).
+        temperature > 0 (``specdec_np._runtime.contract.FILTER_ORDER_CODES``).
     out : same dtype as ``logits`` [N, V]
         Written: row ``i``'s law (all zeros for a row without a finite maximum).
     num_threads : int

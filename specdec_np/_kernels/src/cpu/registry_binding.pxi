@@ -280,8 +280,8 @@ cdef int require_chain_row_code(Py_ssize_t code) except -1:
     # The message is built only on failure: this runs once per request.
     if num_bound_chain_rows == 0:
         raise RuntimeError(
-            "the chain row functions are not bound: import specdec_np (its _dispatch module "
-            "binds them from the registry) before calling the kernels"
+            "the chain row functions are not bound: import specdec_np (its _kernels.dispatch "
+            "module binds them from the registry) before calling the kernels"
         )
     if not 0 <= code < num_bound_chain_rows:
         raise ValueError(
@@ -295,8 +295,8 @@ cdef int require_tree_step_code(Py_ssize_t code) except -1:
     # The message is built only on failure: this runs once per request.
     if num_bound_tree_steps == 0:
         raise RuntimeError(
-            "the tree steps are not bound: import specdec_np (its _dispatch module binds "
-            "them from the registry) before calling the kernels"
+            "the tree steps are not bound: import specdec_np (its _kernels.dispatch module "
+            "binds them from the registry) before calling the kernels"
         )
     if not 0 <= code < num_bound_tree_steps:
         raise ValueError(
