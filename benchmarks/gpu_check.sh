@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wheelhouse=benchmarks/wheelhouse
-# The benchmark grid (tests/test_gpu_check_script.py parses it with the parser of
+# The benchmark grid (tests/project/test_gpu_check_script.py parses it with the parser of
 # benchmarks/studies/run.py).
 bench_args=(--backends cupy --batch 1 8 64 --k 4 --vocab 32000 128256 --skip-reference
     --skip-torch --no-profile)

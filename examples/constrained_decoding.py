@@ -15,7 +15,7 @@ per draft position:
 
 With every request greedy, the output equals plain greedy decoding under the same settings
 token for token (:func:`greedy_reference`, one :func:`specdec_np.processed_probs` row per
-token); ``tests/test_examples.py`` checks that.  Run it: ``python
+token); ``tests/project/test_examples.py`` checks that.  Run it: ``python
 examples/constrained_decoding.py``.
 """
 

@@ -16,7 +16,7 @@ The whole loop is one ``jax.jit`` computation (a ``lax.fori_loop`` over steps):
 
 Run it: ``python examples/jax_decode_loop.py`` (``--help`` for the options).  With every
 request greedy the text equals plain greedy decoding with the target, token for token; that
-is what ``tests/test_examples.py`` checks.
+is what ``tests/project/test_examples.py`` checks.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ right prefix), the rest are thrown away.  The new token is fed at the next step.
 
 Run it: ``python examples/numpy_engine_loop.py`` (``--help`` for the options).  With every
 request greedy the output equals plain greedy decoding token for token; that and the caches'
-consistency are what ``tests/test_examples.py`` checks.
+consistency are what ``tests/project/test_examples.py`` checks.
 """
 
 from __future__ import annotations

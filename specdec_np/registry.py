@@ -567,7 +567,7 @@ LAYOUTS: tuple[Layout, ...] = (
         summary="an engine's flat ragged batch from logits or probabilities: verify_ragged()",
         front="specdec_np._layouts.ragged:verify_ragged",
         batch="specdec_np._layouts.ragged:ragged_chain",
-        reference="specdec_np._reference.chains:verify_ragged",
+        reference="specdec_np._reference.ragged:verify_ragged",
         kit="specdec_np.testing._ragged",
     ),
     Layout(

@@ -1,7 +1,7 @@
 """Helpers shared by the CPU and GPU verifier tests (a module, not a test file).
 
 The residual draw of two implementations may differ only where ``v * Z`` lies within
-rounding of a CDF boundary (SPEC 7); :func:`assert_draw_consistent` checks exactly that.
+rounding of a CDF boundary; :func:`assert_draw_consistent` checks exactly that.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def random_rows(rng: np.random.Generator, shape: tuple[int, ...], sparsity: floa
 
 
 def residual_weights(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:
-    """float64 residual weights of SPEC 4.1 (the fallback to p when they have no mass)."""
+    """float64 residual weights of rejection sampling (the fallback to p when they have no
+    mass)."""
     weights = np.maximum(p_row - q_row, 0.0)
     if not np.any(weights > 0):  # non-negative terms: the sum is zero iff all are
         weights = np.maximum(p_row, 0.0)

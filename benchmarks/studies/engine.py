@@ -16,7 +16,7 @@ baselines measured in the same run:
   masking, top-p by sorting) of every row, the bonus drawn from every processed bonus row,
   then ``specdec_np.rejection_sample`` / ``greedy_sample`` on padded ``[n, k_b + 1, V]``
   blocks of the requests with the same ``k_b``;
-* ``reference``: the array-API reference, where ``specdec_np._reference.chains`` has a
+* ``reference``: the array-API reference, where ``specdec_np._reference.ragged`` has a
   function for
   the ragged layout (it has none yet: skipped with a note);
 * ``argmax``: a plain ``np.argmax`` over the target rows the greedy requests must read
@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402  (timing, bandwidth, metadata, JSON lines, tables)
 
 import specdec_np  # noqa: E402
-from specdec_np._reference import chains as _reference  # noqa: E402
+from specdec_np._reference import ragged as _reference  # noqa: E402
 
 REGIMES = ("flat", "realistic")
 FULL_BATCH = (1, 8, 64)
@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference_note = (
         "reference: run"
         if hasattr(_reference, REFERENCE_RAGGED)
-        else "reference skipped: specdec_np._reference.chains has no ragged adapter "
+        else "reference skipped: specdec_np._reference.ragged has no ragged adapter "
         f"({REFERENCE_RAGGED})"
     )
     log(reference_note)

@@ -5,7 +5,7 @@ Bytes: for each ``V`` in {32000, 128256}, ``B`` in {1, 8, 64} (``k = 4`` drafts 
 request, draft logits, ``S = 2`` ranks) and two sampling settings (``plain``: temperature
 only; ``filtered``: top-k, top-p and min-p on every request), the call runs on simulated
 ranks (``run_local``) at a small vocabulary and reports its ``exchanged_bytes``, which do
-not depend on ``V`` (``tests/test_sharded.py`` checks that); the all-gather's bytes are
+not depend on ``V`` (``tests/sharded/test_sharded.py`` checks that); the all-gather's bytes are
 ``rows x V x 4`` (float32 target and draft rows), what ``gather_bytes`` reports at that
 ``V``.  Every draft is rejected at its first position or accepted through the bonus
 depending on the uniforms, as in a real step.

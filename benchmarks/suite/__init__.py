@@ -10,6 +10,6 @@ or a tree method added to the registry is timed without an edit here.
 * :mod:`suite.bench_processed`: the processed law of logits rows.
 
 The asv configuration is ``benchmarks/asv.conf.json``; ``benchmarks/README.md`` has the
-commands.  Nothing here imports asv: ``tests/test_asv_suite.py`` runs every benchmark once
+commands.  Nothing here imports asv: ``tests/project/test_asv_suite.py`` runs every benchmark once
 without it.
 """

@@ -7,8 +7,11 @@ Map of this folder (the layout is kept apart from the per-row algorithm, as
   logits, mixed) and the kernel's sampling table;
 * :mod:`.padded`: vLLM's padded chain ``[B, k+1, V]`` (the sampler classes and
   :func:`specdec_np.verify`);
+* :mod:`.engine_call`: the one engine call under every engine-layout front (its
+  records of row sources and uniform sources, the layout protocol, the kernel options);
 * :mod:`.ragged`: the engine's flat ragged batch (:func:`specdec_np.verify_ragged`);
-* :mod:`.tree`: draft trees, their builders and :func:`specdec_np.verify_tree`;
+* :mod:`.tree_builders`: draft trees as flat arrays: their record, validation and builders;
+* :mod:`.tree`: the tree batch and :func:`specdec_np.verify_tree`;
 * :mod:`.tree_links`: a tree batch's parent and sibling links in the kernel's form;
 * :mod:`.processed`: the processed law as a function (:func:`specdec_np.processed_probs`,
   :func:`specdec_np.sample_tokens`);

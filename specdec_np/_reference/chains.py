@@ -42,7 +42,6 @@ __all__ = [
     "residual_draw",
     "typical_acceptance_decisions",
     "typical_acceptance_sample",
-    "verify_ragged",
 ]
 
 
@@ -857,6 +856,3 @@ def decisions_for(verifier: Any) -> Any:
     """
     return getattr(sys.modules[__name__], verifier.decisions_name)
 
-
-# The engine layout's adapter lives in its own module (it reads this one's references).
-from .ragged import verify_ragged  # noqa: E402

@@ -3,7 +3,7 @@
 :func:`adjust_logits` applies the row settings of one request (masks and bias, then
 penalties), :func:`cut_run` cuts an emitted run at its stop or budget and
 :func:`reference_logprobs` computes the logprobs of an emitted run; the reference adapter
-:func:`specdec_np._reference.chains.verify_ragged` calls them (docs/semantics.md, "The whole
+:func:`specdec_np._reference.ragged.verify_ragged` calls them (docs/semantics.md, "The whole
 sampling surface").
 """
 

@@ -23,7 +23,7 @@ output ids (or an object with ``output_token_ids``).
   each law with one setting off too, so a verifier that ignores a setting fails, and one
   property per class of settings says which class; target probabilities with draft
   logits at each request's temperature get their own property.  For the deterministic
-  kinds, equality with the reference (:func:`specdec_np._reference.chains.verify_ragged`) from
+  kinds, equality with the reference (:func:`specdec_np._reference.ragged.verify_ragged`) from
   logits;
 * Monte Carlo from logits with every filter on, once per randomness source it takes;
 * greedy requests (temperature 0) mixed into every batch: the argmax rule on raw rows;
@@ -42,6 +42,7 @@ import numpy as np
 
 from .. import registry
 from .._reference import chains as _reference
+from .._reference import ragged as ragged_reference
 from . import _monte_carlo, _oracles
 from . import _padded as _kit_padded
 from ._padded import SEEDED_SOURCES, SOURCE_LABELS, chain_chi_square, source_keywords
@@ -685,7 +686,7 @@ def _check_reference_logits(target: RaggedTarget, kind: str, rng: np.random.Gene
     values = _assemble(requests, ("logits", "logits"), target.dtype, source="none")
     output = target(**values)
     collector.record(requests, output, "logits reference batch", vocab_size)
-    expected, _ = _reference.verify_ragged(
+    expected, _ = ragged_reference.verify_ragged(
         values["num_draft_tokens"], values["draft_token_ids"], values["target_logits"],
         values["draft_logits"], method=kind, from_logits=True,
         temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
