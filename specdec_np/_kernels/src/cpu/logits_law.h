@@ -32,7 +32,8 @@
  * the high half of each sixteen to the lanes before the low half; 4 = the exponential pass
  * split between threads returns the sum of its chunks' sums; 5 = the AVX-512 block sums
  * round every product, without the check for a float32 midpoint; 8 = the draw from a law's
- * survivors adds each to the lane of its rank, not of its index.
+ * survivors adds each to the lane of its rank, not of its index; 9 = the gathered survivors
+ * drop the tie group at top-k's key (survivors.h).
  *
  * A row can be split between threads (the scratch's row_threads, rowthreads.h) when the
  * loop over requests runs on one, with the bits of one thread.  The filters' selections

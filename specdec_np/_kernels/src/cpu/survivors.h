@@ -353,7 +353,9 @@ SPECDEC_DEFINE_LOGIT_FLOOR(d, double, uint64_t, (double)INFINITY)
             ptrdiff_t y_i = y[i];                                                          \
             z[kept] = z_i;                                                                 \
             y[kept] = y_i;                                                                 \
-            kept += specdec_key_##SUFFIX(z_i) >= floor_key;                                \
+            /* Mutation 9 (tests only): the entries at the floor key are dropped. */       \
+            kept += SPECDEC_LOGITS_MUTATION == 9 ? specdec_key_##SUFFIX(z_i) > floor_key     \
+                                                 : specdec_key_##SUFFIX(z_i) >= floor_key;   \
         }                                                                                  \
         return kept;                                                                       \
     }                                                                                      \
