@@ -136,6 +136,7 @@ def row_scans(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
 
 # ---- rows and cases -------------------------------------------------------------------
 
+
 def _row(kind: str, vocab: int, dtype: type, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     row = 3.0 * rng.standard_normal(vocab)
@@ -193,6 +194,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 # ---- the law and its processed row ------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_survivors_give_the_bits_of_the_row_scans(
     survivors: Survivors, row_scans: Survivors, dtype: type
@@ -242,6 +244,7 @@ def test_survivors_that_drop_the_ties_at_top_k_are_caught(
 
 # ---- the draw ---------------------------------------------------------------------------
 
+
 def _combine(lanes: np.ndarray) -> float:
     return float(((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
                  + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])))  # fmt: skip
@@ -253,7 +256,7 @@ def _row_draws(p: np.ndarray, block: int, uniforms: np.ndarray) -> np.ndarray:
     w = np.where(p > 0, p.astype(np.float64), 0.0)
     sums = []
     for start in range(0, w.size, block):
-        segment = w[start:start + block]
+        segment = w[start : start + block]
         segment = np.concatenate([segment, np.zeros(-segment.size % 8)])
         sums.append(_combine(np.cumsum(segment.reshape(-1, 8), axis=0)[-1]))
     total = 0.0
@@ -266,8 +269,8 @@ def _row_draws(p: np.ndarray, block: int, uniforms: np.ndarray) -> np.ndarray:
         while j < len(sums) and not running + sums[j] > threshold:
             running += sums[j]
             j += 1
-        scan = np.cumsum(np.concatenate([[running], w[j * block:]]))[1:]
-        hits = np.flatnonzero((w[j * block:] > 0) & (scan > threshold))
+        scan = np.cumsum(np.concatenate([[running], w[j * block :]]))[1:]
+        hits = np.flatnonzero((w[j * block :] > 0) & (scan > threshold))
         tokens.append(j * block + hits[0] if hits.size else np.flatnonzero(w)[-1])
     return np.array(tokens)
 
@@ -281,7 +284,7 @@ def _boundary_uniforms(p: np.ndarray, seed: int, block: int = 2048) -> np.ndarra
     edges = cumulative / cumulative[-1]
     running, total = [], 0.0
     for start in range(0, w.size, block):
-        segment = w[start:start + block]
+        segment = w[start : start + block]
         running.append(np.cumsum(np.concatenate([[total], segment[segment > 0]]))[1:])
         padded = np.concatenate([segment, np.zeros(-segment.size % 8)])
         total += _combine(np.cumsum(padded.reshape(-1, 8), axis=0)[-1])
@@ -341,6 +344,7 @@ def test_a_draw_that_sums_survivors_in_other_lanes_is_caught(
 
 
 # ---- through the extension ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("order", ["vllm", "llama.cpp"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
