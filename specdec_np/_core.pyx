@@ -91,6 +91,8 @@ cdef extern from "survivors.h" nogil:
         # Threads for the passes over one row (0 or 1: one; used only outside a parallel
         # loop over requests).
         int row_threads
+        # After a law: how many gathered entries hold its kept set (-1: none).
+        Py_ssize_t survivors
     specdec_law_scratch* specdec_law_scratch_new()
 
 cdef extern from "logits_law.h" nogil:
@@ -132,6 +134,22 @@ cdef extern from "logits_law.h" nogil:
     void specdec_law_materialise_d(
         const double* logits, Py_ssize_t V, double temperature, const specdec_row_law* law,
         double* out,
+    )
+    # From the survivors of the law just computed (scratch.survivors >= 0): the processed
+    # row, and the inverse-CDF draw at v with the bits of the draw from that row.
+    void specdec_survivors_row_f(
+        const specdec_law_scratch* scratch, const specdec_row_law* law, Py_ssize_t V,
+        float* out,
+    )
+    void specdec_survivors_row_d(
+        const specdec_law_scratch* scratch, const specdec_row_law* law, Py_ssize_t V,
+        double* out,
+    )
+    Py_ssize_t specdec_survivors_draw_f(
+        specdec_law_scratch* scratch, const specdec_row_law* law, Py_ssize_t block, double v
+    )
+    Py_ssize_t specdec_survivors_draw_d(
+        specdec_law_scratch* scratch, const specdec_row_law* law, Py_ssize_t block, double v
     )
 
 cdef extern from "rowthreads.h" nogil:

@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
-import specdec_np
-from specdec_np import sharded
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402  (tables)
+
+import specdec_np  # noqa: E402
+from specdec_np import sharded  # noqa: E402
 
 VOCABULARIES = (32000, 128256)
 BATCHES = (1, 8, 64)
@@ -120,11 +126,9 @@ def main() -> None:
     parser.add_argument("--out", help="write the rows as JSON lines")
     arguments = parser.parse_args()
     rows = bytes_table()
-    print(f"{'setting':9} {'B':>3} {'V':>7} {'exchanged':>10} {'rounds':>6} "
-          f"{'all-gather':>12} {'ratio':>8}")
-    for row in rows:
-        print(f"{row['setting']:9} {row['B']:>3} {row['V']:>7} {row['exchanged_bytes']:>10} "
-              f"{row['rounds']:>6} {row['gather_bytes']:>12} {row['ratio']:>8}")
+    columns = ("setting", "B", "V", "exchanged_bytes", "rounds", "gather_bytes", "ratio")
+    cells = [[str(row[column]) for column in columns] for row in rows]
+    print(harness.render_table(columns, cells, markdown=False))
     if arguments.time:
         timing = wall_times()
         timing["machine"] = platform.processor() or platform.machine()

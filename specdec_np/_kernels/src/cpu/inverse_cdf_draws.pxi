@@ -92,6 +92,23 @@ cdef Py_ssize_t draw_by_blocks(
     cdef int _attempt
     cdef const probability_t* block_p
     cdef const probability_t* block_q
+    if (
+        request != NULL and request.logits and q == NULL and point_mass < 0 and rho == 1.0
+        and num_excluded == 0 and request.target_law_row != i
+        and top_k_filters(request.top_k, V)
+    ):
+        # A row drawn from as it is, whose law is new: from top-k's survivors alone when
+        # they hold its kept set (the same token as from the whole row), without the row.
+        compute_row_law(request, p, i, False, NULL)
+        if request.law_scratch.survivors >= 0:
+            if probability_t is float:
+                return specdec_survivors_draw_f(
+                    request.law_scratch, &request.target_law, draw_block_size(V), v
+                )
+            else:
+                return specdec_survivors_draw_d(
+                    request.law_scratch, &request.target_law, draw_block_size(V), v
+                )
     if request != NULL:
         p = undivided_probability_row(request, p, i, False, &p_normaliser)
         q = undivided_probability_row(request, q, i, True, &q_normaliser)

@@ -31,7 +31,9 @@
  * 2 = llama.cpp's top-p weighs only what min-p keeps too; 3 = the sixteen-lane pass adds
  * the high half of each sixteen to the lanes before the low half; 4 = the exponential pass
  * split between threads returns the sum of its chunks' sums; 5 = the AVX-512 block sums
- * round every product, without the check for a float32 midpoint.
+ * round every product, without the check for a float32 midpoint; 8 = the draw from a law's
+ * survivors adds each to the lane of its rank, not of its index; 9 = the gathered survivors
+ * drop the tie group at top-k's key (survivors.h).
  *
  * A row can be split between threads (the scratch's row_threads, rowthreads.h) when the
  * loop over requests runs on one, with the bits of one thread.  The filters' selections
@@ -557,6 +559,34 @@ static void specdec_block_sums_f(float *p, ptrdiff_t V, double normaliser, ptrdi
 SPECDEC_DEFINE_ROW_PASSES(f, float, specdec_row_max_f, specdec_kept_sum_f)
 SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
 
+/* ---- the maximum from top-k's survivors ------------------------------------------------ */
+
+/* specdec_row_law's `gathered` when it gathered nothing (it did not try, or the maximum below
+ * could not be trusted); -1 is a gathering that failed. */
+#define SPECDEC_NOT_GATHERED (-2)
+
+/* The row's maximum z and count of +inf z from the entries gathered in element order with
+ * z >= some threshold, which hold every z equal to the maximum: what the row scan finds
+ * (specdec_max_step, the first of the tied zeros in element order).  `values` are z
+ * (temperature 1) or logits gathered at temperature 1 (llama.cpp's order), of which z =
+ * l / temperature: then an entry left out can still tie with the maximum once divided, and
+ * a maximum of zero (its sign) or of +inf (the count) is not trusted (returns 0). */
+#define SPECDEC_DEFINE_GATHERED_MAX(SUFFIX, T)                                              \
+    static int specdec_gathered_max_##SUFFIX(const T *values, ptrdiff_t count, T temperature, \
+                                             T *z_max, int64_t *num_infinite)              \
+    {                                                                                      \
+        T best = (T)-INFINITY;                                                             \
+        int64_t infinite = 0;                                                              \
+        for (ptrdiff_t i = 0; i < count; ++i)                                              \
+            specdec_max_step_##SUFFIX(values[i] / temperature, &best, &infinite);          \
+        *z_max = best;                                                                     \
+        *num_infinite = infinite;                                                          \
+        return temperature == (T)1 || !(best == (T)0 || best == (T)INFINITY);              \
+    }
+
+SPECDEC_DEFINE_GATHERED_MAX(f, float)
+SPECDEC_DEFINE_GATHERED_MAX(d, double)
+
 /* ---- llama.cpp's filter order ---------------------------------------------------------- */
 
 #ifndef SPECDEC_FILTER_ORDER_LLAMA_CPP
@@ -576,8 +606,9 @@ SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
 #define SPECDEC_DEFINE_LLAMA_CPP_LAW(SUFFIX, T, KEY_T, KEPT_SUM)                            \
     static int specdec_llama_cpp_law_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,  \
                                               T z_max, int64_t top_k, double top_p,        \
-                                              double min_p, specdec_law_scratch *scratch,  \
-                                              T *weights, specdec_row_law *law)            \
+                                              double min_p, ptrdiff_t gathered,            \
+                                              specdec_law_scratch *scratch, T *weights,    \
+                                              specdec_row_law *law)                        \
     {                                                                                      \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
         /* Top-k's survivors, gathered (count >= 0) when they fit: they hold the row's     \
@@ -588,8 +619,11 @@ SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
         double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
-            /* Counting selects read no weight: z_max stands in for max l. */              \
-            count = specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, scratch);   \
+            /* Counting selects read no weight: z_max stands in for max l.  `gathered`:    \
+             * the row law gathered them already (SPECDEC_NOT_GATHERED: it did not). */     \
+            count = gathered != SPECDEC_NOT_GATHERED                                       \
+                        ? gathered                                                         \
+                        : specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, scratch); \
             KEY_T k_key = count >= 0                                                       \
                               ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
                                                            z_max, scratch)                 \
@@ -659,6 +693,7 @@ SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
                 candidates, count, z_max, scratch->candidate_weights.SUFFIX);              \
             law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, w, positions, \
                                                                  count, cutoff);           \
+            scratch->survivors = count;                                                    \
             if (!weights)                                                                  \
                 return 0;                                                                  \
             specdec_gathered_weights_##SUFFIX(candidates, w, positions, count, cutoff, V,  \
@@ -691,7 +726,24 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
     {                                                                                      \
         T z_max;                                                                           \
         int64_t num_infinite;                                                              \
-        ROW_MAX(logits, V, temperature, &z_max, &num_infinite, scratch->row_threads);      \
+        scratch->survivors = -1;                                                           \
+        /* Top-k's survivors first, where they are gathered from a long row: they hold the \
+         * row's maximum, so that a row costs one pass that compares logits (no division, \
+         * no exponential) and the rest works on the survivors alone. */                   \
+        ptrdiff_t gathered = SPECDEC_NOT_GATHERED;                                         \
+        if (top_k > 0 && top_k < (int64_t)V && V > SPECDEC_TOP_P_CANDIDATES) {             \
+            int llama = filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP;                    \
+            /* Counting selects read no weight: the maximum is not needed yet. */          \
+            gathered = specdec_gather_top_##SUFFIX(logits, V, llama ? (T)1 : temperature,  \
+                                                   (T)INFINITY, top_k, scratch);           \
+            if (gathered >= 0 &&                                                           \
+                !specdec_gathered_max_##SUFFIX(scratch->candidates.SUFFIX, gathered,       \
+                                               llama ? temperature : (T)1, &z_max,         \
+                                               &num_infinite))                             \
+                gathered = SPECDEC_NOT_GATHERED;                                           \
+        }                                                                                  \
+        if (gathered < 0)                                                                  \
+            ROW_MAX(logits, V, temperature, &z_max, &num_infinite, scratch->row_threads);  \
         law->z_max = (double)z_max;                                                        \
         law->num_infinite = num_infinite;                                                  \
         law->status = 0;                                                                   \
@@ -708,7 +760,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
         }                                                                                  \
         if (filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP) {                              \
             return specdec_llama_cpp_law_##SUFFIX(logits, V, temperature, z_max, top_k, top_p, \
-                                                  min_p, scratch, weights, law);           \
+                                                  min_p, gathered, scratch, weights, law); \
         }                                                                                  \
         KEY_T floor_key = 1; /* NaN (key 0) is never kept */                               \
         if (min_p > 0.0)                                                                   \
@@ -730,8 +782,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
                 count = specdec_gather_at_or_above_##SUFFIX(logits, V, temperature, floor_key, \
                                                             candidates, positions);        \
             } else {                                                                       \
-                count = specdec_gather_top_##SUFFIX(logits, V, temperature, z_max, top_k,  \
-                                                    scratch);                              \
+                count = gathered;                                                          \
                 /* z / 1 is z, so the keys and weights of the gathered z are the same     \
                  * bits. */                                                                \
                 KEY_T k_key = count >= 0                                                   \
@@ -797,6 +848,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
                                                        scratch->candidate_weights.SUFFIX); \
             law->normaliser = specdec_kept_sum_gathered_##SUFFIX(candidates, w, positions, \
                                                                  count, cutoff);           \
+            scratch->survivors = count;                                                    \
             if (!weights)                                                                  \
                 return 0;                                                                  \
             specdec_gathered_weights_##SUFFIX(candidates, w, positions, count, cutoff, V,  \
@@ -810,6 +862,96 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
 
 SPECDEC_DEFINE_ROW_LAW(f, float, uint32_t, specdec_law_row_max_f, specdec_law_kept_sum_f)
 SPECDEC_DEFINE_ROW_LAW(d, double, uint64_t, specdec_law_row_max_d, specdec_law_kept_sum_d)
+
+/* ---- a law's survivors alone: its processed row and its draw ------------------------- */
+
+/* The processed row of a law whose kept set lies within its gathered survivors
+ * (scratch->survivors >= 0, right after specdec_row_law): zeros and the survivors' p, the
+ * bits specdec_law_from_weights gives from the row of weights (0 / n is +0). */
+#define SPECDEC_DEFINE_SURVIVORS_ROW(SUFFIX, T)                                             \
+    static void specdec_survivors_row_##SUFFIX(const specdec_law_scratch *scratch,          \
+                                               const specdec_row_law *law, ptrdiff_t V,    \
+                                               T *out)                                     \
+    {                                                                                      \
+        const T *z = scratch->candidates.SUFFIX, *w = scratch->candidate_weights.SUFFIX;   \
+        const T cutoff = (T)law->cutoff;                                                   \
+        memset(out, 0, (size_t)V * sizeof(T));                                             \
+        for (ptrdiff_t i = 0; i < scratch->survivors; ++i)                                 \
+            if (z[i] >= cutoff)                                                            \
+                out[scratch->positions[i]] = (T)((double)w[i] / law->normaliser);          \
+    }
+
+SPECDEC_DEFINE_SURVIVORS_ROW(f, float)
+SPECDEC_DEFINE_SURVIVORS_ROW(d, double)
+
+/* The inverse-CDF draw at v from a law whose kept set lies within its gathered survivors
+ * (scratch->survivors >= 0, right after specdec_row_law), with the bits of the draw from
+ * the whole processed row (draw_by_blocks of the Cython kernels: its block sums, as
+ * specdec_block_sums gives them, their running sum, and the scan of the chosen block on):
+ * an entry outside the survivors is +0, which adds nothing to a lane, a block's sum or a
+ * running sum and never stops a scan, so the survivors' p, each added to the lane of its
+ * index in element order and each block summed as SPECDEC_COMBINE_LANES, give every sum
+ * the row gives.  `block` is the draw's block (a multiple of 8).  Returns the token, or -1
+ * when no weight is positive.  Overwrites the gathered entries. */
+#define SPECDEC_DEFINE_SURVIVORS_DRAW(SUFFIX, T)                                            \
+    static double specdec_survivors_block_sum_##SUFFIX(const T *p, const ptrdiff_t *y,      \
+                                                       ptrdiff_t n, ptrdiff_t block,       \
+                                                       ptrdiff_t *i)                       \
+    {                                                                                      \
+        /* Block y[*i] / block's sum, from its survivors *i, *i + 1, ...; *i moves past. */ \
+        double lanes[8] = {0};                                                             \
+        ptrdiff_t j = y[*i] / block;                                                       \
+        for (; *i < n && y[*i] / block == j; ++*i)                                         \
+            lanes[SPECDEC_LOGITS_MUTATION == 8 ? *i % 8 : y[*i] % 8] += (double)p[*i];     \
+        return SPECDEC_COMBINE_LANES(lanes);                                               \
+    }                                                                                      \
+    static ptrdiff_t specdec_survivors_draw_##SUFFIX(specdec_law_scratch *scratch,          \
+                                                     const specdec_row_law *law,           \
+                                                     ptrdiff_t block, double v)            \
+    {                                                                                      \
+        T *p = scratch->candidates.SUFFIX;                                                 \
+        const T *w = scratch->candidate_weights.SUFFIX;                                    \
+        ptrdiff_t *y = scratch->positions;                                                 \
+        const T cutoff = (T)law->cutoff;                                                   \
+        /* The positive p of the kept survivors, in place, in element order. */           \
+        ptrdiff_t n = 0;                                                                   \
+        for (ptrdiff_t i = 0; i < scratch->survivors; ++i) {                               \
+            T p_i = (T)((double)w[i] / law->normaliser);                                   \
+            if (p[i] >= cutoff && p_i > (T)0) {                                            \
+                p[n] = p_i;                                                                \
+                y[n] = y[i];                                                               \
+                ++n;                                                                       \
+            }                                                                              \
+        }                                                                                  \
+        scratch->survivors = -1;                                                           \
+        double total = 0.0;                                                                \
+        for (ptrdiff_t i = 0; i < n;)                                                      \
+            total += specdec_survivors_block_sum_##SUFFIX(p, y, n, block, &i);             \
+        if (!(total > 0.0))                                                                \
+            return -1;                                                                     \
+        const double threshold = v * total;                                                \
+        double running = 0.0;                                                              \
+        /* The first block whose running sum passes the threshold, then its entries on. */ \
+        ptrdiff_t first = 0;                                                               \
+        while (first < n) {                                                                \
+            ptrdiff_t next = first;                                                        \
+            double sum = specdec_survivors_block_sum_##SUFFIX(p, y, n, block, &next);      \
+            if (running + sum > threshold)                                                 \
+                break;                                                                     \
+            running += sum;                                                                \
+            first = next;                                                                  \
+        }                                                                                  \
+        for (ptrdiff_t i = first; i < n; ++i) {                                            \
+            running += (double)p[i];                                                       \
+            if (specdec_draw_stops((double)p[i], running, threshold))                      \
+                return y[i];                                                               \
+        }                                                                                  \
+        /* Rounding made the scan miss: the last positive weight. */                       \
+        return y[n - 1];                                                                   \
+    }
+
+SPECDEC_DEFINE_SURVIVORS_DRAW(f, float)
+SPECDEC_DEFINE_SURVIVORS_DRAW(d, double)
 
 /* p(y) as float64 from the one logit logits[y]; 0 for a row without mass. */
 #define SPECDEC_DEFINE_PROBABILITY(SUFFIX, T)                                               \

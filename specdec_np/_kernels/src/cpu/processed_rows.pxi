@@ -8,22 +8,31 @@ cdef void process_row(
     const probability_t* logits, Py_ssize_t V, const double* sampling,
     specdec_law_scratch* scratch, probability_t* out
 ) noexcept nogil:
-    # The law lives in this frame, its scratch on the heap: one per thread of the loop.  The
-    # law keeps its weights in ``out`` when it can, and they are divided there.
+    # The law lives in this frame, its scratch on the heap: one per thread of the loop.  A
+    # law whose kept set lies within its gathered survivors (top-k on) writes them alone and
+    # zeros; otherwise it keeps its weights in ``out`` when it can, divided there.
     cdef specdec_row_law law
+    cdef bint undivided
+    cdef probability_t* weights = NULL if top_k_filters(<int64_t>sampling[1], V) else out
     if probability_t is float:
-        if specdec_row_law_f(
+        undivided = specdec_row_law_f(
             logits, V, <float>sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
-            <int>sampling[4], scratch, out, &law,
-        ):
+            <int>sampling[4], scratch, weights, &law,
+        )
+        if scratch.survivors >= 0:
+            specdec_survivors_row_f(scratch, &law, V, out)
+        elif undivided:
             specdec_law_from_weights_f(out, V, law.normaliser)
         else:
             specdec_law_materialise_f(logits, V, <float>sampling[0], &law, out)
     else:
-        if specdec_row_law_d(
+        undivided = specdec_row_law_d(
             logits, V, sampling[0], <int64_t>sampling[1], sampling[2], sampling[3],
-            <int>sampling[4], scratch, out, &law,
-        ):
+            <int>sampling[4], scratch, weights, &law,
+        )
+        if scratch.survivors >= 0:
+            specdec_survivors_row_d(scratch, &law, V, out)
+        elif undivided:
             specdec_law_from_weights_d(out, V, law.normaliser)
         else:
             specdec_law_materialise_d(logits, V, sampling[0], &law, out)

@@ -44,6 +44,12 @@ cdef inline void init_request(
         request.law_scratch = law_scratch
 
 
+cdef inline bint top_k_filters(int64_t top_k, Py_ssize_t V) noexcept nogil:
+    """Whether top-k drops entries: then a law can find its kept set among top-k's
+    survivors alone, without an exponential per entry (``specdec_survivors_row``)."""
+    return 0 < top_k < V
+
+
 cdef inline bint compute_row_law(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft,
     probability_t* weights

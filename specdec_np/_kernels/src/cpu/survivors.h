@@ -46,6 +46,11 @@ typedef struct {
     } keys, spare_keys;
     /* Threads for the passes over one row (rowthreads.h); 0 (calloc's) or 1: one. */
     int row_threads;
+    /* After a law (logits_law.h): how many gathered entries hold its whole kept set, with
+     * their z in `candidates`, weights in `candidate_weights` and indices in `positions`,
+     * in element order (the kept ones are those with z >= the law's cutoff); -1 when the
+     * law scanned the row instead. */
+    ptrdiff_t survivors;
 } specdec_law_scratch;
 
 /* A zeroed scratch (NULL when the allocation fails). */
@@ -126,6 +131,9 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
 SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
 SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 
+/* The 32-byte groups that the gather tests at once where it need not divide. */
+#define SPECDEC_GATHER_GROUPS 8
+
 /* Whether any z of the 32 bytes of logits at x (over the temperature when `divide`) is at
  * least the threshold: the gather's test of a group that is most often empty. */
 #if SPECDEC_HAVE_VECTORS
@@ -143,6 +151,24 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         uint64_t words[4];                                                                 \
         memcpy(words, &hit, sizeof words);                                                 \
         return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
+    }                                                                                      \
+    /* The same test of SPECDEC_GATHER_GROUPS groups at x, without a temperature: their  \
+     * masks are combined before one test, so that a pass that keeps little costs what its \
+     * loads do. */                                                                        \
+    SPECDEC_INLINE int specdec_any_groups_at_least_##SUFFIX(const T *x, T threshold)              \
+    {                                                                                      \
+        typedef T group_t __attribute__((vector_size(32)));                               \
+        typedef KEY_T mask_t __attribute__((vector_size(32)));                            \
+        const group_t c = (group_t){0} + threshold;                                        \
+        mask_t hit = {0};                                                                  \
+        for (int g = 0; g < SPECDEC_GATHER_GROUPS; ++g) {                                  \
+            group_t z; /* one load each: a copy of all through memory stalls the loads */  \
+            memcpy(&z, x + g * (32 / sizeof(T)), sizeof z);                                \
+            hit |= (mask_t)(z >= c);                                                       \
+        }                                                                                  \
+        uint64_t words[4];                                                                 \
+        memcpy(words, &hit, sizeof words);                                                 \
+        return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
     }
 #else
 #define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
@@ -153,11 +179,41 @@ SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
         for (size_t l = 0; l < 32 / sizeof(T); ++l)                                        \
             any |= (divide ? x[l] / temperature : x[l]) >= threshold;                      \
         return any;                                                                        \
+    }                                                                                      \
+    static inline int specdec_any_groups_at_least_##SUFFIX(const T *x, T threshold)               \
+    {                                                                                      \
+        int any = 0;                                                                       \
+        for (size_t l = 0; l < SPECDEC_GATHER_GROUPS * 32 / sizeof(T); ++l)                \
+            any |= x[l] >= threshold;                                                      \
+        return any;                                                                        \
     }
 #endif
 
 SPECDEC_DEFINE_ANY_AT_LEAST(f, float, uint32_t)
 SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
+
+/* The smallest logit l (not NaN) with l / temperature >= threshold (temperature > 0), by
+ * bisection over the keys: the division is monotone, so {l >= it} is {l / temperature >=
+ * threshold}, and a pass can compare logits without dividing each. */
+#define SPECDEC_DEFINE_LOGIT_FLOOR(SUFFIX, T, KEY_T, INFINITY_T)                            \
+    static T specdec_logit_floor_##SUFFIX(T threshold, T temperature)                      \
+    {                                                                                      \
+        KEY_T low = specdec_key_##SUFFIX(-INFINITY_T), high = specdec_key_##SUFFIX(INFINITY_T); \
+        if (specdec_value_##SUFFIX(low) / temperature >= threshold)                        \
+            return specdec_value_##SUFFIX(low);                                            \
+        /* value(low) / t < threshold <= value(high) / t (+inf / t is +inf). */             \
+        while (high - low > 1) {                                                           \
+            KEY_T middle = low + (high - low) / 2;                                         \
+            if (specdec_value_##SUFFIX(middle) / temperature >= threshold)                 \
+                high = middle;                                                             \
+            else                                                                           \
+                low = middle;                                                              \
+        }                                                                                  \
+        return specdec_value_##SUFFIX(high);                                               \
+    }
+
+SPECDEC_DEFINE_LOGIT_FLOOR(f, float, uint32_t, (float)INFINITY)
+SPECDEC_DEFINE_LOGIT_FLOOR(d, double, uint64_t, (double)INFINITY)
 
 /* Top-k's survivors without the radix select's passes over the whole row.  The K-th
  * largest z of any part of the row is at most the K-th largest of the row, so every entry
@@ -181,11 +237,17 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
         const ptrdiff_t group = 32 / sizeof(T);                                            \
         ptrdiff_t count = 0;                                                               \
         for (ptrdiff_t y = 0; y < V; y += group) {                                         \
+            if (!divide && y % (SPECDEC_GATHER_GROUPS * group) == 0 &&                     \
+                y + SPECDEC_GATHER_GROUPS * group <= V &&                                  \
+                !specdec_any_groups_at_least_##SUFFIX(logits + y, threshold)) {            \
+                y += (SPECDEC_GATHER_GROUPS - 1) * group;                                  \
+                continue;                                                                  \
+            }                                                                              \
             if (y + group <= V &&                                                          \
                 !specdec_any_at_least_##SUFFIX(logits + y, divide, temperature, threshold)) \
                 continue;                                                                  \
             for (ptrdiff_t x = y; x < y + group && x < V; ++x) {                           \
-                T z = logits[x] / temperature;                                             \
+                T z = divide ? logits[x] / temperature : logits[x];                        \
                 if (z >= threshold) {                                                      \
                     if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
                         return -1;                                                         \
@@ -224,23 +286,61 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
                                            (double)need, NULL, scratch->histogram);        \
         return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
     }                                                                                      \
+    /* The entries with z >= value(key) / temperature (key >= 1, a key of a logit), by a  \
+     * pass that compares the logits themselves with the smallest logit whose z reaches   \
+     * it (the same entries: the division is monotone) and divides the few it gathers;    \
+     * -0 and +0 compare equal, NaN fails. */                                             \
+    static ptrdiff_t specdec_gather_from_key_##SUFFIX(const T *logits, ptrdiff_t V,         \
+                                                      T temperature, KEY_T key,            \
+                                                      specdec_law_scratch *scratch)        \
+    {                                                                                      \
+        T threshold = specdec_value_##SUFFIX(key) / temperature;                           \
+        if (threshold != threshold)                                                        \
+            return -1;                                                                     \
+        T *z = scratch->candidates.SUFFIX;                                                 \
+        if (temperature == (T)1)                                                           \
+            return specdec_gather_at_least_##SUFFIX(logits, V, (T)1, threshold, z,         \
+                                                    scratch->positions);                   \
+        ptrdiff_t count = specdec_gather_at_least_##SUFFIX(                                \
+            logits, V, (T)1, specdec_logit_floor_##SUFFIX(threshold, temperature), z,      \
+            scratch->positions);                                                           \
+        for (ptrdiff_t i = 0; i < count; ++i)                                              \
+            z[i] = z[i] / temperature;                                                     \
+        return count;                                                                      \
+    }                                                                                      \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
                                                  T temperature, T z_max, int64_t need,      \
                                                  specdec_law_scratch *scratch)             \
     {                                                                                      \
+        /* A first try from the row's first SPECDEC_TOP_P_CANDIDATES logits alone, at the \
+         * rank that lets about a quarter of the buffer pass: its threshold is low enough \
+         * when at least `need` entries pass (the need-th largest z is then at or above   \
+         * it, and every entry top-k keeps is gathered). */                                \
+        if (V >= 8 * (ptrdiff_t)SPECDEC_TOP_P_CANDIDATES &&                                \
+            8 * need <= SPECDEC_TOP_P_CANDIDATES) {                                        \
+            int64_t rank = (int64_t)((double)SPECDEC_TOP_P_CANDIDATES / 4.0 *              \
+                                     SPECDEC_TOP_P_CANDIDATES / (double)V) + 1;            \
+            KEY_T key = specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES, (T)1,  \
+                                                   rank, z_max, scratch);                  \
+            ptrdiff_t count = key >= 1 ? specdec_gather_from_key_##SUFFIX(logits, V,       \
+                                                                          temperature, key, \
+                                                                          scratch)         \
+                                       : -1;                                               \
+            if (count >= need)                                                             \
+                return count;                                                              \
+        }                                                                                  \
         double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
         ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
         if (sample > V / 2)                                                                \
             return -1;                                                                     \
-        KEY_T lowest = specdec_sample_top_k_key_##SUFFIX(logits, sample, temperature, z_max, \
-                                                         need, scratch);                   \
+        /* The sample's need-th largest logit l_s: its z is at most the need-th largest z \
+         * of the row (the division is monotone), and the entries with z >= l_s / t hold   \
+         * the sample's need entries at or above l_s. */                                   \
+        KEY_T lowest = specdec_sample_top_k_key_##SUFFIX(logits, sample, (T)1, z_max, need, \
+                                                         scratch);                         \
         if (lowest < 1)                                                                    \
             return -1;                                                                     \
-        /* z >= value(lowest) is key(z) >= lowest: -0 and +0 compare equal, NaN fails. */  \
-        return specdec_gather_at_least_##SUFFIX(logits, V, temperature,                    \
-                                                specdec_value_##SUFFIX(lowest),            \
-                                                scratch->candidates.SUFFIX,                \
-                                                scratch->positions);                       \
+        return specdec_gather_from_key_##SUFFIX(logits, V, temperature, lowest, scratch);  \
     }                                                                                      \
     /* Keep the gathered entries with key >= floor_key, in order; returns how many. */     \
     static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
@@ -253,7 +353,9 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
             ptrdiff_t y_i = y[i];                                                          \
             z[kept] = z_i;                                                                 \
             y[kept] = y_i;                                                                 \
-            kept += specdec_key_##SUFFIX(z_i) >= floor_key;                                \
+            /* Mutation 9 (tests only): the entries at the floor key are dropped. */       \
+            kept += SPECDEC_LOGITS_MUTATION == 9 ? specdec_key_##SUFFIX(z_i) > floor_key     \
+                                                 : specdec_key_##SUFFIX(z_i) >= floor_key;   \
         }                                                                                  \
         return kept;                                                                       \
     }                                                                                      \
