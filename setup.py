@@ -27,7 +27,9 @@ def _flag(name: str) -> bool:
 
 # The kernel contract's constants, loaded by path (the package itself is not importable
 # before it is built) and handed to the C compiler, so that every backend compiles them.
-contract = runpy.run_path(os.path.join(os.path.dirname(__file__), "specdec_np", "_runtime", "contract.py"))
+contract = runpy.run_path(
+    os.path.join(os.path.dirname(__file__), "specdec_np", "_runtime", "contract.py")
+)
 
 debug = _flag("SPECDEC_DEBUG")
 use_openmp = not _flag("SPECDEC_NO_OPENMP")
