@@ -215,6 +215,7 @@ def verify_ragged(
         In ``[-2, 2]``, 0 off: ``logit -= frequency * count + presence * (count > 0)``
         over the context.
     logit_bias : sequence of B mappings (token -> finite bias), optional
+        Added to the request's logits at every row, before the penalties.
     allowed_token_ids : sequence of B token sequences, optional
         Every other token masked.
     bad_words_token_ids : sequence of B lists of token sequences, optional
