@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import registry
 from ._sharded import ragged as _ragged
 from ._sharded.communicators import (
     Communicator,
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 
+@registry.document_methods
 def verify_ragged(
     *,
     communicator: Any,
@@ -91,7 +93,8 @@ def verify_ragged(
         ``bonus_token_ids``).
     draft_logits, draft_probs : same dtype [T, width], optional
         This rank's columns of the draft rows; neither for point-mass drafts.
-    method : {"rejection", "block", "typical", "greedy"}
+    method : str
+        [[verifier names]]
         The sampled requests' verifier (``temperature == 0`` requests are greedy); block
         verification adds one round (the weighted residuals' masses at every position),
         typical acceptance one (every position's entropy and argmax).

@@ -10,6 +10,7 @@ process (tests, trying it out).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -268,17 +269,26 @@ class NCCLCommunicator:
 class TorchCommunicator:
     """A ``torch.distributed`` process group (an engine's own tensor-parallel group).
 
+    The package never imports torch: the engine hands over its own ``torch.distributed``
+    module, and the tensors are made by the torch that module belongs to.
+
     Parameters
     ----------
+    distributed : module
+        The caller's ``torch.distributed``.
     group : torch.distributed.ProcessGroup, optional
         The default group if None.
     device : str or torch.device, optional
         Where the gathered bytes live: ``"cpu"`` for gloo, a CUDA device for NCCL groups.
     """
 
-    def __init__(self, group: Any = None, device: Any = "cpu") -> None:
-        import torch.distributed as distributed
-
+    def __init__(self, distributed: Any, group: Any = None, device: Any = "cpu") -> None:
+        root = getattr(distributed, "__name__", "").split(".", 1)[0]
+        if root != "torch" or "torch" not in sys.modules:
+            raise TypeError(
+                f"distributed must be the torch.distributed module; found {distributed!r}"
+            )
+        self._torch = sys.modules["torch"]
         self._distributed = distributed
         self._group = group
         self._device = device
@@ -298,8 +308,7 @@ class TorchCommunicator:
         numpy.ndarray
             ``[size, *array.shape]``, rank by rank.
         """
-        import torch
-
+        torch = self._torch
         host = np.asarray(array)
         send = torch.from_numpy(_as_bytes(host).copy()).to(self._device)
         received = [torch.empty_like(send) for _ in range(self.size)]

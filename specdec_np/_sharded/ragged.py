@@ -32,8 +32,9 @@ from .exchange import Exchange, agree, digest
 
 __all__ = ["ShardedResult", "verify_ragged"]
 
-#: The chain methods a sharded call verifies with so far.
-METHODS = ("rejection", "block", "typical", "greedy")
+#: The chain methods a sharded call verifies with: every registry verifier has its rounds
+#: here (a new one must add its own before it is listed).
+METHODS = registry.names()
 
 
 class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
@@ -289,7 +290,9 @@ def verify_ragged(*, communicator: Any, **arguments: Any) -> ShardedResult:
         if call is not None:
             call.source.undo()
         raise
-    assert call is not None
+    if call is None:
+        # agree() raises on every rank when any rank's own checks refused its input.
+        raise RuntimeError("the sharded call's agreement passed a rank whose input was refused")
     return _verify(exchange, shard, call)
 
 
@@ -320,8 +323,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         law_settings.append(request_of_target[sampled_target])
         law_names.append(("target_logits", sampled_target))
     draft_laws = draft is not None and call.draft_from_logits
-    if draft_laws:
-        assert draft is not None
+    if draft is not None and call.draft_from_logits:
         law_rows.append(draft[sampled_draft])
         law_settings.append(np.repeat(np.arange(batch_size), counts)[sampled_draft])
         law_names.append(("draft_logits", sampled_draft))

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import specdec_np
+from specdec_np import registry
 from specdec_np._layouts import surface as _surface
 from specdec_np._reference import chains as _reference
 from specdec_np._reference import ragged as ragged_reference
@@ -71,7 +72,7 @@ def _compare(fast: Any, expected: tuple) -> None:
         np.testing.assert_allclose(getattr(fast, name), extras[name], atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["rejection", "greedy", "typical"])
+@pytest.mark.parametrize("method", registry.names())
 @pytest.mark.parametrize("seed", range(3))
 def test_kernels_equal_the_reference_with_every_setting(method: str, seed: int) -> None:
     rng = np.random.default_rng(seed)

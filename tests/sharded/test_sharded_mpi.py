@@ -60,7 +60,8 @@ def work(rank, path):
     expected = specdec_np.verify_ragged(**arguments)
     start, end = (0, 15) if rank == 0 else (15, 40)
     arguments["target_logits"] = target[:, start:end]
-    result = sharded.verify_ragged(communicator=sharded.TorchCommunicator(), vocab_start=start,
+    communicator = sharded.TorchCommunicator(distributed)
+    result = sharded.verify_ragged(communicator=communicator, vocab_start=start,
                                    vocab_size=40, **arguments)
     assert np.array_equal(result.output_token_ids, expected.output_token_ids)
     distributed.destroy_process_group()
