@@ -258,8 +258,8 @@ def test_generator_uniforms_of_the_wrong_shape_never_reach_the_kernel() -> None:
 def test_fuzz_hardening_classes(group: str, tmp_path: Path) -> None:
     """The hardening input classes with their required outcomes (docs/semantics.md §8):
     byte-swapped arrays give the native result, longdouble, generator subclasses and
-    look-alikes, masked arrays, matrices and broken DLPack producers are refused naming the argument, foreign float64
-    uniforms are taken, 0-d uniforms report shape []."""
+    look-alikes, masked arrays, matrices and broken DLPack producers are refused naming
+    the argument, foreign float64 uniforms are taken, 0-d uniforms report shape []."""
     calls = max(1, CALLS // 3)
     arguments = ("--family", "hardening", "--group", group, "--seed", str(SEED + 2))
     run = run_worker(tmp_path, *arguments, "--calls", str(calls))
