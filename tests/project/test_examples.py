@@ -335,3 +335,15 @@ def test_the_llama_script_runs(llama_example, capsys: pytest.CaptureFixture[str]
     assert "greedy chain equals plain greedy decoding token for token: True" in out
     assert "greedy tree equals plain greedy decoding token for token: True" in out
     assert "tokens/call" in out
+
+
+def test_every_example_is_run_by_a_test() -> None:
+    """Each script of examples/ is named by a test module that runs it (this file, or the
+    sharded MPI test for the example that needs mpiexec)."""
+    tests = Path(__file__).resolve().parents[1]
+    texts = "\n".join(path.read_text() for path in tests.rglob("test_*.py"))
+    scripts = sorted(path.name for path in EXAMPLES.glob("*.py"))
+    assert scripts
+    missing = [name for name in scripts
+               if f'"{name}"' not in texts and f'"{name[:-3]}"' not in texts]
+    assert not missing, missing
