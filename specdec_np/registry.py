@@ -38,18 +38,24 @@ from typing import Any, TypeVar
 __all__ = [
     "DRAFTINGS",
     "LAYOUTS",
+    "RELAXED_METHODS",
     "TREE_METHODS",
     "VERIFIERS",
     "Layout",
     "Parameter",
+    "RelaxedMethod",
+    "RelaxedParameter",
     "TreeMethod",
     "Verifier",
+    "chain_method",
     "document_methods",
     "get",
     "get_layout",
+    "get_relaxed",
     "get_tree_method",
     "layout_names",
     "names",
+    "relaxed_names",
     "tree_method_names",
 ]
 
@@ -112,6 +118,10 @@ class Verifier:  # numpydoc ignore=PR01
         verifier in the padded vLLM layout (:mod:`specdec_np.verify`,
         :mod:`specdec_np.samplers`); None for a verifier reached through ``method=``
         only.
+    bias_rule_name : str or None
+        For a lossy verifier that is not greedy, the function of
+        :mod:`specdec_np._relaxed.rules` that gives its acceptance probabilities, from
+        which ``report_bias=True`` measures its bias (:mod:`specdec_np._relaxed.bias`).
     """
 
     name: str
@@ -130,6 +140,7 @@ class Verifier:  # numpydoc ignore=PR01
     parameters: tuple[Parameter, ...] = field(default=())
     function_name: str | None = None
     sampler_name: str | None = None
+    bias_rule_name: str | None = None
 
     @property
     def code(self) -> int:
@@ -229,6 +240,7 @@ VERIFIERS: tuple[Verifier, ...] = (
         parameters=_TYPICAL_PARAMETERS,
         function_name="typical_acceptance_sample",
         sampler_name="TypicalAcceptanceSampler",
+        bias_rule_name="typical_accepts",
     ),
     Verifier(
         name="greedy",
@@ -308,6 +320,231 @@ def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tu
         if (stochastic is None or verifier.stochastic == stochastic)
         and (lossless is None or verifier.lossless == lossless)
     )
+
+
+@dataclass(frozen=True)
+class RelaxedParameter:  # numpydoc ignore=PR01
+    """A parameter of a relaxed method, checked by its kind.
+
+    Attributes
+    ----------
+    name : str
+    kind : str
+        ``"count"`` (an int ``>= 1``), ``"real"`` (finite, ``>= 0``), ``"fraction"``
+        (in ``[0, 1]``), ``"rates"`` (a non-increasing sequence in ``[0, 1]``, one per
+        draft position), ``"choice"`` (one of :attr:`choices`), ``"requests"`` (bool
+        ``[B]``) or ``"token"`` (a token id).
+    default : object
+        None: required (``"count"``, ``"real"``, ``"rates"``) or off (``"requests"``:
+        every request; ``"token"``: unused).
+    description : str
+    choices : tuple of str
+    """
+
+    name: str
+    kind: str
+    default: Any
+    description: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RelaxedMethod:  # numpydoc ignore=PR01
+    """A lossy chain method that raises acceptance and measures what it costs
+    (``docs/semantics.md``, "Relaxed methods").
+
+    Its rule is written once, vectorised over requests, as ``rule_name`` of
+    :mod:`specdec_np._relaxed.rules`; its exact total-variation distance from the target's
+    law per emitted position in :mod:`specdec_np._relaxed.bias`.  Both backends run it
+    through the array namespace of the rows.
+
+    Attributes
+    ----------
+    name : str
+        The ``method=`` name.
+    summary : str
+    reads_draft_probs : bool
+        Its rule reads the draft rows (None: point-mass drafts).  Its bias reads them in
+        any case, as the law the drafts were drawn from.
+    greedy_draws : bool
+        A greedy request consumes ``k_b + 2`` draws too (otherwise none).
+    tree : bool
+        It also runs in the tree layout.
+    parameters : tuple of RelaxedParameter
+    rule_name : str
+        The function of :mod:`specdec_np._relaxed.rules` that decides each position.
+    """
+
+    name: str
+    summary: str
+    reads_draft_probs: bool
+    greedy_draws: bool
+    parameters: tuple[RelaxedParameter, ...]
+    rule_name: str
+    tree: bool = False
+
+    #: Relaxed methods trade exactness for acceptance.
+    lossless = False
+    #: They read uniforms (sampled requests; greedy ones too with ``greedy_draws``).
+    stochastic = True
+    #: They run only through ``method=`` (no padded-layout function or sampler class).
+    function_name = None
+    sampler_name = None
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """The names of :attr:`parameters`, in order."""
+        return tuple(parameter.name for parameter in self.parameters)
+
+
+#: Every relaxed (lossy) chain method, in the order the docs list them.
+RELAXED_METHODS: tuple[RelaxedMethod, ...] = (
+    RelaxedMethod(
+        name="fly",
+        summary=(
+            "FLy (vLLM): a draft that fails its own test (greedy: not the argmax; sampled: "
+            "u >= p/q) is accepted anyway when the entropy of the target row's "
+            "entropy_top_k most probable tokens is at least entropy_threshold, the draft "
+            "is possible under the target (and the draft), and the next window_size "
+            "drafts all pass their own tests; a rejection emits the argmax (greedy) or a "
+            "residual draw from max(p - q, 0)."
+        ),
+        reads_draft_probs=True,
+        greedy_draws=False,
+        parameters=(
+            RelaxedParameter("window_size", "count", None,
+                             "drafts after a deferred one that must pass their own tests"),
+            RelaxedParameter("entropy_threshold", "real", None,
+                             "least top-k entropy (nats) at which a draft is deferred"),
+            RelaxedParameter("entropy_top_k", "count", 3,
+                             "how many of the most probable tokens the entropy reads"),
+        ),
+        rule_name="fly_accepts",
+    ),
+    RelaxedMethod(
+        name="synthetic",
+        summary=(
+            "Synthetic acceptance (vLLM's benchmarking mode): position i is kept when its "
+            "uniform is below a_i / a_(i-1), from the unconditional acceptance_rates "
+            "a_1 >= a_2 >= ...; otherwise the target's own token follows (the argmax, or "
+            "a residual draw from max(p - q, 0)). Every request draws k_b + 2 uniforms."
+        ),
+        reads_draft_probs=True,
+        greedy_draws=True,
+        parameters=(
+            RelaxedParameter("acceptance_rates", "rates", None,
+                             "unconditional acceptance rate of each draft position"),
+        ),
+        rule_name="synthetic_accepts",
+    ),
+    RelaxedMethod(
+        name="relaxed",
+        summary=(
+            "Relaxed acceptance (TensorRT-LLM's, for thinking tokens): a draft is kept when "
+            "it passes its own test (greedy: the argmax; sampled: u * q < p) or is among "
+            "the relaxed_top_k most probable tokens with p(x) >= p(top) - delta "
+            "(relaxed_rule \"difference\") or p(x) >= ratio * p(top) (\"ratio\"); per "
+            "request (relaxed_requests) or between a begin_token_id and an end_token_id "
+            "tracked through the context and the drafts."
+        ),
+        reads_draft_probs=True,
+        greedy_draws=False,
+        parameters=(
+            RelaxedParameter("relaxed_top_k", "count", 1,
+                             "how many of the most probable tokens may be kept"),
+            RelaxedParameter("delta", "real", 0.0, "the margin of the difference rule"),
+            RelaxedParameter("ratio", "fraction", 1.0, "the factor of the ratio rule"),
+            RelaxedParameter("relaxed_rule", "choice", "difference",
+                             "which margin applies", ("difference", "ratio")),
+            RelaxedParameter("relaxed_requests", "requests", None,
+                             "bool [B]: the requests it applies to (None: all)"),
+            RelaxedParameter("begin_token_id", "token", None,
+                             "a token that opens the relaxed (thinking) phase"),
+            RelaxedParameter("end_token_id", "token", None,
+                             "a token that closes it"),
+        ),
+        rule_name="relaxed_accepts",
+    ),
+    RelaxedMethod(
+        name="threshold",
+        summary=(
+            "SGLang's tree sampling thresholds (target only: draft rows are ignored): the "
+            "draft at position i is accepted when u_i <= p(x) / threshold_acc or p(x) >= "
+            "threshold_single; a rejection draws from p with the rejected draft removed. "
+            "With both thresholds 1 it is lossless for point-mass drafts."
+        ),
+        reads_draft_probs=False,
+        greedy_draws=False,
+        parameters=(
+            RelaxedParameter("threshold_single", "real", 1.0,
+                             "a draft at least this probable is accepted"),
+            RelaxedParameter("threshold_acc", "real", 1.0,
+                             "divides the acceptance probability (floored at 1e-9)"),
+        ),
+        rule_name="threshold_accepts",
+    ),
+)
+
+_RELAXED_BY_NAME = {method.name: method for method in RELAXED_METHODS}
+
+
+def get_relaxed(name: str) -> RelaxedMethod:
+    """The relaxed method called ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A name of :func:`relaxed_names`.
+
+    Returns
+    -------
+    RelaxedMethod
+        Its entry of :data:`RELAXED_METHODS`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the known ones.
+    """
+    return _lookup(_RELAXED_BY_NAME, name)
+
+
+def relaxed_names(*, tree: bool | None = None) -> tuple[str, ...]:
+    """Names of the relaxed (lossy) methods.
+
+    Parameters
+    ----------
+    tree : bool, optional
+        Keep only those that also run (True) or do not run (False) in the tree layout.
+
+    Returns
+    -------
+    tuple of str
+        In :data:`RELAXED_METHODS` order.
+    """
+    return tuple(
+        method.name for method in RELAXED_METHODS if tree is None or method.tree == tree
+    )
+
+
+def chain_method(name: str) -> Verifier | RelaxedMethod:
+    """The chain method called ``name``: a verifier, or a relaxed method.
+
+    Parameters
+    ----------
+    name : str
+        A name of :func:`names` or :func:`relaxed_names`.
+
+    Returns
+    -------
+    Verifier or RelaxedMethod
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the known ones.
+    """
+    return _lookup({**_BY_NAME, **_RELAXED_BY_NAME}, name)
 
 
 #: How a tree method assumes the children of a node were drafted: given (deterministic
@@ -641,6 +878,10 @@ def _method_lists() -> dict[str, list[str]]:
         "[[tree methods reading draft rows]]": [
             f"Read by {_quoted(reading)}; None for deterministic candidates."
         ],
+        "[[relaxed methods]]": [
+            f'* ``"{method.name}"`` ({", ".join(method.parameter_names)}): {method.summary}'
+            for method in RELAXED_METHODS
+        ],
     }
 
 
@@ -649,8 +890,9 @@ def document_methods(documented: _Documented) -> _Documented:
     lists methods by hand.
 
     A line of the docstring that holds only ``[[verifier names]]``, ``[[tree methods]]``
-    (one bullet per tree method with its summary) or ``[[tree methods reading draft
-    rows]]`` is replaced by that list, wrapped at the line's indent.
+    (one bullet per tree method with its summary), ``[[tree methods reading draft
+    rows]]`` or ``[[relaxed methods]]`` (one bullet per relaxed method with its
+    parameters and summary) is replaced by that list, wrapped at the line's indent.
 
     Parameters
     ----------

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from .._kernels import dispatch as _dispatch
+from .._relaxed import runner as _relaxed_runner
 from .._runtime import checks as _validate
 from .._runtime import uniforms as _random
 from . import sampling as _sampling
@@ -179,6 +180,7 @@ def engine_call(
     *,
     strict_mode: bool,
     out: Any,
+    report_bias: bool = False,
 ) -> Any:
     """Verify one engine-layout call (the module docstring's steps).
 
@@ -190,12 +192,16 @@ def engine_call(
     uniform_source : UniformSource
     strict_mode : bool
     out : output block or None
+    report_bias : bool
+        Also measure the bias per emitted position (the result's ``total_variation``,
+        :mod:`specdec_np._relaxed.bias`).
 
     Returns
     -------
     VerificationResult or TreeVerificationResult
     """
     strict = _validate.check_strict_mode(strict_mode)
+    report_bias = _validate.check_flag("report_bias", report_bias)
     form = _sampling.row_form(*rows)
     batch = layout.build(form, strict)
     plan = None
@@ -234,19 +240,30 @@ def engine_call(
     block = layout.output_block(
         batch, out, {form.target_name: batch.target_rows, form.draft_name: batch.draft_rows}
     )
-    threads = layout.threads(batch, chosen)
-    result = _dispatch.run(
-        batch,
-        chosen.code,
-        sources,
-        block,
-        threads,
-        after_uniforms=layout.after_uniforms(batch, chosen),
-        options=kernel_options(layout, batch, form, request, block, threads, chosen),
-        on_success=layout.recorder(batch) if plan is None else plan.recorder(
-            layout.recorder(batch), batch.xp
-        ),
-    )
+    record = layout.recorder(batch)
+    if report_bias:
+        record = _measured(record, layout, batch, form, request)
+    on_success = record if plan is None else plan.recorder(record, batch.xp)
+    relaxed = getattr(layout, "relaxed", None)
+    if relaxed is not None:
+        result = _relaxed_runner.run(
+            relaxed, getattr(layout, "relaxed_parameters", {}), batch, form, request, sources,
+            block,
+            contexts=None if plan is None else plan.request_contexts(),
+            report_bias=report_bias, on_success=on_success,
+        )  # fmt: skip
+    else:
+        threads = layout.threads(batch, chosen)
+        result = _dispatch.run(
+            batch,
+            chosen.code,
+            sources,
+            block,
+            threads,
+            after_uniforms=layout.after_uniforms(batch, chosen),
+            options=kernel_options(layout, batch, form, request, block, threads, chosen),
+            on_success=on_success,
+        )
     result = layout.finish(batch, result)
     if plan is not None:
         result = plan.finish(
@@ -254,3 +271,31 @@ def engine_call(
             lambda emitted: layout.emitted_rows(batch, emitted),
         )
     return result
+
+
+def _measured(
+    record: Callable[[Any, Any], None] | None,
+    layout: LayoutCall,
+    batch: Any,
+    form: _sampling.RowForm,
+    request: _sampling.RequestSampling,
+) -> Callable[[Any, Any], None]:
+    """``record`` after the result's ``total_variation`` is set (a relaxed method's own,
+    or a registry verifier's from :func:`specdec_np._relaxed.runner.bias_of_result`), NaN
+    where the run, cut at its stops, emitted nothing."""
+
+    def measure_then_record(result: Any, commit: Any) -> None:
+        xp = batch.xp
+        variation = getattr(result, "total_variation", None)
+        if variation is None:
+            variation = _relaxed_runner.bias_of_result(
+                layout.entry, getattr(layout, "method_parameters", ()), batch, form,
+                request, result,
+            )
+        result.total_variation = xp.where(
+            result.output_token_ids[:, : variation.shape[1]] >= 0, variation, xp.nan
+        )
+        if record is not None:
+            record(result, commit)
+
+    return measure_then_record

@@ -32,6 +32,7 @@ from .sampling import SamplingParameters
 __all__ = ["RaggedCall", "output_buffers", "ragged_chain", "verify_ragged"]
 
 _GREEDY = registry.get("greedy")
+_REJECTION = registry.get("rejection")
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 #: The arguments whose arrays decide the results' array library.
@@ -146,7 +147,8 @@ def verify_ragged(
     max_tokens: Any = None,
     token_bitmask: Any = None,
     logprobs: int | None = None,
-    **method_parameters: float,
+    report_bias: bool = False,
+    **method_parameters: Any,
 ) -> _results.VerificationResult:
     """Verify a flat engine batch: ragged drafts, per-request parameters, mixed methods.
 
@@ -172,6 +174,9 @@ def verify_ragged(
     method : str
         The verifier of the requests with ``temperature != 0``:
         [[verifier names]]
+        Or a relaxed (lossy) method, which raises acceptance and measures its own bias
+        (``report_bias``), each with its keyword parameters:
+        [[relaxed methods]]
     temperature : scalar or array [B], optional
         ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
         the argmax), the others by ``method``.  With logits it also scales them; with
@@ -236,9 +241,14 @@ def verify_ragged(
         1, N]``).  ``docs/semantics.md`` ("The whole sampling surface") has the order:
         masks and bias, penalties, then temperature and filters.  Penalties, bias and
         masks need logits.
-    **method_parameters : float
+    report_bias : bool
+        Also measure how far each emitted token's law is from the target's: the result's
+        ``total_variation`` (float64 ``[B, max_k + 1]``, NaN after the emitted run), 0 for
+        a lossless method and at the bonus position (``docs/semantics.md``, "Relaxed
+        methods").  It reads every row of the emitted positions once more.
+    **method_parameters
         The method's parameters (typical acceptance: ``posterior_threshold``,
-        ``posterior_alpha``).
+        ``posterior_alpha``; a relaxed method's, listed with it above).
 
     Returns
     -------
@@ -266,6 +276,7 @@ def verify_ragged(
         UniformSource(uniforms, generator, seeded_seqs, counter_seeds),
         strict_mode=strict_mode,
         out=out,
+        report_bias=report_bias,
     )
 
 
@@ -297,27 +308,49 @@ class RaggedCall:
         bonus_token_ids: Any,
         on_success: Callable[..., None] | None = None,
     ) -> None:
-        self.entry = registry.get(method)
+        found = registry.chain_method(method)
+        #: The relaxed (lossy) method of the call, or None for a registry verifier: a
+        #: relaxed call builds and checks its batch as a token-wise rejection call does
+        #: and runs :func:`specdec_np._relaxed.runner.run` instead of a kernel.
+        self.relaxed: registry.RelaxedMethod | None = None
+        self.relaxed_parameters: dict[str, Any] = {}
+        self._given = dict(method_parameters)
+        if isinstance(found, registry.RelaxedMethod):
+            self.relaxed = found
+            self.entry = _REJECTION
+            unknown = set(method_parameters).difference(found.parameter_names)
+            if unknown:
+                _validate.check_relaxed_parameters(found, method_parameters, 0, 0, 1)
+            self._parameters: tuple[float, ...] = ()
+        else:
+            self.entry = found
+            self._parameters = _validate.check_method_parameters(found, method_parameters)
         self.every_request_greedy = self.entry.greedy
-        self._parameters = _validate.check_method_parameters(self.entry, method_parameters)
         self._num_draft_tokens = num_draft_tokens
         self._draft_token_ids = draft_token_ids
         self._bonus_token_ids = bonus_token_ids
         self._on_success = on_success
 
     def build(self, form: _sampling.RowForm, strict: bool) -> _chains.ChainBatch:
-        """The checked batch (:func:`ragged_chain`)."""
-        return ragged_chain(
+        """The checked batch (:func:`ragged_chain`), and a relaxed method's parameters
+        checked against it."""
+        batch = ragged_chain(
             self._num_draft_tokens,
             self._draft_token_ids,
             form.target,
             form.draft,
             self._bonus_token_ids,
             strict=strict,
-            reads_draft_probs=self.entry.reads_draft_probs,
+            # A relaxed call keeps the draft rows its rule ignores: its bias reads them.
+            reads_draft_probs=self.relaxed is not None or self.entry.reads_draft_probs,
             target_name=form.target_name,
             draft_name=form.draft_name,
         )
+        if self.relaxed is not None:
+            self.relaxed_parameters = _validate.check_relaxed_parameters(
+                self.relaxed, self._given, batch.batch_size, batch.max_k, batch.vocab_size
+            )
+        return batch
 
     def check_rows(
         self, batch: _chains.ChainBatch, form: _sampling.RowForm, greedy: Any, strict: bool
@@ -337,14 +370,21 @@ class RaggedCall:
             form.target_name, batch.target_rows[batch.xp.asarray(rows)], batch.xp
         )
 
+    @property
+    def method_parameters(self) -> tuple[float, ...]:
+        """The registry verifier's checked parameters, in registry order."""
+        return self._parameters
+
     def rows_per_request(self, batch: _chains.ChainBatch) -> tuple[np.ndarray, np.ndarray]:
         """A request's ``k_b + 1`` target rows (``k_b`` without bonus rows) and ``k_b``
         draft rows."""
         return batch.draft_counts + batch.bonus_rows, batch.draft_counts
 
     def uniform_rows(self, batch: _chains.ChainBatch, greedy: Any) -> dict[str, Any]:
-        """A sampled request's ``k_b + 2`` draws, a greedy one's none."""
-        return {"k": batch.max_k + 1, "row_widths": np.where(greedy, 0, batch.draft_counts + 2)}
+        """A sampled request's ``k_b + 2`` draws, a greedy one's none (``k_b + 2`` too
+        under a relaxed method whose greedy requests draw)."""
+        none = greedy & (self.relaxed is None or not self.relaxed.greedy_draws)
+        return {"k": batch.max_k + 1, "row_widths": np.where(none, 0, batch.draft_counts + 2)}
 
     def output_block(
         self, batch: _chains.ChainBatch, out: Any, inputs: dict[str, Any]

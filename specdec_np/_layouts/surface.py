@@ -533,6 +533,13 @@ class SurfacePlan:
         self.from_logits = from_logits
         self.target = original_target
 
+    def request_contexts(self) -> list[list[int]]:
+        """Each request's prompt, then its output so far, as Python ints."""
+        return [
+            [int(t) for part in (prompt, output) if part is not None for t in part]
+            for prompt, output in zip(self.surface.prompts, self.surface.outputs)
+        ]
+
     def adjusted_batch(self, batch: Any) -> Any:
         """``batch`` with its logits rows adjusted (the same batch when nothing changes)."""
         surface, contexts = self.surface, self.contexts

@@ -747,3 +747,96 @@ def check_method_parameters(verifier: Any, given: Any) -> tuple[float, ...]:
     return tuple(
         check_posterior(p.name, given.get(p.name, p.default)) for p in verifier.parameters
     )
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A keyword that must be a bool (``report_bias``, say), not something truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; found {type(value).__name__}")
+    return bool(value)
+
+
+def check_relaxed_parameters(
+    method: Any, given: Any, batch_size: int, max_k: int, vocab_size: int
+) -> dict[str, Any]:
+    """A relaxed method's parameters from keyword arguments, checked by kind, defaults
+    filled in (:class:`specdec_np.registry.RelaxedParameter` says the kinds).
+
+    Raises
+    ------
+    TypeError
+        For an unknown keyword, a missing required one, or a value of the wrong type.
+    ValueError
+        For a value out of its range, naming it.
+    """
+    unknown = set(given).difference(method.parameter_names)
+    if unknown:
+        raise TypeError(
+            f"method {method.name!r} got unexpected keyword argument(s) "
+            f"{', '.join(sorted(unknown))}; its parameters are: "
+            f"{', '.join(method.parameter_names)}"
+        )
+    checked: dict[str, Any] = {}
+    for parameter in method.parameters:
+        name, kind = parameter.name, parameter.kind
+        value = given.get(name, parameter.default)
+        if value is None:
+            if kind in ("requests", "token"):
+                checked[name] = None
+                continue
+            raise TypeError(f"method {method.name!r} needs the keyword argument {name}")
+        if kind == "count":
+            checked[name] = check_integer(name, value, 1)
+        elif kind == "real":
+            checked[name] = check_posterior(name, value)
+        elif kind == "fraction":
+            number = check_posterior(name, value)
+            if number > 1:
+                raise ValueError(f"{name} must be in [0, 1]; found {number}")
+            checked[name] = number
+        elif kind == "choice":
+            if not isinstance(value, str) or value not in parameter.choices:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(map(repr, parameter.choices))}; "
+                    f"found {value!r}"
+                )
+            checked[name] = value
+        elif kind == "token":
+            checked[name] = check_integer(name, value)
+            if checked[name] >= vocab_size:
+                raise ValueError(f"{name} must be a token id below V = {vocab_size}; "
+                                 f"found {checked[name]}")
+        elif kind == "requests":
+            flags = np.asarray(value)
+            if flags.dtype != np.bool_ or flags.shape != (batch_size,):
+                raise ValueError(
+                    f"{name} must be a bool array of shape [B] = [{batch_size}]; found "
+                    f"{flags.dtype} {shape_text(flags.shape)}"
+                )
+            checked[name] = flags.copy()
+        else:  # "rates"
+            checked[name] = _check_rates(name, value, max_k)
+    return checked
+
+
+def _check_rates(name: str, value: Any, max_k: int) -> np.ndarray:
+    """Unconditional acceptance rates: a 1-D sequence of reals in ``[0, 1]``, not
+    increasing, one per draft position of the batch at least."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of real numbers; found {value!r}")
+    try:
+        rates = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of real numbers") from None
+    if rates.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional; found shape {shape_text(rates.shape)}")
+    if rates.size < max_k:
+        raise ValueError(
+            f"{name} must give a rate for each of the batch's {max_k} draft positions; "
+            f"found {rates.size}"
+        )
+    if not np.all(np.isfinite(rates)) or np.any(rates < 0) or np.any(rates > 1):
+        raise ValueError(f"{name} must hold rates in [0, 1]")
+    if np.any(np.diff(rates) > 0):
+        raise ValueError(f"{name} must not increase from one position to the next")
+    return rates
