@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .._kernels import dispatch as _dispatch
 from .._runtime import checks as _validate
+from .._runtime import philox as _philox
 from .._runtime import uniforms as _random
 from . import sampling as _sampling
 from . import surface as _surface
@@ -80,6 +81,10 @@ class UniformSource(NamedTuple):
         ``draw()`` and ``undo()`` of :class:`specdec_np._runtime.uniforms.RejectionUniforms`
         whose ``draw()`` returns the uniforms on the inputs' device.  ``draw()`` runs only
         once every argument, ids included, is checked.
+    stream : {"verify", "draft"}
+        The counter domain of the ``counter_seeds`` requests
+        (:func:`specdec_np.counter_uniforms`): ``"verify"`` by default, ``"draft"`` for a
+        drafter's own draws.
     """
 
     uniforms: Any = None
@@ -88,6 +93,7 @@ class UniformSource(NamedTuple):
     counter_seeds: Any = None
     generator_for: Callable[[Any], Any] | None = None
     sources_for: Callable[[Any, tuple[int, int]], Any] | None = None
+    stream: str = "verify"
 
 
 class LayoutCall(Protocol):
@@ -196,6 +202,7 @@ def engine_call(
     VerificationResult or TreeVerificationResult
     """
     strict = _validate.check_strict_mode(strict_mode)
+    _philox.check_stream(uniform_source.stream)
     form = _sampling.row_form(*rows)
     batch = layout.build(form, strict)
     plan = None
@@ -227,6 +234,7 @@ def engine_call(
             generator=uniform_source.generator,
             seeded_seqs=uniform_source.seeded_seqs,
             counter_seeds=uniform_source.counter_seeds,
+            stream=uniform_source.stream,
             generator_for=uniform_source.generator_for,
             device=batch.device,
             **uniform_rows,
