@@ -125,6 +125,7 @@ class EngineVerifier:
         uniforms: Any = None,
         seeded_seqs: Mapping[int, Any] | None = None,
         counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+        stream: str = "verify",
         out: OutputBlock | None = None,
         prompt_token_ids: Any = None,
         output_token_ids: Any = None,
@@ -160,7 +161,7 @@ class EngineVerifier:
             ),
             UniformSource(
                 uniforms, None, seeded_seqs, counter_seeds,
-                generator_for=self._own_generator.for_device,
+                generator_for=self._own_generator.for_device, stream=stream,
             ),
             strict_mode=self._strict_mode,
             out=out,

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 from .._kernels import dispatch as _dispatch
 from .._relaxed import runner as _relaxed_runner
 from .._runtime import checks as _validate
+from .._runtime import philox as _philox
 from .._runtime import uniforms as _random
 from . import sampling as _sampling
 from . import surface as _surface
@@ -81,6 +82,10 @@ class UniformSource(NamedTuple):
         ``draw()`` and ``undo()`` of :class:`specdec_np._runtime.uniforms.RejectionUniforms`
         whose ``draw()`` returns the uniforms on the inputs' device.  ``draw()`` runs only
         once every argument, ids included, is checked.
+    stream : {"verify", "draft"}
+        The counter domain of the ``counter_seeds`` requests
+        (:func:`specdec_np.counter_uniforms`): ``"verify"`` by default, ``"draft"`` for a
+        drafter's own draws.
     """
 
     uniforms: Any = None
@@ -89,6 +94,7 @@ class UniformSource(NamedTuple):
     counter_seeds: Any = None
     generator_for: Callable[[Any], Any] | None = None
     sources_for: Callable[[Any, tuple[int, int]], Any] | None = None
+    stream: str = "verify"
 
 
 class LayoutCall(Protocol):
@@ -202,6 +208,7 @@ def engine_call(
     """
     strict = _validate.check_strict_mode(strict_mode)
     report_bias = _validate.check_flag("report_bias", report_bias)
+    _philox.check_stream(uniform_source.stream)
     form = _sampling.row_form(*rows)
     batch = layout.build(form, strict)
     plan = None
@@ -233,6 +240,7 @@ def engine_call(
             generator=uniform_source.generator,
             seeded_seqs=uniform_source.seeded_seqs,
             counter_seeds=uniform_source.counter_seeds,
+            stream=uniform_source.stream,
             generator_for=uniform_source.generator_for,
             device=batch.device,
             **uniform_rows,

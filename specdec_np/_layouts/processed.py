@@ -3,20 +3,22 @@
 :func:`processed_probs` returns the rows of exactly the law the verifiers draw from (the
 same bits: it is written by the kernels' own law functions), and :func:`sample_tokens`
 draws one token per row as a bonus position draws it, for the steps of an engine that
-have no drafts.  Both take the sampling parameters of :func:`specdec_np.verify_ragged`;
-``docs/semantics.md`` §12 defines the law.
+have no drafts (and, with ``return_probs=True``, each drawn token's probability under that
+law: the ``q`` a drafter hands its verifier).  Both take the sampling parameters of
+:func:`specdec_np.verify_ragged`; ``docs/semantics.md`` §12 defines the law.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
+from .._runtime import philox as _philox
 from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
@@ -24,7 +26,35 @@ from . import surface as _surface
 from .engine_call import RowSources, UniformSource, engine_call
 from .sampling import SamplingParameters
 
-__all__ = ["processed_probs", "sample_tokens"]
+__all__ = ["SampledTokens", "processed_probs", "sample_tokens"]
+
+
+class SampledTokens(NamedTuple):
+    """What :func:`sample_tokens` returns with ``return_probs=True``: a pair that unpacks as
+    ``token_ids, probs = ...``.
+
+    Attributes
+    ----------
+    token_ids : int64 array [N]
+        Row ``i``'s token.
+    probs : float64 array [N]
+        The probability of row ``i``'s token under the law it was drawn from: the entry
+        of :func:`processed_probs` for a logits row (1.0 for a greedy row), the entry as
+        given for a probability row.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import specdec_np
+    >>> logits = np.array([[0.0, 1.0, 2.0]])
+    >>> token_ids, probs = specdec_np.sample_tokens(
+    ...     logits=logits, uniforms=np.array([0.5]), return_probs=True)
+    >>> bool(probs[0] == specdec_np.processed_probs(logits)[0, token_ids[0]])
+    True
+    """
+
+    token_ids: Any
+    probs: Any
 
 
 @_backend.array_front()
@@ -175,6 +205,8 @@ def sample_tokens(
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    stream: str = "verify",
+    return_probs: bool = False,
     prompt_token_ids: Any = None,
     output_token_ids: Any = None,
     repetition_penalty: Any = None,
@@ -215,6 +247,17 @@ def sample_tokens(
     counter_seeds : dict of int to (int, int), optional
         Row index -> ``(seed, position)``: counter-based Philox uniforms, as in
         :func:`specdec_np.verify_ragged`.
+    stream : {"verify", "draft"}
+        The counter domain of the ``counter_seeds`` rows
+        (:func:`specdec_np.counter_uniforms`): ``"verify"`` (the default) draws as a
+        bonus position of :func:`specdec_np.verify_ragged` does, bit for bit; a drafter
+        draws its drafts with ``"draft"``, whose Philox blocks are never those of the
+        ``"verify"`` stream, so its noise never equals the noise that tests those
+        drafts under the same ``(seed, position)``.
+    return_probs : bool
+        Also return the probability of each drawn token under the law it was drawn from
+        (the ``q`` to hand the verifier).  Computed only when asked for, one law pass
+        over each sampled row.
     prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, \
 presence_penalty, logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, \
 stop_token_ids, token_bitmask : optional
@@ -222,16 +265,36 @@ stop_token_ids, token_bitmask : optional
 
     Returns
     -------
-    int64 array [N]
-        Row ``i``'s token, in the inputs' array library.
+    int64 array [N], or SampledTokens
+        Row ``i``'s token, in the inputs' array library.  With ``return_probs=True`` the
+        pair ``(token_ids, probs)``: ``probs`` float64 ``[N]`` is, for logits rows, the
+        drawn token's entry of :func:`processed_probs` with the same parameters, widened
+        exactly to float64 (1.0 for a greedy row), and for probability rows the drawn
+        token's entry as given (the rows are taken as processed).
 
     Raises
     ------
     TypeError, ValueError
         On bad input, naming the argument; a ValueError for a row without positive
         probability.
+
+    Examples
+    --------
+    A drafter's step: its tokens from the draft stream, with the ``q`` it sampled from.
+
+    >>> import numpy as np
+    >>> import specdec_np
+    >>> logits = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    >>> token_ids, probs = specdec_np.sample_tokens(
+    ...     logits=logits, temperature=np.array([0.7, 0.0]), counter_seeds={0: (7, 12)},
+    ...     stream="draft", return_probs=True)
+    >>> float(probs[1])  # a greedy row's token is certain
+    1.0
     """
     _validate.check_filter_order(filter_order)
+    _philox.check_stream(stream)
+    if type(return_probs) is not bool:
+        raise TypeError(f"return_probs must be a bool; found {type(return_probs).__name__}")
     rows = logits if logits is not None else probs
     if (logits is None) == (probs is None):
         raise ValueError("give exactly one of logits and probs")
@@ -266,8 +329,70 @@ stop_token_ids, token_bitmask : optional
             logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
             None, token_bitmask,
         ),
-        UniformSource(explicit, generator, seeded_seqs, counter_seeds),
+        UniformSource(explicit, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=False,
         out=None,
     )  # fmt: skip
-    return result.output_token_ids[:, 0]
+    token_ids = result.output_token_ids[:, 0]
+    if not return_probs:
+        return token_ids
+    parameters = SamplingParameters(
+        temperature, top_k, top_p, min_p, filter_order, prompt_token_ids, output_token_ids,
+        repetition_penalty, frequency_penalty, presence_penalty, logit_bias,
+        allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids, None,
+        token_bitmask,
+    )
+    return SampledTokens(
+        token_ids, _drawn_probs(rows, logits is not None, parameters, token_ids)
+    )
+
+
+#: Entries of the law computed at once for ``return_probs`` (rows per block at least one):
+#: the law of the sampled rows is made block by block, never as one ``[N, V]`` array.
+_LAW_BLOCK_ENTRIES = 1 << 22
+
+
+def _drawn_probs(rows: Any, from_logits: bool, parameters: SamplingParameters, tokens: Any) -> Any:
+    """float64 ``[N]``: each drawn token's probability under its row's law (the entry of
+    :func:`processed_probs` for logits rows, the entry as given for probability rows; 1.0
+    for a greedy row).
+
+    The call that drew the tokens has checked every argument.  A logits row's law is
+    written by the kernels' law function for the sampled rows only, a block of them at a
+    time, exactly as :func:`processed_probs` writes it (each row's law depends on that row
+    and its parameters alone).
+    """
+    xp = _backend.array_namespace(rows)
+    rows, _ = _backend.kernel_rows(rows, None, "logits" if from_logits else "probs", "", xp,
+                                   False)  # fmt: skip
+    batch_size, vocab_size = (int(n) for n in rows.shape)
+    _, greedy, host_table = _sampling.checked_parameters(
+        batch_size, vocab_size, parameters, from_logits=from_logits,
+        divides_logits=from_logits, row_dtype=rows.dtype, every_request_greedy=False,
+        table=from_logits,
+    )  # fmt: skip
+    probs = xp.ones(batch_size, dtype=xp.float64)
+    sampled = np.flatnonzero(~greedy)
+    if not sampled.size:
+        return probs
+    if not from_logits:
+        chosen = xp.asarray(sampled)
+        probs[chosen] = rows[chosen, tokens[chosen]].astype(xp.float64)
+        return probs
+    if parameters.surface_on():
+        # Masks and bias, then penalties, as processed_probs applies them.
+        rows = _surface.adjusted_rows_of(parameters, rows, xp)
+    table = xp.asarray(host_table)
+    block_rows = max(1, _LAW_BLOCK_ENTRIES // vocab_size)
+    every_row = sampled.size == batch_size
+    for start in range(0, sampled.size, block_rows):
+        if every_row:
+            # Consecutive rows: views, no copy of the rows.
+            stop = min(start + block_rows, batch_size)
+            law = _surface.law_rows(rows[start:stop], table[start:stop])
+            chosen = xp.arange(start, stop)
+        else:
+            chosen = xp.asarray(sampled[start : start + block_rows])
+            law = _surface.law_rows(rows[chosen], table[chosen])
+        probs[chosen] = law[xp.arange(law.shape[0]), tokens[chosen]].astype(xp.float64)
+    return probs

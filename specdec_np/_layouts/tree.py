@@ -309,6 +309,7 @@ def verify_tree(
     generator: Any = None,
     seeded_seqs: Mapping[int, Any] | None = None,
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
+    stream: str = "verify",
     strict_mode: bool = False,
     out: _contract.TreeOutputBlock | None = None,
     prompt_token_ids: Any = None,
@@ -370,6 +371,13 @@ def verify_tree(
         Request index -> ``(seed, position)``: counter-based Philox uniforms (see
         :func:`specdec_np.counter_uniforms`).  A sampled request consumes exactly
         ``N_b + 1`` draws from its source whatever the walk, a greedy one none.
+    stream : {"verify", "draft"}
+        The counter domain of the ``counter_seeds`` requests (the fourth Philox counter
+        word; :func:`specdec_np.counter_uniforms`): ``"verify"``, the default, for the
+        acceptance tests and the tokens drawn here; ``"draft"`` only where the call draws
+        a drafter's tokens.  The two domains never share a Philox block, so a drafter
+        that draws from ``"draft"`` never shares noise with the verification of its
+        drafts under the same ``(seed, position)``.  Rows of the other sources ignore it.
     strict_mode : bool
         Also check exact dtypes and finite (non-negative) row values.
     out : TreeOutputBlock, optional
@@ -404,7 +412,7 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
             logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
             max_tokens, token_bitmask, logprobs,
         ),
-        UniformSource(uniforms, generator, seeded_seqs, counter_seeds),
+        UniformSource(uniforms, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=strict_mode,
         out=out,
     )

@@ -29,8 +29,10 @@ index ``d = 0, 1, 2, ...`` is computed as follows.
 1. Key: ``k0 = seed & 0xFFFFFFFF``, ``k1 = seed >> 32``.
 2. Block index ``j = d // 2``.  Counter:
    ``c0 = position & 0xFFFFFFFF``, ``c1 = position >> 32``, ``c2 = j``,
-   ``c3 = 0x5D5EC0DE`` (a fixed domain tag that separates these draws from any other use
-   of Philox with the same seed).
+   ``c3`` the domain tag of the stream: ``0x5D5EC0DE`` for ``stream="verify"`` (the
+   default: acceptance tests, residual and bonus draws) and ``0x5D5ED2AF`` for
+   ``stream="draft"`` (a drafter's own draws).  The tag separates these draws from any
+   other use of Philox with the same seed.
 3. ``(w0, w1, w2, w3) = Philox4x32-10(counter, key)``.
 4. Draw ``2j`` uses ``(wa, wb) = (w0, w1)``; draw ``2j + 1`` uses ``(wa, wb) = (w2, w3)``.
 5. ``u = ((wa << 21) | (wb >> 11)) * 2**-53`` evaluated on 64-bit unsigned integers, then
@@ -39,6 +41,14 @@ index ``d = 0, 1, 2, ...`` is computed as follows.
 
 Draw ``d`` of a row is therefore independent of ``num_draws``, of the batch size and of
 the other rows of the batch.
+
+The two streams never overlap: for one key (one seed) Philox is a bijection of the
+128-bit counter, and a counter of the draft stream differs from every counter of the
+verify stream in ``c3``, so no Philox block of one stream is a block of the other, for any
+positions and draw indices.  A drafter that draws its tokens from the draft stream and a
+verifier that tests them with the verify stream, both keyed by the same
+``(seed, position)``, therefore never share noise (shared noise correlates the draft with
+its own acceptance test and biases the output).
 """
 
 from __future__ import annotations
@@ -49,7 +59,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DOMAIN_TAG", "counter_uniforms", "philox4x32_10"]
+__all__ = [
+    "DOMAIN_TAG",
+    "DRAFT_DOMAIN_TAG",
+    "STREAM_TAGS",
+    "check_stream",
+    "counter_uniforms",
+    "philox4x32_10",
+]
 
 # Philox4x32 round multipliers and Weyl key increments (Random123 constants).
 _M0 = 0xD2511F53
@@ -59,10 +76,46 @@ _W1 = 0xBB67AE85
 _ROUNDS = 10
 _MASK32 = 0xFFFFFFFF
 
-#: Fourth counter word of every block drawn by :func:`counter_uniforms`.
+#: Fourth counter word of every block of the verify stream (``stream="verify"``, the
+#: default) of :func:`counter_uniforms`.
 DOMAIN_TAG = 0x5D5EC0DE
 
+#: Fourth counter word of every block of the draft stream (``stream="draft"``).
+DRAFT_DOMAIN_TAG = 0x5D5ED2AF
+
+#: The counter domain of each stream, by name.
+STREAM_TAGS = {"verify": DOMAIN_TAG, "draft": DRAFT_DOMAIN_TAG}
+
 _TWO_POW_M53 = 2.0**-53
+
+
+def check_stream(stream: Any) -> int:
+    """The domain tag of a stream name.
+
+    Parameters
+    ----------
+    stream : {"verify", "draft"}
+        The counter domain: ``"verify"`` for acceptance, residual and bonus draws,
+        ``"draft"`` for a drafter's own draws.
+
+    Returns
+    -------
+    int
+        :data:`DOMAIN_TAG` or :data:`DRAFT_DOMAIN_TAG`.
+
+    Raises
+    ------
+    ValueError
+        For anything else, naming ``stream``.
+
+    Examples
+    --------
+    >>> hex(check_stream("draft"))
+    '0x5d5ed2af'
+    """
+    if type(stream) is str and stream in STREAM_TAGS:
+        return STREAM_TAGS[stream]
+    raise ValueError(f'stream must be "verify" or "draft"; found {stream!r}')
 
 
 def _namespace_of(x: Any) -> Any | None:
@@ -234,6 +287,8 @@ def counter_uniforms(
     positions: Any | Sequence[int],
     num_draws: int,
     xp: Any | None = None,
+    *,
+    stream: str = "verify",
 ) -> Any:
     """Uniforms in [0, 1) that are a pure function of ``(seed, position, draw index)``.
 
@@ -250,6 +305,10 @@ def counter_uniforms(
         Namespace of the result.  Defaults to the namespace of ``seeds`` (or of
         ``positions`` when ``seeds`` is a Python sequence), and to NumPy when both are
         Python sequences.
+    stream : {"verify", "draft"}
+        The counter domain (the fourth counter word): ``"verify"`` (the default, tag
+        ``0x5D5EC0DE``) for acceptance, residual and bonus draws, ``"draft"`` (tag
+        ``0x5D5ED2AF``) for a drafter's own draws.  The two never share a Philox block.
 
     Returns
     -------
@@ -264,8 +323,17 @@ def counter_uniforms(
         argument), or ``num_draws`` is not an int.
     ValueError
         If a seed or position is negative or ``>= 2**64`` (the message names the
-        argument), the arguments are not 1-D with equal lengths, or ``num_draws < 0``.
+        argument), the arguments are not 1-D with equal lengths, ``num_draws < 0``, or
+        ``stream`` is neither ``"verify"`` nor ``"draft"``.
+
+    Examples
+    --------
+    >>> verify = counter_uniforms([7], [100], 3)
+    >>> draft = counter_uniforms([7], [100], 3, stream="draft")
+    >>> verify.shape, bool((verify != draft).all())
+    ((1, 3), True)
     """
+    tag = check_stream(stream)
     if xp is None:
         xp = _namespace_of(seeds) or _namespace_of(positions) or np
     if isinstance(num_draws, bool) or not isinstance(num_draws, numbers.Integral):
@@ -292,7 +360,7 @@ def counter_uniforms(
     c0 = xp.broadcast_to(xp.reshape(p & _MASK32, (b, 1)), shape)
     c1 = xp.broadcast_to(xp.reshape(p >> 32, (b, 1)), shape)
     c2 = xp.broadcast_to(xp.reshape(_block_index(n_blocks, s, xp), (1, n_blocks)), shape)
-    c3 = xp.zeros_like(c0) + DOMAIN_TAG
+    c3 = xp.zeros_like(c0) + tag
     k0 = xp.broadcast_to(xp.reshape(s & _MASK32, (b, 1)), shape)
     k1 = xp.broadcast_to(xp.reshape(s >> 32, (b, 1)), shape)
     w0, w1, w2, w3 = _rounds(c0, c1, c2, c3, k0, k1)

@@ -12,7 +12,8 @@ tests, column ``k`` for the residual draw), taken row by row from one of four so
 3. ``counter_seeds[b] = (seed, position)``: the counter-based Philox uniforms of
    :func:`specdec_np._runtime.philox.counter_uniforms` with draw indices ``0 .. k``, a pure
    function
-   of ``(seed, position, draw index)``, bit-identical on NumPy and CuPy;
+   of ``(seed, position, draw index)``, bit-identical on NumPy and CuPy, in the call's
+   counter domain (``stream``: ``"verify"`` by default, ``"draft"`` for a drafter);
 4. every other row: the sampler's own generator, one ``random((n, k + 1))`` call for the
    ``n`` remaining rows in row order.
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from .arrays import intake
 from .checks import check_uniform_dtype, check_uniforms
-from .philox import counter_uniforms
+from .philox import check_stream, counter_uniforms
 
 __all__ = [
     "CounterStream",
@@ -120,10 +121,14 @@ class CounterStream:
 
 
 def _counter_rows_flat(
-    xp: Any, seeds: np.ndarray, positions: np.ndarray, widths: np.ndarray
+    xp: Any,
+    seeds: np.ndarray,
+    positions: np.ndarray,
+    widths: np.ndarray,
+    stream: str = "verify",
 ) -> Any:
     """``counter_uniforms`` of each ``(seeds[i], positions[i])`` cut to ``widths[i]``
-    draws, concatenated row by row (float64 ``[sum(widths)]``).
+    draws, concatenated row by row (float64 ``[sum(widths)]``), in ``stream``'s domain.
 
     A row's draws do not depend on how many are asked for, so rows of one width are made
     together and no ``rows x max(widths)`` block is ever allocated.
@@ -133,7 +138,8 @@ def _counter_rows_flat(
     for width in np.unique(widths[widths > 0]):
         rows = np.flatnonzero(widths == width)
         block = counter_uniforms(
-            xp.asarray(seeds[rows]), xp.asarray(positions[rows]), int(width), xp=xp
+            xp.asarray(seeds[rows]), xp.asarray(positions[rows]), int(width), xp=xp,
+            stream=stream,
         )
         places = starts[rows][:, None] + np.arange(int(width))[None, :]
         result[xp.asarray(places.ravel())] = block.ravel()
@@ -303,6 +309,10 @@ class RejectionUniforms:
     seeded_seqs : dict[int, Generator], optional
     counter_seeds : dict[int, tuple[int, int]], optional
         Row index → ``(seed, position)`` with both in ``[0, 2**64)``.
+    stream : {"verify", "draft"}
+        The counter domain of the ``counter_seeds`` rows
+        (:func:`~specdec_np._runtime.philox.counter_uniforms`); the other sources have
+        none.
     generator_for : callable, optional
         ``generator_for(device)`` gives the generator when ``generator`` is None; called
         after every other source has been checked (a sampler's own generator).
@@ -330,11 +340,14 @@ class RejectionUniforms:
         generator: Any = None,
         seeded_seqs: Any = None,
         counter_seeds: Any = None,
+        stream: str = "verify",
         generator_for: Any = None,
         device: Any = None,
         row_widths: Any = None,
         row_offsets: Any = None,
     ) -> None:
+        check_stream(stream)
+        self._stream = stream
         self._shape = (batch_size, k + 1)
         self._row_widths = row_widths
         self._row_offsets = row_offsets
@@ -454,7 +467,8 @@ class RejectionUniforms:
                 result[row, :row_width] = xp.asarray(log.random(row_generator, row_width))
         if self._counter_rows:
             result[self._counter_rows] = counter_uniforms(
-                xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp
+                xp.asarray(self._seeds), xp.asarray(self._positions), width, xp=xp,
+                stream=self._stream,
             )
         return result
 
@@ -497,7 +511,9 @@ class RejectionUniforms:
             counted[rows] = True
             places = _slot_positions(offsets, widths, counted)
             if places.size:
-                values = _counter_rows_flat(xp, self._seeds, self._positions, widths[rows])
+                values = _counter_rows_flat(
+                    xp, self._seeds, self._positions, widths[rows], self._stream
+                )
                 result[xp.asarray(places)] = values
         return result
 

@@ -231,6 +231,7 @@ def sample_tokens(
     min_p: Any = None,
     filter_order: str = "vllm",
     uniforms: Any = None,
+    return_probs: bool = False,
 ) -> Any:
     """:func:`specdec_np.sample_tokens` for JAX arrays, inside ``jax.jit`` or outside: one
     token per row from its processed law.
@@ -247,11 +248,16 @@ def sample_tokens(
     uniforms : float32 or float64 [N], optional
         Row ``i``'s token is the inverse-CDF draw at ``uniforms[i]``
         (``jax.random.uniform(key, (N,))``); needed unless every row is greedy.
+    return_probs : bool
+        A Python bool (static): also return each drawn token's probability, as
+        :func:`specdec_np.sample_tokens` does.
 
     Returns
     -------
-    int array [N]
-        JAX's default integer dtype (int32 without 64-bit mode).
+    int array [N], or (int array [N], float array [N])
+        JAX's default integer dtype (int32 without 64-bit mode); with ``return_probs``
+        the pair ``(token_ids, probs)``, ``probs`` of JAX's default float dtype (float64
+        in 64-bit mode, else rounded to float32).
 
     Raises
     ------
@@ -261,6 +267,8 @@ def sample_tokens(
         Without JAX.
     """
     jax = _jax()
+    if type(return_probs) is not bool:
+        raise TypeError(f"return_probs must be a bool; found {type(return_probs).__name__}")
     rows = logits if logits is not None else probs
     count = _static_shape(rows, "logits" if logits is not None else "probs", 2)[0]
     integer = jax.dtypes.canonicalize_dtype(np.int64)
@@ -282,7 +290,17 @@ def sample_tokens(
         _check_uniforms_given(called, True)
         return np.asarray(_sample_tokens(**called), dtype=integer)
 
-    return _pure_call(jax, sample, jax.ShapeDtypeStruct((count,), integer), arguments)
+    if not return_probs:
+        return _pure_call(jax, sample, jax.ShapeDtypeStruct((count,), integer), arguments)
+    real = jax.dtypes.canonicalize_dtype(np.float64)
+
+    def sample_with_probs(called: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        _check_uniforms_given(called, True)
+        token_ids, drawn = _sample_tokens(**called, return_probs=True)
+        return np.asarray(token_ids, dtype=integer), np.asarray(drawn, dtype=real)
+
+    shapes = (jax.ShapeDtypeStruct((count,), integer), jax.ShapeDtypeStruct((count,), real))
+    return _pure_call(jax, sample_with_probs, shapes, arguments)
 
 
 def _static_shape(value: Any, name: str, ndim: int) -> tuple[int, ...]:

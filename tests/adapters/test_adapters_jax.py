@@ -125,6 +125,29 @@ def test_jitted_sample_tokens_equals_the_numpy_call() -> None:
     assert found.shape == (len(logits),)
 
 
+def test_jitted_sample_tokens_returns_the_drawn_probabilities() -> None:
+    arrays = batch(7)
+    logits = arrays["target_logits"]
+    uniforms = np.random.default_rng(8).random(len(logits)).astype(np.float32)
+    temperature = np.linspace(0.0, 1.5, len(logits)).astype(np.float32)
+
+    @jax.jit
+    def draw(logits: Any, temperature: Any, uniforms: Any) -> Any:
+        return specdec_jax.sample_tokens(
+            logits=logits, temperature=temperature, top_k=4, uniforms=uniforms,
+            return_probs=True,
+        )  # fmt: skip
+
+    token_ids, probs = draw(jnp.asarray(logits), jnp.asarray(temperature), jnp.asarray(uniforms))
+    expected_ids, expected = specdec_np.sample_tokens(
+        logits=logits, temperature=temperature, top_k=4, uniforms=uniforms, return_probs=True
+    )
+    np.testing.assert_array_equal(token_ids, expected_ids)
+    # JAX's default float dtype: float32 unless 64-bit mode is on.
+    np.testing.assert_array_equal(probs, expected.astype(probs.dtype))
+    assert probs.dtype == jax.dtypes.canonicalize_dtype(np.float64)
+
+
 def test_bfloat16_rows_inside_jit_are_read_as_float32() -> None:
     arrays = {name: jnp.asarray(value) for name, value in batch(6).items()}
     half = {**arrays, "target_logits": arrays["target_logits"].astype(jnp.bfloat16),
