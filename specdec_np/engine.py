@@ -89,8 +89,14 @@ class EngineVerifier:
         strict_mode: bool = False,
         **method_parameters: float,
     ) -> None:
-        self._verifier = registry.get(method)
-        _validate.check_method_parameters(self._verifier, method_parameters)
+        self._verifier = registry.chain_method(method)
+        if isinstance(self._verifier, registry.RelaxedMethod):
+            # Checked whole against each batch (rates per position, a flag per request).
+            unknown = set(method_parameters).difference(self._verifier.parameter_names)
+            if unknown:
+                _validate.check_relaxed_parameters(self._verifier, method_parameters, 0, 0, 1)
+        else:
+            _validate.check_method_parameters(self._verifier, method_parameters)
         self._method_parameters = dict(method_parameters)
         self._strict_mode = _validate.check_strict_mode(strict_mode)
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
@@ -140,6 +146,7 @@ class EngineVerifier:
         max_tokens: Any = None,
         token_bitmask: Any = None,
         logprobs: int | None = None,
+        report_bias: bool = False,
     ) -> VerificationResult:
         """Verify a batch; the metrics are updated only by a call that succeeds.
 
@@ -165,6 +172,7 @@ class EngineVerifier:
             ),
             strict_mode=self._strict_mode,
             out=out,
+            report_bias=report_bias,
         )  # fmt: skip
 
     if __call__.__doc__ is not None and _ragged.verify_ragged.__doc__ is not None:
@@ -174,14 +182,17 @@ class EngineVerifier:
         )
 
     def _record(
-        self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None
+        self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None,
+        total_variation: Any = None,
     ) -> None:
         # Not ``with``: an interrupt between acquiring the lock and entering the block would
         # keep it for good.  The ``finally`` releases it whenever this thread holds it.
         lock = self._metrics_lock
         try:
             lock.acquire()
-            self.metrics.record(num_draft_tokens, accepted_lengths, commit, emitted)
+            self.metrics.record(
+                num_draft_tokens, accepted_lengths, commit, emitted, total_variation
+            )
         finally:
             if lock._is_owned():  # type: ignore[attr-defined]
                 lock.release()

@@ -37,6 +37,11 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         ``accepted_at[0] >= accepted_at[1] >= ...``); grows as longer drafts arrive.
     drafted_at : numpy.ndarray, int64 [n]
         ``drafted_at[j]``: requests that proposed a draft at position ``j``.
+    total_variation_sum : float
+        The bias measured at every emitted position of the calls made with
+        ``report_bias=True`` (``docs/semantics.md``, "Relaxed methods"), summed.
+    measured_positions : int
+        How many emitted positions those calls measured.
     """
 
     requests: int = 0
@@ -45,10 +50,12 @@ class VerificationMetrics:  # numpydoc ignore=PR01
     emitted: int = 0
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     drafted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    total_variation_sum: float = 0.0
+    measured_positions: int = 0
 
     def record(
         self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any = None,
-        emitted: Any = None,
+        emitted: Any = None, total_variation: Any = None,
     ) -> None:
         """Add one verification call.
 
@@ -64,6 +71,9 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         emitted : int [B], optional
             Tokens emitted per request, where a stop or a budget cut the run (the sampling
             surface); ``accepted_lengths + 1`` when None.
+        total_variation : float [B, W], optional
+            The call's measured bias per emitted position (NaN elsewhere), from
+            ``report_bias=True``.
         """
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)
@@ -94,8 +104,9 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             ),
             accepted_at,
             drafted_at,
+            *_bias_sums(self, total_variation),
         )
-        # Everything is computed on copies first; the six assignments below are undone if
+        # Everything is computed on copies first; the assignments below are undone if
         # an interrupt lands between them, so a call is recorded whole or not at all.
         old = tuple(getattr(self, name) for name in _FIELDS)
         try:
@@ -140,6 +151,8 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             self.emitted + other.emitted,
         )
         merged.accepted_at, merged.drafted_at = merged._grown(width)
+        merged.total_variation_sum = self.total_variation_sum + other.total_variation_sum
+        merged.measured_positions = self.measured_positions + other.measured_positions
         for part in (self, other):
             merged.accepted_at[: part.accepted_at.shape[0]] += part.accepted_at
             merged.drafted_at[: part.drafted_at.shape[0]] += part.drafted_at
@@ -165,8 +178,10 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             for array in (self.accepted_at, self.drafted_at, other.accepted_at, other.drafted_at)
         ]
         return (
-            (self.requests, self.drafted, self.accepted, self.emitted)
-            == (other.requests, other.drafted, other.accepted, other.emitted)
+            (self.requests, self.drafted, self.accepted, self.emitted,
+             self.total_variation_sum, self.measured_positions)
+            == (other.requests, other.drafted, other.accepted, other.emitted,
+                other.total_variation_sum, other.measured_positions)
             and np.array_equal(padded[0], padded[2])
             and np.array_equal(padded[1], padded[3])
         )
@@ -181,6 +196,14 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         """Tokens emitted per verified request (what one target call yields a request);
         NaN before any request."""
         return self.emitted / self.requests if self.requests else math.nan
+
+    @property
+    def mean_total_variation(self) -> float:
+        """The measured bias per measured emitted position; NaN before any (0 for a
+        lossless verifier)."""
+        if not self.measured_positions:
+            return math.nan
+        return self.total_variation_sum / self.measured_positions
 
     @property
     def acceptance_by_position(self) -> np.ndarray:
@@ -198,7 +221,21 @@ class VerificationMetrics:  # numpydoc ignore=PR01
 #: Batches of at most this many requests are recorded on Python ints.
 _PYTHON_MAX = 16
 
-_FIELDS = ("requests", "drafted", "accepted", "emitted", "accepted_at", "drafted_at")
+_FIELDS = ("requests", "drafted", "accepted", "emitted", "accepted_at", "drafted_at",
+           "total_variation_sum", "measured_positions")
+
+
+def _bias_sums(metrics: VerificationMetrics, total_variation: Any) -> tuple[float, int]:
+    """The bias sums with one call's measured positions added."""
+    if total_variation is None:
+        return metrics.total_variation_sum, metrics.measured_positions
+    values = total_variation.get() if hasattr(total_variation, "get") else total_variation
+    values = np.asarray(values, dtype=np.float64)
+    measured = ~np.isnan(values)
+    return (
+        metrics.total_variation_sum + float(values[measured].sum()),
+        metrics.measured_positions + int(measured.sum()),
+    )
 
 
 def _host(values: Any) -> np.ndarray:

@@ -383,13 +383,26 @@ class RelaxedMethod:  # numpydoc ignore=PR01
     rule_name: str
     tree: bool = False
 
-    #: Relaxed methods trade exactness for acceptance.
-    lossless = False
-    #: They read uniforms (sampled requests; greedy ones too with ``greedy_draws``).
-    stochastic = True
-    #: They run only through ``method=`` (no padded-layout function or sampler class).
-    function_name = None
-    sampler_name = None
+    @property
+    def lossless(self) -> bool:
+        """False: a relaxed method trades exactness for acceptance."""
+        return False
+
+    @property
+    def stochastic(self) -> bool:
+        """True: it reads uniforms (sampled requests; greedy ones too with
+        :attr:`greedy_draws`)."""
+        return True
+
+    @property
+    def function_name(self) -> None:
+        """None: it runs only through ``method=``, with no padded-layout function."""
+        return None
+
+    @property
+    def sampler_name(self) -> None:
+        """None: no sampler class fronts it."""
+        return None
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -538,6 +551,7 @@ def chain_method(name: str) -> Verifier | RelaxedMethod:
     Returns
     -------
     Verifier or RelaxedMethod
+        Its entry of :data:`VERIFIERS` or of :data:`RELAXED_METHODS`.
 
     Raises
     ------

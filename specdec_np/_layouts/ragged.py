@@ -177,6 +177,7 @@ def verify_ragged(
         [[verifier names]]
         Or a relaxed (lossy) method, which raises acceptance and measures its own bias
         (``report_bias``), each with its keyword parameters:
+
         [[relaxed methods]]
     temperature : scalar or array [B], optional
         ``0`` makes a request greedy: verified on its raw rows (accept while the draft is
@@ -254,7 +255,7 @@ def verify_ragged(
         ``total_variation`` (float64 ``[B, max_k + 1]``, NaN after the emitted run), 0 for
         a lossless method and at the bonus position (``docs/semantics.md``, "Relaxed
         methods").  It reads every row of the emitted positions once more.
-    **method_parameters
+    **method_parameters : float or sequence
         The method's parameters (typical acceptance: ``posterior_threshold``,
         ``posterior_alpha``; a relaxed method's, listed with it above).
 
@@ -433,12 +434,15 @@ class RaggedCall:
         counts = batch.draft_counts
 
         def record_result(result: Any, commit: Any) -> None:
-            if result.finished is None:
-                record(counts, result.accepted_lengths, commit)
+            # A run the sampling surface cut: count what it emitted.
+            emitted = None if result.finished is None else (
+                (result.output_token_ids >= 0).sum(axis=1)
+            )
+            variation = getattr(result, "total_variation", None)
+            if variation is None:
+                record(counts, result.accepted_lengths, commit, emitted)
             else:
-                # A run the sampling surface cut: count what it emitted.
-                record(counts, result.accepted_lengths, commit,
-                       (result.output_token_ids >= 0).sum(axis=1))
+                record(counts, result.accepted_lengths, commit, emitted, variation)
 
         return record_result
 

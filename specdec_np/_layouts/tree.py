@@ -325,6 +325,7 @@ def verify_tree(
     max_tokens: Any = None,
     token_bitmask: Any = None,
     logprobs: int | None = None,
+    report_bias: bool = False,
 ) -> _results.TreeVerificationResult:
     """Verify a batch of draft trees (EAGLE, Medusa, SpecInfer, multi-draft).
 
@@ -389,6 +390,11 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
         the node's ancestors and the node itself as the drafts before it, the root row
         none; ``token_bitmask`` is ``[N + B, ceil(V / 32)]`` and a node's draft row takes
         its parent's row's mask.
+    report_bias : bool
+        Also give the result's ``total_variation`` (float64 ``[B, max_depth + 1]``): the
+        bias per emitted position, as :func:`specdec_np.verify_ragged` measures it; every
+        tree method is lossless or greedy, so it is 0 along the emitted path and NaN
+        after it.
 
     Returns
     -------
@@ -415,6 +421,7 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
         UniformSource(uniforms, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=strict_mode,
         out=out,
+        report_bias=report_bias,
     )
 
 
