@@ -547,7 +547,8 @@ class DemoConfig:
     ----------
     verifier : str
         A name of :func:`specdec_np.registry.names`: the method of the sampled requests
-        (the temperature-0 verifier makes every request greedy).
+        (the temperature-0 verifier makes every request greedy), or of
+        :func:`specdec_np.registry.relaxed_names`.
     drafter : str
         One of :data:`DRAFTERS`.
     k : int
@@ -564,6 +565,11 @@ class DemoConfig:
     prompt_length : int
         Tokens of each prompt (the start of a corpus document); at least 2, the target's
         context.
+    method_parameters : dict
+        The verifier's keyword parameters (a relaxed method's, say).
+    report_bias : bool
+        Measure each step's bias (``report_bias=True``), accumulated in the engine's
+        metrics (``mean_total_variation``).
     """
 
     verifier: str = "rejection"
@@ -574,12 +580,13 @@ class DemoConfig:
     seed: int = 0
     vocab_size: int = 4000
     prompt_length: int = 8
+    method_parameters: dict[str, Any] = field(default_factory=dict)
+    report_bias: bool = False
 
     def __post_init__(self) -> None:
-        if self.verifier not in registry.names():
-            raise ValueError(
-                f"verifier must be one of {registry.names()}; found {self.verifier!r}"
-            )
+        known = registry.names() + registry.relaxed_names()
+        if self.verifier not in known:
+            raise ValueError(f"verifier must be one of {known}; found {self.verifier!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}; found {self.drafter!r}")
         for name, minimum in (("k", 1), ("batch", 1), ("tokens", 1), ("prompt_length", 2)):
@@ -752,7 +759,8 @@ def run_demo(
     draft_seed, verifier_seed = np.random.SeedSequence(config.seed).spawn(2)
     rng = np.random.default_rng(draft_seed)
     engine = EngineVerifier(
-        config.verifier, seed=int(verifier_seed.generate_state(1, np.uint64)[0])
+        config.verifier, seed=int(verifier_seed.generate_state(1, np.uint64)[0]),
+        **config.method_parameters,
     )
     lookup = config.drafter == "prompt-lookup"
     sampling = config.sampling()
@@ -820,6 +828,7 @@ def run_demo(
             temperature=temperature[rows],
             top_k=top_k[rows],
             top_p=top_p[rows],
+            report_bias=config.report_bias,
         )
         result.verifier_seconds.append(time.perf_counter() - verifier_start)
 

@@ -72,7 +72,10 @@ def _emit_chunk(
     counts = laws.counts
     passed = decisions.accepted & laws.valid
     failed = ~passed & laws.valid
-    first_failure = xp.where(failed.any(axis=1), xp.argmax(failed, axis=1), counts)
+    if width:
+        first_failure = xp.where(failed.any(axis=1), xp.argmax(failed, axis=1), counts)
+    else:
+        first_failure = counts  # bonus tokens only
     lengths = first_failure.astype(xp.int64)
     rows = xp.arange(n)
     status = xp.zeros(n, dtype=xp.int64)

@@ -170,3 +170,17 @@ def test_metrics_accumulate_the_bias_and_merge() -> None:
     )
     assert merged.total_variation_sum == verifier.metrics.total_variation_sum
     assert np.isnan(specdec_np.VerificationMetrics().mean_total_variation)
+
+
+@pytest.mark.parametrize("method", registry.relaxed_names())
+def test_requests_without_drafts_get_their_bonus_token(method) -> None:
+    parameters = {"fly": FLY, "synthetic": dict(acceptance_rates=[0.5])}.get(method, {})
+    batch = dict(
+        num_draft_tokens=np.array([0, 0]), draft_token_ids=np.zeros(0, dtype=np.int64),
+        target_probs=TARGET[:2], uniforms=np.array([[0.0, 0.7], [0.0, 0.1]]),
+        report_bias=True,
+    )
+    result = specdec_np.verify_ragged(method=method, **batch, **parameters)
+    exact = specdec_np.verify_ragged(method="rejection", **batch)
+    assert result.output_token_ids.tolist() == exact.output_token_ids.tolist() == [[1], [0]]
+    assert result.total_variation.tolist() == [[0.0], [0.0]]
