@@ -66,17 +66,22 @@ def run_padded(
     Parameters
     ----------
     verifier : registry.Verifier
-    target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids
+        The verifier, an entry of :data:`specdec_np.registry.VERIFIERS`.
+    target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids : arrays
         As the stateless functions take them (``draft_probs`` is not read by a verifier
         that does not read draft rows).
     parameters : mapping, optional
         The verifier's parameters by name (defaults for the others).
-    uniforms, generator, seeded_seqs, counter_seeds
-        The uniform sources of a stochastic verifier (ignored by the others).
+    uniforms, generator : optional
+        The uniform sources of a stochastic verifier (ignored by the others), as
+        :func:`~specdec_np.rejection_sample` takes them.
     generator_for : callable, optional
         A sampler's ``generator_for(device)``: asked for the generator only after every
         argument has been checked, with the inputs' device.
+    seeded_seqs, counter_seeds : mapping, optional
+        The per-row uniform sources, as :func:`~specdec_np.rejection_sample` takes them.
     strict_mode : bool
+        Also check exact dtypes and that every probability is finite and non-negative.
     on_success : callable, optional
         ``on_success(result, commit)`` records the result before the call counts as done (a
         sampler's counters; see :class:`specdec_np._kernels.dispatch.Commit`).
@@ -84,6 +89,7 @@ def run_padded(
     Returns
     -------
     VerificationResult
+        As the stateless functions return it.
     """
     strict = _validate.check_strict_mode(strict_mode)
     values = _validate.check_method_parameters(verifier, parameters or {})
@@ -338,7 +344,20 @@ def format_output(
     vocab_size: int | None = None,
 ) -> VerificationResult:
     """:func:`create_output` on the inputs' backend (NumPy or CuPy results, whatever the
-    inputs' array library): what a sampler's ``_create_output`` records from."""
+    inputs' array library): what a sampler's ``_create_output`` records from.
+
+    Parameters
+    ----------
+    accepted, substitute_token_ids, draft_token_ids, bonus_token_ids : arrays
+        As :func:`~specdec_np.create_output` takes them.
+    vocab_size : int, optional
+        As :func:`~specdec_np.create_output` takes it.
+
+    Returns
+    -------
+    VerificationResult
+        As :func:`~specdec_np.create_output` returns it, in NumPy or CuPy arrays.
+    """
     accepted = _backend.intake(accepted, "accepted")
     substitute = _backend.intake(substitute_token_ids, "substitute_token_ids")
     draft = _backend.intake(draft_token_ids, "draft_token_ids")
