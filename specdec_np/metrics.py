@@ -37,6 +37,19 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         ``accepted_at[0] >= accepted_at[1] >= ...``); grows as longer drafts arrive.
     drafted_at : numpy.ndarray, int64 [n]
         ``drafted_at[j]``: requests that proposed a draft at position ``j``.
+
+    Examples
+    --------
+    Two requests of two drafts, one accepting both and one neither:
+
+    >>> import numpy as np
+    >>> from specdec_np import VerificationMetrics
+    >>> metrics = VerificationMetrics()
+    >>> metrics.record(np.array([2, 2]), np.array([2, 0]))
+    >>> metrics.acceptance_rate, metrics.mean_accepted_length, metrics.acceptance_by_position
+    (0.5, 2.0, array([0.5, 0.5]))
+    >>> (metrics + metrics).requests
+    4
     """
 
     requests: int = 0

@@ -63,6 +63,13 @@ class Parameter:  # numpydoc ignore=PR01
     name : str
     default : float
     description : str
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> threshold = registry.get("typical").parameters[0]
+    >>> threshold.name, threshold.default
+    ('posterior_threshold', 0.09)
     """
 
     name: str
@@ -112,6 +119,13 @@ class Verifier:  # numpydoc ignore=PR01
         verifier in the padded vLLM layout (:mod:`specdec_np.verify`,
         :mod:`specdec_np.samplers`); None for a verifier reached through ``method=``
         only.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> entry = registry.get("typical")
+    >>> entry.stochastic, entry.lossless, entry.function_name
+    (False, False, 'typical_acceptance_sample')
     """
 
     name: str
@@ -274,6 +288,12 @@ def get(name: str) -> Verifier:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get("block").lossless
+    True
     """
     return _lookup(_BY_NAME, name)
 
@@ -301,6 +321,14 @@ def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tu
     -------
     tuple of str
         In code order.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> len(registry.names()) == len(registry.VERIFIERS)
+    True
+    >>> all(registry.get(name).lossless for name in registry.names(lossless=True))
+    True
     """
     return tuple(
         verifier.name
@@ -344,6 +372,13 @@ class TreeMethod:  # numpydoc ignore=PR01
         than child by child from the root: its reference is a request walk, its kernel
         step decides the whole walk in one call (returning the deepest accepted node), and
         it keeps a residual row per level of the walked path (:meth:`working_rows`).
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> method = registry.get_tree_method("specinfer")
+    >>> method.reads_draft_probs, method.drafting, method.chain_verifier
+    (True, 'independent', 'rejection')
     """
 
     name: str
@@ -473,6 +508,12 @@ def get_tree_method(name: str) -> TreeMethod:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get_tree_method("traversal").sequence_level
+    True
     """
     return _lookup(_TREE_BY_NAME, name)
 
@@ -489,6 +530,12 @@ def tree_method_names(*, stochastic: bool | None = None) -> tuple[str, ...]:
     -------
     tuple of str
         In code order.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> "greedy" in registry.tree_method_names(stochastic=False)
+    True
     """
     return tuple(
         method.name
@@ -521,6 +568,13 @@ class Layout:  # numpydoc ignore=PR01
         Its methods are :data:`TREE_METHODS` (True) or :data:`VERIFIERS` (False).
     row_forms : tuple of str
         The forms its target rows may take: ``"probs"``, ``"logits"``.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> layout = registry.get_layout("ragged")
+    >>> layout.front, layout.tree
+    ('specdec_np._layouts.ragged:verify_ragged', False)
     """
 
     name: str
@@ -601,6 +655,12 @@ def get_layout(name: str) -> Layout:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get_layout("tree").tree
+    True
     """
     if name not in _LAYOUTS_BY_NAME:
         raise ValueError(
@@ -617,6 +677,12 @@ def layout_names() -> tuple[str, ...]:
     -------
     tuple of str
         The ``name`` of each :class:`Layout`.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.layout_names() == tuple(layout.name for layout in registry.LAYOUTS)
+    True
     """
     return tuple(_LAYOUTS_BY_NAME)
 
@@ -661,6 +727,16 @@ def document_methods(documented: _Documented) -> _Documented:
     -------
     function or class
         ``documented`` itself, its ``__doc__`` filled in.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> def pick(method):
+    ...     pass
+    >>> pick.__doc__ = "[[verifier names]]"
+    >>> filled = registry.document_methods(pick).__doc__
+    >>> all(f'``"{name}"``' in filled for name in registry.names())
+    True
     """
     lines = []
     for line in (documented.__doc__ or "").split("\n"):

@@ -5,7 +5,9 @@ contract's numbering."""
 
 from __future__ import annotations
 
+import doctest
 import importlib
+import importlib.util
 import inspect
 import pathlib
 import pkgutil
@@ -306,3 +308,96 @@ def test_the_citation_check_fails_its_control(tmp_path: pathlib.Path) -> None:
              "section" + " 9 of the spec"]  # fmt: skip
     sample.write_text("\n".join([*forms, "docs/semantics.md §8", "the issues of a tree"]))
     assert len(_contract_references([sample], tmp_path)) == len(forms)
+
+
+# -- the Examples sections ------------------------------------------------------------------
+
+
+def public_objects() -> dict[str, Any]:
+    """Every public module, class and function of the package, once (under the first name
+    it has in :data:`PUBLIC_MODULES`)."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    for module in PUBLIC_MODULES:
+        named = [(module.__name__, module)]
+        named += [(f"{module.__name__}.{name}", getattr(module, name)) for name in module.__all__]
+        for qualified, value in named:
+            if id(value) not in seen and (isinstance(value, ModuleType) or callable(value)):
+                seen.add(id(value))
+                found[qualified] = value
+    return found
+
+
+PUBLIC_OBJECTS = public_objects()
+EXAMPLE_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def test_every_public_function_and_class_has_examples() -> None:
+    missing = [
+        name
+        for name, value in PUBLIC_OBJECTS.items()
+        if not isinstance(value, ModuleType)
+        and "\nExamples\n--------\n" not in (inspect.getdoc(value) or "")
+    ]
+    assert not missing, f"no Examples section: {missing}"
+
+
+def examples_of(name: str, value: Any) -> list[doctest.DocTest]:
+    """The doctests of one object's own docstring (not its members')."""
+    finder = doctest.DocTestFinder(recurse=False)
+    return [test for test in finder.find(value, name, globs={}) if test.examples]
+
+
+def missing_imports(tests: list[doctest.DocTest]) -> list[str]:
+    """The top-level modules the examples import (those that are not skipped) that are not
+    installed here: torch, JAX."""
+    imported = {
+        match
+        for test in tests
+        for example in test.examples
+        if not example.options.get(doctest.SKIP)
+        for match in re.findall(r"^\s*(?:from|import)\s+(\w+)", example.source, re.M)
+    }
+    return sorted(name for name in imported if importlib.util.find_spec(name) is None)
+
+
+def run_examples(tests: list[doctest.DocTest]) -> tuple[int, int, str]:
+    """Run doctests with the flags the docstrings are written for: (tried, failed, report)."""
+    runner = doctest.DocTestRunner(optionflags=EXAMPLE_FLAGS)
+    report: list[str] = []
+    for test in tests:
+        runner.run(test, out=report.append)
+    results = runner.summarize(verbose=False)
+    return results.attempted, results.failed, "".join(report)
+
+
+@pytest.mark.parametrize(
+    "name", [name for name, value in PUBLIC_OBJECTS.items() if examples_of(name, value)]
+)
+def test_the_examples_run(name: str) -> None:
+    tests = examples_of(name, PUBLIC_OBJECTS[name])
+    if missing := missing_imports(tests):
+        pytest.skip(f"the examples import {missing}, not installed")
+    tried, failed, report = run_examples(tests)
+    assert tried and not failed, report
+
+
+def test_the_example_runner_fails_a_wrong_example() -> None:
+    """Negative control: an example whose output is wrong fails; one that imports a module
+    that is not installed is found."""
+
+    def wrong() -> None:
+        """Return nothing.
+
+        >>> import numpy as np
+        >>> np.arange(3)
+        array([0, 1, 3])
+        >>> import no_such_module_of_specdec  # doctest: +SKIP
+        """
+
+    tests = examples_of("wrong", wrong)
+    tried, failed, report = run_examples(tests)
+    assert (tried, failed) == (2, 1) and "array([0, 1, 2])" in report
+    assert missing_imports(tests) == []
+    wrong.__doc__ = ">>> import no_such_module_of_specdec\n"
+    assert missing_imports(examples_of("wrong", wrong)) == ["no_such_module_of_specdec"]
