@@ -265,6 +265,16 @@ def counter_uniforms(
     ValueError
         If a seed or position is negative or ``>= 2**64`` (the message names the
         argument), the arguments are not 1-D with equal lengths, or ``num_draws < 0``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import counter_uniforms
+    >>> uniforms = counter_uniforms([7, 7], [0, 1], 3)  # seed 7 at positions 0 and 1
+    >>> uniforms.shape, bool(((0 <= uniforms) & (uniforms < 1)).all())
+    ((2, 3), True)
+    >>> np.array_equal(uniforms[1], counter_uniforms([7], [1], 3)[0])
+    True
     """
     if xp is None:
         xp = _namespace_of(seeds) or _namespace_of(positions) or np
