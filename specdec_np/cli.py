@@ -656,6 +656,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     -------
     argparse.ArgumentParser
         The parser; ``parse_args`` gives a namespace whose ``handler`` runs the command.
+
+    Examples
+    --------
+    >>> from specdec_np.cli import build_parser
+    >>> arguments = build_parser().parse_args(["check", "--kind", "block"])
+    >>> arguments.command, arguments.kind
+    ('check', 'block')
     """
     from . import __version__
 
@@ -826,6 +833,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     int
         Exit status: 0 on success, 1 when a check fails or the demo cannot run.  Usage
         errors raise ``SystemExit(2)`` (argparse).
+
+    Examples
+    --------
+    >>> from specdec_np.cli import main
+    >>> main(["info"])  # doctest: +ELLIPSIS
+    specdec_np: ...
+    0
     """
     parser = build_parser(prog)
     args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))

@@ -35,9 +35,11 @@ _SET_AT_CONSTRUCTION = {"method", "strict_mode", "generator", "**method_paramete
 def _call_sections(ragged_doc: str) -> str:
     """The Parameters, Returns and Raises sections of :meth:`EngineVerifier.__call__`,
     taken from :func:`verify_ragged`'s docstring without the arguments set at
-    construction."""
+    construction (and without its Examples)."""
     parameters = ragged_doc.split("Parameters\n----------\n", 1)[1]
     parameters, rest = parameters.split("\n\nReturns\n-------\n", 1)
+    # verify_ragged's Examples call verify_ragged; the method has its class's.
+    rest = rest.split("\n\nExamples\n--------\n", 1)[0]
     # An entry starts at an unindented line ("name : type"); its description is indented.
     entries = re.split(r"\n(?=\S)", parameters)
     kept = [
@@ -79,6 +81,23 @@ class EngineVerifier:
     One instance may be shared by threads: its generator is NumPy's (which draws under
     its own lock), a failed call puts back only its own draws, and the metrics are updated
     under a lock, whole or not at all, a ``KeyboardInterrupt`` included.
+
+    Examples
+    --------
+    Request 0 has one draft (two rows), request 1 none (its bonus row); both are greedy
+    here (temperature 0), so the tokens are the rows' argmaxes:
+
+    >>> import numpy as np
+    >>> from specdec_np import EngineVerifier
+    >>> verifier = EngineVerifier("rejection", seed=0)
+    >>> logits = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]))
+    >>> result = verifier(num_draft_tokens=np.array([1, 0]), draft_token_ids=np.array([0]),
+    ...                   target_logits=logits, temperature=0.0)
+    >>> result.output_token_ids
+    array([[ 0,  2],
+           [ 2, -1]])
+    >>> verifier.metrics.acceptance_rate, verifier.metrics.mean_accepted_length
+    (1.0, 1.5)
     """
 
     def __init__(

@@ -42,6 +42,19 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         ``report_bias=True`` (``docs/semantics.md``, "Relaxed methods"), summed.
     measured_positions : int
         How many emitted positions those calls measured.
+
+    Examples
+    --------
+    Two requests of two drafts, one accepting both and one neither:
+
+    >>> import numpy as np
+    >>> from specdec_np import VerificationMetrics
+    >>> metrics = VerificationMetrics()
+    >>> metrics.record(np.array([2, 2]), np.array([2, 0]))
+    >>> metrics.acceptance_rate, metrics.mean_accepted_length, metrics.acceptance_by_position
+    (0.5, 2.0, array([0.5, 0.5]))
+    >>> (metrics + metrics).requests
+    4
     """
 
     requests: int = 0

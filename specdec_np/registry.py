@@ -69,6 +69,13 @@ class Parameter:  # numpydoc ignore=PR01
     name : str
     default : float
     description : str
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> threshold = registry.get("typical").parameters[0]
+    >>> threshold.name, threshold.default
+    ('posterior_threshold', 0.09)
     """
 
     name: str
@@ -122,6 +129,13 @@ class Verifier:  # numpydoc ignore=PR01
         For a lossy verifier that is not greedy, the function of
         :mod:`specdec_np._relaxed.rules` that gives its acceptance probabilities, from
         which ``report_bias=True`` measures its bias (:mod:`specdec_np._relaxed.bias`).
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> entry = registry.get("typical")
+    >>> entry.stochastic, entry.lossless, entry.function_name
+    (False, False, 'typical_acceptance_sample')
     """
 
     name: str
@@ -286,6 +300,12 @@ def get(name: str) -> Verifier:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get("block").lossless
+    True
     """
     return _lookup(_BY_NAME, name)
 
@@ -313,6 +333,14 @@ def names(*, stochastic: bool | None = None, lossless: bool | None = None) -> tu
     -------
     tuple of str
         In code order.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> len(registry.names()) == len(registry.VERIFIERS)
+    True
+    >>> all(registry.get(name).lossless for name in registry.names(lossless=True))
+    True
     """
     return tuple(
         verifier.name
@@ -339,6 +367,12 @@ class RelaxedParameter:  # numpydoc ignore=PR01
         every request; ``"token"``: unused).
     description : str
     choices : tuple of str
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> [(p.name, p.kind) for p in registry.get_relaxed("fly").parameters]
+    [('window_size', 'count'), ('entropy_threshold', 'real'), ('entropy_top_k', 'count')]
     """
 
     name: str
@@ -373,6 +407,13 @@ class RelaxedMethod:  # numpydoc ignore=PR01
     parameters : tuple of RelaxedParameter
     rule_name : str
         The function of :mod:`specdec_np._relaxed.rules` that decides each position.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> entry = registry.get_relaxed("synthetic")
+    >>> entry.lossless, entry.greedy_draws, entry.parameter_names
+    (False, True, ('acceptance_rates',))
     """
 
     name: str
@@ -518,6 +559,12 @@ def get_relaxed(name: str) -> RelaxedMethod:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get_relaxed("threshold").parameter_names
+    ('threshold_single', 'threshold_acc')
     """
     return _lookup(_RELAXED_BY_NAME, name)
 
@@ -534,6 +581,12 @@ def relaxed_names(*, tree: bool | None = None) -> tuple[str, ...]:
     -------
     tuple of str
         In :data:`RELAXED_METHODS` order.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.relaxed_names()
+    ('fly', 'synthetic', 'relaxed', 'threshold')
     """
     return tuple(
         method.name for method in RELAXED_METHODS if tree is None or method.tree == tree
@@ -557,6 +610,12 @@ def chain_method(name: str) -> Verifier | RelaxedMethod:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> type(registry.chain_method("block")).__name__, type(registry.chain_method("fly")).__name__
+    ('Verifier', 'RelaxedMethod')
     """
     return _lookup({**_BY_NAME, **_RELAXED_BY_NAME}, name)
 
@@ -595,6 +654,13 @@ class TreeMethod:  # numpydoc ignore=PR01
         than child by child from the root: its reference is a request walk, its kernel
         step decides the whole walk in one call (returning the deepest accepted node), and
         it keeps a residual row per level of the walked path (:meth:`working_rows`).
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> method = registry.get_tree_method("specinfer")
+    >>> method.reads_draft_probs, method.drafting, method.chain_verifier
+    (True, 'independent', 'rejection')
     """
 
     name: str
@@ -724,6 +790,12 @@ def get_tree_method(name: str) -> TreeMethod:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get_tree_method("traversal").sequence_level
+    True
     """
     return _lookup(_TREE_BY_NAME, name)
 
@@ -740,6 +812,12 @@ def tree_method_names(*, stochastic: bool | None = None) -> tuple[str, ...]:
     -------
     tuple of str
         In code order.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> "greedy" in registry.tree_method_names(stochastic=False)
+    True
     """
     return tuple(
         method.name
@@ -772,6 +850,13 @@ class Layout:  # numpydoc ignore=PR01
         Its methods are :data:`TREE_METHODS` (True) or :data:`VERIFIERS` (False).
     row_forms : tuple of str
         The forms its target rows may take: ``"probs"``, ``"logits"``.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> layout = registry.get_layout("ragged")
+    >>> layout.front, layout.tree
+    ('specdec_np._layouts.ragged:verify_ragged', False)
     """
 
     name: str
@@ -852,6 +937,12 @@ def get_layout(name: str) -> Layout:
     ------
     ValueError
         For an unknown name; the message lists the known ones.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.get_layout("tree").tree
+    True
     """
     if name not in _LAYOUTS_BY_NAME:
         raise ValueError(
@@ -868,6 +959,12 @@ def layout_names() -> tuple[str, ...]:
     -------
     tuple of str
         The ``name`` of each :class:`Layout`.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> registry.layout_names() == tuple(layout.name for layout in registry.LAYOUTS)
+    True
     """
     return tuple(_LAYOUTS_BY_NAME)
 
@@ -917,6 +1014,16 @@ def document_methods(documented: _Documented) -> _Documented:
     -------
     function or class
         ``documented`` itself, its ``__doc__`` filled in.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> def pick(method):
+    ...     pass
+    >>> pick.__doc__ = "[[verifier names]]"
+    >>> filled = registry.document_methods(pick).__doc__
+    >>> all(f'``"{name}"``' in filled for name in registry.names())
+    True
     """
     lines = []
     for line in (documented.__doc__ or "").split("\n"):

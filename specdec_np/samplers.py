@@ -17,6 +17,7 @@ Separate instances run concurrently and release the GIL inside the kernels.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -81,6 +82,16 @@ class SpecDecodeBaseSampler:
         Tokens emitted (non ``-1`` outputs).
     num_draft_tokens : int
         ``B * k`` summed over the calls.
+
+    Examples
+    --------
+    >>> from specdec_np import GreedySampler, SpecDecodeBaseSampler
+    >>> sampler = GreedySampler()
+    >>> isinstance(sampler, SpecDecodeBaseSampler), sampler.num_draft_tokens
+    (True, 0)
+    >>> sampler.init_tensors(0, device_type="cpu")
+    >>> int(sampler.num_accepted_tokens), int(sampler.num_emitted_tokens)
+    (0, 0)
     """
 
     # Every concrete sampler defines it (vLLM's signature, and seeded_seqs when stochastic).
@@ -410,6 +421,12 @@ class SpecDecodeDeterministicBaseSampler(SpecDecodeBaseSampler, abc.ABC):
     ----------
     strict_mode : bool, default False
         Also run the full-array checks (see :class:`SpecDecodeBaseSampler`).
+
+    Examples
+    --------
+    >>> from specdec_np import GreedySampler, SpecDecodeDeterministicBaseSampler
+    >>> isinstance(GreedySampler(), SpecDecodeDeterministicBaseSampler)
+    True
     """
 
     @abc.abstractmethod
@@ -447,6 +464,12 @@ class SpecDecodeStochasticBaseSampler(SpecDecodeBaseSampler, abc.ABC):
     ----------
     strict_mode : bool, default False
         Also run the full-array checks (see :class:`SpecDecodeBaseSampler`).
+
+    Examples
+    --------
+    >>> from specdec_np import RejectionSampler, SpecDecodeStochasticBaseSampler
+    >>> isinstance(RejectionSampler(), SpecDecodeStochasticBaseSampler)
+    True
     """
 
     @abc.abstractmethod
@@ -618,8 +641,11 @@ _SEED_DOC = """seed : int, optional
 def _sampler_doc(cls: type) -> type:
     """Complete a sampler's docstring with its verifier's rule and parameters."""
     verifier = cls._verifier  # type: ignore[attr-defined]
+    # The class's own docstring is its summary and its Examples; the rule and the
+    # parameters go between them (numpydoc wants Examples last).
+    summary, marker, examples = inspect.cleandoc(cls.__doc__ or "").partition("\nExamples\n")
     lines = [
-        (cls.__doc__ or "").strip(),
+        summary.strip(),
         "",
         verifier.summary,
         "",
@@ -638,20 +664,48 @@ def _sampler_doc(cls: type) -> type:
         "strict_mode : bool, default False",
         "    Also check exact dtypes, one device, and finite, non-negative probabilities.",
     ]
-    cls.__doc__ = "\n".join(lines) + "\n" + (_SEED_DOC if verifier.stochastic else "")
+    cls.__doc__ = "\n".join(lines) + "\n" + (_SEED_DOC if verifier.stochastic else "") + (
+        f"\nExamples\n{examples}" if marker else ""
+    )
     return cls
 
 
 @_sampler_doc
 class RejectionSampler(_StochasticSampler, SpecDecodeStochasticBaseSampler):
-    """Token-wise rejection sampling (lossless), vLLM's ``RejectionSampler``."""
+    """Token-wise rejection sampling (lossless), vLLM's ``RejectionSampler``.
+
+    Examples
+    --------
+    Drafts drawn from the target's own law are always accepted:
+
+    >>> import numpy as np
+    >>> from specdec_np import RejectionSampler
+    >>> sampler = RejectionSampler(seed=0)
+    >>> target = np.full((2, 3, 4), 0.25)  # B = 2 requests, k = 2 drafts, V = 4
+    >>> sampler(target, np.array([[3], [3]]), target[:, :2], np.array([[0, 1], [2, 3]]))
+    array([[0, 1, 3],
+           [2, 3, 3]])
+    >>> sampler.num_draft_tokens, int(sampler.num_accepted_tokens), sampler.draft_acceptance_rate
+    (4, 4, 1.0)
+    """
 
     _verifier = registry.get("rejection")
 
 
 @_sampler_doc
 class BlockVerificationSampler(_StochasticSampler, SpecDecodeStochasticBaseSampler):
-    """Block verification (lossless, Sun et al., ICLR 2025)."""
+    """Block verification (lossless, Sun et al., ICLR 2025).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import BlockVerificationSampler
+    >>> sampler = BlockVerificationSampler(seed=0)
+    >>> target = np.full((2, 3, 4), 0.25)  # B = 2 requests, k = 2 drafts, V = 4
+    >>> sampler(target, np.array([[3], [3]]), target[:, :2], np.array([[0, 1], [2, 3]]))
+    array([[0, 1, 3],
+           [2, 3, 3]])
+    """
 
     _verifier = registry.get("block")
 
@@ -661,7 +715,19 @@ _TYPICAL = registry.get("typical")
 
 @_sampler_doc
 class TypicalAcceptanceSampler(_DeterministicSampler, SpecDecodeDeterministicBaseSampler):
-    """Typical acceptance (Medusa; lossy by design), vLLM's ``TypicalAcceptanceSampler``."""
+    """Typical acceptance (Medusa; lossy by design), vLLM's ``TypicalAcceptanceSampler``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import TypicalAcceptanceSampler
+    >>> sampler = TypicalAcceptanceSampler(posterior_threshold=0.09, posterior_alpha=0.3)
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.9, 0.05, 0.05], [0.2, 0.2, 0.6]]])
+    >>> sampler(target, np.array([[2]]), None, np.array([[1, 2]]))
+    array([[ 1,  0, -1]])
+    >>> sampler.num_draft_tokens, int(sampler.num_accepted_tokens)
+    (2, 1)
+    """
 
     _verifier = _TYPICAL
 
@@ -678,7 +744,19 @@ class TypicalAcceptanceSampler(_DeterministicSampler, SpecDecodeDeterministicBas
 
 @_sampler_doc
 class GreedySampler(_DeterministicSampler, SpecDecodeDeterministicBaseSampler):
-    """Greedy verification (temperature 0), vLLM v1's greedy path."""
+    """Greedy verification (temperature 0), vLLM v1's greedy path.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import GreedySampler
+    >>> sampler = GreedySampler()
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.9, 0.05, 0.05], [0.2, 0.2, 0.6]]])
+    >>> sampler(target, np.array([[2]]), None, np.array([[1, 0]]))
+    array([[1, 0, 2]])
+    >>> int(sampler.num_emitted_tokens)
+    3
+    """
 
     _verifier = registry.get("greedy")
 

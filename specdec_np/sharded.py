@@ -127,6 +127,24 @@ def verify_ragged(
         On every rank when any rank's input is refused, the ranks' settings, ids or
         randomness differ, or the shards do not tile the vocabulary (found in one
         allgather, never a hang).
+
+    Examples
+    --------
+    Two ranks (threads here), each holding two of the four columns of every row; one
+    request with one draft, greedy, so the tokens are the whole rows' argmaxes, the same on
+    both ranks:
+
+    >>> import numpy as np
+    >>> from specdec_np import sharded
+    >>> logits = np.log(np.array([[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    >>> def rank(communicator):
+    ...     start = 2 * communicator.rank
+    ...     return sharded.verify_ragged(
+    ...         communicator=communicator, vocab_start=start, vocab_size=4,
+    ...         num_draft_tokens=np.array([1]), draft_token_ids=np.array([1]),
+    ...         target_logits=logits[:, start:start + 2], temperature=0.0)
+    >>> [result.output_token_ids for result in sharded.run_local(2, rank)]
+    [array([[1, 3]]), array([[1, 3]])]
     """
     return _ragged.verify_ragged(
         communicator=communicator,

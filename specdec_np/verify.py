@@ -17,6 +17,7 @@ call consumed are put back.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -66,17 +67,22 @@ def run_padded(
     Parameters
     ----------
     verifier : registry.Verifier
-    target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids
+        The verifier, an entry of :data:`specdec_np.registry.VERIFIERS`.
+    target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids : arrays
         As the stateless functions take them (``draft_probs`` is not read by a verifier
         that does not read draft rows).
     parameters : mapping, optional
         The verifier's parameters by name (defaults for the others).
-    uniforms, generator, seeded_seqs, counter_seeds
-        The uniform sources of a stochastic verifier (ignored by the others).
+    uniforms, generator : optional
+        The uniform sources of a stochastic verifier (ignored by the others), as
+        :func:`~specdec_np.rejection_sample` takes them.
     generator_for : callable, optional
         A sampler's ``generator_for(device)``: asked for the generator only after every
         argument has been checked, with the inputs' device.
+    seeded_seqs, counter_seeds : mapping, optional
+        The per-row uniform sources, as :func:`~specdec_np.rejection_sample` takes them.
     strict_mode : bool
+        Also check exact dtypes and that every probability is finite and non-negative.
     on_success : callable, optional
         ``on_success(result, commit)`` records the result before the call counts as done (a
         sampler's counters; see :class:`specdec_np._kernels.dispatch.Commit`).
@@ -84,6 +90,19 @@ def run_padded(
     Returns
     -------
     VerificationResult
+        As the stateless functions return it.
+
+    Examples
+    --------
+    Any verifier of the registry, with its parameters by name:
+
+    >>> import numpy as np
+    >>> from specdec_np import registry
+    >>> from specdec_np.verify import run_padded
+    >>> target = np.array([[[0.2, 0.8], [0.6, 0.4]]])
+    >>> run_padded(registry.get("typical"), target, np.array([[0]]), None, np.array([[1]]),
+    ...            parameters={"posterior_threshold": 0.5}).output_token_ids
+    array([[1, 0]])
     """
     strict = _validate.check_strict_mode(strict_mode)
     values = _validate.check_method_parameters(verifier, parameters or {})
@@ -208,7 +227,14 @@ def _documented(verifier: registry.Verifier) -> Callable[[_Front], _Front]:
                 rows=", and that each row sums to one" if verifier.requires_normalised_rows
                 else "",
             )
-        function.__doc__ = f"{(function.__doc__ or '').strip()}\n\n{verifier.summary}\n{sections}"
+        # The front's own docstring is its summary and its Examples; the rule and the
+        # shared sections go between them (numpydoc wants Examples last).
+        summary, marker, examples = inspect.cleandoc(function.__doc__ or "").partition(
+            "\nExamples\n"
+        )
+        function.__doc__ = f"{summary.strip()}\n\n{verifier.summary}\n{sections}" + (
+            f"\nExamples\n{examples}" if marker else ""
+        )
         return _backend.on_inputs_device(function)
 
     return decorate
@@ -227,7 +253,23 @@ def rejection_sample(
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
 ) -> VerificationResult:
-    """Verify a padded batch by token-wise rejection sampling (lossless)."""
+    """Verify a padded batch by token-wise rejection sampling (lossless).
+
+    Examples
+    --------
+    One request with two drafts over three tokens, and explicit uniforms: position 0 passes
+    (``0.5 * 0.8 < 0.6``), position 1 fails (``0.9 * 0.9 >= 0.5``), and the residual
+    ``max(p - q, 0)`` gives token 1 at the last uniform.
+
+    >>> import numpy as np
+    >>> from specdec_np import rejection_sample
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]]])
+    >>> draft = np.array([[[0.1, 0.8, 0.1], [0.9, 0.05, 0.05]]])
+    >>> result = rejection_sample(target, np.array([[2]]), draft, np.array([[1, 0]]),
+    ...                           uniforms=np.array([[0.5, 0.9, 0.3]]))
+    >>> result.output_token_ids, result.accepted_lengths
+    (array([[ 1,  1, -1]]), array([1]))
+    """
     return run_padded(
         _REJECTION, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
         uniforms=uniforms, generator=generator, seeded_seqs=seeded_seqs,
@@ -248,7 +290,21 @@ def block_verification_sample(
     counter_seeds: Mapping[int, tuple[int, int]] | None = None,
     strict_mode: bool = False,
 ) -> VerificationResult:
-    """Verify a padded batch by block verification (lossless)."""
+    """Verify a padded batch by block verification (lossless).
+
+    Examples
+    --------
+    The batch of :func:`rejection_sample`'s example, drawn from a seeded generator:
+
+    >>> import numpy as np
+    >>> from specdec_np import block_verification_sample
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]]])
+    >>> draft = np.array([[[0.1, 0.8, 0.1], [0.9, 0.05, 0.05]]])
+    >>> result = block_verification_sample(target, np.array([[2]]), draft, np.array([[1, 0]]),
+    ...                                    generator=np.random.default_rng(0))
+    >>> result.output_token_ids.shape, int(result.accepted_lengths[0]) <= 2
+    ((1, 3), True)
+    """
     return run_padded(
         _BLOCK, target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
         uniforms=uniforms, generator=generator, seeded_seqs=seeded_seqs,
@@ -266,7 +322,19 @@ def typical_acceptance_sample(
     posterior_alpha: float = _TYPICAL.parameter_defaults[1],
     strict_mode: bool = False,
 ) -> VerificationResult:
-    """Verify a padded batch by typical acceptance (lossy by design, no randomness)."""
+    """Verify a padded batch by typical acceptance (lossy by design, no randomness).
+
+    Examples
+    --------
+    Draft 1 is likely enough at position 0; draft 2, at probability 0.05, is not at position
+    1, where the target's argmax (token 0) is emitted instead:
+
+    >>> import numpy as np
+    >>> from specdec_np import typical_acceptance_sample
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.9, 0.05, 0.05], [0.2, 0.2, 0.6]]])
+    >>> typical_acceptance_sample(target, np.array([[2]]), np.array([[1, 2]])).output_token_ids
+    array([[ 1,  0, -1]])
+    """
     return run_padded(
         _TYPICAL, target_with_bonus_probs, bonus_token_ids, None, draft_token_ids,
         parameters={"posterior_threshold": posterior_threshold,
@@ -283,7 +351,16 @@ def greedy_sample(
     *,
     strict_mode: bool = False,
 ) -> VerificationResult:
-    """Verify a padded batch greedily (temperature 0: accept while the draft is the argmax)."""
+    """Verify a padded batch greedily (temperature 0: accept while the draft is the argmax).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import greedy_sample
+    >>> target = np.array([[[0.1, 0.6, 0.3], [0.9, 0.05, 0.05], [0.2, 0.2, 0.6]]])
+    >>> greedy_sample(target, np.array([[2]]), np.array([[1, 2]])).output_token_ids
+    array([[ 1,  0, -1]])
+    """
     return run_padded(
         _GREEDY, target_with_bonus_probs, bonus_token_ids, None, draft_token_ids,
         strict_mode=strict_mode,
@@ -323,6 +400,18 @@ def create_output(
         ``output_token_ids`` int64 ``[B, k+1]``, ``accepted_lengths`` int64 ``[B]`` (up
         to the first False), ``num_accepted`` int64 ``[B]`` (every True) and
         ``num_draft_tokens`` ``B * k``.
+
+    Examples
+    --------
+    Row 0 accepts its first draft and takes the substitute of position 1; the True after
+    the first False counts in ``num_accepted`` only:
+
+    >>> import numpy as np
+    >>> from specdec_np import create_output
+    >>> result = create_output(np.array([[True, False, True]]), np.array([[5, 6, 7]]),
+    ...                        np.array([[1, 2, 3]]), np.array([[9]]))
+    >>> result.output_token_ids, result.accepted_lengths, result.num_accepted
+    (array([[ 1,  6, -1, -1]]), array([1]), array([2]))
     """
     return format_output(
         accepted, substitute_token_ids, draft_token_ids, bonus_token_ids, vocab_size=vocab_size
@@ -338,7 +427,28 @@ def format_output(
     vocab_size: int | None = None,
 ) -> VerificationResult:
     """:func:`create_output` on the inputs' backend (NumPy or CuPy results, whatever the
-    inputs' array library): what a sampler's ``_create_output`` records from."""
+    inputs' array library): what a sampler's ``_create_output`` records from.
+
+    Parameters
+    ----------
+    accepted, substitute_token_ids, draft_token_ids, bonus_token_ids : arrays
+        As :func:`~specdec_np.create_output` takes them.
+    vocab_size : int, optional
+        As :func:`~specdec_np.create_output` takes it.
+
+    Returns
+    -------
+    VerificationResult
+        As :func:`~specdec_np.create_output` returns it, in NumPy or CuPy arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np.verify import format_output
+    >>> format_output(np.array([[True, True]]), np.array([[5, 6]]), np.array([[1, 2]]),
+    ...               np.array([9])).output_token_ids
+    array([[1, 2, 9]])
+    """
     accepted = _backend.intake(accepted, "accepted")
     substitute = _backend.intake(substitute_token_ids, "substitute_token_ids")
     draft = _backend.intake(draft_token_ids, "draft_token_ids")

@@ -115,6 +115,18 @@ stop_token_ids, token_bitmask : optional
     ------
     TypeError, ValueError
         On bad input, naming the argument.
+
+    Examples
+    --------
+    Row 0 keeps its two most likely tokens; row 1 is greedy (temperature 0), a point mass at
+    its argmax:
+
+    >>> import numpy as np
+    >>> from specdec_np import processed_probs
+    >>> logits = np.log(np.array([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    >>> processed_probs(logits, top_k=np.array([2, 0]), temperature=np.array([1.0, 0.0])).round(3)
+    array([[0.625, 0.375, 0.   ],
+           [0.   , 0.   , 1.   ]])
     """
     _validate.check_filter_order(filter_order)
     parameters = SamplingParameters(
@@ -280,12 +292,20 @@ stop_token_ids, token_bitmask : optional
 
     Examples
     --------
-    A drafter's step: its tokens from the draft stream, with the ``q`` it sampled from.
+    Explicit uniforms: row ``i``'s token is the inverse-CDF draw at ``uniforms[i]``.
 
     >>> import numpy as np
-    >>> import specdec_np
+    >>> from specdec_np import sample_tokens
+    >>> probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    >>> sample_tokens(probs=probs, uniforms=np.array([0.6, 0.05]))
+    array([1, 0])
+    >>> sample_tokens(logits=np.log(probs), temperature=0.0)
+    array([0, 2])
+
+    A drafter's step: its tokens from the draft stream, with the ``q`` it sampled from.
+
     >>> logits = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
-    >>> token_ids, probs = specdec_np.sample_tokens(
+    >>> token_ids, probs = sample_tokens(
     ...     logits=logits, temperature=np.array([0.7, 0.0]), counter_seeds={0: (7, 12)},
     ...     stream="draft", return_probs=True)
     >>> float(probs[1])  # a greedy row's token is certain

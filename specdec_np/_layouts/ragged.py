@@ -70,6 +70,18 @@ def output_buffers(batch_size: int, max_draft_tokens: int, xp: Any = np) -> _con
     ------
     TypeError, ValueError
         For a size that is not a non-negative int (floats, even ``2.0``, included).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import output_buffers, verify_ragged
+    >>> out = output_buffers(batch_size=2, max_draft_tokens=4)
+    >>> logits = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]))
+    >>> result = verify_ragged(num_draft_tokens=np.array([1, 0]), draft_token_ids=np.array([0]),
+    ...                        target_logits=logits, temperature=0.0, out=out)
+    >>> result.output_token_ids, np.shares_memory(result.output_token_ids, out.output_token_ids)
+    (array([[ 0,  2],
+           [ 2, -1]]), True)
     """
     return _contract.allocate_output_block(
         xp,
@@ -272,6 +284,29 @@ def verify_ragged(
     ------
     TypeError, ValueError
         On bad input, naming the argument and the request, before any uniform is drawn.
+
+    Examples
+    --------
+    Request 0 has one draft (token 0), so it owns two rows (its draft position, then its
+    bonus position); request 1 has none and owns one row.  Both greedy (temperature 0): the
+    tokens are the rows' argmaxes.
+
+    >>> import numpy as np
+    >>> from specdec_np import verify_ragged
+    >>> logits = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]))
+    >>> result = verify_ragged(num_draft_tokens=np.array([1, 0]), draft_token_ids=np.array([0]),
+    ...                        target_logits=logits, temperature=0.0)
+    >>> result.output_token_ids, result.accepted_lengths
+    (array([[ 0,  2],
+           [ 2, -1]]), array([1, 0]))
+
+    Sampled, with counter-based uniforms: the same seeds and positions give the same tokens.
+
+    >>> def sampled():
+    ...     return verify_ragged(num_draft_tokens=np.array([1, 0]), draft_token_ids=np.array([0]),
+    ...                          target_logits=logits, counter_seeds={0: (7, 0), 1: (8, 0)})
+    >>> np.array_equal(sampled().output_token_ids, sampled().output_token_ids)
+    True
     """
     return engine_call(
         RaggedCall(method, method_parameters, num_draft_tokens, draft_token_ids, bonus_token_ids),

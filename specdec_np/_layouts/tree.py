@@ -278,6 +278,17 @@ def tree_output_buffers(
     ------
     TypeError, ValueError
         For a size that is not a non-negative int (floats, even ``2.0``, included).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import tree_output_buffers, verify_tree
+    >>> out = tree_output_buffers(batch_size=1, max_depth=4)
+    >>> result = verify_tree(num_nodes=[1], tree_parents=[-1], draft_token_ids=[1],
+    ...                      target_probs=np.array([[0.2, 0.8], [0.6, 0.4]]), method="greedy",
+    ...                      out=out)
+    >>> result.output_token_ids, np.shares_memory(result.output_token_ids, out.output_token_ids)
+    (array([[1, 0]]), True)
     """
     return _contract.allocate_tree_output_block(
         xp,
@@ -408,6 +419,22 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
     TypeError, ValueError
         On bad input, naming the argument and ``(request, node)``, before any uniform is
         drawn.
+
+    Examples
+    --------
+    One request whose root has two candidate children, tokens 1 and 2; rows are the root's,
+    then one per node.  Point-mass candidates with explicit uniforms: token 1 fails (``0.5 >=
+    0.2``), token 2 passes against the root row without token 1, and node 1's row gives the
+    final token:
+
+    >>> import numpy as np
+    >>> from specdec_np import verify_tree
+    >>> probs = np.array([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4], [0.6, 0.3, 0.1]])
+    >>> result = verify_tree(num_nodes=np.array([2]), tree_parents=np.array([-1, -1]),
+    ...                      draft_token_ids=np.array([1, 2]), target_probs=probs,
+    ...                      uniforms=np.array([[0.5, 0.5, 0.5]]))
+    >>> result.accepted_nodes, result.output_token_ids
+    (array([[1]]), array([[2, 0]]))
     """
     return engine_call(
         TreeCall(method, num_nodes, tree_parents, draft_token_ids),

@@ -66,6 +66,15 @@ class TreeLayout(NamedTuple):  # numpydoc ignore=PR01
         ``max(N_b)``, 0 for an empty batch.
     max_depth : int
         The deepest node of the batch, 0 when there is no node.
+
+    Examples
+    --------
+    >>> from specdec_np import chain_tree
+    >>> layout = chain_tree([[5, 6], [7]])
+    >>> layout.batch_size, layout.num_nodes, layout.depths
+    (2, array([2, 1]), array([1, 2, 1]))
+    >>> layout.children(0), layout.tokens_of(1), layout.target_row(1, -1)
+    ([[0], [1], []], [7], 3)
     """
 
     num_nodes: np.ndarray
@@ -189,6 +198,13 @@ def validate_tree(
         On a negative count, counts that do not sum to ``N``, a parent outside its request
         or not before its node, a token outside the vocabulary, or a node deeper than
         ``max_depth``; node errors name ``(request, node)``.
+
+    Examples
+    --------
+    >>> from specdec_np import validate_tree
+    >>> layout = validate_tree([3], [-1, 0, 0], [4, 5, 6], vocab_size=8)
+    >>> layout.depths, layout.max_depth
+    (array([1, 2, 2]), 2)
     """
     counts = _validate.host_integers(num_nodes, "num_nodes")
     parents = _validate.host_integers(tree_parents, "tree_parents")
@@ -342,6 +358,12 @@ def chain_tree(chains: Any, vocab_size: int | None = None) -> TreeLayout:
     TypeError, ValueError
         As :func:`validate_tree`, and for ``chains`` or a chain that is not a sequence (a
         list, a tuple or a plain array) or a token that is not an int, naming it.
+
+    Examples
+    --------
+    >>> from specdec_np import chain_tree
+    >>> chain_tree([[5, 6], [7]]).tree_parents
+    array([-1,  0, -1])
     """
     per_request = []
     for b, chain in enumerate(_validate.sequence(chains, "chains", "token-id sequences")):
@@ -375,6 +397,14 @@ def multi_draft_tree(drafts: Sequence[Sequence[Any]], vocab_size: int | None = N
     ------
     TypeError, ValueError
         As :func:`chain_tree`, for ``drafts``, a request's chains, a chain or a token.
+
+    Examples
+    --------
+    Two chains of one request that share their first token stay two branches:
+
+    >>> from specdec_np import multi_draft_tree
+    >>> multi_draft_tree([[[5, 6], [5, 7]]]).tree_parents
+    array([-1,  0, -1,  2])
     """
     per_request = []
     for b, request_chains in enumerate(_validate.sequence(drafts, "drafts", "per-request chains")):
@@ -538,6 +568,16 @@ def from_next_arrays(
     ValueError
         If the arrays differ in shape, a link leaves ``1 .. n - 1``, or a column is reached
         twice (a cycle or a shared child).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import from_next_arrays
+    >>> layout, columns = from_next_arrays(np.array([[1, 2, -1, -1]]),
+    ...                                    np.array([[-1, 3, -1, -1]]),
+    ...                                    np.array([[9, 5, 6, 7]]))
+    >>> layout.tree_parents, layout.draft_token_ids, columns
+    (array([-1,  0, -1]), array([5, 6, 7]), array([1, 2, 3]))
     """
     arrays = {
         "retrieve_next_token": retrieve_next_token,
@@ -617,6 +657,14 @@ def to_next_arrays(
     TypeError, ValueError
         For a ``layout`` that is not a :class:`TreeLayout`, or ``root_token_ids`` that are
         not integers (masked arrays and matrices included) of shape ``[B]``.
+
+    Examples
+    --------
+    >>> from specdec_np import multi_draft_tree, to_next_arrays
+    >>> next_token, next_sibling, candidates = to_next_arrays(
+    ...     multi_draft_tree([[[5, 6], [7]]]), root_token_ids=[9])
+    >>> next_token, next_sibling, candidates
+    (array([[ 1,  2, -1, -1]]), array([[-1,  3, -1, -1]]), array([[9, 5, 6, 7]]))
     """
     _check_layout_type(layout)
     batch_size = layout.batch_size

@@ -328,10 +328,16 @@ def counter_uniforms(
 
     Examples
     --------
-    >>> verify = counter_uniforms([7], [100], 3)
-    >>> draft = counter_uniforms([7], [100], 3, stream="draft")
-    >>> verify.shape, bool((verify != draft).all())
-    ((1, 3), True)
+    >>> import numpy as np
+    >>> from specdec_np import counter_uniforms
+    >>> uniforms = counter_uniforms([7, 7], [0, 1], 3)  # seed 7 at positions 0 and 1
+    >>> uniforms.shape, bool(((0 <= uniforms) & (uniforms < 1)).all())
+    ((2, 3), True)
+    >>> np.array_equal(uniforms[1], counter_uniforms([7], [1], 3)[0])
+    True
+    >>> draft = counter_uniforms([7], [1], 3, stream="draft")  # the drafter's domain
+    >>> bool((draft != uniforms[1]).all())
+    True
     """
     tag = check_stream(stream)
     if xp is None:

@@ -47,6 +47,16 @@ class VerificationResult(_ChainOutputs):  # numpydoc ignore=PR01
     top_token_ids, top_logprobs : int64 and float32 [B, W, N] or None
         With ``logprobs=N``: the processed law's ``N`` most likely tokens, most likely
         first, ties to the lower id (``-1`` and NaN padded).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import greedy_sample
+    >>> result = greedy_sample(np.array([[[0.2, 0.8], [0.6, 0.4]]]), np.array([[0]]),
+    ...                        np.array([[1]]))
+    >>> output, lengths, accepted = result
+    >>> output, lengths, result.num_draft_tokens
+    (array([[1, 0]]), array([1]), 1)
     """
 
     num_draft_tokens: int
@@ -114,6 +124,16 @@ class TreeVerificationResult(_TreeOutputs):  # numpydoc ignore=PR01
     top_token_ids, top_logprobs : int64 and float32 [B, W, N] or None
         With ``logprobs=N``: the processed law's ``N`` most likely tokens, most likely
         first, ties to the lower id (``-1`` and NaN padded).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import verify_tree
+    >>> result = verify_tree(num_nodes=[1], tree_parents=[-1], draft_token_ids=[1],
+    ...                      target_probs=np.array([[0.2, 0.8], [0.6, 0.4]]), method="greedy")
+    >>> nodes, output, lengths = result
+    >>> nodes, output, lengths
+    (array([[0]]), array([[1, 0]]), array([1]))
     """
 
     num_draft_tokens: int

@@ -37,6 +37,22 @@ class Communicator(Protocol):  # numpydoc ignore=PR01
         This process's (or thread's) index, ``0 <= rank < size``.
     size : int
         The number of ranks.
+
+    Examples
+    --------
+    Any object with ``rank``, ``size`` and ``allgather`` will do; one rank alone:
+
+    >>> import numpy as np
+    >>> from specdec_np import sharded
+    >>> class Alone:
+    ...     rank, size = 0, 1
+    ...     def allgather(self, array):
+    ...         return array[np.newaxis]
+    >>> sharded.verify_ragged(
+    ...     communicator=Alone(), vocab_start=0, vocab_size=3,
+    ...     num_draft_tokens=np.array([0]), draft_token_ids=np.array([], dtype=np.int64),
+    ...     target_logits=np.array([[0.0, 2.0, 1.0]]), temperature=0.0).output_token_ids
+    array([[1]])
     """
 
     rank: int
@@ -87,6 +103,16 @@ class LocalCommunicator:
         This thread's rank.
     size : int
         The number of threads in the group.
+
+    Examples
+    --------
+    :func:`run_local` makes one per thread:
+
+    >>> import numpy as np
+    >>> from specdec_np import sharded
+    >>> sharded.run_local(2, lambda communicator: communicator.allgather(
+    ...     np.array([communicator.rank, 10])).tolist())
+    [[[0, 10], [1, 10]], [[0, 10], [1, 10]]]
     """
 
     def __init__(self, room: _Room, rank: int, size: int) -> None:
@@ -155,6 +181,12 @@ def run_local(
     Exception
         The exception of the lowest rank that raised one (ranks that only saw the group
         break, because another rank raised, do not hide it).
+
+    Examples
+    --------
+    >>> from specdec_np import sharded
+    >>> sharded.run_local(3, lambda communicator: (communicator.rank, communicator.size))
+    [(0, 3), (1, 3), (2, 3)]
     """
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"size must be an int >= 1; found {size!r}")
@@ -191,6 +223,17 @@ class MPICommunicator:
     ----------
     comm : mpi4py.MPI.Comm, optional
         ``MPI.COMM_WORLD`` if None.
+
+    Examples
+    --------
+    In each process of ``mpiexec -n 2 python script.py`` (``examples/sharded_mpi.py`` is a
+    whole one):
+
+    >>> import numpy as np
+    >>> from specdec_np import sharded
+    >>> communicator = sharded.MPICommunicator()  # doctest: +SKIP
+    >>> communicator.allgather(np.array([communicator.rank])).tolist()  # doctest: +SKIP
+    [[0], [1]]
     """
 
     def __init__(self, comm: Any = None) -> None:
@@ -231,6 +274,21 @@ class NCCLCommunicator:
         An initialised NCCL communicator of this rank.
     stream : cupy.cuda.Stream, optional
         The stream the collective runs on (the current one if None).
+
+    Examples
+    --------
+    In each process of a two-GPU group, with the NCCL unique id shared beforehand (by MPI
+    or a file):
+
+    >>> import cupy  # doctest: +SKIP
+    >>> import numpy as np
+    >>> from cupy.cuda import nccl  # doctest: +SKIP
+    >>> from specdec_np import sharded
+    >>> cupy.cuda.Device(rank).use()  # doctest: +SKIP
+    >>> communicator = sharded.NCCLCommunicator(
+    ...     nccl.NcclCommunicator(2, unique_id, rank))  # doctest: +SKIP
+    >>> communicator.allgather(np.array([communicator.rank])).tolist()  # doctest: +SKIP
+    [[0], [1]]
     """
 
     def __init__(self, comm: Any, stream: Any = None) -> None:
@@ -280,6 +338,19 @@ class TorchCommunicator:
         The default group if None.
     device : str or torch.device, optional
         Where the gathered bytes live: ``"cpu"`` for gloo, a CUDA device for NCCL groups.
+
+    Examples
+    --------
+    A gloo group of one process (an engine passes its tensor-parallel group):
+
+    >>> import numpy as np
+    >>> import torch.distributed as distributed
+    >>> from specdec_np import sharded
+    >>> distributed.init_process_group("gloo", store=distributed.HashStore(), rank=0,
+    ...                                world_size=1)
+    >>> sharded.TorchCommunicator(distributed).allgather(np.arange(3)).tolist()
+    [[0, 1, 2]]
+    >>> distributed.destroy_process_group()
     """
 
     def __init__(self, distributed: Any, group: Any = None, device: Any = "cpu") -> None:

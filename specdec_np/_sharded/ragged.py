@@ -50,6 +50,19 @@ class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
         vocab_size x itemsize`` (target and draft rows).
     rounds : int
         The allgather calls the call made.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np import VerificationResult, sharded
+    >>> def rank(communicator):
+    ...     return sharded.verify_ragged(
+    ...         communicator=communicator, vocab_start=0, vocab_size=3,
+    ...         num_draft_tokens=np.array([0]), draft_token_ids=np.array([], dtype=np.int64),
+    ...         target_logits=np.array([[0.0, 2.0, 1.0]]), temperature=0.0)
+    >>> result = sharded.run_local(1, rank)[0]
+    >>> isinstance(result, VerificationResult), result.output_token_ids, result.rounds > 0
+    (True, array([[1]]), True)
     """
 
     exchanged_bytes: int

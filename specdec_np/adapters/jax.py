@@ -67,6 +67,17 @@ class JaxVerificationResult(NamedTuple):  # numpydoc ignore=PR01
         Equal to ``accepted_lengths`` (every request stops at its first rejection).
     num_draft_tokens : int []
         The drafts the call verified, ``T``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from specdec_np.adapters import jax as specdec_jax
+    >>> logits = jnp.log(jnp.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]))
+    >>> result = specdec_jax.verify_ragged(
+    ...     max_spec_len=2, num_draft_tokens=[1, 0], draft_token_ids=jnp.array([0]),
+    ...     target_logits=logits, temperature=0.0)
+    >>> result.output_token_ids.tolist(), result.accepted_lengths.tolist()
+    ([[0, 2, -1], [2, -1, -1]], [1, 0])
     """
 
     output_token_ids: Any
@@ -265,6 +276,15 @@ def sample_tokens(
         The library's checks, when the computation runs.
     ImportError
         Without JAX.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> from specdec_np.adapters import jax as specdec_jax
+    >>> draw = jax.jit(lambda logits, uniforms: specdec_jax.sample_tokens(
+    ...     logits=logits, uniforms=uniforms))
+    >>> draw(jnp.log(jnp.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])), jnp.array([0.6, 0.05]))
+    Array([1, 0], dtype=int32)
     """
     jax = _jax()
     if type(return_probs) is not bool:

@@ -136,6 +136,24 @@ def rejection_sample(
         outside ``0 .. B-1``, temperatures that contradict ``all_greedy`` or
         ``all_random``, ids outside ``[0, V)``, shapes), naming the argument.  No
         generator has moved when either is raised.
+
+    Examples
+    --------
+    NumPy inputs, and a stand-in for vLLM's ``SamplingMetadata`` with every request greedy:
+    request 0's second draft (3) is not its row's argmax (2), request 1's draft is accepted
+    and its bonus token follows:
+
+    >>> from types import SimpleNamespace
+    >>> import numpy as np
+    >>> from specdec_np.adapters import vllm
+    >>> metadata = SimpleNamespace(all_greedy=True, all_random=False, temperature=None,
+    ...                            top_k=None, top_p=None, generators={})
+    >>> logits = np.log(np.array([[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.6, 0.1],
+    ...                           [0.6, 0.2, 0.1, 0.1]]))
+    >>> vllm.rejection_sample(np.array([1, 3, 0]), [2, 1], 2, np.array([2, 3]), None, logits,
+    ...                       np.array([[3], [3]]), metadata)
+    array([[ 1,  2, -1],
+           [ 0,  3, -1]], dtype=int32)
     """
     counts = _counts(num_draft_tokens, "num_draft_tokens")
     batch_size = int(counts.shape[0])

@@ -111,6 +111,13 @@ def kinds_for(layout: str) -> tuple[str, ...]:
     ------
     ValueError
         For an unknown layout.
+
+    Examples
+    --------
+    >>> from specdec_np import registry
+    >>> from specdec_np.testing import kinds_for
+    >>> kinds_for("tree") == registry.tree_method_names()
+    True
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; found {layout!r}")
@@ -186,6 +193,17 @@ class TorchAdapter(_Adapter):
         The torch verifier, with the stateless chain signature (see the module docstring).
     device : str
         Where the tensors go (``"cpu"``, ``"cuda"``, ...).
+
+    Examples
+    --------
+    :func:`specdec_np.greedy_sample` takes torch tensors too, so it can stand for a torch
+    verifier:
+
+    >>> import torch
+    >>> import specdec_np
+    >>> from specdec_np.testing import TorchAdapter, check_verifier
+    >>> check_verifier(TorchAdapter(specdec_np.greedy_sample), "greedy", num_rows=1000).passed
+    True
     """
 
     def __init__(self, fn: Callable[..., Any], device: str = "cpu") -> None:
@@ -214,6 +232,18 @@ class DLPackAdapter(_Adapter):
         Turns a NumPy array into the library's array (``jax.numpy.asarray``,
         ``cupy.asarray``, ``torch.from_numpy``).  Outputs come back through DLPack, or
         ``.get()`` / ``__array__`` where DLPack cannot reach the host.
+
+    Examples
+    --------
+    ``from_numpy`` is the library's ``asarray`` (``jax.numpy.asarray``, ``cupy.asarray``);
+    NumPy's own here:
+
+    >>> import numpy as np
+    >>> import specdec_np
+    >>> from specdec_np.testing import DLPackAdapter, check_verifier
+    >>> adapter = DLPackAdapter(specdec_np.greedy_sample, from_numpy=np.asarray)
+    >>> check_verifier(adapter, "greedy", num_rows=1000).passed
+    True
     """
 
     def __init__(self, fn: Callable[..., Any], from_numpy: Callable[[np.ndarray], Any]) -> None:
@@ -294,6 +324,18 @@ def check_verifier(
         If ``layout`` or ``kind`` is unknown, or a size or the timeout is out of range (a
         timeout must be positive, finite and no longer than this platform's threads can
         wait).
+
+    Examples
+    --------
+    A verifier of the padded layout, checked as lossless rejection sampling (small sizes,
+    so that it takes a fraction of a second):
+
+    >>> import specdec_np
+    >>> from specdec_np.testing import check_verifier
+    >>> report = check_verifier(specdec_np.rejection_sample, "rejection", vocab_size=4, k=1,
+    ...                         num_rows=1000)
+    >>> report.passed, report.failed()
+    (True, [])
     """
     if not callable(verifier):
         raise TypeError(f"verifier must be callable; found {type(verifier).__name__}")

@@ -92,6 +92,14 @@ class PropertyResult:  # numpydoc ignore=PR01
         What was fed and what was found, for a human (for a skipped property: why).
     skipped : bool
         The property did not run; it is neither passed nor failed.
+
+    Examples
+    --------
+    >>> import specdec_np
+    >>> from specdec_np.testing import check_verifier
+    >>> row = check_verifier(specdec_np.greedy_sample, "greedy", num_rows=1000).rows[0]
+    >>> row.passed, row.skipped
+    (True, False)
     """
 
     name: str
@@ -125,7 +133,22 @@ def skipped(name: str, reason: str) -> PropertyResult:
 
 
 class ConformanceError(AssertionError):
-    """Raised by :meth:`ConformanceReport.raise_if_failed`; the message is the report."""
+    """Raised by :meth:`ConformanceReport.raise_if_failed`; the message is the report.
+
+    Examples
+    --------
+    A "greedy" verifier that accepts every draft:
+
+    >>> import numpy as np
+    >>> from specdec_np.testing import ConformanceError, check_verifier
+    >>> def accept_all(target_with_bonus_probs, bonus_token_ids, draft_token_ids):
+    ...     return np.concatenate([draft_token_ids, bonus_token_ids], axis=1)
+    >>> try:
+    ...     check_verifier(accept_all, "greedy", num_rows=1000).raise_if_failed()
+    ... except ConformanceError as error:
+    ...     print(str(error).splitlines()[0])  # doctest: +ELLIPSIS
+    accept_all fails ...
+    """
 
 
 @dataclass
@@ -144,6 +167,15 @@ class ConformanceReport:  # numpydoc ignore=PR01
         Wall-clock time of the whole run.
     layout : str
         ``"padded"``, ``"ragged"`` or ``"tree"``.
+
+    Examples
+    --------
+    >>> import specdec_np
+    >>> from specdec_np.testing import check_verifier
+    >>> report = check_verifier(specdec_np.greedy_sample, "greedy", num_rows=1000)
+    >>> report.passed, report.verifier, report.layout
+    (True, 'greedy_sample', 'padded')
+    >>> report.raise_if_failed()
     """
 
     kind: str

@@ -1,11 +1,16 @@
-"""``docs/semantics.md`` keeps up with the registry and the kernel contract; ``docs/api.rst``
-lists every public name; every docstring that lists methods lists the registry's; nothing
-shipped or run cites the contract's numbering."""
+"""``docs/semantics.md`` keeps up with the registry and the kernel contract; the API
+reference (``docs/api/``, a page per area) lists every public name on exactly one page;
+every docstring that lists methods lists the registry's; nothing shipped or run cites the
+contract's numbering."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
+import importlib.util
 import inspect
 import pathlib
+import pkgutil
 import re
 from types import ModuleType
 from typing import Any
@@ -16,8 +21,6 @@ import specdec_np
 import specdec_np.testing
 from specdec_np import registry
 from specdec_np._runtime import contract as _contract
-from specdec_np.adapters import jax as jax_adapter
-from specdec_np.adapters import vllm as vllm_adapter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEMANTICS = ROOT / "docs" / "semantics.md"
@@ -69,27 +72,139 @@ def test_readme_links_the_page() -> None:
 
 # -- the API reference and the method lists ------------------------------------------------
 
-PUBLIC_MODULES = [specdec_np, registry, specdec_np.testing, vllm_adapter, jax_adapter]
+API = ROOT / "docs" / "api"
 
 
-def documented_names() -> set[str]:
-    """The names ``docs/api.rst`` documents (``.. auto*::`` directives and modules)."""
-    api = (ROOT / "docs" / "api.rst").read_text()
-    return set(re.findall(r"^\.\. auto\w+:: ([\w.]+)", api, re.M))
+def public_modules() -> list[ModuleType]:
+    """Every public module of the package that declares ``__all__`` (no part of its name
+    starts with an underscore), the package first."""
+    found = [specdec_np]
+    for info in pkgutil.walk_packages(specdec_np.__path__, "specdec_np."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        module = importlib.import_module(info.name)
+        if hasattr(module, "__all__"):
+            found.append(module)
+    return found
 
 
-@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda module: module.__name__)
-def test_the_api_reference_lists_every_public_name(module: ModuleType) -> None:
-    documented = documented_names()
-    missing = [
-        name
-        for name in module.__all__
-        if name not in documented
-        and f"{module.__name__}.{name}" not in documented
-        and not (isinstance(getattr(module, name), ModuleType)
-                 and getattr(module, name).__name__ in documented)
+PUBLIC_MODULES = public_modules()
+
+
+def test_the_public_modules_are_found() -> None:
+    names = {module.__name__ for module in PUBLIC_MODULES}
+    expected = {"specdec_np", "specdec_np.registry", "specdec_np.metrics", "specdec_np.samplers",
+                "specdec_np.verify", "specdec_np.engine", "specdec_np.sharded",
+                "specdec_np.adapters.vllm", "specdec_np.adapters.jax", "specdec_np.testing",
+                "specdec_np.cli"}  # fmt: skip
+    assert expected <= names, sorted(expected - names)
+
+
+def resolve(qualified: str) -> Any:
+    """The object a dotted name names: its longest importable prefix, then attributes."""
+    parts = qualified.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            value = getattr(value, part)
+        return value
+    raise ImportError(qualified)
+
+
+def identity(qualified: str, value: Any) -> object:
+    """What makes two names the same public name: the object itself for a module, a class
+    or a function (so that a re-export is the same name), the qualified name for data."""
+    if isinstance(value, ModuleType) or callable(value):
+        return id(value)
+    return qualified
+
+
+DIRECTIVE = re.compile(r"^\.\. (auto\w+|currentmodule|module):: *(\S+)", re.M)
+
+
+def page_entries(text: str) -> list[str]:
+    """The qualified names one page documents: its ``.. auto*::`` directives, a dotted
+    name as it is, a bare one in the module of the last ``currentmodule`` or ``automodule``
+    above it (as autodoc resolves them)."""
+    module = None
+    entries = []
+    for directive, target in DIRECTIVE.findall(text):
+        if directive in ("currentmodule", "module", "automodule"):
+            module = target
+            if directive == "automodule":
+                entries.append(target)
+        elif "." in target:
+            entries.append(target)
+        else:
+            assert module, f"{directive}:: {target} comes before any currentmodule"
+            entries.append(f"{module}.{target}")
+    return entries
+
+
+def placement_errors(
+    pages: dict[str, list[str]], modules: list[ModuleType]
+) -> list[str]:
+    """What is wrong with the pages of the API reference: a name of a public module's
+    ``__all__`` on no page or on two, and an entry that names nothing."""
+    errors = []
+    on_pages: dict[object, list[str]] = {}
+    for page, entries in pages.items():
+        for entry in entries:
+            try:
+                value = resolve(entry)
+            except (ImportError, AttributeError):
+                errors.append(f"{page}: {entry} names nothing")
+                continue
+            on_pages.setdefault(identity(entry, value), []).append(page)
+    for module in modules:
+        for name in module.__all__:
+            qualified = f"{module.__name__}.{name}"
+            found = on_pages.get(identity(qualified, getattr(module, name)), [])
+            if len(found) != 1:
+                errors.append(f"{qualified} is on {len(found)} pages {sorted(found)}, not one")
+    return errors
+
+
+def api_pages() -> dict[str, list[str]]:
+    return {path.name: page_entries(path.read_text()) for path in sorted(API.glob("*.rst"))}
+
+
+def test_every_public_name_is_on_exactly_one_page() -> None:
+    pages = api_pages()
+    assert len(pages) >= 10 and "index.rst" in pages
+    errors = placement_errors(pages, PUBLIC_MODULES)
+    assert not errors, "docs/api/:\n" + "\n".join(errors)
+
+
+def test_every_page_is_in_the_index() -> None:
+    index = (API / "index.rst").read_text()
+    listed = set(re.findall(r"^   (\w+)$", index, re.M))
+    assert listed == {path.stem for path in API.glob("*.rst")} - {"index"}
+
+
+def test_the_placement_check_fails_its_controls() -> None:
+    """Negative controls: a public name on no page, one on two pages (a re-export counts
+    as the same name), and an entry that names nothing are each found."""
+    pages = api_pages()
+    chains = pages["chains.rst"]
+    left_out = {**pages, "chains.rst": [e for e in chains if e != "specdec_np.create_output"]}
+    assert placement_errors(left_out, PUBLIC_MODULES) == [
+        "specdec_np.create_output is on 0 pages [], not one",
+        "specdec_np.verify.create_output is on 0 pages [], not one",
     ]
-    assert not missing, f"docs/api.rst does not list {module.__name__}: {missing}"
+    twice = {**pages, "extra.rst": ["specdec_np.verify.create_output"]}
+    assert len(placement_errors(twice, PUBLIC_MODULES)) == 2
+    stale = {**pages, "extra.rst": ["specdec_np.no_such_function"]}
+    assert placement_errors(stale, PUBLIC_MODULES) == [
+        "extra.rst: specdec_np.no_such_function names nothing"
+    ]
+    assert page_entries(
+        ".. currentmodule:: a.b\n\n.. autofunction:: f\n\n.. autoclass:: c.D\n"
+        ".. automodule:: e\n   :no-members:\n.. autodata:: G\n"
+    ) == ["a.b.f", "c.D", "e", "e.G"]
 
 
 def listing_errors(name: str, docstring: str) -> list[str]:
@@ -193,3 +308,96 @@ def test_the_citation_check_fails_its_control(tmp_path: pathlib.Path) -> None:
              "section" + " 9 of the spec"]  # fmt: skip
     sample.write_text("\n".join([*forms, "docs/semantics.md §8", "the issues of a tree"]))
     assert len(_contract_references([sample], tmp_path)) == len(forms)
+
+
+# -- the Examples sections ------------------------------------------------------------------
+
+
+def public_objects() -> dict[str, Any]:
+    """Every public module, class and function of the package, once (under the first name
+    it has in :data:`PUBLIC_MODULES`)."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    for module in PUBLIC_MODULES:
+        named = [(module.__name__, module)]
+        named += [(f"{module.__name__}.{name}", getattr(module, name)) for name in module.__all__]
+        for qualified, value in named:
+            if id(value) not in seen and (isinstance(value, ModuleType) or callable(value)):
+                seen.add(id(value))
+                found[qualified] = value
+    return found
+
+
+PUBLIC_OBJECTS = public_objects()
+EXAMPLE_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def test_every_public_function_and_class_has_examples() -> None:
+    missing = [
+        name
+        for name, value in PUBLIC_OBJECTS.items()
+        if not isinstance(value, ModuleType)
+        and "\nExamples\n--------\n" not in (inspect.getdoc(value) or "")
+    ]
+    assert not missing, f"no Examples section: {missing}"
+
+
+def examples_of(name: str, value: Any) -> list[doctest.DocTest]:
+    """The doctests of one object's own docstring (not its members')."""
+    finder = doctest.DocTestFinder(recurse=False)
+    return [test for test in finder.find(value, name, globs={}) if test.examples]
+
+
+def missing_imports(tests: list[doctest.DocTest]) -> list[str]:
+    """The top-level modules the examples import (those that are not skipped) that are not
+    installed here: torch, JAX."""
+    imported = {
+        match
+        for test in tests
+        for example in test.examples
+        if not example.options.get(doctest.SKIP)
+        for match in re.findall(r"^\s*(?:from|import)\s+(\w+)", example.source, re.M)
+    }
+    return sorted(name for name in imported if importlib.util.find_spec(name) is None)
+
+
+def run_examples(tests: list[doctest.DocTest]) -> tuple[int, int, str]:
+    """Run doctests with the flags the docstrings are written for: (tried, failed, report)."""
+    runner = doctest.DocTestRunner(optionflags=EXAMPLE_FLAGS)
+    report: list[str] = []
+    for test in tests:
+        runner.run(test, out=report.append)
+    results = runner.summarize(verbose=False)
+    return results.attempted, results.failed, "".join(report)
+
+
+@pytest.mark.parametrize(
+    "name", [name for name, value in PUBLIC_OBJECTS.items() if examples_of(name, value)]
+)
+def test_the_examples_run(name: str) -> None:
+    tests = examples_of(name, PUBLIC_OBJECTS[name])
+    if missing := missing_imports(tests):
+        pytest.skip(f"the examples import {missing}, not installed")
+    tried, failed, report = run_examples(tests)
+    assert tried and not failed, report
+
+
+def test_the_example_runner_fails_a_wrong_example() -> None:
+    """Negative control: an example whose output is wrong fails; one that imports a module
+    that is not installed is found."""
+
+    def wrong() -> None:
+        """Return nothing.
+
+        >>> import numpy as np
+        >>> np.arange(3)
+        array([0, 1, 3])
+        >>> import no_such_module_of_specdec  # doctest: +SKIP
+        """
+
+    tests = examples_of("wrong", wrong)
+    tried, failed, report = run_examples(tests)
+    assert (tried, failed) == (2, 1) and "array([0, 1, 2])" in report
+    assert missing_imports(tests) == []
+    wrong.__doc__ = ">>> import no_such_module_of_specdec\n"
+    assert missing_imports(examples_of("wrong", wrong)) == ["no_such_module_of_specdec"]
