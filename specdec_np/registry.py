@@ -536,6 +536,7 @@ RELAXED_METHODS: tuple[RelaxedMethod, ...] = (
                              "divides the acceptance probability (floored at 1e-9)"),
         ),
         rule_name="threshold_accepts",
+        tree=True,
     ),
 )
 
@@ -989,6 +990,10 @@ def _method_lists() -> dict[str, list[str]]:
         "[[tree methods reading draft rows]]": [
             f"Read by {_quoted(reading)}; None for deterministic candidates."
         ],
+        "[[relaxed tree methods]]": [
+            f'* ``"{method.name}"`` ({", ".join(method.parameter_names)}): {method.summary}'
+            for method in RELAXED_METHODS if method.tree
+        ],
         "[[relaxed methods]]": [
             f'* ``"{method.name}"`` ({", ".join(method.parameter_names)}): {method.summary}'
             for method in RELAXED_METHODS
@@ -1002,8 +1007,9 @@ def document_methods(documented: _Documented) -> _Documented:
 
     A line of the docstring that holds only ``[[verifier names]]``, ``[[tree methods]]``
     (one bullet per tree method with its summary), ``[[tree methods reading draft
-    rows]]`` or ``[[relaxed methods]]`` (one bullet per relaxed method with its
-    parameters and summary) is replaced by that list, wrapped at the line's indent.
+    rows]]``, ``[[relaxed methods]]`` (one bullet per relaxed method with its
+    parameters and summary) or ``[[relaxed tree methods]]`` (those that run on trees) is
+    replaced by that list, wrapped at the line's indent.
 
     Parameters
     ----------

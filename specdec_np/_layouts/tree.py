@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 _GREEDY = registry.get_tree_method("greedy")
+_POINT_MASS = registry.get_tree_method("point_mass")
 
 #: The arguments whose arrays decide the results' array library.
 _DATA_ARGUMENTS = (
@@ -337,6 +338,7 @@ def verify_tree(
     token_bitmask: Any = None,
     logprobs: int | None = None,
     report_bias: bool = False,
+    **method_parameters: Any,
 ) -> _results.TreeVerificationResult:
     """Verify a batch of draft trees (EAGLE, Medusa, SpecInfer, multi-draft).
 
@@ -364,6 +366,11 @@ def verify_tree(
         ``docs/semantics.md``; ``"traversal"`` is the recommended lossless one):
 
         [[tree methods]]
+
+        Or a relaxed (lossy) method that runs on trees, with its keyword parameters
+        (``docs/semantics.md`` section 14a):
+
+        [[relaxed tree methods]]
     temperature : scalar or array [B], optional
         ``0`` walks a request greedily on its raw rows, the others by ``method``.  With
         logits it also scales them.
@@ -405,7 +412,10 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
         Also give the result's ``total_variation`` (float64 ``[B, max_depth + 1]``): the
         bias per emitted position, as :func:`specdec_np.verify_ragged` measures it; every
         tree method is lossless or greedy, so it is 0 along the emitted path and NaN
-        after it.
+        after it; a relaxed method's is measured at each depth for the candidates as
+        given.
+    **method_parameters : float
+        A relaxed method's parameters (``threshold_single``, ``threshold_acc``).
 
     Returns
     -------
@@ -437,7 +447,7 @@ stop_token_ids, max_tokens, token_bitmask, logprobs : optional
     (array([[1]]), array([[2, 0]]))
     """
     return engine_call(
-        TreeCall(method, num_nodes, tree_parents, draft_token_ids),
+        TreeCall(method, num_nodes, tree_parents, draft_token_ids, method_parameters),
         RowSources(target_logits, target_probs, draft_logits, draft_probs),
         SamplingParameters(
             temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
@@ -466,17 +476,37 @@ class TreeCall:
     greedy_entry = _GREEDY
 
     def __init__(
-        self, method: str, num_nodes: Any, tree_parents: Any, draft_token_ids: Any
+        self, method: str, num_nodes: Any, tree_parents: Any, draft_token_ids: Any,
+        method_parameters: Mapping[str, Any] | None = None,
     ) -> None:
-        self.entry = registry.get_tree_method(method)
+        given = dict(method_parameters or {})
+        #: The relaxed (lossy) tree method of the call, or None: a relaxed call builds its
+        #: batch as a point-mass call does and runs
+        #: :func:`specdec_np._relaxed.runner.run` instead of a kernel.
+        self.relaxed: registry.RelaxedMethod | None = None
+        self.relaxed_parameters: dict[str, Any] = {}
+        self._given = given
+        if method in registry.relaxed_names(tree=True):
+            self.relaxed = registry.get_relaxed(method)
+            self.entry = _POINT_MASS
+            unknown = set(given).difference(self.relaxed.parameter_names)
+            if unknown:
+                _validate.check_relaxed_parameters(self.relaxed, given, 0, 0, 1)
+        else:
+            self.entry = registry.get_tree_method(method)
+            if given:
+                raise TypeError(
+                    f"verify_tree() got unexpected keyword argument(s) "
+                    f"{', '.join(sorted(given))}; tree method {method!r} takes none"
+                )
         self.every_request_greedy = not self.entry.stochastic
         self._num_nodes = num_nodes
         self._tree_parents = tree_parents
         self._draft_token_ids = draft_token_ids
 
     def build(self, form: _sampling.RowForm, strict: bool) -> TreeBatch:
-        """The checked batch (:func:`tree_batch`)."""
-        return tree_batch(
+        """The checked batch (:func:`tree_batch`), and a relaxed method's parameters."""
+        batch = tree_batch(
             self._num_nodes,
             self._tree_parents,
             self._draft_token_ids,
@@ -487,6 +517,12 @@ class TreeCall:
             target_name=form.target_name,
             draft_name=form.draft_name,
         )
+        if self.relaxed is not None:
+            self.relaxed_parameters = _validate.check_relaxed_parameters(
+                self.relaxed, self._given, batch.batch_size, batch.layout.max_depth,
+                batch.vocab_size,
+            )
+        return batch
 
     def check_rows(
         self, batch: TreeBatch, form: _sampling.RowForm, greedy: Any, strict: bool

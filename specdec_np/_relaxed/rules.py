@@ -34,6 +34,7 @@ from .laws import ChunkLaws
 __all__ = [
     "Decisions",
     "fly_accepts",
+    "inverse_cdf",
     "own_test",
     "relaxed_accepts",
     "rule_for",
@@ -303,6 +304,23 @@ def typical_accepts(
     if with_acceptance:
         acceptance = (target > threshold[:, :, None]).astype(xp.float64)
     return Decisions(accepted, acceptance, "argmax")
+
+
+def inverse_cdf(weights: Any, v: Any) -> Any:
+    """int64 ``[m]``: per row the first index whose float64 running sum exceeds ``v *
+    Z`` (``Z`` the row total) among positive weights, the last positive one if rounding
+    misses, -1 for a row without positive weight (the kernels' rule)."""
+    xp = _namespace(weights)
+    positive = weights > 0
+    clean = xp.where(positive, weights, 0.0)
+    running = xp.cumsum(clean, axis=1)
+    total = running[:, -1]
+    crossing = (running > (v * total)[:, None]) & positive
+    vocab_size = weights.shape[1]
+    first = xp.where(crossing.any(axis=1), xp.argmax(crossing, axis=1), -1)
+    last = vocab_size - 1 - xp.argmax(positive[:, ::-1], axis=1)
+    token = xp.where(first >= 0, first, last)
+    return xp.where(total > 0, token, -1).astype(xp.int64)
 
 
 def rule_for(name: str) -> Any:

@@ -21,25 +21,9 @@ from .._kernels.dispatch import Commit
 from . import bias as _bias
 from . import laws as _laws
 from . import rules as _rules
+from . import trees as _trees
 
-__all__ = ["bias_of_result", "inverse_cdf", "run"]
-
-
-def inverse_cdf(weights: Any, v: Any) -> Any:
-    """int64 ``[m]``: per row the first index whose float64 running sum exceeds ``v *
-    Z`` (``Z`` the row total) among positive weights, the last positive one if rounding
-    misses, -1 for a row without positive weight (the kernels' rule)."""
-    xp = _rules._namespace(weights)
-    positive = weights > 0
-    clean = xp.where(positive, weights, 0.0)
-    running = xp.cumsum(clean, axis=1)
-    total = running[:, -1]
-    crossing = (running > (v * total)[:, None]) & positive
-    vocab_size = weights.shape[1]
-    first = xp.where(crossing.any(axis=1), xp.argmax(crossing, axis=1), -1)
-    last = vocab_size - 1 - xp.argmax(positive[:, ::-1], axis=1)
-    token = xp.where(first >= 0, first, last)
-    return xp.where(total > 0, token, -1).astype(xp.int64)
+__all__ = ["bias_of_result", "run"]
 
 
 def _rejection_weights(laws: _laws.ChunkLaws, rows: Any, positions: Any, kind: str) -> Any:
@@ -88,7 +72,7 @@ def _emit_chunk(
         positions = lengths[chosen]
         weights = _rejection_weights(laws, chosen, positions, decisions.rejection)
         v = uniforms[chosen, counts[chosen]]
-        drawn = inverse_cdf(weights, v)
+        drawn = _rules.inverse_cdf(weights, v)
         last[chosen] = drawn
         status[chosen] = xp.where(drawn < 0, -(1 + positions), 0)
     greedy_rejected = rejected & laws.greedy
@@ -104,7 +88,7 @@ def _emit_chunk(
         if chosen.size:
             positions = counts[chosen]
             weights = laws.target[chosen, positions, :]
-            drawn = inverse_cdf(weights, uniforms[chosen, positions + 1])
+            drawn = _rules.inverse_cdf(weights, uniforms[chosen, positions + 1])
             last[chosen] = drawn
             status[chosen] = xp.where(drawn < 0, -(1 + positions), status[chosen])
 
@@ -138,7 +122,8 @@ def run(
     entry : registry.RelaxedMethod
     parameters : dict
         Its checked parameters, defaults filled in.
-    batch : specdec_np._layouts.padded.ChainBatch
+    batch : specdec_np._layouts.padded.ChainBatch or specdec_np._layouts.tree.TreeBatch
+        A tree batch is walked by :func:`specdec_np._relaxed.trees.run_tree`.
     form : specdec_np._layouts.sampling.RowForm
     request : specdec_np._layouts.sampling.RequestSampling
     sources : specdec_np._runtime.uniforms.RejectionUniforms
@@ -154,6 +139,11 @@ def run(
     -------
     VerificationResult
     """
+    if batch.kernel_name == "verify_trees":
+        return _trees.run_tree(
+            parameters, batch, form, request, sources, block, report_bias=report_bias,
+            on_success=on_success,
+        )
     xp = batch.xp
     batch.check_ids()
     rule = _rules.rule_for(entry.rule_name)
