@@ -61,6 +61,17 @@ def measure(drafter: str, method: str, parameters: dict[str, Any], tokens: int, 
     }
 
 
+def table(records: list[dict[str, Any]], markdown: bool) -> str:
+    """The rows of a run as a table."""
+    cells = [
+        [row["drafter"], row["method"], row["parameters"], f"{row['acceptance']:.3f}",
+         f"{row['tokens_per_step']:.3f}", f"{100 * row['gain']:+.1f} %",
+         f"{row['mean_tv']:.4f}"]
+        for row in records if row.get("kind") == "row"
+    ]
+    return harness.render_table(COLUMNS, cells, markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=300)
@@ -69,14 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny run (the smoke test)")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", help="also write the records to this JSON-lines file")
+    parser.add_argument("--render", help="reprint the table of a saved JSON-lines run")
     arguments = parser.parse_args(argv)
+    if arguments.render:
+        records = harness.read_jsonl(arguments.render)
+        harness.print_meta(records, ("date", "machine", "commit", "uptime_start"))
+        print(table(records, arguments.markdown))
+        return 0
+    drafters = DRAFTERS
     if arguments.quick:
-        arguments.tokens, arguments.batch, arguments.vocab = 12, 3, 400
+        arguments.tokens, arguments.batch, arguments.vocab = 6, 2, 300
+        drafters = DRAFTERS[:1]
     records: list[dict[str, Any]] = [harness.run_metadata()]
     methods = [(name, {}) for name in BASELINES] + [
         (name, SETTINGS[name]) for name in registry.relaxed_names()
     ]
-    for drafter in DRAFTERS:
+    for drafter in drafters:
         rows = [
             measure(drafter, name, parameters, arguments.tokens, arguments.batch,
                     arguments.vocab)
@@ -86,14 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             row["gain"] = row["tokens_per_step"] / baseline - 1
         records += rows
-    cells = [
-        [row["drafter"], row["method"], row["parameters"], f"{row['acceptance']:.3f}",
-         f"{row['tokens_per_step']:.3f}", f"{100 * row['gain']:+.1f} %",
-         f"{row['mean_tv']:.4f}"]
-        for row in records[1:]
-    ]
     print(json.dumps(records[0]))
-    print(harness.render_table(COLUMNS, cells, arguments.markdown))
+    print(table(records, arguments.markdown))
     if arguments.json:
         harness.write_jsonl(arguments.json, records, append=False)
     return 0
