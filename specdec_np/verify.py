@@ -21,9 +21,12 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 from . import registry
 from ._kernels import dispatch as _dispatch
 from ._layouts import padded as _chains
+from ._layouts.ragged import verify_ragged
 from ._runtime import arrays as _backend
 from ._runtime import checks as _validate
 from ._runtime import contract as _contract
@@ -66,8 +69,10 @@ def run_padded(
 
     Parameters
     ----------
-    verifier : registry.Verifier
-        The verifier, an entry of :data:`specdec_np.registry.VERIFIERS`.
+    verifier : registry.Verifier or registry.RelaxedMethod
+        The verifier, an entry of :data:`specdec_np.registry.VERIFIERS`, or a relaxed
+        (lossy) method of :data:`specdec_np.registry.RELAXED_METHODS` (run as the ragged
+        layout runs it, every row with ``k`` drafts; counted causally).
     target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids : arrays
         As the stateless functions take them (``draft_probs`` is not read by a verifier
         that does not read draft rows).
@@ -104,6 +109,12 @@ def run_padded(
     ...            parameters={"posterior_threshold": 0.5}).output_token_ids
     array([[1, 0]])
     """
+    if isinstance(verifier, registry.RelaxedMethod):
+        return _relaxed_padded(
+            verifier, target_with_bonus_probs, bonus_token_ids, draft_probs,
+            draft_token_ids, parameters=parameters, uniforms=uniforms, generator=generator,
+            seeded_seqs=seeded_seqs, counter_seeds=counter_seeds, strict_mode=strict_mode,
+        )  # fmt: skip
     strict = _validate.check_strict_mode(strict_mode)
     values = _validate.check_method_parameters(verifier, parameters or {})
     batch = _chains.padded_chain(
@@ -501,4 +512,46 @@ def format_output(
     )
     return VerificationResult(
         block.output_token_ids, block.accepted_lengths, block.num_accepted, batch_size * k
+    )
+
+
+def _relaxed_padded(
+    method: registry.RelaxedMethod,
+    target_with_bonus_probs: Any,
+    bonus_token_ids: Any,
+    draft_probs: Any,
+    draft_token_ids: Any,
+    *,
+    parameters: Mapping[str, Any] | None,
+    uniforms: Any,
+    generator: Any,
+    seeded_seqs: Mapping[int, Any] | None,
+    counter_seeds: Mapping[int, tuple[int, int]] | None,
+    strict_mode: bool,
+) -> VerificationResult:
+    """A relaxed method on a padded batch: the same rows as a ragged batch of ``k`` drafts
+    a row (the bonus row in place, the bonus ids given), and the padded uniforms ``[B, k +
+    1]`` with the ragged layout's unread bonus column added."""
+    batch = _chains.padded_chain(
+        target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+        strict=_validate.check_strict_mode(strict_mode), reads_draft_probs=True,
+    )  # fmt: skip
+    xp, rows, k = batch.xp, batch.batch_size, batch.max_k
+    if uniforms is not None:
+        _validate.check_uniforms(uniforms, rows, k)
+        uniforms = xp.concatenate([xp.asarray(uniforms), xp.zeros((rows, 1))], axis=1)
+    result = verify_ragged(
+        num_draft_tokens=np.full(rows, k, dtype=np.int64),
+        draft_token_ids=xp.reshape(batch.draft_token_ids, (-1,)),
+        target_probs=xp.reshape(batch.target_rows, (-1, batch.vocab_size)),
+        draft_probs=None if batch.draft_rows is None else xp.reshape(
+            batch.draft_rows, (-1, batch.vocab_size)
+        ),
+        bonus_token_ids=xp.reshape(batch.bonus_token_ids, (-1,)),
+        method=method.name, uniforms=uniforms, generator=generator,
+        seeded_seqs=seeded_seqs, counter_seeds=counter_seeds,
+        **dict(parameters or {}),
+    )  # fmt: skip
+    return VerificationResult(
+        result.output_token_ids, result.accepted_lengths, result.num_accepted, rows * k
     )

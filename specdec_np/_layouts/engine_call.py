@@ -258,7 +258,8 @@ def engine_call(
             relaxed, getattr(layout, "relaxed_parameters", {}), batch, form, request, sources,
             block,
             contexts=None if plan is None else plan.request_contexts(),
-            report_bias=report_bias, on_success=on_success,
+            draws_bonus=getattr(layout, "draws_bonus", True), report_bias=report_bias,
+            on_success=on_success,
         )  # fmt: skip
     else:
         threads = layout.threads(batch, chosen)

@@ -415,6 +415,12 @@ class RaggedCall:
         )
 
     @property
+    def draws_bonus(self) -> bool:
+        """Whether a request that accepts every draft draws its bonus token (no
+        ``bonus_token_ids`` given)."""
+        return self._bonus_token_ids is None
+
+    @property
     def method_parameters(self) -> tuple[float, ...]:
         """The registry verifier's checked parameters, in registry order."""
         return self._parameters

@@ -113,6 +113,7 @@ def run(
     *,
     contexts: list[Any] | None,
     report_bias: bool,
+    draws_bonus: bool = True,
     on_success: Any = None,
 ) -> Any:
     """Verify a checked ragged chain batch by a relaxed method.
@@ -130,6 +131,9 @@ def run(
     block : OutputBlock
     contexts : list of int sequences, optional
         Each request's prompt then output (the relaxed method's thinking phase).
+    draws_bonus : bool
+        A request that accepts every draft draws its bonus token (else it takes the
+        batch's ``bonus_token_ids``).
     report_bias : bool
         Also give the result's ``total_variation``.
     on_success : callable, optional
@@ -163,8 +167,7 @@ def run(
                 extra["contexts"] = [contexts[b] for b in requests] if contexts else None
             decisions = rule(laws, chunk_uniforms, parameters, report_bias, **extra)
             tokens, lengths, status = _emit_chunk(
-                laws, decisions, chunk_uniforms, batch.bonus_token_ids if not
-                batch.bonus_rows else None,
+                laws, decisions, chunk_uniforms, None if draws_bonus else batch.bonus_token_ids,
             )
             bad = xp.flatnonzero(status != 0)
             if bad.size:

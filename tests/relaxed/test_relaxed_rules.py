@@ -184,3 +184,28 @@ def test_requests_without_drafts_get_their_bonus_token(method) -> None:
     exact = specdec_np.verify_ragged(method="rejection", **batch)
     assert result.output_token_ids.tolist() == exact.output_token_ids.tolist() == [[1], [0]]
     assert result.total_variation.tolist() == [[0.0], [0.0]]
+
+
+@pytest.mark.parametrize("method", registry.relaxed_names())
+def test_the_padded_layout_runs_a_relaxed_method_as_the_ragged_one(method) -> None:
+    from specdec_np.verify import run_padded
+
+    parameters = {"fly": FLY, "synthetic": dict(acceptance_rates=[0.6, 0.3])}.get(method, {})
+    uniforms = np.array([[0.55, 0.2, 0.4], [0.95, 0.9, 0.7]])
+    target = np.stack([TARGET, TARGET[::-1]])
+    drafts = np.array([[1, 0], [2, 3]])
+    padded = run_padded(
+        registry.get_relaxed(method), target, np.array([[3], [1]]), np.stack([DRAFT, DRAFT]),
+        drafts, parameters=parameters, uniforms=uniforms,
+    )
+    ragged = specdec_np.verify_ragged(
+        num_draft_tokens=np.array([2, 2]), draft_token_ids=drafts.ravel(),
+        target_probs=target.reshape(-1, 4), draft_probs=np.concatenate([DRAFT, DRAFT]),
+        bonus_token_ids=np.array([3, 1]), method=method,
+        uniforms=np.concatenate([uniforms, np.zeros((2, 1))], axis=1), **parameters,
+    )
+    assert padded.output_token_ids.tolist() == ragged.output_token_ids.tolist()
+    assert padded.num_draft_tokens == 4
+    # A request that accepts both drafts takes its given bonus token.
+    full = ragged.accepted_lengths == 2
+    assert (ragged.output_token_ids[full, 2] == np.array([3, 1])[full]).all()
