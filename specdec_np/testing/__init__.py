@@ -8,6 +8,7 @@ Map of this package (the public names are this module's; the rest is private):
 * :mod:`._oracles`: exact output laws on small vocabularies;
 * :mod:`._statistics`: chi-square and z tests without SciPy;
 * :mod:`._monte_carlo`: Monte Carlo runs of a verifier against the oracles;
+* :mod:`._drafting`: :func:`check_drafting`, a drafter and a verifier end to end;
 * :mod:`._self_check`: ``specdec-np check`` of the package's own backends.
 
 :func:`check_verifier` treats a verifier as a black box and reports, property by property,
@@ -36,7 +37,11 @@ and reproducibility check.
 ``layout="ragged"`` calls a verifier with :func:`specdec_np.verify_ragged`'s keywords and
 ``layout="tree"`` one with :func:`specdec_np.verify_tree`'s (:mod:`specdec_np.testing._ragged`
 and :mod:`specdec_np.testing._tree` say what they check); :func:`kinds_for` gives each
-layout's kinds, all read from the registry.  A property that did not run is reported as
+layout's kinds, all read from the registry.  :func:`check_drafting` checks the draft side:
+it runs a drafter as an engine does (draft logits, settings and each request's
+``counter_seeds``), hands its tokens and rows to a ragged verifier, and checks the output's
+law, the drafts against the rows reported, and the draft noise against the uniforms the
+verifier reads (:mod:`specdec_np.testing._drafting`).  A property that did not run is reported as
 skipped (``PropertyResult.skipped``, a ``SKIP`` row), never as passed, and every call to
 the verifier has a time limit (``timeout``); ``docs/testing.md`` documents both.
 
@@ -61,6 +66,7 @@ import numpy as np
 
 from .. import registry
 from . import _monte_carlo
+from ._drafting import check_drafting
 from ._report import (
     DEFAULT_TIMEOUT,
     ConformanceError,
@@ -81,6 +87,7 @@ __all__ = [
     "DLPackAdapter",
     "PropertyResult",
     "TorchAdapter",
+    "check_drafting",
     "check_verifier",
     "kinds_for",
 ]

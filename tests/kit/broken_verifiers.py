@@ -137,9 +137,11 @@ def numpy_block(
     *,
     uniforms: np.ndarray,
     stop_at_first_failure: bool = False,
+    prefix_ratio: bool = False,
 ) -> np.ndarray:
     """Block verification (Sun et al. 2025) with explicit uniforms; optionally the classic
-    wrong version that stops at the first failed check."""
+    wrong version that stops at the first failed check, or the wrong path weights of
+    hierarchical speculative decoding's code (``prefix_ratio``)."""
     target = np.asarray(target_with_bonus_probs, dtype=np.float64)
     ids = np.asarray(draft_token_ids, dtype=np.int64)
     batch_size, k = ids.shape
@@ -157,6 +159,14 @@ def numpy_block(
         scaled = rho[:, i] * p_x[:, i]
         ratio = np.divide(scaled, q_x[:, i], out=np.ones(batch_size), where=q_x[:, i] > 0)
         rho[:, i + 1] = np.where(scaled >= q_x[:, i], 1.0, ratio)
+    if prefix_ratio:
+        # The bug: the ratio of the whole prefix, capped once (a later p > q makes up for an
+        # earlier p < q), as hierarchical speculative decoding's code weights its paths.
+        # q = 0 < p is ratio infinity (weight 1), p = 0 ratio 0, as block's weights are.
+        ratios = np.divide(p_x, q_x, out=np.where(p_x > 0, np.inf, 0.0), where=q_x > 0)
+        with np.errstate(invalid="ignore"):  # inf * 0: a zero-probability step, weight 0
+            prefix = np.nan_to_num(np.cumprod(ratios, axis=1), nan=0.0, posinf=np.inf)
+        rho[:, 1:] = np.minimum(prefix, 1.0)
     residual = np.maximum(rho[:, :k, None] * target[:, :k] - q, 0.0)
     total = residual.sum(axis=2)
     h = np.empty((batch_size, k))
@@ -182,6 +192,18 @@ def numpy_block(
     output[rows, tau] = np.where(tau == k, np.asarray(bonus_token_ids).reshape(batch_size),
                                  recovered)
     return output
+
+
+def hierarchical_prefix_ratio(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *,
+                              uniforms: Any) -> Any:
+    """Block verification with the path weights of hierarchical speculative decoding's
+    public code (arXiv 2601.05724): the uncapped prefix ratio
+    ``rho_i = min(1, prod_{j < i} p_j(x_j) / q_j(x_j))`` where block verification caps at
+    every step (``rho_i = min(1, rho_{i-1} * p / q)``).  A deliberate bug: not lossless
+    for k >= 2 (the two-token law is off by up to about 20 %); for k = 1 it is block
+    verification."""
+    return numpy_block(target, bonus, draft_probs, draft_ids, uniforms=uniforms,
+                       prefix_ratio=True)
 
 
 def block(target: Any, bonus: Any, draft_probs: Any, draft_ids: Any, *, uniforms: Any) -> Any:
