@@ -113,6 +113,15 @@ cdef extern from "logits_law.h" nogil:
         double min_p, int filter_order, specdec_law_scratch* scratch, double* weights,
         specdec_row_law* law,
     )
+    # The largest z = logits / temperature (NaN never), and how many entries are +inf.
+    void specdec_row_max_f(
+        const float* logits, Py_ssize_t V, float temperature, float* z_max,
+        int64_t* num_infinite,
+    )
+    void specdec_row_max_d(
+        const double* logits, Py_ssize_t V, double temperature, double* z_max,
+        int64_t* num_infinite,
+    )
     void specdec_law_from_weights_f(float* weights, Py_ssize_t V, double normaliser)
     void specdec_law_from_weights_d(double* weights, Py_ssize_t V, double normaliser)
     void specdec_block_sums_f(

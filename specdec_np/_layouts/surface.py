@@ -335,7 +335,7 @@ def _bitmask_allowed(bitmask: Any, rows: Any, vocab_size: int, xp: Any) -> Any:
         # of byte 4 i + j // 8, which is what a little-endian unpacking reads.
         words = np.ascontiguousarray(bitmask[rows])
         bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
-        return bits[:, :vocab_size].astype(bool)
+        return bits[:, :vocab_size].view(np.bool_)  # 0 and 1 bytes: no copy
     tokens = xp.arange(vocab_size)
     words = bitmask[rows][:, tokens // 32]
     return ((words >> (tokens % 32).astype(words.dtype)) & 1).astype(bool)
@@ -351,6 +351,11 @@ def adjust_rows(
 ) -> Any:
     """A copy of ``rows`` with the settings applied to the rows ``row_indices``: masks and
     bias, then penalties, each in the rows' dtype (``docs/semantics.md``).
+
+    The rows of one request are adjusted together: its bias, its allowed ids and its
+    penalties over the columns its context touches (the output's and prompt's tokens and
+    the drafts), one gather and one scatter each; only the bad words and the minimum
+    length, which depend on each row's own context, are applied row by row.
 
     Parameters
     ----------
@@ -369,7 +374,6 @@ def adjust_rows(
     array [R, V]
         A new array; the rows not listed are copied as they are.
     """
-    adjusted = xp.array(rows, copy=True)
     dtype = rows.dtype
     vocab_size = int(rows.shape[1])
     minus_infinity = dtype.type(-np.inf)
@@ -377,54 +381,92 @@ def adjust_rows(
         allowed = _bitmask_allowed(
             surface.bitmask, xp.asarray(context_rows), vocab_size, xp
         )
-        block = adjusted[xp.asarray(row_indices)]
-        adjusted[xp.asarray(row_indices)] = xp.where(allowed, block, minus_infinity)
-    per_request: dict[int, _RequestTables] = {}
-    for row, source in zip(row_indices.tolist(), context_rows.tolist()):
-        b = int(contexts.requests[source])
+        if row_indices.size == rows.shape[0] and np.array_equal(
+            row_indices, np.arange(row_indices.size)
+        ):
+            # Every row in order (the common case): the masked copy in one pass.
+            adjusted = xp.where(allowed, rows, minus_infinity)
+        else:
+            adjusted = xp.array(rows, copy=True)
+            block = adjusted[xp.asarray(row_indices)]
+            adjusted[xp.asarray(row_indices)] = xp.where(allowed, block, minus_infinity)
+    else:
+        adjusted = xp.array(rows, copy=True)
+    owners = contexts.requests[context_rows] if row_indices.size else row_indices
+    for b in np.unique(owners).tolist():
         if not surface.request_adjusts(b):
             continue
-        tables = per_request.get(b)
-        if tables is None:
-            tables = per_request[b] = _RequestTables(surface, b, vocab_size, xp)
-        prefix = contexts.prefixes[source]
-        output = surface.outputs[b]
-        context = prefix if output is None else np.concatenate([output, prefix])
-        values = adjusted[row]
-        # Masks and bias (a mask makes -inf, which a finite bias leaves -inf).
-        if surface.bias[b] is not None:
-            ids, bias = surface.bias[b]
-            values[xp.asarray(ids)] += xp.asarray(bias.astype(dtype))
-        if tables.disallowed is not None:
-            values[tables.disallowed] = minus_infinity
-        if surface.bad_words[b] is not None:
-            for word in surface.bad_words[b]:
+        chosen = owners == b
+        _adjust_request(
+            adjusted, row_indices[chosen], context_rows[chosen], contexts, surface, b,
+            _RequestTables(surface, b, vocab_size, xp), xp,
+        )
+    return adjusted
+
+
+def _adjust_request(
+    adjusted: Any,
+    row_indices: np.ndarray,
+    context_rows: np.ndarray,
+    contexts: RowContexts,
+    surface: Surface,
+    b: int,
+    tables: _RequestTables,
+    xp: Any,
+) -> None:
+    """Request ``b``'s rows of ``adjusted``, in place: bias, allowed ids, bad words and
+    the minimum length, then the repetition, frequency and presence penalties."""
+    dtype = adjusted.dtype
+    minus_infinity = dtype.type(-np.inf)
+    rows = xp.asarray(row_indices)[:, None]
+    # Masks and bias (a mask makes -inf, which a finite bias leaves -inf).
+    if surface.bias[b] is not None:
+        ids, bias = surface.bias[b]
+        adjusted[rows, xp.asarray(ids)[None, :]] += xp.asarray(bias.astype(dtype))[None, :]
+    if tables.disallowed is not None:
+        adjusted[rows, tables.disallowed[None, :]] = minus_infinity
+    output = surface.outputs[b]
+    prefixes = [contexts.prefixes[source] for source in context_rows.tolist()]
+    if surface.bad_words[b] is not None or tables.non_stops is not None:
+        for row, prefix in zip(row_indices.tolist(), prefixes):
+            context = prefix if output is None else np.concatenate([output, prefix])
+            values = adjusted[row]
+            for word in surface.bad_words[b] or ():
                 head = word[:-1]
                 if head.size <= context.size and np.array_equal(
                     context[context.size - head.size:], head
                 ):
                     values[int(word[-1])] = minus_infinity
-        if tables.non_stops is not None and context.size < surface.min_tokens[b]:
-            # vLLM's rule: the stops stay possible when nothing else is.
-            if bool(xp.any(values[tables.non_stops] > minus_infinity)):
-                values[tables.stops] = minus_infinity
-        # Penalties: the context's counts are the output's (once per request) plus the
-        # drafts before the row.
-        counts = dict(tables.output_counts)
-        for token in prefix.tolist():
-            counts[token] = counts.get(token, 0) + 1
-        if surface.repetition[b] != 1.0:
-            seen = tables.prompt_tokens | counts.keys()
-            tokens = xp.asarray(np.fromiter(seen, dtype=np.int64, count=len(seen)))
-            penalty = dtype.type(surface.repetition[b])
-            picked = values[tokens]
-            values[tokens] = xp.where(picked > 0, picked / penalty, picked * penalty)
-        if (surface.frequency[b] != 0.0 or surface.presence[b] != 0.0) and counts:
-            tokens = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-            times = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
-            term = surface.frequency[b] * times + surface.presence[b]
-            values[xp.asarray(tokens)] -= xp.asarray(term.astype(dtype))
-    return adjusted
+            if tables.non_stops is not None and context.size < surface.min_tokens[b]:
+                # vLLM's rule: the stops stay possible when nothing else is.
+                if bool(xp.any(values[tables.non_stops] > minus_infinity)):
+                    values[tables.stops] = minus_infinity
+    repetition = surface.repetition[b] != 1.0
+    frequency = surface.frequency[b] != 0.0 or surface.presence[b] != 0.0
+    if not (repetition or frequency):
+        return
+    # The columns any row's context touches, and each row's count of each: the output's
+    # counts (shared) plus the drafts before the row.
+    drafted = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.int64)
+    prompt = tables.prompt_array if repetition else np.zeros(0, dtype=np.int64)
+    columns = np.unique(np.concatenate([tables.output_tokens, prompt, drafted]))
+    if not columns.size:
+        return
+    counts = np.zeros((row_indices.size, columns.size), dtype=np.int64)
+    counts[:, np.searchsorted(columns, tables.output_tokens)] = tables.output_times
+    for i, prefix in enumerate(prefixes):
+        np.add.at(counts[i], np.searchsorted(columns, prefix), 1)
+    device_columns = xp.asarray(columns)[None, :]
+    values = adjusted[rows, device_columns]
+    if repetition:
+        seen = xp.asarray((counts > 0) | np.isin(columns, prompt)[None, :])
+        penalty = dtype.type(surface.repetition[b])
+        values = xp.where(seen, xp.where(values > 0, values / penalty, values * penalty), values)
+    if frequency and counts.any():
+        # Subtracting 0 where a token has no count leaves every value as it is.
+        term = surface.frequency[b] * counts + surface.presence[b] * (counts > 0)
+        values = values - xp.asarray(term.astype(dtype))
+    adjusted[rows, device_columns] = values
 
 
 def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
@@ -454,12 +496,12 @@ class _RequestTables:
 
     def __init__(self, surface: Surface, b: int, vocab_size: int, xp: Any) -> None:
         output = surface.outputs[b]
-        self.output_counts: dict[int, int] = {}
+        empty = np.zeros(0, dtype=np.int64)
+        self.output_tokens, self.output_times = empty, empty
         if output is not None:
-            tokens, times = np.unique(output, return_counts=True)
-            self.output_counts = dict(zip(tokens.tolist(), times.tolist()))
+            self.output_tokens, self.output_times = np.unique(output, return_counts=True)
         prompt = surface.prompts[b]
-        self.prompt_tokens: set[int] = set() if prompt is None else set(prompt.tolist())
+        self.prompt_array = empty if prompt is None else np.unique(prompt)
         self.disallowed = None
         if surface.allowed[b] is not None:
             keep = np.zeros(vocab_size, dtype=bool)

@@ -105,6 +105,7 @@ def first_tempered_overflow(
     cdef Py_ssize_t V = rows.shape[1]
     cdef Py_ssize_t b, r, i, start = 0, total = 0, found = -1
     cdef probability_t divisor, largest, value
+    cdef int64_t infinite
     cdef const probability_t* row
     require(greedy.shape[0] == B and rows_per_request.shape[0] == B,
             "temperature, greedy and rows_per_request must have B entries")
@@ -118,12 +119,20 @@ def first_tempered_overflow(
             if not greedy[b] and divisor < 1:
                 for r in range(start, start + rows_per_request[b]):
                     row = &rows[r, 0]
-                    largest = -INFINITY
-                    for i in range(V):
-                        value = row[i]
-                        # NaN compares false; +inf is not finite.
-                        if value > largest and value < INFINITY:
-                            largest = value
+                    # The vectorised maximum pass of the law (NaN never wins); a row with
+                    # a +inf entry is scanned again for its largest finite one.
+                    infinite = 0
+                    if probability_t is float:
+                        specdec_row_max_f(row, V, 1.0, &largest, &infinite)
+                    else:
+                        specdec_row_max_d(row, V, 1.0, &largest, &infinite)
+                    if infinite:
+                        largest = -INFINITY
+                        for i in range(V):
+                            value = row[i]
+                            # NaN compares false; +inf is not finite.
+                            if value > largest and value < INFINITY:
+                                largest = value
                     if largest > -INFINITY and isinf(largest / divisor):
                         found = r
                         break
