@@ -8,22 +8,21 @@ those keywords (``prompt_token_ids``, ``output_token_ids``, ``repetition_penalty
 ``bad_words_token_ids``, ``min_tokens``, ``stop_token_ids``, ``max_tokens``,
 ``token_bitmask``, ``logprobs``), :func:`run` checks:
 
-* one property per class of row settings (:data:`CASES`): penalties whose drafts repeat
-  tokens, a grammar bitmask computed along the drafts that forbids a draft and gives the
-  bonus row its own mask, a logit bias at temperatures below and above 1, allowed ids, bad
-  words and ``min_tokens`` along the drafts.  For the lossless kinds, the exact law on
-  ``V = 6``, ``k = 2``: each request's rows are context-dependent, the law of row ``i``
-  given the tokens before it is the reference's
-  (:func:`specdec_np._reference.surface.adjust_logits`, then
-  :func:`specdec_np._reference.chains.process_logits`), and the output continued by the
-  target must have the law of the target's whole chain, to 1e-9.  Point-mass drafts
-  (each a lossless drafter alone) and, where the verifier takes draft logits, drafts drawn
-  from draft logits processed with the same context are integrated over their uniforms
-  in two calls: the acceptance uniforms on a grid cut at every acceptance threshold of the
-  right law and of each wrong one the case names (:data:`VARIANTS`), which gives each
-  grid cell's accepted length; then, for each accepted length, the residual or bonus
-  uniform on a grid cut at the CDF points of that position's rows.  For the deterministic
-  kinds, equality with :func:`specdec_np._reference.ragged.verify_ragged`;
+* one property per class of row settings (the cases of
+  :mod:`specdec_np.testing._surface_cases`): penalties whose drafts repeat tokens, a
+  grammar bitmask computed along the drafts that forbids a draft and gives the bonus row
+  its own mask, a logit bias at temperatures below and above 1, allowed ids, bad words and
+  ``min_tokens`` along the drafts.  For the lossless kinds, the exact law on ``V = 6``,
+  ``k = 2``: the law of row ``i`` given the tokens before it is the reference's, and the
+  output continued by the target must have the law of the target's whole chain, to 1e-9.
+  Point-mass drafts (each a lossless drafter alone) and, where the verifier takes draft
+  logits, drafts drawn from draft logits processed with the same context are integrated
+  over their uniforms in two calls: the acceptance uniforms on a grid cut at every
+  acceptance threshold of the right law and of each wrong one the case names, which gives
+  each grid cell's accepted length; then, for each accepted length, its largest cell swept
+  over the residual or bonus uniform, cut at the CDF points of that position's rows.  For
+  the deterministic kinds, equality with
+  :func:`specdec_np._reference.ragged.verify_ragged`;
 * greedy requests carrying every setting above, against the reference (the argmax of the
   rows after masks, bias and penalties);
 * stop tokens and ``max_tokens``: the same batch with and without them (the same
@@ -36,7 +35,6 @@ those keywords (``prompt_token_ids``, ``output_token_ids``, ``repetition_penalty
 
 A keyword the verifier lacks makes the properties that need it skipped, never passed.
 """
-
 
 from __future__ import annotations
 
