@@ -175,10 +175,12 @@ class _Adapter:
         result = self.fn(*converted, **keywords)
         if not hasattr(result, "output_token_ids"):
             return _monte_carlo.to_numpy(result)
-        # A result object (the tree layout reads its accepted nodes and lengths too).
+        # A result object (the tree layout reads its accepted nodes and lengths too, the
+        # sampling settings' checks its finished flags and logprobs).
         return types.SimpleNamespace(**{
             name: _monte_carlo.to_numpy(getattr(result, name))
-            for name in ("output_token_ids", "accepted_nodes", "accepted_lengths")
+            for name in ("output_token_ids", "accepted_nodes", "accepted_lengths", "finished",
+                         "logprobs", "raw_logprobs", "top_token_ids", "top_logprobs")
             if getattr(result, name, None) is not None})
 
 

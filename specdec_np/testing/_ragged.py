@@ -29,7 +29,9 @@ output ids (or an object with ``output_token_ids``).
 * greedy requests (temperature 0) mixed into every batch: the argmax rule on raw rows;
 * batch invariance of a ragged batch (permuted, requests alone; every setting of the
   exact laws mixed in), seeds (a seeded request's draws independent of its batch too),
-  output format.
+  output format;
+* the sampling settings (penalties, bias, masks, grammar bitmask, stops, logprobs) where
+  the verifier takes them: :mod:`specdec_np.testing._surface`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 from .. import registry
 from .._reference import chains as _reference
 from .._reference import ragged as ragged_reference
-from . import _monte_carlo, _oracles
+from . import _monte_carlo, _oracles, _surface
 from . import _padded as _kit_padded
 from ._padded import SEEDED_SOURCES, SOURCE_LABELS, chain_chi_square, source_keywords
 from ._report import (
@@ -886,6 +888,8 @@ def run(verifier: Callable[..., Any], kind: str, *, dtype: Any, limit: TimeLimit
                                                          vocab_size, k), limit)
     rows += guard_keywords("ragged batch invariance", lambda: _check_ragged_batch(
         target, kind, k, vocab_size, rng, collector), limit)
+    # Last of the random checks: the draws of those above stay as they were.
+    rows += _surface.run(target, kind, rng)
     rows.append(greedy_result(
         "greedy requests (temperature 0): argmax rule on raw rows", collector.greedy_count,
         collector.greedy_bad,
