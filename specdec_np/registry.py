@@ -51,7 +51,6 @@ __all__ = [
     "document_methods",
     "get",
     "get_layout",
-    "get_relaxed",
     "get_tree_method",
     "layout_names",
     "names",
@@ -371,7 +370,7 @@ class RelaxedParameter:  # numpydoc ignore=PR01
     Examples
     --------
     >>> from specdec_np import registry
-    >>> [(p.name, p.kind) for p in registry.get_relaxed("fly").parameters]
+    >>> [(p.name, p.kind) for p in registry.chain_method("fly").parameters]
     [('window_size', 'count'), ('entropy_threshold', 'real'), ('entropy_top_k', 'count')]
     """
 
@@ -402,16 +401,20 @@ class RelaxedMethod:  # numpydoc ignore=PR01
         any case, as the law the drafts were drawn from.
     greedy_draws : bool
         A greedy request consumes ``k_b + 2`` draws too (otherwise none).
-    tree : bool
-        It also runs in the tree layout.
     parameters : tuple of RelaxedParameter
     rule_name : str
         The function of :mod:`specdec_np._relaxed.rules` that decides each position.
+    tree : bool
+        It also runs in the tree layout.
+    lossless, stochastic : bool
+        False and True: it trades exactness for acceptance, and reads uniforms.
+    function_name, sampler_name : None
+        No padded-layout function or sampler class fronts it (``method=`` only).
 
     Examples
     --------
     >>> from specdec_np import registry
-    >>> entry = registry.get_relaxed("synthetic")
+    >>> entry = registry.chain_method("synthetic")
     >>> entry.lossless, entry.greedy_draws, entry.parameter_names
     (False, True, ('acceptance_rates',))
     """
@@ -423,27 +426,10 @@ class RelaxedMethod:  # numpydoc ignore=PR01
     parameters: tuple[RelaxedParameter, ...]
     rule_name: str
     tree: bool = False
-
-    @property
-    def lossless(self) -> bool:
-        """False: a relaxed method trades exactness for acceptance."""
-        return False
-
-    @property
-    def stochastic(self) -> bool:
-        """True: it reads uniforms (sampled requests; greedy ones too with
-        :attr:`greedy_draws`)."""
-        return True
-
-    @property
-    def function_name(self) -> None:
-        """None: it runs only through ``method=``, with no padded-layout function."""
-        return None
-
-    @property
-    def sampler_name(self) -> None:
-        """None: no sampler class fronts it."""
-        return None
+    lossless: bool = False
+    stochastic: bool = True
+    function_name: None = None
+    sampler_name: None = None
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -451,27 +437,24 @@ class RelaxedMethod:  # numpydoc ignore=PR01
         return tuple(parameter.name for parameter in self.parameters)
 
 
-#: Every relaxed (lossy) chain method, in the order the docs list them.
+_P = RelaxedParameter
+
+#: Every relaxed (lossy) chain method, in the order the docs list them (their rules in
+#: ``docs/semantics.md`` section 14a).
 RELAXED_METHODS: tuple[RelaxedMethod, ...] = (
     RelaxedMethod(
         name="fly",
         summary=(
-            "FLy (vLLM): a draft that fails its own test (greedy: not the argmax; sampled: "
-            "u >= p/q) is accepted anyway when the entropy of the target row's "
-            "entropy_top_k most probable tokens is at least entropy_threshold, the draft "
-            "is possible under the target (and the draft), and the next window_size "
-            "drafts all pass their own tests; a rejection emits the argmax (greedy) or a "
-            "residual draw from max(p - q, 0)."
+            "FLy (vLLM): a draft that fails its own test is accepted anyway when the row's "
+            "top-entropy_top_k entropy is at least entropy_threshold, the draft is possible "
+            "and the next window_size drafts pass their own tests."
         ),
         reads_draft_probs=True,
         greedy_draws=False,
         parameters=(
-            RelaxedParameter("window_size", "count", None,
-                             "drafts after a deferred one that must pass their own tests"),
-            RelaxedParameter("entropy_threshold", "real", None,
-                             "least top-k entropy (nats) at which a draft is deferred"),
-            RelaxedParameter("entropy_top_k", "count", 3,
-                             "how many of the most probable tokens the entropy reads"),
+            _P("window_size", "count", None, "drafts after a deferred one that must pass"),
+            _P("entropy_threshold", "real", None, "least top-k entropy (nats) to defer"),
+            _P("entropy_top_k", "count", 3, "most probable tokens the entropy reads"),
         ),
         rule_name="fly_accepts",
     ),
@@ -479,95 +462,53 @@ RELAXED_METHODS: tuple[RelaxedMethod, ...] = (
         name="synthetic",
         summary=(
             "Synthetic acceptance (vLLM's benchmarking mode): position i is kept when its "
-            "uniform is below a_i / a_(i-1), from the unconditional acceptance_rates "
-            "a_1 >= a_2 >= ...; otherwise the target's own token follows (the argmax, or "
-            "a residual draw from max(p - q, 0)). Every request draws k_b + 2 uniforms."
+            "uniform is below a_i / a_(i-1) of the unconditional acceptance_rates, whatever "
+            "the token; every request, greedy ones too, draws k_b + 2 uniforms."
         ),
         reads_draft_probs=True,
         greedy_draws=True,
-        parameters=(
-            RelaxedParameter("acceptance_rates", "rates", None,
-                             "unconditional acceptance rate of each draft position"),
-        ),
+        parameters=(_P("acceptance_rates", "rates", None, "each position's unconditional rate"),),
         rule_name="synthetic_accepts",
     ),
     RelaxedMethod(
         name="relaxed",
         summary=(
-            "Relaxed acceptance (TensorRT-LLM's, for thinking tokens): a draft is kept when "
-            "it passes its own test (greedy: the argmax; sampled: u * q < p) or is among "
-            "the relaxed_top_k most probable tokens with p(x) >= p(top) - delta "
-            "(relaxed_rule \"difference\") or p(x) >= ratio * p(top) (\"ratio\"); per "
-            "request (relaxed_requests) or between a begin_token_id and an end_token_id "
-            "tracked through the context and the drafts."
+            "Relaxed acceptance (TensorRT-LLM, thinking tokens): a draft that fails its own "
+            "test is kept when among the relaxed_top_k most probable tokens within delta "
+            "(or ratio) of the top one, per request or inside a begin/end token phase."
         ),
         reads_draft_probs=True,
         greedy_draws=False,
         parameters=(
-            RelaxedParameter("relaxed_top_k", "count", 1,
-                             "how many of the most probable tokens may be kept"),
-            RelaxedParameter("delta", "real", 0.0, "the margin of the difference rule"),
-            RelaxedParameter("ratio", "fraction", 1.0, "the factor of the ratio rule"),
-            RelaxedParameter("relaxed_rule", "choice", "difference",
-                             "which margin applies", ("difference", "ratio")),
-            RelaxedParameter("relaxed_requests", "requests", None,
-                             "bool [B]: the requests it applies to (None: all)"),
-            RelaxedParameter("begin_token_id", "token", None,
-                             "a token that opens the relaxed (thinking) phase"),
-            RelaxedParameter("end_token_id", "token", None,
-                             "a token that closes it"),
+            _P("relaxed_top_k", "count", 1, "most probable tokens that may be kept"),
+            _P("delta", "real", 0.0, "the margin of the difference rule"),
+            _P("ratio", "fraction", 1.0, "the factor of the ratio rule"),
+            _P("relaxed_rule", "choice", "difference", "which margin applies",
+               ("difference", "ratio")),
+            _P("relaxed_requests", "requests", None, "bool [B]: the requests it applies to"),
+            _P("begin_token_id", "token", None, "a token that opens the relaxed phase"),
+            _P("end_token_id", "token", None, "a token that closes it"),
         ),
         rule_name="relaxed_accepts",
     ),
     RelaxedMethod(
         name="threshold",
         summary=(
-            "SGLang's tree sampling thresholds (target only: draft rows are ignored): the "
-            "draft at position i is accepted when u_i <= p(x) / threshold_acc or p(x) >= "
-            "threshold_single; a rejection draws from p with the rejected draft removed. "
-            "With both thresholds 1 it is lossless for point-mass drafts."
+            "SGLang's thresholds (target only): a draft is accepted when u <= p(x) / "
+            "threshold_acc (a running sum over siblings on trees) or p(x) >= "
+            "threshold_single; a rejection draws from p without it. Lossless at 1 and 1."
         ),
         reads_draft_probs=False,
         greedy_draws=False,
         parameters=(
-            RelaxedParameter("threshold_single", "real", 1.0,
-                             "a draft at least this probable is accepted"),
-            RelaxedParameter("threshold_acc", "real", 1.0,
-                             "divides the acceptance probability (floored at 1e-9)"),
+            _P("threshold_single", "real", 1.0, "a draft at least this probable is kept"),
+            _P("threshold_acc", "real", 1.0, "divides the acceptance (floored at 1e-9)"),
         ),
         rule_name="threshold_accepts",
         tree=True,
     ),
 )
-
 _RELAXED_BY_NAME = {method.name: method for method in RELAXED_METHODS}
-
-
-def get_relaxed(name: str) -> RelaxedMethod:
-    """The relaxed method called ``name``.
-
-    Parameters
-    ----------
-    name : str
-        A name of :func:`relaxed_names`.
-
-    Returns
-    -------
-    RelaxedMethod
-        Its entry of :data:`RELAXED_METHODS`.
-
-    Raises
-    ------
-    ValueError
-        For an unknown name; the message lists the known ones.
-
-    Examples
-    --------
-    >>> from specdec_np import registry
-    >>> registry.get_relaxed("threshold").parameter_names
-    ('threshold_single', 'threshold_acc')
-    """
-    return _lookup(_RELAXED_BY_NAME, name)
 
 
 def relaxed_names(*, tree: bool | None = None) -> tuple[str, ...]:
@@ -617,6 +558,8 @@ def chain_method(name: str) -> Verifier | RelaxedMethod:
     >>> from specdec_np import registry
     >>> type(registry.chain_method("block")).__name__, type(registry.chain_method("fly")).__name__
     ('Verifier', 'RelaxedMethod')
+    >>> registry.chain_method("threshold").parameter_names
+    ('threshold_single', 'threshold_acc')
     """
     return _lookup({**_BY_NAME, **_RELAXED_BY_NAME}, name)
 

@@ -486,8 +486,10 @@ class TreeCall:
         self.relaxed: registry.RelaxedMethod | None = None
         self.relaxed_parameters: dict[str, Any] = {}
         self._given = given
-        if method in registry.relaxed_names(tree=True):
-            self.relaxed = registry.get_relaxed(method)
+        found = registry.chain_method(method) if method in registry.relaxed_names(
+            tree=True) else None
+        if isinstance(found, registry.RelaxedMethod):
+            self.relaxed = found
             self.entry = _POINT_MASS
             unknown = set(given).difference(self.relaxed.parameter_names)
             if unknown:

@@ -10,7 +10,9 @@ Map of this folder:
 * :mod:`.bias`: the exact total-variation distance per position from those
   probabilities;
 * :mod:`.runner`: a relaxed call over a checked chain batch (draws, rule, emission,
-  bias), and the bias of a registry verifier's result.
+  bias), and the bias of a registry verifier's result;
+* :mod:`.trees`: SGLang's thresholds on draft trees, walked request by request, with
+  their bias per depth.
 
 The engine call (:mod:`specdec_np._layouts.engine_call`) runs :func:`.runner.run` where a
 kernel would run; ``docs/semantics.md`` ("Relaxed methods") states every rule.

@@ -195,7 +195,7 @@ def test_the_padded_layout_runs_a_relaxed_method_as_the_ragged_one(method) -> No
     target = np.stack([TARGET, TARGET[::-1]])
     drafts = np.array([[1, 0], [2, 3]])
     padded = run_padded(
-        registry.get_relaxed(method), target, np.array([[3], [1]]), np.stack([DRAFT, DRAFT]),
+        registry.chain_method(method), target, np.array([[3], [1]]), np.stack([DRAFT, DRAFT]),
         drafts, parameters=parameters, uniforms=uniforms,
     )
     ragged = specdec_np.verify_ragged(
