@@ -1855,3 +1855,29 @@ def test_processed_probs_on_cupy(cp, dtype, filter_order):
     else:
         np.testing.assert_allclose(cp.asnumpy(found), expected, rtol=1e-6, atol=0)
     synchronize(cp)
+
+
+@pytest.mark.parametrize("method", registry.relaxed_names())
+def test_relaxed_methods_on_cupy(cp, method):
+    """A relaxed method on the device: the host's tokens and bias from the same uniforms
+    (its rule is array code on the rows' library, the laws the device's own)."""
+    rng = np.random.default_rng(stable_seed("relaxed", method))
+    counts = np.array([3, 0, 2])
+    logits = (rng.normal(size=(int(counts.sum()) + 3, 50)) * 2).astype(np.float32)
+    draft = (rng.normal(size=(int(counts.sum()), 50)) * 2).astype(np.float32)
+    parameters = {"fly": {"window_size": 1, "entropy_threshold": 0.5},
+                  "synthetic": {"acceptance_rates": [0.9, 0.6, 0.3]},
+                  "relaxed": {"relaxed_top_k": 3, "delta": 0.2}}.get(method, {})
+    host = {"num_draft_tokens": counts, "draft_token_ids": rng.integers(0, 50, counts.sum()),
+            "target_logits": logits, "draft_logits": draft,
+            "temperature": np.array([0.8, 0.0, 1.2]), "uniforms": rng.random((3, 5))}
+    device = dict(host, target_logits=on_device(cp, 0, logits)[0],
+                  draft_logits=on_device(cp, 0, draft)[0],
+                  draft_token_ids=on_device(cp, 0, host["draft_token_ids"])[0],
+                  num_draft_tokens=on_device(cp, 0, counts)[0])
+    expected = specdec_np.verify_ragged(method=method, report_bias=True, **host, **parameters)
+    found = specdec_np.verify_ragged(method=method, report_bias=True, **device, **parameters)
+    np.testing.assert_array_equal(cp.asnumpy(found.output_token_ids), expected.output_token_ids)
+    np.testing.assert_allclose(cp.asnumpy(found.total_variation), expected.total_variation,
+                               rtol=1e-9, atol=1e-12)
+    synchronize(cp)
