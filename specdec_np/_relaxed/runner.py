@@ -217,11 +217,12 @@ def bias_of_result(
     the bonus position, its rule's for typical acceptance), NaN after the run."""
     xp = batch.xp
     variation = xp.where(result.output_token_ids >= 0, 0.0, np.nan)
-    if getattr(entry, "bias_rule_name", None) is None:
+    rule_name = getattr(entry, "bias_rule_name", None)
+    if rule_name is None:
         # Lossless, greedy, or a tree method (every one lossless or greedy): exact.
         return variation
     lengths = result.accepted_lengths
-    rule = _rules.rule_for(entry.bias_rule_name)
+    rule = _rules.rule_for(rule_name)
     named = dict(zip(entry.parameter_names, parameters))
     for requests in _laws.chunks(batch.batch_size, batch.max_k, batch.vocab_size):
         laws = _laws.chunk_laws(batch, request, form, requests)
