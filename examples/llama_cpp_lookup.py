@@ -390,6 +390,7 @@ class LookupDecoder:
         tree_nodes: int = 16,
         method: str = "rejection",
         method_parameters: dict | None = None,
+        report_bias: bool = False,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens (fewer at an end-of-generation token).
 
@@ -409,10 +410,12 @@ class LookupDecoder:
         k, max_ngram, tree_nodes : int
             The drafter's settings.
         method : str
-            The chain's verifier (a registry name, or a relaxed method); chains measure
-            their bias (``report_bias``) into the result's ``total_variation``.
+            The chain's verifier (a registry name, or a relaxed method).
         method_parameters : dict, optional
             Its parameters.
+        report_bias : bool
+            Chains measure their bias into the result's ``total_variation`` (one more pass
+            over the rows each step).
 
         Returns
         -------
@@ -437,7 +440,7 @@ class LookupDecoder:
             else:
                 new_tokens = self._chain_step(
                     tokens, n_past, temperature, rng, stats, max_ngram, min(k, budget),
-                    method, method_parameters or {},
+                    method, method_parameters or {}, report_bias,
                 )
             stats.target_calls += 1
             n_past = len(tokens) - 1 + len(new_tokens)
@@ -473,7 +476,7 @@ class LookupDecoder:
     def _chain_step(
         self, tokens: list[int], n_past: int, temperature: float, rng: np.random.Generator,
         stats: Generation, max_ngram: int, depth: int, method: str = "rejection",
-        method_parameters: dict | None = None,
+        method_parameters: dict | None = None, report_bias: bool = False,
     ) -> list[int]:
         found = lookup_continuations(tokens, max_ngram, depth) if depth > 0 else []
         drafts = found[0] if found else []
@@ -491,15 +494,16 @@ class LookupDecoder:
             temperature=[temperature],
             generator=rng,
             method=method,
-            report_bias=True,
+            report_bias=report_bias,
             **(method_parameters or {}),
         )
         accepted = int(result.accepted_lengths[0])
         stats.decode_seconds += verify - start
         stats.verify_seconds += time.perf_counter() - verify
-        measured = result.total_variation[~np.isnan(result.total_variation)]
-        stats.total_variation += float(measured.sum())
-        stats.measured_positions += int(measured.size)
+        if report_bias:
+            measured = result.total_variation[~np.isnan(result.total_variation)]
+            stats.total_variation += float(measured.sum())
+            stats.measured_positions += int(measured.size)
         # Rollback: keep the last token and the accepted drafts, drop the rejected ones.
         self.context.keep(0, n_past + 1 + accepted)
         stats.drafted += len(drafts)

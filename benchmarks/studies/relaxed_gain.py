@@ -93,7 +93,7 @@ def measure_real_model(tokens: int, temperatures: tuple[float, ...]) -> list[dic
         for name, parameters in methods:
             runs = [
                 decoder.generate(prompt, tokens, mode="chain", temperature=temperature,
-                                 method=name, method_parameters=parameters)
+                                 method=name, method_parameters=parameters, report_bias=True)
                 for prompt in prompts
             ]
             rows.append({
