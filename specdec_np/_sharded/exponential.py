@@ -1,0 +1,169 @@
+"""The law's float32 exponential on whole shards, bit for bit the kernels' (and
+:func:`specdec_np._reference.chains.fast_expf`'s), at a fraction of the reference's cost.
+
+The reference emulates each of the exponential's seven fused multiply-adds exactly, with
+about fifteen float64 array operations apiece.  Here each runs as one float64 product and
+sum (the product of two float32 values is exact in float64) rounded to float32, which is
+the correctly rounded ``fmaf`` except where the float64 sum rounded onto a float32
+midpoint (double rounding).  Two of the seven sums are exact in float64 whatever the input
+(the Cody-Waite reduction ``r = x - n ln 2``: see :func:`_block`), and the reduction's
+``n = round(x log2 e)`` is a float64 ``rint`` of an exact product; the other five are
+checked for a midpoint, and the entries that meet one (rare: about one in 2^28 for
+generic inputs) are recomputed by the reference.  Work runs in blocks that stay in cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._reference import chains as _reference
+
+__all__ = ["expf"]
+
+_C = {name: np.float64(value) for name, value in _reference._EXP_CONSTANTS.items()}
+_LOWEST = np.float32(_reference._EXP_LOWEST)
+_HIGHEST = np.float32(_reference._EXP_HIGHEST)
+#: Entries per block: about 1 MiB of float64 working arrays in all.
+BLOCK = 1 << 14
+# A float64 lies on a float32 midpoint when its low 29 mantissa bits are 1000...0.
+_SHIFT = np.uint64(35)
+_TOP_BIT = np.uint64(1 << 63)
+_LEAST = np.iinfo(np.int64).min
+
+
+class _Work:
+    """Working arrays for one block (reused from block to block)."""
+
+    def __init__(self, size: int) -> None:
+        self.n = np.empty(size)
+        self.t = np.empty(size)
+        self.r = np.empty(size)
+        self.q = np.empty(size)
+        self.single = np.empty(size, dtype=np.float32)
+        self.bits = np.empty(size, dtype=np.uint64)
+        self.flags = np.empty(size, dtype=bool)
+        self.suspect = np.empty(size, dtype=bool)
+        self.exponent = np.empty(size, dtype=np.int32)
+        self.half = np.empty(size, dtype=np.int32)
+
+
+def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
+    """``exp(x)`` by the law's float32 exponential, bit for bit the reference's.
+
+    Parameters
+    ----------
+    x : float32 array, any shape
+    check_every_entry : bool
+        Recompute every entry by the reference (the tests' way to check the block path's
+        recomputation of the flagged entries).
+
+    Returns
+    -------
+    float32 array, ``x``'s shape
+        0 where ``x < -104``, ``x == -inf`` or ``x`` is NaN; ``x > 88`` is clamped to 88.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np._sharded.exponential import expf
+    >>> expf(np.array([0.0, -1.0, -np.inf], dtype=np.float32))
+    array([1.       , 0.3678794, 0.       ], dtype=float32)
+    """
+    values = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty(values.shape, dtype=np.float32)
+    if values.size:
+        work = _Work(min(BLOCK, values.size))
+        for start in range(0, values.size, BLOCK):
+            stop = min(start + BLOCK, values.size)
+            _block(values[start:stop], out[start:stop], work, check_every_entry)
+    return out.reshape(np.shape(x))
+
+
+def _fma(work: _Work, size: int, a: np.ndarray, b: np.ndarray | np.float64,
+         c: np.ndarray | np.float64, result: np.ndarray) -> None:
+    """``result = fmaf(a, b, c)`` (float32 values held in float64), flagging the entries
+    whose float64 sum lies on a float32 midpoint in ``work.suspect``."""
+    t = work.t[:size]
+    np.multiply(a, b, out=t)
+    np.add(t, c, out=t)
+    # The low 29 bits shifted to the top: 1000...0, the least int64, only at a midpoint.
+    shifted = work.bits[:size]
+    np.left_shift(t.view(np.uint64), _SHIFT, out=shifted)
+    if shifted.view(np.int64).min() == _LEAST:
+        flags = work.flags[:size]
+        np.equal(shifted, _TOP_BIT, out=flags)
+        np.logical_or(work.suspect[:size], flags, out=work.suspect[:size])
+    _round(work, size, t, result)
+
+
+def _round(work: _Work, size: int, t: np.ndarray, result: np.ndarray) -> None:
+    """``result = float32(t)``, held in float64."""
+    single = work.single[:size]
+    np.copyto(single, t, casting="same_kind")
+    np.copyto(result, single)
+
+
+def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool) -> None:
+    size = x.size
+    n, t, r, q = work.n[:size], work.t[:size], work.r[:size], work.q[:size]
+    suspect = work.suspect[:size]
+    suspect[...] = check_every_entry
+    keep = work.flags[:size]
+    np.greater_equal(x, _LOWEST, out=keep)  # False for NaN and -inf
+    dropped = not keep.all()
+    if dropped:
+        dropped_at = np.flatnonzero(~keep)
+    np.minimum(x, _HIGHEST, out=out)
+    if dropped:
+        out[dropped_at] = _LOWEST
+    np.copyto(q, out)  # x, clamped, in float64
+    # n = fmaf(x, log2 e, 1.5 2^23) - 1.5 2^23: the nearest integer to the exact product
+    # x log2 e, ties to even (1.5 2^23 is even and the sum lies where float32 steps by 1).
+    np.multiply(q, _C["log2_e"], out=n)
+    np.rint(n, out=n)
+    # r = fmaf(n, -ln2_high, x): exact in float64.  n = 0 gives x itself; otherwise
+    # |x| > 0.34, so x is a multiple of 2^-25, n ln2_high one of 2^-9, and the sum, below
+    # 2^8, spans at most 33 bits.
+    np.multiply(n, _C["minus_ln2_high"], out=t)
+    np.add(t, q, out=t)
+    _round(work, size, t, r)
+    # r = fmaf(n, -ln2_low, r): exact in float64 too.  The first r is 0 (the sum is the
+    # 32-bit product n ln2_low) or at least 2^-25 in size, a multiple of 2^-48, with
+    # n ln2_low a multiple of 2^-36 and the sum below 2^-1: at most 47 bits.
+    np.multiply(n, _C["minus_ln2_low"], out=t)
+    np.add(t, r, out=t)
+    _round(work, size, t, r)
+    _fma(work, size, r, _C["q4"], _C["q3"], q)
+    _fma(work, size, q, r, _C["q2"], q)
+    _fma(work, size, q, r, _C["q1"], q)
+    _fma(work, size, q, r, _C["q0"], q)
+    # fmaf(r * r, q, r), r * r rounded to float32 (the exact float64 product, rounded once).
+    square = t
+    np.multiply(r, r, out=square)
+    _round(work, size, square, square)
+    np.multiply(square, q, out=q)  # exact: two float32 values
+    np.add(q, r, out=t)
+    shifted = work.bits[:size]
+    np.left_shift(t.view(np.uint64), _SHIFT, out=shifted)
+    if shifted.view(np.int64).min() == _LEAST:
+        np.logical_or(suspect, shifted == _TOP_BIT, out=suspect)
+    single = work.single[:size]
+    np.copyto(single, t, casting="same_kind")
+    single += np.float32(1.0)
+    # 2^n as two exact powers of two (floor(n / 2) and the rest), so that a subnormal
+    # result rounds once.
+    exponent, half = work.exponent[:size], work.half[:size]
+    np.copyto(exponent, n, casting="unsafe")
+    np.right_shift(exponent, 1, out=half)
+    np.subtract(exponent, half, out=exponent)
+    half += 127
+    half <<= 23
+    np.multiply(single, half.view(np.float32), out=out)
+    exponent += 127
+    exponent <<= 23
+    np.multiply(out, exponent.view(np.float32), out=out)
+    if dropped:
+        out[dropped_at] = 0.0
+    if suspect.any():
+        at = np.flatnonzero(suspect)
+        out[at] = _reference.fast_expf(x[at])
