@@ -7,12 +7,20 @@ sum (the product of two float32 values is exact in float64) rounded to float32, 
 the correctly rounded ``fmaf`` except where the float64 sum rounded onto a float32
 midpoint (double rounding).  Two of the seven sums are exact in float64 whatever the input
 (the Cody-Waite reduction ``r = x - n ln 2``: see :func:`_block`), and the reduction's
-``n = round(x log2 e)`` is a float64 ``rint`` of an exact product; the other five are
-checked for a midpoint, and the entries that meet one (rare: about one in 2^28 for
-generic inputs) are recomputed by the reference.  Work runs in blocks that stay in cache.
+``n = round(x log2 e)`` is a float64 ``rint`` of an exact product.
+
+The law only ever takes ``x = z - max z <= 0``, and there the other five sums need no
+check: every float32 ``x`` from ``-104`` to ``0`` (below ``-104`` the result is 0) was
+computed with and without the midpoint check, and the two agree bit for bit, so no double
+rounding changes a result there (the entries the check flags are sums that lie exactly on
+a midpoint, which round to even correctly).  A block holding a positive ``x`` is checked
+for a midpoint after each of the five, and its flagged entries are recomputed by the
+reference.  Work runs in blocks that stay in cache.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -23,8 +31,8 @@ __all__ = ["expf"]
 _C = {name: np.float64(value) for name, value in _reference._EXP_CONSTANTS.items()}
 _LOWEST = np.float32(_reference._EXP_LOWEST)
 _HIGHEST = np.float32(_reference._EXP_HIGHEST)
-#: Entries per block: about 1 MiB of float64 working arrays in all.
-BLOCK = 1 << 14
+#: Entries per block (fewer blocks cost more calls; larger ones leave the cache).
+BLOCK = 1 << 16
 # A float64 lies on a float32 midpoint when its low 29 mantissa bits are 1000...0.
 _SHIFT = np.uint64(35)
 _TOP_BIT = np.uint64(1 << 63)
@@ -45,6 +53,18 @@ class _Work:
         self.suspect = np.empty(size, dtype=bool)
         self.exponent = np.empty(size, dtype=np.int32)
         self.half = np.empty(size, dtype=np.int32)
+
+
+_KEPT = threading.local()
+
+
+def _work(size: int) -> _Work:
+    """This thread's working arrays, at least ``size`` long (kept from call to call: the
+    ranks of :func:`~specdec_np.sharded.run_local` are threads of one process)."""
+    work = getattr(_KEPT, "work", None)
+    if work is None or work.n.size < size:
+        work = _KEPT.work = _Work(size)
+    return work
 
 
 def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
@@ -72,7 +92,7 @@ def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
     values = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty(values.shape, dtype=np.float32)
     if values.size:
-        work = _Work(min(BLOCK, values.size))
+        work = _work(min(BLOCK, values.size))
         for start in range(0, values.size, BLOCK):
             stop = min(start + BLOCK, values.size)
             _block(values[start:stop], out[start:stop], work, check_every_entry)
@@ -80,12 +100,19 @@ def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
 
 
 def _fma(work: _Work, size: int, a: np.ndarray, b: np.ndarray | np.float64,
-         c: np.ndarray | np.float64, result: np.ndarray) -> None:
-    """``result = fmaf(a, b, c)`` (float32 values held in float64), flagging the entries
-    whose float64 sum lies on a float32 midpoint in ``work.suspect``."""
+         c: np.ndarray | np.float64, result: np.ndarray, checked: bool) -> None:
+    """``result = fmaf(a, b, c)`` (float32 values held in float64), flagging (where
+    ``checked``) the entries whose float64 sum lies on a float32 midpoint in
+    ``work.suspect``."""
     t = work.t[:size]
     np.multiply(a, b, out=t)
     np.add(t, c, out=t)
+    if checked:
+        _check(work, size, t)
+    _round(work, size, t, result)
+
+
+def _check(work: _Work, size: int, t: np.ndarray) -> None:
     # The low 29 bits shifted to the top: 1000...0, the least int64, only at a midpoint.
     shifted = work.bits[:size]
     np.left_shift(t.view(np.uint64), _SHIFT, out=shifted)
@@ -93,7 +120,6 @@ def _fma(work: _Work, size: int, a: np.ndarray, b: np.ndarray | np.float64,
         flags = work.flags[:size]
         np.equal(shifted, _TOP_BIT, out=flags)
         np.logical_or(work.suspect[:size], flags, out=work.suspect[:size])
-    _round(work, size, t, result)
 
 
 def _round(work: _Work, size: int, t: np.ndarray, result: np.ndarray) -> None:
@@ -109,6 +135,8 @@ def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool)
     suspect = work.suspect[:size]
     suspect[...] = check_every_entry
     keep = work.flags[:size]
+    np.greater(x, 0.0, out=keep)
+    checked = bool(keep.any())
     np.greater_equal(x, _LOWEST, out=keep)  # False for NaN and -inf
     dropped = not keep.all()
     if dropped:
@@ -133,20 +161,18 @@ def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool)
     np.multiply(n, _C["minus_ln2_low"], out=t)
     np.add(t, r, out=t)
     _round(work, size, t, r)
-    _fma(work, size, r, _C["q4"], _C["q3"], q)
-    _fma(work, size, q, r, _C["q2"], q)
-    _fma(work, size, q, r, _C["q1"], q)
-    _fma(work, size, q, r, _C["q0"], q)
+    _fma(work, size, r, _C["q4"], _C["q3"], q, checked)
+    _fma(work, size, q, r, _C["q2"], q, checked)
+    _fma(work, size, q, r, _C["q1"], q, checked)
+    _fma(work, size, q, r, _C["q0"], q, checked)
     # fmaf(r * r, q, r), r * r rounded to float32 (the exact float64 product, rounded once).
     square = t
     np.multiply(r, r, out=square)
     _round(work, size, square, square)
     np.multiply(square, q, out=q)  # exact: two float32 values
     np.add(q, r, out=t)
-    shifted = work.bits[:size]
-    np.left_shift(t.view(np.uint64), _SHIFT, out=shifted)
-    if shifted.view(np.int64).min() == _LEAST:
-        np.logical_or(suspect, shifted == _TOP_BIT, out=suspect)
+    if checked:
+        _check(work, size, t)
     single = work.single[:size]
     np.copyto(single, t, casting="same_kind")
     single += np.float32(1.0)
@@ -164,6 +190,6 @@ def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool)
     np.multiply(out, exponent.view(np.float32), out=out)
     if dropped:
         out[dropped_at] = 0.0
-    if suspect.any():
+    if (checked or check_every_entry) and suspect.any():
         at = np.flatnonzero(suspect)
         out[at] = _reference.fast_expf(x[at])

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import exponential as _exponential
-from .rows import Sparse
+from .rows import RowSet, Sparse
 
 __all__ = ["Entries", "LawRows", "LogitRows"]
 
@@ -73,11 +73,23 @@ class LogitRows:
         return out
 
     def values(self, rows: np.ndarray) -> np.ndarray:
-        """``logits / divisor`` of ``rows``."""
-        out = self.logits(rows)
-        if not self.unit:
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                np.divide(out, self.divisor[rows, None], out=out)
+        """``logits / divisor`` of ``rows`` (a new array)."""
+        if self.unit:
+            return self.logits(rows)
+        out = np.empty((rows.size, self.width), dtype=self.dtype)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            for first, end, part in self._spans():
+                at = np.flatnonzero((rows >= first) & (rows < end))
+                if not at.size:
+                    continue
+                divisor = self.divisor[rows[at], None]
+                local = rows[at] - first
+                in_order = at.size == part.shape[0] and at[-1] - at[0] + 1 == at.size
+                if in_order and (local == np.arange(at.size)).all():
+                    # The whole part, in order: divided straight into place.
+                    np.divide(part, divisor, out=out[at[0] : at[-1] + 1])
+                else:
+                    out[at] = part[local] / divisor
         return out
 
     def entry_values(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -333,18 +345,14 @@ class LawRows:
         whole mass of ``rows[i]``."""
         return self._divided(self.token_weights(rows, columns), normalisers)
 
-    def sparse_probabilities(self, rows: np.ndarray, normalisers: np.ndarray) -> Sparse:
-        """``p`` of law rows ``rows`` (row ``i`` of the result is ``rows[i]``) where it may
-        be positive: every column of a row without a filter, the kept entries of a
-        filtered one, the ``+inf`` entries of a row with some."""
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    def probability_rows(self, rows: np.ndarray, normalisers: np.ndarray) -> RowSet:
+        """``p`` of law rows ``rows`` (row ``i`` of the result is ``rows[i]``): a row without
+        a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
-        at = np.flatnonzero(dense >= 0)
-        if at.size:
-            block = self.dense_weights[dense[at]].astype(np.float64)
-            block = self._divided(block, normalisers[at, None])
-            everything = Sparse.dense(block)
-            parts.append((at[everything.rows], everything.columns, everything.weights))
+        whole = np.flatnonzero(dense >= 0)
+        block = self._divided(self.dense_weights[dense[whole]].astype(np.float64),
+                              normalisers[whole, None])
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         where = np.full(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
         chosen = np.flatnonzero(where[self.kept.rows] >= 0)
@@ -355,18 +363,17 @@ class LawRows:
             parts.append((target, self.kept.columns[chosen], weights))
         spread = np.flatnonzero(self.infinite[rows])
         if spread.size:
-            hits = self.logits.values(rows[spread]) == np.inf
-            row_of, columns = np.nonzero(hits)
+            row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
             weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
             parts.append((spread[row_of], columns, weights))
-        if not parts:
-            empty = np.zeros(0, dtype=np.int64)
-            return Sparse(empty, empty, np.zeros(0), rows.size)
-        row_of = np.concatenate([part[0] for part in parts])
-        columns = np.concatenate([part[1] for part in parts])
-        order = np.lexsort((columns, row_of))
-        weights = np.concatenate([part[2] for part in parts])
-        return Sparse(row_of[order], columns[order], weights[order], rows.size)
+        empty = np.zeros(0, dtype=np.int64)
+        row_of = np.concatenate([part[0] for part in parts]) if parts else empty
+        columns = np.concatenate([part[1] for part in parts]) if parts else empty
+        weights = np.concatenate([part[2] for part in parts]) if parts else np.zeros(0)
+        if row_of.size and (len(parts) > 1 or (np.diff(row_of) < 0).any()):
+            order = np.lexsort((columns, row_of))
+            row_of, columns, weights = row_of[order], columns[order], weights[order]
+        return RowSet(rows.size, whole, block, Sparse(row_of, columns, weights))
 
     def probabilities(self, rows: np.ndarray, normalisers: np.ndarray) -> np.ndarray:
         """float64 ``[len(rows), width]``: ``p = w / sum w`` on this rank's columns, rounded

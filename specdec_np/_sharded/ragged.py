@@ -428,18 +428,29 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         positions = lengths[draws]
         bonus = positions == call.counts[draws]
         # p where it may be positive; the residual max(rho p - q, 0) is 0 elsewhere.
-        p = rows_of.target_sparse(rows.first_target[draws] + positions)
-        q = np.zeros(p.weights.size)
-        rejected = np.flatnonzero(~bonus[p.rows])
+        p = rows_of.target_rows(rows.first_target[draws] + positions)
+        scale = decided.scale[draws]
+        draft_rows = call.offsets[draws] + positions
+        residual = p.dense.copy()
+        rejected = np.flatnonzero(~bonus[p.dense_rows])
         if rejected.size:
-            entry_rows = p.rows[rejected]
-            q[rejected] = rows_of.draft_entries(
-                call.offsets[draws[entry_rows]] + positions[entry_rows], p.columns[rejected]
+            chosen = p.dense_rows[rejected]
+            q = rows_of.draft(draft_rows[chosen])
+            residual[rejected] = np.maximum(scale[chosen, None] * p.dense[rejected] - q, 0.0)
+        entries = p.sparse
+        sparse_residual = entries.weights.copy()
+        rejected = np.flatnonzero(~bonus[entries.rows])
+        if rejected.size:
+            chosen = entries.rows[rejected]
+            q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
+            sparse_residual[rejected] = np.maximum(
+                scale[chosen] * entries.weights[rejected] - q_entries, 0.0
             )
-        scale = decided.scale[draws][p.rows]
-        residual = np.where(bonus[p.rows], p.weights, np.maximum(scale * p.weights - q, 0.0))
+        weights = _rows.RowSet(
+            p.num_rows, p.dense_rows, residual,
+            _rows.Sparse(entries.rows, entries.columns, sparse_residual),
+        )
         v = call.uniforms[draws, call.counts[draws] + bonus]
-        weights = _rows.Sparse(p.rows, p.columns, residual, p.num_rows)
         drawn = _rows.draw(exchange, shard, call.start, weights, p, v)
         empty = np.flatnonzero(drawn.empty)
         if empty.size:
@@ -577,12 +588,15 @@ class _RowSource:
             return self.laws.probabilities(law_rows, self.normaliser[read])
         return _clean(call.draft[indices])
 
-    def target_sparse(self, indices: np.ndarray) -> _rows.Sparse:
+    def target_rows(self, indices: np.ndarray) -> _rows.RowSet:
         """``p`` of target rows ``indices`` where it may be positive."""
         read = self.rows.target_at[indices]
         if self.call.from_logits:
-            return self.laws.sparse_probabilities(read, self.normaliser[read])
-        return _rows.Sparse.dense(self.call.target[indices].astype(np.float64))
+            return self.laws.probability_rows(read, self.normaliser[read])
+        empty = np.zeros(0, dtype=np.int64)
+        return _rows.RowSet(indices.size, np.arange(indices.size),
+                            self.call.target[indices].astype(np.float64),
+                            _rows.Sparse(empty, empty, np.zeros(0)))
 
     def draft_entries(self, indices: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """``q`` of draft rows ``indices[i]`` at this rank's columns ``columns[i]``."""

@@ -20,6 +20,7 @@ from .exchange import Exchange, Shard
 
 __all__ = [
     "Draws",
+    "RowSet",
     "Sparse",
     "argmax_table",
     "draw",
@@ -200,35 +201,82 @@ class Draws(NamedTuple):
 
 
 class Sparse(NamedTuple):
-    """Rows of weights on this rank's columns, given where they may be positive: entry
-    ``i`` is row ``rows[i]``, column ``columns[i]`` (rows ascending, columns ascending in
-    a row), weight ``weights[i]``; ``num_rows`` rows in all."""
+    """Entries of some rows on this rank's columns: entry ``i`` is row ``rows[i]``, column
+    ``columns[i]`` (rows ascending, columns ascending in a row), value ``weights[i]``."""
 
     rows: np.ndarray
     columns: np.ndarray
     weights: np.ndarray
-    num_rows: int
 
-    @staticmethod
-    def dense(weights: np.ndarray) -> Sparse:
-        """Every entry of ``weights`` ``[D, width]``."""
-        count, width = weights.shape
-        return Sparse(np.repeat(np.arange(count), width), np.tile(np.arange(width), count),
-                      weights.reshape(-1), count)
+
+class RowSet(NamedTuple):
+    """``D`` rows of weights on this rank's columns: the rows ``dense_rows`` held whole
+    (``dense``, ``[n, width]``), the others where they may be positive (``sparse``, its
+    rows numbered among the ``D``)."""
+
+    num_rows: int
+    dense_rows: np.ndarray
+    dense: np.ndarray
+    sparse: Sparse
 
     def masses(self) -> np.ndarray:
         """float64 ``[num_rows]``: each row's sum of its positive weights."""
-        positive = np.where(self.weights > 0.0, self.weights, 0.0)
-        sums = np.bincount(self.rows, weights=positive, minlength=self.num_rows)[: self.num_rows]
-        return sums.astype(np.float64)  # bincount of no entries is int64
+        sums = np.zeros(self.num_rows)
+        if self.dense_rows.size:
+            sums[self.dense_rows] = np.where(self.dense > 0.0, self.dense, 0.0).sum(axis=1)
+        if self.sparse.rows.size:
+            positive = np.where(self.sparse.weights > 0.0, self.sparse.weights, 0.0)
+            sums += np.bincount(self.sparse.rows, weights=positive,
+                                minlength=self.num_rows)[: self.num_rows]
+        return sums
+
+    def crossings(self, rows: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Per row of ``rows``: the column of its first positive weight whose running sum
+        (in column order) exceeds ``inside`` (its last positive weight where rounding
+        runs past it); every row has one."""
+        found = np.zeros(rows.size, dtype=np.int64)
+        where = np.full(self.num_rows, -1, dtype=np.int64)
+        where[self.dense_rows] = np.arange(self.dense_rows.size)
+        whole = np.flatnonzero(where[rows] >= 0)
+        if whole.size:
+            block = self.dense[where[rows[whole]]]
+            found[whole] = _first_crossing(block, inside[whole])
+        apart = np.flatnonzero(where[rows] < 0)
+        if apart.size:
+            place_of = np.full(self.num_rows, -1, dtype=np.int64)
+            place_of[rows[apart]] = np.arange(apart.size)
+            take = place_of[self.sparse.rows] >= 0
+            row_of = place_of[self.sparse.rows[take]]
+            columns = self.sparse.columns[take]
+            values = self.sparse.weights[take]
+            first = np.searchsorted(row_of, np.arange(apart.size))
+            place = np.arange(row_of.size) - first[row_of]
+            length = int(np.bincount(row_of, minlength=apart.size).max(initial=0))
+            padded = np.zeros((apart.size, length))
+            padded[row_of, place] = values
+            column_of = np.zeros((apart.size, length), dtype=np.int64)
+            column_of[row_of, place] = columns
+            index = _first_crossing(padded, inside[apart])
+            found[apart] = column_of[np.arange(apart.size), index]
+        return found
+
+
+def _first_crossing(block: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """Per row of ``block``: the first positive entry whose running sum of the positive
+    entries exceeds ``inside``, else the last positive entry."""
+    block = np.where(block > 0.0, block, 0.0)
+    positive = block > 0.0
+    hits = (np.cumsum(block, axis=1) > inside[:, None]) & positive
+    last_positive = block.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
+    return np.where(hits.any(axis=1), np.argmax(hits, axis=1), last_positive)
 
 
 def draw(
     exchange: Exchange,
     shard: Shard,
     start: int,
-    weights: Sparse,
-    fallback: Sparse,
+    weights: RowSet,
+    fallback: RowSet,
     v: np.ndarray,
 ) -> Draws:
     """Inverse-CDF draws, one per row, from weights spread over the shards (two rounds).
@@ -244,7 +292,7 @@ def draw(
     shard : Shard
     start : int
         This rank's first column.
-    weights, fallback : Sparse
+    weights, fallback : RowSet
         ``D`` rows of weights (anything not > 0 weighs nothing).
     v : float64 [D]
         The draws' uniforms.
@@ -273,30 +321,9 @@ def draw(
     inside = threshold - before[position, rows]
     mine = (shard.order()[position] == exchange.rank) & ~empty
     tokens = np.full(v.shape[0], -1, dtype=np.int64)
-    if mine.any():
-        # This rank's rows, each from its weights or its fallback, padded to one width.
-        parts = []
-        for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
-            take = use[source.rows]
-            parts.append((source.rows[take], source.columns[take], source.weights[take]))
-        row_of = np.concatenate([part[0] for part in parts])
-        columns = np.concatenate([part[1] for part in parts])
-        values = np.concatenate([part[2] for part in parts])
-        order = np.argsort(row_of, kind="stable")
-        row_of, columns, values = row_of[order], columns[order], values[order]
-        first = np.searchsorted(row_of, rows)
-        length = np.searchsorted(row_of, rows, side="right") - first
-        place = np.arange(row_of.size) - first[row_of]
-        padded = np.zeros((v.shape[0], int(length.max(initial=0))))
-        padded[row_of, place] = np.where(values > 0.0, values, 0.0)
-        where = np.full(padded.shape, -1, dtype=np.int64)
-        where[row_of, place] = columns
-        positive = padded > 0.0
-        cumulative = np.cumsum(padded, axis=1)
-        hits = (cumulative > inside[:, None]) & positive
-        last_positive = padded.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
-        index = np.where(hits.any(axis=1), np.argmax(hits, axis=1), last_positive)
-        at = np.flatnonzero(mine)
-        tokens[at] = start + where[at, index[at]]
+    for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
+        at = np.flatnonzero(use)
+        if at.size:
+            tokens[at] = start + source.crossings(at, inside[at])
     tokens = exchange.gather(tokens).max(axis=0)
     return Draws(np.where(empty, -1, tokens), empty)
