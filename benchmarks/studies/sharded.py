@@ -22,9 +22,9 @@ Wall time (``--time``): per row, the median of a few steps of
 * ``rank_s``: one rank's own work, without waiting: the ranks run once as threads, and
   rank 0 then runs again with a communicator that hands back what the ranks gathered.
 
-Usage: ``python benchmarks/studies/sharded.py [--time] [--repeats N] [--out FILE.jsonl]``
-(``--small-vocabulary V`` measures the bytes at one ``V`` only, which do not depend on
-it for these settings).
+Usage: ``python benchmarks/studies/sharded.py [--time] [--repeats N] [--batches 1,8,64]
+[--vocabularies 32000,128256] [--out FILE.jsonl]`` (``--small-vocabulary V`` measures the
+bytes at one ``V`` only, which do not depend on it for these settings).
 """
 
 from __future__ import annotations
@@ -228,7 +228,9 @@ def mpi_seconds(repeats: int) -> dict[tuple[str, int, int], float]:
         out = os.path.join(folder, "mpi.json")
         subprocess.run(
             [str(MPIEXEC), "-n", str(RANKS), sys.executable, os.path.abspath(__file__),
-             "--mpi-worker", "--repeats", str(repeats), "--out", out],
+             "--mpi-worker", "--repeats", str(repeats), "--out", out,
+             "--batches", ",".join(map(str, BATCHES)),
+             "--vocabularies", ",".join(map(str, VOCABULARIES))],
             check=True, env=environment, timeout=3600,
         )
         with open(out, encoding="utf-8") as handle:
@@ -262,9 +264,16 @@ def main() -> None:
     parser.add_argument("--time", action="store_true", help="also time every row")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per row")
     parser.add_argument("--small-vocabulary", type=int, help="measure the bytes at one V")
+    parser.add_argument("--batches", help="comma-separated B values (default 1,8,64)")
+    parser.add_argument("--vocabularies", help="comma-separated V values (default 32000,128256)")
     parser.add_argument("--out", help="write the rows as JSON lines")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    global BATCHES, VOCABULARIES
+    if arguments.batches:
+        BATCHES = tuple(int(value) for value in arguments.batches.split(","))
+    if arguments.vocabularies:
+        VOCABULARIES = tuple(int(value) for value in arguments.vocabularies.split(","))
     if arguments.mpi_worker:
         mpi_worker(arguments.repeats, arguments.out)
         return

@@ -3,19 +3,17 @@
 
 The reference emulates each of the exponential's seven fused multiply-adds exactly, with
 about fifteen float64 array operations apiece.  Here each runs as one float64 product and
-sum (the product of two float32 values is exact in float64) rounded to float32, which is
-the correctly rounded ``fmaf`` except where the float64 sum rounded onto a float32
-midpoint (double rounding).  Two of the seven sums are exact in float64 whatever the input
-(the Cody-Waite reduction ``r = x - n ln 2``: see :func:`_block`), and the reduction's
-``n = round(x log2 e)`` is a float64 ``rint`` of an exact product.
-
-The law only ever takes ``x = z - max z <= 0``, and there the other five sums need no
-check: every float32 ``x`` from ``-104`` to ``0`` (below ``-104`` the result is 0) was
-computed with and without the midpoint check, and the two agree bit for bit, so no double
-rounding changes a result there (the entries the check flags are sums that lie exactly on
-a midpoint, which round to even correctly).  A block holding a positive ``x`` is checked
-for a midpoint after each of the five, and its flagged entries are recomputed by the
-reference.  Work runs in blocks that stay in cache.
+sum (the product of two float32 values is exact in float64) rounded to float32: the
+correctly rounded ``fmaf``, except where the float64 sum rounds onto a float32 midpoint
+(double rounding).  Two of the seven sums are exact in float64 whatever the input (the
+Cody-Waite reduction ``r = x - n ln 2``: see :func:`_block`), and the reduction's ``n =
+round(x log2 e)`` is a float64 ``rint`` of an exact product.  For the other five, every
+float32 ``x`` from ``-104`` to ``88`` (outside, the result is 0 or ``x`` is clamped to 88)
+was computed with each sum checked for a midpoint and the flagged entries recomputed by
+the reference, and without: the two agree bit for bit, so no double rounding changes a
+result (``benchmarks/results/2026-12-07-sharded/exponential_sweep.py`` repeats the sweep;
+the entries it flags are sums that lie exactly on a midpoint and round to even
+correctly).  Work runs in blocks that stay in cache.
 """
 
 from __future__ import annotations
@@ -33,10 +31,6 @@ _LOWEST = np.float32(_reference._EXP_LOWEST)
 _HIGHEST = np.float32(_reference._EXP_HIGHEST)
 #: Entries per block (fewer blocks cost more calls; larger ones leave the cache).
 BLOCK = 1 << 16
-# A float64 lies on a float32 midpoint when its low 29 mantissa bits are 1000...0.
-_SHIFT = np.uint64(35)
-_TOP_BIT = np.uint64(1 << 63)
-_LEAST = np.iinfo(np.int64).min
 
 
 class _Work:
@@ -48,9 +42,7 @@ class _Work:
         self.r = np.empty(size)
         self.q = np.empty(size)
         self.single = np.empty(size, dtype=np.float32)
-        self.bits = np.empty(size, dtype=np.uint64)
         self.flags = np.empty(size, dtype=bool)
-        self.suspect = np.empty(size, dtype=bool)
         self.exponent = np.empty(size, dtype=np.int32)
         self.half = np.empty(size, dtype=np.int32)
 
@@ -67,15 +59,12 @@ def _work(size: int) -> _Work:
     return work
 
 
-def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
+def expf(x: np.ndarray) -> np.ndarray:
     """``exp(x)`` by the law's float32 exponential, bit for bit the reference's.
 
     Parameters
     ----------
     x : float32 array, any shape
-    check_every_entry : bool
-        Recompute every entry by the reference (the tests' way to check the block path's
-        recomputation of the flagged entries).
 
     Returns
     -------
@@ -95,31 +84,8 @@ def expf(x: np.ndarray, *, check_every_entry: bool = False) -> np.ndarray:
         work = _work(min(BLOCK, values.size))
         for start in range(0, values.size, BLOCK):
             stop = min(start + BLOCK, values.size)
-            _block(values[start:stop], out[start:stop], work, check_every_entry)
+            _block(values[start:stop], out[start:stop], work)
     return out.reshape(np.shape(x))
-
-
-def _fma(work: _Work, size: int, a: np.ndarray, b: np.ndarray | np.float64,
-         c: np.ndarray | np.float64, result: np.ndarray, checked: bool) -> None:
-    """``result = fmaf(a, b, c)`` (float32 values held in float64), flagging (where
-    ``checked``) the entries whose float64 sum lies on a float32 midpoint in
-    ``work.suspect``."""
-    t = work.t[:size]
-    np.multiply(a, b, out=t)
-    np.add(t, c, out=t)
-    if checked:
-        _check(work, size, t)
-    _round(work, size, t, result)
-
-
-def _check(work: _Work, size: int, t: np.ndarray) -> None:
-    # The low 29 bits shifted to the top: 1000...0, the least int64, only at a midpoint.
-    shifted = work.bits[:size]
-    np.left_shift(t.view(np.uint64), _SHIFT, out=shifted)
-    if shifted.view(np.int64).min() == _LEAST:
-        flags = work.flags[:size]
-        np.equal(shifted, _TOP_BIT, out=flags)
-        np.logical_or(work.suspect[:size], flags, out=work.suspect[:size])
 
 
 def _round(work: _Work, size: int, t: np.ndarray, result: np.ndarray) -> None:
@@ -129,14 +95,19 @@ def _round(work: _Work, size: int, t: np.ndarray, result: np.ndarray) -> None:
     np.copyto(result, single)
 
 
-def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool) -> None:
+def _fma(work: _Work, size: int, a: np.ndarray, b: np.ndarray | np.float64,
+         c: np.ndarray | np.float64, result: np.ndarray) -> None:
+    """``result = fmaf(a, b, c)`` (float32 values held in float64)."""
+    t = work.t[:size]
+    np.multiply(a, b, out=t)
+    np.add(t, c, out=t)
+    _round(work, size, t, result)
+
+
+def _block(x: np.ndarray, out: np.ndarray, work: _Work) -> None:
     size = x.size
     n, t, r, q = work.n[:size], work.t[:size], work.r[:size], work.q[:size]
-    suspect = work.suspect[:size]
-    suspect[...] = check_every_entry
     keep = work.flags[:size]
-    np.greater(x, 0.0, out=keep)
-    checked = bool(keep.any())
     np.greater_equal(x, _LOWEST, out=keep)  # False for NaN and -inf
     dropped = not keep.all()
     if dropped:
@@ -161,18 +132,16 @@ def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool)
     np.multiply(n, _C["minus_ln2_low"], out=t)
     np.add(t, r, out=t)
     _round(work, size, t, r)
-    _fma(work, size, r, _C["q4"], _C["q3"], q, checked)
-    _fma(work, size, q, r, _C["q2"], q, checked)
-    _fma(work, size, q, r, _C["q1"], q, checked)
-    _fma(work, size, q, r, _C["q0"], q, checked)
+    _fma(work, size, r, _C["q4"], _C["q3"], q)
+    _fma(work, size, q, r, _C["q2"], q)
+    _fma(work, size, q, r, _C["q1"], q)
+    _fma(work, size, q, r, _C["q0"], q)
     # fmaf(r * r, q, r), r * r rounded to float32 (the exact float64 product, rounded once).
     square = t
     np.multiply(r, r, out=square)
     _round(work, size, square, square)
     np.multiply(square, q, out=q)  # exact: two float32 values
     np.add(q, r, out=t)
-    if checked:
-        _check(work, size, t)
     single = work.single[:size]
     np.copyto(single, t, casting="same_kind")
     single += np.float32(1.0)
@@ -190,6 +159,3 @@ def _block(x: np.ndarray, out: np.ndarray, work: _Work, check_every_entry: bool)
     np.multiply(out, exponent.view(np.float32), out=out)
     if dropped:
         out[dropped_at] = 0.0
-    if (checked or check_every_entry) and suspect.any():
-        at = np.flatnonzero(suspect)
-        out[at] = _reference.fast_expf(x[at])

@@ -4,17 +4,18 @@ here from per-row numbers and short candidate lists.
 
 * min-p needs no round: its floor is the smallest key whose weight reaches ``min_p``, a
   function of the row's maximum alone (found in a window around ``max + log(min_p)``).
-* Candidates (one round): each rank sends, per row, its ``C`` largest keys at or above the
-  floor below which nothing can be kept (``C`` the call's largest ``top_k``, or
-  :data:`TOP_P_CANDIDATES` for top-p alone, at most :data:`MOST_CANDIDATES`), and how many
-  of its entries reach its ``C``-th key (its ties there).  Every rank merges the lists the
-  same way: a rank that sent fewer than ``C`` keys sent all it had; one that sent ``C``
-  is known down to its ``C``-th key, so the merged list is the whole row's above the
-  largest such key.  Top-k's floor, the ``top_k``-th largest key, always lies in that
-  known part; top-p's cutoff does where its mass from the top is reached there (over
-  top-k's set always; without top-k when the row's kept mass, which then rides along in
-  the same round, is reached above the known part's floor).
-* The radix select of :mod:`.rows` (8 bits a round) finds what the candidates leave open:
+* Top-k's lists (:func:`early_rows`, sent with the maxima, since they need none): each
+  rank sends per row its ``C`` largest keys (``C`` the call's largest ``top_k``, at most
+  :data:`MOST_CANDIDATES`) and how many of its entries reach the last one (its ties
+  there).  Every rank merges the lists the same way: a rank that sent fewer than ``C``
+  keys sent all it had; one that sent ``C`` is known down to its last key, so the merged
+  list is the whole row's above the largest such key.  Top-k's floor, the ``top_k``-th
+  largest key, always lies in that known part, and so does all of what top-p weighs after
+  top-k: both come from the lists, with no round of their own.
+* Top-p without top-k (one round): lists of :data:`TOP_P_CANDIDATES` keys at or above
+  min-p's floor, with each rank's mass there; the cutoff is settled where the mass from
+  the top reaches ``top_p`` of the whole within the known part.
+* The radix select of :mod:`.rows` (8 bits a round) finds what the lists leave open:
   top-k beyond :data:`MOST_CANDIDATES`, a top-p cutoff below the known part.
 """
 

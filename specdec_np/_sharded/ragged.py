@@ -5,14 +5,17 @@ round are computed from gathered, identical numbers):
 
 1. agreement: each rank's columns, its vocabulary size and a digest of everything that
    must be shared (:func:`~specdec_np._sharded.exchange.agree`);
-2. maxima: per row the largest ``z`` and its count of ``+inf`` (sampled requests' logits
-   rows), the largest raw value and its first id (greedy requests' rows);
-3. top-k's floor and top-p's cutoff, when a request has them on: radix selects, 4 rounds
-   each for float32 rows, 8 for float64;
+2. maxima: per row the largest ``z``, its count of ``+inf`` and the largest finite logit
+   (sampled requests' logits rows), the largest raw value and its first id (greedy
+   requests' rows), and in the same ``allgather`` top-k's candidate lists
+   (:mod:`~specdec_np._sharded.filters`);
+3. the filters' floors: none more for top-k (up to its lists' length), top-p over top-k's
+   set and min-p; one for top-p alone; radix selects where the lists leave a cutoff open;
+   one for llama.cpp's lowest kept logit;
 4. per row the kept mass and the drafted token's weight (its owner's);
 5. the two rounds of the residual and bonus draws, when a request draws.
 
-Then every rank decides every acceptance from the same numbers.
+Then every rank decides every acceptance from the same numbers, all requests at once.
 """
 
 from __future__ import annotations
