@@ -76,7 +76,7 @@ def expf(x: np.ndarray) -> np.ndarray:
     >>> import numpy as np
     >>> from specdec_np._sharded.exponential import expf
     >>> expf(np.array([0.0, -1.0, -np.inf], dtype=np.float32))
-    array([1.       , 0.3678794, 0.       ], dtype=float32)
+    array([1.        , 0.36787945, 0.        ], dtype=float32)
     """
     values = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty(values.shape, dtype=np.float32)
