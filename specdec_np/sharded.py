@@ -2,8 +2,8 @@
 some columns of every row, and only small per-row statistics cross ranks.
 
 :func:`verify_ragged` is :func:`specdec_np.verify_ragged` on one rank's columns: it
-exchanges maxima, normalisers, the drafted tokens' values, fixed-size filter histograms and
-residual masses through a :class:`Communicator` (never the rows), and returns the same
+exchanges maxima, normalisers, the drafted tokens' values, the filters' short candidate
+lists and residual masses through a :class:`Communicator` (never the rows), and returns the same
 result on every rank, the unsharded call's law exactly.  :func:`run_local` runs ranks as
 threads of one process; :class:`MPICommunicator`, :class:`NCCLCommunicator` and
 :class:`TorchCommunicator` wrap existing collective libraries.  ``docs/semantics.md``

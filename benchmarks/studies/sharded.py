@@ -1,21 +1,30 @@
 """Verification across vocabulary shards: bytes exchanged per step against the all-gather,
-and a short wall-time run.
+and wall time on 2 MPI ranks against the unsharded call on one process.
 
-Bytes: for each ``V`` in {32000, 128256}, ``B`` in {1, 8, 64} (``k = 4`` drafts per
-request, draft logits, ``S = 2`` ranks) and two sampling settings (``plain``: temperature
-only; ``filtered``: top-k, top-p and min-p on every request), the call runs on simulated
-ranks (``run_local``) at a small vocabulary and reports its ``exchanged_bytes``, which do
-not depend on ``V`` (``tests/sharded/test_sharded.py`` checks that); the all-gather's bytes are
-``rows x V x 4`` (float32 target and draft rows), what ``gather_bytes`` reports at that
-``V``.  Every draft is rejected at its first position or accepted through the bonus
-depending on the uniforms, as in a real step.
+Rows: ``V`` in {32000, 128256}, ``B`` in {1, 8, 64} (``k = 4`` drafts per request, float32
+target and draft logits, ``S = 2`` ranks with even shards) and two sampling settings
+(``plain``: temperature only; ``filtered``: top-k 50, top-p 0.9 and min-p 0.05 on every
+request).  Each step's drafts are the draft's argmaxes, so some are rejected and some
+requests reach the bonus draw, as in a real step.
 
-Wall time (``--time``): one step at ``V = 32000``, ``B = 8`` on 2 threads of one process
-against the unsharded ``specdec_np.verify_ragged`` on the whole rows, median of a few
-repeats.  The sharded statistics are NumPy (no compiled kernel yet), so this measures the
-protocol's overhead here, not what an engine's GPU ranks would see.
+Bytes: the sharded call runs on simulated ranks (``run_local``) at each ``V`` and reports
+its ``exchanged_bytes`` (what one rank hands ``allgather``); the all-gather's are ``rows x
+V x 4``, what ``gather_bytes`` reports.
 
-Usage: ``python benchmarks/studies/sharded.py [--time] [--out FILE.jsonl]``.
+Wall time (``--time``): per row, the median of a few steps of
+
+* ``unsharded_s``: :func:`specdec_np.verify_ragged` on the whole rows, one process (its
+  compiled kernel, with the threads it takes by default);
+* ``mpi_s``: :func:`specdec_np.sharded.verify_ragged` on 2 MPI processes (``mpiexec -n 2``
+  from beside the interpreter; each step's time is the slower rank's, with a barrier before
+  each step); Open MPI's waits yield the core (``mpi_yield_when_idle``), since a busy-wait
+  steals it from the other rank on a machine with fewer free cores than ranks;
+* ``rank_s``: one rank's own work, without waiting: the ranks run once as threads, and
+  rank 0 then runs again with a communicator that hands back what the ranks gathered.
+
+Usage: ``python benchmarks/studies/sharded.py [--time] [--repeats N] [--batches 1,8,64]
+[--vocabularies 32000,128256] [--out FILE.jsonl]`` (``--small-vocabulary V`` measures the
+bytes at one ``V`` only, which do not depend on it for these settings).
 """
 
 from __future__ import annotations
@@ -25,8 +34,11 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,14 +58,16 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {"temperature": 0.8},
     "filtered": {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
 }
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
 def make_step(rng: np.random.Generator, batch: int, vocab_size: int) -> dict[str, Any]:
     """One engine step's arguments on the whole rows (float32 logits)."""
     counts = np.full(batch, K, dtype=np.int64)
     total = int(counts.sum())
-    target = (rng.normal(size=(total + batch, vocab_size)) * 3).astype(np.float32)
-    draft = (target[:total] + 0.5 * rng.normal(size=(total, vocab_size))).astype(np.float32)
+    target = (rng.standard_normal((total + batch, vocab_size), dtype=np.float32) * 3)
+    noise = rng.standard_normal((total, vocab_size), dtype=np.float32)
+    draft = target[:total] + np.float32(0.5) * noise
     return {
         "num_draft_tokens": counts,
         "draft_token_ids": np.argmax(draft, axis=1),
@@ -63,16 +77,24 @@ def make_step(rng: np.random.Generator, batch: int, vocab_size: int) -> dict[str
     }
 
 
+def shard_of(step: dict[str, Any], ranks: int, rank: int) -> tuple[int, dict[str, Any]]:
+    """Rank ``rank``'s first column and arguments (even shards, contiguous copies)."""
+    vocab_size = step["target_logits"].shape[1]
+    bounds = np.linspace(0, vocab_size, ranks + 1).astype(int)
+    start, end = int(bounds[rank]), int(bounds[rank + 1])
+    local = dict(step)
+    for name in ("target_logits", "draft_logits"):
+        local[name] = np.ascontiguousarray(step[name][:, start:end])
+    return start, local
+
+
 def run_sharded(step: dict[str, Any], ranks: int, **setting: Any) -> Any:
     """The sharded call on ``ranks`` threads (even shards); rank 0's result."""
     vocab_size = step["target_logits"].shape[1]
-    bounds = np.linspace(0, vocab_size, ranks + 1).astype(int)
+    shards = [shard_of(step, ranks, rank) for rank in range(ranks)]
 
     def rank_call(communicator: Any) -> Any:
-        start, end = int(bounds[communicator.rank]), int(bounds[communicator.rank + 1])
-        local = dict(step)
-        for name in ("target_logits", "draft_logits"):
-            local[name] = step[name][:, start:end]
+        start, local = shards[communicator.rank]
         return sharded.verify_ragged(
             communicator=communicator, vocab_start=start, vocab_size=vocab_size,
             **local, **setting,
@@ -81,59 +103,195 @@ def run_sharded(step: dict[str, Any], ranks: int, **setting: Any) -> Any:
     return sharded.run_local(ranks, rank_call)[0]
 
 
-def bytes_table(small_vocabulary: int = 2048) -> list[dict[str, Any]]:
-    """Exchanged bytes (measured at ``small_vocabulary``) beside the all-gather's."""
+def bytes_table(small_vocabulary: int | None = None) -> list[dict[str, Any]]:
+    """Exchanged bytes beside the all-gather's, measured at each ``V`` (or once at
+    ``small_vocabulary`` and reported for each ``V``)."""
     rows = []
-    rng = np.random.default_rng(0)
     for name, setting in SETTINGS.items():
         for batch in BATCHES:
-            step = make_step(rng, batch, small_vocabulary)
-            result = run_sharded(step, RANKS, **setting)
-            read_rows = step["target_logits"].shape[0] + step["draft_logits"].shape[0]
+            measured = {}
             for vocab_size in VOCABULARIES:
+                at = small_vocabulary or vocab_size
+                if at not in measured:
+                    step = make_step(np.random.default_rng(batch), batch, at)
+                    measured[at] = run_sharded(step, RANKS, **setting)
+                result = measured[at]
+                read_rows = batch * (2 * K + 1)
                 gather = read_rows * vocab_size * 4
                 rows.append({
                     "setting": name, "B": batch, "k": K, "V": vocab_size, "ranks": RANKS,
                     "exchanged_bytes": result.exchanged_bytes, "rounds": result.rounds,
                     "gather_bytes": gather,
+                    "percent": round(100 * result.exchanged_bytes / gather, 3),
                     "ratio": round(gather / result.exchanged_bytes, 1),
                 })
     return rows
 
 
-def wall_times(repeats: int = 3, batch: int = 8, vocab_size: int = 32000) -> dict[str, Any]:
-    """Median seconds of one step, sharded on 2 threads and unsharded."""
-    step = make_step(np.random.default_rng(1), batch, vocab_size)
-    setting = SETTINGS["filtered"]
-    found: dict[str, Any] = {"B": batch, "k": K, "V": vocab_size, "ranks": RANKS}
-    for label, call in (
-        ("unsharded_s", lambda: specdec_np.verify_ragged(**step, **setting)),
-        ("sharded_s", lambda: run_sharded(step, RANKS, **setting)),
-    ):
-        times = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - began)
-        found[label] = statistics.median(times)
-    return found
+class _Recording:
+    """A communicator that keeps what rank 0 gathered."""
+
+    def __init__(self, inner: Any, kept: list[np.ndarray]) -> None:
+        self.inner, self.kept = inner, kept
+        self.rank, self.size = inner.rank, inner.size
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        gathered = self.inner.allgather(array)
+        if self.rank == 0:
+            self.kept.append(np.array(gathered))
+        return gathered
+
+
+class _Replay:
+    """Rank 0 of ``size``, handed back what it gathered before (no waiting)."""
+
+    rank = 0
+
+    def __init__(self, kept: list[np.ndarray], size: int) -> None:
+        self.kept, self.size, self.at = kept, size, 0
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        self.at += 1
+        return self.kept[self.at - 1]
+
+
+def rank_seconds(step: dict[str, Any], setting: dict[str, Any], repeats: int) -> float:
+    """Median seconds of rank 0's own work on the step (see the module docstring)."""
+    vocab_size = step["target_logits"].shape[1]
+    shards = [shard_of(step, RANKS, rank) for rank in range(RANKS)]
+    kept: list[np.ndarray] = []
+
+    def rank_call(communicator: Any) -> Any:
+        start, local = shards[communicator.rank]
+        return sharded.verify_ragged(
+            communicator=communicator, vocab_start=start, vocab_size=vocab_size,
+            **local, **setting,
+        )
+
+    sharded.run_local(RANKS, lambda communicator: rank_call(_Recording(communicator, kept)))
+    times = []
+    for _ in range(repeats + 1):
+        began = time.perf_counter()
+        rank_call(_Replay(kept, RANKS))
+        times.append(time.perf_counter() - began)
+    return statistics.median(times[1:])
+
+
+def unsharded_seconds(step: dict[str, Any], setting: dict[str, Any], repeats: int) -> float:
+    """Median seconds of the unsharded call on the whole rows (after one warm call)."""
+    specdec_np.verify_ragged(**step, **setting)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        specdec_np.verify_ragged(**step, **setting)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def mpi_worker(repeats: int, out: str) -> None:
+    """In each of the ``mpiexec`` processes: every row's steps, timed on the slower rank;
+    rank 0 writes the medians to ``out``."""
+    communicator = sharded.MPICommunicator()
+    found = []
+    for name, setting in SETTINGS.items():
+        for batch in BATCHES:
+            for vocab_size in VOCABULARIES:
+                step = make_step(np.random.default_rng(batch), batch, vocab_size)
+                start, local = shard_of(step, communicator.size, communicator.rank)
+                del step
+                times = []
+                for _ in range(repeats + 1):
+                    communicator.allgather(np.zeros(1))
+                    began = time.perf_counter()
+                    sharded.verify_ragged(
+                        communicator=communicator, vocab_start=start, vocab_size=vocab_size,
+                        **local, **setting,
+                    )
+                    elapsed = time.perf_counter() - began
+                    times.append(float(communicator.allgather(np.array([elapsed])).max()))
+                found.append({"setting": name, "B": batch, "V": vocab_size,
+                              "mpi_s": statistics.median(times[1:])})
+    if communicator.rank == 0:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(found, handle)
+
+
+def mpi_seconds(repeats: int) -> dict[tuple[str, int, int], float]:
+    """``mpi_s`` of every row, from ``mpiexec -n 2`` of this script."""
+    environment = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    environment["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [
+        environment.get("PYTHONPATH")])])
+    environment.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       OMPI_MCA_mpi_yield_when_idle="1")
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "mpi.json")
+        subprocess.run(
+            [str(MPIEXEC), "-n", str(RANKS), sys.executable, os.path.abspath(__file__),
+             "--mpi-worker", "--repeats", str(repeats), "--out", out,
+             "--batches", ",".join(map(str, BATCHES)),
+             "--vocabularies", ",".join(map(str, VOCABULARIES))],
+            check=True, env=environment, timeout=3600,
+        )
+        with open(out, encoding="utf-8") as handle:
+            found = json.load(handle)
+    return {(row["setting"], row["B"], row["V"]): row["mpi_s"] for row in found}
+
+
+def time_table(repeats: int) -> list[dict[str, Any]]:
+    """Every row's ``unsharded_s``, ``mpi_s`` and ``rank_s``."""
+    rows = []
+    for name, setting in SETTINGS.items():
+        for batch in BATCHES:
+            for vocab_size in VOCABULARIES:
+                step = make_step(np.random.default_rng(batch), batch, vocab_size)
+                rows.append({
+                    "setting": name, "B": batch, "V": vocab_size,
+                    "unsharded_s": unsharded_seconds(step, setting, repeats),
+                    "rank_s": rank_seconds(step, setting, repeats),
+                })
+                harness.log(f"timed {name} B={batch} V={vocab_size}")
+    mpi = mpi_seconds(repeats)
+    for row in rows:
+        row["mpi_s"] = mpi[(row["setting"], row["B"], row["V"])]
+        row["mpi_over_unsharded"] = round(row["mpi_s"] / row["unsharded_s"], 2)
+    return rows
 
 
 def main() -> None:
     """Print (and optionally write) the bytes table and the wall times."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time", action="store_true", help="also time one step")
+    parser.add_argument("--time", action="store_true", help="also time every row")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per row")
+    parser.add_argument("--small-vocabulary", type=int, help="measure the bytes at one V")
+    parser.add_argument("--batches", help="comma-separated B values (default 1,8,64)")
+    parser.add_argument("--vocabularies", help="comma-separated V values (default 32000,128256)")
     parser.add_argument("--out", help="write the rows as JSON lines")
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
-    rows = bytes_table()
-    columns = ("setting", "B", "V", "exchanged_bytes", "rounds", "gather_bytes", "ratio")
-    cells = [[str(row[column]) for column in columns] for row in rows]
+    global BATCHES, VOCABULARIES
+    if arguments.batches:
+        BATCHES = tuple(int(value) for value in arguments.batches.split(","))
+    if arguments.vocabularies:
+        VOCABULARIES = tuple(int(value) for value in arguments.vocabularies.split(","))
+    if arguments.mpi_worker:
+        mpi_worker(arguments.repeats, arguments.out)
+        return
+    rows: list[dict[str, Any]] = [dict(harness.run_metadata(), kind="meta",
+                                       machine=platform.processor() or platform.machine())]
+    byte_rows = bytes_table(arguments.small_vocabulary)
+    columns = ("setting", "B", "V", "exchanged_bytes", "rounds", "gather_bytes", "percent")
+    cells = [[str(row[column]) for column in columns] for row in byte_rows]
     print(harness.render_table(columns, cells, markdown=False))
+    rows += [dict(row, kind="bytes") for row in byte_rows]
     if arguments.time:
-        timing = wall_times()
-        timing["machine"] = platform.processor() or platform.machine()
-        rows.append(timing)
-        print(json.dumps(timing))
+        time_rows = time_table(arguments.repeats)
+        columns = ("setting", "B", "V", "unsharded_s", "mpi_s", "rank_s",
+                   "mpi_over_unsharded")
+        cells = [[f"{row[column]:.4g}" if isinstance(row[column], float) else str(row[column])
+                  for column in columns] for row in time_rows]
+        print(harness.render_table(columns, cells, markdown=False))
+        rows += [dict(row, kind="time") for row in time_rows]
     if arguments.out:
         with open(arguments.out, "w", encoding="utf-8") as handle:
             for row in rows:

@@ -9,9 +9,16 @@ Map of this folder:
 * :mod:`.exchange`: the byte-counting wrapper every round goes through, and the agreement
   round (one allgather of a fixed-size digest) that turns disagreeing ranks into a
   ValueError on every rank;
-* :mod:`.rows`: the distributed row statistics: maxima, the radix selects of top-k and
-  top-p over float keys, normalisers, the drafted tokens' values, greedy argmaxes and the
-  two-level inverse-CDF draw;
+* :mod:`.exponential`: the law's float32 exponential on whole shards, bit for bit the
+  kernels', vectorised (the reference's exact fused multiply-adds only where a float64 sum
+  lands on a float32 midpoint);
+* :mod:`.laws`: this rank's part of the processed law of the sampled logits rows (the
+  rows as handed over, ``z`` only where read, the kept entries' weights and their sums);
+* :mod:`.filters`: top-k, top-p and min-p across shards: min-p's floor from the maximum,
+  each rank's short candidate lists merged the same way on every rank, and the radix
+  select where they leave a cutoff open;
+* :mod:`.rows`: the row statistics every round shares: order-preserving keys, the radix
+  select, greedy argmaxes, per-row sums and the two-level inverse-CDF draw;
 * :mod:`.ragged`: the ragged call itself (every chain method of the registry).
 
 ``docs/semantics.md`` ("Verification across vocabulary shards") states the protocol and

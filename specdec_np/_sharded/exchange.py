@@ -51,6 +51,20 @@ class Exchange:
             )
         return gathered.astype(array.dtype, copy=False)
 
+    def gather_many(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One ``allgather`` of several arrays (their bytes end to end); each comes back
+        as :meth:`gather` returns it."""
+        parts = [np.ascontiguousarray(array) for array in arrays]
+        buffer = np.concatenate([part.reshape(-1).view(np.uint8) for part in parts])
+        gathered = self.gather(buffer)
+        out = []
+        offset = 0
+        for part in parts:
+            piece = np.ascontiguousarray(gathered[:, offset : offset + part.nbytes])
+            out.append(piece.view(part.dtype).reshape(self.size, *part.shape))
+            offset += part.nbytes
+        return out
+
 
 def digest(*parts: Any) -> np.ndarray:
     """A fixed-size digest (uint8 ``[DIGEST_BYTES]``) of the values every rank must share:

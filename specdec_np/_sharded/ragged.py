@@ -5,19 +5,22 @@ round are computed from gathered, identical numbers):
 
 1. agreement: each rank's columns, its vocabulary size and a digest of everything that
    must be shared (:func:`~specdec_np._sharded.exchange.agree`);
-2. maxima: per row the largest ``z`` and its count of ``+inf`` (sampled requests' logits
-   rows), the largest raw value and its first id (greedy requests' rows);
-3. top-k's floor and top-p's cutoff, when a request has them on: radix selects, 4 rounds
-   each for float32 rows, 8 for float64;
+2. maxima: per row the largest ``z``, its count of ``+inf`` and the largest finite logit
+   (sampled requests' logits rows), the largest raw value and its first id (greedy
+   requests' rows), and in the same ``allgather`` top-k's candidate lists
+   (:mod:`~specdec_np._sharded.filters`);
+3. the filters' floors: none more for top-k (up to its lists' length), top-p over top-k's
+   set and min-p; one for top-p alone; radix selects where the lists leave a cutoff open;
+   one for llama.cpp's lowest kept logit;
 4. per row the kept mass and the drafted token's weight (its owner's);
 5. the two rounds of the residual and bonus draws, when a request draws.
 
-Then every rank decides every acceptance from the same numbers.
+Then every rank decides every acceptance from the same numbers, all requests at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +30,8 @@ from .._runtime import checks as _validate
 from .._runtime.contract import ENTROPY_EPSILON
 from .._runtime.results import VerificationResult
 from .._runtime.uniforms import RejectionUniforms
+from . import filters as _filters
+from . import laws as _laws
 from . import rows as _rows
 from .exchange import Exchange, agree, digest
 
@@ -267,10 +272,6 @@ class _Call:
             np.where(used, self.uniforms, 0.0),
         )
 
-    def request_rows(self, b: int) -> tuple[int, int]:
-        """Request ``b``'s first target row and its number of target rows."""
-        return int(self.offsets[b]) + b * self.bonus_rows, int(self.counts[b]) + self.bonus_rows
-
 
 def verify_ragged(*, communicator: Any, **arguments: Any) -> ShardedResult:
     """The rank-local ragged call (see :func:`specdec_np.sharded.verify_ragged`).
@@ -310,252 +311,428 @@ def verify_ragged(*, communicator: Any, **arguments: Any) -> ShardedResult:
 
 
 def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
-    batch_size, counts = call.batch_size, call.counts
-    target, draft = call.target, call.draft
-    sampled = np.flatnonzero(~call.greedy)
-    greedy = np.flatnonzero(call.greedy)
-    # The rows each request reads, as target row indices, in request order.
-    target_rows = [np.arange(*_span(call.request_rows(b))) for b in range(batch_size)]
-    sampled_target = np.concatenate([target_rows[b] for b in sampled] + [np.zeros(0, int)])
-    greedy_target = np.concatenate([target_rows[b] for b in greedy] + [np.zeros(0, int)])
-    draft_rows = [np.arange(call.offsets[b], call.offsets[b + 1]) for b in range(batch_size)]
-    sampled_draft = np.concatenate([draft_rows[b] for b in sampled] + [np.zeros(0, int)])
-    # The drafted token each row tests (-1 at a bonus row).
-    target_token = np.full(target.shape[0], -1, dtype=np.int64)
-    for b in range(batch_size):
-        first, _ = call.request_rows(b)
-        target_token[first : first + counts[b]] = call.draft_ids[draft_rows[b]]
-
-    # Round: maxima of the sampled logits rows, argmaxes of the greedy rows.
-    law_rows: list[np.ndarray] = []
-    law_settings: list[np.ndarray] = []
-    law_names: list[tuple[str, np.ndarray]] = []  # each row's argument and row index
-    request_of_target = np.repeat(np.arange(batch_size), counts + call.bonus_rows)
-    if call.from_logits:
-        law_rows.append(target[sampled_target])
-        law_settings.append(request_of_target[sampled_target])
-        law_names.append(("target_logits", sampled_target))
-    draft_laws = draft is not None and call.draft_from_logits
-    if draft is not None and call.draft_from_logits:
-        law_rows.append(draft[sampled_draft])
-        law_settings.append(np.repeat(np.arange(batch_size), counts)[sampled_draft])
-        law_names.append(("draft_logits", sampled_draft))
-    dtype = target.dtype
-    logits = np.concatenate(law_rows) if law_rows else np.zeros((0, call.width), dtype)
-    requests = np.concatenate(law_settings) if law_settings else np.zeros(0, np.int64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        z = logits / call.temperature[requests].astype(dtype)[:, None]
-    present = ~np.isnan(z)
-    z = np.where(present, z, dtype.type(-np.inf))
-    # A third column: the largest finite logit, for the temperature overflow check.
-    local = np.zeros((z.shape[0] + greedy_target.size, 3))
-    local[: z.shape[0], :2] = _rows.maxima_table(z)
-    local[: z.shape[0], 2] = np.max(
-        np.where(np.isfinite(logits), logits, -np.inf), axis=1, initial=-np.inf
-    )
-    local[z.shape[0] :, :2] = _rows.argmax_table(target[greedy_target], call.start)
-    gathered = exchange.gather(local)
-    maxima = np.stack([gathered[:, : z.shape[0], 0].max(axis=0),
-                       gathered[:, : z.shape[0], 1].sum(axis=0)], axis=1)
-    _check_overflow(call, gathered[:, : z.shape[0], 2].max(axis=0), requests, law_names)
-    argmax = np.full(target.shape[0], -1, dtype=np.int64)
-    argmax[greedy_target] = _rows.global_argmax(gathered[:, z.shape[0] :, :2])
-
-    # Rounds: the filters, then the kept masses and the drafted tokens' weights.
+    rows = _Rows(call)
+    dtype = call.target.dtype
+    # Round: maxima of the sampled logits rows, argmaxes of the greedy rows, and the
+    # top-k rows' candidate lists (which need no maximum).
+    law = _law_rows(call, rows)
+    z, requests = law.z, law.requests
+    count = z.count
     top_k = call.top_k[requests].astype(np.int64)
     top_p, min_p = call.top_p[requests], call.min_p[requests]
     # Without a filter both orders keep every entry: llama.cpp's rounds only when one is on.
-    filtered = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
-    llama_cpp = None
-    if call.filter_order == "llama.cpp" and filtered.any():
-        llama_cpp = (logits, call.temperature[requests])
-    weights = _rows.kept_weights(
-        exchange, z, present, maxima, top_k, top_p, min_p, call.vocab_size, llama_cpp
-    )
-    target_weights = weights[: sampled_target.size] if call.from_logits else (
-        target[sampled_target].astype(np.float64)
-    )
-    if draft is None:
-        draft_weights = None
-    elif draft_laws:
-        draft_weights = weights[weights.shape[0] - sampled_draft.size :]
-    else:
-        draft_weights = np.maximum(np.nan_to_num(draft[sampled_draft].astype(np.float64)), 0.0)
-    tokens = [target_token[sampled_target]]
-    stacked = [target_weights]
-    if draft_weights is not None:
-        tokens.append(call.draft_ids[sampled_draft])
-        stacked.append(draft_weights)
-    all_weights = np.concatenate(stacked) if stacked else np.zeros((0, call.width))
-    all_tokens = np.concatenate(tokens)
-    mine = (all_tokens >= call.start) & (all_tokens < call.start + call.width)
-    local = np.zeros((all_tokens.size, 2))
-    local[:, 0] = all_weights.sum(axis=1)
-    local[mine, 1] = all_weights[np.flatnonzero(mine), all_tokens[mine] - call.start]
-    totals = _rows.row_totals(exchange, local)
-    normaliser = totals[:, 0]
-    if not call.from_logits:
-        normaliser[: target_weights.shape[0]] = 1.0
-    if draft_weights is not None and not draft_laws:
-        normaliser[target_weights.shape[0] :] = 1.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = np.where(normaliser > 0.0, totals[:, 1] / normaliser, 0.0)
-
-    # Every rank decides every request from the same numbers.
-    output = np.full((batch_size, call.max_k + 1), -1, dtype=np.int64)
-    lengths = np.zeros(batch_size, dtype=np.int64)
-    draws: list[tuple[int, np.ndarray, np.ndarray, float]] = []
-    target_at = {row: i for i, row in enumerate(sampled_target)}
-    draft_at = {row: target_weights.shape[0] + i for i, row in enumerate(sampled_draft)}
-
-    def law_row(row: int) -> np.ndarray:
-        return all_weights[row] / _safe(normaliser[row])
-
-    def draft_row(b: int, i: int) -> np.ndarray:
-        """``q`` of request ``b``'s position ``i`` on this rank (``inf`` at a point-mass
-        draft, so that ``p - q`` is never positive there)."""
-        if draft is not None:
-            return law_row(draft_at[int(call.offsets[b]) + i])
-        q = np.zeros(call.width)
-        token = int(call.draft_ids[call.offsets[b] + i])
-        if call.start <= token < call.start + call.width:
-            q[token - call.start] = np.inf
-        return q
-
-    def drafted_values(b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Request ``b``'s ``p(x_i)`` and ``q(x_i)``, the same on every rank."""
-        first, _ = call.request_rows(b)
-        k = int(counts[b])
-        p_x = np.array([value[target_at[first + i]] for i in range(k)])
-        if draft is None:
-            return p_x, np.ones(k)
-        return p_x, np.array([value[draft_at[int(call.offsets[b]) + i]] for i in range(k)])
-
-    # Block verification's thresholds need the weighted residuals' masses at every
-    # position: one more round, of one number a position.
-    block = [int(b) for b in sampled if call.method == "block"]
-    path: dict[int, np.ndarray] = {}
-    residual_local: list[float] = []
-    for b in block:
-        p_x, q_x = drafted_values(b)
-        path[b] = _path_weights(np, p_x[None, :], q_x[None, :])[0]
-        first, _ = call.request_rows(b)
-        for i in range(int(counts[b])):
-            weighted = path[b][i] * law_row(target_at[first + i]) - draft_row(b, i)
-            residual_local.append(float(np.maximum(weighted, 0.0).sum()))
-    residual_masses = (
-        _rows.row_totals(exchange, np.array(residual_local)) if block else np.zeros(0)
-    )
-    residual_offsets = np.concatenate([[0], np.cumsum([counts[b] for b in block])]).astype(int)
-    block_index = {b: j for j, b in enumerate(block)}
-
-    # Typical acceptance needs every draft position's entropy and, where it rejects, the
-    # processed row's argmax: one round of three numbers a position.
-    typical_rows = [
-        target_at[call.request_rows(int(b))[0] + i]
-        for b in sampled
-        if call.method == "typical"
-        for i in range(int(counts[b]))
-    ]
-    entropy: dict[int, float] = {}
-    typical_argmax: dict[int, int] = {}
-    if typical_rows:
-        p_rows = np.stack([law_row(row) for row in typical_rows])
-        local_table = np.empty((len(typical_rows), 3))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            local_table[:, 0] = -np.sum(p_rows * np.log(p_rows + ENTROPY_EPSILON), axis=1)
-        local_table[:, 1:] = _rows.argmax_table(p_rows, call.start)
-        table = exchange.gather(local_table)
-        entropies = table[:, :, 0].sum(axis=0)
-        maxima_ids = _rows.global_argmax(table[:, :, 1:])
-        for j, row in enumerate(typical_rows):
-            entropy[row], typical_argmax[row] = float(entropies[j]), int(maxima_ids[j])
-    for b in range(batch_size):
-        k = int(counts[b])
-        first, _ = call.request_rows(b)
-        ids = call.draft_ids[draft_rows[b]]
-        if call.greedy[b]:
-            tests = argmax[first : first + k]
-            accepted = np.append(ids == tests, False)
-            r = int(np.argmin(accepted))
-            output[b, :r] = ids[:r]
-            if r < k:
-                output[b, r] = tests[r]
-            elif call.bonus_ids is not None:
-                output[b, r] = call.bonus_ids[b]
-            else:
-                output[b, r] = argmax[first + k]
-            lengths[b] = r
-            continue
-        u = call.uniforms[b]
-        p_x, q_x = drafted_values(b)
-        if b in block_index:
-            rho = path[b]
-            j = residual_offsets[block_index[b]]
-            masses = residual_masses[j : j + k]
-            slack = masses[1:] + (1.0 - rho[1:k])
-            h = np.append(
-                np.where(slack > 0, masses[1:] / np.where(slack > 0, slack, 1.0), 1.0), rho[k:]
-            )
-            passing = np.flatnonzero(u[:k] < h)
-            r = int(passing[-1]) + 1 if passing.size else 0
-            scale = rho[r] if r < k else 1.0
-        elif call.method == "typical":
-            threshold, alpha = call.parameters
-            rows_b = [target_at[first + i] for i in range(k)]
-            h = np.array([entropy[row] for row in rows_b])
-            scaled = alpha * np.exp(-h) if alpha > 0 else np.zeros(k)
-            rejected = np.flatnonzero(~(p_x > np.minimum(threshold, scaled)))
-            r = int(rejected[0]) if rejected.size else k
-            output[b, :r] = ids[:r]
-            lengths[b] = r
-            if r < k:
-                output[b, r] = typical_argmax[rows_b[r]]
-                continue
-            scale = 1.0
-        else:
-            rejected = np.flatnonzero(~(u[:k] * q_x < p_x))
-            r = int(rejected[0]) if rejected.size else k
-            scale = 1.0
-        output[b, :r] = ids[:r]
-        lengths[b] = r
-        if r < k:
-            p = law_row(target_at[first + r])
-            residual = np.maximum(scale * p - draft_row(b, r), 0.0)
-            draws.append((b, residual, p, float(u[k])))
-        elif call.bonus_ids is not None:
-            output[b, r] = call.bonus_ids[b]
-        else:
-            p = law_row(target_at[first + k])
-            draws.append((b, p, p, float(u[k + 1])))
-
-    # Rounds: the residual and bonus draws, two-level.
-    if draws:
-        drawn = _rows.draw(
-            exchange,
-            shard,
-            call.start,
-            np.stack([weights_row for _, weights_row, _, _ in draws]),
-            np.stack([fallback for _, _, fallback, _ in draws]),
-            np.array([v for _, _, _, v in draws]),
+    any_filter = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
+    llama_cpp = call.filter_order == "llama.cpp" and bool(any_filter.any())
+    # What the filters select on: z in vLLM's order, the logits in llama.cpp's.
+    values = z.with_divisor(np.ones(count, dtype=dtype)) if llama_cpp else z
+    local = np.zeros((count + rows.greedy_target.size, 3))
+    # The same pass finds the maxima of sets of columns, a bound for the candidates.
+    size = _filters.candidate_count(top_k, top_p, call.vocab_size)
+    local[:count], group_maxima = z.maxima(8 * size)
+    local[count:, :2] = _rows.argmax_table(call.target[rows.greedy_target], call.start)
+    early = _filters.early_rows(top_k, call.vocab_size)
+    listing = None
+    if early.size:
+        listing = _filters.list_candidates(
+            values, early, int(top_k[early].max()), None,
+            None if group_maxima is None else group_maxima[early],
         )
+        gathered, gathered_lists = exchange.gather_many([local, listing.record])
+    else:
+        gathered = exchange.gather(local)
+    z_top = gathered[:, :count, 0].max(axis=0)
+    infinite = gathered[:, :count, 1].sum(axis=0) > 0
+    largest_logit = gathered[:, :count, 2].max(axis=0)
+    _check_overflow(call, largest_logit, requests, law.names)
+    argmax = np.full(call.target.shape[0], -1, dtype=np.int64)
+    argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
+
+    # Rounds: the filters (none without one), then the kept masses and the drafted tokens'
+    # weights.
+    no_mass = ~(z_top > -np.inf)
+    on = ~infinite & ~no_mass
+    floors = None
+    kept = covered = None
+    if any_filter.any():
+        values_top = largest_logit.astype(dtype) if llama_cpp else z_top.astype(dtype)
+        found = _filters.select_floors(
+            exchange, values, values_top, on, top_k, top_p, min_p, call.vocab_size, llama_cpp,
+            group_maxima, None if listing is None else (listing, gathered_lists),
+        )
+        filtered = found.filtered & on
+        floors = np.full(count, np.nan, dtype=dtype)
+        if llama_cpp:
+            # The law keeps z >= c_low / t, c_low the lowest logit the filters keep.
+            floor_values = _rows.key_values(found.keys, dtype)
+            lowest_local = np.full(count, np.inf)
+            at = np.flatnonzero(filtered)
+            if at.size:
+                chosen = values.values(at)
+                lowest_local[at] = np.min(
+                    np.where(chosen >= floor_values[at, None], chosen, np.inf),
+                    axis=1, initial=np.inf,
+                )
+            lowest = exchange.gather(lowest_local).min(axis=0)
+            temperature = call.temperature[requests].astype(dtype)
+            floors[at] = lowest[at].astype(dtype) / temperature[at]
+        else:
+            floors[filtered] = _rows.key_values(found.keys[filtered], dtype)
+            # The candidates hold every kept entry of a row whose floor reaches them.
+            kept = found.candidates
+            covered = filtered & (floors >= found.thresholds)
+    laws = _laws.LawRows(z, z_top.astype(dtype), infinite, no_mass, floors, kept, covered)
+    read = rows.read
+    local = np.zeros((read.total, 2))
+    local[: law.target_count, 0] = laws.masses[: law.target_count]
+    if law.draft_count:
+        local[read.draft_first :, 0] = laws.masses[law.target_count :]
+    owner = (read.tokens >= call.start) & (read.tokens < call.start + call.width)
+    column = np.where(owner, read.tokens - call.start, 0)
+    if call.from_logits:
+        mine = np.flatnonzero(owner[: read.draft_first])
+        local[mine, 1] = laws.token_weights(mine, column[mine])
+    else:
+        target_rows = call.target[rows.sampled_target].astype(np.float64)
+        local[: read.draft_first, 0] = target_rows.sum(axis=1)
+        mine = np.flatnonzero(owner[: read.draft_first])
+        local[mine, 1] = target_rows[mine, column[mine]]
+    if call.draft is not None:
+        mine = read.draft_first + np.flatnonzero(owner[read.draft_first :])
+        if rows.draft_laws:
+            law_rows = law.target_count + (mine - read.draft_first)
+            local[mine, 1] = laws.token_weights(law_rows, column[mine])
+        else:
+            draft_rows = _clean(call.draft[rows.sampled_draft])
+            local[read.draft_first :, 0] = draft_rows.sum(axis=1)
+            local[mine, 1] = draft_rows[mine - read.draft_first, column[mine]]
+    totals = _rows.row_totals(exchange, local)
+    normaliser = totals[:, 0].copy()
+    if not call.from_logits:
+        normaliser[: read.draft_first] = 1.0
+    if call.draft is not None and not rows.draft_laws:
+        normaliser[read.draft_first :] = 1.0
+    value = np.where(normaliser > 0.0, totals[:, 1] / np.where(normaliser > 0, normaliser, 1), 0.0)
+    # The law rows' probabilities as the kernels store them, in the rows' dtype.
+    law_read = np.zeros(read.total, dtype=bool)
+    law_read[: read.draft_first] = call.from_logits
+    law_read[read.draft_first :] = rows.draft_laws
+    value[law_read] = value[law_read].astype(dtype).astype(np.float64)
+
+    rows_of = _RowSource(call, rows, law, laws, normaliser)
+    decided = _decide(exchange, call, rows, rows_of, value)
+    output, lengths = decided.output, decided.lengths
+    # Greedy requests.
+    greedy = np.flatnonzero(call.greedy)
+    if greedy.size:
+        _greedy(call, rows, argmax, greedy, output, lengths)
+    # Rounds: the residual and bonus draws, two-level.
+    if decided.draws.size:
+        draws = decided.draws
+        positions = lengths[draws]
+        bonus = positions == call.counts[draws]
+        # p where it may be positive; the residual max(rho p - q, 0) is 0 elsewhere.
+        p = rows_of.target_rows(rows.first_target[draws] + positions)
+        scale = decided.scale[draws]
+        draft_rows = call.offsets[draws] + positions
+        residual = p.dense.copy()
+        rejected = np.flatnonzero(~bonus[p.dense_rows])
+        if rejected.size:
+            chosen = p.dense_rows[rejected]
+            q = rows_of.draft(draft_rows[chosen])
+            residual[rejected] = np.maximum(scale[chosen, None] * p.dense[rejected] - q, 0.0)
+        entries = p.sparse
+        sparse_residual = entries.weights.copy()
+        rejected = np.flatnonzero(~bonus[entries.rows])
+        if rejected.size:
+            chosen = entries.rows[rejected]
+            q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
+            sparse_residual[rejected] = np.maximum(
+                scale[chosen] * entries.weights[rejected] - q_entries, 0.0
+            )
+        weights = _rows.RowSet(
+            p.num_rows, p.dense_rows, residual,
+            _rows.Sparse(entries.rows, entries.columns, sparse_residual),
+        )
+        v = call.uniforms[draws, call.counts[draws] + bonus]
+        drawn = _rows.draw(exchange, shard, call.start, weights, p, v)
         empty = np.flatnonzero(drawn.empty)
         if empty.size:
-            b = draws[int(empty[0])][0]
             name = "target_logits" if call.from_logits else "target_probs"
             raise ValueError(
-                f"{name}: request {b} must draw a token from a row with no positive "
-                "probability"
+                f"{name}: request {int(draws[empty[0]])} must draw a token from a row with "
+                "no positive probability"
             )
-        for (b, *_), token in zip(draws, drawn.tokens, strict=True):
-            output[b, lengths[b]] = token
-    itemsize = target.dtype.itemsize
-    read_rows = target.shape[0] + (0 if draft is None else draft.shape[0])
+        output[draws, positions] = drawn.tokens
+    itemsize = dtype.itemsize
+    read_rows = call.target.shape[0] + (0 if call.draft is None else call.draft.shape[0])
     result = ShardedResult(output, lengths, lengths.copy(), call.total)
     result.exchanged_bytes = exchange.sent_bytes
     result.gather_bytes = read_rows * call.vocab_size * itemsize
     result.rounds = exchange.rounds
     return result
+
+
+class _Read(NamedTuple):
+    """The rows whose masses and drafted values the totals round carries: the sampled
+    requests' target rows, then their draft rows (when draft rows are given)."""
+
+    total: int
+    draft_first: int
+    tokens: np.ndarray
+
+
+class _Rows:
+    """Where each request's rows lie (every array in request order)."""
+
+    def __init__(self, call: _Call) -> None:
+        batch_size, counts = call.batch_size, call.counts
+        self.first_target = call.offsets[:-1] + np.arange(batch_size) * call.bonus_rows
+        per_request = counts + call.bonus_rows
+        request_of_target = np.repeat(np.arange(batch_size), per_request)
+        request_of_draft = np.repeat(np.arange(batch_size), counts)
+        sampled = ~call.greedy
+        self.sampled_target = np.flatnonzero(sampled[request_of_target])
+        self.greedy_target = np.flatnonzero(call.greedy[request_of_target])
+        self.sampled_draft = np.flatnonzero(sampled[request_of_draft])
+        # The drafted token each target row tests (-1 at a bonus row).
+        position = np.arange(call.target.shape[0]) - self.first_target[request_of_target]
+        drafting = position < counts[request_of_target]
+        self.target_token = np.full(call.target.shape[0], -1, dtype=np.int64)
+        self.target_token[drafting] = call.draft_ids[
+            call.offsets[request_of_target[drafting]] + position[drafting]
+        ]
+        # Row index -> its place among the rows read (-1: not read).
+        self.target_at = np.full(call.target.shape[0], -1, dtype=np.int64)
+        self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
+        self.draft_at = np.full(call.total, -1, dtype=np.int64)
+        self.draft_laws = call.draft is not None and call.draft_from_logits
+        tokens = [self.target_token[self.sampled_target]]
+        draft_first = self.sampled_target.size
+        if call.draft is not None:
+            self.draft_at[self.sampled_draft] = draft_first + np.arange(self.sampled_draft.size)
+            tokens.append(call.draft_ids[self.sampled_draft])
+        all_tokens = np.concatenate(tokens)
+        self.read = _Read(all_tokens.size, draft_first, all_tokens)
+
+
+class _LawBlocks(NamedTuple):
+    """The sampled logits rows, target then draft, seen as ``z``; every row's request and
+    the argument names."""
+
+    z: _laws.LogitRows
+    requests: np.ndarray
+    names: list[tuple[str, np.ndarray]]
+    target_count: int
+    draft_count: int
+
+
+def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
+    dtype = call.target.dtype
+    parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+    if call.from_logits:
+        request_of_target = np.repeat(np.arange(call.batch_size), call.counts + call.bonus_rows)
+        parts.append(("target_logits", call.target, rows.sampled_target,
+                      request_of_target[rows.sampled_target]))
+    if rows.draft_laws and call.draft is not None:
+        request_of_draft = np.repeat(np.arange(call.batch_size), call.counts)
+        parts.append(("draft_logits", call.draft, rows.sampled_draft,
+                      request_of_draft[rows.sampled_draft]))
+    arrays = []
+    for _, source, indices, _ in parts:
+        whole = indices.size == source.shape[0]
+        arrays.append(np.ascontiguousarray(source if whole else source[indices]))
+    requests = (np.concatenate([owners for *_, owners in parts]) if parts
+                else np.zeros(0, dtype=np.int64))
+    temperature = call.temperature[requests].astype(dtype)
+    if not arrays:
+        arrays = [np.zeros((0, call.width), dtype=dtype)]
+    target_count = parts[0][2].size if parts and parts[0][0] == "target_logits" else 0
+    return _LawBlocks(
+        _laws.LogitRows(arrays, temperature), requests,
+        [(name, indices) for name, _, indices, _ in parts],
+        target_count, int(requests.size) - target_count,
+    )
+
+
+def _clean(rows: np.ndarray) -> np.ndarray:
+    """Draft probabilities as the kernels read them: negative and NaN entries as 0."""
+    return np.maximum(np.nan_to_num(rows.astype(np.float64)), 0.0)
+
+
+class _RowSource:
+    """Dense rows on this rank's columns, float64: ``p`` of target rows, ``q`` of draft
+    rows (``inf`` at a point-mass draft's token, so that ``p - q`` is never positive
+    there)."""
+
+    def __init__(self, call: _Call, rows: _Rows, law: _LawBlocks, laws: _laws.LawRows,
+                 normaliser: np.ndarray) -> None:
+        self.call, self.rows, self.law, self.laws = call, rows, law, laws
+        self.normaliser = normaliser
+
+    def target(self, indices: np.ndarray) -> np.ndarray:
+        """``p`` of target rows ``indices``."""
+        read = self.rows.target_at[indices]
+        if self.call.from_logits:
+            return self.laws.probabilities(read, self.normaliser[read])
+        return self.call.target[indices].astype(np.float64)
+
+    def draft(self, indices: np.ndarray) -> np.ndarray:
+        """``q`` of draft rows ``indices`` (flat draft positions)."""
+        call = self.call
+        if call.draft is None:
+            q = np.zeros((indices.size, call.width))
+            tokens = call.draft_ids[indices]
+            owned = np.flatnonzero((tokens >= call.start) & (tokens < call.start + call.width))
+            q[owned, tokens[owned] - call.start] = np.inf
+            return q
+        read = self.rows.draft_at[indices]
+        if self.rows.draft_laws:
+            law_rows = self.law.target_count + (read - self.rows.read.draft_first)
+            return self.laws.probabilities(law_rows, self.normaliser[read])
+        return _clean(call.draft[indices])
+
+    def target_rows(self, indices: np.ndarray) -> _rows.RowSet:
+        """``p`` of target rows ``indices`` where it may be positive."""
+        read = self.rows.target_at[indices]
+        if self.call.from_logits:
+            return self.laws.probability_rows(read, self.normaliser[read])
+        empty = np.zeros(0, dtype=np.int64)
+        return _rows.RowSet(indices.size, np.arange(indices.size),
+                            self.call.target[indices].astype(np.float64),
+                            _rows.Sparse(empty, empty, np.zeros(0)))
+
+    def draft_entries(self, indices: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``q`` of draft rows ``indices[i]`` at this rank's columns ``columns[i]``."""
+        call = self.call
+        if call.draft is None:
+            hit = call.draft_ids[indices] == call.start + columns
+            return np.where(hit, np.inf, 0.0)
+        read = self.rows.draft_at[indices]
+        if self.rows.draft_laws:
+            law_rows = self.law.target_count + (read - self.rows.read.draft_first)
+            return self.laws.entry_probabilities(law_rows, columns, self.normaliser[read])
+        return _clean(call.draft[indices, columns])
+
+
+class _Decided(NamedTuple):
+    output: np.ndarray
+    lengths: np.ndarray
+    draws: np.ndarray  # requests that draw, in request order
+    scale: np.ndarray  # per request: the residual's scale (block's rho_r, else 1)
+
+
+def _decide(
+    exchange: Exchange, call: _Call, rows: _Rows, source: _RowSource, value: np.ndarray
+) -> _Decided:
+    """Every sampled request's accepted length, from the gathered numbers alone (plus one
+    round for block verification, one for typical acceptance), and the requests that
+    draw: a rejection's residual, or the bonus token where no bonus id is given."""
+    batch_size, counts = call.batch_size, call.counts
+    output = np.full((batch_size, call.max_k + 1), -1, dtype=np.int64)
+    lengths = np.zeros(batch_size, dtype=np.int64)
+    scale = np.ones(batch_size)
+    sampled = np.flatnonzero(~call.greedy)
+    if not sampled.size:
+        return _Decided(output, lengths, sampled, scale)
+    width = max(call.max_k, 1)
+    positions = np.arange(width)
+    k = counts[sampled]
+    valid = positions[None, :] < k[:, None]
+    last_target = call.target.shape[0] - 1
+    target_rows = np.minimum(rows.first_target[sampled, None] + positions, last_target)
+    p_x = np.where(valid, value[rows.target_at[target_rows]], 1.0)
+    q_x = np.ones_like(p_x)
+    ids = np.full(valid.shape, -1, dtype=np.int64)
+    if call.total:
+        draft_rows = np.minimum(call.offsets[sampled, None] + positions, call.total - 1)
+        ids = np.where(valid, call.draft_ids[draft_rows], -1)
+        if call.draft is not None:
+            q_x = np.where(valid, value[rows.draft_at[draft_rows]], 1.0)
+    u = call.uniforms[sampled]
+    # Every (request, position) with a draft, request by request.
+    flat = np.flatnonzero(valid.reshape(-1))
+    at_request = sampled[flat // width]
+    at_position = flat % width
+    every = np.arange(sampled.size)
+    if call.method == "block":
+        rho = _path_weights(np, np.where(valid, p_x, 1.0), np.where(valid, q_x, 1.0))
+        # The weighted residuals' masses at every position: one round, one number each.
+        local = np.zeros(flat.size)
+        if flat.size:
+            p = source.target(rows.first_target[at_request] + at_position)
+            q = source.draft(call.offsets[at_request] + at_position)
+            weighted = rho[:, :width].reshape(-1)[flat, None] * p - q
+            local = np.maximum(weighted, 0.0).sum(axis=1)
+        flat_masses = np.zeros(valid.size)
+        flat_masses[flat] = _rows.row_totals(exchange, local)
+        masses = flat_masses.reshape(valid.shape)
+        # h_i = R_i / (R_i + 1 - rho_i) for i = 1 .. k - 1 (1 where that is 0), h_k = rho_k.
+        slack = masses[:, 1:] + (1.0 - rho[:, 1:width])
+        inner = np.where(slack > 0, masses[:, 1:] / np.where(slack > 0, slack, 1.0), 1.0)
+        h = np.concatenate([inner, np.zeros((sampled.size, 1))], axis=1)
+        h[every, np.maximum(k - 1, 0)] = rho[every, k]
+        passing = valid & (u[:, :width] < h)
+        last = width - 1 - np.argmax(passing[:, ::-1], axis=1)
+        r = np.where(passing.any(axis=1), last + 1, 0)
+        scale[sampled] = np.where(r < k, rho[every, np.minimum(r, width)], 1.0)
+    elif call.method == "typical":
+        threshold, alpha = call.parameters
+        flat_entropy = np.zeros(valid.size)
+        flat_chosen = np.zeros(valid.size, dtype=np.int64)
+        if flat.size:
+            p = source.target(rows.first_target[at_request] + at_position)
+            table = np.empty((flat.size, 3))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                table[:, 0] = -np.sum(p * np.log(p + ENTROPY_EPSILON), axis=1)
+            table[:, 1:] = _rows.argmax_table(p, call.start)
+            gathered = exchange.gather(table)
+            flat_entropy[flat] = gathered[:, :, 0].sum(axis=0)
+            flat_chosen[flat] = _rows.global_argmax(gathered[:, :, 1:])
+        entropy = flat_entropy.reshape(valid.shape)
+        chosen = flat_chosen.reshape(valid.shape)
+        scaled = alpha * np.exp(-entropy) if alpha > 0 else np.zeros_like(entropy)
+        rejected = valid & ~(p_x > np.minimum(threshold, scaled))
+        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+        stop = np.flatnonzero(r < k)
+        output[sampled[stop], r[stop]] = chosen[stop, r[stop]]
+    else:
+        rejected = valid & ~(u[:, :width] * q_x < p_x)
+        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+    accepted = positions[None, :] < r[:, None]
+    output[sampled, :width] = np.where(accepted, ids, output[sampled, :width])
+    lengths[sampled] = r
+    full = r == k
+    if call.bonus_ids is not None:
+        output[sampled[full], k[full]] = call.bonus_ids[sampled[full]]
+    draws_bonus = full & (call.bonus_ids is None)
+    draws = sampled[draws_bonus if call.method == "typical" else (~full | draws_bonus)]
+    return _Decided(output, lengths, draws, scale)
+
+
+def _greedy(call: _Call, rows: _Rows, argmax: np.ndarray, greedy: np.ndarray,
+            output: np.ndarray, lengths: np.ndarray) -> None:
+    """Greedy requests: accept while the drafted token is the target row's argmax."""
+    width = max(call.max_k, 1)
+    positions = np.arange(width)
+    k = call.counts[greedy]
+    valid = positions[None, :] < k[:, None]
+    last_target = call.target.shape[0] - 1
+    tests = argmax[np.minimum(rows.first_target[greedy, None] + positions, last_target)]
+    ids = np.full(valid.shape, -1, dtype=np.int64)
+    if call.total:
+        draft_rows = np.minimum(call.offsets[greedy, None] + positions, call.total - 1)
+        ids = np.where(valid, call.draft_ids[draft_rows], -1)
+    rejected = valid & (ids != tests)
+    r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+    output[greedy, :width] = np.where(positions[None, :] < r[:, None], ids, -1)
+    stop = np.flatnonzero(r < k)
+    output[greedy[stop], r[stop]] = tests[stop, r[stop]]
+    full = np.flatnonzero(r == k)
+    if call.bonus_ids is not None:
+        output[greedy[full], k[full]] = call.bonus_ids[greedy[full]]
+    else:
+        output[greedy[full], k[full]] = argmax[rows.first_target[greedy[full]] + k[full]]
+    lengths[greedy] = r
 
 
 def _check_overflow(
@@ -584,12 +761,3 @@ def _check_overflow(
         f"largest finite logit {float(largest[first])!r} of {name} row {row} to "
         f"{float(quotient[first])}"
     )
-
-
-def _span(first_and_count: tuple[int, int]) -> tuple[int, int]:
-    first, count = first_and_count
-    return first, first + count
-
-
-def _safe(normaliser: float) -> float:
-    return normaliser if normaliser > 0.0 else 1.0

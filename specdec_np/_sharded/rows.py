@@ -1,15 +1,12 @@
 """Row statistics across vocabulary shards: each rank holds columns ``start .. start +
-width - 1`` of every row, and only per-row numbers and fixed-size histograms cross ranks.
+width - 1`` of every row, and only per-row numbers, short candidate lists and fixed-size
+histograms cross ranks.
 
-The processed law of a logits row (``docs/semantics.md``, the engine layout) needs, beyond
-what a rank sees, the row's maximum and count of ``+inf`` entries (one round), top-k's
-floor and top-p's cutoff (exact radix selects over order-preserving integer keys of ``z``,
-8 bits a round: 4 rounds for float32 rows, 8 for float64) and the kept mass (summed with
-the drafted tokens' weights in one round).  min-p needs nothing more: ``w >= min_p`` is
-local once the maximum is known.  A draw from weights spread over the shards is an
-inverse CDF in two levels: the shard, by the shards' masses in vocabulary order, then the
-token inside it; that is the unsharded inverse CDF, whose running sum is split at the
-shards' boundaries.
+Here: the order-preserving integer keys of float rows and their inverse, the radix select
+(the filters' fallback, :mod:`.filters`), the greedy argmax, the rounds of per-row sums,
+and the inverse-CDF draw in two levels (the shard, by the shards' masses in vocabulary
+order, then the token inside it): the unsharded inverse CDF, whose running sum is split at
+the shards' boundaries.
 """
 
 from __future__ import annotations
@@ -19,20 +16,22 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._reference.chains import fast_expf
 from .exchange import Exchange, Shard
 
 __all__ = [
     "Draws",
+    "RowSet",
+    "Sparse",
     "argmax_table",
     "draw",
     "global_argmax",
-    "kept_weights",
-    "maxima_table",
+    "key_values",
     "ordered_keys",
     "radix_select",
     "row_totals",
     "shard_masses",
+    "top_k_chooser",
+    "top_p_chooser",
 ]
 
 DIGIT_BITS = 8
@@ -51,6 +50,18 @@ def ordered_keys(values: np.ndarray) -> np.ndarray:
         sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
     # Negative floats order backwards by their bits: flip them all; lift the positive ones.
     return np.where((bits & sign) != 0, full ^ bits, bits | sign)
+
+
+def key_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values (of ``dtype``, float32 or float64) whose :func:`ordered_keys` are
+    ``keys`` (uint64; the key of ``-0`` gives ``+0``)."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    if np.dtype(dtype) == np.float32:
+        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
+        bits = np.where((keys & sign) != 0, keys ^ sign, full ^ keys)
+        return bits.astype(np.uint32).view(np.float32)
+    sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
+    return np.where((keys & sign) != 0, keys ^ sign, full ^ keys).view(np.float64)
 
 
 def radix_select(
@@ -102,7 +113,7 @@ def radix_select(
     return prefix
 
 
-def _top_k_chooser(k: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
+def top_k_chooser(k: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
     """The bucket of the ``k``-th largest key: counts from the top bucket down."""
     remaining = k.astype(np.int64).copy()
 
@@ -117,7 +128,7 @@ def _top_k_chooser(k: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
     return choose
 
 
-def _top_p_chooser(top_p: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
+def top_p_chooser(top_p: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
     """The bucket of top-p's cutoff: the first key, from the top, at which the kept mass
     from the top reaches ``top_p`` of the row's kept mass, with positive mass there; the
     lowest key with mass where rounding leaves the whole row short."""
@@ -140,15 +151,6 @@ def _top_p_chooser(top_p: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]
     return choose
 
 
-def maxima_table(z: np.ndarray) -> np.ndarray:
-    """This rank's ``[R, 2]`` float64 (largest ``z``, count of ``+inf``) per row (NaN
-    already ``-inf``)."""
-    table = np.empty((z.shape[0], 2), dtype=np.float64)
-    table[:, 0] = np.max(z, axis=1, initial=-np.inf)
-    table[:, 1] = np.count_nonzero(z == np.inf, axis=1)
-    return table
-
-
 def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
     """This rank's ``[G, 2]`` float64 (largest value, global id of its first occurrence)
     per raw row, NaN never the largest; an empty shard offers ``(-inf, inf)``."""
@@ -156,9 +158,15 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
     if rows.shape[1] == 0:
         table[:, 0], table[:, 1] = -np.inf, np.inf
         return table
-    clean = np.where(np.isnan(rows), -np.inf, rows)
-    first = np.argmax(clean, axis=1)
-    table[:, 0] = clean[np.arange(rows.shape[0]), first]
+    first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
+    largest = rows[np.arange(rows.shape[0]), first]
+    with_nan = np.flatnonzero(np.isnan(largest))
+    if with_nan.size:
+        clean = rows[with_nan]
+        clean = np.where(np.isnan(clean), -np.inf, clean)
+        first[with_nan] = np.argmax(clean, axis=1)
+        largest[with_nan] = clean[np.arange(with_nan.size), first[with_nan]]
+    table[:, 0] = largest
     table[:, 1] = first + start
     return table
 
@@ -169,115 +177,6 @@ def global_argmax(gathered: np.ndarray) -> np.ndarray:
     top = gathered[:, :, 0].max(axis=0)
     ids = np.where(gathered[:, :, 0] == top[None, :], gathered[:, :, 1], np.inf)
     return ids.min(axis=0).astype(np.int64)
-
-
-def _exponential(shifted: np.ndarray) -> np.ndarray:
-    """float64 ``exp`` of ``shifted`` by the law's rule: the specified float32 exponential
-    for float32 rows, ``exp`` for float64 rows."""
-    if shifted.dtype == np.float32:
-        return fast_expf(shifted).astype(np.float64)
-    return np.exp(shifted)
-
-
-def _shifted_weights(values: np.ndarray, top: np.ndarray, skip: np.ndarray) -> np.ndarray:
-    """``exp(values - top)`` per row (``top`` the rows' global maxima, float64), 0 on the
-    rows where ``skip`` holds."""
-    dtype = values.dtype
-    top = top.astype(dtype)
-    finite_top = np.where(np.isfinite(top), top, dtype.type(0))
-    shifted = values - finite_top[:, None]
-    shifted[skip] = -np.inf
-    return _exponential(shifted)
-
-
-def _top_k_and_top_p(
-    exchange: Exchange,
-    values: np.ndarray,
-    w: np.ndarray,
-    kept: np.ndarray,
-    top_k: np.ndarray,
-    top_p: np.ndarray,
-    vocab_size: int,
-    on: np.ndarray,
-) -> None:
-    """Top-k on ``values`` (ties kept), then top-p over the mass ``w`` that ``kept`` holds
-    by then, narrowing ``kept`` in place on the rows where ``on`` holds."""
-    key_bits = 32 if values.dtype == np.float32 else 64
-    keys = ordered_keys(values)
-    rows = np.flatnonzero((top_k > 0) & (top_k < vocab_size) & on)
-    if rows.size:
-        floor = radix_select(exchange, keys[rows], key_bits, None, _top_k_chooser(top_k[rows]))
-        kept[rows] &= keys[rows] >= floor[:, None]
-    rows = np.flatnonzero((top_p < 1.0) & on)
-    if rows.size:
-        masses = np.where(kept[rows], w[rows], 0.0)
-        cutoff = radix_select(exchange, keys[rows], key_bits, masses, _top_p_chooser(top_p[rows]))
-        kept[rows] &= keys[rows] >= cutoff[:, None]
-
-
-def _min_p_kept(w: np.ndarray, min_p: np.ndarray) -> np.ndarray:
-    return (w >= min_p[:, None]) | (min_p[:, None] <= 0.0)
-
-
-def kept_weights(
-    exchange: Exchange,
-    z: np.ndarray,
-    present: np.ndarray,
-    maxima: np.ndarray,
-    top_k: np.ndarray,
-    top_p: np.ndarray,
-    min_p: np.ndarray,
-    vocab_size: int,
-    llama_cpp: tuple[np.ndarray, np.ndarray] | None = None,
-) -> np.ndarray:
-    """float64 ``[R, width]``: the unnormalised processed law on this rank's columns,
-    ``w = exp(z - max z)`` where the filters keep it and 0 elsewhere; a row with ``+inf``
-    entries weighs 1 on each of them, a row without a finite maximum 0 everywhere.
-
-    Parameters
-    ----------
-    exchange : Exchange
-    z : float32 or float64 [R, width]
-        ``logits / temperature``, NaN as ``-inf``.
-    present : bool [R, width]
-        Not NaN.
-    maxima : float64 [R, 2]
-        The rows' global (largest ``z``, count of ``+inf``).
-    top_k : int64 [R]
-    top_p, min_p : float64 [R]
-    vocab_size : int
-    llama_cpp : (logits [R, width], temperature [R]) or None
-        llama.cpp's order: the filters select on the logits at temperature 1, and the law
-        keeps every ``z`` that reaches the lowest logit they keep, over the temperature
-        (two more rounds: the logits' maxima, the lowest kept logit).  None: vLLM's order.
-
-    Returns
-    -------
-    float64 [R, width]
-    """
-    infinite_rows = maxima[:, 1] > 0
-    no_mass = ~(maxima[:, 0] > -np.inf)
-    w = _shifted_weights(z, maxima[:, 0], infinite_rows)
-    on = ~infinite_rows & ~no_mass
-    if llama_cpp is None:
-        kept = present & _min_p_kept(w, min_p)
-        _top_k_and_top_p(exchange, z, w, kept, top_k, top_p, vocab_size, on)
-    else:
-        logits, temperature = llama_cpp
-        values = np.where(present, logits, logits.dtype.type(-np.inf))
-        top = exchange.gather(np.max(values, axis=1, initial=-np.inf)).max(axis=0)
-        w1 = _shifted_weights(values, top, infinite_rows)
-        selected = present.copy()
-        _top_k_and_top_p(exchange, values, w1, selected, top_k, top_p, vocab_size, on)
-        selected &= _min_p_kept(w1, min_p)
-        lowest_local = np.min(np.where(selected, values, np.inf), axis=1, initial=np.inf)
-        lowest = exchange.gather(lowest_local.astype(np.float64)).min(axis=0)
-        threshold = lowest.astype(z.dtype) / temperature.astype(z.dtype)
-        kept = present & (z >= threshold[:, None])
-    weights = np.where(kept, w, 0.0)
-    weights[infinite_rows] = (z[infinite_rows] == np.inf).astype(np.float64)
-    weights[no_mass] = 0.0
-    return weights
 
 
 def row_totals(exchange: Exchange, local: np.ndarray) -> np.ndarray:
@@ -301,12 +200,83 @@ class Draws(NamedTuple):
     empty: np.ndarray
 
 
+class Sparse(NamedTuple):
+    """Entries of some rows on this rank's columns: entry ``i`` is row ``rows[i]``, column
+    ``columns[i]`` (rows ascending, columns ascending in a row), value ``weights[i]``."""
+
+    rows: np.ndarray
+    columns: np.ndarray
+    weights: np.ndarray
+
+
+class RowSet(NamedTuple):
+    """``D`` rows of weights on this rank's columns: the rows ``dense_rows`` held whole
+    (``dense``, ``[n, width]``), the others where they may be positive (``sparse``, its
+    rows numbered among the ``D``)."""
+
+    num_rows: int
+    dense_rows: np.ndarray
+    dense: np.ndarray
+    sparse: Sparse
+
+    def masses(self) -> np.ndarray:
+        """float64 ``[num_rows]``: each row's sum of its positive weights."""
+        sums = np.zeros(self.num_rows)
+        if self.dense_rows.size:
+            sums[self.dense_rows] = np.where(self.dense > 0.0, self.dense, 0.0).sum(axis=1)
+        if self.sparse.rows.size:
+            positive = np.where(self.sparse.weights > 0.0, self.sparse.weights, 0.0)
+            sums += np.bincount(self.sparse.rows, weights=positive,
+                                minlength=self.num_rows)[: self.num_rows]
+        return sums
+
+    def crossings(self, rows: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Per row of ``rows``: the column of its first positive weight whose running sum
+        (in column order) exceeds ``inside`` (its last positive weight where rounding
+        runs past it); every row has one."""
+        found = np.zeros(rows.size, dtype=np.int64)
+        where = np.full(self.num_rows, -1, dtype=np.int64)
+        where[self.dense_rows] = np.arange(self.dense_rows.size)
+        whole = np.flatnonzero(where[rows] >= 0)
+        if whole.size:
+            block = self.dense[where[rows[whole]]]
+            found[whole] = _first_crossing(block, inside[whole])
+        apart = np.flatnonzero(where[rows] < 0)
+        if apart.size:
+            place_of = np.full(self.num_rows, -1, dtype=np.int64)
+            place_of[rows[apart]] = np.arange(apart.size)
+            take = place_of[self.sparse.rows] >= 0
+            row_of = place_of[self.sparse.rows[take]]
+            columns = self.sparse.columns[take]
+            values = self.sparse.weights[take]
+            first = np.searchsorted(row_of, np.arange(apart.size))
+            place = np.arange(row_of.size) - first[row_of]
+            length = int(np.bincount(row_of, minlength=apart.size).max(initial=0))
+            padded = np.zeros((apart.size, length))
+            padded[row_of, place] = values
+            column_of = np.zeros((apart.size, length), dtype=np.int64)
+            column_of[row_of, place] = columns
+            index = _first_crossing(padded, inside[apart])
+            found[apart] = column_of[np.arange(apart.size), index]
+        return found
+
+
+def _first_crossing(block: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """Per row of ``block``: the first positive entry whose running sum of the positive
+    entries exceeds ``inside``, else the last positive entry."""
+    block = np.where(block > 0.0, block, 0.0)
+    positive = block > 0.0
+    hits = (np.cumsum(block, axis=1) > inside[:, None]) & positive
+    last_positive = block.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
+    return np.where(hits.any(axis=1), np.argmax(hits, axis=1), last_positive)
+
+
 def draw(
     exchange: Exchange,
     shard: Shard,
     start: int,
-    weights: np.ndarray,
-    fallback: np.ndarray,
+    weights: RowSet,
+    fallback: RowSet,
     v: np.ndarray,
 ) -> Draws:
     """Inverse-CDF draws, one per row, from weights spread over the shards (two rounds).
@@ -322,8 +292,8 @@ def draw(
     shard : Shard
     start : int
         This rank's first column.
-    weights, fallback : float64 [D, width]
-        Non-negative weights (anything not > 0 weighs nothing).
+    weights, fallback : RowSet
+        ``D`` rows of weights (anything not > 0 weighs nothing).
     v : float64 [D]
         The draws' uniforms.
 
@@ -332,9 +302,7 @@ def draw(
     Draws
         ``tokens`` int64 [D] (-1 where ``empty``), ``empty`` bool [D].
     """
-    weights = np.where(weights > 0.0, weights, 0.0)
-    fallback = np.where(fallback > 0.0, fallback, 0.0)
-    local = np.stack([weights.sum(axis=1), fallback.sum(axis=1)], axis=1)
+    local = np.stack([weights.masses(), fallback.masses()], axis=1)
     masses = exchange.gather(local)[shard.order()]  # [S, D, 2], vocabulary order
     use_fallback = masses[:, :, 0].sum(axis=0) == 0.0
     chosen = shard_masses(
@@ -353,12 +321,9 @@ def draw(
     inside = threshold - before[position, rows]
     mine = (shard.order()[position] == exchange.rank) & ~empty
     tokens = np.full(v.shape[0], -1, dtype=np.int64)
-    for row in np.flatnonzero(mine):
-        row_weights = fallback[row] if use_fallback[row] else weights[row]
-        positive = row_weights > 0.0
-        cumulative = np.cumsum(row_weights)
-        hits = np.flatnonzero((cumulative > inside[row]) & positive)
-        index = hits[0] if hits.size else np.flatnonzero(positive)[-1]
-        tokens[row] = start + int(index)
+    for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
+        at = np.flatnonzero(use)
+        if at.size:
+            tokens[at] = start + source.crossings(at, inside[at])
     tokens = exchange.gather(tokens).max(axis=0)
     return Draws(np.where(empty, -1, tokens), empty)

@@ -1,0 +1,406 @@
+"""This rank's part of the processed law of the sampled requests' logits rows.
+
+The rows stay as they were handed over (the target's, then the draft's: no copy of either
+where every row is read); ``z = logits / t`` is computed only where it is read.  A
+threshold on ``z`` is a threshold on the logits: ``fl(l / t)`` is monotone in ``l``, so
+``{y : z(y) >= c} = {y : l(y) >= lambda}`` for the least such ``lambda``
+(:meth:`LogitRows.logit_floors`), and one comparison of the logits finds the entries a
+filter keeps.
+
+:class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
+for a row without a filter every entry's, computed once for the whole slice (with
+:func:`~.exponential.expf` for float32 rows); for a filtered row only its kept entries'.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import exponential as _exponential
+from .rows import RowSet, Sparse
+
+__all__ = ["Entries", "LawRows", "LogitRows"]
+
+
+class Entries(NamedTuple):
+    """Some entries of some rows: row (of the whole set), column and value, row by row
+    and column by column."""
+
+    rows: np.ndarray
+    columns: np.ndarray
+    values: np.ndarray
+
+
+class LogitRows:
+    """Logits rows held as parts (each a view or a copy), seen through ``values = logits /
+    divisor`` per row (``divisor`` 1: the logits themselves).
+
+    Parameters
+    ----------
+    parts : list of float32 or float64 [n_i, width] arrays
+        The rows, part after part.
+    divisor : same dtype [R]
+        Per row the temperature (or 1).
+    """
+
+    def __init__(self, parts: list[np.ndarray], divisor: np.ndarray) -> None:
+        self.parts = parts
+        self.divisor = divisor
+        self.dtype = divisor.dtype
+        self.ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
+        self.count = int(self.ends[-1]) if parts else 0
+        self.width = int(parts[0].shape[1]) if parts else 0
+        self.unit = bool((divisor == 1).all())
+
+    def with_divisor(self, divisor: np.ndarray) -> LogitRows:
+        """The same rows seen through another divisor."""
+        return LogitRows(self.parts, divisor)
+
+    def _spans(self) -> list[tuple[int, int, np.ndarray]]:
+        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
+        return [(int(a), int(b), part) for a, b, part in zip(starts, self.ends, self.parts,
+                                                               strict=True)]
+
+    def logits(self, rows: np.ndarray) -> np.ndarray:
+        """The logits of ``rows`` (a copy)."""
+        out = np.empty((rows.size, self.width), dtype=self.dtype)
+        for first, end, part in self._spans():
+            at = np.flatnonzero((rows >= first) & (rows < end))
+            if at.size:
+                out[at] = part[rows[at] - first]
+        return out
+
+    def values(self, rows: np.ndarray) -> np.ndarray:
+        """``logits / divisor`` of ``rows`` (a new array)."""
+        if self.unit:
+            return self.logits(rows)
+        out = np.empty((rows.size, self.width), dtype=self.dtype)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            for first, end, part in self._spans():
+                at = np.flatnonzero((rows >= first) & (rows < end))
+                if not at.size:
+                    continue
+                divisor = self.divisor[rows[at], None]
+                local = rows[at] - first
+                in_order = at.size == part.shape[0] and at[-1] - at[0] + 1 == at.size
+                if in_order and (local == np.arange(at.size)).all():
+                    # The whole part, in order: divided straight into place.
+                    np.divide(part, divisor, out=out[at[0] : at[-1] + 1])
+                else:
+                    out[at] = part[local] / divisor
+        return out
+
+    def entry_values(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``logits / divisor`` at the entries ``(rows[i], columns[i])``."""
+        out = np.empty(rows.size, dtype=self.dtype)
+        for first, end, part in self._spans():
+            at = np.flatnonzero((rows >= first) & (rows < end))
+            if at.size:
+                out[at] = part[rows[at] - first, columns[at]]
+        if not self.unit:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                out /= self.divisor[rows]
+        return out
+
+    def maxima(self, groups: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """float64 ``[R, 3]`` per row: the largest value (NaN never), its count of
+        ``+inf``, and the largest finite logit; and, with ``groups`` (at most half the
+        width), the largest logit of each of ``groups`` sets of columns (``[R, groups]``,
+        NaN as ``-inf``), found in the same pass.  Each is an entry of the row: the
+        ``C``-th largest of them is at most the row's ``C``-th largest."""
+        table = np.zeros((self.count, 3))
+        groups = groups if 0 < 2 * groups <= self.width else 0
+        grouped = np.zeros((self.count, groups), dtype=self.dtype) if groups else None
+        run = self.width // groups if groups else 0
+        for first, end, part in self._spans():
+            if groups:
+                # Group g holds the columns g, g + groups, g + 2 groups, ...: the maximum
+                # runs down whole rows of the reshaped block (a fast pass).
+                head = part[:, : groups * run].reshape(part.shape[0], run, groups)
+                group_max = np.max(head, axis=1)
+                largest = np.max(group_max, axis=1, initial=-np.inf)
+                if groups * run < self.width:
+                    largest = np.maximum(largest, np.max(part[:, groups * run :], axis=1))
+                grouped[first:end] = group_max  # type: ignore[index]
+            else:
+                largest = np.max(part, axis=1, initial=-np.inf)
+            # NaN wins NumPy's maximum, and +inf is not finite: redo those rows.
+            again = np.flatnonzero(np.isnan(largest) | (largest == np.inf))
+            top = largest.copy()
+            if again.size:
+                rows = part[again]
+                top[again] = np.fmax.reduce(rows, axis=1, initial=-np.inf)
+                largest[again] = np.max(
+                    np.where(np.isfinite(rows), rows, -np.inf), axis=1, initial=-np.inf
+                )
+            # fl(l / t) is monotone in l: the largest value is the largest logit's.
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                table[first:end, 0] = top / self.divisor[first:end]
+            table[first:end, 2] = largest
+        infinite = np.flatnonzero(table[:, 0] == np.inf)
+        if infinite.size:
+            table[infinite, 1] = np.count_nonzero(self.values(infinite) == np.inf, axis=1)
+        if grouped is not None:
+            grouped[np.isnan(grouped)] = -np.inf
+        return table, grouped
+
+    def logit_floors(self, floors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per row of ``rows`` the least logit ``l`` with ``fl(l / t) >= floors`` (same
+        dtype; ``-inf`` for a floor of ``-inf``), so that ``l >= lambda`` is ``z >= floor``;
+        NaN where that was not found within a few steps (the caller then compares ``z``)."""
+        if self.unit:
+            return floors.copy()
+        dtype = self.dtype
+        t = self.divisor[rows]
+        biggest = np.finfo(dtype).max
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            guess = np.clip(floors * t, -biggest, biggest).astype(dtype)
+            guess = np.where(floors == -np.inf, dtype.type(-np.inf), guess)
+            for _ in range(4):
+                low = ~(guess / t >= floors)
+                if not low.any():
+                    break
+                guess = np.where(low, np.nextafter(guess, dtype.type(np.inf)), guess)
+            for _ in range(4):
+                below = np.nextafter(guess, dtype.type(-np.inf))
+                lower = (below / t >= floors) & (guess > -np.inf)
+                if not lower.any():
+                    break
+                guess = np.where(lower, below, guess)
+            exact = (guess / t >= floors) & ~(np.nextafter(guess, dtype.type(-np.inf)) / t
+                                              >= floors)
+        exact |= floors == -np.inf
+        return np.where(exact, guess, dtype.type(np.nan))
+
+    def at_least(self, rows: np.ndarray, floors: np.ndarray) -> Entries:
+        """The entries of ``rows`` whose value reaches the row's floor (NaN never), row by
+        row and column by column."""
+        logit_floors = self.logit_floors(floors, rows)
+        found_rows: list[np.ndarray] = []
+        found_columns: list[np.ndarray] = []
+        width = max(self.width, 1)
+        for first, end, part in self._spans():
+            at = np.flatnonzero((rows >= first) & (rows < end))
+            if not at.size:
+                continue
+            by_value = np.isnan(logit_floors[at])
+            for chosen, direct in ((at[~by_value], False), (at[by_value], True)):
+                if not chosen.size:
+                    continue
+                local = rows[chosen] - first
+                whole = chosen.size == part.shape[0] and bool(
+                    (local == np.arange(part.shape[0])).all()
+                )
+                block = part if whole else part[local]
+                if direct:
+                    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                        block = block / self.divisor[rows[chosen], None]
+                    limit = floors[chosen]
+                else:
+                    limit = logit_floors[chosen]
+                flat = np.flatnonzero(block >= limit[:, None])
+                found_rows.append(rows[chosen][flat // width])
+                found_columns.append(flat % width)
+        if not found_rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return Entries(empty, empty, np.zeros(0, dtype=self.dtype))
+        row_of = np.concatenate(found_rows)
+        columns = np.concatenate(found_columns)
+        if len(found_rows) > 1:
+            order = np.lexsort((columns, row_of))
+            row_of, columns = row_of[order], columns[order]
+        return Entries(row_of, columns, self.entry_values(row_of, columns))
+
+
+class LawRows:
+    """The law rows of one call on this rank, once their maxima and floors are agreed.
+
+    Parameters
+    ----------
+    logits : LogitRows
+        The rows, seen through their temperatures (``z``).
+    top : same dtype [R]
+        The rows' global maxima of ``z``.
+    infinite : bool [R]
+        Rows with ``+inf`` entries (uniform over them).
+    no_mass : bool [R]
+        Rows without a finite maximum.
+    floors : same dtype [R] or None
+        Per row the least kept ``z`` (NaN: no filter, every entry kept).
+    kept : Entries or None
+        Entries at or above the floors of some filtered rows, already found (the
+        candidates), with ``covered`` saying which rows they hold whole.
+    covered : bool [R] or None
+    """
+
+    def __init__(
+        self,
+        logits: LogitRows,
+        top: np.ndarray,
+        infinite: np.ndarray,
+        no_mass: np.ndarray,
+        floors: np.ndarray | None,
+        kept: Entries | None = None,
+        covered: np.ndarray | None = None,
+    ) -> None:
+        self.logits = logits
+        self.dtype = logits.dtype
+        self.top = top
+        self.infinite = infinite
+        self.no_mass = no_mass
+        rows, width = logits.count, logits.width
+        self.width = width
+        plain = ~infinite & ~no_mass
+        self.floors = floors
+        filtered = np.zeros(rows, dtype=bool)
+        if floors is not None:
+            filtered = plain & ~np.isnan(floors)
+        self.dense = np.flatnonzero(plain & ~filtered)
+        self.masses = np.zeros(rows)
+        # Every entry's weight in the rows without a filter (in the rows' dtype: a
+        # float32 weight is a float32 value), by position in self.dense.
+        self.dense_at = np.full(rows, -1, dtype=np.int64)
+        self.dense_at[self.dense] = np.arange(self.dense.size)
+        self.dense_weights = np.zeros((self.dense.size, width), dtype=self.dtype)
+        if self.dense.size and width:
+            shifted = logits.values(self.dense)
+            shifted -= top[self.dense, None]
+            self.dense_weights = self._exp(shifted)
+            self.masses[self.dense] = self.dense_weights.sum(axis=1, dtype=np.float64)
+        # The kept entries of the filtered rows, with their weights.
+        sparse = np.flatnonzero(filtered)
+        self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                            np.zeros(0, self.dtype))
+        self.kept_weights = np.zeros(0, dtype=self.dtype)
+        if sparse.size and width and floors is not None:
+            parts = []
+            if kept is not None and covered is not None:
+                take = covered[kept.rows] & filtered[kept.rows]
+                take &= kept.values >= floors[kept.rows]
+                parts.append(Entries(kept.rows[take], kept.columns[take], kept.values[take]))
+                sparse = sparse[~covered[sparse]]
+            if sparse.size:
+                parts.append(logits.at_least(sparse, floors[sparse]))
+            if len(parts) == 1:
+                self.kept = parts[0]
+            else:
+                row_of = np.concatenate([part.rows for part in parts])
+                order = np.lexsort((np.concatenate([part.columns for part in parts]), row_of))
+                self.kept = Entries(
+                    row_of[order],
+                    np.concatenate([part.columns for part in parts])[order],
+                    np.concatenate([part.values for part in parts])[order],
+                )
+            self.kept_weights = self._exp(self.kept.values - top[self.kept.rows])
+            self.masses += np.bincount(
+                self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
+            )[:rows]
+        spread = np.flatnonzero(infinite)
+        if spread.size:
+            self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
+
+    def _exp(self, shifted: np.ndarray) -> np.ndarray:
+        """``exp`` by the law's rule, in the rows' dtype, 0 for NaN."""
+        if self.dtype == np.float32:
+            return _exponential.expf(shifted)
+        with np.errstate(invalid="ignore"):
+            weights = np.exp(shifted)
+        if np.isnan(weights).any():
+            weights[np.isnan(weights)] = 0.0
+        return weights
+
+    def token_weights(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """float64 ``w`` of the entries ``(rows[i], columns[i])`` of this rank's slice (0
+        where not kept), read from the weights computed for the rows' masses."""
+        weights = np.zeros(rows.size)
+        dense = self.dense_at[rows]
+        at = np.flatnonzero(dense >= 0)
+        if at.size:
+            weights[at] = self.dense_weights[dense[at], columns[at]]
+        if self.kept.rows.size:
+            # The kept entries are sorted by (row, column): find each asked entry there.
+            width = max(self.width, 1)
+            keys = self.kept.rows * width + self.kept.columns
+            asked = rows * width + columns
+            place = np.minimum(np.searchsorted(keys, asked), keys.size - 1)
+            found = (keys[place] == asked) & (dense < 0)
+            weights[found] = self.kept_weights[place[found]]
+        spread = np.flatnonzero(self.infinite[rows])
+        if spread.size:
+            values = self.logits.entry_values(rows[spread], columns[spread])
+            weights[spread] = values == np.inf
+        return weights
+
+    def _divided(self, weights: np.ndarray, normalisers: np.ndarray) -> np.ndarray:
+        """``p = w / sum w`` rounded to the rows' dtype as the kernels store it, float64
+        (0 where the row has no mass)."""
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
+        return (weights / divisor).astype(self.dtype).astype(np.float64)
+
+    def entry_probabilities(self, rows: np.ndarray, columns: np.ndarray,
+                            normalisers: np.ndarray) -> np.ndarray:
+        """float64 ``p`` at the entries ``(rows[i], columns[i])``, ``normalisers[i]`` the
+        whole mass of ``rows[i]``."""
+        return self._divided(self.token_weights(rows, columns), normalisers)
+
+    def probability_rows(self, rows: np.ndarray, normalisers: np.ndarray) -> RowSet:
+        """``p`` of law rows ``rows`` (row ``i`` of the result is ``rows[i]``): a row without
+        a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
+        dense = self.dense_at[rows]
+        whole = np.flatnonzero(dense >= 0)
+        block = self._divided(self.dense_weights[dense[whole]].astype(np.float64),
+                              normalisers[whole, None])
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        where = np.full(self.logits.count, -1, dtype=np.int64)
+        where[rows] = np.arange(rows.size)
+        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        if chosen.size:
+            target = where[self.kept.rows[chosen]]
+            weights = self._divided(self.kept_weights[chosen].astype(np.float64),
+                                    normalisers[target])
+            parts.append((target, self.kept.columns[chosen], weights))
+        spread = np.flatnonzero(self.infinite[rows])
+        if spread.size:
+            row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
+            weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
+            parts.append((spread[row_of], columns, weights))
+        empty = np.zeros(0, dtype=np.int64)
+        row_of = np.concatenate([part[0] for part in parts]) if parts else empty
+        columns = np.concatenate([part[1] for part in parts]) if parts else empty
+        weights = np.concatenate([part[2] for part in parts]) if parts else np.zeros(0)
+        if row_of.size and (len(parts) > 1 or (np.diff(row_of) < 0).any()):
+            order = np.lexsort((columns, row_of))
+            row_of, columns, weights = row_of[order], columns[order], weights[order]
+        return RowSet(rows.size, whole, block, Sparse(row_of, columns, weights))
+
+    def probabilities(self, rows: np.ndarray, normalisers: np.ndarray) -> np.ndarray:
+        """float64 ``[len(rows), width]``: ``p = w / sum w`` on this rank's columns, rounded
+        to the rows' dtype as the kernels store it (0 outside the kept set).
+
+        Parameters
+        ----------
+        rows : int array
+            Law rows.
+        normalisers : float64 [len(rows)]
+            The rows' whole kept masses (0: no mass, every ``p`` is 0).
+        """
+        out = np.zeros((rows.size, self.width))
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
+        dense = self.dense_at[rows]
+        at = np.flatnonzero(dense >= 0)
+        if at.size:
+            out[at] = self.dense_weights[dense[at]] / divisor[at, None]
+        where = np.full(self.logits.count, -1, dtype=np.int64)
+        where[rows] = np.arange(rows.size)
+        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        if chosen.size:
+            target = where[self.kept.rows[chosen]]
+            out[target, self.kept.columns[chosen]] = (
+                self.kept_weights[chosen].astype(np.float64) / divisor[target]
+            )
+        spread = np.flatnonzero(self.infinite[rows])
+        if spread.size:
+            out[spread] = (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
+        return out.astype(self.dtype).astype(np.float64)
