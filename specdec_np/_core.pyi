@@ -90,6 +90,47 @@ def verify_trees(
     draft_logits: bool = True,
     row_threads: int = 1,
 ) -> int: ...
+def verify_chains_direct(
+    method: int,
+    target_rows: FloatArray,
+    draft_rows: FloatArray,
+    point_mass_drafts: bool,
+    draft_token_ids: IdArray,
+    bonus_token_ids: IdArray,
+    draft_offsets: Int64Array,
+    uniforms: Float64Array,
+    parameters: Float64Array,
+    output: Int64Array,
+    accepted_lengths: Int64Array,
+    num_accepted: Int64Array,
+    row_status: Int64Array,
+    num_threads: int,
+    request_methods: npt.NDArray[np.int8] | None = None,
+    causal: bool = False,
+    draw_bonus: bool = False,
+    sampling: Float64Array | None = None,
+    scratch: FloatArray | None = None,
+    target_logits: bool = True,
+    draft_logits: bool = True,
+    bonus_rows: bool = True,
+    row_threads: int = 1,
+) -> int: ...
+def check_ragged_call(
+    counts: Int64Array,
+    offsets: Int64Array,
+    draft_token_ids: IdArray,
+    bonus_token_ids: IdArray,
+    bonus_given: bool,
+    target_rows: FloatArray,
+    draft_rows: FloatArray | None,
+    temperature: Float64Array | None,
+    greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
+    target_logits: bool,
+    draft_logits: bool,
+) -> tuple[int, int, bool, int] | None: ...
+def output_block(
+    batch_size: int, width: int
+) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,

@@ -12,18 +12,28 @@ cdef inline int require(bint condition, str what) except -1:
     return 0
 
 
-cdef Py_ssize_t require_offsets(
-    const int64_t[::1] draft_offsets, Py_ssize_t B, Py_ssize_t T
+cdef Py_ssize_t require_offsets_at(
+    const int64_t* draft_offsets, Py_ssize_t count, Py_ssize_t B, Py_ssize_t T
 ) except -1:
-    """Check ``0 = offsets[0] <= ... <= offsets[B] = T`` in O(B); return the largest k_b."""
+    """Check that the ``count`` offsets at ``draft_offsets`` are ``0 = offsets[0] <= ... <=
+    offsets[B] = T``, in O(B); return the largest k_b."""
     cdef Py_ssize_t b, k_b, max_k = 0
-    require(draft_offsets.shape[0] == B + 1, "draft_offsets must have B + 1 entries")
+    require(count == B + 1, "draft_offsets must have B + 1 entries")
     require(draft_offsets[0] == 0 and draft_offsets[B] == T, "draft_offsets must span [0, T]")
     for b in range(B):
         k_b = draft_offsets[b + 1] - draft_offsets[b]
         require(k_b >= 0, "draft_offsets must not decrease")
         max_k = k_b if k_b > max_k else max_k
     return max_k
+
+
+cdef Py_ssize_t require_offsets(
+    const int64_t[::1] draft_offsets, Py_ssize_t B, Py_ssize_t T
+) except -1:
+    """:func:`require_offsets_at` on a memoryview."""
+    if draft_offsets.shape[0] == 0:
+        return require_offsets_at(NULL, 0, B, T)
+    return require_offsets_at(&draft_offsets[0], draft_offsets.shape[0], B, T)
 
 
 cdef inline Py_ssize_t invalid_id_column(
@@ -102,32 +112,47 @@ def first_tempered_overflow(
         How many consecutive rows each request owns (summing to at most ``R``).
     """
     cdef Py_ssize_t B = temperature.shape[0]
-    cdef Py_ssize_t V = rows.shape[1]
-    cdef Py_ssize_t b, r, i, start = 0, total = 0, found = -1
-    cdef probability_t divisor, largest, value
-    cdef const probability_t* row
+    cdef Py_ssize_t b, total = 0, found
     require(greedy.shape[0] == B and rows_per_request.shape[0] == B,
             "temperature, greedy and rows_per_request must have B entries")
     for b in range(B):
         require(rows_per_request[b] >= 0, "rows_per_request must be >= 0")
         total += rows_per_request[b]
     require(total <= rows.shape[0], "rows_per_request must sum to at most R")
+    if B == 0:
+        return -1
     with nogil:
-        for b in range(B):
-            divisor = <probability_t>temperature[b]
-            if not greedy[b] and divisor < 1:
-                for r in range(start, start + rows_per_request[b]):
-                    row = &rows[r, 0]
-                    largest = -INFINITY
-                    for i in range(V):
-                        value = row[i]
-                        # NaN compares false; +inf is not finite.
-                        if value > largest and value < INFINITY:
-                            largest = value
-                    if largest > -INFINITY and isinf(largest / divisor):
-                        found = r
-                        break
-            if found >= 0:
-                break
-            start += rows_per_request[b]
+        found = tempered_overflow_row(
+            &rows[0, 0] if rows.shape[0] > 0 else NULL, rows.shape[1], &temperature[0],
+            &greedy[0], &rows_per_request[0], 0, B,
+        )
+    return found
+
+
+cdef Py_ssize_t tempered_overflow_row(
+    const probability_t* rows, Py_ssize_t V, const double* temperature,
+    const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B
+) noexcept nogil:
+    """:func:`first_tempered_overflow` on checked arguments: request ``b`` owns
+    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all)."""
+    cdef Py_ssize_t b, r, i, start = 0, found = -1
+    cdef probability_t divisor, largest, value
+    cdef const probability_t* row
+    for b in range(B):
+        divisor = <probability_t>temperature[b]
+        if not greedy[b] and divisor < 1:
+            for r in range(start, start + counts[b] + extra):
+                row = rows + r * V
+                largest = -INFINITY
+                for i in range(V):
+                    value = row[i]
+                    # NaN compares false; +inf is not finite.
+                    if value > largest and value < INFINITY:
+                        largest = value
+                if largest > -INFINITY and isinf(largest / divisor):
+                    found = r
+                    break
+        if found >= 0:
+            break
+        start += counts[b] + extra
     return found

@@ -75,18 +75,13 @@ def processed_rows(
     if num_threads <= 1:
         # One thread, outside any OpenMP region, as in verify_chains: row threads' teams are
         # never nested in an inactive region (libgomp would start new threads for each).
-        with nogil:
-            serial_scratch = new_law_scratch(True, row_threads)
-            if serial_scratch == NULL:
-                failed = 1
-            else:
-                for i in range(N):
-                    process_row(
-                        &logits[i, 0], V, &sampling[i, 0], serial_scratch, &out[i, 0]
-                    )
-                free(serial_scratch)
-        if failed:
+        serial_scratch = take_law_scratch(True, row_threads)
+        if serial_scratch == NULL:
             raise MemoryError("processed_rows: the law's scratch could not be allocated")
+        with nogil:
+            for i in range(N):
+                process_row(&logits[i, 0], V, &sampling[i, 0], serial_scratch, &out[i, 0])
+        give_back_law_scratch(serial_scratch)
         return
     # Each thread of the team allocates its law scratch once for the call.  Its rows run on
     # that thread alone (specdec_row_threads: no team is nested in a parallel loop).

@@ -1,0 +1,417 @@
+# --------------------------------------------------------------------------------------
+# Direct calls: the chain driver and the ragged layout's checks on NumPy arrays read
+# through NumPy's own C structures.  Taking a typed memoryview costs about half a
+# microsecond (a buffer request, a format check, a memoryview object), so a kernel call
+# that takes fifteen arrays pays several microseconds before it reads a row: most of a
+# small batch's kernel call.  These entries check what a memoryview would (dimensions,
+# kind and size of the items, native byte order, C-contiguity, writeability of what they
+# write) on the array itself, then run the same code as the memoryview entries.
+# --------------------------------------------------------------------------------------
+
+cdef struct ArrayView:
+    # An array's data and its (at most two) dimensions, as take_array found them.
+    void* data
+    Py_ssize_t rows
+    Py_ssize_t columns
+    Py_ssize_t itemsize
+
+
+cdef enum:
+    # The kinds of item take_array accepts (bool counts as unsigned: one byte, 0 or 1).
+    FLOAT_ITEMS = 0
+    SIGNED_ITEMS = 1
+    UNSIGNED_ITEMS = 2
+
+
+cdef int take_array(
+    object x, str name, int ndim, int kind, Py_ssize_t itemsize, bint writeable,
+    ArrayView* view
+) except -1:
+    """Fill ``view`` from the NumPy array ``x``, which must have ``ndim`` (1 or 2)
+    dimensions, items of ``kind`` and ``itemsize`` bytes (0: 4 or 8), native byte order,
+    C-contiguity and, if ``writeable``, be writeable (what a typed memoryview requires)."""
+    cdef cnp.ndarray array
+    cdef bint kind_matches
+    cdef Py_ssize_t size
+    if not cnp.PyArray_Check(x):
+        raise TypeError(
+            f"kernel arguments are inconsistent: {name} must be a NumPy array; found "
+            f"{type(x).__name__}"
+        )
+    array = <cnp.ndarray>x
+    if kind == FLOAT_ITEMS:
+        kind_matches = cnp.PyArray_ISFLOAT(array)
+    elif kind == SIGNED_ITEMS:
+        kind_matches = cnp.PyArray_ISSIGNED(array)
+    else:
+        kind_matches = cnp.PyArray_ISUNSIGNED(array) or cnp.PyArray_ISBOOL(array)
+    size = cnp.PyArray_ITEMSIZE(array)
+    if (
+        cnp.PyArray_NDIM(array) != ndim
+        or not kind_matches
+        or (size != itemsize if itemsize else (size != 4 and size != 8))
+        or not cnp.PyArray_ISNOTSWAPPED(array)
+        or not cnp.PyArray_IS_C_CONTIGUOUS(array)
+        or (writeable and not cnp.PyArray_ISWRITEABLE(array))
+    ):
+        raise ValueError(
+            f"kernel arguments are inconsistent: {name} must be a native, C-contiguous"
+            f"{', writeable' if writeable else ''} array of {ndim} dimension(s) with "
+            f"{('float', 'int', 'uint')[kind]}{8 * itemsize if itemsize else '32/64'} "
+            f"items; found {x.dtype} of shape {x.shape}, C-contiguous "
+            f"{bool(cnp.PyArray_IS_C_CONTIGUOUS(array))}, writeable "
+            f"{bool(cnp.PyArray_ISWRITEABLE(array))}"
+        )
+    view.data = cnp.PyArray_DATA(array)
+    view.rows = cnp.PyArray_DIM(array, 0)
+    view.columns = cnp.PyArray_DIM(array, 1) if ndim == 2 else 1
+    view.itemsize = size
+    return 0
+
+
+def verify_chains_direct(
+    int method,
+    object target_rows,
+    object draft_rows,
+    bint point_mass_drafts,
+    object draft_token_ids,
+    object bonus_token_ids,
+    object draft_offsets,
+    object uniforms,
+    object parameters,
+    object output,
+    object accepted_lengths,
+    object num_accepted,
+    object row_status,
+    int num_threads,
+    object request_methods=None,
+    bint causal=False,
+    bint draw_bonus=False,
+    object sampling=None,
+    object scratch=None,
+    bint target_logits=True,
+    bint draft_logits=True,
+    bint bonus_rows=True,
+    int row_threads=1,
+):
+    """:func:`verify_chains` on NumPy arrays taken directly (no typed memoryviews): the
+    same arguments, checks, results and row statuses, microseconds sooner.
+
+    Parameters
+    ----------
+    method, target_rows, draft_rows, point_mass_drafts, draft_token_ids, bonus_token_ids, \
+draft_offsets, uniforms, parameters, output, accepted_lengths, num_accepted, row_status, \
+num_threads, request_methods, causal, draw_bonus, sampling, scratch, target_logits, \
+draft_logits, bonus_rows, row_threads
+        As :func:`verify_chains` takes them; every array a NumPy array (float32 or float64
+        rows, one dtype; int32 or int64 ids, one dtype; int64 offsets and outputs; float64
+        uniforms, parameters and sampling table; int8 ``request_methods``).
+
+    Returns
+    -------
+    int
+        The first request whose ``row_status`` is not 0, or -1 if every request verified.
+
+    Raises
+    ------
+    TypeError
+        For an argument that is not a NumPy array.
+    ValueError
+        For an array of the wrong kind, size, dimensions, byte order or layout, a
+        read-only output, and what :func:`verify_chains` refuses.
+    RuntimeError
+        When the row functions were never bound (:func:`bind_chain_rows`).
+    """
+    cdef ArrayView target, draft, ids, bonus, offsets, uniform_view, parameter_view
+    cdef ArrayView out, accepted, counted, status, codes, table, working
+    cdef ChainCall call
+    cdef void* scratch_data = NULL
+    cdef void* target_data
+    cdef void* draft_data
+    cdef void* ids_data
+    take_array(target_rows, "target_rows", 2, FLOAT_ITEMS, 0, False, &target)
+    take_array(draft_rows, "draft_rows", 2, FLOAT_ITEMS, target.itemsize, False, &draft)
+    take_array(draft_token_ids, "draft_token_ids", 1, SIGNED_ITEMS, 0, False, &ids)
+    take_array(bonus_token_ids, "bonus_token_ids", 1, SIGNED_ITEMS, ids.itemsize, False, &bonus)
+    take_array(draft_offsets, "draft_offsets", 1, SIGNED_ITEMS, 8, False, &offsets)
+    take_array(uniforms, "uniforms", 2, FLOAT_ITEMS, 8, False, &uniform_view)
+    take_array(parameters, "parameters", 1, FLOAT_ITEMS, 8, False, &parameter_view)
+    take_array(output, "output", 2, SIGNED_ITEMS, 8, True, &out)
+    take_array(accepted_lengths, "accepted_lengths", 1, SIGNED_ITEMS, 8, True, &accepted)
+    take_array(num_accepted, "num_accepted", 1, SIGNED_ITEMS, 8, True, &counted)
+    take_array(row_status, "row_status", 1, SIGNED_ITEMS, 8, True, &status)
+    call.method = method
+    call.B = offsets.rows - 1
+    call.V = target.columns
+    call.T = ids.rows
+    call.target_count = target.rows
+    call.point_mass_drafts = point_mass_drafts
+    call.draft_count = draft.rows
+    call.draft_width = draft.columns
+    call.bonus_count = bonus.rows
+    call.offsets = <const int64_t*>offsets.data
+    call.offset_count = offsets.rows
+    call.uniform_count = uniform_view.rows
+    call.uniform_width = uniform_view.columns
+    call.parameter_count = parameter_view.rows
+    call.output_count = out.rows
+    call.width = out.columns
+    call.accepted_count = accepted.rows
+    call.num_accepted_count = counted.rows
+    call.status_count = status.rows
+    call.per_request = request_methods is not None
+    call.request_methods = NULL
+    call.request_method_count = 0
+    if call.per_request:
+        take_array(request_methods, "request_methods", 1, SIGNED_ITEMS, 1, False, &codes)
+        call.request_methods = <const int8_t*>codes.data
+        call.request_method_count = codes.rows
+    call.causal = causal
+    call.draw_bonus = draw_bonus
+    call.bonus_rows = bonus_rows
+    call.has_sampling = sampling is not None
+    call.sampling_count = 0
+    call.sampling_width = 0
+    call.sampling = NULL
+    if call.has_sampling:
+        take_array(sampling, "sampling", 2, FLOAT_ITEMS, 8, False, &table)
+        call.sampling_count = table.rows
+        call.sampling_width = table.columns
+        call.sampling = <const double*>table.data
+    call.has_scratch = scratch is not None
+    call.scratch_count = 0
+    call.scratch_width = 0
+    if call.has_scratch:
+        take_array(scratch, "scratch", 2, FLOAT_ITEMS, target.itemsize, True, &working)
+        call.scratch_count = working.rows
+        call.scratch_width = working.columns
+        if call.has_sampling:
+            scratch_data = working.data
+    call.target_logits = target_logits
+    call.draft_logits = draft_logits
+    call.num_threads = num_threads
+    call.row_threads = row_threads
+    check_chain_call(&call)
+    if call.B == 0:
+        return -1
+    call.uniforms = <const double*>uniform_view.data if call.stochastic else NULL
+    call.parameters = <const double*>parameter_view.data if call.parameter_count > 0 else NULL
+    call.output = <int64_t*>out.data
+    call.accepted_lengths = <int64_t*>accepted.data
+    call.num_accepted = <int64_t*>counted.data
+    call.row_status = <int64_t*>status.data
+    target_data = target.data if target.rows > 0 else NULL
+    draft_data = NULL if point_mass_drafts or call.T == 0 else draft.data
+    ids_data = ids.data if call.T > 0 else NULL
+    if target.itemsize == 4:
+        if ids.itemsize == 4:
+            return drive_chains(
+                &call, <const float*>target_data, <const float*>draft_data,
+                <const int32_t*>ids_data, <const int32_t*>bonus.data, <float*>scratch_data,
+            )
+        return drive_chains(
+            &call, <const float*>target_data, <const float*>draft_data,
+            <const int64_t*>ids_data, <const int64_t*>bonus.data, <float*>scratch_data,
+        )
+    if ids.itemsize == 4:
+        return drive_chains(
+            &call, <const double*>target_data, <const double*>draft_data,
+            <const int32_t*>ids_data, <const int32_t*>bonus.data, <double*>scratch_data,
+        )
+    return drive_chains(
+        &call, <const double*>target_data, <const double*>draft_data,
+        <const int64_t*>ids_data, <const int64_t*>bonus.data, <double*>scratch_data,
+    )
+
+
+cdef Py_ssize_t first_invalid_request(
+    const token_id_t* ids, const token_id_t* bonus, const int64_t* offsets, Py_ssize_t B,
+    int64_t V
+) noexcept nogil:
+    """The first request with a draft or bonus id outside ``[0, V)``, or -1."""
+    cdef Py_ssize_t b
+    for b in range(B):
+        if invalid_id_column(ids + offsets[b], bonus[b], offsets[b + 1] - offsets[b], V) >= 0:
+            return b
+    return -1
+
+
+def check_ragged_call(
+    object counts,
+    object offsets,
+    object draft_token_ids,
+    object bonus_token_ids,
+    bint bonus_given,
+    object target_rows,
+    object draft_rows,
+    object temperature,
+    object greedy,
+    bint target_logits,
+    bint draft_logits,
+):
+    """Every check of a ragged engine call that reads its arrays, before anything is
+    drawn, in one call: the offsets of ``num_draft_tokens``, the shapes, the token ids and
+    the temperatures' overflow (``specdec_np._layouts.ragged``, ``check_tempered_rows``).
+
+    Parameters
+    ----------
+    counts : int64 [B]
+        ``k_b`` per request (the caller's private copy).
+    offsets : int64 [B + 1]
+        Written: ``[0, cumsum(counts)]``.
+    draft_token_ids : int32 or int64 [T]
+    bonus_token_ids : same dtype [B]
+        The bonus ids (zeros when the bonus is drawn).
+    bonus_given : bool
+        The caller gave the bonus ids: the target may then leave its bonus rows out.
+    target_rows : float32 or float64 [T + B, V] (or [T, V] with the bonus ids)
+    draft_rows : same dtype [T, V], or None
+        The draft rows the call reads (None: none).
+    temperature : float64 [B], or None
+        The checked temperatures (None: 1 everywhere).
+    greedy : bool or uint8 [B]
+        Non-zero for a request that reads its rows raw.
+    target_logits, draft_logits : bool
+        Which rows the temperatures divide.
+
+    Returns
+    -------
+    tuple of (int, int, bool, int), or None
+        ``(max k_b, T, bonus_rows, greedy requests)`` when every check passes
+        (``bonus_rows``: the target holds each request's bonus row); None when one fails
+        (a negative count, counts whose sum overflows, a shape, an id outside ``[0, V)``,
+        a temperature that makes a finite logit overflow): the caller then takes the
+        general path, which says why.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For arrays of other kinds or layouts than these (a caller's mistake).
+    """
+    cdef ArrayView count_view, offset_view, ids, bonus, target, draft, temperature_view
+    cdef ArrayView greedy_view
+    cdef const int64_t* count_data
+    cdef int64_t* offset_data
+    cdef const uint8_t* greedy_data
+    cdef Py_ssize_t B, T, V, b, bad, greedy_count = 0
+    cdef int64_t running = 0, largest = 0
+    cdef bint bonus_rows
+    cdef bint has_draft = draft_rows is not None
+    take_array(counts, "counts", 1, SIGNED_ITEMS, 8, False, &count_view)
+    take_array(offsets, "offsets", 1, SIGNED_ITEMS, 8, True, &offset_view)
+    take_array(draft_token_ids, "draft_token_ids", 1, SIGNED_ITEMS, 0, False, &ids)
+    take_array(bonus_token_ids, "bonus_token_ids", 1, SIGNED_ITEMS, ids.itemsize, False, &bonus)
+    take_array(target_rows, "target_rows", 2, FLOAT_ITEMS, 0, False, &target)
+    if has_draft:
+        take_array(draft_rows, "draft_rows", 2, FLOAT_ITEMS, target.itemsize, False, &draft)
+    take_array(greedy, "greedy", 1, UNSIGNED_ITEMS, 1, False, &greedy_view)
+    B = count_view.rows
+    require(offset_view.rows == B + 1, "offsets must have B + 1 entries")
+    require(greedy_view.rows == B, "greedy must have B entries")
+    greedy_data = <const uint8_t*>greedy_view.data
+    require(bonus.rows == B, "bonus_token_ids must have B entries")
+    count_data = <const int64_t*>count_view.data
+    offset_data = <int64_t*>offset_view.data
+    offset_data[0] = 0
+    for b in range(B):
+        if count_data[b] < 0:
+            return None
+        # Wrapping as NumPy's cumsum does (signed overflow would be undefined in C).
+        running = <int64_t>(<uint64_t>running + <uint64_t>count_data[b])
+        largest = count_data[b] if count_data[b] > largest else largest
+        offset_data[b + 1] = running
+    if B > 0 and largest > INT64_MAX // B:
+        return None  # the sum may have wrapped around: no array is that long anyway
+    T = running
+    V = target.columns
+    bonus_rows = not (bonus_given and target.rows == T)
+    if ids.rows != T or V < 1 or target.rows != T + (B if bonus_rows else 0):
+        return None
+    if has_draft and (draft.rows != T or draft.columns != V):
+        return None
+    with nogil:
+        if ids.itemsize == 4:
+            bad = first_invalid_request(
+                <const int32_t*>ids.data, <const int32_t*>bonus.data, offset_data, B, V
+            )
+        else:
+            bad = first_invalid_request(
+                <const int64_t*>ids.data, <const int64_t*>bonus.data, offset_data, B, V
+            )
+    if bad >= 0:
+        return None
+    if temperature is not None:
+        take_array(temperature, "temperature", 1, FLOAT_ITEMS, 8, False, &temperature_view)
+        require(temperature_view.rows == B, "temperature must have B entries")
+        if target_logits and overflow_row(
+            &target, <const double*>temperature_view.data, greedy_data, count_data,
+            1 if bonus_rows else 0, B,
+        ) >= 0:
+            return None
+        if draft_logits and has_draft and overflow_row(
+            &draft, <const double*>temperature_view.data, greedy_data, count_data, 0, B,
+        ) >= 0:
+            return None
+    with nogil:
+        for b in range(B):
+            greedy_count += greedy_data[b] != 0
+    return largest, T, bonus_rows, greedy_count
+
+
+cdef Py_ssize_t overflow_row(
+    ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
+    int64_t extra, Py_ssize_t B
+) noexcept:
+    """:func:`tempered_overflow_row` on checked rows of either float dtype."""
+    cdef Py_ssize_t found
+    with nogil:
+        if rows.itemsize == 4:
+            found = tempered_overflow_row(
+                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+        else:
+            found = tempered_overflow_row(
+                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+    return found
+
+
+cdef object int64_view(cnp.ndarray block, Py_ssize_t start, int nd, cnp.npy_intp* dims):
+    """A C-contiguous int64 view of ``block`` from entry ``start`` on."""
+    cdef cnp.ndarray view = cnp.PyArray_SimpleNewFromData(
+        nd, dims, cnp.NPY_INT64, <int64_t*>cnp.PyArray_DATA(block) + start
+    )
+    cnp.set_array_base(view, block)
+    return view
+
+
+def output_block(Py_ssize_t batch_size, Py_ssize_t width):
+    """The four output arrays of a chain call, views of one int64 allocation (the
+    ``OutputBlock`` of ``specdec_np._runtime.contract``, made without NumPy's indexing).
+
+    Parameters
+    ----------
+    batch_size, width : int
+        ``B`` and the output width (``max k_b + 1``), both >= 0.
+
+    Returns
+    -------
+    tuple of arrays
+        ``output_token_ids`` int64 ``[B, width]``, then ``accepted_lengths``,
+        ``num_accepted`` and ``row_status``, int64 ``[B]`` each; uninitialised.
+    """
+    cdef cnp.npy_intp cells, total
+    cdef cnp.npy_intp dims[2]
+    cdef cnp.ndarray block
+    require(batch_size >= 0 and width >= 0, "batch_size and width must be >= 0")
+    cells = batch_size * width
+    total = cells + 3 * batch_size
+    block = cnp.PyArray_EMPTY(1, &total, cnp.NPY_INT64, 0)
+    dims[0] = batch_size
+    dims[1] = width
+    return (
+        int64_view(block, 0, 2, dims),
+        int64_view(block, cells, 1, dims),
+        int64_view(block, cells + batch_size, 1, dims),
+        int64_view(block, cells + 2 * batch_size, 1, dims),
+    )
