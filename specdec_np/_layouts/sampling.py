@@ -9,6 +9,8 @@ rows.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -81,7 +83,8 @@ class SamplingParameters(NamedTuple):
     def surface_on(self) -> bool:
         """Whether a setting of the whole sampling surface (context, penalties, bias,
         masks, stops, logprobs) is given: only then does a call look at them."""
-        return any(getattr(self, name) is not None for name in SURFACE_SETTINGS)
+        # By identity, in C (arrays do not compare with None): every call asks this.
+        return not all(map(operator.is_, _surface_values(self), _SURFACE_OFF))
 
 
 _FILTERS = ("temperature", "top_k", "top_p", "min_p")
@@ -102,6 +105,8 @@ SURFACE_SETTINGS = (
     "token_bitmask",
     "logprobs",
 )
+_surface_values = operator.itemgetter(*map(SamplingParameters._fields.index, SURFACE_SETTINGS))
+_SURFACE_OFF = (None,) * len(SURFACE_SETTINGS)
 
 
 class RowForm(NamedTuple):
@@ -180,24 +185,29 @@ class RequestSampling(NamedTuple):
     @property
     def all_greedy(self) -> bool:
         """Every request is greedy (and there is at least one)."""
-        return bool(self.greedy.size) and bool(self.greedy.all())
+        # A count, not a reduction: a NumPy reduction's fixed cost is a small call's.
+        size = self.greedy.shape[0]
+        return bool(size) and np.count_nonzero(self.greedy) == size
 
     def request_codes(self, greedy_code: int, code: int, xp: Any) -> Any:
         """int8 ``[B]`` kernel codes for a batch that mixes greedy and sampled requests;
         None when every request takes the same code."""
-        if self.greedy.shape[0] == 1 or not self.greedy.any() or self.greedy.all():
+        size = self.greedy.shape[0]
+        if size == 1 or np.count_nonzero(self.greedy) in (0, size):
             return None
         return xp.asarray(np.where(self.greedy, greedy_code, code).astype(np.int8))
 
 
 class CheckedParameters(NamedTuple):
     """:func:`checked_parameters`: the checked parameters (those of
-    :func:`specdec_np._runtime.checks.check_sampling_parameters`), the greedy requests
-    and the host sampling table (None without logits rows)."""
+    :func:`specdec_np._runtime.checks.check_sampling_parameters`), the greedy requests,
+    the host sampling table (None without logits rows), and whether the record is the one
+    kept for Python numbers (the same object, read-only arrays, on every such call)."""
 
     sampling: Mapping[str, np.ndarray | None]
     greedy: np.ndarray
     table: np.ndarray | None
+    cached: bool = False
 
 
 #: Checked parameters given as Python numbers (the common engine call), by value: they
@@ -215,14 +225,16 @@ def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...]
     if type(parameters.filter_order) is not str:
         return None  # checked (and refused) by the general path, hashable or not
     values = parameters[:4]
-    for value in values:
-        kind = type(value)
-        if kind is float:
-            if value == 0.0 and str(value)[0] == "-":
+    if not _NUMBER_TYPES.issuperset(map(type, values)):
+        return None
+    if 0 in values:
+        for value in values:
+            if type(value) is float and value == 0.0 and math.copysign(1.0, value) < 0:
                 return None
-        elif kind is not int and value is not None:
-            return None
     return (*values, parameters.filter_order, *shape)
+
+
+_NUMBER_TYPES = frozenset({int, float, type(None)})
 
 
 def checked_parameters(
@@ -270,7 +282,7 @@ def checked_parameters(
     )  # fmt: skip
     greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     host_table = sampling_table(sampling, greedy, batch_size, filter_order) if table else None
-    found = CheckedParameters(sampling, greedy, host_table)
+    found = CheckedParameters(sampling, greedy, host_table, key is not None)
     if key is not None:
         for array in (*sampling.values(), greedy, host_table):
             if array is not None:
@@ -314,7 +326,7 @@ def request_sampling(
     -------
     RequestSampling
     """
-    sampling, greedy, host_table = checked_parameters(
+    sampling, greedy, host_table, _ = checked_parameters(
         batch_size, vocab_size, parameters, from_logits=form.from_logits,
         divides_logits=form.processed, row_dtype=rows[0].dtype,
         every_request_greedy=every_request_greedy, table=form.processed,
