@@ -131,6 +131,7 @@ def check_ragged_call(
 def output_block(
     batch_size: int, width: int
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...
+def add_position_counts(lengths: Int64Array, counts: Int64Array) -> None: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,

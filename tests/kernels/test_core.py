@@ -459,3 +459,15 @@ def test_the_ragged_check_answers_none_for_what_the_general_path_refuses(
         )
     found, _ = _ragged_check(**changes)
     assert found is None
+
+
+def test_position_counts_add_the_requests_above_each_position() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        lengths = rng.integers(-1, 6, int(rng.integers(0, 9)))
+        counts = rng.integers(0, 9, 6)
+        expected = counts + (lengths[:, None] > np.arange(6)).sum(axis=0)
+        _core.add_position_counts(lengths, counts)
+        assert np.array_equal(counts, expected)
+    with pytest.raises(ValueError, match="as long as every length"):
+        _core.add_position_counts(np.array([3]), np.zeros(2, np.int64))
