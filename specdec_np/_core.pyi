@@ -142,7 +142,7 @@ def ragged_offsets(counts: Int64Array, offsets: Int64Array) -> tuple[int, int]: 
 def first_tempered_overflow(
     rows: FloatArray,
     temperature: Float64Array,
-    greedy: npt.NDArray[np.uint8],
+    greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
     rows_per_request: Int64Array,
 ) -> int: ...
 def tree_layout_is_valid(

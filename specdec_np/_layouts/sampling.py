@@ -222,19 +222,19 @@ def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...]
     Equal numbers check alike, with one exception: ``-0.0`` equals ``0.0`` but would keep
     its sign in the table, so it is not cached.
     """
-    if type(parameters.filter_order) is not str:
-        return None  # checked (and refused) by the general path, hashable or not
-    values = parameters[:4]
-    if not _NUMBER_TYPES.issuperset(map(type, values)):
+    # The four filters and the filter order; a filter order that is not a string is
+    # checked (and refused) by the general path, hashable or not.
+    values = parameters[:5]
+    if not _KEY_TYPES.issuperset(map(type, values)) or type(values[4]) is not str:
         return None
     if 0 in values:
         for value in values:
             if type(value) is float and value == 0.0 and math.copysign(1.0, value) < 0:
                 return None
-    return (*values, parameters.filter_order, *shape)
+    return (values, shape)
 
 
-_NUMBER_TYPES = frozenset({int, float, type(None)})
+_KEY_TYPES = frozenset({int, float, type(None), str})
 
 
 def checked_parameters(
@@ -269,7 +269,8 @@ def checked_parameters(
     """
     key = _numbers_key(
         parameters, batch_size, vocab_size, from_logits, divides_logits,
-        np.dtype(row_dtype), every_request_greedy, table,
+        row_dtype if isinstance(row_dtype, np.dtype) else np.dtype(row_dtype),
+        every_request_greedy, table,
     )  # fmt: skip
     found = _BY_NUMBERS.get(key) if key is not None else None
     if found is not None:
@@ -395,7 +396,7 @@ def check_tempered_rows(
     if type(rows) is np.ndarray and rows.dtype in _KERNEL_FLOATS and rows.flags.c_contiguous:
         # The test in one compiled pass; the passes below only word the message.
         counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)
-        if _core.first_tempered_overflow(rows, temperature, greedy.view(np.uint8), counts) < 0:
+        if _core.first_tempered_overflow(rows, temperature, greedy, counts) < 0:
             return
     dtype = np.dtype(rows.dtype)
     divisor = temperature.astype(dtype)

@@ -12,6 +12,72 @@ cdef inline int require(bint condition, str what) except -1:
     return 0
 
 
+# NumPy arrays are taken by the entries that avoid typed memoryviews (direct_calls.pxi,
+# first_tempered_overflow, processed_rows): taking a memoryview costs about half a
+# microsecond (a buffer request, a format check, a memoryview object), which a small call
+# pays per argument.  take_array checks what a memoryview would, on the array itself.
+
+cdef struct ArrayView:
+    # An array's data and its (at most two) dimensions, as take_array found them.
+    void* data
+    Py_ssize_t rows
+    Py_ssize_t columns
+    Py_ssize_t itemsize
+
+
+cdef enum:
+    # The kinds of item take_array accepts (bool counts as unsigned: one byte, 0 or 1).
+    FLOAT_ITEMS = 0
+    SIGNED_ITEMS = 1
+    UNSIGNED_ITEMS = 2
+
+
+cdef int take_array(
+    object x, str name, int ndim, int kind, Py_ssize_t itemsize, bint writeable,
+    ArrayView* view
+) except -1:
+    """Fill ``view`` from the NumPy array ``x``, which must have ``ndim`` (1 or 2)
+    dimensions, items of ``kind`` and ``itemsize`` bytes (0: 4 or 8), native byte order,
+    C-contiguity and, if ``writeable``, be writeable (what a typed memoryview requires)."""
+    cdef cnp.ndarray array
+    cdef bint kind_matches
+    cdef Py_ssize_t size
+    if not cnp.PyArray_Check(x):
+        raise TypeError(
+            f"kernel arguments are inconsistent: {name} must be a NumPy array; found "
+            f"{type(x).__name__}"
+        )
+    array = <cnp.ndarray>x
+    if kind == FLOAT_ITEMS:
+        kind_matches = cnp.PyArray_ISFLOAT(array)
+    elif kind == SIGNED_ITEMS:
+        kind_matches = cnp.PyArray_ISSIGNED(array)
+    else:
+        kind_matches = cnp.PyArray_ISUNSIGNED(array) or cnp.PyArray_ISBOOL(array)
+    size = cnp.PyArray_ITEMSIZE(array)
+    if (
+        cnp.PyArray_NDIM(array) != ndim
+        or not kind_matches
+        or (size != itemsize if itemsize else (size != 4 and size != 8))
+        or not cnp.PyArray_ISNOTSWAPPED(array)
+        or not cnp.PyArray_IS_C_CONTIGUOUS(array)
+        or (writeable and not cnp.PyArray_ISWRITEABLE(array))
+    ):
+        raise ValueError(
+            f"kernel arguments are inconsistent: {name} must be a native, C-contiguous"
+            f"{', writeable' if writeable else ''} array of {ndim} dimension(s) with "
+            f"{('float', 'int', 'uint')[kind]}{8 * itemsize if itemsize else '32/64'} "
+            f"items; found {x.dtype} of shape {x.shape}, C-contiguous "
+            f"{bool(cnp.PyArray_IS_C_CONTIGUOUS(array))}, writeable "
+            f"{bool(cnp.PyArray_ISWRITEABLE(array))}"
+        )
+    view.data = cnp.PyArray_DATA(array)
+    view.rows = cnp.PyArray_DIM(array, 0)
+    view.columns = cnp.PyArray_DIM(array, 1) if ndim == 2 else 1
+    view.itemsize = size
+    return 0
+
+
 cdef Py_ssize_t require_offsets_at(
     const int64_t* draft_offsets, Py_ssize_t count, Py_ssize_t B, Py_ssize_t T
 ) except -1:
@@ -88,47 +154,6 @@ def first_invalid_id(
     return (b, bad) if bad >= 0 else None
 
 
-def first_tempered_overflow(
-    const probability_t[:, ::1] rows,
-    const double[::1] temperature,
-    const uint8_t[::1] greedy,
-    const int64_t[::1] rows_per_request,
-):
-    """The first row whose largest finite logit overflows when divided by its request's
-    temperature in the rows' dtype, or -1 (the test of
-    ``specdec_np._layouts.sampling.check_tempered_rows``, which words the message).
-
-    Only rows of requests that are not greedy and whose temperature, cast to the rows'
-    dtype, is below 1 are read: one pass each, NaN and infinities skipped.
-
-    Parameters
-    ----------
-    rows : float32 or float64 [R, V], C-contiguous
-        Logits rows, request by request.
-    temperature : float64 [B]
-    greedy : uint8 [B]
-        Non-zero for a request that reads its rows raw.
-    rows_per_request : int64 [B]
-        How many consecutive rows each request owns (summing to at most ``R``).
-    """
-    cdef Py_ssize_t B = temperature.shape[0]
-    cdef Py_ssize_t b, total = 0, found
-    require(greedy.shape[0] == B and rows_per_request.shape[0] == B,
-            "temperature, greedy and rows_per_request must have B entries")
-    for b in range(B):
-        require(rows_per_request[b] >= 0, "rows_per_request must be >= 0")
-        total += rows_per_request[b]
-    require(total <= rows.shape[0], "rows_per_request must sum to at most R")
-    if B == 0:
-        return -1
-    with nogil:
-        found = tempered_overflow_row(
-            &rows[0, 0] if rows.shape[0] > 0 else NULL, rows.shape[1], &temperature[0],
-            &greedy[0], &rows_per_request[0], 0, B,
-        )
-    return found
-
-
 cdef Py_ssize_t tempered_overflow_row(
     const probability_t* rows, Py_ssize_t V, const double* temperature,
     const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B
@@ -156,3 +181,65 @@ cdef Py_ssize_t tempered_overflow_row(
             break
         start += counts[b] + extra
     return found
+
+
+cdef Py_ssize_t overflow_row(
+    ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
+    int64_t extra, Py_ssize_t B
+) noexcept:
+    """:func:`tempered_overflow_row` on checked rows of either float dtype."""
+    cdef Py_ssize_t found
+    with nogil:
+        if rows.itemsize == 4:
+            found = tempered_overflow_row(
+                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+        else:
+            found = tempered_overflow_row(
+                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+    return found
+
+
+def first_tempered_overflow(
+    object rows,
+    object temperature,
+    object greedy,
+    object rows_per_request,
+):
+    """The first row whose largest finite logit overflows when divided by its request's
+    temperature in the rows' dtype, or -1 (the test of
+    ``specdec_np._layouts.sampling.check_tempered_rows``, which words the message).
+
+    Only rows of requests that are not greedy and whose temperature, cast to the rows'
+    dtype, is below 1 are read: one pass each, NaN and infinities skipped.
+
+    Parameters
+    ----------
+    rows : float32 or float64 [R, V], C-contiguous
+        Logits rows, request by request.
+    temperature : float64 [B]
+    greedy : bool or uint8 [B]
+        Non-zero for a request that reads its rows raw.
+    rows_per_request : int64 [B]
+        How many consecutive rows each request owns (summing to at most ``R``).
+    """
+    cdef ArrayView row_view, temperature_view, greedy_view, count_view
+    cdef const int64_t* counts
+    cdef Py_ssize_t B, b, total = 0
+    take_array(rows, "rows", 2, FLOAT_ITEMS, 0, False, &row_view)
+    take_array(temperature, "temperature", 1, FLOAT_ITEMS, 8, False, &temperature_view)
+    take_array(greedy, "greedy", 1, UNSIGNED_ITEMS, 1, False, &greedy_view)
+    take_array(rows_per_request, "rows_per_request", 1, SIGNED_ITEMS, 8, False, &count_view)
+    B = temperature_view.rows
+    counts = <const int64_t*>count_view.data
+    require(greedy_view.rows == B and count_view.rows == B,
+            "temperature, greedy and rows_per_request must have B entries")
+    for b in range(B):
+        require(counts[b] >= 0, "rows_per_request must be >= 0")
+        total += counts[b]
+    require(total <= row_view.rows, "rows_per_request must sum to at most R")
+    return overflow_row(
+        &row_view, <const double*>temperature_view.data, <const uint8_t*>greedy_view.data,
+        counts, 0, B,
+    )

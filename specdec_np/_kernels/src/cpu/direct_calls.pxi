@@ -5,69 +5,9 @@
 # that takes fifteen arrays pays several microseconds before it reads a row: most of a
 # small batch's kernel call.  These entries check what a memoryview would (dimensions,
 # kind and size of the items, native byte order, C-contiguity, writeability of what they
-# write) on the array itself, then run the same code as the memoryview entries.
+# write) on the array itself (take_array, argument_checks.pxi), then run the same code as
+# the memoryview entries.
 # --------------------------------------------------------------------------------------
-
-cdef struct ArrayView:
-    # An array's data and its (at most two) dimensions, as take_array found them.
-    void* data
-    Py_ssize_t rows
-    Py_ssize_t columns
-    Py_ssize_t itemsize
-
-
-cdef enum:
-    # The kinds of item take_array accepts (bool counts as unsigned: one byte, 0 or 1).
-    FLOAT_ITEMS = 0
-    SIGNED_ITEMS = 1
-    UNSIGNED_ITEMS = 2
-
-
-cdef int take_array(
-    object x, str name, int ndim, int kind, Py_ssize_t itemsize, bint writeable,
-    ArrayView* view
-) except -1:
-    """Fill ``view`` from the NumPy array ``x``, which must have ``ndim`` (1 or 2)
-    dimensions, items of ``kind`` and ``itemsize`` bytes (0: 4 or 8), native byte order,
-    C-contiguity and, if ``writeable``, be writeable (what a typed memoryview requires)."""
-    cdef cnp.ndarray array
-    cdef bint kind_matches
-    cdef Py_ssize_t size
-    if not cnp.PyArray_Check(x):
-        raise TypeError(
-            f"kernel arguments are inconsistent: {name} must be a NumPy array; found "
-            f"{type(x).__name__}"
-        )
-    array = <cnp.ndarray>x
-    if kind == FLOAT_ITEMS:
-        kind_matches = cnp.PyArray_ISFLOAT(array)
-    elif kind == SIGNED_ITEMS:
-        kind_matches = cnp.PyArray_ISSIGNED(array)
-    else:
-        kind_matches = cnp.PyArray_ISUNSIGNED(array) or cnp.PyArray_ISBOOL(array)
-    size = cnp.PyArray_ITEMSIZE(array)
-    if (
-        cnp.PyArray_NDIM(array) != ndim
-        or not kind_matches
-        or (size != itemsize if itemsize else (size != 4 and size != 8))
-        or not cnp.PyArray_ISNOTSWAPPED(array)
-        or not cnp.PyArray_IS_C_CONTIGUOUS(array)
-        or (writeable and not cnp.PyArray_ISWRITEABLE(array))
-    ):
-        raise ValueError(
-            f"kernel arguments are inconsistent: {name} must be a native, C-contiguous"
-            f"{', writeable' if writeable else ''} array of {ndim} dimension(s) with "
-            f"{('float', 'int', 'uint')[kind]}{8 * itemsize if itemsize else '32/64'} "
-            f"items; found {x.dtype} of shape {x.shape}, C-contiguous "
-            f"{bool(cnp.PyArray_IS_C_CONTIGUOUS(array))}, writeable "
-            f"{bool(cnp.PyArray_ISWRITEABLE(array))}"
-        )
-    view.data = cnp.PyArray_DATA(array)
-    view.rows = cnp.PyArray_DIM(array, 0)
-    view.columns = cnp.PyArray_DIM(array, 1) if ndim == 2 else 1
-    view.itemsize = size
-    return 0
-
 
 def verify_chains_direct(
     int method,
@@ -356,24 +296,6 @@ def check_ragged_call(
         for b in range(B):
             greedy_count += greedy_data[b] != 0
     return largest, T, bonus_rows, greedy_count
-
-
-cdef Py_ssize_t overflow_row(
-    ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
-    int64_t extra, Py_ssize_t B
-) noexcept:
-    """:func:`tempered_overflow_row` on checked rows of either float dtype."""
-    cdef Py_ssize_t found
-    with nogil:
-        if rows.itemsize == 4:
-            found = tempered_overflow_row(
-                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B
-            )
-        else:
-            found = tempered_overflow_row(
-                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B
-            )
-    return found
 
 
 cdef object int64_view(cnp.ndarray block, Py_ssize_t start, int nd, cnp.npy_intp* dims):
