@@ -117,7 +117,6 @@ def verify_chains_direct(
 ) -> int: ...
 def check_ragged_call(
     counts: Int64Array,
-    offsets: Int64Array,
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,
     bonus_given: bool,
@@ -127,7 +126,7 @@ def check_ragged_call(
     greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
     target_logits: bool,
     draft_logits: bool,
-) -> tuple[int, int, bool, int] | None: ...
+) -> tuple[Int64Array, Int64Array, int, int, bool, int] | None: ...
 def output_block(
     batch_size: int, width: int
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...

@@ -133,8 +133,8 @@ def ragged_call(
     vocab_size = target.shape[1]
     if not batch_size or not vocab_size:
         return None
-    # Private copies: what is checked is what the kernel and the records read.
-    counts = counts.copy()
+    # Private copies (the counts' made by the check): what is checked is what the kernel
+    # and the records read.
     if bonus_token_ids is None:
         ids = ids.copy() if ids.shape[0] else ids.astype(np.int64)
         bonus = _chains.zero_ids(batch_size, ids.dtype)
@@ -148,24 +148,24 @@ def ragged_call(
         id_dtype = bonus.dtype if not ids.shape[0] or ids.dtype == bonus.dtype else _INT64
         ids = np.array(ids, dtype=id_dtype, order="C", copy=True)
         bonus = np.array(bonus, dtype=id_dtype, order="C", copy=True).reshape(batch_size)
+    processed = form.from_logits or form.draft_from_logits
     try:
         checked = _sampling.checked_parameters(
             batch_size, vocab_size, sampling, from_logits=form.from_logits,
-            divides_logits=form.processed, row_dtype=dtype,
-            every_request_greedy=layout.every_request_greedy, table=form.processed,
+            divides_logits=processed, row_dtype=dtype,
+            every_request_greedy=layout.every_request_greedy, table=processed,
         )  # fmt: skip
     except (TypeError, ValueError):
         return None
-    greedy = checked.greedy
-    offsets = np.empty(batch_size + 1, dtype=np.int64)
     # The counts, the shapes, the ids and the temperatures, in one compiled pass.
     found = _core.check_ragged_call(
-        counts, offsets, ids, bonus, bonus_token_ids is not None, target, draft,
-        checked.sampling["temperature"], greedy, form.from_logits, form.draft_from_logits,
+        counts, ids, bonus, bonus_token_ids is not None, target, draft,
+        checked.sampling["temperature"], checked.greedy, form.from_logits,
+        form.draft_from_logits,
     )  # fmt: skip
     if found is None:
         return None
-    max_k, total, bonus_rows, greedy_count = found
+    offsets, counts, max_k, total, bonus_rows, greedy_count = found
     batch = _chains.ChainBatch(
         np, None, target, draft, ids, bonus, offsets, batch_size, max_k, vocab_size, total,
         None, form.target_name, "(request, position)", counts, bonus_rows,
@@ -288,8 +288,8 @@ def _verify(
     plan = _plan(layout, method_parameters, batch, form, checked, greedy_count, draw_bonus)
     # The output block (views of one allocation), made in compiled code.
     block = _new_tuple(_contract.OutputBlock, _core.output_block(batch_size, batch.max_k + 1))
-    log = _random.DrawLog()
-    commit = _dispatch.Commit()
+    commit = None if on_success is None else _dispatch.Commit()
+    before = None  # the generator's state before the one draw (DrawLog's record of it)
     try:
         if sources is not None:
             uniforms = sources.draw()
@@ -299,7 +299,21 @@ def _verify(
             if generator is None:
                 # Seeded from the OS, only when a request draws from it.
                 generator = np.random.default_rng()
-            uniforms = _draw(log, generator, batch, checked.greedy, greedy_count)
+            width = batch.max_k + 2
+            if not greedy_count and batch.num_draft_tokens == batch_size * batch.max_k:
+                # Every request draws the whole width: the one draw is the block, row-major.
+                size: Any = (batch_size, width)
+                before = generator.bit_generator.state
+                uniforms = generator.random(size)
+            else:
+                # One draw of exactly the sampled requests' k_b + 2 each, laid out row by
+                # row in their leading columns (as RejectionUniforms.draw lays it out).
+                widths = np.where(checked.greedy, 0, batch.draft_counts + 2)
+                mask = np.arange(width)[None, :] < widths[:, None]
+                size = int(np.count_nonzero(mask))
+                uniforms = np.empty((batch_size, width))
+                before = generator.bit_generator.state
+                uniforms[mask] = generator.random(size)
         reported = plan.launch(
             plan.code, *batch.kernel_inputs(), uniforms, plan.parameters, *block,
             plan.threads, *plan.positional, **plan.options,
@@ -314,30 +328,9 @@ def _verify(
             on_success(batch.draft_counts, result.accepted_lengths, commit)
         return result
     except BaseException:
-        if not commit.done:
+        if commit is None or not commit.done:
             if sources is not None:
                 sources.undo()
-            log.undo()
+            elif before is not None:
+                _random.undo_draw(generator, size, before)
         raise
-
-
-def _draw(
-    log: _random.DrawLog,
-    generator: np.random.Generator,
-    batch: _chains.ChainBatch,
-    greedy: np.ndarray,
-    greedy_count: int,
-) -> np.ndarray:
-    """The uniforms ``[B, max_k + 2]`` that
-    :meth:`~specdec_np._runtime.uniforms.RejectionUniforms.draw` gives: one draw of exactly
-    the sampled requests' ``k_b + 2`` each, laid out row by row in their leading columns."""
-    batch_size, width = batch.batch_size, batch.max_k + 2
-    if not greedy_count and batch.num_draft_tokens == batch_size * batch.max_k:
-        # Every request draws the whole width: the one draw is the block, row-major.
-        uniforms: np.ndarray = log.random(generator, (batch_size, width))
-        return uniforms
-    widths = np.where(greedy, 0, batch.draft_counts + 2)
-    uniforms = np.empty((batch_size, width))
-    mask = np.arange(width)[None, :] < widths[:, None]
-    uniforms[mask] = log.random(generator, int(widths.sum()))
-    return uniforms

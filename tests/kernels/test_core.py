@@ -408,26 +408,26 @@ def test_the_output_block_is_four_views_of_one_allocation() -> None:
 
 def _ragged_check(**changes: Any) -> Any:
     """``check_ragged_call`` on two requests of two and one drafts (``changes`` replace
-    its arguments), with the offsets it wrote."""
+    its arguments)."""
     arguments = {
-        "counts": np.array([2, 1]), "offsets": np.full(3, -1), "draft_token_ids":
-        np.array([1, 2, 3]), "bonus_token_ids": np.zeros(2, np.int64), "bonus_given": False,
+        "counts": np.array([2, 1]), "draft_token_ids": np.array([1, 2, 3]),
+        "bonus_token_ids": np.zeros(2, np.int64), "bonus_given": False,
         "target_rows": np.zeros((5, V), np.float32), "draft_rows": None,
         "temperature": None, "greedy": np.zeros(2, bool), "target_logits": True,
         "draft_logits": False,
     }  # fmt: skip
     arguments.update(changes)
-    return _core.check_ragged_call(*arguments.values()), arguments["offsets"]
+    return _core.check_ragged_call(*arguments.values())
 
 
-def test_the_ragged_check_passes_a_good_call_and_writes_the_offsets() -> None:
-    found, offsets = _ragged_check()
-    assert found == (2, 3, True, 0) and offsets.tolist() == [0, 2, 3]
+def test_the_ragged_check_passes_a_good_call_with_the_offsets_and_a_copy() -> None:
+    counts = np.array([2, 1])
+    offsets, copied, *found = _ragged_check(counts=counts)
+    assert found == [2, 3, True, 0] and offsets.tolist() == [0, 2, 3]
+    assert copied.tolist() == [2, 1] and not np.shares_memory(copied, counts)
     # With the bonus ids given, the target may leave its bonus rows out.
-    found, _ = _ragged_check(bonus_given=True, target_rows=np.zeros((3, V)))
-    assert found == (2, 3, False, 0)
-    found, _ = _ragged_check(greedy=np.array([True, False]))
-    assert found == (2, 3, True, 1)
+    assert _ragged_check(bonus_given=True, target_rows=np.zeros((3, V)))[2:] == (2, 3, False, 0)
+    assert _ragged_check(greedy=np.array([True, False]))[2:] == (2, 3, True, 1)
 
 
 @pytest.mark.parametrize(
@@ -453,12 +453,8 @@ def test_the_ragged_check_answers_none_for_what_the_general_path_refuses(
 ) -> None:
     if "counts" in changes:
         batch = changes["counts"].shape[0]
-        changes.update(
-            offsets=np.full(batch + 1, -1), greedy=np.zeros(batch, bool),
-            bonus_token_ids=np.zeros(batch, np.int64),
-        )
-    found, _ = _ragged_check(**changes)
-    assert found is None
+        changes.update(greedy=np.zeros(batch, bool), bonus_token_ids=np.zeros(batch, np.int64))
+    assert _ragged_check(**changes) is None
 
 
 def test_position_counts_add_the_requests_above_each_position() -> None:

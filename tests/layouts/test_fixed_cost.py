@@ -297,3 +297,36 @@ def test_the_kept_options_follow_the_kernel_signature() -> None:
     assert {parameter.name: parameter.default for parameter in parameters[start:]} == (
         _fast._OPTION_DEFAULTS
     )
+
+
+@pytest.mark.parametrize("counts", [[1, 1], [2, 0]], ids=["one draw", "scattered draw"])
+def test_a_request_that_fails_in_the_kernel_puts_the_draws_back(
+    counts: list[int], monkeypatch: Any
+) -> None:
+    """On the fast path, a row without mass fails the call after the draw: the error is
+    the general path's, the generator and the engine's metrics are as they were."""
+    fast_calls = []
+    fast_verify = _fast._verify
+    monkeypatch.setattr(_fast, "_verify", lambda *a: fast_calls.append(1) or fast_verify(*a))
+    target = np.full((4, 3), 1 / 3)
+    target[0] = 0.0  # request 0's first row: its draft is rejected, nothing to draw from
+    keywords = {
+        "num_draft_tokens": np.array(counts), "draft_token_ids": np.array([1, 2]),
+        "target_probs": target,
+    }  # fmt: skip
+    generator = np.random.default_rng(5)
+    before = generator.bit_generator.state
+    with pytest.raises(ValueError, match="no positive probability") as fast_error:
+        specdec_np.verify_ragged(**keywords, generator=generator)
+    assert generator.bit_generator.state == before and len(fast_calls) == 1
+    engine = specdec_np.EngineVerifier(seed=5)
+    engine_before = engine._own_generator.numpy.bit_generator.state
+    with pytest.raises(ValueError, match="no positive probability"):
+        engine(**keywords)
+    assert engine._own_generator.numpy.bit_generator.state == engine_before
+    assert engine.metrics.requests == 0 and len(fast_calls) == 2
+    with monkeypatch.context() as general_path:
+        general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+        with pytest.raises(ValueError) as general_error:
+            specdec_np.verify_ragged(**keywords, generator=generator)
+    assert str(fast_error.value) == str(general_error.value)

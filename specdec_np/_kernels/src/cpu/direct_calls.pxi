@@ -178,7 +178,6 @@ cdef Py_ssize_t first_invalid_request(
 
 def check_ragged_call(
     object counts,
-    object offsets,
     object draft_token_ids,
     object bonus_token_ids,
     bint bonus_given,
@@ -196,9 +195,7 @@ def check_ragged_call(
     Parameters
     ----------
     counts : int64 [B]
-        ``k_b`` per request (the caller's private copy).
-    offsets : int64 [B + 1]
-        Written: ``[0, cumsum(counts)]``.
+        ``k_b`` per request, read once (into the copy this returns).
     draft_token_ids : int32 or int64 [T]
     bonus_token_ids : same dtype [B]
         The bonus ids (zeros when the bonus is drawn).
@@ -216,29 +213,31 @@ def check_ragged_call(
 
     Returns
     -------
-    tuple of (int, int, bool, int), or None
-        ``(max k_b, T, bonus_rows, greedy requests)`` when every check passes
-        (``bonus_rows``: the target holds each request's bonus row); None when one fails
-        (a negative count, counts whose sum overflows, a shape, an id outside ``[0, V)``,
-        a temperature that makes a finite logit overflow): the caller then takes the
-        general path, which says why.
+    tuple of (array, array, int, int, bool, int), or None
+        ``(offsets, counts, max k_b, T, bonus_rows, greedy requests)`` when every check
+        passes: int64 ``[B + 1]`` offsets ``[0, cumsum(counts)]``, a private int64 copy of
+        the counts, and ``bonus_rows`` whether the target holds each request's bonus
+        row; None when one fails (a negative count, counts whose sum overflows, a shape,
+        an id outside ``[0, V)``, a temperature that makes a finite logit overflow): the
+        caller then takes the general path, which says why.
 
     Raises
     ------
     TypeError, ValueError
         For arrays of other kinds or layouts than these (a caller's mistake).
     """
-    cdef ArrayView count_view, offset_view, ids, bonus, target, draft, temperature_view
-    cdef ArrayView greedy_view
-    cdef const int64_t* count_data
+    cdef ArrayView count_view, ids, bonus, target, draft, temperature_view, greedy_view
+    cdef const int64_t* given_counts
+    cdef int64_t* count_data
     cdef int64_t* offset_data
     cdef const uint8_t* greedy_data
+    cdef cnp.ndarray offsets, copied
+    cdef cnp.npy_intp length
     cdef Py_ssize_t B, T, V, b, bad, greedy_count = 0
-    cdef int64_t running = 0, largest = 0
+    cdef int64_t count, running = 0, largest = 0
     cdef bint bonus_rows
     cdef bint has_draft = draft_rows is not None
     take_array(counts, "counts", 1, SIGNED_ITEMS, 8, False, &count_view)
-    take_array(offsets, "offsets", 1, SIGNED_ITEMS, 8, True, &offset_view)
     take_array(draft_token_ids, "draft_token_ids", 1, SIGNED_ITEMS, 0, False, &ids)
     take_array(bonus_token_ids, "bonus_token_ids", 1, SIGNED_ITEMS, ids.itemsize, False, &bonus)
     take_array(target_rows, "target_rows", 2, FLOAT_ITEMS, 0, False, &target)
@@ -246,19 +245,25 @@ def check_ragged_call(
         take_array(draft_rows, "draft_rows", 2, FLOAT_ITEMS, target.itemsize, False, &draft)
     take_array(greedy, "greedy", 1, UNSIGNED_ITEMS, 1, False, &greedy_view)
     B = count_view.rows
-    require(offset_view.rows == B + 1, "offsets must have B + 1 entries")
     require(greedy_view.rows == B, "greedy must have B entries")
-    greedy_data = <const uint8_t*>greedy_view.data
     require(bonus.rows == B, "bonus_token_ids must have B entries")
-    count_data = <const int64_t*>count_view.data
-    offset_data = <int64_t*>offset_view.data
+    greedy_data = <const uint8_t*>greedy_view.data
+    length = B
+    copied = cnp.PyArray_EMPTY(1, &length, cnp.NPY_INT64, 0)
+    length = B + 1
+    offsets = cnp.PyArray_EMPTY(1, &length, cnp.NPY_INT64, 0)
+    given_counts = <const int64_t*>count_view.data
+    count_data = <int64_t*>cnp.PyArray_DATA(copied)
+    offset_data = <int64_t*>cnp.PyArray_DATA(offsets)
     offset_data[0] = 0
     for b in range(B):
-        if count_data[b] < 0:
+        count = given_counts[b]
+        if count < 0:
             return None
+        count_data[b] = count
         # Wrapping as NumPy's cumsum does (signed overflow would be undefined in C).
-        running = <int64_t>(<uint64_t>running + <uint64_t>count_data[b])
-        largest = count_data[b] if count_data[b] > largest else largest
+        running = <int64_t>(<uint64_t>running + <uint64_t>count)
+        largest = count if count > largest else largest
         offset_data[b + 1] = running
     if B > 0 and largest > INT64_MAX // B:
         return None  # the sum may have wrapped around: no array is that long anyway
@@ -295,7 +300,7 @@ def check_ragged_call(
     with nogil:
         for b in range(B):
             greedy_count += greedy_data[b] != 0
-    return largest, T, bonus_rows, greedy_count
+    return offsets, copied, largest, T, bonus_rows, greedy_count
 
 
 cdef object int64_view(cnp.ndarray block, Py_ssize_t start, int nd, cnp.npy_intp* dims):
