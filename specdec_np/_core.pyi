@@ -130,6 +130,27 @@ def check_ragged_call(
 def output_block(
     batch_size: int, width: int
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...
+def sampling_arrays(
+    batch_size: int,
+    vocab_size: int,
+    temperature: npt.NDArray[np.generic] | None,
+    top_k: npt.NDArray[np.generic] | None,
+    top_p: npt.NDArray[np.generic] | None,
+    min_p: npt.NDArray[np.generic] | None,
+    filter_code: float,
+    from_logits: bool,
+    divides_logits: bool,
+    row_itemsize: int,
+    every_request_greedy: bool,
+    table: bool,
+) -> tuple[
+    Float64Array | None,
+    Int64Array | None,
+    Float64Array | None,
+    Float64Array | None,
+    npt.NDArray[np.bool_],
+    Float64Array | None,
+] | None: ...
 def add_position_counts(lengths: Int64Array, counts: Int64Array) -> None: ...
 def first_invalid_id(
     draft_token_ids: IdArray,

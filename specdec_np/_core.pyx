@@ -42,7 +42,8 @@ This file keeps the declarations they share.  The ``row_status`` codes are those
 cimport numpy as cnp
 from cython.parallel cimport parallel, prange, threadid
 from cython.view cimport array
-from libc.math cimport INFINITY, isinf, ldexp
+from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX, FLT_MIN
+from libc.math cimport INFINITY, floor, isinf, ldexp
 from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 

@@ -177,15 +177,16 @@ def ragged_call(
 
 
 class _Plan(NamedTuple):
-    """What a call's kernel launch needs besides its arrays, the same for every call with
-    the same method, sampling parameters (given as Python numbers: the same checked
-    record) and shapes: kept per Python thread (its scratch rows are that thread's)."""
+    """What a call's kernel launch needs besides its arrays, its sampling table and its
+    per-request codes: the same for every call with the same method and parameters,
+    shapes, row forms and bonus form, and kept per Python thread (its scratch rows are
+    that thread's).  The kernel's options go by position: those before the table
+    (``causal``, ``draw_bonus``) and those after it."""
 
-    checked: _sampling.CheckedParameters
     code: int
     threads: int
-    positional: tuple[Any, ...]
-    options: dict[str, Any]
+    before_table: tuple[Any, ...]
+    after_table: tuple[Any, ...]
     parameters: np.ndarray
     launch: Callable[..., Any]
 
@@ -206,10 +207,11 @@ _OPTION_DEFAULTS = {
     "bonus_rows": True,
     "row_threads": 1,
 }
+_TABLE = list(_OPTION_DEFAULTS).index("sampling")
 _new_tuple = tuple.__new__
 
 
-def _plan(
+def _launch(
     layout: Any,
     method_parameters: tuple[float, ...],
     batch: _chains.ChainBatch,
@@ -217,45 +219,53 @@ def _plan(
     checked: _sampling.CheckedParameters,
     greedy_count: int,
     draw_bonus: bool,
-) -> _Plan:
-    """The call's plan, made by the general path's own functions (the thread count, the
-    kernel options, the method's parameters, the kernel); kept and found again when the
-    checked sampling parameters are the kept record (whose identity then stands for their
-    values) and the rows are too short for row threads (whose count reads the environment
-    on every call)."""
+) -> tuple[_Plan, tuple[Any, ...], dict[str, Any]]:
+    """The call's plan and its options, by position and by keyword.
+
+    A plan is made by the general path's own functions (the thread count, the kernel
+    options, the method's parameters, the kernel) and kept unless the rows are long
+    enough for row threads (whose count reads the environment on every call); a kept plan
+    takes the call's own table and per-request codes.  Options that the kernel's order
+    does not know (a new one) go by keyword, from the general path on every call."""
+    batch_size = batch.batch_size
+    request = _sampling.RequestSampling(checked.greedy, checked.table)
+    codes = None
+    if 0 < greedy_count < batch_size:
+        # A batch that mixes greedy and sampled requests: their codes, as the general path
+        # makes them.
+        codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
     key = None
-    if checked.cached and batch.vocab_size < _backend.ROW_THREADS_MIN_VOCAB:
-        # The checked record's key holds B, V, the rows' dtype and which rows are logits.
+    if batch.vocab_size < _backend.ROW_THREADS_MIN_VOCAB:
         key = (
-            id(checked), id(layout.entry), method_parameters, batch.max_k,
-            form.draft_from_logits, batch.bonus_rows, draw_bonus,
+            id(layout.entry), method_parameters, batch_size, batch.vocab_size,
+            batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
+            batch.bonus_rows, draw_bonus, greedy_count == batch_size,
         )  # fmt: skip
         plans = getattr(_PLANS, "plans", None)
         if plans is None:
             plans = _PLANS.plans = {}
-        found = plans.get(key)
-        if found is not None and found.checked is checked:
-            return found
-    chosen = layout.greedy_entry if greedy_count == batch.batch_size else layout.entry
+        plan = plans.get(key)
+        if plan is not None:
+            return plan, (codes, *plan.before_table, checked.table, *plan.after_table), {}
+    chosen = layout.greedy_entry if greedy_count == batch_size else layout.entry
     threads = batch.threads(chosen)
     # The ragged layout's options do not read the output block.
-    options = kernel_options(
-        layout, batch, form, _sampling.RequestSampling(checked.greedy, checked.table), None,
-        threads, chosen,
-    )  # fmt: skip
+    options = kernel_options(layout, batch, form, request, None, threads, chosen)
     (parameters,) = layout.after_uniforms(batch, chosen)
     launch = _dispatch.kernel("verify_chains", None, batch.target_rows, batch.draft_token_ids)
-    positional: tuple[Any, ...] = ()
-    if _OPTION_DEFAULTS.keys() >= options.keys():
-        # The options in the kernel's order, by position (a keyword costs a search each).
-        positional = tuple(options.get(name, value) for name, value in _OPTION_DEFAULTS.items())
-        options = {}
-    plan = _Plan(checked, chosen.code, threads, positional, options, parameters, launch)
+    if not _OPTION_DEFAULTS.keys() >= options.keys():
+        return _Plan(chosen.code, threads, (), (), parameters, launch), (), options
+    # The options in the kernel's order, by position (a keyword costs a search each).
+    positional = tuple(options.get(name, value) for name, value in _OPTION_DEFAULTS.items())
+    plan = _Plan(
+        chosen.code, threads, positional[1:_TABLE], positional[_TABLE + 1 :], parameters,
+        launch,
+    )  # fmt: skip
     if key is not None:
         if len(plans) >= _PLANS_MAX:
             plans.clear()
         plans[key] = plan
-    return plan
+    return plan, positional, {}
 
 
 def _verify(
@@ -285,11 +295,15 @@ def _verify(
                 batch_size, batch.max_k + 1, np, generator=generator,
                 row_widths=layout.uniform_rows(batch, checked.greedy)["row_widths"],
             )  # fmt: skip
-    plan = _plan(layout, method_parameters, batch, form, checked, greedy_count, draw_bonus)
+    plan, positional, keywords = _launch(
+        layout, method_parameters, batch, form, checked, greedy_count, draw_bonus
+    )
     # The output block (views of one allocation), made in compiled code.
     block = _new_tuple(_contract.OutputBlock, _core.output_block(batch_size, batch.max_k + 1))
     commit = None if on_success is None else _dispatch.Commit()
-    before = None  # the generator's state before the one draw (DrawLog's record of it)
+    # The generator's state before the one draw, recorded before it (DrawLog's record), so
+    # that an interrupt anywhere after it can put the draw back.
+    before: list[Any] = []
     try:
         if sources is not None:
             uniforms = sources.draw()
@@ -303,8 +317,7 @@ def _verify(
             if not greedy_count and batch.num_draft_tokens == batch_size * batch.max_k:
                 # Every request draws the whole width: the one draw is the block, row-major.
                 size: Any = (batch_size, width)
-                before = generator.bit_generator.state
-                uniforms = generator.random(size)
+                uniforms = _draw(before, generator, size)
             else:
                 # One draw of exactly the sampled requests' k_b + 2 each, laid out row by
                 # row in their leading columns (as RejectionUniforms.draw lays it out).
@@ -312,11 +325,10 @@ def _verify(
                 mask = np.arange(width)[None, :] < widths[:, None]
                 size = int(np.count_nonzero(mask))
                 uniforms = np.empty((batch_size, width))
-                before = generator.bit_generator.state
-                uniforms[mask] = generator.random(size)
+                uniforms[mask] = _draw(before, generator, size)
         reported = plan.launch(
             plan.code, *batch.kernel_inputs(), uniforms, plan.parameters, *block,
-            plan.threads, *plan.positional, **plan.options,
+            plan.threads, *positional, **keywords,
         )  # fmt: skip
         if reported >= 0:
             batch.raise_for_row_status(reported, block.row_status)
@@ -331,6 +343,14 @@ def _verify(
         if commit is None or not commit.done:
             if sources is not None:
                 sources.undo()
-            elif before is not None:
-                _random.undo_draw(generator, size, before)
+            elif before:
+                _random.undo_draw(generator, size, before[0])
         raise
+
+
+def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.ndarray:
+    """``generator.random(size)``, its state before it appended to ``before`` first (as
+    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it)."""
+    before.append(generator.bit_generator.state)
+    uniforms: np.ndarray = generator.random(size)
+    return uniforms

@@ -200,14 +200,12 @@ class RequestSampling(NamedTuple):
 
 class CheckedParameters(NamedTuple):
     """:func:`checked_parameters`: the checked parameters (those of
-    :func:`specdec_np._runtime.checks.check_sampling_parameters`), the greedy requests,
-    the host sampling table (None without logits rows), and whether the record is the one
-    kept for Python numbers (the same object, read-only arrays, on every such call)."""
+    :func:`specdec_np._runtime.checks.check_sampling_parameters`), the greedy requests
+    and the host sampling table (None without logits rows)."""
 
     sampling: Mapping[str, np.ndarray | None]
     greedy: np.ndarray
     table: np.ndarray | None
-    cached: bool = False
 
 
 #: Checked parameters given as Python numbers (the common engine call), by value: they
@@ -276,6 +274,19 @@ def checked_parameters(
     if found is not None:
         return found
     filter_order = _validate.check_filter_order(parameters.filter_order)
+    if key is None:
+        # [B] arrays (an engine's per-request parameters): checked and tabled in one
+        # compiled pass; None (other inputs, or a refused value) leaves them to the checks
+        # below, which word the error.
+        itemsize = np.dtype(row_dtype).itemsize
+        made = _core.sampling_arrays(
+            batch_size, vocab_size, parameters.temperature, parameters.top_k,
+            parameters.top_p, parameters.min_p, _contract.FILTER_ORDER_CODES[filter_order],
+            from_logits, divides_logits, itemsize, every_request_greedy, table,
+        ) if itemsize in (4, 8) else None  # fmt: skip
+        if made is not None:
+            names = ("temperature", "top_k", "top_p", "min_p")
+            return CheckedParameters(dict(zip(names, made[:4])), made[4], made[5])
     sampling = _validate.check_sampling_parameters(
         batch_size, vocab_size, from_logits=from_logits, row_dtype=row_dtype,
         divides_logits=divides_logits, temperature=parameters.temperature,
@@ -283,7 +294,7 @@ def checked_parameters(
     )  # fmt: skip
     greedy = greedy_requests(sampling, every_request_greedy, batch_size)
     host_table = sampling_table(sampling, greedy, batch_size, filter_order) if table else None
-    found = CheckedParameters(sampling, greedy, host_table, key is not None)
+    found = CheckedParameters(sampling, greedy, host_table)
     if key is not None:
         for array in (*sampling.values(), greedy, host_table):
             if array is not None:
@@ -327,7 +338,7 @@ def request_sampling(
     -------
     RequestSampling
     """
-    sampling, greedy, host_table, _ = checked_parameters(
+    sampling, greedy, host_table = checked_parameters(
         batch_size, vocab_size, parameters, from_logits=form.from_logits,
         divides_logits=form.processed, row_dtype=rows[0].dtype,
         every_request_greedy=every_request_greedy, table=form.processed,

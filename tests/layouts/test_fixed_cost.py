@@ -16,6 +16,7 @@ from specdec_np._layouts import fast_path as _fast
 from specdec_np._layouts import ragged as _ragged
 from specdec_np._layouts import sampling as _sampling
 from specdec_np._layouts.sampling import SamplingParameters
+from specdec_np._runtime import checks as _validate
 from specdec_np.metrics import VerificationMetrics
 
 
@@ -330,3 +331,113 @@ def test_a_request_that_fails_in_the_kernel_puts_the_draws_back(
         with pytest.raises(ValueError) as general_error:
             specdec_np.verify_ragged(**keywords, generator=generator)
     assert str(fast_error.value) == str(general_error.value)
+
+
+def _parameter(rng: np.random.Generator, name: str, batch: int, vocab: int) -> Any:
+    """A random ``[B]`` array of one sampling parameter, now and then out of range or of a
+    dtype the compiled pass leaves to the Python checks."""
+    dtype = rng.choice([np.float64, np.float32, np.int64, np.int32, np.float16, np.uint8])
+    if name == "temperature":
+        values = rng.choice([0.0, -0.0, 0.7, 1.0, 2.5, 1e-39, 1e-300, 3.5e38, np.nan, -1.0,
+                             np.inf], batch, p=[.2, .05, .2, .1, .1, .05, .05, .05, .05, .1, .05])
+    elif name == "top_k":
+        values = rng.choice([0.0, 1.0, 3.0, vocab, vocab + 5, 2.5, -1.0, np.inf, np.nan], batch,
+                            p=[.2, .2, .2, .1, .1, .05, .05, .05, .05])
+    else:
+        values = rng.choice([0.0, -0.0, 0.3, 1.0, 1.5, -0.2, np.nan], batch,
+                            p=[.15, .05, .4, .2, .1, .05, .05])
+    with np.errstate(invalid="ignore", over="ignore"):
+        return values.astype(dtype) if rng.random() < 0.9 else values.tolist()
+
+
+def _python_parameters(batch: int, vocab: int, parameters: dict[str, Any], **flags: Any) -> Any:
+    """The Python checks' record (``check_sampling_parameters``, ``greedy_requests`` and
+    ``sampling_table``), or the error they raise."""
+    try:
+        sampling = _validate.check_sampling_parameters(
+            batch, vocab, from_logits=flags["from_logits"], row_dtype=flags["dtype"],
+            divides_logits=flags["divides_logits"],
+            **{name: parameters.get(name) for name in ("temperature", "top_k", "top_p", "min_p")},
+        )  # fmt: skip
+    except (TypeError, ValueError) as error:
+        return error
+    greedy = _sampling.greedy_requests(sampling, flags["every_request_greedy"], batch)
+    return sampling, greedy, _sampling.sampling_table(sampling, greedy, batch, "llama.cpp")
+
+
+#: The parameter dtypes the compiled pass reads itself.
+OWN_DTYPES = (np.float32, np.float64, np.int32, np.int64)
+
+
+def test_the_compiled_parameter_pass_is_the_python_checks() -> None:
+    """Random [B] parameters of every dtype, in and out of range: the compiled pass makes
+    the Python checks' arrays bit for bit, or answers None where they refuse or where the
+    dtype is not its own."""
+    rng = np.random.default_rng(17)
+    outcomes = {"same": 0, "refused": 0, "left": 0}
+    for _ in range(600):
+        batch, vocab = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        names = [n for n in ("temperature", "top_k", "top_p", "min_p") if rng.random() < 0.6]
+        parameters = {name: _parameter(rng, name, batch, vocab) for name in names}
+        flags = {
+            "from_logits": bool(rng.random() < 0.9), "divides_logits": bool(rng.random() < 0.8),
+            "dtype": np.dtype(rng.choice([np.float32, np.float64])),
+            "every_request_greedy": bool(rng.random() < 0.1),
+        }  # fmt: skip
+        made = _core.sampling_arrays(
+            batch, vocab, *(parameters.get(n) for n in ("temperature", "top_k", "top_p", "min_p")),
+            1.0, flags["from_logits"], flags["divides_logits"], flags["dtype"].itemsize,
+            flags["every_request_greedy"], True,
+        )  # fmt: skip
+        expected = _python_parameters(batch, vocab, parameters, **flags)
+        own = all(type(x) is np.ndarray and x.dtype in OWN_DTYPES for x in parameters.values())
+        if isinstance(expected, Exception) or not own:
+            assert made is None, (parameters, flags)
+            outcomes["refused" if own else "left"] += 1
+            continue
+        sampling, greedy, table = expected
+        for name, found in zip(("temperature", "top_k", "top_p", "min_p"), made[:4]):
+            assert (found is None) == (sampling[name] is None)
+            if found is not None:
+                assert found.dtype == sampling[name].dtype
+                assert found.tobytes() == sampling[name].tobytes(), name
+        assert made[4].dtype == bool and np.array_equal(made[4], greedy)
+        assert made[5].tobytes() == table.tobytes()
+        outcomes["same"] += 1
+    assert min(outcomes.values()) > 50, outcomes
+
+
+def test_kept_plans_keep_the_thread_count_of_their_own_shapes(monkeypatch: Any) -> None:
+    """Threads change no result, so a plan kept for another batch size or chain length
+    would go unseen in the outputs: the kernel is asked here with the thread count the
+    general path gives each call."""
+    from specdec_np._runtime import arrays as _backend
+
+    monkeypatch.setattr(
+        _backend, "thread_count", lambda batch, elements: 1 + (batch > 2) + (elements > 20)
+    )
+    seen: list[int] = []
+    direct = _core.verify_chains_direct
+    monkeypatch.setattr(
+        _core, "verify_chains_direct", lambda *a, **k: seen.append(a[13]) or direct(*a, **k)
+    )
+    monkeypatch.setattr(_fast._PLANS, "plans", {}, raising=False)
+    rng = np.random.default_rng(2)
+    calls = []
+    for batch, k, method in [(1, 1, "typical"), (3, 1, "typical"), (1, 3, "typical"),
+                             (3, 3, "rejection"), (1, 1, "typical")] * 2:  # fmt: skip
+        calls.append({
+            "method": method, "num_draft_tokens": np.full(batch, k),
+            "draft_token_ids": rng.integers(0, 8, batch * k),
+            "target_logits": rng.standard_normal((batch * (k + 1), 8)).astype(np.float32),
+            "temperature": 0.9,
+        })  # fmt: skip
+    for keywords in calls:
+        _call(keywords, 0, False)
+    fast = list(seen)
+    seen.clear()
+    with monkeypatch.context() as general_path:
+        general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+        for keywords in calls:
+            _call(keywords, 0, False)
+    assert fast == seen and len(set(seen)) > 1

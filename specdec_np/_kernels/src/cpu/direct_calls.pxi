@@ -370,3 +370,165 @@ def add_position_counts(object lengths, object counts):
         for b in range(length_view.rows):
             for j in range(length_data[b]):
                 count_data[j] += 1
+
+
+cdef bint read_parameter(object x, Py_ssize_t B, double* values) noexcept:
+    """Read a ``[B]`` NumPy array of float32, float64, int32 or int64 (native,
+    C-contiguous) into ``values`` as NumPy's ``astype(float64)`` does; False (nothing
+    read) for anything else."""
+    cdef cnp.ndarray array
+    cdef Py_ssize_t b, size
+    cdef void* data
+    if type(x) is not cnp.ndarray:
+        return False
+    array = <cnp.ndarray>x
+    if (
+        cnp.PyArray_NDIM(array) != 1 or cnp.PyArray_DIM(array, 0) != B
+        or not cnp.PyArray_ISNOTSWAPPED(array) or not cnp.PyArray_IS_C_CONTIGUOUS(array)
+    ):
+        return False
+    size = cnp.PyArray_ITEMSIZE(array)
+    data = cnp.PyArray_DATA(array)
+    if cnp.PyArray_ISFLOAT(array) and size == 4:
+        for b in range(B):
+            values[b] = (<const float*>data)[b]
+    elif cnp.PyArray_ISFLOAT(array) and size == 8:
+        for b in range(B):
+            values[b] = (<const double*>data)[b]
+    elif cnp.PyArray_ISSIGNED(array) and size == 4:
+        for b in range(B):
+            values[b] = (<const int32_t*>data)[b]
+    elif cnp.PyArray_ISSIGNED(array) and size == 8:
+        for b in range(B):
+            values[b] = <double>(<const int64_t*>data)[b]
+    else:
+        return False
+    return True
+
+
+cdef object float64_array(Py_ssize_t B, double** data):
+    """A new float64 ``[B]`` array, its data at ``data``."""
+    cdef cnp.npy_intp length = B
+    cdef cnp.ndarray array = cnp.PyArray_EMPTY(1, &length, cnp.NPY_FLOAT64, 0)
+    data[0] = <double*>cnp.PyArray_DATA(array)
+    return array
+
+
+def sampling_arrays(
+    Py_ssize_t batch_size,
+    Py_ssize_t vocab_size,
+    object temperature,
+    object top_k,
+    object top_p,
+    object min_p,
+    double filter_code,
+    bint from_logits,
+    bint divides_logits,
+    int row_itemsize,
+    bint every_request_greedy,
+    bint table,
+):
+    """The per-request sampling parameters given as ``[B]`` NumPy arrays, checked and made
+    into the kernels' table in one compiled pass: what
+    ``specdec_np._runtime.checks.check_sampling_parameters``,
+    ``specdec_np._layouts.sampling.greedy_requests`` and ``sampling_table`` make of them,
+    value for value.
+
+    Parameters
+    ----------
+    batch_size, vocab_size : int
+        ``B`` and ``V``.
+    temperature, top_k, top_p, min_p : array [B] or None
+        float32, float64, int32 or int64, native and C-contiguous; None is off.
+    filter_code : float
+        The filter order's code (``specdec_np._runtime.contract.FILTER_ORDER_CODES``).
+    from_logits, divides_logits : bool
+        As ``check_sampling_parameters`` takes them.
+    row_itemsize : int
+        4 or 8: the rows' dtype, in which a positive temperature must be normal.
+    every_request_greedy : bool
+        The call's method is greedy: every request is.
+    table : bool
+        Make the float64 ``[B, 5]`` table too.
+
+    Returns
+    -------
+    tuple or None
+        ``(temperature, top_k, top_p, min_p, greedy, table)``: float64 ``[B]`` (int64
+        for top-k, 0 where off) or None each, bool ``[B]``, float64 ``[B, 5]`` or None;
+        None for any other input or any value a check refuses (the Python checks then
+        word the error).
+    """
+    cdef Py_ssize_t B = batch_size, b
+    cdef double* values[4]
+    cdef double* column
+    cdef double value
+    cdef float narrowed
+    cdef int64_t* kept_k = NULL
+    cdef uint8_t* greedy_data
+    cdef double* table_data
+    cdef cnp.npy_intp dims[2]
+    cdef cnp.ndarray greedy, made
+    cdef int which
+    given = (temperature, top_k, top_p, min_p)
+    arrays = [None, None, None, None]
+    if B < 1 or (not from_logits and (top_k is not None or top_p is not None
+                                      or min_p is not None)):
+        return None
+    for which in range(4):
+        values[which] = NULL
+        if given[which] is not None:
+            arrays[which] = float64_array(B, &values[which])
+            if not read_parameter(given[which], B, values[which]):
+                return None
+    if values[0] != NULL:
+        for b in range(B):
+            value = values[0][b]
+            # NaN fails every comparison.
+            if not (0.0 <= value <= DBL_MAX):
+                return None
+            if divides_logits and value > 0.0:
+                # A normal number of the rows' dtype once cast (rounding is the cast's).
+                if row_itemsize == 4:
+                    narrowed = <float>value
+                    if not (narrowed >= FLT_MIN and narrowed <= FLT_MAX):
+                        return None
+                elif not value >= DBL_MIN:
+                    return None
+    if values[1] != NULL:
+        dims[0] = B
+        made = cnp.PyArray_EMPTY(1, dims, cnp.NPY_INT64, 0)
+        kept_k = <int64_t*>cnp.PyArray_DATA(made)
+        for b in range(B):
+            value = values[1][b]
+            # An integer >= 0 or +inf (NaN fails); V or more is off.
+            if not (value >= 0.0 and (isinf(value) or value == floor(value))):
+                return None
+            kept_k[b] = 0 if value >= vocab_size else <int64_t>value
+        arrays[1] = made
+    if values[2] != NULL:
+        for b in range(B):
+            if not (0.0 < values[2][b] <= 1.0):
+                return None
+    if values[3] != NULL:
+        for b in range(B):
+            if not (0.0 <= values[3][b] <= 1.0):
+                return None
+    dims[0] = B
+    greedy = cnp.PyArray_EMPTY(1, dims, cnp.NPY_BOOL, 0)
+    greedy_data = <uint8_t*>cnp.PyArray_DATA(greedy)
+    for b in range(B):
+        greedy_data[b] = every_request_greedy or (values[0] != NULL and values[0][b] == 0.0)
+    made = None
+    if table:
+        dims[1] = 5
+        made = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT64, 0)
+        table_data = <double*>cnp.PyArray_DATA(made)
+        for b in range(B):
+            column = table_data + 5 * b
+            column[0] = 1.0 if values[0] == NULL or greedy_data[b] else values[0][b]
+            column[1] = 0.0 if kept_k == NULL else <double>kept_k[b]
+            column[2] = 1.0 if values[2] == NULL else values[2][b]
+            column[3] = 0.0 if values[3] == NULL else values[3][b]
+            column[4] = filter_code
+    return arrays[0], arrays[1], arrays[2], arrays[3], greedy, made
