@@ -149,14 +149,21 @@ def ragged_call(
         ids = np.array(ids, dtype=id_dtype, order="C", copy=True)
         bonus = np.array(bonus, dtype=id_dtype, order="C", copy=True).reshape(batch_size)
     processed = form.from_logits or form.draft_from_logits
-    try:
-        checked = _sampling.checked_parameters(
-            batch_size, vocab_size, sampling, from_logits=form.from_logits,
-            divides_logits=processed, row_dtype=dtype,
-            every_request_greedy=layout.every_request_greedy, table=processed,
-        )  # fmt: skip
-    except (TypeError, ValueError):
-        return None
+    # Python numbers seen before: their kept record, by key; otherwise the checks.
+    key = _sampling.parameters_key(
+        sampling, batch_size, vocab_size, form.from_logits, processed, dtype,
+        layout.every_request_greedy, processed,
+    )  # fmt: skip
+    checked = _sampling.kept_parameters.get(key) if key is not None else None
+    if checked is None:
+        try:
+            checked = _sampling.checked_parameters(
+                batch_size, vocab_size, sampling, from_logits=form.from_logits,
+                divides_logits=processed, row_dtype=dtype,
+                every_request_greedy=layout.every_request_greedy, table=processed,
+            )  # fmt: skip
+        except (TypeError, ValueError):
+            return None
     # The counts, the shapes, the ids and the temperatures, in one compiled pass.
     found = _core.check_ragged_call(
         counts, ids, bonus, bonus_token_ids is not None, target, draft,
@@ -228,11 +235,12 @@ def _launch(
     takes the call's own table and per-request codes.  Options that the kernel's order
     does not know (a new one) go by keyword, from the general path on every call."""
     batch_size = batch.batch_size
-    request = _sampling.RequestSampling(checked.greedy, checked.table)
+    request = None
     codes = None
     if 0 < greedy_count < batch_size:
         # A batch that mixes greedy and sampled requests: their codes, as the general path
         # makes them.
+        request = _sampling.RequestSampling(checked.greedy, checked.table)
         codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
     key = None
     if batch.vocab_size < _backend.ROW_THREADS_MIN_VOCAB:
@@ -250,6 +258,8 @@ def _launch(
     chosen = layout.greedy_entry if greedy_count == batch_size else layout.entry
     threads = batch.threads(chosen)
     # The ragged layout's options do not read the output block.
+    if request is None:
+        request = _sampling.RequestSampling(checked.greedy, checked.table)
     options = kernel_options(layout, batch, form, request, None, threads, chosen)
     (parameters,) = layout.after_uniforms(batch, chosen)
     launch = _dispatch.kernel("verify_chains", None, batch.target_rows, batch.draft_token_ids)

@@ -28,6 +28,8 @@ __all__ = [
     "check_tempered_rows",
     "checked_parameters",
     "greedy_requests",
+    "kept_parameters",
+    "parameters_key",
     "request_sampling",
     "row_form",
     "sampling_table",
@@ -208,13 +210,14 @@ class CheckedParameters(NamedTuple):
     table: np.ndarray | None
 
 
-#: Checked parameters given as Python numbers (the common engine call), by value: they
-#: do not change between calls, so a call with the same numbers and shapes reuses them.
-_BY_NUMBERS: dict[tuple[Any, ...], CheckedParameters] = {}
-_BY_NUMBERS_MAX = 256
+#: Checked parameters given as Python numbers (the common engine call), by value
+#: (:func:`parameters_key`): they do not change between calls, so a call with the same
+#: numbers and shapes reuses them.
+kept_parameters: dict[tuple[Any, ...], CheckedParameters] = {}
+_KEPT_MAX = 256
 
 
-def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...] | None:
+def parameters_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...] | None:
     """The cache key of parameters that are all Python numbers or None, else None.
 
     Equal numbers check alike, with one exception: ``-0.0`` equals ``0.0`` but would keep
@@ -265,12 +268,12 @@ def checked_parameters(
     CheckedParameters
         Its arrays read-only when they come from the cache of calls with Python numbers.
     """
-    key = _numbers_key(
+    key = parameters_key(
         parameters, batch_size, vocab_size, from_logits, divides_logits,
         row_dtype if isinstance(row_dtype, np.dtype) else np.dtype(row_dtype),
         every_request_greedy, table,
     )  # fmt: skip
-    found = _BY_NUMBERS.get(key) if key is not None else None
+    found = kept_parameters.get(key) if key is not None else None
     if found is not None:
         return found
     filter_order = _validate.check_filter_order(parameters.filter_order)
@@ -299,9 +302,9 @@ def checked_parameters(
         for array in (*sampling.values(), greedy, host_table):
             if array is not None:
                 array.flags.writeable = False
-        if len(_BY_NUMBERS) >= _BY_NUMBERS_MAX:
-            _BY_NUMBERS.clear()
-        _BY_NUMBERS[key] = found
+        if len(kept_parameters) >= _KEPT_MAX:
+            kept_parameters.clear()
+        kept_parameters[key] = found
     return found
 
 

@@ -45,12 +45,12 @@ def test_numbers_are_checked_once_per_value_and_shape() -> None:
 
 
 def test_negative_zero_and_arrays_are_not_cached() -> None:
-    assert _sampling._numbers_key(SamplingParameters(min_p=-0.0)) is None
-    assert _sampling._numbers_key(SamplingParameters(min_p=0.0)) is not None
-    assert _sampling._numbers_key(SamplingParameters(np.float64(0.8))) is None
-    assert _sampling._numbers_key(SamplingParameters(True)) is None
+    assert _sampling.parameters_key(SamplingParameters(min_p=-0.0)) is None
+    assert _sampling.parameters_key(SamplingParameters(min_p=0.0)) is not None
+    assert _sampling.parameters_key(SamplingParameters(np.float64(0.8))) is None
+    assert _sampling.parameters_key(SamplingParameters(True)) is None
     # A filter order that is not a string (unhashable, even) is refused with its message.
-    assert _sampling._numbers_key(SamplingParameters(filter_order=["vllm"])) is None  # type: ignore[arg-type]
+    assert _sampling.parameters_key(SamplingParameters(filter_order=["vllm"])) is None  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="filter_order must be one of"):
         _checked(SamplingParameters(0.8, filter_order=["vllm"]))  # type: ignore[arg-type]
     table = _checked(SamplingParameters(0.8, min_p=-0.0)).table
