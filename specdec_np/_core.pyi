@@ -90,6 +90,68 @@ def verify_trees(
     draft_logits: bool = True,
     row_threads: int = 1,
 ) -> int: ...
+def verify_chains_direct(
+    method: int,
+    target_rows: FloatArray,
+    draft_rows: FloatArray,
+    point_mass_drafts: bool,
+    draft_token_ids: IdArray,
+    bonus_token_ids: IdArray,
+    draft_offsets: Int64Array,
+    uniforms: Float64Array,
+    parameters: Float64Array,
+    output: Int64Array,
+    accepted_lengths: Int64Array,
+    num_accepted: Int64Array,
+    row_status: Int64Array,
+    num_threads: int,
+    request_methods: npt.NDArray[np.int8] | None = None,
+    causal: bool = False,
+    draw_bonus: bool = False,
+    sampling: Float64Array | None = None,
+    scratch: FloatArray | None = None,
+    target_logits: bool = True,
+    draft_logits: bool = True,
+    bonus_rows: bool = True,
+    row_threads: int = 1,
+) -> int: ...
+def check_ragged_call(
+    counts: Int64Array,
+    draft_token_ids: IdArray,
+    bonus_token_ids: IdArray,
+    bonus_given: bool,
+    target_rows: FloatArray,
+    draft_rows: FloatArray | None,
+    temperature: Float64Array | None,
+    greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
+    target_logits: bool,
+    draft_logits: bool,
+) -> tuple[Int64Array, Int64Array, int, int, bool, int] | None: ...
+def output_block(
+    batch_size: int, width: int
+) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...
+def sampling_arrays(
+    batch_size: int,
+    vocab_size: int,
+    temperature: npt.NDArray[np.generic] | None,
+    top_k: npt.NDArray[np.generic] | None,
+    top_p: npt.NDArray[np.generic] | None,
+    min_p: npt.NDArray[np.generic] | None,
+    filter_code: float,
+    from_logits: bool,
+    divides_logits: bool,
+    row_itemsize: int,
+    every_request_greedy: bool,
+    table: bool,
+) -> tuple[
+    Float64Array | None,
+    Int64Array | None,
+    Float64Array | None,
+    Float64Array | None,
+    npt.NDArray[np.bool_],
+    Float64Array | None,
+] | None: ...
+def add_position_counts(lengths: Int64Array, counts: Int64Array) -> None: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,
@@ -100,7 +162,7 @@ def ragged_offsets(counts: Int64Array, offsets: Int64Array) -> tuple[int, int]: 
 def first_tempered_overflow(
     rows: FloatArray,
     temperature: Float64Array,
-    greedy: npt.NDArray[np.uint8],
+    greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
     rows_per_request: Int64Array,
 ) -> int: ...
 def tree_layout_is_valid(

@@ -28,6 +28,8 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
 * ``chain_rows.pxi``: the chain row functions (the registry's ``row_function``);
 * ``argument_checks.pxi``: the O(B) guards and the token-id check;
 * ``chain_driver.pxi``: :func:`verify_chains` and :func:`ragged_offsets`;
+* ``direct_calls.pxi``: :func:`verify_chains_direct` and :func:`check_ragged_call`, the
+  chain driver and a ragged call's checks on NumPy arrays without typed memoryviews;
 * ``tree_walks.pxi``: the tree steps (the registry's ``walk``);
 * ``tree_driver.pxi``: :func:`verify_trees` and :func:`tree_layout_is_valid`;
 * ``output_formatting.pxi``: output rows and :func:`create_output`;
@@ -37,11 +39,16 @@ This file keeps the declarations they share.  The ``row_status`` codes are those
 ``specdec_np._runtime.contract``.
 """
 
+cimport numpy as cnp
 from cython.parallel cimport parallel, prange, threadid
 from cython.view cimport array
-from libc.math cimport INFINITY, isinf, ldexp
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX, FLT_MIN
+from libc.math cimport INFINITY, floor, isinf, ldexp
+from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+
+# NumPy's C API: the direct calls (direct_calls.pxi) read arrays through it.
+cnp.import_array()
 
 cdef extern from "elementwise.h" nogil:
     # The scalar decisions both backends take from the shared header.
@@ -299,12 +306,46 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) n
     return scratch
 
 
+# One law scratch kept between the one-thread calls (the GIL guards it): a fresh one is a
+# 96 KiB calloc, and its zeroing, per call, which a small batch notices.  A scratch handed
+# back is as a call leaves it (the histogram all zeros), which is what every row of a call
+# already finds after the row before it.
+cdef specdec_law_scratch* spare_law_scratch = NULL
+
+
+cdef specdec_law_scratch* take_law_scratch(bint wanted, int row_threads) noexcept:
+    """:func:`new_law_scratch` for a one-thread call, the kept one when there is one; the
+    caller holds the GIL and hands it back with :func:`give_back_law_scratch`."""
+    global spare_law_scratch
+    cdef specdec_law_scratch* scratch = spare_law_scratch
+    if not wanted:
+        return NULL
+    if scratch == NULL:
+        return new_law_scratch(True, row_threads)
+    spare_law_scratch = NULL
+    scratch.row_threads = row_threads
+    return scratch
+
+
+cdef void give_back_law_scratch(specdec_law_scratch* scratch) noexcept:
+    """Keep ``scratch`` for the next one-thread call, or free it (the caller holds the
+    GIL)."""
+    global spare_law_scratch
+    if scratch == NULL:
+        return
+    if spare_law_scratch == NULL:
+        spare_law_scratch = scratch
+    else:
+        free(scratch)
+
+
 include "_kernels/src/cpu/registry_binding.pxi"
 include "_kernels/src/cpu/row_readers.pxi"
 include "_kernels/src/cpu/inverse_cdf_draws.pxi"
 include "_kernels/src/cpu/chain_rows.pxi"
 include "_kernels/src/cpu/argument_checks.pxi"
 include "_kernels/src/cpu/chain_driver.pxi"
+include "_kernels/src/cpu/direct_calls.pxi"
 include "_kernels/src/cpu/tree_walks.pxi"
 include "_kernels/src/cpu/tree_driver.pxi"
 include "_kernels/src/cpu/output_formatting.pxi"

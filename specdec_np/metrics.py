@@ -10,10 +10,13 @@ many tokens a target call yields.  See ``docs/semantics.md``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from . import _core
 
 __all__ = ["VerificationMetrics"]
 
@@ -94,19 +97,14 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             # A small batch on Python ints: a NumPy reduction costs more than a request.
             drafted_list, accepted_list = drafted.tolist(), accepted.tolist()
             width = max([0, *drafted_list, *accepted_list])
-            accepted_at, drafted_at = self._grown(width)
-            for counts, lengths in ((accepted_at, accepted_list), (drafted_at, drafted_list)):
-                for length in lengths:
-                    if length > 0:
-                        counts[:length] += 1
             drafted_sum, accepted_sum = sum(drafted_list), sum(accepted_list)
         else:
             width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
-            positions = np.arange(width)
-            accepted_at, drafted_at = self._grown(width)
-            accepted_at[:width] += (accepted[:, None] > positions).sum(axis=0)
-            drafted_at[:width] += (drafted[:, None] > positions).sum(axis=0)
             drafted_sum, accepted_sum = int(drafted.sum()), int(accepted.sum())
+        accepted_at, drafted_at = self._grown(width)
+        # The per-position counts in one compiled pass each, O(B + the lengths' sum).
+        _core.add_position_counts(accepted, accepted_at)
+        _core.add_position_counts(drafted, drafted_at)
         new = (
             self.requests + int(drafted.shape[0]),
             self.drafted + drafted_sum,
@@ -121,7 +119,7 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         )
         # Everything is computed on copies first; the assignments below are undone if
         # an interrupt lands between them, so a call is recorded whole or not at all.
-        old = tuple(getattr(self, name) for name in _FIELDS)
+        old = _fields_of(self)
         try:
             for name, value in zip(_FIELDS, new):
                 setattr(self, name, value)
@@ -236,6 +234,8 @@ _PYTHON_MAX = 16
 
 _FIELDS = ("requests", "drafted", "accepted", "emitted", "accepted_at", "drafted_at",
            "total_variation_sum", "measured_positions")
+_fields_of = operator.attrgetter(*_FIELDS)
+_INT64 = np.dtype(np.int64)
 
 
 def _bias_sums(metrics: VerificationMetrics, total_variation: Any) -> tuple[float, int]:
@@ -252,6 +252,14 @@ def _bias_sums(metrics: VerificationMetrics, total_variation: Any) -> tuple[floa
 
 
 def _host(values: Any) -> np.ndarray:
+    """int64 ``[B]`` on the host, C-contiguous (the kernels' own arrays as they are)."""
+    if (
+        type(values) is np.ndarray
+        and values.dtype == _INT64
+        and values.ndim == 1
+        and values.flags.c_contiguous
+    ):
+        return values
     if not isinstance(values, np.ndarray) and hasattr(values, "get"):
         values = values.get()
-    return np.asarray(values, dtype=np.int64).reshape(-1)
+    return np.ascontiguousarray(values, dtype=np.int64).reshape(-1)

@@ -5,11 +5,16 @@ time of each goes.
 At ``V = 16`` the rows cost nothing to read, so a call's time is its fixed cost: intake,
 checks, the sampling table, the uniforms, the output block, dispatch and the kernel
 call's own argument handling.  For each public call this script prints the median over
-many calls (``--calls``), then the same calls again with a timer around each stage of
-the engine call (:mod:`specdec_np._layouts.engine_call`) to say where that time goes.
-The stage timers cost a fraction of a microsecond each, so the stages add up to a little
-more than the untimed median; "front" is what is left outside the stages (the public
-function, its decorator and the records it fills).
+many calls (``--calls``), then the same calls again with a timer around each stage to say
+where that time goes.  On a checkout with the ragged call's fast path
+(:mod:`specdec_np._layouts.fast_path`, which every engine call here takes) the stages are
+the checked sampling parameters, the compiled checks of the batch, the kernel's plan, the
+output block, the draw, the kernel and the metrics' record; on an older checkout, those of
+the general engine call (:mod:`specdec_np._layouts.engine_call`).  "front" is what is
+left outside the stages (the public function, its decorator, its records and the fast
+path's own steps).  The stage timers read the wall clock whatever ``--clock`` says (the
+CPU clock is a system call of about a microsecond on some machines, which would swamp the
+stages), so the breakdown is a wall-clock median a little above the untimed one.
 
 Run it on one thread, against this checkout or another (``PYTHONPATH`` picks which)::
 
@@ -35,18 +40,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402  (run metadata and tables)
 
 import specdec_np  # noqa: E402
+from specdec_np import _core  # noqa: E402
 from specdec_np._kernels import dispatch as _dispatch  # noqa: E402
 from specdec_np._layouts import engine_call as _engine_call  # noqa: E402
 from specdec_np._layouts import ragged as _ragged  # noqa: E402
 from specdec_np._layouts import sampling as _sampling  # noqa: E402
-from specdec_np._runtime import checks as _checks  # noqa: E402
 from specdec_np._runtime import uniforms as _uniforms  # noqa: E402
+from specdec_np.metrics import VerificationMetrics  # noqa: E402
 
-#: The stages of an engine call, in the order they run.
-ENGINE_STAGES = ("build", "sampling", "uniforms", "out block", "options", "draw", "kernel",
-                 "run other")
+try:
+    from specdec_np._layouts import fast_path as _fast  # noqa: E402
+except ImportError:  # a checkout from before the fast path
+    _fast = None
+
+#: The stages of an engine call, in the order they run: the fast path's, or the general
+#: engine call's on a checkout without it.
+FAST_STAGES = ("sampling", "checks", "plan", "out block", "draw", "kernel", "record")
+GENERAL_STAGES = ("build", "sampling", "uniforms", "out block", "options", "draw", "kernel",
+                  "run other")
+ENGINE_STAGES = FAST_STAGES if _fast is not None else GENERAL_STAGES
 #: The stages of processed_probs.
-PROCESSED_STAGES = ("parameters", "tempered rows", "table", "kernel")
+PROCESSED_STAGES = ("sampling", "kernel")
 
 
 def calls(batch: int, vocab: int) -> dict[str, Callable[[], Any]]:
@@ -90,6 +104,8 @@ def calls(batch: int, vocab: int) -> dict[str, Callable[[], Any]]:
 #: descheduled is not charged for the wait).
 CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
 clock_ns = time.perf_counter_ns
+#: The stage timers' clock (the wall clock: see the module docstring).
+stage_clock_ns = time.perf_counter_ns
 
 
 def median_us(call: Callable[[], Any], repeats: int) -> float:
@@ -122,11 +138,11 @@ class StageClock:
         """``function`` with its time added to ``stage``."""
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = clock_ns()
+            start = stage_clock_ns()
             try:
                 return function(*args, **kwargs)
             finally:
-                elapsed = clock_ns() - start
+                elapsed = stage_clock_ns() - start
                 self.current[stage] = self.current.get(stage, 0) + elapsed
 
         return wrapper
@@ -134,9 +150,9 @@ class StageClock:
     def call(self, call: Callable[[], Any]) -> None:
         """One call, its stages recorded with its total."""
         self.current = {}
-        start = clock_ns()
+        start = stage_clock_ns()
         call()
-        self.current["total"] = clock_ns() - start
+        self.current["total"] = stage_clock_ns() - start
         self.calls.append(self.current)
 
     def medians(self, stages: tuple[str, ...]) -> dict[str, float]:
@@ -151,18 +167,40 @@ class StageClock:
 
 @contextmanager
 def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    missing = object()
+    saved = [(owner, name, getattr(owner, name, missing)) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
             setattr(owner, name, value)
         yield
     finally:
         for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
+            if value is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 def engine_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
-    """Timers around the engine call's stages (and the kernel inside the run)."""
+    """Timers around the engine call's stages: the fast path's, or the general call's."""
+    if _fast is None:
+        return general_stages(clock)
+    return [
+        (_sampling, "checked_parameters",
+         clock.timed("sampling", _sampling.checked_parameters)),
+        (_core, "check_ragged_call", clock.timed("checks", _core.check_ragged_call)),
+        (_fast, "_launch", clock.timed("plan", _fast._launch)),
+        (_core, "output_block", clock.timed("out block", _core.output_block)),
+        (_fast, "_draw", clock.timed("draw", _fast._draw)),
+        (_core, "verify_chains_direct", clock.timed("kernel", _core.verify_chains_direct)),
+        (VerificationMetrics, "record", clock.timed("record", VerificationMetrics.record)),
+        # The plans keep the kernel they were made with: made afresh with the timed one.
+        (_fast._PLANS, "plans", {}),
+    ]  # fmt: skip
+
+
+def general_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
+    """Timers around the general engine call's stages (and the kernel inside the run)."""
     kernel = _dispatch.kernel
     run = _dispatch.run
     uniforms_class = _uniforms.RejectionUniforms
@@ -173,11 +211,11 @@ def engine_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
 
     def timed_run(*args: Any, **kwargs: Any) -> Any:
         inner = dict(clock.current)
-        start = clock_ns()
+        start = stage_clock_ns()
         try:
             return run(*args, **kwargs)
         finally:
-            elapsed = clock_ns() - start
+            elapsed = stage_clock_ns() - start
             nested = sum(clock.current.get(s, 0) - inner.get(s, 0) for s in ("draw", "kernel"))
             clock.current["run other"] = clock.current.get("run other", 0) + elapsed - nested
 
@@ -195,20 +233,10 @@ def engine_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
 
 
 def processed_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
-    """Timers around processed_probs' stages."""
-    kernels_for = _dispatch.kernels_for
-
-    class TimedKernels:
-        def __init__(self, device: Any) -> None:
-            self.processed_rows = clock.timed("kernel", kernels_for(device).processed_rows)
-
+    """Timers around processed_probs' stages: its per-request sampling and its kernel."""
     return [
-        (_checks, "check_sampling_parameters",
-         clock.timed("parameters", _checks.check_sampling_parameters)),
-        (_sampling, "check_tempered_rows",
-         clock.timed("tempered rows", _sampling.check_tempered_rows)),
-        (_sampling, "sampling_table", clock.timed("table", _sampling.sampling_table)),
-        (_dispatch, "kernels_for", TimedKernels),
+        (_sampling, "request_sampling", clock.timed("sampling", _sampling.request_sampling)),
+        (_core, "processed_rows", clock.timed("kernel", _core.processed_rows)),
     ]  # fmt: skip
 
 
@@ -243,8 +271,8 @@ def render(records: list[dict[str, Any]], markdown: bool) -> str:
     text = harness.render_table(
         [f"call (B={batch}, V={vocab})", "median us"], rows, markdown=markdown
     )
-    for stages in (ENGINE_STAGES, PROCESSED_STAGES):
-        chosen = [r for r in records if set(stages) <= set(r["stages_us"])]
+    for processed, stages in ((False, ENGINE_STAGES), (True, PROCESSED_STAGES)):
+        chosen = [r for r in records if r["call"].startswith("processed_probs") == processed]
         header = ["call", "timed total", "front", *stages]
         body = [
             [r["call"], *(f"{r['stages_us'][s]:.1f}" for s in ("total", "front", *stages))]

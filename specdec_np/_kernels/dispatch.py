@@ -127,11 +127,17 @@ _CPU_SPECIALISATIONS: dict[tuple[str, Any, Any], Callable[..., Any]] = {}
 def kernel(name: str, device: int | None, rows: Any, ids: Any) -> Callable[..., Any]:
     """Kernel family ``name`` for rows and ids of these dtypes on ``device``.
 
-    On the CPU the fused-type specialisation is looked up once and called directly: the
-    fused dispatch costs microseconds that a small batch notices.
+    On the CPU the chain driver is ``_core.verify_chains_direct`` (the arrays read without
+    typed memoryviews), and the tree driver's fused-type specialisation is looked up once
+    and called directly: the fused dispatch and each memoryview cost microseconds that a
+    small batch notices.
     """
     if device is not None:
         return getattr(_cuda.core_like, name)
+    if name == "verify_chains":
+        # The chain driver on NumPy arrays taken directly: the same checks and results as
+        # the fused memoryview entry, without a memoryview per argument.
+        return _core.verify_chains_direct
     key = (name, rows.dtype, ids.dtype)
     found = _CPU_SPECIALISATIONS.get(key)
     if found is None:

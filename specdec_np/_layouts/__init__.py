@@ -10,6 +10,9 @@ Map of this folder (the layout is kept apart from the per-row algorithm, as
 * :mod:`.engine_call`: the one engine call under every engine-layout front (its
   records of row sources and uniform sources, the layout protocol, the kernel options);
 * :mod:`.ragged`: the engine's flat ragged batch (:func:`specdec_np.verify_ragged`);
+* :mod:`.fast_path`: the ragged batch's common CPU call (NumPy arrays, a NumPy
+  generator, no ``out=``, no sampling-surface setting) without the generic machinery,
+  with the general path's results and errors;
 * :mod:`.tree_builders`: draft trees as flat arrays: their record, validation and builders;
 * :mod:`.tree`: the tree batch and :func:`specdec_np.verify_tree`;
 * :mod:`.tree_links`: a tree batch's parent and sibling links in the kernel's form;

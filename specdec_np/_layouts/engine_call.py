@@ -20,6 +20,10 @@ tree) and hand them to :func:`engine_call`, which runs the same steps for both l
    (before the counters record them) and the logprobs added
    (:meth:`LayoutCall.emitted_rows`).
 
+A layout may also answer the common call itself, faster (``fast_call(rows, sampling,
+uniform_source)``, :mod:`specdec_np._layouts.fast_path`): with the same results and errors,
+or None to go through the steps above.
+
 A new sampling setting goes into :class:`~specdec_np._layouts.sampling.SamplingParameters`
 and the law (or the surface); nothing here changes.  A new layout writes its own
 :class:`LayoutCall`.
@@ -206,6 +210,15 @@ def engine_call(
     -------
     VerificationResult or TreeVerificationResult
     """
+    if out is None and strict_mode is False and report_bias is False:
+        # The common call of a layout that has a fast path for it (the ragged chain): the
+        # same steps, results and errors, without the generic machinery; None sends the
+        # call on through the steps below.
+        fast_call = getattr(layout, "fast_call", None)
+        if fast_call is not None:
+            result = fast_call(rows, sampling, uniform_source)
+            if result is not None:
+                return result
     strict = _validate.check_strict_mode(strict_mode)
     report_bias = _validate.check_flag("report_bias", report_bias)
     _philox.check_stream(uniform_source.stream)

@@ -25,7 +25,7 @@ from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 from .._runtime import results as _results
 
-__all__ = ["ChainBatch", "padded_chain"]
+__all__ = ["ChainBatch", "padded_chain", "zero_ids"]
 
 
 class ChainBatch(NamedTuple):
@@ -179,6 +179,15 @@ class ChainBatch(NamedTuple):
 
 _NO_PARAMETERS = np.empty(0, dtype=np.float64)
 _NO_PARAMETERS.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=64)
+def zero_ids(batch_size: int, dtype: np.dtype) -> np.ndarray:
+    """Read-only zeros ``[B]``: the bonus ids the kernels ignore when they draw the bonus
+    (a ragged batch without ``bonus_token_ids``)."""
+    zeros = np.zeros(batch_size, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
 
 
 @functools.lru_cache(maxsize=64)

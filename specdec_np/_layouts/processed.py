@@ -155,14 +155,14 @@ stop_token_ids, token_bitmask : optional
     # The same per-request sampling as a verification call's, each row its own request.
     request = _sampling.request_sampling(
         xp, batch_size, vocab_size, False,
-        _sampling.row_form(rows, None, None, None)._replace(target_name="logits"),
+        _sampling.RowForm(True, False, "logits", "draft_probs", rows, None),
         (rows, None), every_request_greedy=False,
         rows_per_request=(_filled(batch_size, 1), _filled(batch_size, 0)),
         parameters=parameters,
     )  # fmt: skip
     greedy = request.greedy
     _surface.law_rows(rows, request.table, result)
-    if greedy.any():
+    if np.count_nonzero(greedy):
         chosen = xp.asarray(np.flatnonzero(greedy))
         raw = rows[chosen]
         raw = xp.where(xp.isnan(raw), xp.asarray(-np.inf, dtype=raw.dtype), raw)

@@ -12,7 +12,6 @@ rules.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 from .._runtime import results as _results
+from . import fast_path as _fast
 from . import padded as _chains
 from . import sampling as _sampling
 from . import surface as _surface
@@ -396,6 +396,19 @@ class RaggedCall:
             )
         return batch
 
+    def fast_call(
+        self, rows: RowSources, sampling: SamplingParameters, uniform_source: UniformSource
+    ) -> _results.VerificationResult | None:
+        """The common call without the generic steps
+        (:func:`specdec_np._layouts.fast_path.ragged_call`), or None (a relaxed method
+        always takes the general steps)."""
+        if self.relaxed is not None:
+            return None
+        return _fast.ragged_call(
+            self, self._parameters, self._num_draft_tokens, self._draft_token_ids,
+            self._bonus_token_ids, self._on_success, rows, sampling, uniform_source,
+        )  # fmt: skip
+
     def check_rows(
         self, batch: _chains.ChainBatch, form: _sampling.RowForm, greedy: Any, strict: bool
     ) -> None:
@@ -556,14 +569,6 @@ def _draft_counts(num_draft_tokens: Any, xp: Any) -> tuple[np.ndarray, Any, int,
     return host, offsets if xp is np else xp.asarray(offsets), max_k, int(offsets[-1])
 
 
-@functools.lru_cache(maxsize=64)
-def _zero_ids(batch_size: int, dtype: np.dtype) -> np.ndarray:
-    """Read-only zeros ``[B]``: the bonus ids the kernels ignore when they draw the bonus."""
-    zeros = np.zeros(batch_size, dtype=dtype)
-    zeros.flags.writeable = False
-    return zeros
-
-
 def ragged_chain(
     num_draft_tokens: Any,
     draft_token_ids: Any,
@@ -650,7 +655,7 @@ def ragged_chain(
     if bonus is not None:
         bonus = ids[1].reshape(batch_size)
     elif xp is np:
-        bonus = _zero_ids(batch_size, draft_ids.dtype)
+        bonus = _chains.zero_ids(batch_size, draft_ids.dtype)
     else:
         bonus = xp.zeros(batch_size, dtype=draft_ids.dtype)
     target, drafts = _backend.kernel_rows(target, drafts, target_name, draft_name, xp, strict)

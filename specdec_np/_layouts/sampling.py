@@ -9,6 +9,8 @@ rows.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -26,6 +28,8 @@ __all__ = [
     "check_tempered_rows",
     "checked_parameters",
     "greedy_requests",
+    "kept_parameters",
+    "parameters_key",
     "request_sampling",
     "row_form",
     "sampling_table",
@@ -81,7 +85,8 @@ class SamplingParameters(NamedTuple):
     def surface_on(self) -> bool:
         """Whether a setting of the whole sampling surface (context, penalties, bias,
         masks, stops, logprobs) is given: only then does a call look at them."""
-        return any(getattr(self, name) is not None for name in SURFACE_SETTINGS)
+        # By identity, in C (arrays do not compare with None): every call asks this.
+        return not all(map(operator.is_, _surface_values(self), _SURFACE_OFF))
 
 
 _FILTERS = ("temperature", "top_k", "top_p", "min_p")
@@ -102,6 +107,8 @@ SURFACE_SETTINGS = (
     "token_bitmask",
     "logprobs",
 )
+_surface_values = operator.itemgetter(*map(SamplingParameters._fields.index, SURFACE_SETTINGS))
+_SURFACE_OFF = (None,) * len(SURFACE_SETTINGS)
 
 
 class RowForm(NamedTuple):
@@ -180,12 +187,15 @@ class RequestSampling(NamedTuple):
     @property
     def all_greedy(self) -> bool:
         """Every request is greedy (and there is at least one)."""
-        return bool(self.greedy.size) and bool(self.greedy.all())
+        # A count, not a reduction: a NumPy reduction's fixed cost is a small call's.
+        size = self.greedy.shape[0]
+        return bool(size) and np.count_nonzero(self.greedy) == size
 
     def request_codes(self, greedy_code: int, code: int, xp: Any) -> Any:
         """int8 ``[B]`` kernel codes for a batch that mixes greedy and sampled requests;
         None when every request takes the same code."""
-        if self.greedy.shape[0] == 1 or not self.greedy.any() or self.greedy.all():
+        size = self.greedy.shape[0]
+        if size == 1 or np.count_nonzero(self.greedy) in (0, size):
             return None
         return xp.asarray(np.where(self.greedy, greedy_code, code).astype(np.int8))
 
@@ -200,29 +210,32 @@ class CheckedParameters(NamedTuple):
     table: np.ndarray | None
 
 
-#: Checked parameters given as Python numbers (the common engine call), by value: they
-#: do not change between calls, so a call with the same numbers and shapes reuses them.
-_BY_NUMBERS: dict[tuple[Any, ...], CheckedParameters] = {}
-_BY_NUMBERS_MAX = 256
+#: Checked parameters given as Python numbers (the common engine call), by value
+#: (:func:`parameters_key`): they do not change between calls, so a call with the same
+#: numbers and shapes reuses them.
+kept_parameters: dict[tuple[Any, ...], CheckedParameters] = {}
+_KEPT_MAX = 256
 
 
-def _numbers_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...] | None:
+def parameters_key(parameters: SamplingParameters, *shape: Any) -> tuple[Any, ...] | None:
     """The cache key of parameters that are all Python numbers or None, else None.
 
     Equal numbers check alike, with one exception: ``-0.0`` equals ``0.0`` but would keep
     its sign in the table, so it is not cached.
     """
-    if type(parameters.filter_order) is not str:
-        return None  # checked (and refused) by the general path, hashable or not
-    values = parameters[:4]
-    for value in values:
-        kind = type(value)
-        if kind is float:
-            if value == 0.0 and str(value)[0] == "-":
+    # The four filters and the filter order; a filter order that is not a string is
+    # checked (and refused) by the general path, hashable or not.
+    values = parameters[:5]
+    if not _KEY_TYPES.issuperset(map(type, values)) or type(values[4]) is not str:
+        return None
+    if 0 in values:
+        for value in values:
+            if type(value) is float and value == 0.0 and math.copysign(1.0, value) < 0:
                 return None
-        elif kind is not int and value is not None:
-            return None
-    return (*values, parameters.filter_order, *shape)
+    return (values, shape)
+
+
+_KEY_TYPES = frozenset({int, float, type(None), str})
 
 
 def checked_parameters(
@@ -255,14 +268,28 @@ def checked_parameters(
     CheckedParameters
         Its arrays read-only when they come from the cache of calls with Python numbers.
     """
-    key = _numbers_key(
+    key = parameters_key(
         parameters, batch_size, vocab_size, from_logits, divides_logits,
-        np.dtype(row_dtype), every_request_greedy, table,
+        row_dtype if isinstance(row_dtype, np.dtype) else np.dtype(row_dtype),
+        every_request_greedy, table,
     )  # fmt: skip
-    found = _BY_NUMBERS.get(key) if key is not None else None
+    found = kept_parameters.get(key) if key is not None else None
     if found is not None:
         return found
     filter_order = _validate.check_filter_order(parameters.filter_order)
+    if key is None:
+        # [B] arrays (an engine's per-request parameters): checked and tabled in one
+        # compiled pass; None (other inputs, or a refused value) leaves them to the checks
+        # below, which word the error.
+        itemsize = np.dtype(row_dtype).itemsize
+        made = _core.sampling_arrays(
+            batch_size, vocab_size, parameters.temperature, parameters.top_k,
+            parameters.top_p, parameters.min_p, _contract.FILTER_ORDER_CODES[filter_order],
+            from_logits, divides_logits, itemsize, every_request_greedy, table,
+        ) if itemsize in (4, 8) else None  # fmt: skip
+        if made is not None:
+            names = ("temperature", "top_k", "top_p", "min_p")
+            return CheckedParameters(dict(zip(names, made[:4])), made[4], made[5])
     sampling = _validate.check_sampling_parameters(
         batch_size, vocab_size, from_logits=from_logits, row_dtype=row_dtype,
         divides_logits=divides_logits, temperature=parameters.temperature,
@@ -275,9 +302,9 @@ def checked_parameters(
         for array in (*sampling.values(), greedy, host_table):
             if array is not None:
                 array.flags.writeable = False
-        if len(_BY_NUMBERS) >= _BY_NUMBERS_MAX:
-            _BY_NUMBERS.clear()
-        _BY_NUMBERS[key] = found
+        if len(kept_parameters) >= _KEPT_MAX:
+            kept_parameters.clear()
+        kept_parameters[key] = found
     return found
 
 
@@ -383,7 +410,7 @@ def check_tempered_rows(
     if type(rows) is np.ndarray and rows.dtype in _KERNEL_FLOATS and rows.flags.c_contiguous:
         # The test in one compiled pass; the passes below only word the message.
         counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)
-        if _core.first_tempered_overflow(rows, temperature, greedy.view(np.uint8), counts) < 0:
+        if _core.first_tempered_overflow(rows, temperature, greedy, counts) < 0:
             return
     dtype = np.dtype(rows.dtype)
     divisor = temperature.astype(dtype)

@@ -488,8 +488,17 @@ def array_front(
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             arrays = args[1:] if method else args
-            # The common call (NumPy arrays, array_likes and None throughout) runs on the
-            # host and answers in NumPy: one type test per input decides it.
+            # The common call (NumPy arrays, array_likes, None and plain settings throughout)
+            # runs on the host and answers in NumPy: one type test per argument decides it.
+            for x in kwargs.values():
+                if type(x) not in _PLAIN_TYPES:
+                    break
+            else:
+                for x in arrays:
+                    if type(x) not in _PLAIN_TYPES:
+                        break
+                else:
+                    return function(*args, **kwargs)
             for x in arrays:
                 if type(x) not in _HOST_TYPES:
                     break
@@ -523,6 +532,11 @@ def array_front(
 # Inputs that run on the host and answer in NumPy, by exact type (what
 # :func:`inputs_library` skips and :func:`device_context` gives a null context for).
 _HOST_TYPES = frozenset({np.ndarray, type(None), list, tuple, int, float, dict})
+# The host types and the settings that are no array of any library (strings, bools, NumPy
+# generators): a call whose every argument has one of these types answers as the rule
+# below would (no conversion, no device), so the wrapper need not look at which argument
+# is which.
+_PLAIN_TYPES = _HOST_TYPES | {str, bool, np.random.Generator}
 
 
 def inputs_library(*inputs: Any) -> Callable[[Any], Any] | None:

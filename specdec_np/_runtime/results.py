@@ -14,6 +14,10 @@ from typing import Any, NamedTuple
 
 __all__ = ["TreeVerificationResult", "VerificationResult"]
 
+# The named triple's own constructor, without the generated one's keyword handling (a
+# result is made on every call).
+_new_tuple = tuple.__new__
+
 
 class _ChainOutputs(NamedTuple):
     output_token_ids: Any
@@ -73,7 +77,7 @@ class VerificationResult(_ChainOutputs):  # numpydoc ignore=PR01
         num_accepted: Any,
         num_draft_tokens: int | None = None,
     ) -> VerificationResult:
-        result = super().__new__(cls, output_token_ids, accepted_lengths, num_accepted)
+        result = _new_tuple(cls, (output_token_ids, accepted_lengths, num_accepted))
         if num_draft_tokens is None:
             rows, width = output_token_ids.shape
             num_draft_tokens = rows * (width - 1)

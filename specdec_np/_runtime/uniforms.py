@@ -38,6 +38,7 @@ __all__ = [
     "RejectionUniforms",
     "counter_uniforms",
     "explicit_uniforms",
+    "undo_draw",
 ]
 
 
@@ -266,6 +267,14 @@ class DrawLog:
             with bit_generator.lock:
                 if _same_state(bit_generator.state, after):
                     bit_generator.state = draw.before
+
+
+def undo_draw(generator: Any, size: Any, before: Any) -> None:
+    """Put back one ``generator.random(size)`` made from the state ``before``, where
+    nothing else drew around it (:meth:`DrawLog.undo` of a log of that one draw)."""
+    log = DrawLog()
+    log._draws.append(_Draw(generator, size, before))
+    log.undo()
 
 
 def _state_after(draw: _Draw) -> Any:

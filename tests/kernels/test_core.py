@@ -153,15 +153,21 @@ def test_malformed_tree_bindings_are_value_errors() -> None:
         _core.bind_tree_steps((), (), ())
 
 
+#: The chain driver's two entries: typed memoryviews, and NumPy arrays taken directly.
+CHAIN_DRIVERS = [_core.verify_chains, _core.verify_chains_direct]
+DRIVER_IDS = ["memoryviews", "direct"]
+
+
+@pytest.mark.parametrize("driver", CHAIN_DRIVERS, ids=DRIVER_IDS)
 @pytest.mark.parametrize("code", [-1, len(registry.VERIFIERS), 127])
-def test_a_chain_code_outside_the_table_is_a_value_error(code: int) -> None:
+def test_a_chain_code_outside_the_table_is_a_value_error(code: int, driver: Any) -> None:
     arguments, options = chain_arguments(code)
     with pytest.raises(ValueError, match=f"unknown row function code {code}"):
-        _core.verify_chains(*arguments, **options)
+        driver(*arguments, **options)
     greedy = registry.get("greedy").code
     arguments, options = chain_arguments(greedy, request_methods=np.array([greedy, code], np.int8))
     with pytest.raises(ValueError, match=f"unknown row function code {code}"):
-        _core.verify_chains(*arguments, **options)
+        driver(*arguments, **options)
 
 
 @pytest.mark.parametrize("code", [-1, len(registry.TREE_METHODS), 127])
@@ -175,11 +181,14 @@ def test_a_tree_code_outside_the_table_is_a_value_error(code: int) -> None:
         _core.verify_trees(*arguments, **options)
 
 
-def test_uniforms_and_parameters_follow_the_bound_flags_of_every_code_in_use() -> None:
+@pytest.mark.parametrize("driver", CHAIN_DRIVERS, ids=DRIVER_IDS)
+def test_uniforms_and_parameters_follow_the_bound_flags_of_every_code_in_use(
+    driver: Any,
+) -> None:
     greedy = registry.get("greedy").code
     no_uniforms = np.empty((2, 0))
     arguments, options = chain_arguments(greedy, uniforms=no_uniforms, parameters=np.empty(0))
-    assert _core.verify_chains(*arguments, **options) == -1
+    assert driver(*arguments, **options) == -1
     for verifier in registry.VERIFIERS:
         methods = np.array([greedy, verifier.code], np.int8)
         arguments, options = chain_arguments(
@@ -187,13 +196,13 @@ def test_uniforms_and_parameters_follow_the_bound_flags_of_every_code_in_use() -
         )
         if verifier.stochastic:
             with pytest.raises(ValueError, match="uniforms"):
-                _core.verify_chains(*arguments, **options)
+                driver(*arguments, **options)
         elif verifier.parameters:
             with pytest.raises(ValueError, match=f"parameters must hold the "
                                f"{len(verifier.parameters)} values"):
-                _core.verify_chains(*arguments, **options)
+                driver(*arguments, **options)
         else:
-            assert _core.verify_chains(*arguments, **options) == -1
+            assert driver(*arguments, **options) == -1
     arguments, options = tree_arguments(registry.get_tree_method("greedy").code)
     options["working"] = None
     assert _core.verify_trees(*arguments, **options) == -1
@@ -286,3 +295,175 @@ def test_the_drivers_call_what_was_bound(tmp_path: Path) -> None:
     assert lines[0].split() == [str(int(token)) for token in expected["greedy"].ravel()]
     assert lines[1].split() == [str(int(token)) for token in expected["rejection"].ravel()]
     assert lines[2] == "greedy reads no uniforms"
+
+
+# --------------------------------------------------------------------------------------
+# The direct entries: NumPy arrays taken without typed memoryviews
+# --------------------------------------------------------------------------------------
+
+
+def _random_chain_call(rng: np.random.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A random ragged chain call with every option (logits or probabilities, mixed codes,
+    given or drawn bonus, with or without bonus rows, one or two threads)."""
+    batch = int(rng.integers(1, 6))
+    counts = rng.integers(0, 4, batch)
+    total = int(counts.sum())
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    dtype = rng.choice([np.float32, np.float64])
+    id_dtype = rng.choice([np.int32, np.int64])
+    draw_bonus = bool(rng.random() < 0.5)
+    bonus_rows = draw_bonus or bool(rng.random() < 0.5)
+    rows = total + (batch if bonus_rows else 0)
+    logits = bool(rng.random() < 0.5)
+    target = (rng.standard_normal((rows, V)) if logits else rng.dirichlet(np.ones(V), rows))
+    draft = rng.dirichlet(np.ones(V), total).astype(dtype)
+    point_mass = bool(rng.random() < 0.5)
+    codes = rng.choice([verifier.code for verifier in registry.VERIFIERS], batch)
+    threads = int(rng.choice([1, 2]))
+    width = int(counts.max()) + 1
+    arguments = (
+        int(codes[0]), target.astype(dtype), target.astype(dtype) if point_mass else draft,
+        point_mass, rng.integers(0, V, total).astype(id_dtype),
+        rng.integers(0, V, batch).astype(id_dtype), offsets, rng.random((batch, width + 1)),
+        np.array([0.09, 0.3]), np.full((batch, width), -7, np.int64),
+        *(np.full(batch, -7, np.int64) for _ in range(3)), threads,
+    )  # fmt: skip
+    options: dict[str, Any] = {
+        "request_methods": codes.astype(np.int8) if rng.random() < 0.5 else None,
+        "causal": bool(rng.random() < 0.5), "draw_bonus": draw_bonus, "bonus_rows": bonus_rows,
+    }  # fmt: skip
+    if logits:
+        table = np.column_stack([
+            rng.uniform(0.5, 1.5, batch), rng.integers(0, V + 1, batch),
+            rng.uniform(0.3, 1.0, batch), np.zeros(batch), rng.integers(0, 2, batch),
+        ])  # fmt: skip
+        options.update(
+            sampling=table, scratch=np.empty((threads, 2 * V), dtype),
+            target_logits=True, draft_logits=False,
+        )
+    return arguments, options
+
+
+def test_the_direct_chain_entry_is_the_memoryview_one() -> None:
+    """The same statuses and outputs on random calls with every option."""
+    rng = np.random.default_rng(11)
+    for _ in range(80):
+        arguments, options = _random_chain_call(rng)
+        first = _core.verify_chains(*arguments, **options)
+        outputs = [array.copy() for array in arguments[9:13]]
+        second = _core.verify_chains_direct(*arguments, **options)
+        assert first == second
+        for before, after in zip(outputs, arguments[9:13]):
+            assert np.array_equal(before, after)
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "error"),
+    [
+        (1, [[0.5, 0.5]], TypeError),  # not a NumPy array
+        (1, np.full((6, V), 1 / V, np.float16), ValueError),  # a row dtype the kernels lack
+        (2, np.full((6, V), 1 / V, np.float32), ValueError),  # draft dtype unlike the target's
+        (4, np.array([1, 2, 3, 4], np.int16), ValueError),
+        (5, np.array([0, 5], np.int32), ValueError),  # bonus ids unlike the draft ids
+        (6, np.array([0, 2, 4], np.int32), ValueError),
+        (7, np.full((2, 3), 0.5, np.float32), ValueError),
+        (1, np.full((6, 2 * V), 1 / V)[:, ::2], ValueError),  # not C-contiguous
+        (1, np.full((6, V), 1 / V).astype(">f8"), ValueError),  # not native
+        (1, np.full(6 * V, 1 / V), ValueError),  # one dimension
+    ],
+)
+def test_the_direct_chain_entry_refuses_what_a_memoryview_refuses(
+    index: int, value: Any, error: type
+) -> None:
+    arguments, options = chain_arguments(0)
+    changed = list(arguments)
+    changed[index] = value
+    with pytest.raises(error, match="kernel arguments are inconsistent"):
+        _core.verify_chains_direct(*changed, **options)
+
+
+def test_the_direct_chain_entry_refuses_read_only_outputs() -> None:
+    arguments, options = chain_arguments(0)
+    for index in range(9, 13):
+        changed = list(arguments)
+        changed[index] = arguments[index].copy()
+        changed[index].flags.writeable = False
+        with pytest.raises(ValueError, match="writeable"):
+            _core.verify_chains_direct(*changed, **options)
+
+
+def test_the_output_block_is_four_views_of_one_allocation() -> None:
+    output, accepted, counted, status = _core.output_block(3, 4)
+    assert output.shape == (3, 4) and accepted.shape == counted.shape == status.shape == (3,)
+    for array in (output, accepted, counted, status):
+        assert array.dtype == np.int64 and array.flags.c_contiguous and array.flags.writeable
+        assert array.base is output.base
+    output[:] = 1
+    accepted[:], counted[:], status[:] = 2, 3, 4
+    assert output.base.tolist() == [1] * 12 + [2] * 3 + [3] * 3 + [4] * 3
+    assert [array.shape for array in _core.output_block(0, 0)] == [(0, 0), (0,), (0,), (0,)]
+    with pytest.raises(ValueError, match="must be >= 0"):
+        _core.output_block(-1, 2)
+
+
+def _ragged_check(**changes: Any) -> Any:
+    """``check_ragged_call`` on two requests of two and one drafts (``changes`` replace
+    its arguments)."""
+    arguments = {
+        "counts": np.array([2, 1]), "draft_token_ids": np.array([1, 2, 3]),
+        "bonus_token_ids": np.zeros(2, np.int64), "bonus_given": False,
+        "target_rows": np.zeros((5, V), np.float32), "draft_rows": None,
+        "temperature": None, "greedy": np.zeros(2, bool), "target_logits": True,
+        "draft_logits": False,
+    }  # fmt: skip
+    arguments.update(changes)
+    return _core.check_ragged_call(*arguments.values())
+
+
+def test_the_ragged_check_passes_a_good_call_with_the_offsets_and_a_copy() -> None:
+    counts = np.array([2, 1])
+    offsets, copied, *found = _ragged_check(counts=counts)
+    assert found == [2, 3, True, 0] and offsets.tolist() == [0, 2, 3]
+    assert copied.tolist() == [2, 1] and not np.shares_memory(copied, counts)
+    # With the bonus ids given, the target may leave its bonus rows out.
+    assert _ragged_check(bonus_given=True, target_rows=np.zeros((3, V)))[2:] == (2, 3, False, 0)
+    assert _ragged_check(greedy=np.array([True, False]))[2:] == (2, 3, True, 1)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"counts": np.array([2, -1])},
+        {"counts": np.array([2, 2**62, 2**62])},
+        {"draft_token_ids": np.array([1, 2])},
+        {"draft_token_ids": np.array([1, V, 3])},
+        {"draft_token_ids": np.array([1, -1, 3])},
+        {"bonus_token_ids": np.array([0, V]), "bonus_given": True},
+        {"target_rows": np.zeros((4, V), np.float32)},
+        {"target_rows": np.zeros((5, 0), np.float32)},
+        {"draft_rows": np.zeros((3, V + 1), np.float32)},
+        {
+            "target_rows": np.full((5, V), np.finfo(np.float32).max / 2, np.float32),
+            "temperature": np.array([0.25, 1.0]),
+        },
+    ],
+)
+def test_the_ragged_check_answers_none_for_what_the_general_path_refuses(
+    changes: dict[str, Any],
+) -> None:
+    if "counts" in changes:
+        batch = changes["counts"].shape[0]
+        changes.update(greedy=np.zeros(batch, bool), bonus_token_ids=np.zeros(batch, np.int64))
+    assert _ragged_check(**changes) is None
+
+
+def test_position_counts_add_the_requests_above_each_position() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        lengths = rng.integers(-1, 6, int(rng.integers(0, 9)))
+        counts = rng.integers(0, 9, 6)
+        expected = counts + (lengths[:, None] > np.arange(6)).sum(axis=0)
+        _core.add_position_counts(lengths, counts)
+        assert np.array_equal(counts, expected)
+    with pytest.raises(ValueError, match="as long as every length"):
+        _core.add_position_counts(np.array([3]), np.zeros(2, np.int64))

@@ -29,7 +29,9 @@ def test_quick_run_reports_every_call_and_stage() -> None:
         assert found["kernel"] > 0 and record["median_us"] > 0
         assert abs(sum(found[stage] for stage in (*stages, "front")) - found["total"]) < 1e-6
         if not processed:
-            assert found["build"] > 0 and found["draw"] > 0
+            assert found["checks"] > 0 and found["draw"] > 0 and found["plan"] > 0
+        if record["call"].startswith("EngineVerifier"):
+            assert found["record"] > 0
 
 
 def test_the_script_runs_against_this_checkout() -> None:

@@ -12,18 +12,94 @@ cdef inline int require(bint condition, str what) except -1:
     return 0
 
 
-cdef Py_ssize_t require_offsets(
-    const int64_t[::1] draft_offsets, Py_ssize_t B, Py_ssize_t T
+# NumPy arrays are taken by the entries that avoid typed memoryviews (direct_calls.pxi,
+# first_tempered_overflow, processed_rows): taking a memoryview costs about half a
+# microsecond (a buffer request, a format check, a memoryview object), which a small call
+# pays per argument.  take_array checks what a memoryview would, on the array itself.
+
+cdef struct ArrayView:
+    # An array's data and its (at most two) dimensions, as take_array found them.
+    void* data
+    Py_ssize_t rows
+    Py_ssize_t columns
+    Py_ssize_t itemsize
+
+
+cdef enum:
+    # The kinds of item take_array accepts (bool counts as unsigned: one byte, 0 or 1).
+    FLOAT_ITEMS = 0
+    SIGNED_ITEMS = 1
+    UNSIGNED_ITEMS = 2
+
+
+cdef int take_array(
+    object x, str name, int ndim, int kind, Py_ssize_t itemsize, bint writeable,
+    ArrayView* view
 ) except -1:
-    """Check ``0 = offsets[0] <= ... <= offsets[B] = T`` in O(B); return the largest k_b."""
+    """Fill ``view`` from the NumPy array ``x``, which must have ``ndim`` (1 or 2)
+    dimensions, items of ``kind`` and ``itemsize`` bytes (0: 4 or 8), native byte order,
+    C-contiguity and, if ``writeable``, be writeable (what a typed memoryview requires)."""
+    cdef cnp.ndarray array
+    cdef bint kind_matches
+    cdef Py_ssize_t size
+    if not cnp.PyArray_Check(x):
+        raise TypeError(
+            f"kernel arguments are inconsistent: {name} must be a NumPy array; found "
+            f"{type(x).__name__}"
+        )
+    array = <cnp.ndarray>x
+    if kind == FLOAT_ITEMS:
+        kind_matches = cnp.PyArray_ISFLOAT(array)
+    elif kind == SIGNED_ITEMS:
+        kind_matches = cnp.PyArray_ISSIGNED(array)
+    else:
+        kind_matches = cnp.PyArray_ISUNSIGNED(array) or cnp.PyArray_ISBOOL(array)
+    size = cnp.PyArray_ITEMSIZE(array)
+    if (
+        cnp.PyArray_NDIM(array) != ndim
+        or not kind_matches
+        or (size != itemsize if itemsize else (size != 4 and size != 8))
+        or not cnp.PyArray_ISNOTSWAPPED(array)
+        or not cnp.PyArray_IS_C_CONTIGUOUS(array)
+        or (writeable and not cnp.PyArray_ISWRITEABLE(array))
+    ):
+        raise ValueError(
+            f"kernel arguments are inconsistent: {name} must be a native, C-contiguous"
+            f"{', writeable' if writeable else ''} array of {ndim} dimension(s) with "
+            f"{('float', 'int', 'uint')[kind]}{8 * itemsize if itemsize else '32/64'} "
+            f"items; found {x.dtype} of shape {x.shape}, C-contiguous "
+            f"{bool(cnp.PyArray_IS_C_CONTIGUOUS(array))}, writeable "
+            f"{bool(cnp.PyArray_ISWRITEABLE(array))}"
+        )
+    view.data = cnp.PyArray_DATA(array)
+    view.rows = cnp.PyArray_DIM(array, 0)
+    view.columns = cnp.PyArray_DIM(array, 1) if ndim == 2 else 1
+    view.itemsize = size
+    return 0
+
+
+cdef Py_ssize_t require_offsets_at(
+    const int64_t* draft_offsets, Py_ssize_t count, Py_ssize_t B, Py_ssize_t T
+) except -1:
+    """Check that the ``count`` offsets at ``draft_offsets`` are ``0 = offsets[0] <= ... <=
+    offsets[B] = T``, in O(B); return the largest k_b."""
     cdef Py_ssize_t b, k_b, max_k = 0
-    require(draft_offsets.shape[0] == B + 1, "draft_offsets must have B + 1 entries")
+    require(count == B + 1, "draft_offsets must have B + 1 entries")
     require(draft_offsets[0] == 0 and draft_offsets[B] == T, "draft_offsets must span [0, T]")
     for b in range(B):
         k_b = draft_offsets[b + 1] - draft_offsets[b]
         require(k_b >= 0, "draft_offsets must not decrease")
         max_k = k_b if k_b > max_k else max_k
     return max_k
+
+
+cdef Py_ssize_t require_offsets(
+    const int64_t[::1] draft_offsets, Py_ssize_t B, Py_ssize_t T
+) except -1:
+    """:func:`require_offsets_at` on a memoryview."""
+    if draft_offsets.shape[0] == 0:
+        return require_offsets_at(NULL, 0, B, T)
+    return require_offsets_at(&draft_offsets[0], draft_offsets.shape[0], B, T)
 
 
 cdef inline Py_ssize_t invalid_id_column(
@@ -78,11 +154,67 @@ def first_invalid_id(
     return (b, bad) if bad >= 0 else None
 
 
+cdef Py_ssize_t tempered_overflow_row(
+    const probability_t* rows, Py_ssize_t V, const double* temperature,
+    const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B
+) noexcept nogil:
+    """:func:`first_tempered_overflow` on checked arguments: request ``b`` owns
+    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all)."""
+    cdef Py_ssize_t b, r, i, start = 0, found = -1
+    cdef probability_t divisor, largest, value
+    cdef int64_t infinite
+    cdef const probability_t* row
+    for b in range(B):
+        divisor = <probability_t>temperature[b]
+        if not greedy[b] and divisor < 1:
+            for r in range(start, start + counts[b] + extra):
+                row = rows + r * V
+                # The vectorised maximum pass of the law (NaN never wins); a row with a
+                # +inf entry is scanned again for its largest finite one.
+                infinite = 0
+                if probability_t is float:
+                    specdec_row_max_f(row, V, 1.0, &largest, &infinite)
+                else:
+                    specdec_row_max_d(row, V, 1.0, &largest, &infinite)
+                if infinite:
+                    largest = -INFINITY
+                    for i in range(V):
+                        value = row[i]
+                        # NaN compares false; +inf is not finite.
+                        if value > largest and value < INFINITY:
+                            largest = value
+                if largest > -INFINITY and isinf(largest / divisor):
+                    found = r
+                    break
+        if found >= 0:
+            break
+        start += counts[b] + extra
+    return found
+
+
+cdef Py_ssize_t overflow_row(
+    ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
+    int64_t extra, Py_ssize_t B
+) noexcept:
+    """:func:`tempered_overflow_row` on checked rows of either float dtype."""
+    cdef Py_ssize_t found
+    with nogil:
+        if rows.itemsize == 4:
+            found = tempered_overflow_row(
+                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+        else:
+            found = tempered_overflow_row(
+                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+            )
+    return found
+
+
 def first_tempered_overflow(
-    const probability_t[:, ::1] rows,
-    const double[::1] temperature,
-    const uint8_t[::1] greedy,
-    const int64_t[::1] rows_per_request,
+    object rows,
+    object temperature,
+    object greedy,
+    object rows_per_request,
 ):
     """The first row whose largest finite logit overflows when divided by its request's
     temperature in the rows' dtype, or -1 (the test of
@@ -96,47 +228,27 @@ def first_tempered_overflow(
     rows : float32 or float64 [R, V], C-contiguous
         Logits rows, request by request.
     temperature : float64 [B]
-    greedy : uint8 [B]
+    greedy : bool or uint8 [B]
         Non-zero for a request that reads its rows raw.
     rows_per_request : int64 [B]
         How many consecutive rows each request owns (summing to at most ``R``).
     """
-    cdef Py_ssize_t B = temperature.shape[0]
-    cdef Py_ssize_t V = rows.shape[1]
-    cdef Py_ssize_t b, r, i, start = 0, total = 0, found = -1
-    cdef probability_t divisor, largest, value
-    cdef int64_t infinite
-    cdef const probability_t* row
-    require(greedy.shape[0] == B and rows_per_request.shape[0] == B,
+    cdef ArrayView row_view, temperature_view, greedy_view, count_view
+    cdef const int64_t* counts
+    cdef Py_ssize_t B, b, total = 0
+    take_array(rows, "rows", 2, FLOAT_ITEMS, 0, False, &row_view)
+    take_array(temperature, "temperature", 1, FLOAT_ITEMS, 8, False, &temperature_view)
+    take_array(greedy, "greedy", 1, UNSIGNED_ITEMS, 1, False, &greedy_view)
+    take_array(rows_per_request, "rows_per_request", 1, SIGNED_ITEMS, 8, False, &count_view)
+    B = temperature_view.rows
+    counts = <const int64_t*>count_view.data
+    require(greedy_view.rows == B and count_view.rows == B,
             "temperature, greedy and rows_per_request must have B entries")
     for b in range(B):
-        require(rows_per_request[b] >= 0, "rows_per_request must be >= 0")
-        total += rows_per_request[b]
-    require(total <= rows.shape[0], "rows_per_request must sum to at most R")
-    with nogil:
-        for b in range(B):
-            divisor = <probability_t>temperature[b]
-            if not greedy[b] and divisor < 1:
-                for r in range(start, start + rows_per_request[b]):
-                    row = &rows[r, 0]
-                    # The vectorised maximum pass of the law (NaN never wins); a row with
-                    # a +inf entry is scanned again for its largest finite one.
-                    infinite = 0
-                    if probability_t is float:
-                        specdec_row_max_f(row, V, 1.0, &largest, &infinite)
-                    else:
-                        specdec_row_max_d(row, V, 1.0, &largest, &infinite)
-                    if infinite:
-                        largest = -INFINITY
-                        for i in range(V):
-                            value = row[i]
-                            # NaN compares false; +inf is not finite.
-                            if value > largest and value < INFINITY:
-                                largest = value
-                    if largest > -INFINITY and isinf(largest / divisor):
-                        found = r
-                        break
-            if found >= 0:
-                break
-            start += rows_per_request[b]
-    return found
+        require(counts[b] >= 0, "rows_per_request must be >= 0")
+        total += counts[b]
+    require(total <= row_view.rows, "rows_per_request must sum to at most R")
+    return overflow_row(
+        &row_view, <const double*>temperature_view.data, <const uint8_t*>greedy_view.data,
+        counts, 0, B,
+    )

@@ -49,6 +49,199 @@ cdef inline int64_t verify_request(
     return status
 
 
+cdef struct ChainCall:
+    # One verify_chains call as sizes and pointers, filled by an entry (typed memoryviews
+    # in verify_chains, NumPy arrays in verify_chains_direct), checked by
+    # check_chain_call and run by drive_chains.  The rows, ids and scratch travel as typed
+    # pointers beside it (they pick the fused specialisation).
+    int method
+    Py_ssize_t B
+    Py_ssize_t V
+    Py_ssize_t T
+    Py_ssize_t target_count
+    bint point_mass_drafts
+    Py_ssize_t draft_count
+    Py_ssize_t draft_width
+    Py_ssize_t bonus_count
+    const int64_t* offsets
+    Py_ssize_t offset_count
+    const double* uniforms
+    Py_ssize_t uniform_count
+    Py_ssize_t uniform_width
+    const double* parameters
+    Py_ssize_t parameter_count
+    int64_t* output
+    Py_ssize_t output_count
+    Py_ssize_t width
+    int64_t* accepted_lengths
+    int64_t* num_accepted
+    int64_t* row_status
+    Py_ssize_t accepted_count
+    Py_ssize_t num_accepted_count
+    Py_ssize_t status_count
+    bint per_request
+    const int8_t* request_methods
+    Py_ssize_t request_method_count
+    bint causal
+    bint draw_bonus
+    bint bonus_rows
+    bint has_sampling
+    const double* sampling
+    Py_ssize_t sampling_count
+    Py_ssize_t sampling_width
+    bint has_scratch
+    Py_ssize_t scratch_count
+    Py_ssize_t scratch_width
+    bint target_logits
+    bint draft_logits
+    int num_threads
+    int row_threads
+    # Set by check_chain_call.
+    Py_ssize_t max_k
+    bint stochastic
+
+
+cdef int check_chain_call(ChainCall* call) except -1:
+    """The O(B) guards of a chain call (verify_chains' Raises), on its sizes and offsets;
+    sets ``max_k`` and ``stochastic`` (whether the uniforms are read)."""
+    cdef Py_ssize_t B = call.B
+    cdef Py_ssize_t T = call.T
+    cdef Py_ssize_t b, num_parameters
+    cdef int request_method
+    cdef bint stochastic
+    require(B >= 0, "draft_offsets must have B + 1 entries")
+    require_chain_row_code(call.method)
+    stochastic = call.draw_bonus or bound_chain_rows[call.method].reads_uniforms
+    num_parameters = bound_chain_rows[call.method].num_parameters
+    require(call.V >= 1, "the vocabulary must not be empty")
+    call.max_k = require_offsets_at(call.offsets, call.offset_count, B, T)
+    require(call.bonus_count == B, "bonus_token_ids must have B entries")
+    require(
+        call.target_count == T + (B if call.bonus_rows else 0),
+        "target_rows must have T + B rows (T without bonus rows)",
+    )
+    require(call.bonus_rows or not call.draw_bonus, "a drawn bonus needs the bonus rows")
+    require(
+        call.point_mass_drafts or (call.draft_count == T and call.draft_width == call.V),
+        "draft_rows must be [T, V]",
+    )
+    require(
+        call.output_count == B and call.width >= call.max_k + 1 and call.accepted_count == B
+        and call.num_accepted_count == B and call.status_count == B,
+        "outputs must be [B, >= max k + 1] and [B]",
+    )
+    if call.per_request:
+        require(call.request_method_count == B, "request_methods must have B entries")
+        for b in range(B):
+            request_method = call.request_methods[b]
+            require_chain_row_code(request_method)
+            stochastic = stochastic or bound_chain_rows[request_method].reads_uniforms
+            if bound_chain_rows[request_method].num_parameters > num_parameters:
+                num_parameters = bound_chain_rows[request_method].num_parameters
+    require(
+        not stochastic or (
+            call.uniform_count == B and call.uniform_width >= call.max_k + 1 + call.draw_bonus
+        ),
+        "uniforms must be [B, >= max k + 1 (+ 1 to draw the bonus)]",
+    )
+    if call.parameter_count < num_parameters:
+        require(False, f"parameters must hold the {num_parameters} values its verifiers read")
+    if call.has_sampling:
+        require(
+            call.sampling_count == B and call.sampling_width == 5, "sampling must be [B, 5]"
+        )
+        require(
+            call.has_scratch
+            and call.scratch_count >= (call.num_threads if call.num_threads > 1 else 1)
+            and call.scratch_width == 2 * call.V,
+            "scratch must be [num_threads, 2 V]",
+        )
+    call.stochastic = stochastic
+    return 0
+
+
+cdef Py_ssize_t drive_chains(
+    ChainCall* call, const probability_t* target_base, const probability_t* draft_base,
+    const token_id_t* ids_base, const token_id_t* bonus_token_ids, probability_t* scratch_base
+) noexcept:
+    """Each request of a checked call (``B >= 1``) through the row function of its code;
+    the first failed request, or -1.  ``target_base`` is NULL without target rows,
+    ``draft_base`` for point-mass drafts or ``T == 0``, ``ids_base`` for ``T == 0`` and
+    ``scratch_base`` without sampling."""
+    cdef Py_ssize_t B = call.B
+    cdef Py_ssize_t V = call.V
+    cdef Py_ssize_t b, start
+    cdef int request_method
+    cdef int method = call.method
+    cdef bint per_request = call.per_request
+    cdef bint bonus_rows = call.bonus_rows
+    cdef bint draw_bonus = call.draw_bonus
+    cdef bint causal = call.causal
+    cdef const int64_t* draft_offsets = call.offsets
+    cdef const int8_t* request_methods = call.request_methods
+    cdef const double* uniform_base = call.uniforms
+    cdef Py_ssize_t uniform_width = call.uniform_width
+    cdef const double* parameter_base = call.parameters
+    cdef const double* sampling_base = call.sampling
+    cdef Py_ssize_t width = call.width
+    cdef int64_t* output = call.output
+    cdef int64_t* accepted_lengths = call.accepted_lengths
+    cdef int64_t* num_accepted = call.num_accepted
+    cdef int64_t* row_status = call.row_status
+    cdef int num_threads = call.num_threads
+    cdef int row_forms = (TARGET_LOGITS if call.target_logits else 0) | (
+        DRAFT_LOGITS if call.draft_logits else 0
+    )
+    cdef specdec_law_scratch* law_scratch = NULL
+    cdef specdec_law_scratch* serial_scratch = NULL
+    if num_threads <= 1:
+        # One thread, outside any OpenMP region (the loop below, on thread 0): row threads'
+        # teams nested in an inactive region would be new threads every time (libgomp
+        # wakes its pool only for a team at the outer level), hundreds of microseconds a
+        # row, and a one-thread call skips the region's own cost too.
+        serial_scratch = take_law_scratch(sampling_base != NULL, call.row_threads)
+        with nogil:
+            for b in range(B):
+                start = draft_offsets[b]
+                request_method = request_methods[b] if per_request else method
+                row_status[b] = verify_request(
+                    request_method,
+                    target_base + (start + (b if bonus_rows else 0)) * V,
+                    NULL if draft_base == NULL else draft_base + start * V,
+                    ids_base + start if ids_base != NULL else ids_base,
+                    bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                    NULL if uniform_base == NULL else uniform_base + b * uniform_width,
+                    parameter_base, causal,
+                    NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                    scratch_base, serial_scratch, width, output + b * width,
+                    accepted_lengths + b, num_accepted + b,
+                )
+        give_back_law_scratch(serial_scratch)
+        return first_failed_row_at(row_status, B)
+    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
+    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
+    with nogil, parallel(num_threads=num_threads):
+        law_scratch = new_law_scratch(sampling_base != NULL, 1)
+        for b in prange(B, schedule="dynamic"):
+            start = draft_offsets[b]
+            request_method = request_methods[b] if per_request else method
+            row_status[b] = verify_request(
+                request_method,
+                target_base + (start + (b if bonus_rows else 0)) * V,
+                NULL if draft_base == NULL else draft_base + start * V,
+                ids_base + start if ids_base != NULL else ids_base,
+                bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
+                NULL if uniform_base == NULL else uniform_base + b * uniform_width,
+                parameter_base, causal,
+                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
+                NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
+                law_scratch, width, output + b * width, accepted_lengths + b,
+                num_accepted + b,
+            )
+        free(law_scratch)
+    return first_failed_row_at(row_status, B)
+
+
 def verify_chains(
     int method,
     const probability_t[:, ::1] target_rows,
@@ -144,129 +337,65 @@ def verify_chains(
     RuntimeError
         When the row functions were never bound (:func:`bind_chain_rows`).
     """
-    cdef Py_ssize_t B = draft_offsets.shape[0] - 1
-    cdef Py_ssize_t V = target_rows.shape[1]
-    cdef Py_ssize_t T = draft_token_ids.shape[0]
-    cdef Py_ssize_t width = output.shape[1]
-    cdef Py_ssize_t b, max_k, start
-    cdef int request_method
-    cdef bint stochastic
-    cdef Py_ssize_t num_parameters
-    cdef bint per_request = request_methods is not None
-    cdef const probability_t* draft_base
-    cdef const token_id_t* ids_base
-    cdef const double* uniform_base
-    cdef const double* parameter_base
-    cdef const double* sampling_base = NULL
-    cdef int row_forms = (TARGET_LOGITS if target_logits else 0) | (
-        DRAFT_LOGITS if draft_logits else 0
-    )
-    cdef probability_t* scratch_base = NULL
-    cdef specdec_law_scratch* law_scratch = NULL
-    cdef specdec_law_scratch* serial_scratch = NULL
-    cdef const probability_t* target_base
-    require(B >= 0, "draft_offsets must have B + 1 entries")
-    require_chain_row_code(method)
-    stochastic = draw_bonus or bound_chain_rows[method].reads_uniforms
-    num_parameters = bound_chain_rows[method].num_parameters
-    require(V >= 1, "the vocabulary must not be empty")
-    max_k = require_offsets(draft_offsets, B, T)
-    require(bonus_token_ids.shape[0] == B, "bonus_token_ids must have B entries")
-    require(
-        target_rows.shape[0] == T + (B if bonus_rows else 0),
-        "target_rows must have T + B rows (T without bonus rows)",
-    )
-    require(bonus_rows or not draw_bonus, "a drawn bonus needs the bonus rows")
-    require(
-        point_mass_drafts or (draft_rows.shape[0] == T and draft_rows.shape[1] == V),
-        "draft_rows must be [T, V]",
-    )
-    require(
-        output.shape[0] == B and width >= max_k + 1 and accepted_lengths.shape[0] == B
-        and num_accepted.shape[0] == B and row_status.shape[0] == B,
-        "outputs must be [B, >= max k + 1] and [B]",
-    )
-    if per_request:
-        require(request_methods.shape[0] == B, "request_methods must have B entries")
-        for b in range(B):
-            request_method = request_methods[b]
-            require_chain_row_code(request_method)
-            stochastic = stochastic or bound_chain_rows[request_method].reads_uniforms
-            if bound_chain_rows[request_method].num_parameters > num_parameters:
-                num_parameters = bound_chain_rows[request_method].num_parameters
-    require(
-        not stochastic or (uniforms.shape[0] == B and uniforms.shape[1] >= max_k + 1 + draw_bonus),
-        "uniforms must be [B, >= max k + 1 (+ 1 to draw the bonus)]",
-    )
-    if parameters.shape[0] < num_parameters:
-        require(False, f"parameters must hold the {num_parameters} values its verifiers read")
-    if sampling is not None:
-        require(
-            sampling.shape[0] == B and sampling.shape[1] == 5, "sampling must be [B, 5]"
-        )
-        require(
-            scratch is not None and scratch.shape[0] >= (num_threads if num_threads > 1 else 1)
-            and scratch.shape[1] == 2 * V,
-            "scratch must be [num_threads, 2 V]",
-        )
-    if B == 0:
+    cdef ChainCall call
+    call.method = method
+    call.B = draft_offsets.shape[0] - 1
+    call.V = target_rows.shape[1]
+    call.T = draft_token_ids.shape[0]
+    call.target_count = target_rows.shape[0]
+    call.point_mass_drafts = point_mass_drafts
+    call.draft_count = draft_rows.shape[0]
+    call.draft_width = draft_rows.shape[1]
+    call.bonus_count = bonus_token_ids.shape[0]
+    call.offsets = &draft_offsets[0] if draft_offsets.shape[0] > 0 else NULL
+    call.offset_count = draft_offsets.shape[0]
+    call.uniform_count = uniforms.shape[0]
+    call.uniform_width = uniforms.shape[1]
+    call.parameter_count = parameters.shape[0]
+    call.output_count = output.shape[0]
+    call.width = output.shape[1]
+    call.accepted_count = accepted_lengths.shape[0]
+    call.num_accepted_count = num_accepted.shape[0]
+    call.status_count = row_status.shape[0]
+    call.request_methods = NULL
+    call.request_method_count = 0
+    if request_methods is not None:
+        call.request_methods = &request_methods[0] if request_methods.shape[0] > 0 else NULL
+        call.request_method_count = request_methods.shape[0]
+    call.per_request = request_methods is not None
+    call.causal = causal
+    call.draw_bonus = draw_bonus
+    call.bonus_rows = bonus_rows
+    call.has_sampling = sampling is not None
+    call.sampling_count = sampling.shape[0] if sampling is not None else 0
+    call.sampling_width = sampling.shape[1] if sampling is not None else 0
+    call.has_scratch = scratch is not None
+    call.scratch_count = scratch.shape[0] if scratch is not None else 0
+    call.scratch_width = scratch.shape[1] if scratch is not None else 0
+    call.target_logits = target_logits
+    call.draft_logits = draft_logits
+    call.num_threads = num_threads
+    call.row_threads = row_threads
+    check_chain_call(&call)
+    if call.B == 0:
         return -1
-    if sampling is not None:
-        sampling_base = &sampling[0, 0]
-        scratch_base = &scratch[0, 0]
-    draft_base = NULL if point_mass_drafts or T == 0 else &draft_rows[0, 0]
-    # Pointer arithmetic, not indexing: without bonus rows a last request with k_b = 0
-    # starts at row T, which it never reads.
-    target_base = &target_rows[0, 0] if target_rows.shape[0] > 0 else NULL
-    # Pointer arithmetic, not indexing: a last request with k_b = 0 starts at T.
-    ids_base = &draft_token_ids[0] if T > 0 else NULL
-    uniform_base = &uniforms[0, 0] if stochastic else NULL
-    parameter_base = &parameters[0] if parameters.shape[0] > 0 else NULL
-    if num_threads <= 1:
-        # One thread, outside any OpenMP region (the loop below, on thread 0): row threads'
-        # teams nested in an inactive region would be new threads every time (libgomp
-        # wakes its pool only for a team at the outer level), hundreds of microseconds a
-        # row, and a one-thread call skips the region's own cost too.
-        with nogil:
-            serial_scratch = new_law_scratch(sampling_base != NULL, row_threads)
-            for b in range(B):
-                start = draft_offsets[b]
-                request_method = request_methods[b] if per_request else method
-                row_status[b] = verify_request(
-                    request_method,
-                    target_base + (start + (b if bonus_rows else 0)) * V,
-                    NULL if draft_base == NULL else draft_base + start * V,
-                    ids_base + start if ids_base != NULL else ids_base,
-                    bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
-                    NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-                    parameter_base, causal,
-                    NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
-                    scratch_base, serial_scratch, width, &output[b, 0], &accepted_lengths[b],
-                    &num_accepted[b],
-                )
-            free(serial_scratch)
-        return first_failed_row(row_status)
-    # Each thread of the team allocates its law scratch once for the call.  Its rows run on
-    # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
-    with nogil, parallel(num_threads=num_threads):
-        law_scratch = new_law_scratch(sampling_base != NULL, 1)
-        for b in prange(B, schedule="dynamic"):
-            start = draft_offsets[b]
-            request_method = request_methods[b] if per_request else method
-            row_status[b] = verify_request(
-                request_method,
-                target_base + (start + (b if bonus_rows else 0)) * V,
-                NULL if draft_base == NULL else draft_base + start * V,
-                ids_base + start if ids_base != NULL else ids_base,
-                bonus_token_ids[b], draw_bonus, draft_offsets[b + 1] - start, V,
-                NULL if uniform_base == NULL else uniform_base + b * uniforms.shape[1],
-                parameter_base, causal,
-                NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
-                NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
-                law_scratch, width, &output[b, 0], &accepted_lengths[b], &num_accepted[b],
-            )
-        free(law_scratch)
-    return first_failed_row(row_status)
+    # The data of every array the check found non-empty, or NULL (a pointer is taken only
+    # where a row or entry exists; the driver reads none past the checked shapes).
+    call.uniforms = &uniforms[0, 0] if call.stochastic else NULL
+    call.parameters = &parameters[0] if parameters.shape[0] > 0 else NULL
+    call.sampling = &sampling[0, 0] if call.has_sampling else NULL
+    call.output = &output[0, 0]
+    call.accepted_lengths = &accepted_lengths[0]
+    call.num_accepted = &num_accepted[0]
+    call.row_status = &row_status[0]
+    return drive_chains(
+        &call,
+        &target_rows[0, 0] if target_rows.shape[0] > 0 else NULL,
+        NULL if point_mass_drafts or call.T == 0 else &draft_rows[0, 0],
+        &draft_token_ids[0] if call.T > 0 else NULL,
+        &bonus_token_ids[0],
+        &scratch[0, 0] if call.has_sampling else NULL,
+    )
 
 
 def ragged_offsets(const int64_t[::1] counts, int64_t[::1] offsets):

@@ -16,8 +16,14 @@ cdef inline void write_output_row(
 
 
 cdef Py_ssize_t first_failed_row(const int64_t[::1] row_status) noexcept nogil:
+    if row_status.shape[0] == 0:
+        return -1
+    return first_failed_row_at(&row_status[0], row_status.shape[0])
+
+
+cdef Py_ssize_t first_failed_row_at(const int64_t* row_status, Py_ssize_t B) noexcept nogil:
     cdef Py_ssize_t b
-    for b in range(row_status.shape[0]):
+    for b in range(B):
         if row_status[b] != 0:
             return b
     return -1

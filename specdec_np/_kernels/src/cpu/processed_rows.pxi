@@ -39,9 +39,9 @@ cdef void process_row(
 
 
 def processed_rows(
-    const probability_t[:, ::1] logits,
-    const double[:, ::1] sampling,
-    probability_t[:, ::1] out,
+    object logits,
+    object sampling,
+    object out,
     int num_threads,
     int row_threads=1,
 ):
@@ -60,34 +60,52 @@ def processed_rows(
     row_threads : int
         Threads for the passes over one row when the loop over rows runs on one thread
         (``num_threads`` <= 1); 0 or 1: one.  The bits of one thread either way.
+
+    Notes
+    -----
+    The arrays are NumPy arrays, taken without typed memoryviews (``take_array``).
     """
-    cdef Py_ssize_t N = logits.shape[0]
-    cdef Py_ssize_t V = logits.shape[1]
+    cdef ArrayView rows, table, written
+    take_array(logits, "logits", 2, FLOAT_ITEMS, 0, False, &rows)
+    take_array(sampling, "sampling", 2, FLOAT_ITEMS, 8, False, &table)
+    take_array(out, "out", 2, FLOAT_ITEMS, rows.itemsize, True, &written)
+    require(rows.columns >= 1, "the vocabulary must not be empty")
+    require(table.rows == rows.rows and table.columns == 5, "sampling must be [N, 5]")
+    require(written.rows == rows.rows and written.columns == rows.columns, "out must be [N, V]")
+    if rows.rows == 0:
+        return
+    if rows.itemsize == 4:
+        process_rows(
+            <const float*>rows.data, <const double*>table.data, <float*>written.data,
+            rows.rows, rows.columns, num_threads, row_threads,
+        )
+    else:
+        process_rows(
+            <const double*>rows.data, <const double*>table.data, <double*>written.data,
+            rows.rows, rows.columns, num_threads, row_threads,
+        )
+
+
+cdef int process_rows(
+    const probability_t* logits, const double* sampling, probability_t* out, Py_ssize_t N,
+    Py_ssize_t V, int num_threads, int row_threads
+) except -1:
+    """:func:`processed_rows` on checked arrays (``N >= 1``)."""
     cdef Py_ssize_t i
     cdef specdec_law_scratch* scratch = NULL
     cdef specdec_law_scratch* serial_scratch = NULL
     cdef int failed = 0
-    require(V >= 1, "the vocabulary must not be empty")
-    require(sampling.shape[0] == N and sampling.shape[1] == 5, "sampling must be [N, 5]")
-    require(out.shape[0] == N and out.shape[1] == V, "out must be [N, V]")
-    if N == 0:
-        return
     if num_threads <= 1:
         # One thread, outside any OpenMP region, as in verify_chains: row threads' teams are
         # never nested in an inactive region (libgomp would start new threads for each).
-        with nogil:
-            serial_scratch = new_law_scratch(True, row_threads)
-            if serial_scratch == NULL:
-                failed = 1
-            else:
-                for i in range(N):
-                    process_row(
-                        &logits[i, 0], V, &sampling[i, 0], serial_scratch, &out[i, 0]
-                    )
-                free(serial_scratch)
-        if failed:
+        serial_scratch = take_law_scratch(True, row_threads)
+        if serial_scratch == NULL:
             raise MemoryError("processed_rows: the law's scratch could not be allocated")
-        return
+        with nogil:
+            for i in range(N):
+                process_row(logits + i * V, V, sampling + 5 * i, serial_scratch, out + i * V)
+        give_back_law_scratch(serial_scratch)
+        return 0
     # Each thread of the team allocates its law scratch once for the call.  Its rows run on
     # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
     with nogil, parallel(num_threads=num_threads):
@@ -97,7 +115,8 @@ def processed_rows(
             if scratch == NULL:
                 failed += 1
             else:
-                process_row(&logits[i, 0], V, &sampling[i, 0], scratch, &out[i, 0])
+                process_row(logits + i * V, V, sampling + 5 * i, scratch, out + i * V)
         free(scratch)
     if failed:
         raise MemoryError("processed_rows: the law's scratch could not be allocated")
+    return 0

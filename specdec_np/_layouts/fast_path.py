@@ -1,0 +1,372 @@
+"""The common ragged engine call, without the generic machinery of
+:func:`~specdec_np._layouts.engine_call.engine_call`.
+
+A small batch costs what its Python steps cost: at ``B = 1`` the kernel reads its rows in
+a microsecond or two, while the generic steps (per-step records and dispatch, NumPy
+reductions of ``[B]`` arrays at a microsecond or more each, a memoryview per kernel
+argument) cost tens.  :func:`ragged_call` serves the call an engine makes every step, on
+the CPU:
+
+* NumPy arrays (C-contiguous float32 or float64 rows, int64 ``num_draft_tokens``, int32
+  or int64 ids), no ``out=``, not strict;
+* uniforms from a ``numpy.random.Generator`` (the caller's, a sampler's own, or a fresh
+  one): no explicit uniforms, ``seeded_seqs``, ``counter_seeds`` or other source;
+* no setting of the whole sampling surface.
+
+It runs the engine call's steps in their order, sharing its functions where they cost
+little (the row form, the checked sampling parameters and their table, the kernel options,
+the layout's options, the row statuses' errors), and replaces the others by one compiled
+check of the batch (:func:`specdec_np._core.check_ragged_call`), the same draws from the
+same generator without the generic uniform sources, and the kernel call without
+:func:`specdec_np._kernels.dispatch.run`.  Its results are the general path's, bit for bit,
+and so are the generators' states.  It never raises for bad input that the general path
+would word otherwise: an argument outside the common call, or one that a check refuses,
+makes it answer None before anything is drawn or any generator asked for, and the general
+path then runs and raises its own error.  After the draw it behaves as the general path:
+a failed request raises the layout's error, and the draws are put back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import _core
+from .._kernels import dispatch as _dispatch
+from .._runtime import arrays as _backend
+from .._runtime import contract as _contract
+from .._runtime import results as _results
+from .._runtime import uniforms as _random
+from . import padded as _chains
+from . import sampling as _sampling
+from .engine_call import RowSources, UniformSource, kernel_options
+
+__all__ = ["ragged_call"]
+
+_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+_INT64 = np.dtype(np.int64)
+_NDARRAY = np.ndarray
+_GENERATOR = np.random.Generator
+
+#: The uniform sources this path knows: a source with another field (one added later)
+#: takes the general path.
+_SOURCE_FIELDS = (
+    "uniforms", "generator", "seeded_seqs", "counter_seeds", "generator_for", "sources_for",
+    "stream",
+)
+#: The counter domains (the stream only chooses among counter-based sources, which this
+#: path does not serve; a bad one takes the general path, which refuses it).
+_STREAMS = ("verify", "draft")
+_KNOWN_SOURCES = UniformSource._fields == _SOURCE_FIELDS
+
+
+def ragged_call(
+    layout: Any,
+    method_parameters: tuple[float, ...],
+    num_draft_tokens: Any,
+    draft_token_ids: Any,
+    bonus_token_ids: Any,
+    on_success: Callable[..., None] | None,
+    rows: RowSources,
+    sampling: _sampling.SamplingParameters,
+    uniform_source: UniformSource,
+) -> _results.VerificationResult | None:
+    """Verify a ragged chain batch on the common call's fast path, or answer None.
+
+    Parameters
+    ----------
+    layout : RaggedCall
+        The call's layout (its method and options).
+    method_parameters : tuple of float
+        The method's checked parameters.
+    num_draft_tokens, draft_token_ids, bonus_token_ids
+        As :func:`specdec_np.verify_ragged` takes them.
+    on_success : callable or None
+        As :class:`~specdec_np._layouts.ragged.RaggedCall` takes it.
+    rows : RowSources
+    sampling : SamplingParameters
+    uniform_source : UniformSource
+        The call's ``out`` is None and its ``strict_mode`` False (the caller checks).
+
+    Returns
+    -------
+    VerificationResult or None
+        None, before anything is drawn or any generator is asked for, when the call is
+        not the common one or an argument is refused (the general path then says why).
+
+    Raises
+    ------
+    ValueError
+        For rows given in no form or in two (the general path's first check, the same
+        error); for a request that fails in the kernel, as the general path raises it.
+    """
+    if not (
+        _KNOWN_SOURCES
+        and uniform_source.uniforms is None
+        and uniform_source.seeded_seqs is None
+        and uniform_source.counter_seeds is None
+        and uniform_source.sources_for is None
+        and type(uniform_source.stream) is str
+        and uniform_source.stream in _STREAMS
+    ):
+        return None
+    if sampling.surface_on():
+        return None
+    form = _sampling.row_form(*rows)
+    target = form.target
+    draft = form.draft
+    counts = num_draft_tokens
+    ids = draft_token_ids
+    if type(target) is not _NDARRAY or type(counts) is not _NDARRAY or type(ids) is not _NDARRAY:
+        return None
+    dtype = target.dtype
+    if dtype not in _ROW_DTYPES or target.ndim != 2 or not target.flags.c_contiguous:
+        return None
+    if draft is not None:
+        if type(draft) is not _NDARRAY:
+            return None
+        if not layout.entry.reads_draft_probs:
+            draft = None  # never read, as the general path ignores it
+        elif draft.dtype != dtype or draft.ndim != 2 or not draft.flags.c_contiguous:
+            return None
+    if counts.dtype != _INT64 or counts.ndim != 1 or ids.ndim != 1 or ids.dtype not in _ID_DTYPES:
+        return None
+    batch_size = counts.shape[0]
+    vocab_size = target.shape[1]
+    if not batch_size or not vocab_size:
+        return None
+    # Private copies (the counts' made by the check): what is checked is what the kernel
+    # and the records read.
+    if bonus_token_ids is None:
+        ids = ids.copy() if ids.shape[0] else ids.astype(np.int64)
+        bonus = _chains.zero_ids(batch_size, ids.dtype)
+    else:
+        bonus = bonus_token_ids
+        if type(bonus) is not _NDARRAY or bonus.dtype not in _ID_DTYPES:
+            return None
+        if bonus.shape != (batch_size,) and bonus.shape != (batch_size, 1):
+            return None
+        # One dtype for both, as the general path picks it (empty ids take the bonus ids').
+        id_dtype = bonus.dtype if not ids.shape[0] or ids.dtype == bonus.dtype else _INT64
+        ids = np.array(ids, dtype=id_dtype, order="C", copy=True)
+        bonus = np.array(bonus, dtype=id_dtype, order="C", copy=True).reshape(batch_size)
+    processed = form.from_logits or form.draft_from_logits
+    # Python numbers seen before: their kept record, by key; otherwise the checks.
+    key = _sampling.parameters_key(
+        sampling, batch_size, vocab_size, form.from_logits, processed, dtype,
+        layout.every_request_greedy, processed,
+    )  # fmt: skip
+    checked = _sampling.kept_parameters.get(key) if key is not None else None
+    if checked is None:
+        try:
+            checked = _sampling.checked_parameters(
+                batch_size, vocab_size, sampling, from_logits=form.from_logits,
+                divides_logits=processed, row_dtype=dtype,
+                every_request_greedy=layout.every_request_greedy, table=processed,
+            )  # fmt: skip
+        except (TypeError, ValueError):
+            return None
+    # The counts, the shapes, the ids and the temperatures, in one compiled pass.
+    found = _core.check_ragged_call(
+        counts, ids, bonus, bonus_token_ids is not None, target, draft,
+        checked.sampling["temperature"], checked.greedy, form.from_logits,
+        form.draft_from_logits,
+    )  # fmt: skip
+    if found is None:
+        return None
+    offsets, counts, max_k, total, bonus_rows, greedy_count = found
+    batch = _chains.ChainBatch(
+        np, None, target, draft, ids, bonus, offsets, batch_size, max_k, vocab_size, total,
+        None, form.target_name, "(request, position)", counts, bonus_rows,
+    )  # fmt: skip
+    return _verify(
+        layout, method_parameters, batch, form, checked, greedy_count,
+        bonus_token_ids is None, on_success, uniform_source,
+    )  # fmt: skip
+
+
+class _Plan(NamedTuple):
+    """What a call's kernel launch needs besides its arrays, its sampling table and its
+    per-request codes: the same for every call with the same method and parameters,
+    shapes, row forms and bonus form, and kept per Python thread (its scratch rows are
+    that thread's).  The kernel's options go by position: those before the table
+    (``causal``, ``draw_bonus``) and those after it."""
+
+    code: int
+    threads: int
+    before_table: tuple[Any, ...]
+    after_table: tuple[Any, ...]
+    parameters: np.ndarray
+    launch: Callable[..., Any]
+
+
+_PLANS = threading.local()
+_PLANS_MAX = 32
+
+#: The chain kernel's keyword options after ``num_threads``, in its order, with their
+#: defaults (``specdec_np._core.verify_chains``).
+_OPTION_DEFAULTS = {
+    "request_methods": None,
+    "causal": False,
+    "draw_bonus": False,
+    "sampling": None,
+    "scratch": None,
+    "target_logits": True,
+    "draft_logits": True,
+    "bonus_rows": True,
+    "row_threads": 1,
+}
+_TABLE = list(_OPTION_DEFAULTS).index("sampling")
+_new_tuple = tuple.__new__
+
+
+def _launch(
+    layout: Any,
+    method_parameters: tuple[float, ...],
+    batch: _chains.ChainBatch,
+    form: _sampling.RowForm,
+    checked: _sampling.CheckedParameters,
+    greedy_count: int,
+    draw_bonus: bool,
+) -> tuple[_Plan, tuple[Any, ...], dict[str, Any]]:
+    """The call's plan and its options, by position and by keyword.
+
+    A plan is made by the general path's own functions (the thread count, the kernel
+    options, the method's parameters, the kernel) and kept unless the rows are long
+    enough for row threads (whose count reads the environment on every call); a kept plan
+    takes the call's own table and per-request codes.  Options that the kernel's order
+    does not know (a new one) go by keyword, from the general path on every call."""
+    batch_size = batch.batch_size
+    request = None
+    codes = None
+    if 0 < greedy_count < batch_size:
+        # A batch that mixes greedy and sampled requests: their codes, as the general path
+        # makes them.
+        request = _sampling.RequestSampling(checked.greedy, checked.table)
+        codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
+    key = None
+    if batch.vocab_size < _backend.ROW_THREADS_MIN_VOCAB:
+        key = (
+            id(layout.entry), method_parameters, batch_size, batch.vocab_size,
+            batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
+            batch.bonus_rows, draw_bonus, greedy_count == batch_size,
+        )  # fmt: skip
+        plans = getattr(_PLANS, "plans", None)
+        if plans is None:
+            plans = _PLANS.plans = {}
+        plan = plans.get(key)
+        if plan is not None:
+            return plan, (codes, *plan.before_table, checked.table, *plan.after_table), {}
+    chosen = layout.greedy_entry if greedy_count == batch_size else layout.entry
+    threads = batch.threads(chosen)
+    # The ragged layout's options do not read the output block.
+    if request is None:
+        request = _sampling.RequestSampling(checked.greedy, checked.table)
+    options = kernel_options(layout, batch, form, request, None, threads, chosen)
+    (parameters,) = layout.after_uniforms(batch, chosen)
+    launch = _dispatch.kernel("verify_chains", None, batch.target_rows, batch.draft_token_ids)
+    if not _OPTION_DEFAULTS.keys() >= options.keys():
+        return _Plan(chosen.code, threads, (), (), parameters, launch), (), options
+    # The options in the kernel's order, by position (a keyword costs a search each).
+    positional = tuple(options.get(name, value) for name, value in _OPTION_DEFAULTS.items())
+    plan = _Plan(
+        chosen.code, threads, positional[1:_TABLE], positional[_TABLE + 1 :], parameters,
+        launch,
+    )  # fmt: skip
+    if key is not None:
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[key] = plan
+    return plan, positional, {}
+
+
+def _verify(
+    layout: Any,
+    method_parameters: tuple[float, ...],
+    batch: _chains.ChainBatch,
+    form: _sampling.RowForm,
+    checked: _sampling.CheckedParameters,
+    greedy_count: int,
+    draw_bonus: bool,
+    on_success: Callable[..., None] | None,
+    uniform_source: UniformSource,
+) -> _results.VerificationResult | None:
+    """The checked call: the uniform source, the draws, the kernel and the record."""
+    batch_size = batch.batch_size
+    generator = uniform_source.generator
+    sources = None
+    if generator is not None:
+        if type(generator) is not _GENERATOR:
+            return None
+    elif uniform_source.generator_for is not None:
+        # A sampler's own source, asked for only now that every argument is checked.
+        generator = uniform_source.generator_for(None)
+        if generator is not None and type(generator) is not _GENERATOR:
+            # Another kind of source: the general uniform sources check it and draw.
+            sources = _random.RejectionUniforms(
+                batch_size, batch.max_k + 1, np, generator=generator,
+                row_widths=layout.uniform_rows(batch, checked.greedy)["row_widths"],
+            )  # fmt: skip
+    plan, positional, keywords = _launch(
+        layout, method_parameters, batch, form, checked, greedy_count, draw_bonus
+    )
+    # The output block (views of one allocation), made in compiled code.
+    block = _new_tuple(_contract.OutputBlock, _core.output_block(batch_size, batch.max_k + 1))
+    commit = None if on_success is None else _dispatch.Commit()
+    # The generator's state before the one draw, recorded before it (DrawLog's record), so
+    # that an interrupt anywhere after it can put the draw back.
+    before: list[Any] = []
+    try:
+        if sources is not None:
+            uniforms = sources.draw()
+        elif greedy_count == batch_size:
+            uniforms = np.empty((batch_size, batch.max_k + 2))  # nothing is drawn
+        else:
+            if generator is None:
+                # Seeded from the OS, only when a request draws from it.
+                generator = np.random.default_rng()
+            width = batch.max_k + 2
+            if not greedy_count and batch.num_draft_tokens == batch_size * batch.max_k:
+                # Every request draws the whole width: the one draw is the block, row-major.
+                size: Any = (batch_size, width)
+                uniforms = _draw(before, generator, size)
+            else:
+                # One draw of exactly the sampled requests' k_b + 2 each, laid out row by
+                # row in their leading columns (as RejectionUniforms.draw lays it out).
+                widths = np.where(checked.greedy, 0, batch.draft_counts + 2)
+                mask = np.arange(width)[None, :] < widths[:, None]
+                size = int(np.count_nonzero(mask))
+                uniforms = np.empty((batch_size, width))
+                uniforms[mask] = _draw(before, generator, size)
+        reported = plan.launch(
+            plan.code, *batch.kernel_inputs(), uniforms, plan.parameters, *block,
+            plan.threads, *positional, **keywords,
+        )  # fmt: skip
+        if reported >= 0:
+            batch.raise_for_row_status(reported, block.row_status)
+        result = _results.VerificationResult(
+            block.output_token_ids, block.accepted_lengths, block.num_accepted,
+            batch.num_draft_tokens,
+        )  # fmt: skip
+        if on_success is not None:
+            on_success(batch.draft_counts, result.accepted_lengths, commit)
+        return result
+    except BaseException:
+        if commit is None or not commit.done:
+            if sources is not None:
+                sources.undo()
+            elif before:
+                _random.undo_draw(generator, size, before[0])
+        raise
+
+
+def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.ndarray:
+    """``generator.random(size)``, its state before it appended to ``before`` first (as
+    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it)."""
+    before.append(generator.bit_generator.state)
+    uniforms: np.ndarray = generator.random(size)
+    return uniforms
