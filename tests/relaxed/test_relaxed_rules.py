@@ -209,3 +209,24 @@ def test_the_padded_layout_runs_a_relaxed_method_as_the_ragged_one(method) -> No
     # A request that accepts both drafts takes its given bonus token.
     full = ragged.accepted_lengths == 2
     assert (ragged.output_token_ids[full, 2] == np.array([3, 1])[full]).all()
+
+
+def test_the_common_engine_call_keeps_relaxed_methods_and_the_bias() -> None:
+    # A NumPy generator and logits: the call an engine makes every step (the fast path's);
+    # a relaxed method and report_bias must still be what they are with explicit uniforms.
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(7, 12)).astype(np.float32)
+    batch = dict(num_draft_tokens=np.array([3, 2]), draft_token_ids=np.array([1, 4, 2, 0, 5]),
+                 target_logits=logits, temperature=np.array([0.8, 1.0]))
+    uniforms = np.random.default_rng(9).random((2, 5))
+    for method, parameters in (("fly", FLY), ("block", {})):
+        drawn = specdec_np.verify_ragged(method=method, generator=np.random.default_rng(9),
+                                         report_bias=True, **batch, **parameters)
+        given = specdec_np.verify_ragged(method=method, uniforms=uniforms, report_bias=True,
+                                         **batch, **parameters)
+        assert drawn.output_token_ids.tolist() == given.output_token_ids.tolist()
+        assert np.array_equal(drawn.total_variation, given.total_variation, equal_nan=True)
+    relaxed = specdec_np.verify_ragged(method="fly", generator=np.random.default_rng(9),
+                                       **batch, **FLY)
+    assert relaxed.output_token_ids.tolist() == specdec_np.verify_ragged(
+        method="fly", uniforms=uniforms, **batch, **FLY).output_token_ids.tolist()
