@@ -6,7 +6,8 @@ C, one thread): its default chain (top-k 40, top-p 0.95, min-p 0.05, temperature
 then ``dist``) and greedy, applied row by row to a ``llama_token_data_array`` filled from
 the logits (what ``llama_sampler_sample`` does in C), only the chain's ``apply`` timed.
 ``specdec_np.sample_tokens`` draws the same rows in one call with the same chain
-(``filter_order="llama.cpp"``, explicit uniforms) or greedily (temperature 0), on one
+(``filter_order="llama.cpp"``, a NumPy generator: an engine's call) or greedily
+(temperature 0), on one
 thread (``OMP_NUM_THREADS=1``).  Float32 logits, normals times 3, at B in {1, 64} and
 V in {49152, 128256} (SmolLM2's and Llama 3's vocabularies).  The two are interleaved
 round by round so that a load spike hits both; the fastest round of each, per row, and
@@ -90,15 +91,16 @@ def measure(label: str, batches: list[int], vocabularies: list[int], rounds: int
     for V in vocabularies:
         for B in batches:
             rows = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
-            uniforms = rng.random(B)
             for chain in CHAINS:
                 sampler = LlamaChain(llama_cpp, chain, V)
                 settings = CHAIN if chain == "default" else {"temperature": 0.0}
 
+                generator = np.random.default_rng(1)
+
                 def ours(rows: np.ndarray = rows, settings: dict = settings,
-                         uniforms: np.ndarray = uniforms) -> Any:
+                         generator: np.random.Generator = generator) -> Any:
                     return specdec_np.sample_tokens(
-                        logits=rows, uniforms=uniforms, filter_order="llama.cpp", **settings
+                        logits=rows, generator=generator, filter_order="llama.cpp", **settings
                     )
 
                 def theirs(rows: np.ndarray = rows, sampler: LlamaChain = sampler) -> Any:
