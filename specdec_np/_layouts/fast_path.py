@@ -135,6 +135,8 @@ def ragged_call(
             return None
     if counts.dtype != _INT64 or counts.ndim != 1 or ids.ndim != 1 or ids.dtype not in _ID_DTYPES:
         return None
+    if not counts.flags.c_contiguous:
+        return None  # a strided view (reversed, say): the general path copies it
     batch_size = counts.shape[0]
     vocab_size = target.shape[1]
     if not batch_size or not vocab_size:

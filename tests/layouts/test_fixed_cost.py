@@ -441,3 +441,16 @@ def test_kept_plans_keep_the_thread_count_of_their_own_shapes(monkeypatch: Any) 
         for keywords in calls:
             _call(keywords, 0, False)
     assert fast == seen and len(set(seen)) > 1
+
+
+def test_strided_counts_take_the_general_path() -> None:
+    # A reversed num_draft_tokens (negative stride), found by the fuzz: the same result as
+    # its contiguous copy, never a kernel's internal error.
+    rows = np.random.default_rng(0).standard_normal((3, 33)).astype(np.float32)
+    common = dict(draft_token_ids=np.array([0]), target_logits=rows,
+                  bonus_token_ids=np.array([19, 3]), top_k=38, min_p=0.1)
+    strided = specdec_np.verify_ragged(num_draft_tokens=np.array([0, 1])[::-1],
+                                       generator=np.random.default_rng(0), **common)
+    copied = specdec_np.verify_ragged(num_draft_tokens=np.array([1, 0]),
+                                      generator=np.random.default_rng(0), **common)
+    assert strided.output_token_ids.tolist() == copied.output_token_ids.tolist()
