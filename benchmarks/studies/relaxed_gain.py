@@ -43,7 +43,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "relaxed": dict(relaxed_top_k=3, delta=0.1),
     "threshold": dict(threshold_single=0.5, threshold_acc=0.5),
 }
-BASELINES = ("rejection", "block", "typical")
+#: The registry's verifiers that are not greedy: the lossless baselines and typical
+#: acceptance, the lossy registry verifier.
+BASELINES = tuple(verifier.name for verifier in registry.VERIFIERS if not verifier.greedy)
 COLUMNS = ("drafter", "method", "parameters", "acceptance", "tokens_per_step", "gain",
            "mean_tv")
 

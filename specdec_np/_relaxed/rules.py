@@ -323,6 +323,13 @@ def inverse_cdf(weights: Any, v: Any) -> Any:
     return xp.where(total > 0, token, -1).astype(xp.int64)
 
 
+_RULES = {
+    rule.__name__: rule
+    for rule in (fly_accepts, synthetic_accepts, relaxed_accepts, threshold_accepts,
+                 typical_accepts)
+}
+
+
 def rule_for(name: str) -> Any:
     """The rule function called ``name`` (a registry entry's ``rule_name``)."""
-    return globals()[name]
+    return _RULES[name]

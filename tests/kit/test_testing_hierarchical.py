@@ -18,7 +18,7 @@ import broken_verifiers as bv
 import numpy as np
 import pytest
 
-from specdec_np import testing
+from specdec_np import registry, testing
 
 # Position 0 has a surplus (p / q = 7/4), position 1 a deficit (p / q = 4/7).
 P = np.array([[0.875, 0.125], [0.5, 0.5], [0.5, 0.5]])
@@ -106,7 +106,7 @@ def test_the_control_implements_the_prefix_ratio_rule() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 7])
-@pytest.mark.parametrize("kind", ["block", "rejection"])
+@pytest.mark.parametrize("kind", registry.names(lossless=True))
 def test_the_kit_fails_the_prefix_ratio_rule(kind: str, seed: int) -> None:
     # Seed 7's random rows hide the rule; the kit's fixed surplus-then-deficit case does not.
     report = testing.check_verifier(bv.hierarchical_prefix_ratio, kind, num_rows=5000,

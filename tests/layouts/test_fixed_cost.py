@@ -424,8 +424,11 @@ def test_kept_plans_keep_the_thread_count_of_their_own_shapes(monkeypatch: Any) 
     monkeypatch.setattr(_fast._PLANS, "plans", {}, raising=False)
     rng = np.random.default_rng(2)
     calls = []
-    for batch, k, method in [(1, 1, "typical"), (3, 1, "typical"), (1, 3, "typical"),
-                             (3, 3, "rejection"), (1, 1, "typical")] * 2:  # fmt: skip
+    # A deterministic verifier that processes rows, and a stochastic one, from the registry.
+    plain = next(n for n in registry.names(stochastic=False) if not registry.get(n).greedy)
+    drawn = registry.names(stochastic=True)[0]
+    for batch, k, method in [(1, 1, plain), (3, 1, plain), (1, 3, plain),
+                             (3, 3, drawn), (1, 1, plain)] * 2:  # fmt: skip
         calls.append({
             "method": method, "num_draft_tokens": np.full(batch, k),
             "draft_token_ids": rng.integers(0, 8, batch * k),
