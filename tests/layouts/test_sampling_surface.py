@@ -673,6 +673,94 @@ def test_tree_logprobs_equal_the_tree_reference(method: str) -> None:
     assert control_caught >= checked - 2
 
 
+# --------------------------------------------------------------------------------------
+# The padded layout: no sampling settings; the same batch through the ragged call
+# --------------------------------------------------------------------------------------
+
+
+def _padded_fronts() -> list[tuple[str, Any]]:
+    """Every padded front of the registry's verifiers (function, sampler, run_padded): the
+    name its errors give, and a call taking extra keywords on a small batch."""
+    from specdec_np import verify
+
+    target = np.full((1, 3, 4), 0.25)
+    arrays = (target, np.array([[0]]), np.full((1, 2, 4), 0.25), np.array([[1, 2]]))
+    fronts = []
+    for verifier in registry.VERIFIERS:
+        reads = arrays if verifier.stochastic else arrays[:2] + arrays[3:]
+        if verifier.function_name is not None:
+            function = getattr(specdec_np, verifier.function_name)
+            fronts.append((verifier.function_name,
+                           lambda extra, f=function, a=reads: f(*a, **extra)))
+        if verifier.sampler_name is not None:
+            sampler = getattr(specdec_np, verifier.sampler_name)()
+            fronts.append((f"{verifier.sampler_name}.forward",
+                           lambda extra, s=sampler: s(*arrays, **extra)))
+        fronts.append(("run_padded", lambda extra, v=verifier: (
+            verify.run_padded(v, *arrays, **extra))))
+    return fronts
+
+
+def test_the_padded_fronts_refuse_every_sampling_keyword_by_name() -> None:
+    from specdec_np._layouts.padded import SAMPLING_KEYWORDS
+
+    assert {"temperature", "stop_token_ids", "logprobs", "token_bitmask"} <= SAMPLING_KEYWORDS
+    for label, call in _padded_fronts():
+        call({})  # the batch itself is good
+        for name in sorted(SAMPLING_KEYWORDS):
+            with pytest.raises(TypeError, match=f"^{label}\\(\\) takes no sampling "
+                               f"settings \\({name}\\).*verify_ragged"):
+                call({name: None})
+        with pytest.raises(TypeError, match="unexpected keyword"):  # the control
+            call({"not_a_setting": None})
+
+
+@pytest.mark.parametrize("verifier", registry.VERIFIERS, ids=lambda v: v.name)
+def test_a_padded_batch_takes_the_surface_through_the_ragged_call(verifier: Any) -> None:
+    """The refusal's advice holds: the padded rows flattened, ``k`` drafts per request,
+    give the padded outputs through verify_ragged, and with stops and logprobs that run
+    cut at its stop (the reference's cut) and the logprobs of the rows as given."""
+    from specdec_np import verify
+
+    rng = np.random.default_rng(7)
+    batch, k, vocab = 6, 3, 5
+    logits = rng.normal(0, 1, (batch * (k + 1), vocab)) + np.array([2.0, 2.0, 0, 0, 0])
+    target = specdec_np.processed_probs(logits).reshape(batch, k + 1, vocab)
+    draft = specdec_np.processed_probs(rng.normal(0, 1, (batch * k, vocab)))
+    draft = draft.reshape(batch, k, vocab)
+    ids = rng.integers(0, 3, (batch, k))
+    ids[::2] = np.argmax(target[::2, :k], axis=2)  # long runs, for every verifier
+    bonus = rng.integers(0, vocab, (batch, 1))
+    uniforms = rng.random((batch, k + 1))
+    padded = verify.run_padded(verifier, target, bonus, draft, ids,
+                               **({"uniforms": uniforms} if verifier.stochastic else {}))
+    common = dict(
+        num_draft_tokens=np.full(batch, k), draft_token_ids=ids.reshape(-1),
+        target_probs=target.reshape(-1, vocab),
+        draft_probs=draft.reshape(-1, vocab) if verifier.reads_draft_probs else None,
+        bonus_token_ids=bonus[:, 0], method=verifier.name,
+        uniforms=np.concatenate([uniforms, np.zeros((batch, 1))], axis=1),
+    )
+    plain = specdec_np.verify_ragged(**common)
+    np.testing.assert_array_equal(plain.output_token_ids, padded.output_token_ids)
+    # A stop at the second emitted token where there is one.
+    stops = [[int(row[min(1, int(length))])] for row, length in
+             zip(padded.output_token_ids, padded.accepted_lengths)]
+    surface = specdec_np.verify_ragged(**common, stop_token_ids=stops, logprobs=2)
+    for b in range(batch):
+        run = [int(t) for t in padded.output_token_ids[b] if t >= 0]
+        tokens, length, finished = _reference_surface.cut_run(
+            run, int(padded.accepted_lengths[b]), stops[b], None
+        )
+        np.testing.assert_array_equal(surface.output_token_ids[b, : len(tokens)], tokens)
+        assert (surface.output_token_ids[b, len(tokens) :] == -1).all()
+        assert surface.accepted_lengths[b] == length and surface.finished[b] == finished
+        expected = np.log(target[b, np.arange(len(tokens)), tokens])
+        np.testing.assert_allclose(surface.logprobs[b, : len(tokens)], expected, rtol=1e-6)
+        np.testing.assert_allclose(surface.raw_logprobs[b, : len(tokens)], expected, rtol=1e-6)
+    assert not np.array_equal(surface.output_token_ids, padded.output_token_ids)
+
+
 def _vllm_metadata(vocab: int, seed: int, greedy: bool) -> tuple[Any, dict]:
     """A ``SamplingMetadata``-like object (vLLM's attribute names) and the keywords of
     :func:`specdec_np.verify_ragged` it maps to."""
