@@ -10,7 +10,9 @@ the CPU:
 * NumPy arrays (C-contiguous float32 or float64 rows, int64 ``num_draft_tokens``, int32
   or int64 ids), no ``out=``, not strict;
 * uniforms from a ``numpy.random.Generator`` (the caller's, a sampler's own, or a fresh
-  one): no explicit uniforms, ``seeded_seqs``, ``counter_seeds`` or other source;
+  one), or explicit NumPy uniforms (float64, or float32 widened exactly), taken in as the
+  general path takes them (:func:`_explicit_uniforms`): no ``seeded_seqs``,
+  ``counter_seeds`` or other source;
 * no setting of the whole sampling surface.
 
 It runs the engine call's steps in their order, sharing its functions where they cost
@@ -104,9 +106,10 @@ def ragged_call(
         For rows given in no form or in two (the general path's first check, the same
         error); for a request that fails in the kernel, as the general path raises it.
     """
+    explicit = uniform_source.uniforms
     if not (
         _KNOWN_SOURCES
-        and uniform_source.uniforms is None
+        and (explicit is None or (type(explicit) is _NDARRAY and explicit.dtype in _ROW_DTYPES))
         and uniform_source.seeded_seqs is None
         and uniform_source.counter_seeds is None
         and uniform_source.sources_for is None
@@ -181,14 +184,48 @@ def ragged_call(
     if found is None:
         return None
     offsets, counts, max_k, total, bonus_rows, greedy_count = found
+    if explicit is not None:
+        # Checked after the batch, as the general path checks them (they are [B, k + 1]
+        # for its k = max_k + 1: a request's k_b + 2 draws).
+        explicit = _explicit_uniforms(explicit, batch_size, max_k + 2)
+        if explicit is None:
+            return None
     batch = _chains.ChainBatch(
         np, None, target, draft, ids, bonus, offsets, batch_size, max_k, vocab_size, total,
         None, form.target_name, "(request, position)", counts, bonus_rows,
     )  # fmt: skip
     return _verify(
         layout, method_parameters, batch, form, checked, greedy_count,
-        bonus_token_ids is None, on_success, uniform_source,
+        bonus_token_ids is None, on_success, uniform_source, explicit,
     )  # fmt: skip
+
+
+#: Explicit uniforms of at most this many entries are checked on Python floats (a NumPy
+#: reduction costs more than they do).
+_PYTHON_CHECK_MAX = 64
+
+
+def _explicit_uniforms(uniforms: np.ndarray, batch_size: int, width: int) -> np.ndarray | None:
+    """A private float64 C-contiguous copy of NumPy explicit uniforms (float64 or native
+    float32, widened exactly), or None where the general path
+    (:class:`~specdec_np._runtime.uniforms.RejectionUniforms`) refuses them: another shape
+    than ``[B, width]``, or a value outside ``[0, 1)`` (NaN included).  The values are
+    checked on the copy, which is what the kernel reads: a caller's thread writing its own
+    array during the call cannot slip an unchecked value past the check."""
+    if uniforms.shape != (batch_size, width):
+        return None
+    copy = np.array(uniforms, dtype=np.float64, order="C", copy=True)
+    values = copy.reshape(-1)
+    if values.shape[0] <= _PYTHON_CHECK_MAX:
+        listed = values.tolist()
+        # NaN would slip through min and max (its comparisons are all false); the sum of
+        # values that min and max put in [0, 1) is NaN exactly when one of them is.
+        total = sum(listed)
+        if not (0.0 <= min(listed) and max(listed) < 1.0 and total == total):
+            return None
+    elif not bool(((values >= 0.0) & (values < 1.0)).all()):
+        return None
+    return copy
 
 
 class _Plan(NamedTuple):
@@ -296,8 +333,10 @@ def _verify(
     draw_bonus: bool,
     on_success: Callable[..., None] | None,
     uniform_source: UniformSource,
+    explicit: np.ndarray | None = None,
 ) -> _results.VerificationResult | None:
-    """The checked call: the uniform source, the draws, the kernel and the record."""
+    """The checked call: the uniform source (``explicit``: the checked explicit uniforms),
+    the draws, the kernel and the record."""
     batch_size = batch.batch_size
     generator = uniform_source.generator
     sources = None
@@ -310,7 +349,7 @@ def _verify(
         if generator is not None and type(generator) is not _GENERATOR:
             # Another kind of source: the general uniform sources check it and draw.
             sources = _random.RejectionUniforms(
-                batch_size, batch.max_k + 1, np, generator=generator,
+                batch_size, batch.max_k + 1, np, uniforms=explicit, generator=generator,
                 row_widths=layout.uniform_rows(batch, checked.greedy)["row_widths"],
             )  # fmt: skip
     plan, positional, keywords = _launch(
@@ -325,6 +364,8 @@ def _verify(
     try:
         if sources is not None:
             uniforms = sources.draw()
+        elif explicit is not None:
+            uniforms = explicit  # nothing is drawn: the generator is not asked
         elif greedy_count == batch_size:
             uniforms = np.empty((batch_size, batch.max_k + 2))  # nothing is drawn
         else:

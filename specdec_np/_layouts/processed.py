@@ -334,7 +334,12 @@ stop_token_ids, token_bitmask : optional
                 f"{_validate.shape_text(column.shape)}"
             )
         xp = _backend.array_namespace(rows)
-        explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
+        if xp is np and type(column) is np.ndarray:
+            # The same block as the stack below, without its generic steps.
+            explicit = np.zeros((batch_size, 2))
+            explicit[:, 1] = column
+        else:
+            explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same
     # generator gives the same tokens.  No draft ids: an empty list becomes an array of
     # the rows' library.
