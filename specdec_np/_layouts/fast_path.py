@@ -53,6 +53,7 @@ _ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 _INT64 = np.dtype(np.int64)
 _NDARRAY = np.ndarray
 _GENERATOR = np.random.Generator
+_PCG64 = np.random.PCG64
 
 #: The uniform sources this path knows: a source with another field (one added later)
 #: takes the general path.
@@ -261,6 +262,7 @@ _OPTION_DEFAULTS = {
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
 _new_tuple = tuple.__new__
+_ROW_STATUS = _contract.OutputBlock._fields.index("row_status")
 
 
 def _launch(
@@ -355,11 +357,12 @@ def _verify(
     plan, positional, keywords = _launch(
         layout, method_parameters, batch, form, checked, greedy_count, draw_bonus
     )
-    # The output block (views of one allocation), made in compiled code.
-    block = _new_tuple(_contract.OutputBlock, _core.output_block(batch_size, batch.max_k + 1))
+    # The output block (views of one allocation: the fields of an OutputBlock, in its
+    # order), made in compiled code.
+    block = _core.output_block(batch_size, batch.max_k + 1)
     commit = None if on_success is None else _dispatch.Commit()
-    # The generator's state before the one draw, recorded before it (DrawLog's record), so
-    # that an interrupt anywhere after it can put the draw back.
+    # The one draw's record (:func:`_draw`), so that an interrupt anywhere after it can put
+    # the draw back.
     before: list[Any] = []
     try:
         if sources is not None:
@@ -390,11 +393,10 @@ def _verify(
             plan.threads, *positional, **keywords,
         )  # fmt: skip
         if reported >= 0:
-            batch.raise_for_row_status(reported, block.row_status)
-        result = _results.VerificationResult(
-            block.output_token_ids, block.accepted_lengths, block.num_accepted,
-            batch.num_draft_tokens,
-        )  # fmt: skip
+            batch.raise_for_row_status(reported, block[_ROW_STATUS])
+        # VerificationResult(*block[:3], T) without its constructor's Python steps.
+        result = _new_tuple(_results.VerificationResult, block[:3])
+        result.num_draft_tokens = batch.num_draft_tokens
         if on_success is not None:
             on_success(batch.draft_counts, result.accepted_lengths, commit)
         return result
@@ -402,14 +404,26 @@ def _verify(
         if commit is None or not commit.done:
             if sources is not None:
                 sources.undo()
+            elif before and type(before[0]) is _NDARRAY:
+                _random.undo_pcg64_draw(generator, before[0])
             elif before:
                 _random.undo_draw(generator, size, before[0])
         raise
 
 
 def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.ndarray:
-    """``generator.random(size)``, its state before it appended to ``before`` first (as
-    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it)."""
+    """``generator.random(size)``, recorded in ``before`` so that it can be put back.
+
+    From a PCG64 generator (``numpy.random.default_rng``'s), the drawn array itself: made
+    and appended in one compiled step (``list.extend`` over ``map``), so that no interrupt
+    can land between them (:func:`~specdec_np._runtime.uniforms.undo_pcg64_draw` puts it
+    back).  From another bit generator, the state before it (a dict), appended first (as
+    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it).
+    """
+    if type(generator.bit_generator) is _PCG64:
+        before.extend(map(generator.random, (size,)))
+        drawn: np.ndarray = before[0]
+        return drawn
     before.append(generator.bit_generator.state)
     uniforms: np.ndarray = generator.random(size)
     return uniforms

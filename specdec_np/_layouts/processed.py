@@ -23,7 +23,7 @@ from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
 from . import surface as _surface
-from .engine_call import RowSources, UniformSource, engine_call
+from .engine_call import RowSources, UniformSource, engine_call, new_record
 from .sampling import SamplingParameters
 
 __all__ = ["SampledTokens", "processed_probs", "sample_tokens"]
@@ -344,17 +344,21 @@ stop_token_ids, token_bitmask : optional
     # generator gives the same tokens.  No draft ids: an empty list becomes an array of
     # the rows' library.
     drafts = _NO_DRAFTS if isinstance(rows, np.ndarray) else []
+    # The records made with every field in their order (new_record: no argument binding
+    # on every call).
     result = engine_call(
         _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
-        RowSources(target_logits=rows if logits is not None else None,
-                   target_probs=rows if probs is not None else None),
-        SamplingParameters(
+        new_record(RowSources, (rows if logits is not None else None,
+                                rows if probs is not None else None, None, None)),
+        new_record(SamplingParameters, (
             temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
             output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
             logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
-            None, token_bitmask,
+            None, token_bitmask, None,
+        )),
+        new_record(
+            UniformSource, (explicit, generator, seeded_seqs, counter_seeds, None, None, stream)
         ),
-        UniformSource(explicit, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=False,
         out=None,
     )  # fmt: skip
