@@ -54,6 +54,7 @@ _INT64 = np.dtype(np.int64)
 _NDARRAY = np.ndarray
 _GENERATOR = np.random.Generator
 _PCG64 = np.random.PCG64
+_new_tuple = tuple.__new__
 
 #: The uniform sources this path knows: a source with another field (one added later)
 #: takes the general path.
@@ -65,6 +66,11 @@ _SOURCE_FIELDS = (
 #: path does not serve; a bad one takes the general path, which refuses it).
 _STREAMS = ("verify", "draft")
 _KNOWN_SOURCES = UniformSource._fields == _SOURCE_FIELDS
+#: The leading fields of the row form of target logits alone (``row_form``'s).
+_LOGITS_ONLY = (True, False, "target_logits", "draft_probs")
+#: The draft ids of a batch without drafts: int64, as the general path makes them (an
+#: empty array holds nothing the kernel could write or a caller change).
+_NO_IDS = np.empty(0, dtype=np.int64)
 
 
 def ragged_call(
@@ -120,7 +126,14 @@ def ragged_call(
         return None
     if sampling.surface_on():
         return None
-    form = _sampling.row_form(*rows)
+    target_logits, target_probs, draft_logits, draft_probs = rows
+    if target_probs is None and draft_logits is None and draft_probs is None and (
+        target_logits is not None
+    ):
+        # Target logits alone (a sampling step, point-mass drafts): row_form's record.
+        form = _new_tuple(_sampling.RowForm, _LOGITS_ONLY + (target_logits, None))
+    else:
+        form = _sampling.row_form(target_logits, target_probs, draft_logits, draft_probs)
     target = form.target
     draft = form.draft
     counts = num_draft_tokens
@@ -148,7 +161,7 @@ def ragged_call(
     # Private copies (the counts' made by the check): what is checked is what the kernel
     # and the records read.
     if bonus_token_ids is None:
-        ids = ids.copy() if ids.shape[0] else ids.astype(np.int64)
+        ids = ids.copy() if ids.shape[0] else _NO_IDS
         bonus = _chains.zero_ids(batch_size, ids.dtype)
     else:
         bonus = bonus_token_ids
@@ -191,10 +204,11 @@ def ragged_call(
         explicit = _explicit_uniforms(explicit, batch_size, max_k + 2)
         if explicit is None:
             return None
-    batch = _chains.ChainBatch(
+    # ChainBatch(...) with every field in its order, without its constructor's binding.
+    batch = _new_tuple(_chains.ChainBatch, (
         np, None, target, draft, ids, bonus, offsets, batch_size, max_k, vocab_size, total,
         None, form.target_name, "(request, position)", counts, bonus_rows,
-    )  # fmt: skip
+    ))  # fmt: skip
     return _verify(
         layout, method_parameters, batch, form, checked, greedy_count,
         bonus_token_ids is None, on_success, uniform_source, explicit,
@@ -261,7 +275,6 @@ _OPTION_DEFAULTS = {
     "row_threads": 1,
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
-_new_tuple = tuple.__new__
 _ROW_STATUS = _contract.OutputBlock._fields.index("row_status")
 
 

@@ -549,3 +549,45 @@ def test_explicit_uniforms_of_sample_tokens_take_the_fast_path(monkeypatch: Any)
             outcomes.append(found)
         assert outcomes[0] == outcomes[1], uniforms
     assert len(served) == 4  # the four good cases, once each
+
+
+def test_the_records_made_without_constructors_are_the_constructors_records(
+    monkeypatch: Any,
+) -> None:
+    """The fronts and the fast path make their named tuples from every field in order
+    (``tuple.__new__``): each record has all its fields, equal to what its constructor
+    makes from the same keywords."""
+    from specdec_np._layouts import engine_call as _engine_call
+    from specdec_np._layouts import padded as _chains
+
+    logits = np.zeros((3, 4), np.float32)
+    assert _fast._LOGITS_ONLY + (logits, None) == tuple(
+        _sampling.row_form(logits, None, None, None)
+    )
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(_ragged.RaggedCall, "fast_call", lambda self, *a: seen.append(a))
+    generator = np.random.default_rng(0)
+    common = {"temperature": 0.7, "top_k": 3, "stream": "draft"}
+    calls = [
+        lambda: specdec_np.verify_ragged(
+            num_draft_tokens=np.array([2]), draft_token_ids=np.array([1, 2]),
+            target_logits=logits, generator=generator, **common,
+        ),
+        lambda: specdec_np.EngineVerifier(seed=0)(
+            num_draft_tokens=np.array([2]), draft_token_ids=np.array([1, 2]),
+            target_logits=logits, **common,
+        ),
+        lambda: specdec_np.sample_tokens(logits=logits, generator=generator, **common),
+    ]  # fmt: skip
+    for call in calls:
+        seen.clear()
+        call()  # the patched fast path answers None: the general path answers
+        rows, sampling, source = seen[0]
+        for record in (rows, sampling, source):
+            assert len(record) == len(type(record)._fields)
+        assert sampling == SamplingParameters(0.7, 3, None, None, "vllm")
+        assert source.stream == "draft" and source.sources_for is None
+        assert (source.generator is generator) != (source.generator_for is not None)
+        assert rows.target_logits is not None and rows[1:] == (None, None, None)
+    assert len(_chains.ChainBatch._fields) == 16  # the fast path's batch gives 16 fields
+    assert _engine_call.new_record is tuple.__new__
