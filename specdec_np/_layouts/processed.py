@@ -181,6 +181,8 @@ def _filled(batch_size: int, value: int) -> np.ndarray:
 
 
 _NO_DRAFTS = _filled(0, 0)
+#: Explicit uniforms taken as they are (native float64 and float32).
+_UNIFORM_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 
 def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
@@ -327,14 +329,20 @@ stop_token_ids, token_bitmask : optional
     batch_size = int(rows.shape[0])
     explicit = None
     if uniforms is not None:
-        column = _random.explicit_uniforms(uniforms, like=rows)
+        host = type(rows) is np.ndarray
+        if host and type(uniforms) is np.ndarray and uniforms.dtype in _UNIFORM_DTYPES:
+            # What explicit_uniforms takes in as it is (float32 is widened exactly when
+            # it is written into the block below).
+            column = uniforms
+        else:
+            column = _random.explicit_uniforms(uniforms, like=rows)
         if tuple(column.shape) != (batch_size,):
             raise ValueError(
                 f"uniforms must have shape [N] = [{batch_size}]; found shape "
                 f"{_validate.shape_text(column.shape)}"
             )
         xp = _backend.array_namespace(rows)
-        if xp is np and type(column) is np.ndarray:
+        if host and type(column) is np.ndarray:
             # The same block as the stack below, without its generic steps.
             explicit = np.zeros((batch_size, 2))
             explicit[:, 1] = column
