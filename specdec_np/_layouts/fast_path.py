@@ -51,6 +51,7 @@ __all__ = ["ragged_call"]
 _ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 _INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
 _NDARRAY = np.ndarray
 _GENERATOR = np.random.Generator
 _PCG64 = np.random.PCG64
@@ -229,8 +230,12 @@ def _explicit_uniforms(uniforms: np.ndarray, batch_size: int, width: int) -> np.
     array during the call cannot slip an unchecked value past the check."""
     if uniforms.shape != (batch_size, width):
         return None
-    copy = np.array(uniforms, dtype=np.float64, order="C", copy=True)
-    values = copy.reshape(-1)
+    # A new C-contiguous float64 array either way (float32 widened exactly).
+    if uniforms.dtype == _FLOAT64:
+        copy = uniforms.copy(order="C")
+    else:
+        copy = uniforms.astype(np.float64, order="C")
+    values = copy.ravel()
     if values.shape[0] <= _PYTHON_CHECK_MAX:
         listed = values.tolist()
         # NaN would slip through min and max (its comparisons are all false); the sum of
