@@ -17,7 +17,7 @@ from typing import Any
 
 from . import registry
 from ._layouts import ragged as _ragged
-from ._layouts.engine_call import RowSources, UniformSource, engine_call
+from ._layouts.engine_call import RowSources, UniformSource, engine_call, new_record
 from ._layouts.sampling import SamplingParameters
 from ._runtime import arrays as _backend
 from ._runtime import checks as _validate
@@ -173,22 +173,24 @@ class EngineVerifier:
         ``strict_mode``, ``generator`` and the method's parameters, which are set at
         construction; their entries below are :func:`verify_ragged`'s own.
         """
+        # The records made with every field in their order (new_record: no argument
+        # binding on every call).
         return engine_call(
             _ragged.RaggedCall(
                 self._verifier.name, self._method_parameters, num_draft_tokens,
-                draft_token_ids, bonus_token_ids, on_success=self._record,
+                draft_token_ids, bonus_token_ids, self._record,
             ),
-            RowSources(target_logits, target_probs, draft_logits, draft_probs),
-            SamplingParameters(
+            new_record(RowSources, (target_logits, target_probs, draft_logits, draft_probs)),
+            new_record(SamplingParameters, (
                 temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
                 output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
                 logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens,
                 stop_token_ids, max_tokens, token_bitmask, logprobs,
-            ),
-            UniformSource(
-                uniforms, None, seeded_seqs, counter_seeds,
-                generator_for=self._own_generator.for_device, stream=stream,
-            ),
+            )),
+            new_record(UniformSource, (
+                uniforms, None, seeded_seqs, counter_seeds, self._own_generator.for_device,
+                None, stream,
+            )),
             strict_mode=self._strict_mode,
             out=out,
             report_bias=report_bias,

@@ -101,33 +101,39 @@ class VerificationMetrics:  # numpydoc ignore=PR01
         else:
             width = int(max(drafted.max(initial=0), accepted.max(initial=0)))
             drafted_sum, accepted_sum = int(drafted.sum()), int(accepted.sum())
-        accepted_at, drafted_at = self._grown(width)
+        size = int(drafted.shape[0])
+        if width <= self.accepted_at.shape[0]:
+            accepted_at, drafted_at = self.accepted_at.copy(), self.drafted_at.copy()
+        else:
+            accepted_at, drafted_at = self._grown(width)
         # The per-position counts in one compiled pass each, O(B + the lengths' sum).
         _core.add_position_counts(accepted, accepted_at)
         _core.add_position_counts(drafted, drafted_at)
         new = (
-            self.requests + int(drafted.shape[0]),
+            self.requests + size,
             self.drafted + drafted_sum,
             self.accepted + accepted_sum,
             self.emitted + (
-                accepted_sum + int(drafted.shape[0]) if emitted is None
-                else int(_host(emitted).sum())
+                accepted_sum + size if emitted is None else int(_host(emitted).sum())
             ),
             accepted_at,
             drafted_at,
-            *_bias_sums(self, total_variation),
-        )
-        # Everything is computed on copies first; the assignments below are undone if
-        # an interrupt lands between them, so a call is recorded whole or not at all.
+            *(
+                (self.total_variation_sum, self.measured_positions)
+                if total_variation is None else _bias_sums(self, total_variation)
+            ),
+        )  # fmt: skip
+        # Everything is computed on copies first; the fields are then set in one compiled
+        # step (a dict update), put back if an interrupt lands before the commit, so a call
+        # is recorded whole or not at all.
+        fields = self.__dict__
         old = _fields_of(self)
         try:
-            for name, value in zip(_FIELDS, new):
-                setattr(self, name, value)
+            fields.update(zip(_FIELDS, new))
             if commit is not None:
                 commit.done = True
         except BaseException:
-            for name, value in zip(_FIELDS, old):
-                setattr(self, name, value)
+            fields.update(zip(_FIELDS, old))
             raise
 
     def _grown(self, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -65,7 +65,8 @@ PROCESSED_STAGES = ("sampling", "kernel")
 
 def calls(batch: int, vocab: int) -> dict[str, Callable[[], Any]]:
     """The public calls, each with its inputs made once (seed 0): a sampled request with
-    two drafts for the chain calls, one row for the others."""
+    two drafts for the chain calls, one row for the others; uniforms from a generator, or
+    explicit ones ("uniforms")."""
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((batch, vocab)).astype(np.float32)
     chain_logits = rng.standard_normal((3 * batch, vocab)).astype(np.float32)
@@ -74,10 +75,16 @@ def calls(batch: int, vocab: int) -> dict[str, Callable[[], Any]]:
     generator = np.random.default_rng(1)
     engine = specdec_np.EngineVerifier(seed=0)
     filters = {"temperature": 0.8, "top_k": 8, "top_p": 0.9}
+    # Explicit uniforms: one per row for sample_tokens, [B, max_k + 2] for a chain call.
+    row_uniforms = rng.random(batch)
+    chain_uniforms = rng.random((batch, 4))
     return {
         "sample_tokens": lambda: specdec_np.sample_tokens(logits=logits, generator=generator),
         "sample_tokens (filters)": lambda: specdec_np.sample_tokens(
             logits=logits, generator=generator, **filters
+        ),
+        "sample_tokens (uniforms)": lambda: specdec_np.sample_tokens(
+            logits=logits, uniforms=row_uniforms
         ),
         "processed_probs": lambda: specdec_np.processed_probs(logits),
         "processed_probs (filters)": lambda: specdec_np.processed_probs(logits, **filters),
@@ -88,6 +95,10 @@ def calls(batch: int, vocab: int) -> dict[str, Callable[[], Any]]:
         "verify_ragged (filters)": lambda: specdec_np.verify_ragged(
             num_draft_tokens=counts, draft_token_ids=drafts, target_logits=chain_logits,
             generator=generator, **filters,
+        ),
+        "verify_ragged (uniforms)": lambda: specdec_np.verify_ragged(
+            num_draft_tokens=counts, draft_token_ids=drafts, target_logits=chain_logits,
+            uniforms=chain_uniforms,
         ),
         "EngineVerifier": lambda: engine(
             num_draft_tokens=counts, draft_token_ids=drafts, target_logits=chain_logits

@@ -42,7 +42,15 @@ from .._runtime import uniforms as _random
 from . import sampling as _sampling
 from . import surface as _surface
 
-__all__ = ["LayoutCall", "RowSources", "UniformSource", "engine_call", "kernel_options"]
+__all__ = [
+    "LayoutCall", "RowSources", "UniformSource", "engine_call", "kernel_options", "new_record",
+]
+
+#: ``new_record(Record, values)``: a named tuple (:class:`RowSources`, :class:`UniformSource`,
+#: :class:`~specdec_np._layouts.sampling.SamplingParameters`) from every one of its fields,
+#: in their order, without the Python argument binding of its constructor (a cost the
+#: fronts would pay on every call).
+new_record = tuple.__new__
 
 
 class RowSources(NamedTuple):

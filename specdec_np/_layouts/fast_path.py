@@ -10,7 +10,9 @@ the CPU:
 * NumPy arrays (C-contiguous float32 or float64 rows, int64 ``num_draft_tokens``, int32
   or int64 ids), no ``out=``, not strict;
 * uniforms from a ``numpy.random.Generator`` (the caller's, a sampler's own, or a fresh
-  one): no explicit uniforms, ``seeded_seqs``, ``counter_seeds`` or other source;
+  one), or explicit NumPy uniforms (float64, or float32 widened exactly), taken in as the
+  general path takes them (:func:`_explicit_uniforms`): no ``seeded_seqs``,
+  ``counter_seeds`` or other source;
 * no setting of the whole sampling surface.
 
 It runs the engine call's steps in their order, sharing its functions where they cost
@@ -52,8 +54,11 @@ __all__ = ["ragged_call"]
 _ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 _INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
 _NDARRAY = np.ndarray
 _GENERATOR = np.random.Generator
+_PCG64 = np.random.PCG64
+_new_tuple = tuple.__new__
 
 #: The uniform sources this path knows: a source with another field (one added later)
 #: takes the general path.
@@ -65,6 +70,11 @@ _SOURCE_FIELDS = (
 #: path does not serve; a bad one takes the general path, which refuses it).
 _STREAMS = ("verify", "draft")
 _KNOWN_SOURCES = UniformSource._fields == _SOURCE_FIELDS
+#: The leading fields of the row form of target logits alone (``row_form``'s).
+_LOGITS_ONLY = (True, False, "target_logits", "draft_probs")
+#: The draft ids of a batch without drafts: int64, as the general path makes them (an
+#: empty array holds nothing the kernel could write or a caller change).
+_NO_IDS = np.empty(0, dtype=np.int64)
 
 
 def ragged_call(
@@ -109,9 +119,10 @@ def ragged_call(
         For rows given in no form or in two (the general path's first check, the same
         error); for a request that fails in the kernel, as the general path raises it.
     """
+    explicit = uniform_source.uniforms
     if not (
         _KNOWN_SOURCES
-        and uniform_source.uniforms is None
+        and (explicit is None or (type(explicit) is _NDARRAY and explicit.dtype in _ROW_DTYPES))
         and uniform_source.seeded_seqs is None
         and uniform_source.counter_seeds is None
         and uniform_source.sources_for is None
@@ -121,7 +132,14 @@ def ragged_call(
         return None
     if sampling.surface_on():
         return None
-    form = _sampling.row_form(*rows)
+    target_logits, target_probs, draft_logits, draft_probs = rows
+    if target_probs is None and draft_logits is None and draft_probs is None and (
+        target_logits is not None
+    ):
+        # Target logits alone (a sampling step, point-mass drafts): row_form's record.
+        form = _new_tuple(_sampling.RowForm, _LOGITS_ONLY + (target_logits, None))
+    else:
+        form = _sampling.row_form(target_logits, target_probs, draft_logits, draft_probs)
     target = form.target
     draft = form.draft
     counts = num_draft_tokens
@@ -149,7 +167,7 @@ def ragged_call(
     # Private copies (the counts' made by the check): what is checked is what the kernel
     # and the records read.
     if bonus_token_ids is None:
-        ids = ids.copy() if ids.shape[0] else ids.astype(np.int64)
+        ids = ids.copy() if ids.shape[0] else _NO_IDS
         bonus = _chains.zero_ids(batch_size, ids.dtype)
     else:
         bonus = bonus_token_ids
@@ -188,14 +206,53 @@ def ragged_call(
     if found is None:
         return None
     offsets, counts, max_k, total, bonus_rows, greedy_count = found
-    batch = _chains.ChainBatch(
+    if explicit is not None:
+        # Checked after the batch, as the general path checks them (they are [B, k + 1]
+        # for its k = max_k + 1: a request's k_b + 2 draws).
+        explicit = _explicit_uniforms(explicit, batch_size, max_k + 2)
+        if explicit is None:
+            return None
+    # ChainBatch(...) with every field in its order, without its constructor's binding.
+    batch = _new_tuple(_chains.ChainBatch, (
         np, None, target, draft, ids, bonus, offsets, batch_size, max_k, vocab_size, total,
         None, form.target_name, "(request, position)", counts, bonus_rows,
-    )  # fmt: skip
+    ))  # fmt: skip
     return _verify(
         layout, method_parameters, batch, form, checked, greedy_count,
-        bonus_token_ids is None, on_success, uniform_source,
+        bonus_token_ids is None, on_success, uniform_source, explicit,
     )  # fmt: skip
+
+
+#: Explicit uniforms of at most this many entries are checked on Python floats (a NumPy
+#: reduction costs more than they do).
+_PYTHON_CHECK_MAX = 64
+
+
+def _explicit_uniforms(uniforms: np.ndarray, batch_size: int, width: int) -> np.ndarray | None:
+    """A private float64 C-contiguous copy of NumPy explicit uniforms (float64 or native
+    float32, widened exactly), or None where the general path
+    (:class:`~specdec_np._runtime.uniforms.RejectionUniforms`) refuses them: another shape
+    than ``[B, width]``, or a value outside ``[0, 1)`` (NaN included).  The values are
+    checked on the copy, which is what the kernel reads: a caller's thread writing its own
+    array during the call cannot slip an unchecked value past the check."""
+    if uniforms.shape != (batch_size, width):
+        return None
+    # A new C-contiguous float64 array either way (float32 widened exactly).
+    if uniforms.dtype == _FLOAT64:
+        copy = uniforms.copy(order="C")
+    else:
+        copy = uniforms.astype(np.float64, order="C")
+    values = copy.ravel()
+    if values.shape[0] <= _PYTHON_CHECK_MAX:
+        listed = values.tolist()
+        # NaN would slip through min and max (its comparisons are all false); the sum of
+        # values that min and max put in [0, 1) is NaN exactly when one of them is.
+        total = sum(listed)
+        if not (0.0 <= min(listed) and max(listed) < 1.0 and total == total):
+            return None
+    elif not bool(((values >= 0.0) & (values < 1.0)).all()):
+        return None
+    return copy
 
 
 class _Plan(NamedTuple):
@@ -231,7 +288,7 @@ _OPTION_DEFAULTS = {
     "finds_overflow": False,
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
-_new_tuple = tuple.__new__
+_ROW_STATUS = _contract.OutputBlock._fields.index("row_status")
 
 
 def _launch(
@@ -307,8 +364,10 @@ def _verify(
     draw_bonus: bool,
     on_success: Callable[..., None] | None,
     uniform_source: UniformSource,
+    explicit: np.ndarray | None = None,
 ) -> _results.VerificationResult | None:
-    """The checked call: the uniform source, the draws, the kernel and the record."""
+    """The checked call: the uniform source (``explicit``: the checked explicit uniforms),
+    the draws, the kernel and the record."""
     batch_size = batch.batch_size
     generator = uniform_source.generator
     sources = None
@@ -321,22 +380,25 @@ def _verify(
         if generator is not None and type(generator) is not _GENERATOR:
             # Another kind of source: the general uniform sources check it and draw.
             sources = _random.RejectionUniforms(
-                batch_size, batch.max_k + 1, np, generator=generator,
+                batch_size, batch.max_k + 1, np, uniforms=explicit, generator=generator,
                 row_widths=layout.uniform_rows(batch, checked.greedy)["row_widths"],
             )  # fmt: skip
     plan, positional, keywords = _launch(
         layout, method_parameters, batch, form, checked, greedy_count, draw_bonus
     )
-    # The output block (views of one allocation), made in compiled code.
-    block = _new_tuple(_contract.OutputBlock, _core.output_block(batch_size, batch.max_k + 1))
+    # The output block (views of one allocation: the fields of an OutputBlock, in its
+    # order), made in compiled code.
+    block = _core.output_block(batch_size, batch.max_k + 1)
     commit = None if on_success is None else _dispatch.Commit()
-    # The generator's state before the one draw, recorded before it (DrawLog's record), so
-    # that an interrupt anywhere after it can put the draw back.
+    # The one draw's record (:func:`_draw`), so that an interrupt anywhere after it can put
+    # the draw back.
     before: list[Any] = []
     size: Any = None
     try:
         if sources is not None:
             uniforms = sources.draw()
+        elif explicit is not None:
+            uniforms = explicit  # nothing is drawn: the generator is not asked
         elif greedy_count == batch_size:
             uniforms = np.empty((batch_size, batch.max_k + 2))  # nothing is drawn
         else:
@@ -366,11 +428,10 @@ def _verify(
                 # general path, whose check reads every row first, words the error.
                 _put_back(sources, generator, size, before)
                 return None
-            batch.raise_for_row_status(reported, block.row_status)
-        result = _results.VerificationResult(
-            block.output_token_ids, block.accepted_lengths, block.num_accepted,
-            batch.num_draft_tokens,
-        )  # fmt: skip
+            batch.raise_for_row_status(reported, block[_ROW_STATUS])
+        # VerificationResult(*block[:3], T) without its constructor's Python steps.
+        result = _new_tuple(_results.VerificationResult, block[:3])
+        result.num_draft_tokens = batch.num_draft_tokens
         if on_success is not None:
             on_success(batch.draft_counts, result.accepted_lengths, commit)
         return result
@@ -381,10 +442,12 @@ def _verify(
 
 
 def _put_back(sources: Any, generator: Any, size: Any, before: list[Any]) -> None:
-    """Undo the call's one draw (from ``sources``, or ``generator`` from its state in
-    ``before``), where it drew."""
+    """Undo the call's one draw (from ``sources``, or ``generator`` by its record in
+    ``before``, :func:`_draw`'s), where it drew."""
     if sources is not None:
         sources.undo()
+    elif before and type(before[0]) is _NDARRAY:
+        _random.undo_pcg64_draw(generator, before[0])
     elif before:
         _random.undo_draw(generator, size, before[0])
 
@@ -404,8 +467,18 @@ def _overflows(batch: _chains.ChainBatch, checked: _sampling.CheckedParameters) 
 
 
 def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.ndarray:
-    """``generator.random(size)``, its state before it appended to ``before`` first (as
-    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it)."""
+    """``generator.random(size)``, recorded in ``before`` so that it can be put back.
+
+    From a PCG64 generator (``numpy.random.default_rng``'s), the drawn array itself: made
+    and appended in one compiled step (``list.extend`` over ``map``), so that no interrupt
+    can land between them (:func:`~specdec_np._runtime.uniforms.undo_pcg64_draw` puts it
+    back).  From another bit generator, the state before it (a dict), appended first (as
+    :meth:`~specdec_np._runtime.uniforms.DrawLog.random` logs a draw before making it).
+    """
+    if type(generator.bit_generator) is _PCG64:
+        before.extend(map(generator.random, (size,)))
+        drawn: np.ndarray = before[0]
+        return drawn
     before.append(generator.bit_generator.state)
     uniforms: np.ndarray = generator.random(size)
     return uniforms

@@ -23,7 +23,7 @@ from .._runtime import uniforms as _random
 from . import ragged as _ragged
 from . import sampling as _sampling
 from . import surface as _surface
-from .engine_call import RowSources, UniformSource, engine_call
+from .engine_call import RowSources, UniformSource, engine_call, new_record
 from .sampling import SamplingParameters
 
 __all__ = ["SampledTokens", "processed_probs", "sample_tokens"]
@@ -181,6 +181,8 @@ def _filled(batch_size: int, value: int) -> np.ndarray:
 
 
 _NO_DRAFTS = _filled(0, 0)
+#: Explicit uniforms taken as they are (native float64 and float32).
+_UNIFORM_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 
 def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
@@ -327,29 +329,44 @@ stop_token_ids, token_bitmask : optional
     batch_size = int(rows.shape[0])
     explicit = None
     if uniforms is not None:
-        column = _random.explicit_uniforms(uniforms, like=rows)
+        host = type(rows) is np.ndarray
+        if host and type(uniforms) is np.ndarray and uniforms.dtype in _UNIFORM_DTYPES:
+            # What explicit_uniforms takes in as it is (float32 is widened exactly when
+            # it is written into the block below).
+            column = uniforms
+        else:
+            column = _random.explicit_uniforms(uniforms, like=rows)
         if tuple(column.shape) != (batch_size,):
             raise ValueError(
                 f"uniforms must have shape [N] = [{batch_size}]; found shape "
                 f"{_validate.shape_text(column.shape)}"
             )
         xp = _backend.array_namespace(rows)
-        explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
+        if host and type(column) is np.ndarray:
+            # The same block as the stack below, without its generic steps.
+            explicit = np.zeros((batch_size, 2))
+            explicit[:, 1] = column
+        else:
+            explicit = xp.stack([xp.zeros(batch_size, dtype=xp.float64), column], axis=1)
     # A step without drafts is a ragged call whose requests all have k_b = 0: the same
     # generator gives the same tokens.  No draft ids: an empty list becomes an array of
     # the rows' library.
     drafts = _NO_DRAFTS if isinstance(rows, np.ndarray) else []
+    # The records made with every field in their order (new_record: no argument binding
+    # on every call).
     result = engine_call(
         _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
-        RowSources(target_logits=rows if logits is not None else None,
-                   target_probs=rows if probs is not None else None),
-        SamplingParameters(
+        new_record(RowSources, (rows if logits is not None else None,
+                                rows if probs is not None else None, None, None)),
+        new_record(SamplingParameters, (
             temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
             output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
             logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
-            None, token_bitmask,
+            None, token_bitmask, None,
+        )),
+        new_record(
+            UniformSource, (explicit, generator, seeded_seqs, counter_seeds, None, None, stream)
         ),
-        UniformSource(explicit, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=False,
         out=None,
     )  # fmt: skip

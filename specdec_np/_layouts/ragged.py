@@ -26,7 +26,7 @@ from . import fast_path as _fast
 from . import padded as _chains
 from . import sampling as _sampling
 from . import surface as _surface
-from .engine_call import RowSources, UniformSource, engine_call
+from .engine_call import RowSources, UniformSource, engine_call, new_record
 from .sampling import SamplingParameters
 
 __all__ = ["RaggedCall", "output_buffers", "ragged_chain", "verify_ragged"]
@@ -308,20 +308,29 @@ def verify_ragged(
     >>> np.array_equal(sampled().output_token_ids, sampled().output_token_ids)
     True
     """
+    # The records made with every field in their order (``new_record``: a named tuple's
+    # own constructor binds its arguments in Python, a cost every call pays).
     return engine_call(
         RaggedCall(method, method_parameters, num_draft_tokens, draft_token_ids, bonus_token_ids),
-        RowSources(target_logits, target_probs, draft_logits, draft_probs),
-        SamplingParameters(
+        new_record(RowSources, (target_logits, target_probs, draft_logits, draft_probs)),
+        new_record(SamplingParameters, (
             temperature, top_k, top_p, min_p, filter_order, prompt_token_ids,
             output_token_ids, repetition_penalty, frequency_penalty, presence_penalty,
             logit_bias, allowed_token_ids, bad_words_token_ids, min_tokens, stop_token_ids,
             max_tokens, token_bitmask, logprobs,
+        )),
+        new_record(
+            UniformSource, (uniforms, generator, seeded_seqs, counter_seeds, None, None, stream)
         ),
-        UniformSource(uniforms, generator, seeded_seqs, counter_seeds, stream=stream),
         strict_mode=strict_mode,
         out=out,
         report_bias=report_bias,
-    )
+    )  # fmt: skip
+
+
+#: A registry verifier's entry, its default parameters and whether it is greedy, by the
+#: name a call gave without parameters (the registry does not change while running).
+_PLAIN_METHODS: dict[str, tuple[registry.Verifier, tuple[float, ...], bool]] = {}
 
 
 class RaggedCall:
@@ -352,12 +361,26 @@ class RaggedCall:
         bonus_token_ids: Any,
         on_success: Callable[..., None] | None = None,
     ) -> None:
-        found = registry.chain_method(method)
         #: The relaxed (lossy) method of the call, or None for a registry verifier: a
         #: relaxed call builds and checks its batch as a token-wise rejection call does
         #: and runs :func:`specdec_np._relaxed.runner.run` instead of a kernel.
         self.relaxed: registry.RelaxedMethod | None = None
         self.relaxed_parameters: dict[str, Any] = {}
+        self._parameters: tuple[float, ...]
+        self._num_draft_tokens = num_draft_tokens
+        self._draft_token_ids = draft_token_ids
+        self._bonus_token_ids = bonus_token_ids
+        self._on_success = on_success
+        plain = None
+        if type(method) is str and not method_parameters:
+            plain = _PLAIN_METHODS.get(method)
+        if plain is not None:
+            # A registry verifier named without parameters: what the lines below found
+            # for it the first time.
+            self._given = {}
+            self.entry, self._parameters, self.every_request_greedy = plain
+            return
+        found = registry.chain_method(method)
         self._given = dict(method_parameters)
         if isinstance(found, registry.RelaxedMethod):
             self.relaxed = found
@@ -365,15 +388,13 @@ class RaggedCall:
             unknown = set(method_parameters).difference(found.parameter_names)
             if unknown:
                 _validate.check_relaxed_parameters(found, method_parameters, 0, 0, 1)
-            self._parameters: tuple[float, ...] = ()
+            self._parameters = ()
         else:
             self.entry = found
             self._parameters = _validate.check_method_parameters(found, method_parameters)
         self.every_request_greedy = self.entry.greedy
-        self._num_draft_tokens = num_draft_tokens
-        self._draft_token_ids = draft_token_ids
-        self._bonus_token_ids = bonus_token_ids
-        self._on_success = on_success
+        if self.relaxed is None and not method_parameters and type(method) is str:
+            _PLAIN_METHODS[method] = (self.entry, self._parameters, self.every_request_greedy)
 
     def build(self, form: _sampling.RowForm, strict: bool) -> _chains.ChainBatch:
         """The checked batch (:func:`ragged_chain`), and a relaxed method's parameters

@@ -107,7 +107,13 @@ SURFACE_SETTINGS = (
     "token_bitmask",
     "logprobs",
 )
-_surface_values = operator.itemgetter(*map(SamplingParameters._fields.index, SURFACE_SETTINGS))
+_SURFACE_START = SamplingParameters._fields.index(SURFACE_SETTINGS[0])
+# One slice when the settings are the record's last fields (as they are): one C step.
+_surface_values = (
+    operator.itemgetter(slice(_SURFACE_START, None))
+    if SamplingParameters._fields[_SURFACE_START:] == SURFACE_SETTINGS
+    else operator.itemgetter(*map(SamplingParameters._fields.index, SURFACE_SETTINGS))
+)
 _SURFACE_OFF = (None,) * len(SURFACE_SETTINGS)
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "counter_uniforms",
     "explicit_uniforms",
     "undo_draw",
+    "undo_pcg64_draw",
 ]
 
 
@@ -275,6 +276,42 @@ def undo_draw(generator: Any, size: Any, before: Any) -> None:
     log = DrawLog()
     log._draws.append(_Draw(generator, size, before))
     log.undo()
+
+
+def undo_pcg64_draw(generator: np.random.Generator, drawn: np.ndarray) -> None:
+    """Put back ``drawn``, the float64 uniforms of one ``generator.random(size)`` from a
+    PCG64 generator, where nothing else drew after it: the check of :meth:`DrawLog.undo`
+    made from the draw itself rather than from a state saved before it (reading a state
+    costs more than a small call's draw).
+
+    Each float64 uniform takes one 64-bit output, and PCG64 steps back as well as forward
+    (``advance`` wraps around its period), so the state ``drawn.size`` outputs before now
+    is the state before the draw if replaying the draw from it gives ``drawn`` and ends in
+    the state now; otherwise the generator moved since, and is left as it is.
+
+    Parameters
+    ----------
+    generator : numpy.random.Generator
+        Exactly a ``numpy.random.Generator`` on ``numpy.random.PCG64``.
+    drawn : float64 numpy array
+        What the draw returned.
+    """
+    bit_generator = generator.bit_generator
+    count = int(drawn.size)
+    replica = np.random.PCG64()
+    with bit_generator.lock:
+        now = bit_generator.state
+        replica.state = now
+        replica.advance(-count)
+        before = replica.state
+        # advance() clears the buffered 32-bit half, which a float64 draw never touches.
+        before["has_uint32"], before["uinteger"] = now["has_uint32"], now["uinteger"]
+        replica.state = before
+        replayed = np.random.Generator(replica).random(count)
+        if replayed.tobytes() == np.ascontiguousarray(drawn).tobytes() and _same_state(
+            replica.state, now
+        ):
+            bit_generator.state = before
 
 
 def _state_after(draw: _Draw) -> Any:

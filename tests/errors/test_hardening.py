@@ -603,6 +603,42 @@ def test_keyboard_interrupt_moves_generator_and_counters_together() -> None:
     assert not inconsistent, f"{len(inconsistent)} inconsistent calls: {inconsistent[:5]}"
 
 
+def test_keyboard_interrupt_on_the_engine_fast_path_moves_metrics_and_generator_together(
+    monkeypatch: Any,
+) -> None:
+    """EngineVerifier's common call (the ragged fast path, which records its PCG64 draw by
+    the draw itself and sets the metrics in one step), interrupted at every opcode: the
+    metrics and the generator are both as before or both as after one call, and the draw
+    was put back where the call failed after it."""
+    from specdec_np._runtime import uniforms as _random
+
+    undone = []
+    undo = _random.undo_pcg64_draw
+    monkeypatch.setattr(_random, "undo_pcg64_draw", lambda *a: undone.append(1) or undo(*a))
+    keywords = {
+        "num_draft_tokens": np.array([2, 1]), "draft_token_ids": np.array([1, 2, 0]),
+        "target_logits": np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32),
+        "temperature": 0.8,
+    }  # fmt: skip
+
+    def state(verifier: Any) -> tuple[str, str]:
+        return repr(verifier.metrics), repr(verifier._own_generator.numpy.bit_generator.state)
+
+    start = state(specdec_np.EngineVerifier(seed=1))
+    done_verifier = specdec_np.EngineVerifier(seed=1)
+    done_verifier(**keywords)
+    done = state(done_verifier)
+    _, total = interrupted(lambda: specdec_np.EngineVerifier(seed=1)(**keywords), at=10**9)
+    outcomes = set()
+    for at in range(1, total + 2):
+        verifier = specdec_np.EngineVerifier(seed=1)
+        interrupted(functools.partial(verifier, **keywords), at)
+        found = state(verifier)
+        assert found in (start, done), at
+        outcomes.add(found == done)
+    assert outcomes == {True, False} and undone
+
+
 # --------------------------------------------------------------------------------------
 # Item 11: an empty batch creates no counters
 # --------------------------------------------------------------------------------------

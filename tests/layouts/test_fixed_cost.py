@@ -498,3 +498,137 @@ def test_strided_counts_take_the_general_path() -> None:
     copied = specdec_np.verify_ragged(num_draft_tokens=np.array([1, 0]),
                                       generator=np.random.default_rng(0), **common)
     assert strided.output_token_ids.tolist() == copied.output_token_ids.tolist()
+
+
+def _explicit_uniforms(rng: np.random.Generator, keywords: dict[str, Any]) -> tuple[Any, str]:
+    """Explicit uniforms for a call, ``[B, max_k + 2]`` in one of the forms the fast path
+    serves (float64, float32, not C-contiguous) or one the general path refuses (shape,
+    range, NaN, dtype), and which."""
+    counts = np.asarray(keywords["num_draft_tokens"])
+    shape = (counts.shape[0], int(counts.max(initial=0)) + 2)
+    uniforms = rng.random(shape)
+    kind = str(rng.choice(["float64", "float32", "fortran", "strided", "float32 strided",
+                           "shape", "one", "negative", "nan", "float16", "int", "list"]))
+    if kind == "float32":
+        uniforms = uniforms.astype(np.float32)
+    elif kind == "fortran":
+        uniforms = np.asfortranarray(uniforms)
+    elif kind in ("strided", "float32 strided"):
+        wide = np.repeat(uniforms, 2, axis=1).astype(np.float32 if "32" in kind else np.float64)
+        uniforms = wide[:, ::2]
+    elif kind == "shape":
+        uniforms = rng.random((shape[0], shape[1] + int(rng.choice([-1, 1]))))
+    elif kind in ("one", "negative", "nan"):
+        uniforms[int(rng.integers(shape[0])), int(rng.integers(shape[1]))] = {
+            "one": 1.0, "negative": -1e-300, "nan": np.nan}[kind]
+    elif kind == "float16":
+        uniforms = uniforms.astype(np.float16)
+    elif kind == "int":
+        uniforms = np.zeros(shape, dtype=np.int64)
+    elif kind == "list":
+        uniforms = uniforms.tolist()
+    return uniforms, kind
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["verify_ragged", "EngineVerifier"])
+def test_explicit_uniforms_on_the_fast_path_are_the_general_path(
+    engine: bool, monkeypatch: Any
+) -> None:
+    """Random ragged calls with explicit uniforms, good and bad: the same results and
+    errors (and metrics) through the fast path as through the general path, the generator
+    untouched, the caller's uniforms unchanged; the good NumPy ones take the fast path."""
+    served: list[str] = []
+    fast_verify = _fast._verify
+    monkeypatch.setattr(
+        _fast, "_verify", lambda *a: served.append(kind) or fast_verify(*a)  # type: ignore[has-type]
+    )
+    rng = np.random.default_rng(11)
+    errors = set()
+    for case in range(240):
+        keywords = _random_call(rng, registry.VERIFIERS[case % len(registry.VERIFIERS)])
+        keywords["uniforms"], kind = _explicit_uniforms(rng, keywords)
+        given = np.array(keywords["uniforms"], copy=True)
+        fast = _call(keywords, case, engine)
+        assert np.asarray(keywords["uniforms"]).tobytes() == given.tobytes()
+        with monkeypatch.context() as general_path:
+            general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+            general = _call(keywords, case, engine)
+        assert fast == general, (case, kind, keywords)
+        assert fast[1] == np.random.default_rng(case).bit_generator.state or engine
+        if isinstance(fast[0][0], type):
+            errors.add(kind)
+    # Every refusal was met, with the general path's own error, and every served form
+    # reached the kernel on the fast path.
+    assert {"shape", "one", "negative", "nan", "float16", "int"} <= errors
+    assert {"float64", "float32", "fortran", "strided", "float32 strided"} <= set(served)
+    assert not {"shape", "one", "negative", "nan", "float16", "int", "list"} & set(served)
+
+
+def test_explicit_uniforms_of_sample_tokens_take_the_fast_path(monkeypatch: Any) -> None:
+    """sample_tokens with explicit uniforms: the fast path's tokens and errors are the
+    general path's, for every dtype and range case."""
+    served: list[int] = []
+    fast_verify = _fast._verify
+    monkeypatch.setattr(_fast, "_verify", lambda *a: served.append(1) or fast_verify(*a))
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((3, 7)).astype(np.float32)
+    cases = [rng.random(3), rng.random(3).astype(np.float32), rng.random(6)[::2],
+             np.array([0.0, 0.5, np.nextafter(1.0, 0.0)]), np.array([0.2, 1.0, 0.3]),
+             np.array([0.2, np.nan, 0.3]), rng.random(4), rng.random(3).astype(np.float16)]
+    for uniforms in cases:
+        outcomes = []
+        for general in (False, True):
+            with monkeypatch.context() as patch:
+                if general:
+                    patch.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+                try:
+                    found: Any = specdec_np.sample_tokens(
+                        logits=logits, uniforms=uniforms, temperature=0.8, top_k=4
+                    ).tolist()
+                except (TypeError, ValueError) as error:
+                    found = (type(error), str(error))
+            outcomes.append(found)
+        assert outcomes[0] == outcomes[1], uniforms
+    assert len(served) == 4  # the four good cases, once each
+
+
+def test_the_records_made_without_constructors_are_the_constructors_records(
+    monkeypatch: Any,
+) -> None:
+    """The fronts and the fast path make their named tuples from every field in order
+    (``tuple.__new__``): each record has all its fields, equal to what its constructor
+    makes from the same keywords."""
+    from specdec_np._layouts import engine_call as _engine_call
+    from specdec_np._layouts import padded as _chains
+
+    logits = np.zeros((3, 4), np.float32)
+    assert _fast._LOGITS_ONLY + (logits, None) == tuple(
+        _sampling.row_form(logits, None, None, None)
+    )
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(_ragged.RaggedCall, "fast_call", lambda self, *a: seen.append(a))
+    generator = np.random.default_rng(0)
+    common = {"temperature": 0.7, "top_k": 3, "stream": "draft"}
+    calls = [
+        lambda: specdec_np.verify_ragged(
+            num_draft_tokens=np.array([2]), draft_token_ids=np.array([1, 2]),
+            target_logits=logits, generator=generator, **common,
+        ),
+        lambda: specdec_np.EngineVerifier(seed=0)(
+            num_draft_tokens=np.array([2]), draft_token_ids=np.array([1, 2]),
+            target_logits=logits, **common,
+        ),
+        lambda: specdec_np.sample_tokens(logits=logits, generator=generator, **common),
+    ]  # fmt: skip
+    for call in calls:
+        seen.clear()
+        call()  # the patched fast path answers None: the general path answers
+        rows, sampling, source = seen[0]
+        for record in (rows, sampling, source):
+            assert len(record) == len(type(record)._fields)
+        assert sampling == SamplingParameters(0.7, 3, None, None, "vllm")
+        assert source.stream == "draft" and source.sources_for is None
+        assert (source.generator is generator) != (source.generator_for is not None)
+        assert rows.target_logits is not None and rows[1:] == (None, None, None)
+    assert len(_chains.ChainBatch._fields) == 16  # the fast path's batch gives 16 fields
+    assert _engine_call.new_record is tuple.__new__

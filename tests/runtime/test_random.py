@@ -371,6 +371,40 @@ def test_no_rewind_over_a_draw_made_between_the_saved_state_and_the_call():
     assert not np.isin(following, np.concatenate([theirs, mine])).any()
 
 
+@pytest.mark.parametrize("size", [1, 5, (2, 3)])
+@pytest.mark.parametrize("halves", [0, 1, 2], ids=["none", "one buffered", "two"])
+def test_a_pcg64_draw_is_put_back_from_the_draw_itself(size, halves):
+    """undo_pcg64_draw: the state before the draw comes back (a buffered 32-bit half
+    included); after another draw (another thread's) nothing is rewound; a draw made by
+    another thread before this one stays made."""
+    from specdec_np._runtime import uniforms as _random
+
+    generator = np.random.default_rng(3)
+    generator.integers(0, 2**32, halves, dtype=np.uint32)  # an odd count buffers a half
+    before = generator.bit_generator.state
+    mine = generator.random(size)
+    _random.undo_pcg64_draw(generator, mine)
+    assert generator.bit_generator.state == before
+    np.testing.assert_array_equal(generator.random(size), mine)
+
+    mine = generator.random(size)
+    theirs = generator.random(1)  # after the call drew: left alone
+    after = generator.bit_generator.state
+    _random.undo_pcg64_draw(generator, mine)
+    assert generator.bit_generator.state == after
+    assert not np.isin(generator.random(8), np.append(mine, theirs)).any()
+
+    generator.random(2)  # before the call's draw: stays drawn
+    between = generator.bit_generator.state
+    _random.undo_pcg64_draw(generator, generator.random(size))
+    assert generator.bit_generator.state == between
+    # A negative control: values that are not the draw's rewind nothing.
+    generator.random(size)
+    moved = generator.bit_generator.state
+    _random.undo_pcg64_draw(generator, np.zeros(size))
+    assert generator.bit_generator.state == moved
+
+
 def test_a_failed_call_does_not_repeat_other_threads_uniforms():
     """End to end: calls that fail late (the kernel finds a target row
     without mass after the draws) share a generator with a thread that draws from it
