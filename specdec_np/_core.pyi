@@ -202,3 +202,37 @@ def processed_rows(
     num_threads: int,
     row_threads: int = 1,
 ) -> None: ...
+
+def shard_stats(
+    rows: FloatArray,
+    temperature: FloatArray,
+    groups: int,
+    stats: Float64Array,
+    group_max: FloatArray,
+) -> None: ...
+def shard_weights(
+    rows: FloatArray,
+    indices: Int64Array,
+    temperature: FloatArray,
+    z_max: FloatArray,
+    cutoff: FloatArray,
+    weights: FloatArray,
+    masses: Float64Array,
+) -> None: ...
+def shard_count_at_least(
+    rows: FloatArray,
+    indices: Int64Array,
+    temperature: FloatArray,
+    thresholds: FloatArray,
+    counts: Int64Array,
+) -> int: ...
+def shard_at_least(
+    rows: FloatArray,
+    indices: Int64Array,
+    temperature: FloatArray,
+    thresholds: FloatArray,
+    counts: Int64Array,
+    columns: Int64Array,
+    values: FloatArray,
+) -> int: ...
+def shard_exp(x: FloatArray, z_max: FloatArray, out: FloatArray) -> None: ...

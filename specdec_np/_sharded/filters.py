@@ -25,10 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import exponential as _exponential
 from . import rows as _rows
 from .exchange import Exchange
-from .laws import Entries, LogitRows
+from .laws import Entries, LogitRows, law_weights
 
 __all__ = [
     "MOST_CANDIDATES",
@@ -64,11 +63,7 @@ def weights_of(values: np.ndarray, top: np.ndarray) -> np.ndarray:
     """float64 ``w = exp(values - top)`` by the law's rule (the float32 exponential for
     float32 values, ``exp`` for float64; NaN weighs 0), ``top`` broadcast against
     ``values``, both of one dtype."""
-    shifted = values - top
-    if shifted.dtype == np.float32:
-        return _exponential.expf(shifted).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isnan(shifted), 0.0, np.exp(shifted))
+    return law_weights(values, top).astype(np.float64)
 
 
 def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:

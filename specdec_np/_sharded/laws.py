@@ -18,10 +18,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import exponential as _exponential
+from .. import _core
 from .rows import RowSet, Sparse
 
-__all__ = ["Entries", "LawRows", "LogitRows"]
+__all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
+
+
+def law_weights(values: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """``w = exp(values - top)`` by the law's rule, in the rows' dtype (the kernels' float32
+    exponential for float32 values, ``exp`` for float64; 0 for NaN), ``top`` broadcast
+    against ``values``, both of one dtype (the kernels' ``shard_exp``)."""
+    dtype = np.result_type(values, top)  # NumPy's promotion, as values - top would take
+    values, top = np.broadcast_arrays(np.asarray(values, dtype=dtype),
+                                      np.asarray(top, dtype=dtype))
+    flat = np.ascontiguousarray(values).reshape(-1)
+    out = np.empty(flat.size, dtype=dtype)
+    _core.shard_exp(flat, np.ascontiguousarray(top).reshape(-1), out)
+    return out.reshape(values.shape)
 
 
 class Entries(NamedTuple):
@@ -108,43 +121,16 @@ class LogitRows:
         """float64 ``[R, 3]`` per row: the largest value (NaN never), its count of
         ``+inf``, and the largest finite logit; and, with ``groups`` (at most half the
         width), the largest logit of each of ``groups`` sets of columns (``[R, groups]``,
-        NaN as ``-inf``), found in the same pass.  Each is an entry of the row: the
-        ``C``-th largest of them is at most the row's ``C``-th largest."""
+        ``-inf`` for a set of NaN alone), found in the same pass (the kernels'
+        ``shard_stats``).  Each is an entry of the row: the ``C``-th largest of them is at
+        most the row's ``C``-th largest."""
         table = np.zeros((self.count, 3))
         groups = groups if 0 < 2 * groups <= self.width else 0
-        grouped = np.zeros((self.count, groups), dtype=self.dtype) if groups else None
-        run = self.width // groups if groups else 0
+        grouped = np.zeros((self.count, groups), dtype=self.dtype)
         for first, end, part in self._spans():
-            if groups:
-                # Group g holds the columns g, g + groups, g + 2 groups, ...: the maximum
-                # runs down whole rows of the reshaped block (a fast pass).
-                head = part[:, : groups * run].reshape(part.shape[0], run, groups)
-                group_max = np.max(head, axis=1)
-                largest = np.max(group_max, axis=1, initial=-np.inf)
-                if groups * run < self.width:
-                    largest = np.maximum(largest, np.max(part[:, groups * run :], axis=1))
-                grouped[first:end] = group_max  # type: ignore[index]
-            else:
-                largest = np.max(part, axis=1, initial=-np.inf)
-            # NaN wins NumPy's maximum, and +inf is not finite: redo those rows.
-            again = np.flatnonzero(np.isnan(largest) | (largest == np.inf))
-            top = largest.copy()
-            if again.size:
-                rows = part[again]
-                top[again] = np.fmax.reduce(rows, axis=1, initial=-np.inf)
-                largest[again] = np.max(
-                    np.where(np.isfinite(rows), rows, -np.inf), axis=1, initial=-np.inf
-                )
-            # fl(l / t) is monotone in l: the largest value is the largest logit's.
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                table[first:end, 0] = top / self.divisor[first:end]
-            table[first:end, 2] = largest
-        infinite = np.flatnonzero(table[:, 0] == np.inf)
-        if infinite.size:
-            table[infinite, 1] = np.count_nonzero(self.values(infinite) == np.inf, axis=1)
-        if grouped is not None:
-            grouped[np.isnan(grouped)] = -np.inf
-        return table, grouped
+            _core.shard_stats(np.ascontiguousarray(part), self.divisor[first:end], groups,
+                              table[first:end], grouped[first:end])
+        return table, grouped if groups else None
 
     def logit_floors(self, floors: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Per row of ``rows`` the least logit ``l`` with ``fl(l / t) >= floors`` (same
@@ -176,42 +162,37 @@ class LogitRows:
 
     def at_least(self, rows: np.ndarray, floors: np.ndarray) -> Entries:
         """The entries of ``rows`` whose value reaches the row's floor (NaN never), row by
-        row and column by column."""
-        logit_floors = self.logit_floors(floors, rows)
+        row and column by column (one compiled comparison per entry: the kernels'
+        ``shard_count_at_least`` and ``shard_at_least``)."""
         found_rows: list[np.ndarray] = []
         found_columns: list[np.ndarray] = []
-        width = max(self.width, 1)
+        found_values: list[np.ndarray] = []
+        floors = np.asarray(floors, dtype=self.dtype)
         for first, end, part in self._spans():
             at = np.flatnonzero((rows >= first) & (rows < end))
             if not at.size:
                 continue
-            by_value = np.isnan(logit_floors[at])
-            for chosen, direct in ((at[~by_value], False), (at[by_value], True)):
-                if not chosen.size:
-                    continue
-                local = rows[chosen] - first
-                whole = chosen.size == part.shape[0] and bool(
-                    (local == np.arange(part.shape[0])).all()
-                )
-                block = part if whole else part[local]
-                if direct:
-                    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                        block = block / self.divisor[rows[chosen], None]
-                    limit = floors[chosen]
-                else:
-                    limit = logit_floors[chosen]
-                flat = np.flatnonzero(block >= limit[:, None])
-                found_rows.append(rows[chosen][flat // width])
-                found_columns.append(flat % width)
+            block = np.ascontiguousarray(part)
+            local = (rows[at] - first).astype(np.int64)
+            divisor = np.ascontiguousarray(self.divisor[rows[at]])
+            limit = np.ascontiguousarray(floors[at])
+            counts = np.zeros(at.size, dtype=np.int64)
+            total = _core.shard_count_at_least(block, local, divisor, limit, counts)
+            columns = np.empty(total, dtype=np.int64)
+            values = np.empty(total, dtype=self.dtype)
+            _core.shard_at_least(block, local, divisor, limit, counts, columns, values)
+            found_rows.append(np.repeat(rows[at], counts))
+            found_columns.append(columns)
+            found_values.append(values)
         if not found_rows:
             empty = np.zeros(0, dtype=np.int64)
             return Entries(empty, empty, np.zeros(0, dtype=self.dtype))
+        if len(found_rows) == 1:
+            return Entries(found_rows[0], found_columns[0], found_values[0])
         row_of = np.concatenate(found_rows)
         columns = np.concatenate(found_columns)
-        if len(found_rows) > 1:
-            order = np.lexsort((columns, row_of))
-            row_of, columns = row_of[order], columns[order]
-        return Entries(row_of, columns, self.entry_values(row_of, columns))
+        order = np.lexsort((columns, row_of))
+        return Entries(row_of[order], columns[order], np.concatenate(found_values)[order])
 
 
 class LawRows:
@@ -265,10 +246,23 @@ class LawRows:
         self.dense_at[self.dense] = np.arange(self.dense.size)
         self.dense_weights = np.zeros((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:
-            shifted = logits.values(self.dense)
-            shifted -= top[self.dense, None]
-            self.dense_weights = self._exp(shifted)
-            self.masses[self.dense] = self.dense_weights.sum(axis=1, dtype=np.float64)
+            # One compiled pass a row: the law's weights and their sum on its eight lanes
+            # (the kernels' shard_weights).
+            no_cutoff = np.full(self.dense.size, -np.inf, dtype=self.dtype)
+            dense_masses = np.zeros(self.dense.size)
+            z_max = np.ascontiguousarray(top[self.dense], dtype=self.dtype)
+            for first, end, part in logits._spans():
+                at = np.flatnonzero((self.dense >= first) & (self.dense < end))
+                if not at.size:
+                    continue
+                # self.dense is sorted, so a part's rows are one run of it.
+                run = slice(int(at[0]), int(at[-1]) + 1)
+                _core.shard_weights(
+                    np.ascontiguousarray(part), (self.dense[run] - first).astype(np.int64),
+                    np.ascontiguousarray(logits.divisor[self.dense[run]]), z_max[run],
+                    no_cutoff[run], self.dense_weights[run], dense_masses[run],
+                )
+            self.masses[self.dense] = dense_masses
         # The kept entries of the filtered rows, with their weights.
         sparse = np.flatnonzero(filtered)
         self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
@@ -293,23 +287,13 @@ class LawRows:
                     np.concatenate([part.columns for part in parts])[order],
                     np.concatenate([part.values for part in parts])[order],
                 )
-            self.kept_weights = self._exp(self.kept.values - top[self.kept.rows])
+            self.kept_weights = law_weights(self.kept.values, top[self.kept.rows])
             self.masses += np.bincount(
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
         spread = np.flatnonzero(infinite)
         if spread.size:
             self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
-
-    def _exp(self, shifted: np.ndarray) -> np.ndarray:
-        """``exp`` by the law's rule, in the rows' dtype, 0 for NaN."""
-        if self.dtype == np.float32:
-            return _exponential.expf(shifted)
-        with np.errstate(invalid="ignore"):
-            weights = np.exp(shifted)
-        if np.isnan(weights).any():
-            weights[np.isnan(weights)] = 0.0
-        return weights
 
     def token_weights(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """float64 ``w`` of the entries ``(rows[i], columns[i])`` of this rank's slice (0

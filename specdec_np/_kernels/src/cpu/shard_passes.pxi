@@ -1,0 +1,204 @@
+# --------------------------------------------------------------------------------------
+# A rank's passes over its slice of columns (verification across vocabulary shards,
+# specdec_np._sharded): shardscan.h's statistics, weights and candidate scans on blocks
+# of rows, one thread (the ranks of a machine share its cores).
+# --------------------------------------------------------------------------------------
+
+cdef extern from "shardscan.h" nogil:
+    void specdec_shard_row_stats_f(
+        const float* row, Py_ssize_t width, float temperature, Py_ssize_t groups,
+        double* stats, float* group_max,
+    )
+    void specdec_shard_row_stats_d(
+        const double* row, Py_ssize_t width, double temperature, Py_ssize_t groups,
+        double* stats, double* group_max,
+    )
+    Py_ssize_t specdec_shard_count_at_least_f(
+        const float* row, Py_ssize_t width, float temperature, float threshold
+    )
+    Py_ssize_t specdec_shard_count_at_least_d(
+        const double* row, Py_ssize_t width, double temperature, double threshold
+    )
+    Py_ssize_t specdec_shard_at_least_f(
+        const float* row, Py_ssize_t width, float temperature, float threshold,
+        int64_t* columns, float* values,
+    )
+    Py_ssize_t specdec_shard_at_least_d(
+        const double* row, Py_ssize_t width, double temperature, double threshold,
+        int64_t* columns, double* values,
+    )
+    void specdec_shard_exp_f(const float* x, const float* m, Py_ssize_t count, float* out)
+    void specdec_shard_exp_d(const double* x, const double* m, Py_ssize_t count, double* out)
+    double specdec_shard_weights_f(
+        const float* row, Py_ssize_t width, float temperature, float z_max, float cutoff,
+        float* weights,
+    )
+    double specdec_shard_weights_d(
+        const double* row, Py_ssize_t width, double temperature, double z_max,
+        double cutoff, double* weights,
+    )
+
+
+cdef void check_shard_rows(
+    Py_ssize_t num_rows, const int64_t[::1] indices, Py_ssize_t per_row
+) except *:
+    """Raise unless every index names a row of the block and per-row arrays fit."""
+    cdef Py_ssize_t i
+    if per_row < indices.shape[0]:
+        raise ValueError("shard pass: a per-row array is shorter than the row indices")
+    for i in range(indices.shape[0]):
+        if indices[i] < 0 or indices[i] >= num_rows:
+            raise ValueError(
+                f"shard pass: row index {indices[i]} is outside the block of {num_rows} rows"
+            )
+
+
+def shard_stats(
+    const probability_t[:, ::1] rows,
+    const probability_t[::1] temperature,
+    Py_ssize_t groups,
+    double[:, ::1] stats,
+    probability_t[:, ::1] group_max,
+):
+    """Per row of a slice: the largest ``z = rows / temperature`` (NaN never), its count of
+    ``+inf`` ``z`` and the largest finite logit (``stats[i]``, float64), and with ``groups``
+    (0, or at most half the width) the largest logit of each set of columns ``g, g +
+    groups, ...`` (``group_max[i]``, ``-inf`` where a set holds only NaN)."""
+    cdef Py_ssize_t n = rows.shape[0], width = rows.shape[1], i
+    if temperature.shape[0] < n or stats.shape[0] < n or stats.shape[1] != 3:
+        raise ValueError("shard_stats: temperature [n] and stats [n, 3] must fit the rows")
+    if groups < 0 or 2 * groups > width:
+        raise ValueError(f"shard_stats: groups = {groups} must lie in 0 .. width / 2")
+    if groups and (group_max.shape[0] < n or group_max.shape[1] != groups):
+        raise ValueError("shard_stats: group_max must be [n, groups]")
+    with nogil:
+        for i in range(n):
+            if probability_t is float:
+                specdec_shard_row_stats_f(
+                    &rows[i, 0] if width else NULL, width, temperature[i], groups,
+                    &stats[i, 0], &group_max[i, 0] if groups else NULL,
+                )
+            else:
+                specdec_shard_row_stats_d(
+                    &rows[i, 0] if width else NULL, width, temperature[i], groups,
+                    &stats[i, 0], &group_max[i, 0] if groups else NULL,
+                )
+
+
+def shard_weights(
+    const probability_t[:, ::1] rows,
+    const int64_t[::1] indices,
+    const probability_t[::1] temperature,
+    const probability_t[::1] z_max,
+    const probability_t[::1] cutoff,
+    probability_t[:, ::1] weights,
+    double[::1] masses,
+):
+    """The weights' pass of rows ``indices`` of a slice: ``w = exp(z - z_max)`` over ``z >=
+    cutoff`` (0 elsewhere, NaN never), written to ``weights[i]``, and their sum (the law's
+    eight lanes) to ``masses[i]``."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i
+    check_shard_rows(rows.shape[0], indices, min(
+        temperature.shape[0], z_max.shape[0], cutoff.shape[0], masses.shape[0]
+    ))
+    if width and (weights.shape[0] < n or weights.shape[1] != width):
+        raise ValueError("shard_weights: weights must be [len(indices), width]")
+    with nogil:
+        for i in range(n):
+            if width == 0:
+                masses[i] = 0.0
+            elif probability_t is float:
+                masses[i] = specdec_shard_weights_f(
+                    &rows[indices[i], 0], width, temperature[i], z_max[i], cutoff[i],
+                    &weights[i, 0],
+                )
+            else:
+                masses[i] = specdec_shard_weights_d(
+                    &rows[indices[i], 0], width, temperature[i], z_max[i], cutoff[i],
+                    &weights[i, 0],
+                )
+
+
+def shard_count_at_least(
+    const probability_t[:, ::1] rows,
+    const int64_t[::1] indices,
+    const probability_t[::1] temperature,
+    const probability_t[::1] thresholds,
+    int64_t[::1] counts,
+):
+    """How many entries of each row ``indices[i]`` of a slice have ``z = rows /
+    temperature`` at or above the row's threshold (NaN never), into ``counts[i]``;
+    returns the total."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, total = 0
+    check_shard_rows(rows.shape[0], indices, min(
+        temperature.shape[0], thresholds.shape[0], counts.shape[0]
+    ))
+    with nogil:
+        for i in range(n):
+            if width == 0:
+                counts[i] = 0
+            elif probability_t is float:
+                counts[i] = specdec_shard_count_at_least_f(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i]
+                )
+            else:
+                counts[i] = specdec_shard_count_at_least_d(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i]
+                )
+            total += counts[i]
+    return total
+
+
+def shard_at_least(
+    const probability_t[:, ::1] rows,
+    const int64_t[::1] indices,
+    const probability_t[::1] temperature,
+    const probability_t[::1] thresholds,
+    const int64_t[::1] counts,
+    int64_t[::1] columns,
+    probability_t[::1] values,
+):
+    """The entries that :func:`shard_count_at_least` counted, row by row and column by
+    column: their columns and ``z`` into ``columns`` and ``values`` (``sum(counts)``
+    long); returns how many were written."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, at = 0, total = 0
+    check_shard_rows(rows.shape[0], indices, min(
+        temperature.shape[0], thresholds.shape[0], counts.shape[0]
+    ))
+    for i in range(n):
+        total += counts[i]
+    if columns.shape[0] < total or values.shape[0] < total:
+        raise ValueError("shard_at_least: columns and values must hold sum(counts) entries")
+    if total == 0:
+        return 0
+    with nogil:
+        for i in range(n):
+            if counts[i] == 0:
+                continue
+            if probability_t is float:
+                at += specdec_shard_at_least_f(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i],
+                    &columns[at], &values[at],
+                )
+            else:
+                at += specdec_shard_at_least_d(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i],
+                    &columns[at], &values[at],
+                )
+    return at
+
+
+def shard_exp(const probability_t[::1] x, const probability_t[::1] z_max,
+              probability_t[::1] out):
+    """``out = exp(x - z_max)`` by the law's rule (its float32 exponential for float32
+    entries, ``exp`` for float64; 0 for NaN)."""
+    cdef Py_ssize_t count = x.shape[0]
+    if z_max.shape[0] != count or out.shape[0] != count:
+        raise ValueError("shard_exp: x, z_max and out must have one length")
+    if count == 0:
+        return
+    with nogil:
+        if probability_t is float:
+            specdec_shard_exp_f(&x[0], &z_max[0], count, &out[0])
+        else:
+            specdec_shard_exp_d(&x[0], &z_max[0], count, &out[0])

@@ -1,0 +1,161 @@
+/* A rank's passes over its slice of columns in verification across vocabulary shards
+ * (specdec_np._sharded, docs/semantics.md "Verification across vocabulary shards").
+ *
+ * A rank holds the columns start .. start + width - 1 of each row.  What it sends and keeps
+ * is the law of logits_law.h cut at the protocol's exchanges:
+ *
+ *   specdec_shard_stats: a row's largest z = l / t (NaN never), its count of +inf z and
+ *     its largest finite logit, and the largest logit of each of G sets of columns (set g
+ *     holds g, g + G, g + 2 G, ...), whose C-th largest bounds the row's C-th largest;
+ *   specdec_shard_weights: w = exp(z - m) over {z >= cutoff} given the row's global
+ *     maximum m, stored, and their sum: specdec_kept_sum of logits_law.h, the unsharded
+ *     law's own pass (the same exponential and the same eight lanes y mod 8, counted from
+ *     the slice's first column), so that with one rank the sums are the unsharded call's;
+ *   specdec_shard_count_at_least, specdec_shard_at_least: the entries of a slice whose z
+ *     reaches a threshold (a candidate list, a filter's kept set), column by column;
+ *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight.
+ *
+ * The maxima are selections (any grouping gives the same value); z = l / t is computed in
+ * the rows' dtype as the law does, and fl(l / t) is monotone in l, so the largest z is the
+ * largest logit's.  Rows are read with a stride between them (a block of rows in place).
+ */
+#ifndef SPECDEC_SHARDSCAN_H
+#define SPECDEC_SHARDSCAN_H
+
+#include "logits_law.h"
+
+/* Lanes of the running maxima when no sets of columns are asked for. */
+#define SPECDEC_SHARD_LANES 32
+/* Columns compared per step of the candidate scan before its entries are visited. */
+#define SPECDEC_SHARD_SPAN 64
+
+#define SPECDEC_DEFINE_SHARD_PASSES(SUFFIX, T)                                              \
+    /* The larger of best[g] and row[g] for g < count; NaN never wins. */                  \
+    SPECDEC_INLINE void specdec_shard_larger_##SUFFIX(T *best, const T *row,               \
+                                                      ptrdiff_t count)                     \
+    {                                                                                      \
+        for (ptrdiff_t g = 0; g < count; ++g)                                              \
+            best[g] = row[g] > best[g] ? row[g] : best[g];                                 \
+    }                                                                                      \
+                                                                                           \
+    /* One row: stats[0] the largest z, stats[1] its count of +inf z, stats[2] the largest  \
+     * finite logit; with groups > 0 (2 groups <= width) group_max[g] the largest logit of \
+     * set g (-inf where it has none). */                                                  \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_shard_row_stats_##SUFFIX(const T *row, ptrdiff_t width,            \
+                                                 T temperature, ptrdiff_t groups,          \
+                                                 double *stats, T *group_max)              \
+    {                                                                                      \
+        T lanes[SPECDEC_SHARD_LANES];                                                      \
+        T *best = groups > 0 ? group_max : lanes;                                          \
+        ptrdiff_t step = groups > 0 ? groups : SPECDEC_SHARD_LANES, y = 0;                 \
+        for (ptrdiff_t g = 0; g < step; ++g)                                               \
+            best[g] = (T)-INFINITY;                                                        \
+        for (; y + step <= width; y += step)                                               \
+            specdec_shard_larger_##SUFFIX(best, row + y, step);                            \
+        T top = (T)-INFINITY;                                                              \
+        for (ptrdiff_t g = 0; g < step; ++g)                                               \
+            top = best[g] > top ? best[g] : top;                                           \
+        for (; y < width; ++y) /* columns past the last whole set */                       \
+            top = row[y] > top ? row[y] : top;                                             \
+        T largest_finite = top;                                                            \
+        if (top == (T)INFINITY) {                                                          \
+            largest_finite = (T)-INFINITY;                                                 \
+            for (ptrdiff_t x = 0; x < width; ++x)                                          \
+                if (row[x] > largest_finite && row[x] < (T)INFINITY)                       \
+                    largest_finite = row[x];                                               \
+        }                                                                                  \
+        T z_max = top / temperature;                                                       \
+        int64_t infinite = 0;                                                              \
+        if (z_max == (T)INFINITY)                                                          \
+            for (ptrdiff_t x = 0; x < width; ++x)                                          \
+                infinite += row[x] / temperature == (T)INFINITY;                           \
+        stats[0] = (double)z_max;                                                          \
+        stats[1] = (double)infinite;                                                       \
+        stats[2] = (double)largest_finite;                                                 \
+    }                                                                                      \
+                                                                                           \
+    /* How many entries of the row have z = l / t >= threshold (NaN never). */             \
+    SPECDEC_CLONES                                                                         \
+    static ptrdiff_t specdec_shard_count_at_least_##SUFFIX(const T *row, ptrdiff_t width,  \
+                                                          T temperature, T threshold)     \
+    {                                                                                      \
+        ptrdiff_t count = 0;                                                               \
+        if (temperature == (T)1)                                                           \
+            for (ptrdiff_t y = 0; y < width; ++y)                                          \
+                count += row[y] >= threshold;                                              \
+        else                                                                               \
+            for (ptrdiff_t y = 0; y < width; ++y)                                          \
+                count += row[y] / temperature >= threshold;                                \
+        return count;                                                                      \
+    }                                                                                      \
+                                                                                           \
+    /* The entries of the row with z >= threshold, column by column: their columns and z  \
+     * (as many as specdec_shard_count_at_least counts); returns how many. */              \
+    SPECDEC_CLONES                                                                         \
+    static ptrdiff_t specdec_shard_at_least_##SUFFIX(const T *row, ptrdiff_t width,        \
+                                                    T temperature, T threshold,           \
+                                                    int64_t *columns, T *values)          \
+    {                                                                                      \
+        ptrdiff_t found = 0;                                                               \
+        for (ptrdiff_t y = 0; y < width; y += SPECDEC_SHARD_SPAN) {                        \
+            ptrdiff_t span = width - y < SPECDEC_SHARD_SPAN ? width - y : SPECDEC_SHARD_SPAN; \
+            /* Most spans hold nothing: a comparison that vectorises finds them. */         \
+            if (!specdec_shard_count_at_least_##SUFFIX(row + y, span, temperature,         \
+                                                       threshold))                         \
+                continue;                                                                  \
+            for (ptrdiff_t x = y; x < y + span; ++x) {                                     \
+                T z = row[x] / temperature;                                                \
+                if (z >= threshold) {                                                      \
+                    columns[found] = x;                                                    \
+                    values[found] = z;                                                     \
+                    ++found;                                                               \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        return found;                                                                      \
+    }
+
+SPECDEC_DEFINE_SHARD_PASSES(f, float)
+SPECDEC_DEFINE_SHARD_PASSES(d, double)
+
+/* w = exp(x - m) for float32 entries (specdec_weight_f, eight at a time where the vectors
+ * are built: the same exponential, lane by lane), 0 for NaN. */
+SPECDEC_CLONES
+static void specdec_shard_exp_f(const float *x, const float *m, ptrdiff_t count, float *out)
+{
+    ptrdiff_t i = 0;
+#if SPECDEC_HAVE_VECTORS
+    for (; i + 8 <= count; i += 8) {
+        specdec_v8f a, b;
+        memcpy(&a, x + i, sizeof a);
+        memcpy(&b, m + i, sizeof b);
+        specdec_v8f w = specdec_fast_expf8(a - b);
+        memcpy(out + i, &w, sizeof w);
+    }
+#endif
+    for (; i < count; ++i)
+        out[i] = (float)specdec_weight_f(x[i], m[i]);
+}
+
+static void specdec_shard_exp_d(const double *x, const double *m, ptrdiff_t count,
+                                double *out)
+{
+    for (ptrdiff_t i = 0; i < count; ++i)
+        out[i] = specdec_weight_d(x[i], m[i]);
+}
+
+/* The kept sum of a row's slice, w stored where weights is not NULL. */
+static double specdec_shard_weights_f(const float *row, ptrdiff_t width, float temperature,
+                                      float z_max, float cutoff, float *weights)
+{
+    return specdec_kept_sum_f(row, width, temperature, z_max, cutoff, weights);
+}
+
+static double specdec_shard_weights_d(const double *row, ptrdiff_t width, double temperature,
+                                      double z_max, double cutoff, double *weights)
+{
+    return specdec_kept_sum_d(row, width, temperature, z_max, cutoff, weights);
+}
+
+#endif
