@@ -178,12 +178,13 @@ class LogitRows:
             limit = np.ascontiguousarray(floors[at])
             counts = np.zeros(at.size, dtype=np.int64)
             total = _core.shard_count_at_least(block, local, divisor, limit, counts)
-            columns = np.empty(total, dtype=np.int64)
-            values = np.empty(total, dtype=self.dtype)
+            # One slot more: the pass writes each entry before the test that keeps it.
+            columns = np.empty(total + 1, dtype=np.int64)
+            values = np.empty(total + 1, dtype=self.dtype)
             _core.shard_at_least(block, local, divisor, limit, counts, columns, values)
             found_rows.append(np.repeat(rows[at], counts))
-            found_columns.append(columns)
-            found_values.append(values)
+            found_columns.append(columns[:total])
+            found_values.append(values[:total])
         if not found_rows:
             empty = np.zeros(0, dtype=np.int64)
             return Entries(empty, empty, np.zeros(0, dtype=self.dtype))

@@ -13,12 +13,6 @@ cdef extern from "shardscan.h" nogil:
         const double* row, Py_ssize_t width, double temperature, Py_ssize_t groups,
         double* stats, double* group_max,
     )
-    Py_ssize_t specdec_shard_count_at_least_f(
-        const float* row, Py_ssize_t width, float temperature, float threshold
-    )
-    Py_ssize_t specdec_shard_count_at_least_d(
-        const double* row, Py_ssize_t width, double temperature, double threshold
-    )
     Py_ssize_t specdec_shard_at_least_f(
         const float* row, Py_ssize_t width, float temperature, float threshold,
         int64_t* columns, float* values,
@@ -138,12 +132,12 @@ def shard_count_at_least(
             if width == 0:
                 counts[i] = 0
             elif probability_t is float:
-                counts[i] = specdec_shard_count_at_least_f(
-                    &rows[indices[i], 0], width, temperature[i], thresholds[i]
+                counts[i] = specdec_shard_at_least_f(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i], NULL, NULL
                 )
             else:
-                counts[i] = specdec_shard_count_at_least_d(
-                    &rows[indices[i], 0], width, temperature[i], thresholds[i]
+                counts[i] = specdec_shard_at_least_d(
+                    &rows[indices[i], 0], width, temperature[i], thresholds[i], NULL, NULL
                 )
             total += counts[i]
     return total
@@ -159,16 +153,17 @@ def shard_at_least(
     probability_t[::1] values,
 ):
     """The entries that :func:`shard_count_at_least` counted, row by row and column by
-    column: their columns and ``z`` into ``columns`` and ``values`` (``sum(counts)``
-    long); returns how many were written."""
+    column: their columns and ``z`` into ``columns`` and ``values`` (``sum(counts) + 1``
+    long: the pass writes one entry past the last it keeps); returns how many were
+    written."""
     cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, at = 0, total = 0
     check_shard_rows(rows.shape[0], indices, min(
         temperature.shape[0], thresholds.shape[0], counts.shape[0]
     ))
     for i in range(n):
         total += counts[i]
-    if columns.shape[0] < total or values.shape[0] < total:
-        raise ValueError("shard_at_least: columns and values must hold sum(counts) entries")
+    if columns.shape[0] <= total or values.shape[0] <= total:
+        raise ValueError("shard_at_least: columns and values must hold sum(counts) + 1 entries")
     if total == 0:
         return 0
     with nogil:

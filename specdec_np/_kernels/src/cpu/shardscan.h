@@ -11,8 +11,8 @@
  *     maximum m, stored, and their sum: specdec_kept_sum of logits_law.h, the unsharded
  *     law's own pass (the same exponential and the same eight lanes y mod 8, counted from
  *     the slice's first column), so that with one rank the sums are the unsharded call's;
- *   specdec_shard_count_at_least, specdec_shard_at_least: the entries of a slice whose z
- *     reaches a threshold (a candidate list, a filter's kept set), column by column;
+ *   specdec_shard_at_least: the entries of a slice whose z reaches a threshold (a
+ *     candidate list, a filter's kept set), column by column, or their count;
  *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight.
  *
  * The maxima are selections (any grouping gives the same value); z = l / t is computed in
@@ -26,12 +26,11 @@
 
 /* Lanes of the running maxima when no sets of columns are asked for. */
 #define SPECDEC_SHARD_LANES 32
-/* Columns compared per step of the candidate scan before its entries are visited. */
-#define SPECDEC_SHARD_SPAN 64
 
 #define SPECDEC_DEFINE_SHARD_PASSES(SUFFIX, T)                                              \
     /* The larger of best[g] and row[g] for g < count; NaN never wins. */                  \
-    SPECDEC_INLINE void specdec_shard_larger_##SUFFIX(T *best, const T *row,               \
+    SPECDEC_INLINE void specdec_shard_larger_##SUFFIX(T *restrict best,                    \
+                                                      const T *restrict row,               \
                                                       ptrdiff_t count)                     \
     {                                                                                      \
         for (ptrdiff_t g = 0; g < count; ++g)                                              \
@@ -75,44 +74,49 @@
         stats[2] = (double)largest_finite;                                                 \
     }                                                                                      \
                                                                                            \
-    /* How many entries of the row have z = l / t >= threshold (NaN never). */             \
+    /* The entries of the row with z = l / t >= threshold (NaN never), column by column:  \
+     * their columns and z where columns is not NULL (which then hold one entry more than \
+     * are found: each entry is written before the test that keeps it, so that the pass  \
+     * has no branch to mispredict); returns how many.  As in survivors.h's gather, the   \
+     * logits are compared with the least logit whose z reaches the threshold (the        \
+     * division is monotone: the same entries), and only the entries found are divided. */ \
     SPECDEC_CLONES                                                                         \
-    static ptrdiff_t specdec_shard_count_at_least_##SUFFIX(const T *row, ptrdiff_t width,  \
-                                                          T temperature, T threshold)     \
+    static ptrdiff_t specdec_shard_at_least_##SUFFIX(const T *restrict row,                \
+                                                    ptrdiff_t width, T temperature,       \
+                                                    T threshold, int64_t *restrict columns, \
+                                                    T *restrict values)                   \
     {                                                                                      \
-        ptrdiff_t count = 0;                                                               \
-        if (temperature == (T)1)                                                           \
-            for (ptrdiff_t y = 0; y < width; ++y)                                          \
-                count += row[y] >= threshold;                                              \
-        else                                                                               \
-            for (ptrdiff_t y = 0; y < width; ++y)                                          \
-                count += row[y] / temperature >= threshold;                                \
-        return count;                                                                      \
-    }                                                                                      \
-                                                                                           \
-    /* The entries of the row with z >= threshold, column by column: their columns and z  \
-     * (as many as specdec_shard_count_at_least counts); returns how many. */              \
-    SPECDEC_CLONES                                                                         \
-    static ptrdiff_t specdec_shard_at_least_##SUFFIX(const T *row, ptrdiff_t width,        \
-                                                    T temperature, T threshold,           \
-                                                    int64_t *columns, T *values)          \
-    {                                                                                      \
+        if (threshold != threshold)                                                        \
+            return 0;                                                                      \
+        const int divide = temperature != (T)1;                                            \
+        const T floor =                                                                    \
+            divide ? specdec_logit_floor_##SUFFIX(threshold, temperature) : threshold;     \
         ptrdiff_t found = 0;                                                               \
-        for (ptrdiff_t y = 0; y < width; y += SPECDEC_SHARD_SPAN) {                        \
-            ptrdiff_t span = width - y < SPECDEC_SHARD_SPAN ? width - y : SPECDEC_SHARD_SPAN; \
-            /* Most spans hold nothing: a comparison that vectorises finds them. */         \
-            if (!specdec_shard_count_at_least_##SUFFIX(row + y, span, temperature,         \
-                                                       threshold))                         \
+        if (!columns) {                                                                    \
+            for (ptrdiff_t y = 0; y < width; ++y)                                          \
+                found += row[y] >= floor;                                                  \
+            return found;                                                                  \
+        }                                                                                  \
+        const ptrdiff_t group = 32 / sizeof(T);                                            \
+        ptrdiff_t y = 0;                                                                   \
+        for (; y + group <= width; y += group) {                                           \
+            /* Most groups keep nothing: one vector test passes them. */                   \
+            if (!specdec_any_at_least_##SUFFIX(row + y, 0, (T)1, floor))                   \
                 continue;                                                                  \
-            for (ptrdiff_t x = y; x < y + span; ++x) {                                     \
-                T z = row[x] / temperature;                                                \
-                if (z >= threshold) {                                                      \
-                    columns[found] = x;                                                    \
-                    values[found] = z;                                                     \
-                    ++found;                                                               \
-                }                                                                          \
+            for (ptrdiff_t x = y; x < y + group; ++x) {                                    \
+                columns[found] = x;                                                        \
+                values[found] = row[x];                                                    \
+                found += row[x] >= floor;                                                  \
             }                                                                              \
         }                                                                                  \
+        for (; y < width; ++y) {                                                           \
+            columns[found] = y;                                                            \
+            values[found] = row[y];                                                        \
+            found += row[y] >= floor;                                                      \
+        }                                                                                  \
+        if (divide)                                                                        \
+            for (ptrdiff_t i = 0; i < found; ++i)                                          \
+                values[i] = values[i] / temperature;                                       \
         return found;                                                                      \
     }
 
