@@ -4,12 +4,17 @@ The rows stay as they were handed over (the target's, then the draft's: no copy 
 where every row is read); ``z = logits / t`` is computed only where it is read.  A
 threshold on ``z`` is a threshold on the logits: ``fl(l / t)`` is monotone in ``l``, so
 ``{y : z(y) >= c} = {y : l(y) >= lambda}`` for the least such ``lambda``
-(:meth:`LogitRows.logit_floors`), and one comparison of the logits finds the entries a
-filter keeps.
+(:meth:`LogitRows.logit_floors`; the kernels' candidate scan finds it the same way), and
+one comparison of the logits finds the entries a filter keeps.
 
+The passes over the slice are the kernels' (``specdec_np/_kernels/src/cpu/shardscan.h``
+through ``_core``): the maxima with those of sets of columns (``shard_stats``), the
+entries at a threshold (``shard_count_at_least``, ``shard_at_least``), the weights of
+a row given its global maximum with their sum on the law's eight lanes
+(``shard_weights``) and the law's weight of single entries (``shard_exp``).
 :class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
-for a row without a filter every entry's, computed once for the whole slice (with
-:func:`~.exponential.expf` for float32 rows); for a filtered row only its kept entries'.
+for a row without a filter every entry's, computed once for the whole slice; for a
+filtered row only its kept entries'.
 """
 
 from __future__ import annotations
@@ -245,7 +250,8 @@ class LawRows:
         # float32 weight is a float32 value), by position in self.dense.
         self.dense_at = np.full(rows, -1, dtype=np.int64)
         self.dense_at[self.dense] = np.arange(self.dense.size)
-        self.dense_weights = np.zeros((self.dense.size, width), dtype=self.dtype)
+        # Every entry is written by the weights' pass below.
+        self.dense_weights = np.empty((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:
             # One compiled pass a row: the law's weights and their sum on its eight lanes
             # (the kernels' shard_weights).
