@@ -236,3 +236,10 @@ def shard_at_least(
     values: FloatArray,
 ) -> int: ...
 def shard_exp(x: FloatArray, z_max: FloatArray, out: FloatArray) -> None: ...
+def shard_divided(
+    weights: FloatArray,
+    indices: Int64Array,
+    divisors: Float64Array,
+    out: Float64Array,
+    out_rows: Int64Array,
+) -> None: ...

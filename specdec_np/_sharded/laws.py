@@ -330,6 +330,16 @@ class LawRows:
         divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         return (weights / divisor).astype(self.dtype).astype(np.float64)
 
+    def _divide_dense(self, dense: np.ndarray, normalisers: np.ndarray, out: np.ndarray,
+                      out_rows: np.ndarray) -> None:
+        """``out[out_rows[i]] = p`` of dense row ``dense[i]`` (:meth:`_divided`'s bits, by
+        the kernels' ``shard_divided``: one pass a row)."""
+        if not dense.size or not self.width:
+            return
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf).astype(np.float64)
+        _core.shard_divided(self.dense_weights, dense.astype(np.int64), divisor, out,
+                            out_rows)
+
     def entry_probabilities(self, rows: np.ndarray, columns: np.ndarray,
                             normalisers: np.ndarray) -> np.ndarray:
         """float64 ``p`` at the entries ``(rows[i], columns[i])``, ``normalisers[i]`` the
@@ -341,8 +351,9 @@ class LawRows:
         a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
         whole = np.flatnonzero(dense >= 0)
-        block = self._divided(self.dense_weights[dense[whole]].astype(np.float64),
-                              normalisers[whole, None])
+        block = np.empty((whole.size, self.width))
+        self._divide_dense(dense[whole], normalisers[whole], block,
+                           np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         where = np.full(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
@@ -377,12 +388,15 @@ class LawRows:
         normalisers : float64 [len(rows)]
             The rows' whole kept masses (0: no mass, every ``p`` is 0).
         """
-        out = np.zeros((rows.size, self.width))
-        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         dense = self.dense_at[rows]
         at = np.flatnonzero(dense >= 0)
+        # Rows without a filter are written whole by the compiled division; the others
+        # start at 0 (outside the kept set), and every value is rounded to the rows' dtype.
+        out = np.empty((rows.size, self.width)) if at.size == rows.size else np.zeros(
+            (rows.size, self.width))
         if at.size:
-            out[at] = self.dense_weights[dense[at]] / divisor[at, None]
+            self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         where = np.full(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
         chosen = np.flatnonzero(where[self.kept.rows] >= 0)
@@ -390,8 +404,10 @@ class LawRows:
             target = where[self.kept.rows[chosen]]
             out[target, self.kept.columns[chosen]] = (
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
-            )
+            ).astype(self.dtype)
         spread = np.flatnonzero(self.infinite[rows])
         if spread.size:
-            out[spread] = (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
-        return out.astype(self.dtype).astype(np.float64)
+            out[spread] = (
+                (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
+            ).astype(self.dtype)
+        return out

@@ -21,6 +21,12 @@ cdef extern from "shardscan.h" nogil:
         const double* row, Py_ssize_t width, double temperature, double threshold,
         int64_t* columns, double* values,
     )
+    void specdec_shard_divided_f(
+        const float* weights, Py_ssize_t width, double normaliser, double* out
+    )
+    void specdec_shard_divided_d(
+        const double* weights, Py_ssize_t width, double normaliser, double* out
+    )
     void specdec_shard_exp_f(const float* x, const float* m, Py_ssize_t count, float* out)
     void specdec_shard_exp_d(const double* x, const double* m, Py_ssize_t count, double* out)
     double specdec_shard_weights_f(
@@ -197,3 +203,32 @@ def shard_exp(const probability_t[::1] x, const probability_t[::1] z_max,
             specdec_shard_exp_f(&x[0], &z_max[0], count, &out[0])
         else:
             specdec_shard_exp_d(&x[0], &z_max[0], count, &out[0])
+
+
+def shard_divided(
+    const probability_t[:, ::1] weights,
+    const int64_t[::1] indices,
+    const double[::1] divisors,
+    double[:, ::1] out,
+    const int64_t[::1] out_rows,
+):
+    """``out[out_rows[i]] = weights[indices[i]] / divisors[i]``, each rounded to the
+    weights' dtype as the kernels store a probability (float64 division, then the dtype),
+    held in float64."""
+    cdef Py_ssize_t n = indices.shape[0], width = weights.shape[1], i
+    check_shard_rows(weights.shape[0], indices, divisors.shape[0])
+    check_shard_rows(out.shape[0], out_rows, n)
+    if out.shape[1] != width or out_rows.shape[0] != n:
+        raise ValueError("shard_divided: out must be [*, width] with a row per index")
+    if width == 0:
+        return
+    with nogil:
+        for i in range(n):
+            if probability_t is float:
+                specdec_shard_divided_f(
+                    &weights[indices[i], 0], width, divisors[i], &out[out_rows[i], 0]
+                )
+            else:
+                specdec_shard_divided_d(
+                    &weights[indices[i], 0], width, divisors[i], &out[out_rows[i], 0]
+                )

@@ -13,7 +13,8 @@
  *     the slice's first column), so that with one rank the sums are the unsharded call's;
  *   specdec_shard_at_least: the entries of a slice whose z reaches a threshold (a
  *     candidate list, a filter's kept set), column by column, or their count;
- *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight.
+ *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight;
+ *   specdec_shard_divided: p = w / sum w of a row as the kernels store it, in float64.
  *
  * The maxima are selections (any grouping gives the same value); z = l / t is computed in
  * the rows' dtype as the law does, and fl(l / t) is monotone in l, so the largest z is the
@@ -122,6 +123,20 @@
 
 SPECDEC_DEFINE_SHARD_PASSES(f, float)
 SPECDEC_DEFINE_SHARD_PASSES(d, double)
+
+/* p = w / normaliser rounded to the rows' dtype as the kernels store a probability (the
+ * expression of specdec_law_from_weights), held in float64 for the draws' float64 rows. */
+#define SPECDEC_DEFINE_SHARD_DIVIDED(SUFFIX, T)                                             \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_shard_divided_##SUFFIX(const T *restrict weights, ptrdiff_t width, \
+                                               double normaliser, double *restrict out)    \
+    {                                                                                      \
+        for (ptrdiff_t y = 0; y < width; ++y)                                              \
+            out[y] = (double)(T)((double)weights[y] / normaliser);                         \
+    }
+
+SPECDEC_DEFINE_SHARD_DIVIDED(f, float)
+SPECDEC_DEFINE_SHARD_DIVIDED(d, double)
 
 /* w = exp(x - m) for float32 entries (specdec_weight_f, eight at a time where the vectors
  * are built: the same exponential, lane by lane), 0 for NaN. */
