@@ -1,6 +1,7 @@
 """The compiled passes of a rank over its slice of columns (``shardscan.h`` through
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
-row's maximum, the entries at a threshold and the law's elementwise weight, each against
+row's maximum, the entries at a threshold, the law's elementwise weight and the stored
+probabilities of the draws' rows, each against
 an exact NumPy oracle or the reference exponential, with negative controls."""
 
 from __future__ import annotations
@@ -152,6 +153,24 @@ def test_shard_exp_is_the_laws_weight(dtype):
     _core.shard_exp(x, top, out)
     expected = _weights_oracle(x[None, :], top[:1], np.full(1, -np.inf, dtype=dtype))[0]
     np.testing.assert_array_equal(_bits(out), _bits(expected))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_divided_rows_are_the_kernels_stored_probabilities(dtype):
+    rng = np.random.default_rng(8)
+    weights = rng.random((5, 333)).astype(dtype)
+    weights[1, :5] = 0.0
+    divisors = np.array([3.7, 1e-300, np.inf, 123.456, 1.0])
+    out = np.full((7, 333), np.nan)
+    out_rows = np.array([6, 0, 2, 3, 4], dtype=np.int64)
+    indices = np.array([4, 1, 0, 2, 3], dtype=np.int64)
+    _core.shard_divided(weights, indices, divisors, out, out_rows)
+    expected = (weights[indices].astype(np.float64) / divisors[:, None]).astype(dtype)
+    np.testing.assert_array_equal(out[out_rows], expected.astype(np.float64))
+    assert np.isnan(out[[1, 5]]).all()  # rows not asked for are left alone
+    if dtype == np.float32:
+        # Negative control: without the rounding to float32 the values differ.
+        assert not np.array_equal(out[out_rows], weights[indices] / divisors[:, None])
 
 
 def test_bad_rows_and_shapes_are_refused():
