@@ -1,8 +1,8 @@
 """The compiled passes of a rank over its slice of columns (``shardscan.h`` through
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
 row's maximum, the entries at a threshold, the law's elementwise weight and the stored
-probabilities of the draws' rows, each against
-an exact NumPy oracle or the reference exponential, with negative controls."""
+probabilities of the draws' rows, each against an exact NumPy oracle or the reference
+exponential, with negative controls."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_divided_rows_are_the_kernels_stored_probabilities(dtype):
     rng = np.random.default_rng(8)
     weights = rng.random((5, 333)).astype(dtype)
     weights[1, :5] = 0.0
-    divisors = np.array([3.7, 1e-300, np.inf, 123.456, 1.0])
+    divisors = np.array([3.7, 0.3, np.inf, 123.456, 1.0])
     out = np.full((7, 333), np.nan)
     out_rows = np.array([6, 0, 2, 3, 4], dtype=np.int64)
     indices = np.array([4, 1, 0, 2, 3], dtype=np.int64)
