@@ -243,3 +243,10 @@ def shard_divided(
     out: Float64Array,
     out_rows: Int64Array,
 ) -> None: ...
+def shard_positive_sums(rows: Float64Array, sums: Float64Array) -> None: ...
+def shard_first_crossings(
+    rows: Float64Array,
+    indices: Int64Array,
+    inside: Float64Array,
+    found: Int64Array,
+) -> None: ...

@@ -27,6 +27,8 @@ cdef extern from "shardscan.h" nogil:
     void specdec_shard_divided_d(
         const double* weights, Py_ssize_t width, double normaliser, double* out
     )
+    double specdec_shard_positive_sum(const double* row, Py_ssize_t width)
+    Py_ssize_t specdec_shard_first_crossing(const double* row, Py_ssize_t width, double inside)
     void specdec_shard_exp_f(const float* x, const float* m, Py_ssize_t count, float* out)
     void specdec_shard_exp_d(const double* x, const double* m, Py_ssize_t count, double* out)
     double specdec_shard_weights_f(
@@ -232,3 +234,32 @@ def shard_divided(
                 specdec_shard_divided_d(
                     &weights[indices[i], 0], width, divisors[i], &out[out_rows[i], 0]
                 )
+
+
+def shard_positive_sums(const double[:, ::1] rows, double[::1] sums):
+    """``sums[i]``: the sum of row ``i``'s positive entries (NaN and the rest weigh
+    nothing), in the order NumPy sums a float64 row (pairwise)."""
+    cdef Py_ssize_t n = rows.shape[0], width = rows.shape[1], i
+    if sums.shape[0] < n:
+        raise ValueError("shard_positive_sums: sums must have a value per row")
+    with nogil:
+        for i in range(n):
+            sums[i] = specdec_shard_positive_sum(&rows[i, 0], width) if width else 0.0
+
+
+def shard_first_crossings(
+    const double[:, ::1] rows,
+    const int64_t[::1] indices,
+    const double[::1] inside,
+    int64_t[::1] found,
+):
+    """``found[i]``: the column of the first positive entry of row ``indices[i]`` whose
+    running sum (column order) exceeds ``inside[i]``; else its last positive entry; else
+    its last column."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i
+    check_shard_rows(rows.shape[0], indices, min(inside.shape[0], found.shape[0]))
+    if width == 0:
+        raise ValueError("shard_first_crossings: the rows hold no column")
+    with nogil:
+        for i in range(n):
+            found[i] = specdec_shard_first_crossing(&rows[indices[i], 0], width, inside[i])

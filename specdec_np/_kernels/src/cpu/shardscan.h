@@ -14,7 +14,9 @@
  *   specdec_shard_at_least: the entries of a slice whose z reaches a threshold (a
  *     candidate list, a filter's kept set), column by column, or their count;
  *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight;
- *   specdec_shard_divided: p = w / sum w of a row as the kernels store it, in float64.
+ *   specdec_shard_divided: p = w / sum w of a row as the kernels store it, in float64;
+ *   specdec_shard_positive_sum, specdec_shard_first_crossing: a draw's mass on the slice
+ *     and its scan inside the shard the draw falls in.
  *
  * The maxima are selections (any grouping gives the same value); z = l / t is computed in
  * the rows' dtype as the law does, and fl(l / t) is monotone in l, so the largest z is the
@@ -137,6 +139,70 @@ SPECDEC_DEFINE_SHARD_PASSES(d, double)
 
 SPECDEC_DEFINE_SHARD_DIVIDED(f, float)
 SPECDEC_DEFINE_SHARD_DIVIDED(d, double)
+
+/* The draws' float64 rows (a residual max(rho p - q, 0), or p), positive parts only (NaN
+ * and what is not > 0 weigh nothing).  Their masses are summed as NumPy sums a float64
+ * row (its pairwise summation: eight accumulators over blocks of at most 128, halves at
+ * multiples of 8 above, after 0), the order the draws' masses have always had, so that
+ * a compiled rank sends the same bits; the scan inside the chosen shard runs in column
+ * order, as a cumulative sum does. */
+SPECDEC_INLINE double specdec_shard_positive(double x)
+{
+    return x > 0.0 ? x : 0.0;
+}
+
+static double specdec_shard_pairwise_sum(const double *a, ptrdiff_t n)
+{
+    if (n < 8) {
+        double sum = 0.0;
+        for (ptrdiff_t i = 0; i < n; ++i)
+            sum += specdec_shard_positive(a[i]);
+        return sum;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; ++j)
+            r[j] = specdec_shard_positive(a[j]);
+        ptrdiff_t i = 8;
+        for (; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; ++j)
+                r[j] += specdec_shard_positive(a[i + j]);
+        double sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; ++i)
+            sum += specdec_shard_positive(a[i]);
+        return sum;
+    }
+    ptrdiff_t half = n / 2;
+    half -= half % 8;
+    return specdec_shard_pairwise_sum(a, half) + specdec_shard_pairwise_sum(a + half, n - half);
+}
+
+/* The row's mass: 0 + its pairwise sum, as NumPy's reduction starts from its identity. */
+static double specdec_shard_positive_sum(const double *row, ptrdiff_t width)
+{
+    return 0.0 + specdec_shard_pairwise_sum(row, width);
+}
+
+/* The column of the first positive entry whose running sum (in column order, from 0)
+ * exceeds `inside`; else the last positive entry; else the last column. */
+static ptrdiff_t specdec_shard_first_crossing(const double *row, ptrdiff_t width,
+                                              double inside)
+{
+    double running = 0.0;
+    ptrdiff_t last = width - 1;
+    int any = 0;
+    for (ptrdiff_t y = 0; y < width; ++y) {
+        double x = specdec_shard_positive(row[y]);
+        running += x;
+        if (x > 0.0) {
+            if (running > inside)
+                return y;
+            last = y;
+            any = 1;
+        }
+    }
+    return any ? last : width - 1;
+}
 
 /* w = exp(x - m) for float32 entries (specdec_weight_f, eight at a time where the vectors
  * are built: the same exponential, lane by lane), 0 for NaN. */
