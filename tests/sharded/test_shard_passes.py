@@ -1,8 +1,8 @@
 """The compiled passes of a rank over its slice of columns (``shardscan.h`` through
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
 row's maximum, the entries at a threshold, the law's elementwise weight and the stored
-probabilities of the draws' rows, each against an exact NumPy oracle or the reference
-exponential, with negative controls."""
+probabilities of the draws' rows, a draw's masses and its scan, each against an exact
+NumPy oracle or the reference exponential, with negative controls."""
 
 from __future__ import annotations
 
@@ -171,6 +171,31 @@ def test_divided_rows_are_the_kernels_stored_probabilities(dtype):
     if dtype == np.float32:
         # Negative control: without the rounding to float32 the values differ.
         assert not np.array_equal(out[out_rows], weights[indices] / divisors[:, None])
+
+
+def test_a_draws_masses_and_scan_are_numpys():
+    rng = np.random.default_rng(9)
+    for width in [*range(1, 140, 7), 255, 256, 257, 1000, 8193, 20011]:
+        rows = rng.standard_normal((6, width)) * np.array([[1e-3], [1], [1e9], [1], [1], [1]])
+        rows[3, ::3] = np.nan
+        rows[4] = -1.0  # no mass
+        sums = np.zeros(6)
+        _core.shard_positive_sums(rows, sums)
+        positive = np.where(rows > 0.0, rows, 0.0)
+        assert sums.tolist() == positive.sum(axis=1).tolist(), width
+        inside = rng.random(6) * sums
+        inside[5] = 2 * sums[5]  # rounding runs past the row: its last positive entry
+        found = np.zeros(6, dtype=np.int64)
+        _core.shard_first_crossings(rows, np.arange(6, dtype=np.int64), inside, found)
+        hits = (np.cumsum(positive, axis=1) > inside[:, None]) & (positive > 0.0)
+        last = width - 1 - np.argmax((positive > 0.0)[:, ::-1], axis=1)
+        expected = np.where(hits.any(axis=1), np.argmax(hits, axis=1), last)
+        np.testing.assert_array_equal(found, expected)
+    # Negative control: a sequential sum is another order, and the comparison sees it.
+    wide = rng.random((8, 5000))
+    sequential = np.cumsum(wide, axis=1)[:, -1]
+    _core.shard_positive_sums(wide, sums := np.zeros(8))
+    assert sums.tolist() != sequential.tolist()
 
 
 def test_bad_rows_and_shapes_are_refused():
