@@ -250,3 +250,9 @@ def shard_first_crossings(
     inside: Float64Array,
     found: Int64Array,
 ) -> None: ...
+def shard_residuals(
+    rows: Float64Array,
+    indices: Int64Array,
+    scale: Float64Array,
+    q: Float64Array,
+) -> None: ...

@@ -198,6 +198,23 @@ def test_a_draws_masses_and_scan_are_numpys():
     assert sums.tolist() != sequential.tolist()
 
 
+def test_residuals_are_the_positive_part_of_rho_p_minus_q():
+    rng = np.random.default_rng(10)
+    p = rng.random((5, 301))
+    p[0, :4] = [np.nan, 0.0, 1.0, 2.0]
+    q = rng.random((3, 301))
+    q[1, 7] = np.inf  # a point-mass draft's token
+    rows = np.array([4, 0, 2], dtype=np.int64)
+    scale = np.array([1.0, 0.7, 1.3])
+    residual = p.copy()
+    _core.shard_residuals(residual, rows, scale, q)
+    expected = p.copy()
+    expected[rows] = np.maximum(scale[:, None] * p[rows] - q, 0.0)
+    # Equal but for the sign of a zero, and NaN where NumPy's maximum keeps it.
+    np.testing.assert_array_equal(residual, expected)
+    assert np.isnan(residual[0, 0]) and residual[0, 7] == 0.0
+
+
 def test_bad_rows_and_shapes_are_refused():
     rows = np.zeros((3, 16), dtype=np.float32)
     one = np.ones(1, dtype=np.float32)

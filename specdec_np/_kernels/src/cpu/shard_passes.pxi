@@ -27,6 +27,7 @@ cdef extern from "shardscan.h" nogil:
     void specdec_shard_divided_d(
         const double* weights, Py_ssize_t width, double normaliser, double* out
     )
+    void specdec_shard_residual(double* row, const double* q, Py_ssize_t width, double scale)
     double specdec_shard_positive_sum(const double* row, Py_ssize_t width)
     Py_ssize_t specdec_shard_first_crossing(const double* row, Py_ssize_t width, double inside)
     void specdec_shard_exp_f(const float* x, const float* m, Py_ssize_t count, float* out)
@@ -263,3 +264,22 @@ def shard_first_crossings(
     with nogil:
         for i in range(n):
             found[i] = specdec_shard_first_crossing(&rows[indices[i], 0], width, inside[i])
+
+
+def shard_residuals(
+    double[:, ::1] rows,
+    const int64_t[::1] indices,
+    const double[::1] scale,
+    const double[:, ::1] q,
+):
+    """In place, row ``indices[i]`` becomes ``max(scale[i] * row - q[i], 0)`` (a rejected
+    draw's residual; NaN stays NaN)."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i
+    check_shard_rows(rows.shape[0], indices, min(scale.shape[0], q.shape[0]))
+    if q.shape[1] != width:
+        raise ValueError("shard_residuals: q must have the rows' width")
+    if width == 0:
+        return
+    with nogil:
+        for i in range(n):
+            specdec_shard_residual(&rows[indices[i], 0], &q[i, 0], width, scale[i])

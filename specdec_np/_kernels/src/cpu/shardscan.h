@@ -15,8 +15,9 @@
  *     candidate list, a filter's kept set), column by column, or their count;
  *   specdec_shard_exp: w = exp(x - m) of some entries, the law's elementwise weight;
  *   specdec_shard_divided: p = w / sum w of a row as the kernels store it, in float64;
- *   specdec_shard_positive_sum, specdec_shard_first_crossing: a draw's mass on the slice
- *     and its scan inside the shard the draw falls in.
+ *   specdec_shard_residual, specdec_shard_positive_sum, specdec_shard_first_crossing: a
+ *     rejected draw's residual, a draw's mass on the slice and its scan inside the shard
+ *     the draw falls in.
  *
  * The maxima are selections (any grouping gives the same value); z = l / t is computed in
  * the rows' dtype as the law does, and fl(l / t) is monotone in l, so the largest z is the
@@ -175,6 +176,18 @@ static double specdec_shard_pairwise_sum(const double *a, ptrdiff_t n)
     ptrdiff_t half = n / 2;
     half -= half % 8;
     return specdec_shard_pairwise_sum(a, half) + specdec_shard_pairwise_sum(a + half, n - half);
+}
+
+/* A rejected draw's residual in place: row = max(scale row - q, 0) (NaN stays NaN; a
+ * zero's sign may differ from NumPy's maximum, and weighs nothing either way). */
+SPECDEC_CLONES
+static void specdec_shard_residual(double *restrict row, const double *restrict q,
+                                   ptrdiff_t width, double scale)
+{
+    for (ptrdiff_t y = 0; y < width; ++y) {
+        double x = scale * row[y] - q[y];
+        row[y] = x >= 0.0 || x != x ? x : 0.0;
+    }
 }
 
 /* The row's mass: 0 + its pairwise sum, as NumPy's reduction starts from its identity. */
