@@ -219,13 +219,6 @@ def shard_weights(
     weights: FloatArray,
     masses: Float64Array,
 ) -> None: ...
-def shard_count_at_least(
-    rows: FloatArray,
-    indices: Int64Array,
-    temperature: FloatArray,
-    thresholds: FloatArray,
-    counts: Int64Array,
-) -> int: ...
 def shard_at_least(
     rows: FloatArray,
     indices: Int64Array,
@@ -234,7 +227,7 @@ def shard_at_least(
     counts: Int64Array,
     columns: Int64Array,
     values: FloatArray,
-) -> int: ...
+) -> tuple[int, bool]: ...
 def shard_exp(x: FloatArray, z_max: FloatArray, out: FloatArray) -> None: ...
 def shard_divided(
     weights: FloatArray,

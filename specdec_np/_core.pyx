@@ -35,7 +35,7 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
 * ``output_formatting.pxi``: output rows and :func:`create_output`;
 * ``processed_rows.pxi``: :func:`processed_rows`, the processed law of logits rows;
 * ``shard_passes.pxi``: a rank's passes over its slice of columns in verification across
-  vocabulary shards (:func:`shard_stats`, :func:`shard_weights`, :func:`shard_count_at_least`,
+  vocabulary shards (:func:`shard_stats`, :func:`shard_weights`,
   :func:`shard_at_least`, :func:`shard_exp`, :func:`shard_divided`,
   :func:`shard_residuals`, :func:`shard_positive_sums`, :func:`shard_first_crossings`).
 

@@ -9,7 +9,7 @@ one comparison of the logits finds the entries a filter keeps.
 
 The passes over the slice are the kernels' (``specdec_np/_kernels/src/cpu/shardscan.h``
 through ``_core``): the maxima with those of sets of columns (``shard_stats``), the
-entries at a threshold (``shard_count_at_least``, ``shard_at_least``), the weights of
+entries at a threshold (``shard_at_least``), the weights of
 a row given its global maximum with their sum on the law's eight lanes
 (``shard_weights``) and the law's weight of single entries (``shard_exp``).
 :class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
@@ -27,6 +27,10 @@ from .. import _core
 from .rows import RowSet, Sparse
 
 __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
+
+#: Entries a row is expected to keep at most at a threshold, for the room the candidate
+#: scan writes into (more only costs a second pass).
+GUESS = 1024
 
 
 def law_weights(values: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -167,8 +171,7 @@ class LogitRows:
 
     def at_least(self, rows: np.ndarray, floors: np.ndarray) -> Entries:
         """The entries of ``rows`` whose value reaches the row's floor (NaN never), row by
-        row and column by column (one compiled comparison per entry: the kernels'
-        ``shard_count_at_least`` and ``shard_at_least``)."""
+        row and column by column (one compiled pass: the kernels' ``shard_at_least``)."""
         found_rows: list[np.ndarray] = []
         found_columns: list[np.ndarray] = []
         found_values: list[np.ndarray] = []
@@ -182,11 +185,17 @@ class LogitRows:
             divisor = np.ascontiguousarray(self.divisor[rows[at]])
             limit = np.ascontiguousarray(floors[at])
             counts = np.zeros(at.size, dtype=np.int64)
-            total = _core.shard_count_at_least(block, local, divisor, limit, counts)
-            # One slot more: the pass writes each entry before the test that keeps it.
-            columns = np.empty(total + 1, dtype=np.int64)
-            values = np.empty(total + 1, dtype=self.dtype)
-            _core.shard_at_least(block, local, divisor, limit, counts, columns, values)
+            # One pass over the rows, into room for a generous guess (pages never written
+            # cost nothing); past it the pass counts, and a second one writes them all.
+            room = min(at.size * self.width, at.size * GUESS) + self.width + 1
+            while True:
+                columns = np.empty(room, dtype=np.int64)
+                values = np.empty(room, dtype=self.dtype)
+                total, written = _core.shard_at_least(block, local, divisor, limit, counts,
+                                                      columns, values)
+                if written:
+                    break
+                room = total + self.width + 1
             found_rows.append(np.repeat(rows[at], counts))
             found_columns.append(columns[:total])
             found_values.append(values[:total])
@@ -197,8 +206,12 @@ class LogitRows:
             return Entries(found_rows[0], found_columns[0], found_values[0])
         row_of = np.concatenate(found_rows)
         columns = np.concatenate(found_columns)
+        values = np.concatenate(found_values)
+        if rows.size < 2 or bool((rows[1:] >= rows[:-1]).all()):
+            # The parts hold ascending row ranges: with rows in order, so are the entries.
+            return Entries(row_of, columns, values)
         order = np.lexsort((columns, row_of))
-        return Entries(row_of[order], columns[order], np.concatenate(found_values)[order])
+        return Entries(row_of[order], columns[order], values[order])
 
 
 class LawRows:

@@ -122,17 +122,24 @@ def shard_weights(
                 )
 
 
-def shard_count_at_least(
+def shard_at_least(
     const probability_t[:, ::1] rows,
     const int64_t[::1] indices,
     const probability_t[::1] temperature,
     const probability_t[::1] thresholds,
     int64_t[::1] counts,
+    int64_t[::1] columns,
+    probability_t[::1] values,
 ):
-    """How many entries of each row ``indices[i]`` of a slice have ``z = rows /
-    temperature`` at or above the row's threshold (NaN never), into ``counts[i]``;
-    returns the total."""
-    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, total = 0
+    """The entries of rows ``indices`` of a slice whose ``z = rows / temperature`` reaches
+    the row's threshold (NaN never): each row's count into ``counts[i]``, and the entries,
+    row by row and column by column, their columns and ``z`` into ``columns`` and
+    ``values`` while a row finds ``width + 1`` free places there (the pass writes an entry
+    before the test that keeps it).  Returns ``(total, written)``: ``written`` is False
+    when the places ran out (a call with ``total + width + 1`` of them writes all)."""
+    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, at = 0, found
+    cdef Py_ssize_t capacity = min(columns.shape[0], values.shape[0])
+    cdef bint written = True
     check_shard_rows(rows.shape[0], indices, min(
         temperature.shape[0], thresholds.shape[0], counts.shape[0]
     ))
@@ -140,56 +147,21 @@ def shard_count_at_least(
         for i in range(n):
             if width == 0:
                 counts[i] = 0
-            elif probability_t is float:
-                counts[i] = specdec_shard_at_least_f(
-                    &rows[indices[i], 0], width, temperature[i], thresholds[i], NULL, NULL
-                )
-            else:
-                counts[i] = specdec_shard_at_least_d(
-                    &rows[indices[i], 0], width, temperature[i], thresholds[i], NULL, NULL
-                )
-            total += counts[i]
-    return total
-
-
-def shard_at_least(
-    const probability_t[:, ::1] rows,
-    const int64_t[::1] indices,
-    const probability_t[::1] temperature,
-    const probability_t[::1] thresholds,
-    const int64_t[::1] counts,
-    int64_t[::1] columns,
-    probability_t[::1] values,
-):
-    """The entries that :func:`shard_count_at_least` counted, row by row and column by
-    column: their columns and ``z`` into ``columns`` and ``values`` (``sum(counts) + 1``
-    long: the pass writes one entry past the last it keeps); returns how many were
-    written."""
-    cdef Py_ssize_t n = indices.shape[0], width = rows.shape[1], i, at = 0, total = 0
-    check_shard_rows(rows.shape[0], indices, min(
-        temperature.shape[0], thresholds.shape[0], counts.shape[0]
-    ))
-    for i in range(n):
-        total += counts[i]
-    if columns.shape[0] <= total or values.shape[0] <= total:
-        raise ValueError("shard_at_least: columns and values must hold sum(counts) + 1 entries")
-    if total == 0:
-        return 0
-    with nogil:
-        for i in range(n):
-            if counts[i] == 0:
                 continue
+            written = written and at + width + 1 <= capacity
             if probability_t is float:
-                at += specdec_shard_at_least_f(
+                found = specdec_shard_at_least_f(
                     &rows[indices[i], 0], width, temperature[i], thresholds[i],
-                    &columns[at], &values[at],
+                    &columns[at] if written else NULL, &values[at] if written else NULL,
                 )
             else:
-                at += specdec_shard_at_least_d(
+                found = specdec_shard_at_least_d(
                     &rows[indices[i], 0], width, temperature[i], thresholds[i],
-                    &columns[at], &values[at],
+                    &columns[at] if written else NULL, &values[at] if written else NULL,
                 )
-    return at
+            counts[i] = found
+            at += found
+    return at, written
 
 
 def shard_exp(const probability_t[::1] x, const probability_t[::1] z_max,

@@ -101,17 +101,26 @@
                 found += row[y] >= floor;                                                  \
             return found;                                                                  \
         }                                                                                  \
-        const ptrdiff_t group = 32 / sizeof(T);                                            \
+        const ptrdiff_t group = 32 / sizeof(T), run = SPECDEC_GATHER_GROUPS * group;      \
         ptrdiff_t y = 0;                                                                   \
-        for (; y + group <= width; y += group) {                                           \
-            /* Most groups keep nothing: one vector test passes them. */                   \
-            if (!specdec_any_at_least_##SUFFIX(row + y, 0, (T)1, floor))                   \
+        while (y + group <= width) {                                                       \
+            /* Most runs of eight groups, and most groups, keep nothing: one vector test  \
+             * passes each. */                                                             \
+            if (y % run == 0 && y + run <= width &&                                        \
+                !specdec_any_groups_at_least_##SUFFIX(row + y, floor)) {                   \
+                y += run;                                                                  \
                 continue;                                                                  \
+            }                                                                              \
+            if (!specdec_any_at_least_##SUFFIX(row + y, 0, (T)1, floor)) {                 \
+                y += group;                                                                \
+                continue;                                                                  \
+            }                                                                              \
             for (ptrdiff_t x = y; x < y + group; ++x) {                                    \
                 columns[found] = x;                                                        \
                 values[found] = row[x];                                                    \
                 found += row[x] >= floor;                                                  \
             }                                                                              \
+            y += group;                                                                    \
         }                                                                                  \
         for (; y < width; ++y) {                                                           \
             columns[found] = y;                                                            \
