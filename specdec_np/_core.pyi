@@ -63,6 +63,7 @@ def verify_chains(
     draft_logits: bool = True,
     bonus_rows: bool = True,
     row_threads: int = 1,
+    finds_overflow: bool = False,
 ) -> int: ...
 def verify_trees(
     method: int,
@@ -114,6 +115,7 @@ def verify_chains_direct(
     draft_logits: bool = True,
     bonus_rows: bool = True,
     row_threads: int = 1,
+    finds_overflow: bool = False,
 ) -> int: ...
 def check_ragged_call(
     counts: Int64Array,
@@ -126,6 +128,7 @@ def check_ragged_call(
     greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
     target_logits: bool,
     draft_logits: bool,
+    law_reads_lone_rows: bool = False,
 ) -> tuple[Int64Array, Int64Array, int, int, bool, int] | None: ...
 def output_block(
     batch_size: int, width: int

@@ -102,6 +102,9 @@ cdef extern from "survivors.h" nogil:
         # Threads for the passes over one row (0 or 1: one; used only outside a parallel
         # loop over requests).
         int row_threads
+        # Non-zero: a row whose largest finite logit overflows at the temperature has no
+        # law (status 2); the fast path's calls leave that check to the law.
+        int finds_overflow
         # After a law: how many gathered entries hold its kept set (-1: none).
         Py_ssize_t survivors
     specdec_law_scratch* specdec_law_scratch_new()
@@ -295,18 +298,23 @@ def openmp_max_threads() -> int:
     return specdec_openmp_max_threads()
 
 
-cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) noexcept nogil:
+cdef inline specdec_law_scratch* new_law_scratch(
+    bint wanted, int row_threads, bint finds_overflow=False
+) noexcept nogil:
     """A thread's law scratch from the heap (free it with ``free``); NULL when not
     ``wanted`` (probability rows) or when the allocation fails, which the drivers report
     as the row status SPECDEC_STATUS_NO_MEMORY.  ``row_threads`` threads run the passes
     over one row (the maximum and the exponentials) when the loop over requests runs on
-    one thread: the bits of one thread (``specdec_row_threads`` of ``rowthreads.h``)."""
+    one thread: the bits of one thread (``specdec_row_threads`` of ``rowthreads.h``).
+    ``finds_overflow``: the law refuses a row whose largest finite logit overflows at its
+    temperature (status 2), for a caller that left that check to the rows the law reads."""
     cdef specdec_law_scratch* scratch
     if not wanted:
         return NULL
     scratch = specdec_law_scratch_new()
     if scratch != NULL:
         scratch.row_threads = row_threads
+        scratch.finds_overflow = finds_overflow
     return scratch
 
 
@@ -317,7 +325,9 @@ cdef inline specdec_law_scratch* new_law_scratch(bint wanted, int row_threads) n
 cdef specdec_law_scratch* spare_law_scratch = NULL
 
 
-cdef specdec_law_scratch* take_law_scratch(bint wanted, int row_threads) noexcept:
+cdef specdec_law_scratch* take_law_scratch(
+    bint wanted, int row_threads, bint finds_overflow=False
+) noexcept:
     """:func:`new_law_scratch` for a one-thread call, the kept one when there is one; the
     caller holds the GIL and hands it back with :func:`give_back_law_scratch`."""
     global spare_law_scratch
@@ -325,9 +335,10 @@ cdef specdec_law_scratch* take_law_scratch(bint wanted, int row_threads) noexcep
     if not wanted:
         return NULL
     if scratch == NULL:
-        return new_law_scratch(True, row_threads)
+        return new_law_scratch(True, row_threads, finds_overflow)
     spare_law_scratch = NULL
     scratch.row_threads = row_threads
+    scratch.finds_overflow = finds_overflow
     return scratch
 
 

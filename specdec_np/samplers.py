@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import registry, verify
+from ._layouts.padded import without_sampling_settings
 from ._runtime import arrays as _backend
 from ._runtime import checks as _validate
 from ._runtime import uniforms as _random
@@ -539,6 +540,7 @@ class _StochasticSampler(_RegisteredSampler):
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
         self._generator = self._own_generator.numpy
 
+    @without_sampling_settings
     @_backend.array_front(method=True)
     def forward(
         self,
@@ -602,6 +604,7 @@ class _DeterministicSampler(_RegisteredSampler):
         values = _validate.check_method_parameters(self._verifier, parameters)
         self._parameters = dict(zip(self._verifier.parameter_names, values))
 
+    @without_sampling_settings
     @_backend.array_front(method=True)
     def forward(
         self,

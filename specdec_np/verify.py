@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 
+@_chains.without_sampling_settings
 def run_padded(
     verifier: registry.Verifier,
     target_with_bonus_probs: Any,
@@ -246,7 +247,7 @@ def _documented(verifier: registry.Verifier) -> Callable[[_Front], _Front]:
         function.__doc__ = f"{summary.strip()}\n\n{verifier.summary}\n{sections}" + (
             f"\nExamples\n{examples}" if marker else ""
         )
-        return _backend.on_inputs_device(function)
+        return _chains.without_sampling_settings(_backend.on_inputs_device(function))
 
     return decorate
 

@@ -22,8 +22,11 @@ same generator without the generic uniform sources, and the kernel call without
 and so are the generators' states.  It never raises for bad input that the general path
 would word otherwise: an argument outside the common call, or one that a check refuses,
 makes it answer None before anything is drawn or any generator asked for, and the general
-path then runs and raises its own error.  After the draw it behaves as the general path:
-a failed request raises the layout's error, and the draws are put back.
+path then runs and raises its own error.  One check is left to the kernel: the temperature's
+overflow of a drawn bonus row of a request without drafts, which the kernel's law reads
+anyway (one pass over such rows instead of two); a row it refuses makes the call put its
+draws back and answer None.  Otherwise, after the draw it behaves as the general path: a
+failed request raises the layout's error, and the draws are put back.
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ def ragged_call(
     -------
     VerificationResult or None
         None, before anything is drawn or any generator is asked for, when the call is
-        not the common one or an argument is refused (the general path then says why).
+        not the common one or an argument is refused, or after the kernel with the draws
+        put back, when its law refused a row's temperature (the general path then says
+        why).
 
     Raises
     ------
@@ -173,10 +178,12 @@ def ragged_call(
         except (TypeError, ValueError):
             return None
     # The counts, the shapes, the ids and the temperatures, in one compiled pass.
+    # A drawn bonus row of a request without drafts is read by the kernel's law, which
+    # checks its temperature's overflow as it reads it (the launch's finds_overflow).
     found = _core.check_ragged_call(
         counts, ids, bonus, bonus_token_ids is not None, target, draft,
         checked.sampling["temperature"], checked.greedy, form.from_logits,
-        form.draft_from_logits,
+        form.draft_from_logits, bonus_token_ids is None,
     )  # fmt: skip
     if found is None:
         return None
@@ -221,6 +228,7 @@ _OPTION_DEFAULTS = {
     "draft_logits": True,
     "bonus_rows": True,
     "row_threads": 1,
+    "finds_overflow": False,
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
 _new_tuple = tuple.__new__
@@ -269,6 +277,9 @@ def _launch(
     if request is None:
         request = _sampling.RequestSampling(checked.greedy, checked.table)
     options = kernel_options(layout, batch, form, request, None, threads, chosen)
+    if draw_bonus:
+        # The rows the compiled check left to the law (check_ragged_call's lone rows).
+        options["finds_overflow"] = True
     (parameters,) = layout.after_uniforms(batch, chosen)
     launch = _dispatch.kernel("verify_chains", None, batch.target_rows, batch.draft_token_ids)
     if not _OPTION_DEFAULTS.keys() >= options.keys():
@@ -322,6 +333,7 @@ def _verify(
     # The generator's state before the one draw, recorded before it (DrawLog's record), so
     # that an interrupt anywhere after it can put the draw back.
     before: list[Any] = []
+    size: Any = None
     try:
         if sources is not None:
             uniforms = sources.draw()
@@ -334,7 +346,7 @@ def _verify(
             width = batch.max_k + 2
             if not greedy_count and batch.num_draft_tokens == batch_size * batch.max_k:
                 # Every request draws the whole width: the one draw is the block, row-major.
-                size: Any = (batch_size, width)
+                size = (batch_size, width)
                 uniforms = _draw(before, generator, size)
             else:
                 # One draw of exactly the sampled requests' k_b + 2 each, laid out row by
@@ -349,6 +361,11 @@ def _verify(
             plan.threads, *positional, **keywords,
         )  # fmt: skip
         if reported >= 0:
+            if draw_bonus and form.from_logits and _overflows(batch, checked):
+                # A row the law refused for its temperature: the draws go back and the
+                # general path, whose check reads every row first, words the error.
+                _put_back(sources, generator, size, before)
+                return None
             batch.raise_for_row_status(reported, block.row_status)
         result = _results.VerificationResult(
             block.output_token_ids, block.accepted_lengths, block.num_accepted,
@@ -359,11 +376,31 @@ def _verify(
         return result
     except BaseException:
         if commit is None or not commit.done:
-            if sources is not None:
-                sources.undo()
-            elif before:
-                _random.undo_draw(generator, size, before[0])
+            _put_back(sources, generator, size, before)
         raise
+
+
+def _put_back(sources: Any, generator: Any, size: Any, before: list[Any]) -> None:
+    """Undo the call's one draw (from ``sources``, or ``generator`` from its state in
+    ``before``), where it drew."""
+    if sources is not None:
+        sources.undo()
+    elif before:
+        _random.undo_draw(generator, size, before[0])
+
+
+def _overflows(batch: _chains.ChainBatch, checked: _sampling.CheckedParameters) -> bool:
+    """Whether a target row (logits) of a sampled request overflows at its temperature (the
+    general path's check, :func:`~specdec_np._layouts.sampling.check_tempered_rows`):
+    asked only after a failed kernel call, which a refused row explains."""
+    temperature = checked.sampling["temperature"]
+    if temperature is None:
+        return False
+    rows_per_request = batch.draft_counts + (1 if batch.bonus_rows else 0)
+    found: int = _core.first_tempered_overflow(
+        batch.target_rows, temperature, checked.greedy, rows_per_request
+    )
+    return found >= 0
 
 
 def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.ndarray:

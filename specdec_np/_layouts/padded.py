@@ -15,7 +15,8 @@ sees the verifier.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -24,8 +25,16 @@ from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
 from .._runtime import contract as _contract
 from .._runtime import results as _results
+from . import sampling as _sampling
 
-__all__ = ["ChainBatch", "padded_chain", "zero_ids"]
+__all__ = ["SAMPLING_KEYWORDS", "ChainBatch", "padded_chain", "without_sampling_settings",
+           "zero_ids"]
+
+#: The keywords of the sampling parameters and of the whole sampling surface: the padded
+#: fronts take none of them (their rows are probabilities, verified as given).
+SAMPLING_KEYWORDS = frozenset(_sampling.SamplingParameters._fields)
+
+_Front = TypeVar("_Front", bound=Callable[..., Any])
 
 
 class ChainBatch(NamedTuple):
@@ -268,3 +277,57 @@ def padded_chain(
         num_draft_tokens=batch_size * k,
         padded_k=k,
     )
+
+
+def without_sampling_settings(function: _Front) -> _Front:
+    """A padded front that refuses every sampling keyword by name, pointing to the ragged
+    call that takes them.
+
+    The padded fronts keep vLLM's signature: probabilities verified as given, no sampling
+    parameters, no settings, no stops, no logprobs.  A caller who passes one (say
+    ``stop_token_ids``) gets a TypeError that names it and says how to run the same batch
+    with it: :func:`specdec_np.verify_ragged` with ``k`` drafts per request, the padded
+    rows flattened, gives the padded outputs and takes the whole sampling surface.
+
+    Parameters
+    ----------
+    function : callable
+        A padded front.
+
+    Returns
+    -------
+    callable
+        ``function``, refusing the keywords of :data:`SAMPLING_KEYWORDS`.
+
+    Examples
+    --------
+    >>> from specdec_np._layouts.padded import without_sampling_settings
+    >>> @without_sampling_settings
+    ... def front(probs, **options):
+    ...     return probs
+    >>> front(1)
+    1
+    >>> try:
+    ...     front(1, logprobs=2)
+    ... except TypeError as error:
+    ...     print(str(error).split(";")[0])
+    front() takes no sampling settings (logprobs)
+    """
+
+    @functools.wraps(function)
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if kwargs and not SAMPLING_KEYWORDS.isdisjoint(kwargs):
+            given = ", ".join(sorted(SAMPLING_KEYWORDS.intersection(kwargs)))
+            name = function.__qualname__
+            if "." in name and args:
+                # A sampler's method: named by the caller's class, not the private base.
+                name = f"{type(args[0]).__name__}.{function.__name__}"
+            raise TypeError(
+                f"{name}() takes no sampling settings ({given}); "
+                "a padded batch is verified on its probabilities as given: for sampling "
+                "parameters, penalties, masks, stops or logprobs, pass its rows flattened "
+                "to specdec_np.verify_ragged with num_draft_tokens = k for every request"
+            )
+        return function(*args, **kwargs)
+
+    return refuse  # type: ignore[return-value]

@@ -47,7 +47,7 @@ from .. import registry
 from .._layouts.tree import validate_tree
 from . import traversal as _traversal_reference
 from .chains import _per_request, _process_request_rows, residual_draw
-from .surface import adjust_logits, cut_run, request_setting
+from .surface import adjust_logits, cut_run, reference_logprobs, request_setting
 
 __all__ = [
     "continued_law",
@@ -223,20 +223,28 @@ def verify_tree_requests(
         The sampling surface by its public keywords, as in
         :func:`specdec_np._reference.ragged.verify_ragged`: a node's row has the output,
         the node's ancestors and the node as its context, the root row the output; a
-        node's draft row takes its parent's row's context and mask.  Logprobs are not
-        computed here.
+        node's draft row takes its parent's row's context and mask.  With ``logprobs``,
+        the emitted position ``i`` reports the law of the row it was drawn from (the root
+        row, then the ``i``-th accepted node's row) through
+        :func:`specdec_np._reference.surface.reference_logprobs`.
 
     Returns
     -------
     accepted_nodes, output_token_ids, accepted_lengths
         As :func:`verify_tree`, over the whole batch.
     finished : bool [B], only with ``settings``
+    extras : dict, only with ``settings["logprobs"]``
+        The float64 ``logprobs`` and ``raw_logprobs`` [B, max_depth + 1] and
+        ``top_token_ids`` and ``top_logprobs`` [B, max_depth + 1, N] (NaN and -1 padded).
     """
     xp = target_rows.__array_namespace__()
     layout = validate_tree(num_nodes, tree_parents, draft_token_ids, int(target_rows.shape[1]))
     batch_size = layout.batch_size
     surface = dict(settings or {})
     bitmask = surface.get("token_bitmask")
+    top_count = surface.get("logprobs")
+    extras: dict[str, list[Any]] = {"logprobs": [], "raw_logprobs": [], "top_token_ids": [],
+                                    "top_logprobs": []}
     settings = [
         _per_request(xp, value, batch_size, off)
         for value, off in ((temperature, 1.0), (top_k, 0.0), (top_p, 1.0), (min_p, 0.0))
@@ -245,6 +253,7 @@ def verify_tree_requests(
     for b in range(batch_size):
         start, stop = int(layout.node_offsets[b]), int(layout.node_offsets[b + 1])
         target = target_rows[start + b : stop + b + 1, :]
+        raw_target = target
         draft = None if draft_rows is None else draft_rows[start:stop, :]
         greedy = not registry.get_tree_method(method).stochastic or settings[0][b] == 0.0
         draft_logits = from_logits if draft_from_logits is None else draft_from_logits
@@ -256,6 +265,7 @@ def verify_tree_requests(
             )
             if draft_logits:
                 draft = adjusted_draft
+        adjusted_target = target
         if not greedy:
             request_settings = tuple(column[b] for column in settings)
             if from_logits:
@@ -279,6 +289,17 @@ def verify_tree_requests(
                 request_setting(surface, "max_tokens", b),
             )
             finished.append(done)
+            if top_count is not None:
+                # Position i was drawn from the root row, then the i-th accepted node's.
+                emitted = [0] + [int(nodes[0, i]) + 1 for i in range(len(run) - 1)]
+                where = xp.asarray(emitted, dtype=xp.int64)
+                reference_logprobs(
+                    xp, extras, xp.take(adjusted_target, where, axis=0),
+                    xp.take(raw_target, where, axis=0), run, layout.max_depth,
+                    int(top_count), from_logits,
+                    (1.0, 0.0, 1.0, 0.0) if greedy else tuple(column[b] for column in settings),
+                    filter_order, _process_request_rows,
+                )
         nodes_out.append([int(nodes[0, i]) for i in range(min(depth, len(run)))])
         tokens_out.append(run)
         lengths.append(depth)
@@ -290,7 +311,12 @@ def verify_tree_requests(
         xp.reshape(xp.asarray(output, dtype=xp.int64), (batch_size, width + 1)),
         xp.asarray(lengths, dtype=xp.int64),
     )
-    return found + (np.asarray(finished, dtype=bool),) if surface else found
+    if not surface:
+        return found
+    found += (np.asarray(finished, dtype=bool),)
+    if top_count is None:
+        return found
+    return found + ({name: np.asarray(values) for name, values in extras.items()},)
 
 
 def _adjusted_tree_rows(

@@ -182,6 +182,84 @@ def test_inconsistent_metadata_is_refused(change: dict, message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# The logits processors' fields of SamplingMetadata: vLLM v1's own scenarios for frequency
+# penalties, bad words and allowed token ids (greedy, the bonus given)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SurfaceMetadata(SamplingMetadata):
+    """``SamplingMetadata`` with the penalty, bad-word and allowed-token fields, by vLLM's
+    names and in vLLM's forms (the mask True where a token is *not* allowed)."""
+
+    no_penalties: bool = True
+    frequency_penalties: Any = None
+    presence_penalties: Any = None
+    repetition_penalties: Any = None
+    prompt_token_ids: Any = None
+    output_token_ids: list = field(default_factory=list)
+    allowed_token_ids_mask: Any = None
+    bad_words_token_ids: dict = field(default_factory=dict)
+
+
+RUNNER_UP = 15  # every row's second choice, at logit 99 against the favourite's 100
+
+
+def surface_batch(drafts: list[list[int]], favourite: list[list[int]], bonus: list[int]):
+    arguments = batch(drafts, vocab=20, favourite=favourite, bonus=[[b] for b in bonus])
+    arguments["target_logits"][:, RUNNER_UP] = 99.0
+    return arguments
+
+
+def surface_cases() -> dict[str, tuple[dict, dict, list[list[int]], list[list[int]]]]:
+    """name -> (the batch, the metadata's fields, vLLM's expected output, the output with
+    those fields left out)."""
+    repeated = surface_batch([[1, 1, 1], [], [1, 1, 1]], [[1, 1, 1], [], [1, 1, 1]],
+                             [1, 7, 1])
+    # The drafts repeat token 1: each accepted one lowers the next row's 100 by the
+    # request's frequency penalty, under the runner-up's 99 after one draft (1.5) or
+    # after two (0.7).
+    penalties = dict(no_penalties=False, frequency_penalties=torch.tensor([1.5, 1.5, 0.7]),
+                     presence_penalties=torch.zeros(3), repetition_penalties=torch.ones(3),
+                     prompt_token_ids=torch.tensor([[5, 6, 7], [6, 7, 8], [7, 8, 9]]),
+                     output_token_ids=[[2], [3], [4]])
+    words = surface_batch([[1, 2, 3], [1, 15, 3], [1, 2, 3]],
+                          [[1, 2, 3], [1, 15, 3], [1, 2, 3]], [4, 4, 4])
+    # Requests 0 and 2 (not 1) forbid the one-token word 2.
+    bad_words = dict(output_token_ids=[[2], [3], [4]], bad_words_token_ids={0: [[2]], 2: [[2]]})
+    allowed = surface_batch([[1, 2, 10], [10, 5, 3], [7, 10, 12]],
+                            [[1, 2, 10], [10, 5, 10], [7, 10, 12]], [5, 5, 5])
+    mask = torch.zeros((3, 20), dtype=torch.bool)
+    mask[0, 0:5] = True  # request 0 may not use 0..4, request 2 not 2..6, request 1 all
+    mask[2, 2:7] = True
+    return {
+        "frequency penalties": (repeated, penalties,
+                                [[1, 15, -1, -1], [7, -1, -1, -1], [1, 1, 15, -1]],
+                                [[1, 1, 1, 1], [7, -1, -1, -1], [1, 1, 1, 1]]),
+        "bad words": (words, bad_words,
+                      [[1, 15, -1, -1], [1, 15, 3, 4], [1, 15, -1, -1]],
+                      [[1, 2, 3, 4], [1, 15, 3, 4], [1, 2, 3, 4]]),
+        "allowed token ids": (allowed, dict(output_token_ids=[[], [], []],
+                                            allowed_token_ids_mask=mask),
+                              [[15, -1, -1, -1], [10, 5, 10, -1], [7, 10, 12, 5]],
+                              [[1, 2, 10, 5], [10, 5, 10, -1], [7, 10, 12, 5]]),
+    }
+
+
+@pytest.mark.parametrize("name", list(surface_cases()))
+def test_vllm_v1_logits_processor_scenarios(name: str) -> None:
+    """vLLM's expected outputs through the shim; the same batch with the fields left out
+    (the control) gives the plain greedy outputs, so the fields are what is read."""
+    arguments, fields, expected, without = surface_cases()[name]
+    metadata = SurfaceMetadata(temperature=None, all_greedy=True, all_random=False, **fields)
+    output = vllm.rejection_sample(**arguments, sampling_metadata=metadata)
+    assert output.dtype == torch.int32
+    assert output.tolist() == expected
+    plain = vllm.rejection_sample(**arguments, sampling_metadata=greedy_metadata())
+    assert plain.tolist() == without != expected
+
+
+# --------------------------------------------------------------------------------------
 # Randomness: a seeded request's draws depend on that request alone, and a refused call
 # moves no generator.
 # --------------------------------------------------------------------------------------

@@ -151,6 +151,12 @@ def _row(kind: str, vocab: int, dtype: type, seed: int) -> np.ndarray:
         row[rng.choice(vocab, 3, replace=False)] = np.inf
     elif kind == "ascending":
         row = np.sort(row)
+    elif kind == "nan_blocks":
+        # Whole blocks of NaN (the first ones, one inside, the partial last one): a block's
+        # maximum must skip them, and a block of NaN alone must never be gathered.
+        row[:640] = np.nan
+        row[1024:1088] = np.nan
+        row[-10:] = np.nan
     elif kind == "zeros":
         # The maximum is a zero of either sign (the law's z_max keeps the first one's).
         row = -np.abs(row)
@@ -159,7 +165,7 @@ def _row(kind: str, vocab: int, dtype: type, seed: int) -> np.ndarray:
     return np.ascontiguousarray(row.astype(dtype))
 
 
-ROWS = ["normal", "ties", "specials", "plus_infinity", "ascending", "zeros"]
+ROWS = ["normal", "ties", "specials", "plus_infinity", "ascending", "zeros", "nan_blocks"]
 # (temperature, top_k, top_p, min_p): llama.cpp's chain, top-k alone, k = 1, large k.
 FILTERS = [
     (0.8, 40, 0.95, 0.05),

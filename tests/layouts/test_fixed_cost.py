@@ -333,6 +333,47 @@ def test_a_request_that_fails_in_the_kernel_puts_the_draws_back(
     assert str(fast_error.value) == str(general_error.value)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("filters", [{}, {"top_k": 40, "top_p": 0.9}], ids=["plain", "top-k"])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["to +inf", "to -inf"])
+def test_an_overflow_left_to_the_kernel_is_the_general_paths_error(
+    dtype: type, filters: dict[str, Any], sign: float, monkeypatch: Any
+) -> None:
+    """The drawn bonus row of a request without drafts is checked for its temperature's
+    overflow by the kernel's law alone: a refused row (a later request's, its maximum as
+    large as the dtype allows, +inf entries beside it or not) fails the call with the
+    general path's error, the draws put back; a greedy request's row is never refused."""
+    fast_calls = []
+    fast_verify = _fast._verify
+    monkeypatch.setattr(_fast, "_verify", lambda *a: fast_calls.append(1) or fast_verify(*a))
+    vocab = 3000  # long enough for top-k's survivors
+    rows = np.random.default_rng(0).standard_normal((4, vocab)).astype(dtype)
+    rows[2] = sign * np.finfo(dtype).max / 2  # every finite logit of row 2 overflows at 1/4
+    rows[2, 7] = np.nan
+    for infinite in (False, True):
+        if infinite:
+            rows[2, 11] = np.inf
+        keywords = {"logits": rows, "temperature": np.array([0.25, 0.25, 0.25, 0.5]), **filters}
+        generator = np.random.default_rng(5)
+        before = generator.bit_generator.state
+        with pytest.raises(ValueError, match="overflow") as fast_error:
+            specdec_np.sample_tokens(**keywords, generator=generator)
+        assert generator.bit_generator.state == before
+        with monkeypatch.context() as general_path:
+            general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+            with pytest.raises(ValueError) as general_error:
+                specdec_np.sample_tokens(**keywords, generator=generator)
+        assert str(fast_error.value) == str(general_error.value)
+        # The same row read raw by a greedy request.
+        keywords["temperature"] = np.array([0.25, 0.25, 0.0, 0.5])
+        fast = specdec_np.sample_tokens(**keywords, generator=np.random.default_rng(5))
+        with monkeypatch.context() as general_path:
+            general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+            general = specdec_np.sample_tokens(**keywords, generator=np.random.default_rng(5))
+        np.testing.assert_array_equal(fast, general)
+    assert len(fast_calls) == 4
+
+
 def _parameter(rng: np.random.Generator, name: str, batch: int, vocab: int) -> Any:
     """A random ``[B]`` array of one sampling parameter, now and then out of range or of a
     dtype the compiled pass leaves to the Python checks."""

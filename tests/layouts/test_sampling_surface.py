@@ -556,7 +556,7 @@ def test_row_settings_need_logits(name: str) -> None:
                                  target_probs=probs, **{name: value})
 
 
-@pytest.mark.parametrize("method", ["point_mass", "specinfer", "greedy"])
+@pytest.mark.parametrize("method", [entry.name for entry in registry.TREE_METHODS])
 @pytest.mark.parametrize("seed", range(2))
 def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, seed: int):
     rng = np.random.default_rng(100 + seed)
@@ -576,7 +576,7 @@ def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, s
         settings = _random_settings(rng, batch, vocab, total + batch)
         settings.pop("logprobs")
         uniforms = rng.random((batch, int(sizes.max(initial=0)) + 1))
-        draft_logits = draft if method == "specinfer" else None
+        draft_logits = draft if registry.get_tree_method(method).reads_draft_probs else None
         keywords = dict(num_nodes=sizes, tree_parents=parents, draft_token_ids=ids,
                         target_logits=target, draft_logits=draft_logits,
                         temperature=temperature, uniforms=uniforms, method=method)
@@ -596,6 +596,169 @@ def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, s
         np.testing.assert_array_equal(fast.finished, expected[3])
         checked += 1
     assert checked >= 10
+
+
+def _tree_logprob_cases(method: str, seed: int) -> Any:
+    """Random trees on a small vocabulary whose drafts repeat tokens 0..3, with penalties
+    over the output and the ancestors, a bitmask per node row and the other settings at
+    random: (the library's result, the tree reference's logprobs) per batch."""
+    rng = np.random.default_rng(200 + seed)
+    entry = registry.get_tree_method(method)
+    for _ in range(10):
+        batch = int(rng.integers(1, 4))
+        sizes = rng.integers(0, 7, batch)
+        parents = np.concatenate([
+            [int(rng.integers(-1, j)) for j in range(int(n))] for n in sizes
+        ] + [[]]).astype(np.int64)
+        total = int(sizes.sum())
+        vocab = int(rng.integers(5, 9))
+        # Tokens 0..3 (the drafts') likely and mostly allowed, so that runs go deep.
+        target = rng.normal(0, 1, (total + batch, vocab)).astype(np.float32)
+        target[:, :4] += 3
+        draft = rng.normal(0, 1, (total, vocab)).astype(np.float32)
+        ids = rng.integers(0, 4, total)
+        temperature = np.where(rng.random(batch) < 0.3, 0.0, rng.uniform(0.5, 1.5, batch))
+        bits = rng.random((total + batch, vocab)) < np.where(np.arange(vocab) < 4, 0.85, 0.5)
+        settings = _random_settings(rng, batch, vocab, total + batch)
+        settings.update(
+            output_token_ids=[list(rng.integers(0, 4, 2)) for _ in range(batch)],
+            repetition_penalty=rng.uniform(1.2, 2, batch),
+            frequency_penalty=rng.uniform(0.2, 1, batch),
+            token_bitmask=(bits << np.arange(vocab)).sum(axis=1, keepdims=True).astype(np.int32),
+            logprobs=int(rng.integers(1, 4)),
+        )
+        draft_logits = draft if entry.reads_draft_probs else None
+        uniforms = rng.random((batch, int(sizes.max(initial=0)) + 1))
+        try:
+            expected = _tree_reference.verify_tree_requests(
+                sizes, parents, ids, target, draft_logits, uniforms, method=method,
+                from_logits=True, temperature=temperature, top_k=3, settings=settings,
+            )
+        except ValueError:
+            continue  # a row masked whole: the tree kernels' test covers the refusal
+        fast = specdec_np.verify_tree(
+            num_nodes=sizes, tree_parents=parents, draft_token_ids=ids, target_logits=target,
+            draft_logits=draft_logits, temperature=temperature, top_k=3, uniforms=uniforms,
+            method=method, **settings,
+        )
+        np.testing.assert_array_equal(fast.output_token_ids, expected[1])
+        yield fast, expected[4]
+
+
+def _compare_logprobs(logprobs: np.ndarray, top_logprobs: np.ndarray, fast: Any,
+                      extras: dict) -> None:
+    np.testing.assert_array_equal(fast.top_token_ids, extras["top_token_ids"])
+    np.testing.assert_allclose(fast.raw_logprobs, extras["raw_logprobs"], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(logprobs, extras["logprobs"], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(top_logprobs, extras["top_logprobs"], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", [entry.name for entry in registry.TREE_METHODS])
+def test_tree_logprobs_equal_the_tree_reference(method: str) -> None:
+    """Every emitted position's logprobs are those of the row it was drawn from (the root,
+    then each accepted node's), adjusted with its ancestors as context; the control (the
+    raw law reported as the processed one) fails on the same batches."""
+    checked = deep = control_caught = 0
+    for seed in range(2):
+        for fast, extras in _tree_logprob_cases(method, seed):
+            _compare_logprobs(fast.logprobs, fast.top_logprobs, fast, extras)
+            checked += 1
+            # Positions past the root's: rows adjusted with ancestors as context.
+            deep += int(np.sum(~np.isnan(np.asarray(fast.logprobs)[:, 1:])))
+            try:
+                _compare_logprobs(fast.raw_logprobs, fast.top_logprobs, fast, extras)
+            except AssertionError:
+                control_caught += 1
+    assert checked >= 8 and deep >= 8
+    assert control_caught >= checked - 2
+
+
+# --------------------------------------------------------------------------------------
+# The padded layout: no sampling settings; the same batch through the ragged call
+# --------------------------------------------------------------------------------------
+
+
+def _padded_fronts() -> list[tuple[str, Any]]:
+    """Every padded front of the registry's verifiers (function, sampler, run_padded): the
+    name its errors give, and a call taking extra keywords on a small batch."""
+    from specdec_np import verify
+
+    target = np.full((1, 3, 4), 0.25)
+    arrays = (target, np.array([[0]]), np.full((1, 2, 4), 0.25), np.array([[1, 2]]))
+    fronts = []
+    for verifier in registry.VERIFIERS:
+        reads = arrays if verifier.stochastic else arrays[:2] + arrays[3:]
+        if verifier.function_name is not None:
+            function = getattr(specdec_np, verifier.function_name)
+            fronts.append((verifier.function_name,
+                           lambda extra, f=function, a=reads: f(*a, **extra)))
+        if verifier.sampler_name is not None:
+            sampler = getattr(specdec_np, verifier.sampler_name)()
+            fronts.append((f"{verifier.sampler_name}.forward",
+                           lambda extra, s=sampler: s(*arrays, **extra)))
+        fronts.append(("run_padded", lambda extra, v=verifier: (
+            verify.run_padded(v, *arrays, **extra))))
+    return fronts
+
+
+def test_the_padded_fronts_refuse_every_sampling_keyword_by_name() -> None:
+    from specdec_np._layouts.padded import SAMPLING_KEYWORDS
+
+    assert {"temperature", "stop_token_ids", "logprobs", "token_bitmask"} <= SAMPLING_KEYWORDS
+    for label, call in _padded_fronts():
+        call({})  # the batch itself is good
+        for name in sorted(SAMPLING_KEYWORDS):
+            with pytest.raises(TypeError, match=f"^{label}\\(\\) takes no sampling "
+                               f"settings \\({name}\\).*verify_ragged"):
+                call({name: None})
+        with pytest.raises(TypeError, match="unexpected keyword"):  # the control
+            call({"not_a_setting": None})
+
+
+@pytest.mark.parametrize("verifier", registry.VERIFIERS, ids=lambda v: v.name)
+def test_a_padded_batch_takes_the_surface_through_the_ragged_call(verifier: Any) -> None:
+    """The refusal's advice holds: the padded rows flattened, ``k`` drafts per request,
+    give the padded outputs through verify_ragged, and with stops and logprobs that run
+    cut at its stop (the reference's cut) and the logprobs of the rows as given."""
+    from specdec_np import verify
+
+    rng = np.random.default_rng(7)
+    batch, k, vocab = 6, 3, 5
+    logits = rng.normal(0, 1, (batch * (k + 1), vocab)) + np.array([2.0, 2.0, 0, 0, 0])
+    target = specdec_np.processed_probs(logits).reshape(batch, k + 1, vocab)
+    draft = specdec_np.processed_probs(rng.normal(0, 1, (batch * k, vocab)))
+    draft = draft.reshape(batch, k, vocab)
+    ids = rng.integers(0, 3, (batch, k))
+    ids[::2] = np.argmax(target[::2, :k], axis=2)  # long runs, for every verifier
+    bonus = rng.integers(0, vocab, (batch, 1))
+    uniforms = rng.random((batch, k + 1))
+    padded = verify.run_padded(verifier, target, bonus, draft, ids,
+                               **({"uniforms": uniforms} if verifier.stochastic else {}))
+    common = dict(
+        num_draft_tokens=np.full(batch, k), draft_token_ids=ids.reshape(-1),
+        target_probs=target.reshape(-1, vocab),
+        draft_probs=draft.reshape(-1, vocab) if verifier.reads_draft_probs else None,
+        bonus_token_ids=bonus[:, 0], method=verifier.name,
+        uniforms=np.concatenate([uniforms, np.zeros((batch, 1))], axis=1),
+    )
+    plain = specdec_np.verify_ragged(**common)
+    np.testing.assert_array_equal(plain.output_token_ids, padded.output_token_ids)
+    # A stop at the second emitted token where there is one.
+    stops = [[int(row[min(1, int(length))])] for row, length in
+             zip(padded.output_token_ids, padded.accepted_lengths)]
+    surface = specdec_np.verify_ragged(**common, stop_token_ids=stops, logprobs=2)
+    for b in range(batch):
+        run = [int(t) for t in padded.output_token_ids[b] if t >= 0]
+        tokens, length, finished = _reference_surface.cut_run(
+            run, int(padded.accepted_lengths[b]), stops[b], None
+        )
+        np.testing.assert_array_equal(surface.output_token_ids[b, : len(tokens)], tokens)
+        assert (surface.output_token_ids[b, len(tokens) :] == -1).all()
+        assert surface.accepted_lengths[b] == length and surface.finished[b] == finished
+        expected = np.log(target[b, np.arange(len(tokens)), tokens])
+        np.testing.assert_allclose(surface.logprobs[b, : len(tokens)], expected, rtol=1e-6)
+        np.testing.assert_allclose(surface.raw_logprobs[b, : len(tokens)], expected, rtol=1e-6)
+    assert not np.array_equal(surface.output_token_ids, padded.output_token_ids)
 
 
 def _vllm_metadata(vocab: int, seed: int, greedy: bool) -> tuple[Any, dict]:

@@ -264,7 +264,9 @@ typedef struct {
     double cutoff;     /* the kept set is {y : z(y) >= cutoff}; -inf keeps every non-NaN z */
     double normaliser; /* sum of w over the kept set (the count of +inf entries if any) */
     int64_t num_infinite;
-    int64_t status; /* 0: a law; 1: no entry has a finite maximum, the row has no mass */
+    int64_t status; /* 0: a law; 1: no entry has a finite maximum, the row has no mass;
+                       2: its largest finite logit overflows at the temperature (a check
+                       left to the law, specdec_law_scratch's finds_overflow) */
 } specdec_row_law;
 
 /* The key of a float z that is not NaN, from the bits of z + 0 and the mask of its sign

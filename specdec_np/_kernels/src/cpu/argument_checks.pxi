@@ -156,17 +156,20 @@ def first_invalid_id(
 
 cdef Py_ssize_t tempered_overflow_row(
     const probability_t* rows, Py_ssize_t V, const double* temperature,
-    const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B
+    const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B,
+    bint skip_lone_rows
 ) noexcept nogil:
     """:func:`first_tempered_overflow` on checked arguments: request ``b`` owns
-    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all)."""
+    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all).
+    ``skip_lone_rows``: a request with no other row than its one extra row is not read
+    (the law checks that row as it reads it: the kernels' ``finds_overflow``)."""
     cdef Py_ssize_t b, r, i, start = 0, found = -1
     cdef probability_t divisor, largest, value
     cdef int64_t infinite
     cdef const probability_t* row
     for b in range(B):
         divisor = <probability_t>temperature[b]
-        if not greedy[b] and divisor < 1:
+        if not greedy[b] and divisor < 1 and not (skip_lone_rows and counts[b] == 0):
             for r in range(start, start + counts[b] + extra):
                 row = rows + r * V
                 # The vectorised maximum pass of the law (NaN never wins); a row with a
@@ -194,18 +197,20 @@ cdef Py_ssize_t tempered_overflow_row(
 
 cdef Py_ssize_t overflow_row(
     ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
-    int64_t extra, Py_ssize_t B
+    int64_t extra, Py_ssize_t B, bint skip_lone_rows=False
 ) noexcept:
     """:func:`tempered_overflow_row` on checked rows of either float dtype."""
     cdef Py_ssize_t found
     with nogil:
         if rows.itemsize == 4:
             found = tempered_overflow_row(
-                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+                <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B,
+                skip_lone_rows,
             )
         else:
             found = tempered_overflow_row(
-                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B
+                <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B,
+                skip_lone_rows,
             )
     return found
 

@@ -96,6 +96,9 @@ cdef struct ChainCall:
     bint draft_logits
     int num_threads
     int row_threads
+    # The temperatures' overflow check of the rows the law reads is the law's
+    # (new_law_scratch's finds_overflow).
+    bint finds_overflow
     # Set by check_chain_call.
     Py_ssize_t max_k
     bint stochastic
@@ -199,7 +202,9 @@ cdef Py_ssize_t drive_chains(
         # teams nested in an inactive region would be new threads every time (libgomp
         # wakes its pool only for a team at the outer level), hundreds of microseconds a
         # row, and a one-thread call skips the region's own cost too.
-        serial_scratch = take_law_scratch(sampling_base != NULL, call.row_threads)
+        serial_scratch = take_law_scratch(
+            sampling_base != NULL, call.row_threads, call.finds_overflow
+        )
         with nogil:
             for b in range(B):
                 start = draft_offsets[b]
@@ -221,7 +226,7 @@ cdef Py_ssize_t drive_chains(
     # Each thread of the team allocates its law scratch once for the call.  Its rows run on
     # that thread alone (specdec_row_threads: no team is nested in a parallel loop).
     with nogil, parallel(num_threads=num_threads):
-        law_scratch = new_law_scratch(sampling_base != NULL, 1)
+        law_scratch = new_law_scratch(sampling_base != NULL, 1, call.finds_overflow)
         for b in prange(B, schedule="dynamic"):
             start = draft_offsets[b]
             request_method = request_methods[b] if per_request else method
@@ -266,6 +271,7 @@ def verify_chains(
     bint draft_logits=True,
     bint bonus_rows=True,
     int row_threads=1,
+    bint finds_overflow=False,
 ):
     """Verify a batch of draft chains with the row functions bound to the registry codes.
 
@@ -323,6 +329,11 @@ def verify_chains(
         With ``sampling``: threads for the passes over one logits row (its maximum and its
         exponentials) when the loop over requests runs on one thread (``num_threads`` <= 1;
         a parallel loop never nests them); 0 or 1: one.  The bits of one thread either way.
+    finds_overflow : bool
+        The caller left the temperatures' overflow check (``specdec_np._layouts.sampling``,
+        ``check_tempered_rows``) of the rows the law reads to the law: such a row then has
+        no law, and its request fails (the fast path then hands the call to the general
+        one, which words the error).
 
     Returns
     -------
@@ -376,6 +387,7 @@ def verify_chains(
     call.draft_logits = draft_logits
     call.num_threads = num_threads
     call.row_threads = row_threads
+    call.finds_overflow = finds_overflow
     check_chain_call(&call)
     if call.B == 0:
         return -1

@@ -33,6 +33,7 @@ def verify_chains_direct(
     bint draft_logits=True,
     bint bonus_rows=True,
     int row_threads=1,
+    bint finds_overflow=False,
 ):
     """:func:`verify_chains` on NumPy arrays taken directly (no typed memoryviews): the
     same arguments, checks, results and row statuses, microseconds sooner.
@@ -42,7 +43,7 @@ def verify_chains_direct(
     method, target_rows, draft_rows, point_mass_drafts, draft_token_ids, bonus_token_ids, \
 draft_offsets, uniforms, parameters, output, accepted_lengths, num_accepted, row_status, \
 num_threads, request_methods, causal, draw_bonus, sampling, scratch, target_logits, \
-draft_logits, bonus_rows, row_threads
+draft_logits, bonus_rows, row_threads, finds_overflow
         As :func:`verify_chains` takes them; every array a NumPy array (float32 or float64
         rows, one dtype; int32 or int64 ids, one dtype; int64 offsets and outputs; float64
         uniforms, parameters and sampling table; int8 ``request_methods``).
@@ -131,6 +132,7 @@ draft_logits, bonus_rows, row_threads
     call.draft_logits = draft_logits
     call.num_threads = num_threads
     call.row_threads = row_threads
+    call.finds_overflow = finds_overflow
     check_chain_call(&call)
     if call.B == 0:
         return -1
@@ -187,6 +189,7 @@ def check_ragged_call(
     object greedy,
     bint target_logits,
     bint draft_logits,
+    bint law_reads_lone_rows=False,
 ):
     """Every check of a ragged engine call that reads its arrays, before anything is
     drawn, in one call: the offsets of ``num_draft_tokens``, the shapes, the token ids and
@@ -210,6 +213,10 @@ def check_ragged_call(
         Non-zero for a request that reads its rows raw.
     target_logits, draft_logits : bool
         Which rows the temperatures divide.
+    law_reads_lone_rows : bool
+        The kernel's law checks the temperatures' overflow of the rows it reads
+        (``finds_overflow``), and reads the one row of each sampled request without drafts
+        (its bonus row, drawn): those rows are not read here.
 
     Returns
     -------
@@ -290,7 +297,7 @@ def check_ragged_call(
         require(temperature_view.rows == B, "temperature must have B entries")
         if target_logits and overflow_row(
             &target, <const double*>temperature_view.data, greedy_data, count_data,
-            1 if bonus_rows else 0, B,
+            1 if bonus_rows else 0, B, law_reads_lone_rows and bonus_rows,
         ) >= 0:
             return None
         if draft_logits and has_draft and overflow_row(

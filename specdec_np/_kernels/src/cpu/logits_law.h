@@ -747,6 +747,17 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
         law->z_max = (double)z_max;                                                        \
         law->num_infinite = num_infinite;                                                  \
         law->status = 0;                                                                   \
+        /* Where the largest z is finite it is that of the largest finite logit, which    \
+         * then does not overflow: only a row with +inf or without a finite z is read     \
+         * again for it. */                                                               \
+        if (scratch->finds_overflow && temperature < (T)1 &&                               \
+            (num_infinite > 0 || !(z_max > (T)-INFINITY)) &&                               \
+            specdec_overflows_##SUFFIX(logits, V, temperature)) {                          \
+            law->status = 2;                                                               \
+            law->cutoff = INFINITY;                                                        \
+            law->normaliser = 0.0;                                                         \
+            return 0;                                                                      \
+        }                                                                                  \
         if (num_infinite > 0) {                                                            \
             law->cutoff = INFINITY;                                                        \
             law->normaliser = (double)num_infinite;                                        \

@@ -449,4 +449,20 @@ SPECDEC_DEFINE_ROW_ARGMAX(d, double)
 SPECDEC_DEFINE_COUNT_BEATING(specdec_count_beating_f, float)
 SPECDEC_DEFINE_COUNT_BEATING(specdec_count_beating_d, double)
 
+/* Whether the largest finite logit m of a row overflows at the temperature (m / t is +inf
+ * or -inf in the rows' dtype; NaN and infinities skipped): the check of
+ * specdec_np._layouts.sampling.check_tempered_rows, for a row the law reads. */
+#define SPECDEC_DEFINE_OVERFLOWS(SUFFIX, T)                                                 \
+    static int specdec_overflows_##SUFFIX(const T *logits, ptrdiff_t V, T temperature)      \
+    {                                                                                      \
+        T largest = (T)-INFINITY;                                                          \
+        for (ptrdiff_t y = 0; y < V; ++y)                                                  \
+            largest = logits[y] > largest && logits[y] < (T)INFINITY ? logits[y] : largest; \
+        T z = largest / temperature;                                                       \
+        return largest > (T)-INFINITY && (z == (T)INFINITY || z == (T)-INFINITY);          \
+    }
+
+SPECDEC_DEFINE_OVERFLOWS(f, float)
+SPECDEC_DEFINE_OVERFLOWS(d, double)
+
 #endif

@@ -46,6 +46,11 @@ typedef struct {
     } keys, spare_keys;
     /* Threads for the passes over one row (rowthreads.h); 0 (calloc's) or 1: one. */
     int row_threads;
+    /* Non-zero where the caller left the temperature's overflow check (docs/semantics.md,
+     * "Temperatures that overflow") to the law of the rows it reads: a row whose largest
+     * finite logit overflows at a temperature below 1 then has no law (status 2), not the
+     * uniform law over its overflowing entries (logits_law.h, specdec_row_law). */
+    int finds_overflow;
     /* After a law (logits_law.h): how many gathered entries hold its whole kept set, with
      * their z in `candidates`, weights in `candidate_weights` and indices in `positions`,
      * in element order (the kept ones are those with z >= the law's cutoff); -1 when the
@@ -131,59 +136,27 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
 SPECDEC_DEFINE_SELECT(f, float, uint32_t, 32)
 SPECDEC_DEFINE_SELECT(d, double, uint64_t, 64)
 
-/* The 32-byte groups that the gather tests at once where it need not divide. */
-#define SPECDEC_GATHER_GROUPS 8
-
-/* Whether any z of the 32 bytes of logits at x (over the temperature when `divide`) is at
- * least the threshold: the gather's test of a group that is most often empty. */
+/* Whether any of the 32 bytes of logits at x is at least the threshold: the gather's test
+ * of a group that is most often empty. */
 #if SPECDEC_HAVE_VECTORS
 #define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
-    SPECDEC_INLINE int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature, \
-                                                     T threshold)                          \
+    SPECDEC_INLINE int specdec_any_at_least_##SUFFIX(const T *x, T threshold)              \
     {                                                                                      \
         typedef T group_t __attribute__((vector_size(32)));                               \
         typedef KEY_T mask_t __attribute__((vector_size(32)));                            \
-        group_t z, t = (group_t){0} + temperature, c = (group_t){0} + threshold;            \
+        group_t z, c = (group_t){0} + threshold;                                           \
         memcpy(&z, x, sizeof z);                                                           \
-        if (divide)                                                                        \
-            z = z / t;                                                                     \
         mask_t hit = (mask_t)(z >= c);                                                     \
-        uint64_t words[4];                                                                 \
-        memcpy(words, &hit, sizeof words);                                                 \
-        return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
-    }                                                                                      \
-    /* The same test of SPECDEC_GATHER_GROUPS groups at x, without a temperature: their  \
-     * masks are combined before one test, so that a pass that keeps little costs what its \
-     * loads do. */                                                                        \
-    SPECDEC_INLINE int specdec_any_groups_at_least_##SUFFIX(const T *x, T threshold)              \
-    {                                                                                      \
-        typedef T group_t __attribute__((vector_size(32)));                               \
-        typedef KEY_T mask_t __attribute__((vector_size(32)));                            \
-        const group_t c = (group_t){0} + threshold;                                        \
-        mask_t hit = {0};                                                                  \
-        for (int g = 0; g < SPECDEC_GATHER_GROUPS; ++g) {                                  \
-            group_t z; /* one load each: a copy of all through memory stalls the loads */  \
-            memcpy(&z, x + g * (32 / sizeof(T)), sizeof z);                                \
-            hit |= (mask_t)(z >= c);                                                       \
-        }                                                                                  \
         uint64_t words[4];                                                                 \
         memcpy(words, &hit, sizeof words);                                                 \
         return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
     }
 #else
 #define SPECDEC_DEFINE_ANY_AT_LEAST(SUFFIX, T, KEY_T)                                       \
-    static inline int specdec_any_at_least_##SUFFIX(const T *x, int divide, T temperature,  \
-                                                    T threshold)                           \
+    static inline int specdec_any_at_least_##SUFFIX(const T *x, T threshold)               \
     {                                                                                      \
         int any = 0;                                                                       \
         for (size_t l = 0; l < 32 / sizeof(T); ++l)                                        \
-            any |= (divide ? x[l] / temperature : x[l]) >= threshold;                      \
-        return any;                                                                        \
-    }                                                                                      \
-    static inline int specdec_any_groups_at_least_##SUFFIX(const T *x, T threshold)               \
-    {                                                                                      \
-        int any = 0;                                                                       \
-        for (size_t l = 0; l < SPECDEC_GATHER_GROUPS * 32 / sizeof(T); ++l)                \
             any |= x[l] >= threshold;                                                      \
         return any;                                                                        \
     }
@@ -215,132 +188,170 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
 SPECDEC_DEFINE_LOGIT_FLOOR(f, float, uint32_t, (float)INFINITY)
 SPECDEC_DEFINE_LOGIT_FLOOR(d, double, uint64_t, (double)INFINITY)
 
-/* Top-k's survivors without the radix select's passes over the whole row.  The K-th
- * largest z of any part of the row is at most the K-th largest of the row, so every entry
- * that top-k keeps has a key at least that of the K-th largest of a prefix sample (found by
- * specdec_select over the sample alone).  One cheap pass gathers, in element order, the z
- * values and indices of the entries at or above it; specdec_select over them finds the key
- * it finds over the row, since they hold every entry with a key at or above the answer.
- * The sample is sized so that about a quarter of SPECDEC_TOP_P_CANDIDATES entries are
- * expected to pass.  Returns how many were gathered, or -1 when the sample would be most of
- * the row, has fewer than `need` non-NaN entries, or too many entries pass (a prefix of
- * small values, say): the caller then selects over the row. */
-#define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T, KEY_BITS)                               \
-    /* The z and indices of the entries with z >= threshold, in element order, a 32-byte \
-     * group at a time (few pass); -1 when more than SPECDEC_TOP_P_CANDIDATES do. */     \
-    SPECDEC_CLONES                                                                         \
-    static ptrdiff_t specdec_gather_at_least_##SUFFIX(const T *logits, ptrdiff_t V,         \
-                                                      T temperature, T threshold, T *z_out, \
-                                                      ptrdiff_t *y_out)                    \
+/* The largest logit of x[0 .. n) (n a multiple of 64), -inf when every entry is NaN: NaN
+ * never wins, so a block's maximum is at least each of its other entries. */
+#if SPECDEC_HAVE_VECTORS
+#define SPECDEC_DEFINE_BLOCK_GROUPS(SUFFIX, T, KEY_T)                                       \
+    typedef T specdec_block_group_##SUFFIX __attribute__((vector_size(32)));              \
+    typedef KEY_T specdec_block_mask_##SUFFIX __attribute__((vector_size(32)));           \
+    /* z where z > best, else best (NaN never wins, as in the scalar scan). */             \
+    SPECDEC_INLINE specdec_block_group_##SUFFIX specdec_block_larger_##SUFFIX(             \
+        specdec_block_group_##SUFFIX z, specdec_block_group_##SUFFIX best)                 \
     {                                                                                      \
-        const int divide = temperature != (T)1;                                            \
+        specdec_block_mask_##SUFFIX wins = (specdec_block_mask_##SUFFIX)(z > best);        \
+        return (specdec_block_group_##SUFFIX)(((specdec_block_mask_##SUFFIX)z & wins) |    \
+                                              ((specdec_block_mask_##SUFFIX)best & ~wins)); \
+    }
+#define SPECDEC_DEFINE_BLOCK_LARGEST(SUFFIX, T, KEY_T)                                      \
+    SPECDEC_INLINE T specdec_block_largest_##SUFFIX(const T *x, ptrdiff_t n)               \
+    {                                                                                      \
+        typedef specdec_block_group_##SUFFIX group_t;                                      \
+        const ptrdiff_t lanes = 32 / sizeof(T);                                            \
+        /* Two running maxima, so that the loop is bound by its loads, then the lanes      \
+         * folded by halves (a chain of one compare per lane would bound the pass). */     \
+        group_t best[2] = {(group_t){0} + (T)-INFINITY, (group_t){0} + (T)-INFINITY};       \
+        for (ptrdiff_t y = 0; y < n; y += 2 * lanes) {                                     \
+            for (int j = 0; j < 2; ++j) {                                                  \
+                group_t z;                                                                 \
+                memcpy(&z, x + y + j * lanes, sizeof z);                                   \
+                best[j] = specdec_block_larger_##SUFFIX(z, best[j]);                        \
+            }                                                                              \
+        }                                                                                  \
+        return specdec_fold_largest_##SUFFIX(specdec_block_larger_##SUFFIX(best[1], best[0])); \
+    }
+#else
+#define SPECDEC_DEFINE_BLOCK_LARGEST(SUFFIX, T, KEY_T)                                      \
+    static inline T specdec_block_largest_##SUFFIX(const T *x, ptrdiff_t n)                \
+    {                                                                                      \
+        T largest = (T)-INFINITY;                                                          \
+        for (ptrdiff_t y = 0; y < n; ++y)                                                  \
+            largest = x[y] > largest ? x[y] : largest;                                     \
+        return largest;                                                                    \
+    }
+#endif
+
+#if SPECDEC_HAVE_VECTORS
+SPECDEC_DEFINE_BLOCK_GROUPS(f, float, uint32_t)
+SPECDEC_DEFINE_BLOCK_GROUPS(d, double, uint64_t)
+
+/* The largest lane, by halves. */
+SPECDEC_INLINE float specdec_fold_largest_f(specdec_block_group_f top)
+{
+    const specdec_block_mask_f halves = {4, 5, 6, 7, 0, 1, 2, 3};
+    const specdec_block_mask_f quarters = {2, 3, 0, 1, 6, 7, 4, 5};
+    const specdec_block_mask_f neighbours = {1, 0, 3, 2, 5, 4, 7, 6};
+    top = specdec_block_larger_f(__builtin_shuffle(top, halves), top);
+    top = specdec_block_larger_f(__builtin_shuffle(top, quarters), top);
+    top = specdec_block_larger_f(__builtin_shuffle(top, neighbours), top);
+    return top[0];
+}
+
+SPECDEC_INLINE double specdec_fold_largest_d(specdec_block_group_d top)
+{
+    const specdec_block_mask_d halves = {2, 3, 0, 1};
+    const specdec_block_mask_d neighbours = {1, 0, 3, 2};
+    top = specdec_block_larger_d(__builtin_shuffle(top, halves), top);
+    top = specdec_block_larger_d(__builtin_shuffle(top, neighbours), top);
+    return top[0];
+}
+#endif
+
+SPECDEC_DEFINE_BLOCK_LARGEST(f, float, uint32_t)
+SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
+
+/* Top-k's survivors without the radix select's passes over the whole row.  The row is cut
+ * into at most SPECDEC_TOP_P_CANDIDATES blocks (of a multiple of 64 entries), and one pass
+ * that only compares logits (no division, no exponential) finds the largest logit of each.
+ * The K-th largest of these maxima is the logit of K different entries, so the K-th largest
+ * logit of the row is at least it, and so is the K-th largest z at the temperature (the
+ * division by t > 0 is monotone): every entry that top-k keeps has a logit at or above the
+ * smallest logit whose z reaches that maximum's z (specdec_logit_floor), and lies in a block
+ * whose maximum is at or above it too.  Those blocks alone (about K of them on a row without
+ * many ties) are read again, and the z values and indices of their entries at or above it
+ * are gathered in element order; specdec_top_k_key over them finds the key it finds over the
+ * row, since they hold every entry with a key at or above the answer.  Returns how many were
+ * gathered (at least `need`), or -1 when the row has fewer than `need` blocks or gathered
+ * entries, or more than SPECDEC_TOP_P_CANDIDATES entries pass (many equal logits, say): the
+ * caller then selects over the row. */
+#define SPECDEC_DEFINE_GATHER_TOP(SUFFIX, T, KEY_T)                                         \
+    SPECDEC_CLONES                                                                         \
+    static void specdec_block_maxima_##SUFFIX(const T *logits, ptrdiff_t V, ptrdiff_t block, \
+                                              T *maxima)                                   \
+    {                                                                                      \
+        ptrdiff_t b = 0, y = 0;                                                            \
+        for (; y + block <= V; y += block, ++b)                                            \
+            maxima[b] = specdec_block_largest_##SUFFIX(logits + y, block);                 \
+        if (y < V) {                                                                       \
+            T largest = (T)-INFINITY;                                                      \
+            for (; y < V; ++y)                                                             \
+                largest = logits[y] > largest ? logits[y] : largest;                       \
+            maxima[b] = largest;                                                           \
+        }                                                                                  \
+    }                                                                                      \
+    /* The logits and indices of the entries at or above `floor` in the blocks whose      \
+     * maximum reaches it, in element order, a 32-byte group at a time (few pass); -1 when \
+     * more than SPECDEC_TOP_P_CANDIDATES do. */                                           \
+    SPECDEC_CLONES                                                                         \
+    static ptrdiff_t specdec_gather_blocks_##SUFFIX(const T *logits, ptrdiff_t V,           \
+                                                    ptrdiff_t block, const T *maxima,      \
+                                                    ptrdiff_t blocks, T floor, T *z_out,   \
+                                                    ptrdiff_t *y_out)                      \
+    {                                                                                      \
         const ptrdiff_t group = 32 / sizeof(T);                                            \
         ptrdiff_t count = 0;                                                               \
-        for (ptrdiff_t y = 0; y < V; y += group) {                                         \
-            if (!divide && y % (SPECDEC_GATHER_GROUPS * group) == 0 &&                     \
-                y + SPECDEC_GATHER_GROUPS * group <= V &&                                  \
-                !specdec_any_groups_at_least_##SUFFIX(logits + y, threshold)) {            \
-                y += (SPECDEC_GATHER_GROUPS - 1) * group;                                  \
+        for (ptrdiff_t b = 0; b < blocks; ++b) {                                           \
+            if (!(maxima[b] >= floor))                                                     \
                 continue;                                                                  \
-            }                                                                              \
-            if (y + group <= V &&                                                          \
-                !specdec_any_at_least_##SUFFIX(logits + y, divide, temperature, threshold)) \
-                continue;                                                                  \
-            for (ptrdiff_t x = y; x < y + group && x < V; ++x) {                           \
-                T z = divide ? logits[x] / temperature : logits[x];                        \
-                if (z >= threshold) {                                                      \
-                    if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
-                        return -1;                                                         \
-                    z_out[count] = z;                                                      \
-                    y_out[count] = x;                                                      \
-                    ++count;                                                               \
+            ptrdiff_t end = b * block + block < V ? b * block + block : V;                 \
+            for (ptrdiff_t y = b * block; y < end; y += group) {                           \
+                if (y + group <= end &&                                                    \
+                    !specdec_any_at_least_##SUFFIX(logits + y, floor))                       \
+                    continue;                                                              \
+                for (ptrdiff_t x = y; x < y + group && x < end; ++x) {                     \
+                    if (logits[x] >= floor) {                                              \
+                        if (count == SPECDEC_TOP_P_CANDIDATES)                             \
+                            return -1;                                                     \
+                        z_out[count] = logits[x];                                          \
+                        y_out[count] = x;                                                  \
+                        ++count;                                                           \
+                    }                                                                      \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
-        return count;                                                                      \
-    }                                                                                      \
-    /* The need-th largest key of logits[0 .. sample) / temperature (0 when fewer are not \
-     * NaN), as specdec_select counts it.  A sample longer than the key buffers is cut    \
-     * down first: the need-th largest key of its first SPECDEC_TOP_P_CANDIDATES entries  \
-     * is at most the answer, so the z at or above it hold the answer's need entries. */  \
-    static KEY_T specdec_sample_top_k_key_##SUFFIX(const T *logits, ptrdiff_t sample,       \
-                                                   T temperature, T z_max, int64_t need,   \
-                                                   specdec_law_scratch *scratch)           \
-    {                                                                                      \
-        if (sample <= SPECDEC_TOP_P_CANDIDATES)                                            \
-            return specdec_top_k_key_##SUFFIX(logits, sample, temperature, need, z_max,    \
-                                              scratch);                                    \
-        KEY_T prefix_key = need <= SPECDEC_TOP_P_CANDIDATES                                \
-                               ? specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES, \
-                                                            temperature, need, z_max,      \
-                                                            scratch)                       \
-                               : 0;                                                        \
-        T *z = scratch->candidates.SUFFIX;                                                 \
-        ptrdiff_t count = prefix_key >= 1                                                  \
-                              ? specdec_gather_at_least_##SUFFIX(                          \
-                                    logits, sample, temperature,                           \
-                                    specdec_value_##SUFFIX(prefix_key), z, scratch->positions) \
-                              : -1;                                                        \
-        if (count < 0)                                                                     \
-            return specdec_select_##SUFFIX(logits, sample, temperature, z_max, 1, 0,        \
-                                           (double)need, NULL, scratch->histogram);        \
-        return specdec_top_k_key_##SUFFIX(z, count, (T)1, need, z_max, scratch);           \
-    }                                                                                      \
-    /* The entries with z >= value(key) / temperature (key >= 1, a key of a logit), by a  \
-     * pass that compares the logits themselves with the smallest logit whose z reaches   \
-     * it (the same entries: the division is monotone) and divides the few it gathers;    \
-     * -0 and +0 compare equal, NaN fails. */                                             \
-    static ptrdiff_t specdec_gather_from_key_##SUFFIX(const T *logits, ptrdiff_t V,         \
-                                                      T temperature, KEY_T key,            \
-                                                      specdec_law_scratch *scratch)        \
-    {                                                                                      \
-        T threshold = specdec_value_##SUFFIX(key) / temperature;                           \
-        if (threshold != threshold)                                                        \
-            return -1;                                                                     \
-        T *z = scratch->candidates.SUFFIX;                                                 \
-        if (temperature == (T)1)                                                           \
-            return specdec_gather_at_least_##SUFFIX(logits, V, (T)1, threshold, z,         \
-                                                    scratch->positions);                   \
-        ptrdiff_t count = specdec_gather_at_least_##SUFFIX(                                \
-            logits, V, (T)1, specdec_logit_floor_##SUFFIX(threshold, temperature), z,      \
-            scratch->positions);                                                           \
-        for (ptrdiff_t i = 0; i < count; ++i)                                              \
-            z[i] = z[i] / temperature;                                                     \
         return count;                                                                      \
     }                                                                                      \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
                                                  T temperature, T z_max, int64_t need,      \
                                                  specdec_law_scratch *scratch)             \
     {                                                                                      \
-        /* A first try from the row's first SPECDEC_TOP_P_CANDIDATES logits alone, at the \
-         * rank that lets about a quarter of the buffer pass: its threshold is low enough \
-         * when at least `need` entries pass (the need-th largest z is then at or above   \
-         * it, and every entry top-k keeps is gathered). */                                \
-        if (V >= 8 * (ptrdiff_t)SPECDEC_TOP_P_CANDIDATES &&                                \
-            8 * need <= SPECDEC_TOP_P_CANDIDATES) {                                        \
-            int64_t rank = (int64_t)((double)SPECDEC_TOP_P_CANDIDATES / 4.0 *              \
-                                     SPECDEC_TOP_P_CANDIDATES / (double)V) + 1;            \
-            KEY_T key = specdec_top_k_key_##SUFFIX(logits, SPECDEC_TOP_P_CANDIDATES, (T)1,  \
-                                                   rank, z_max, scratch);                  \
-            ptrdiff_t count = key >= 1 ? specdec_gather_from_key_##SUFFIX(logits, V,       \
-                                                                          temperature, key, \
-                                                                          scratch)         \
-                                       : -1;                                               \
-            if (count >= need)                                                             \
-                return count;                                                              \
+        const ptrdiff_t most = SPECDEC_TOP_P_CANDIDATES;                                   \
+        const ptrdiff_t block = 64 * ((V + 64 * most - 1) / (64 * most));                  \
+        const ptrdiff_t blocks = (V + block - 1) / block;                                  \
+        if (need > (int64_t)blocks)                                                        \
+            return -1;                                                                     \
+        /* The gathered entries' weights are computed only after the gathering: their     \
+         * buffer holds the block maxima until then. */                                    \
+        T *maxima = scratch->candidate_weights.SUFFIX;                                     \
+        specdec_block_maxima_##SUFFIX(logits, V, block, maxima);                           \
+        KEY_T key = specdec_top_k_key_##SUFFIX(maxima, blocks, (T)1, need, z_max, scratch); \
+        if (key < 1)                                                                       \
+            return -1;                                                                     \
+        T floor = specdec_value_##SUFFIX(key);                                             \
+        if (temperature != (T)1) {                                                         \
+            T threshold = floor / temperature;                                             \
+            if (threshold != threshold)                                                    \
+                return -1;                                                                 \
+            floor = specdec_logit_floor_##SUFFIX(threshold, temperature);                  \
         }                                                                                  \
-        double wanted = 4.0 * (double)need * (double)V / SPECDEC_TOP_P_CANDIDATES;         \
-        ptrdiff_t sample = wanted < (double)need ? (ptrdiff_t)need : (ptrdiff_t)wanted;    \
-        if (sample > V / 2)                                                                \
+        T *z = scratch->candidates.SUFFIX;                                                 \
+        ptrdiff_t count = specdec_gather_blocks_##SUFFIX(logits, V, block, maxima, blocks,  \
+                                                         floor, z, scratch->positions);    \
+        if (count < (ptrdiff_t)need)                                                       \
             return -1;                                                                     \
-        /* The sample's need-th largest logit l_s: its z is at most the need-th largest z \
-         * of the row (the division is monotone), and the entries with z >= l_s / t hold   \
-         * the sample's need entries at or above l_s. */                                   \
-        KEY_T lowest = specdec_sample_top_k_key_##SUFFIX(logits, sample, (T)1, z_max, need, \
-                                                         scratch);                         \
-        if (lowest < 1)                                                                    \
-            return -1;                                                                     \
-        return specdec_gather_from_key_##SUFFIX(logits, V, temperature, lowest, scratch);  \
+        if (temperature != (T)1)                                                           \
+            for (ptrdiff_t i = 0; i < count; ++i)                                          \
+                z[i] = z[i] / temperature;                                                 \
+        return count;                                                                      \
     }                                                                                      \
     /* Keep the gathered entries with key >= floor_key, in order; returns how many. */     \
     static ptrdiff_t specdec_compact_##SUFFIX(T *z, ptrdiff_t *y, ptrdiff_t count,          \
@@ -707,7 +718,7 @@ SPECDEC_DEFINE_PARTITIONS(d, double, uint64_t, SPECDEC_WIDE_D)
 
 SPECDEC_DEFINE_TOP_K_KEY(f, float, uint32_t)
 SPECDEC_DEFINE_TOP_K_KEY(d, double, uint64_t)
-SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t, 32)
-SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t, 64)
+SPECDEC_DEFINE_GATHER_TOP(f, float, uint32_t)
+SPECDEC_DEFINE_GATHER_TOP(d, double, uint64_t)
 
 #endif
