@@ -30,8 +30,45 @@
 
 /* Lanes of the running maxima when no sets of columns are asked for. */
 #define SPECDEC_SHARD_LANES 32
+/* The 32-byte groups that the candidate scan tests at once (most runs of them keep
+ * nothing). */
+#define SPECDEC_SHARD_RUN_GROUPS 8
 
-#define SPECDEC_DEFINE_SHARD_PASSES(SUFFIX, T)                                              \
+/* Whether any of the SPECDEC_SHARD_RUN_GROUPS 32-byte groups at x is at least the threshold:
+ * their masks are combined before one test (survivors.h's specdec_any_at_least tests one
+ * group), so that a scan that keeps little costs what its loads do. */
+#if SPECDEC_HAVE_VECTORS
+#define SPECDEC_DEFINE_SHARD_ANY_RUN(SUFFIX, T, KEY_T)                                     \
+    SPECDEC_INLINE int specdec_shard_any_run_##SUFFIX(const T *x, T threshold)             \
+    {                                                                                      \
+        typedef T group_t __attribute__((vector_size(32)));                                \
+        typedef KEY_T mask_t __attribute__((vector_size(32)));                             \
+        const group_t c = (group_t){0} + threshold;                                        \
+        mask_t hit = {0};                                                                  \
+        for (int g = 0; g < SPECDEC_SHARD_RUN_GROUPS; ++g) {                               \
+            group_t z;                                                                     \
+            memcpy(&z, x + g * (ptrdiff_t)(32 / sizeof(T)), sizeof z);                     \
+            hit |= (mask_t)(z >= c);                                                       \
+        }                                                                                  \
+        uint64_t words[4];                                                                 \
+        memcpy(words, &hit, sizeof words);                                                 \
+        return ((words[0] | words[1]) | (words[2] | words[3])) != 0;                       \
+    }
+#else
+#define SPECDEC_DEFINE_SHARD_ANY_RUN(SUFFIX, T, KEY_T)                                     \
+    static inline int specdec_shard_any_run_##SUFFIX(const T *x, T threshold)              \
+    {                                                                                      \
+        int any = 0;                                                                       \
+        for (size_t l = 0; l < SPECDEC_SHARD_RUN_GROUPS * 32 / sizeof(T); ++l)             \
+            any |= x[l] >= threshold;                                                      \
+        return any;                                                                        \
+    }
+#endif
+
+SPECDEC_DEFINE_SHARD_ANY_RUN(f, float, uint32_t)
+SPECDEC_DEFINE_SHARD_ANY_RUN(d, double, uint64_t)
+
+#define SPECDEC_DEFINE_SHARD_PASSES(SUFFIX, T)                                             \
     /* The larger of best[g] and row[g] for g < count; NaN never wins. */                  \
     SPECDEC_INLINE void specdec_shard_larger_##SUFFIX(T *restrict best,                    \
                                                       const T *restrict row,               \
@@ -41,7 +78,7 @@
             best[g] = row[g] > best[g] ? row[g] : best[g];                                 \
     }                                                                                      \
                                                                                            \
-    /* One row: stats[0] the largest z, stats[1] its count of +inf z, stats[2] the largest  \
+    /* One row: stats[0] the largest z, stats[1] its count of +inf z, stats[2] the largest \
      * finite logit; with groups > 0 (2 groups <= width) group_max[g] the largest logit of \
      * set g (-inf where it has none). */                                                  \
     SPECDEC_CLONES                                                                         \
@@ -78,17 +115,17 @@
         stats[2] = (double)largest_finite;                                                 \
     }                                                                                      \
                                                                                            \
-    /* The entries of the row with z = l / t >= threshold (NaN never), column by column:  \
-     * their columns and z where columns is not NULL (which then hold one entry more than \
-     * are found: each entry is written before the test that keeps it, so that the pass  \
-     * has no branch to mispredict); returns how many.  As in survivors.h's gather, the   \
-     * logits are compared with the least logit whose z reaches the threshold (the        \
+    /* The entries of the row with z = l / t >= threshold (NaN never), column by column:   \
+     * their columns and z where columns is not NULL (which then hold one entry more than  \
+     * are found: each entry is written before the test that keeps it, so that the pass    \
+     * has no branch to mispredict); returns how many.  As in survivors.h's gather, the    \
+     * logits are compared with the least logit whose z reaches the threshold (the         \
      * division is monotone: the same entries), and only the entries found are divided. */ \
     SPECDEC_CLONES                                                                         \
     static ptrdiff_t specdec_shard_at_least_##SUFFIX(const T *restrict row,                \
-                                                    ptrdiff_t width, T temperature,       \
+                                                    ptrdiff_t width, T temperature,        \
                                                     T threshold, int64_t *restrict columns, \
-                                                    T *restrict values)                   \
+                                                    T *restrict values)                    \
     {                                                                                      \
         if (threshold != threshold)                                                        \
             return 0;                                                                      \
@@ -101,17 +138,17 @@
                 found += row[y] >= floor;                                                  \
             return found;                                                                  \
         }                                                                                  \
-        const ptrdiff_t group = 32 / sizeof(T), run = SPECDEC_GATHER_GROUPS * group;      \
+        const ptrdiff_t group = 32 / sizeof(T), run = SPECDEC_SHARD_RUN_GROUPS * group;    \
         ptrdiff_t y = 0;                                                                   \
         while (y + group <= width) {                                                       \
-            /* Most runs of eight groups, and most groups, keep nothing: one vector test  \
+            /* Most runs of eight groups, and most groups, keep nothing: one vector test   \
              * passes each. */                                                             \
             if (y % run == 0 && y + run <= width &&                                        \
-                !specdec_any_groups_at_least_##SUFFIX(row + y, floor)) {                   \
+                !specdec_shard_any_run_##SUFFIX(row + y, floor)) {                         \
                 y += run;                                                                  \
                 continue;                                                                  \
             }                                                                              \
-            if (!specdec_any_at_least_##SUFFIX(row + y, 0, (T)1, floor)) {                 \
+            if (!specdec_any_at_least_##SUFFIX(row + y, floor)) {                          \
                 y += group;                                                                \
                 continue;                                                                  \
             }                                                                              \
@@ -138,7 +175,7 @@ SPECDEC_DEFINE_SHARD_PASSES(d, double)
 
 /* p = w / normaliser rounded to the rows' dtype as the kernels store a probability (the
  * expression of specdec_law_from_weights), held in float64 for the draws' float64 rows. */
-#define SPECDEC_DEFINE_SHARD_DIVIDED(SUFFIX, T)                                             \
+#define SPECDEC_DEFINE_SHARD_DIVIDED(SUFFIX, T)                                            \
     SPECDEC_CLONES                                                                         \
     static void specdec_shard_divided_##SUFFIX(const T *restrict weights, ptrdiff_t width, \
                                                double normaliser, double *restrict out)    \
