@@ -37,7 +37,8 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
 * ``shard_passes.pxi``: a rank's passes over its slice of columns in verification across
   vocabulary shards (:func:`shard_stats`, :func:`shard_weights`,
   :func:`shard_at_least`, :func:`shard_exp`, :func:`shard_divided`,
-  :func:`shard_residuals`, :func:`shard_positive_sums`, :func:`shard_first_crossings`).
+  :func:`shard_residuals`, :func:`shard_positive_sums`, :func:`shard_first_crossings`,
+  :func:`shard_argmax`).
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
 ``specdec_np._runtime.contract``.

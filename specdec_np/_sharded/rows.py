@@ -161,6 +161,10 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
     if rows.shape[1] == 0:
         table[:, 0], table[:, 1] = -np.inf, np.inf
         return table
+    if rows.dtype in (np.float32, np.float64):
+        # The kernels' greedy argmax, one read of each row (NaN never wins).
+        _core.shard_argmax(np.ascontiguousarray(rows), int(start), table)
+        return table
     first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
     largest = rows[np.arange(rows.shape[0]), first]
     with_nan = np.flatnonzero(np.isnan(largest))

@@ -1,8 +1,9 @@
 """The compiled passes of a rank over its slice of columns (``shardscan.h`` through
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
 row's maximum, the entries at a threshold, the law's elementwise weight and the stored
-probabilities of the draws' rows, a draw's masses and its scan, each against an exact
-NumPy oracle or the reference exponential, with negative controls."""
+probabilities of the draws' rows, a draw's masses and its scan, and the greedy argmax,
+each against an exact NumPy oracle or the reference exponential, with negative
+controls."""
 
 from __future__ import annotations
 
@@ -217,6 +218,23 @@ def test_residuals_are_the_positive_part_of_rho_p_minus_q():
     # Equal but for the sign of a zero, and NaN where NumPy's maximum keeps it.
     np.testing.assert_array_equal(residual, expected)
     assert np.isnan(residual[0, 0]) and residual[0, 7] == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_is_the_first_largest_entry(dtype):
+    rows = _rows(dtype, 8, 4100, seed=11)
+    rows[0, [5, 4000]] = rows[0].max() + 1  # a tie: the first column
+    rows[5, :] = -np.inf
+    rows[5, [3, 9]] = [-0.0, 0.0]  # equal zeros: the first
+    table = np.zeros((8, 2))
+    _core.shard_argmax(rows, 1000, table)
+    clean = np.where(np.isnan(rows), -np.inf, rows)
+    first = np.argmax(clean, axis=1)
+    np.testing.assert_array_equal(table[:, 1], first + 1000)
+    np.testing.assert_array_equal(table[:, 0], clean[np.arange(8), first])
+    assert table[0, 1] == 1005 and table[5, 1] == 1003 and table[6].tolist() == [-np.inf, 1000]
+    # Negative control: NumPy's own argmax lets a NaN win.
+    assert np.argmax(rows[1]) != first[1]
 
 
 def test_bad_rows_and_shapes_are_refused():

@@ -255,3 +255,24 @@ def shard_residuals(
     with nogil:
         for i in range(n):
             specdec_shard_residual(&rows[indices[i], 0], &q[i, 0], width, scale[i])
+
+
+def shard_argmax(const probability_t[:, ::1] rows, Py_ssize_t start, double[:, ::1] table):
+    """Per row (the greedy rows of the maxima round): ``table[i] = (largest value, start +
+    the first column holding it)``, NaN never the largest (``-inf`` and column 0 for a row
+    with nothing above ``-inf``): the unsharded greedy argmax (``specdec_row_argmax``)."""
+    cdef Py_ssize_t n = rows.shape[0], width = rows.shape[1], i, first
+    cdef double value
+    if table.shape[0] < n or table.shape[1] != 2:
+        raise ValueError("shard_argmax: table must be [n, 2]")
+    if width == 0:
+        raise ValueError("shard_argmax: the rows hold no column")
+    with nogil:
+        for i in range(n):
+            if probability_t is float:
+                first = specdec_row_argmax_f(&rows[i, 0], width)
+            else:
+                first = specdec_row_argmax_d(&rows[i, 0], width)
+            value = rows[i, first]
+            table[i, 0] = value if value == value else -INFINITY
+            table[i, 1] = <double>(start + first)
