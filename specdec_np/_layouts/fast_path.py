@@ -221,6 +221,10 @@ _OPTION_DEFAULTS = {
     "draft_logits": True,
     "bonus_rows": True,
     "row_threads": 1,
+    # The sampling surface's (never on this path).
+    "target_adjustments": None,
+    "draft_adjustments": None,
+    "adjusted_rows": None,
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
 _new_tuple = tuple.__new__

@@ -4,11 +4,21 @@ Production requests carry settings that depend on the text before a row, which i
 draft chain or tree includes the drafts before that position (``docs/semantics.md``, "The
 whole sampling surface").  This module checks them (:func:`checked_surface`), applies the
 row settings to the rows a call reads (:meth:`SurfacePlan.adjusted_batch`: masks and bias,
-then penalties, in the rows' dtype, on copies of the rows of the requests that have a
-setting; nothing is copied when no request has one), and after the kernel cuts each emitted
-run at its first stop token or its budget and adds the logprobs (:meth:`SurfacePlan.finish`).
-The kernels then run their unchanged law (temperature and filters) on the adjusted rows, so
-that the order is vLLM v1's: masks and bias, penalties, temperature and filters.
+then penalties, in the rows' dtype), and after the kernel cuts each emitted run at its
+first stop token or its budget and adds the logprobs (:meth:`SurfacePlan.finish`).  The
+order is vLLM v1's: masks and bias, penalties, temperature and filters.
+
+The row settings reach the rows one of two ways, with the same bits:
+
+* in the kernel (the CPU chain kernels: :func:`sparse_adjustments`): only the entries the
+  settings touch are computed here, from the rows' own values at those entries, as
+  :class:`RowAdjustments` (a bitmask of the allowed tokens and per row a sparse list of
+  final values); the chain kernel applies them to a row in a working row of its thread
+  when it is about to read it, and runs its law there.  Nothing of ``[rows, V]`` is copied;
+* on copies (:func:`adjust_rows`: the CUDA kernels, trees, relaxed methods, strict mode,
+  ``report_bias``, ``processed_probs`` and ``sample_tokens``): the rows of the requests
+  with a setting are copied with the settings applied, and the kernels run their
+  unchanged law on the copies; nothing is copied when no request has a setting.
 
 A call with none of these settings never enters this module
 (:meth:`SamplingParameters.surface_on` is False).
@@ -26,6 +36,7 @@ from .._runtime import arrays as _backend
 from . import sampling as _sampling
 
 __all__ = [
+    "RowAdjustments",
     "RowContexts",
     "Surface",
     "SurfacePlan",
@@ -35,6 +46,7 @@ __all__ = [
     "cut_runs",
     "law_rows",
     "plan_for",
+    "sparse_adjustments",
 ]
 
 #: Settings that change a row (the others cut the run or report logprobs).
@@ -469,6 +481,256 @@ def _adjust_request(
     adjusted[rows, device_columns] = values
 
 
+class RowAdjustments(NamedTuple):
+    """The row settings of one rows array as the CPU chain kernel applies them where it
+    reads a row: a bitmask, then a sparse list of final values per row.
+
+    Attributes
+    ----------
+    bitmask : int32 [R, ceil(V / 32)] or None
+        Bit ``j`` of word ``w`` allows token ``32 w + j`` (xgrammar's layout); a clear bit
+        makes the entry -inf.  The call's ``token_bitmask`` (each row taking its context
+        row's mask) and the requests' ``allowed_token_ids``; None: every token allowed.
+    offsets : int64 [R + 1] or None
+        Row ``r``'s entries are ``offsets[r] .. offsets[r + 1]`` of ``ids`` and
+        ``values``; None: none.
+    ids : int64 [E]
+        Token ids, in ``[0, V)``.
+    values : float32 or float64 [E], the rows' dtype
+        The entry's final value, every setting applied (-inf for a masked one): written
+        over the masked row.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> adjustments = RowAdjustments(None, np.array([0, 1]), np.array([2]),
+    ...                              np.array([-np.inf], dtype=np.float32))
+    >>> adjustments.apply(np.zeros((1, 3), dtype=np.float32))
+    array([[  0.,   0., -inf]], dtype=float32)
+    """
+
+    bitmask: np.ndarray | None
+    offsets: np.ndarray | None
+    ids: np.ndarray
+    values: np.ndarray
+
+    def kernel_arguments(self) -> tuple[Any, Any, Any, Any]:
+        """``(bitmask, offsets, ids, values)`` as ``_core.verify_chains_direct`` takes
+        them."""
+        return (self.bitmask, self.offsets, self.ids, self.values)
+
+    def apply(self, rows: np.ndarray, indices: np.ndarray | None = None) -> np.ndarray:
+        """A copy of ``rows`` adjusted as the kernel adjusts the rows it reads.
+
+        Parameters
+        ----------
+        rows : float32 or float64 [n, V]
+            Rows ``indices`` of the rows array these adjustments are for (all of it when
+            ``indices`` is None).
+        indices : int64 [n], optional
+
+        Returns
+        -------
+        array [n, V]
+        """
+        rows = np.asarray(rows)
+        if indices is None:
+            indices = np.arange(rows.shape[0])
+        vocab_size = rows.shape[1]
+        if self.bitmask is None:
+            adjusted = np.array(rows, copy=True)
+        else:
+            allowed = _bitmask_allowed(self.bitmask, indices, vocab_size, np)
+            adjusted = np.where(allowed, rows, rows.dtype.type(-np.inf))
+        if self.offsets is not None:
+            for n, row in enumerate(np.asarray(indices).tolist()):
+                start, stop = int(self.offsets[row]), int(self.offsets[row + 1])
+                adjusted[n, self.ids[start:stop]] = self.values[start:stop]
+        return adjusted
+
+
+def _allowed_words(allowed: np.ndarray, vocab_size: int) -> np.ndarray:
+    """int32 [ceil(V / 32)]: the bitmask words that allow exactly ``allowed``."""
+    keep = np.zeros(-(-vocab_size // 32) * 32, dtype=bool)
+    keep[allowed] = True
+    # Bit j of word i is bit j % 8 of the word's byte j // 8, least significant first.
+    return np.packbits(keep, bitorder="little").view("<i4").astype(np.int32)
+
+
+def sparse_adjustments(
+    rows: np.ndarray,
+    row_indices: np.ndarray,
+    context_rows: np.ndarray,
+    contexts: RowContexts,
+    surface: Surface,
+) -> RowAdjustments:
+    """The row settings of ``rows`` as :class:`RowAdjustments`: the entries of each row
+    that :func:`adjust_rows` would change, with the values it would give them, bit for bit.
+
+    Each request's rows are gathered at the columns its settings touch (its bias, the last
+    tokens of its bad words, its stop tokens, the tokens of its context and drafts), masked
+    by the bitmask there, and adjusted as :func:`_adjust_request` adjusts whole rows, in the
+    same order and dtype; the allowed ids become bitmask words.  A masked entry stays -inf
+    under every later step (a finite bias and the penalties leave -inf as it is), so the
+    kernel's masking of the untouched entries gives the same row.  The minimum length's
+    rule (stops stay possible when nothing else is) reads whether the rest of the row has a
+    possible entry: one pass over that row, only for rows where the rule applies.
+
+    Parameters
+    ----------
+    rows : float32 or float64 [R, V], NumPy
+        Logits (not written).
+    row_indices, context_rows, contexts, surface
+        As :func:`adjust_rows` takes them.
+
+    Returns
+    -------
+    RowAdjustments
+    """
+    dtype = rows.dtype
+    num_rows, vocab_size = (int(n) for n in rows.shape)
+    bitmask = None
+    given = surface.bitmask
+    if given is not None and row_indices.size:
+        given = np.asarray(given)
+        if given.shape[0] == row_indices.size == num_rows and np.array_equal(
+            row_indices, context_rows
+        ) and np.array_equal(row_indices, np.arange(num_rows)):
+            bitmask = given = np.ascontiguousarray(given, dtype=np.int32)
+        else:
+            bitmask = np.full((num_rows, given.shape[1]), -1, dtype=np.int32)
+            bitmask[row_indices] = given[context_rows]
+    owners = contexts.requests[context_rows] if row_indices.size else row_indices
+    row_ids: dict[int, np.ndarray] = {}
+    row_values: dict[int, np.ndarray] = {}
+    for b in np.unique(owners).tolist():
+        if not surface.request_adjusts(b):
+            continue
+        chosen = owners == b
+        indices, sources = row_indices[chosen], context_rows[chosen]
+        if surface.allowed[b] is not None:
+            words = _allowed_words(surface.allowed[b], vocab_size)
+            if bitmask is None:
+                bitmask = np.full((num_rows, words.size), -1, dtype=np.int32)
+            elif bitmask is given:
+                bitmask = np.array(bitmask, copy=True)  # the caller's mask is not written
+            bitmask[indices] &= words[None, :]
+        columns, block = _request_entries(rows, indices, sources, contexts, surface, b, bitmask)
+        for n, row in enumerate(indices.tolist()):
+            row_ids[row] = columns
+            row_values[row] = block[n]
+    if not row_ids:
+        return RowAdjustments(bitmask, None, np.zeros(0, np.int64), np.zeros(0, dtype))
+    counts = np.zeros(num_rows, dtype=np.int64)
+    for row, ids in row_ids.items():
+        counts[row] = ids.size
+    offsets = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    ordered = sorted(row_ids)
+    return RowAdjustments(
+        bitmask,
+        offsets,
+        np.concatenate([row_ids[row] for row in ordered]).astype(np.int64),
+        np.concatenate([row_values[row] for row in ordered]).astype(dtype, copy=False),
+    )
+
+
+def _request_entries(
+    rows: np.ndarray,
+    indices: np.ndarray,
+    sources: np.ndarray,
+    contexts: RowContexts,
+    surface: Surface,
+    b: int,
+    bitmask: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Request ``b``'s touched columns (sorted) and their adjusted values ``[n, C]``, by
+    the steps of :func:`_adjust_request` on the gathered columns."""
+    dtype = rows.dtype
+    vocab_size = int(rows.shape[1])
+    minus_infinity = dtype.type(-np.inf)
+    empty = np.zeros(0, dtype=np.int64)
+    output = surface.outputs[b]
+    output_tokens, output_times = empty, empty
+    if output is not None:
+        output_tokens, output_times = np.unique(output, return_counts=True)
+    repetition = surface.repetition[b] != 1.0
+    frequency = surface.frequency[b] != 0.0 or surface.presence[b] != 0.0
+    prompt = empty
+    if repetition and surface.prompts[b] is not None:
+        prompt = np.unique(surface.prompts[b])
+    prefixes = [contexts.prefixes[source] for source in sources.tolist()]
+    minimum = surface.min_tokens[b] > 0 and surface.stops[b] is not None
+    parts = []
+    if surface.bias[b] is not None:
+        parts.append(surface.bias[b][0])
+    words = surface.bad_words[b] or ()
+    parts.extend(word[-1:] for word in words)
+    if minimum:
+        parts.append(surface.stops[b])
+    if repetition or frequency:
+        parts.extend([output_tokens, prompt, *prefixes])
+    columns = np.unique(np.concatenate(parts)) if parts else empty
+    if not columns.size:
+        return columns, np.zeros((indices.size, 0), dtype=dtype)
+    block = rows[indices[:, None], columns[None, :]]
+    given = surface.bitmask
+    if given is not None:
+        # The call's bitmask at these columns (the allowed ids come after the bias).
+        host = np.asarray(given)[sources][:, columns // 32]
+        bits = ((host >> (columns % 32).astype(np.int32)) & 1).astype(bool)
+        block = np.where(bits, block, minus_infinity)
+    if surface.bias[b] is not None:
+        ids, bias = surface.bias[b]
+        block[:, np.searchsorted(columns, ids)] += bias.astype(dtype)[None, :]
+    if surface.allowed[b] is not None:
+        block[:, ~np.isin(columns, surface.allowed[b])] = minus_infinity
+    if words or minimum:
+        stops = surface.stops[b]
+        for n, prefix in enumerate(prefixes):
+            context = prefix if output is None else np.concatenate([output, prefix])
+            values = block[n]
+            for word in words:
+                head = word[:-1]
+                if head.size <= context.size and np.array_equal(
+                    context[context.size - head.size:], head
+                ):
+                    values[np.searchsorted(columns, int(word[-1]))] = minus_infinity
+            if minimum and context.size < surface.min_tokens[b]:
+                # vLLM's rule: the stops stay possible when nothing else is.  Outside the
+                # gathered columns an entry is possible where it is above -inf and allowed.
+                possible = rows[indices[n]] > minus_infinity
+                if bitmask is not None:
+                    possible &= _bitmask_allowed(
+                        bitmask, np.asarray([indices[n]]), vocab_size, np
+                    )[0]
+                possible[columns] = values > minus_infinity
+                possible[stops] = False
+                if possible.any():
+                    values[np.searchsorted(columns, stops)] = minus_infinity
+    if not (repetition or frequency):
+        return columns, block
+    drafted = np.concatenate(prefixes) if prefixes else empty
+    penalised = np.unique(np.concatenate([output_tokens, prompt, drafted]))
+    if not penalised.size:
+        return columns, block
+    counts = np.zeros((indices.size, penalised.size), dtype=np.int64)
+    counts[:, np.searchsorted(penalised, output_tokens)] = output_times
+    for i, prefix in enumerate(prefixes):
+        np.add.at(counts[i], np.searchsorted(penalised, prefix), 1)
+    where = np.searchsorted(columns, penalised)
+    values = block[:, where]
+    if repetition:
+        seen = (counts > 0) | np.isin(penalised, prompt)[None, :]
+        penalty = dtype.type(surface.repetition[b])
+        values = np.where(seen, np.where(values > 0, values / penalty, values * penalty), values)
+    if frequency and counts.any():
+        term = surface.frequency[b] * counts + surface.presence[b] * (counts > 0)
+        values = values - term.astype(dtype)
+    block[:, where] = values
+    return columns, block
+
+
 def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
     """The processed law of logits rows under a sampling table (one row per row), written
     by the kernels' own law functions: the law the verifiers draw from, bit for bit."""
@@ -574,6 +836,9 @@ class SurfacePlan:
         self.original_target = original_target
         self.from_logits = from_logits
         self.target = original_target
+        #: The row settings for the chain kernel to apply (target rows, draft rows), when
+        #: :meth:`adjusted_batch` left them to it; else None.
+        self.adjustments: tuple[RowAdjustments | None, RowAdjustments | None] | None = None
 
     def request_contexts(self) -> list[list[int]]:
         """Each request's prompt, then its output so far, as Python ints."""
@@ -582,8 +847,12 @@ class SurfacePlan:
             for prompt, output in zip(self.surface.prompts, self.surface.outputs)
         ]
 
-    def adjusted_batch(self, batch: Any) -> Any:
-        """``batch`` with its logits rows adjusted (the same batch when nothing changes)."""
+    def adjusted_batch(self, batch: Any, in_kernel: bool = False) -> Any:
+        """``batch`` with its logits rows adjusted (the same batch when nothing changes).
+
+        With ``in_kernel`` (a CPU chain call whose kernel applies :class:`RowAdjustments`),
+        the rows are left as they are and :attr:`adjustments` holds the settings instead
+        (:meth:`kernel_options` hands them to the kernel)."""
         surface, contexts = self.surface, self.contexts
         xp = batch.xp
         if surface.needs_logits is None:
@@ -592,21 +861,54 @@ class SurfacePlan:
         targets = np.flatnonzero([
             every or surface.request_adjusts(int(b)) for b in contexts.requests
         ]).astype(np.int64)
-        changes: dict[str, Any] = {}
-        if targets.size:
-            self.target = adjust_rows(batch.target_rows, targets, targets, contexts, surface, xp)
-            changes["target_rows"] = self.target
+        drafts = None
         if batch.draft_rows is not None and self.draft_from_logits:
             drafts = np.flatnonzero([
                 every or surface.request_adjusts(int(contexts.requests[t]))
                 for t in contexts.draft_targets
             ]).astype(np.int64)
-            if drafts.size:
-                changes["draft_rows"] = adjust_rows(
-                    batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts,
-                    surface, xp,
-                )
+        if in_kernel:
+            self.adjustments = (
+                sparse_adjustments(batch.target_rows, targets, targets, contexts, surface)
+                if targets.size else None,
+                sparse_adjustments(
+                    batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts, surface
+                ) if drafts is not None and drafts.size else None,
+            )
+            return batch
+        changes: dict[str, Any] = {}
+        if targets.size:
+            self.target = adjust_rows(batch.target_rows, targets, targets, contexts, surface, xp)
+            changes["target_rows"] = self.target
+        if drafts is not None and drafts.size:
+            changes["draft_rows"] = adjust_rows(
+                batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts, surface, xp,
+            )
         return batch._replace(**changes) if changes else batch
+
+    def kernel_options(self, batch: Any, threads: int) -> dict[str, Any]:
+        """The chain kernel's options for :attr:`adjustments` (empty without them): each
+        rows array's adjustments and the working rows they are made in."""
+        if self.adjustments is None or self.adjustments == (None, None):
+            return {}
+        target, draft = self.adjustments
+        options: dict[str, Any] = {
+            "adjusted_rows": _dispatch.scratch_rows(
+                np, max(threads, 1), batch.vocab_size, batch.target_rows.dtype,
+                slot="adjusted",
+            ),
+        }
+        if target is not None:
+            options["target_adjustments"] = target.kernel_arguments()
+        if draft is not None:
+            options["draft_adjustments"] = draft.kernel_arguments()
+        return options
+
+    def target_rows_at(self, rows: Any, xp: Any) -> Any:
+        """The adjusted target rows ``rows`` (host int64 indices), as the law read them."""
+        if self.adjustments is None or self.adjustments[0] is None:
+            return self.target[xp.asarray(rows)]
+        return self.adjustments[0].apply(self.original_target[rows], rows)
 
     draft_from_logits = False
 
@@ -664,7 +966,7 @@ def _add_logprobs(
             row_table = np.array(host_table[requests], copy=True)
             # A greedy request's processed law is the softmax of its adjusted row.
             row_table[greedy[requests], :4] = (1.0, 0.0, 1.0, 0.0)
-            law_rows_ = law_rows(plan.target[picked_device], xp.asarray(row_table))
+            law_rows_ = law_rows(plan.target_rows_at(picked, xp), xp.asarray(row_table))
             raw_rows = _log_softmax(plan.original_target[picked_device], xp)
         else:
             law_rows_ = plan.target[picked_device]
