@@ -47,6 +47,7 @@ __all__ = [
     "law_rows",
     "plan_for",
     "sparse_adjustments",
+    "sparse_adjustments_of",
 ]
 
 #: Settings that change a row (the others cut the run or report logprobs).
@@ -587,73 +588,113 @@ def sparse_adjustments(
     -------
     RowAdjustments
     """
-    dtype = rows.dtype
-    num_rows, vocab_size = (int(n) for n in rows.shape)
-    bitmask = None
-    given = surface.bitmask
-    if given is not None and row_indices.size:
-        given = np.asarray(given)
-        if given.shape[0] == row_indices.size == num_rows and np.array_equal(
-            row_indices, context_rows
-        ) and np.array_equal(row_indices, np.arange(num_rows)):
-            bitmask = given = np.ascontiguousarray(given, dtype=np.int32)
-        else:
-            bitmask = np.full((num_rows, given.shape[1]), -1, dtype=np.int32)
-            bitmask[row_indices] = given[context_rows]
-    owners = contexts.requests[context_rows] if row_indices.size else row_indices
-    row_ids: dict[int, np.ndarray] = {}
-    row_values: dict[int, np.ndarray] = {}
-    for b in np.unique(owners).tolist():
+    return sparse_adjustments_of([(rows, row_indices, context_rows)], contexts, surface)[0]
+
+
+def sparse_adjustments_of(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    contexts: RowContexts,
+    surface: Surface,
+) -> list[RowAdjustments]:
+    """:func:`sparse_adjustments` of several rows arrays of one call (the target and the
+    draft rows) at once: a request's columns, counts and masks are found once for the rows
+    of every array, and its rows adjusted together.
+
+    Parameters
+    ----------
+    parts : list of (rows, row_indices, context_rows)
+        As :func:`sparse_adjustments` takes them, one rows array each (one dtype).
+    contexts, surface
+        As :func:`adjust_rows` takes them.
+
+    Returns
+    -------
+    list of RowAdjustments
+        One per part.
+    """
+    bitmasks: list[np.ndarray | None] = []
+    givens: list[np.ndarray | None] = []
+    owners: list[np.ndarray] = []
+    for rows, row_indices, context_rows in parts:
+        num_rows = int(rows.shape[0])
+        bitmask = given = None
+        if surface.bitmask is not None and row_indices.size:
+            given = np.asarray(surface.bitmask)
+            if given.shape[0] == row_indices.size == num_rows and np.array_equal(
+                row_indices, context_rows
+            ) and np.array_equal(row_indices, np.arange(num_rows)):
+                bitmask = given = np.ascontiguousarray(given, dtype=np.int32)
+            else:
+                bitmask = np.full((num_rows, given.shape[1]), -1, dtype=np.int32)
+                bitmask[row_indices] = given[context_rows]
+        bitmasks.append(bitmask)
+        givens.append(given)
+        owners.append(contexts.requests[context_rows] if row_indices.size else row_indices)
+    row_ids: list[dict[int, np.ndarray]] = [{} for _ in parts]
+    row_values: list[dict[int, np.ndarray]] = [{} for _ in parts]
+    requests = np.unique(np.concatenate(owners)) if owners else np.zeros(0, np.int64)
+    for b in requests.tolist():
         if not surface.request_adjusts(b):
             continue
-        chosen = owners == b
-        indices, sources = row_indices[chosen], context_rows[chosen]
-        if surface.allowed[b] is not None:
-            words = _allowed_words(surface.allowed[b], vocab_size)
-            if bitmask is None:
-                bitmask = np.full((num_rows, words.size), -1, dtype=np.int32)
-            elif bitmask is given:
-                bitmask = np.array(bitmask, copy=True)  # the caller's mask is not written
-            bitmask[indices] &= words[None, :]
-        columns, block = _request_entries(rows, indices, sources, contexts, surface, b, bitmask)
-        for n, row in enumerate(indices.tolist()):
-            row_ids[row] = columns
-            row_values[row] = block[n]
-    if not row_ids:
-        return RowAdjustments(bitmask, None, np.zeros(0, np.int64), np.zeros(0, dtype))
-    counts = np.zeros(num_rows, dtype=np.int64)
-    for row, ids in row_ids.items():
-        counts[row] = ids.size
-    offsets = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    ordered = sorted(row_ids)
-    return RowAdjustments(
-        bitmask,
-        offsets,
-        np.concatenate([row_ids[row] for row in ordered]).astype(np.int64),
-        np.concatenate([row_values[row] for row in ordered]).astype(dtype, copy=False),
-    )
+        chosen = []
+        for number, (rows, row_indices, context_rows) in enumerate(parts):
+            mine = owners[number] == b
+            indices, sources = row_indices[mine], context_rows[mine]
+            if surface.allowed[b] is not None and indices.size:
+                words = _allowed_words(surface.allowed[b], int(rows.shape[1]))
+                if bitmasks[number] is None:
+                    bitmasks[number] = np.full((rows.shape[0], words.size), -1, np.int32)
+                elif bitmasks[number] is givens[number]:
+                    # The caller's mask is not written.
+                    bitmasks[number] = np.array(bitmasks[number], copy=True)
+                bitmasks[number][indices] &= words[None, :]
+            chosen.append((rows, indices, sources, bitmasks[number]))
+        columns, blocks = _request_entries(chosen, contexts, surface, b)
+        for number, ((_, indices, _, _), block) in enumerate(zip(chosen, blocks)):
+            for n, row in enumerate(indices.tolist()):
+                row_ids[number][row] = columns
+                row_values[number][row] = block[n]
+    found = []
+    for number, (rows, _, _) in enumerate(parts):
+        ids, values, dtype = row_ids[number], row_values[number], rows.dtype
+        if not ids:
+            found.append(RowAdjustments(bitmasks[number], None, np.zeros(0, np.int64),
+                                        np.zeros(0, dtype)))
+            continue
+        counts = np.zeros(rows.shape[0], dtype=np.int64)
+        for row, entries in ids.items():
+            counts[row] = entries.size
+        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        ordered = sorted(ids)
+        found.append(RowAdjustments(
+            bitmasks[number],
+            offsets,
+            np.concatenate([ids[row] for row in ordered]).astype(np.int64),
+            np.concatenate([values[row] for row in ordered]).astype(dtype, copy=False),
+        ))
+    return found
 
 
 def _request_entries(
-    rows: np.ndarray,
-    indices: np.ndarray,
-    sources: np.ndarray,
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]],
     contexts: RowContexts,
     surface: Surface,
     b: int,
-    bitmask: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Request ``b``'s touched columns (sorted) and their adjusted values ``[n, C]``, by
-    the steps of :func:`_adjust_request` on the gathered columns.
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Request ``b``'s touched columns (sorted) and their adjusted values, ``[n, C]`` for
+    each part ``(rows, indices, context rows, bitmask)``, by the steps of
+    :func:`_adjust_request` on the gathered columns of all its rows together.
 
     The penalties run over every touched column: a column outside the context has no
     count and was not seen, and there the repetition keeps the value and the frequency
     and presence subtract 0, which leaves every value as it is."""
-    dtype = rows.dtype
-    vocab_size = int(rows.shape[1])
+    dtype = parts[0][0].dtype
+    vocab_size = int(parts[0][0].shape[1])
     minus_infinity = dtype.type(-np.inf)
     empty = np.zeros(0, dtype=np.int64)
+    sizes = [int(indices.size) for _, indices, _, _ in parts]
+    sources = np.concatenate([part[2] for part in parts])
     output = surface.outputs[b]
     output_tokens, output_times = empty, empty
     if output is not None:
@@ -665,23 +706,26 @@ def _request_entries(
         prompt = np.unique(surface.prompts[b])
     prefixes = [contexts.prefixes[source] for source in sources.tolist()]
     minimum = surface.min_tokens[b] > 0 and surface.stops[b] is not None
-    parts = []
+    parts_of_columns = []
     if surface.bias[b] is not None:
-        parts.append(surface.bias[b][0])
+        parts_of_columns.append(surface.bias[b][0])
     words = surface.bad_words[b] or ()
-    parts.extend(word[-1:] for word in words)
+    parts_of_columns.extend(word[-1:] for word in words)
     if minimum:
-        parts.append(surface.stops[b])
+        parts_of_columns.append(surface.stops[b])
     if repetition or frequency:
-        parts.extend([output_tokens, prompt, *prefixes])
-    columns = np.unique(np.concatenate(parts)) if parts else empty
+        parts_of_columns.extend([output_tokens, prompt, *prefixes])
+    columns = np.unique(np.concatenate(parts_of_columns)) if parts_of_columns else empty
     if not columns.size:
-        return columns, np.zeros((indices.size, 0), dtype=dtype)
-    if rows.flags.c_contiguous:
-        # One take from the flat rows (a view): a 2-D fancy index costs a few times more.
-        block = rows.reshape(-1).take(indices[:, None] * vocab_size + columns[None, :])
-    else:
-        block = rows[indices[:, None], columns[None, :]]
+        return columns, [np.zeros((size, 0), dtype=dtype) for size in sizes]
+    gathered = []
+    for rows, indices, _, _ in parts:
+        if rows.flags.c_contiguous:
+            # One take from the flat rows (a view): a 2-D fancy index costs a few times more.
+            gathered.append(rows.reshape(-1).take(indices[:, None] * vocab_size + columns))
+        else:
+            gathered.append(rows[indices[:, None], columns[None, :]])
+    block = np.concatenate(gathered) if len(gathered) > 1 else gathered[0]
     given = surface.bitmask
     if given is not None:
         # The call's bitmask at these columns (the allowed ids come after the bias).
@@ -695,6 +739,8 @@ def _request_entries(
         block[:, ~np.isin(columns, surface.allowed[b])] = minus_infinity
     if words or minimum:
         stops = surface.stops[b]
+        whole_rows = [(rows, int(row), bitmask) for rows, indices, _, bitmask in parts
+                      for row in indices.tolist()]
         for n, prefix in enumerate(prefixes):
             context = prefix if output is None else np.concatenate([output, prefix])
             values = block[n]
@@ -707,33 +753,33 @@ def _request_entries(
             if minimum and context.size < surface.min_tokens[b]:
                 # vLLM's rule: the stops stay possible when nothing else is.  Outside the
                 # gathered columns an entry is possible where it is above -inf and allowed.
-                possible = rows[indices[n]] > minus_infinity
+                rows, row, bitmask = whole_rows[n]
+                possible = rows[row] > minus_infinity
                 if bitmask is not None:
                     possible &= _bitmask_allowed(
-                        bitmask, np.asarray([indices[n]]), vocab_size, np
+                        bitmask, np.asarray([row]), vocab_size, np
                     )[0]
                 possible[columns] = values > minus_infinity
                 possible[stops] = False
                 if possible.any():
                     values[np.searchsorted(columns, stops)] = minus_infinity
-    if not (repetition or frequency):
-        return columns, block
-    counts = np.zeros((indices.size, columns.size), dtype=np.int64)
-    if output_tokens.size:
-        counts[:, np.searchsorted(columns, output_tokens)] = output_times
-    for i, prefix in enumerate(prefixes):
-        if prefix.size:
-            np.add.at(counts[i], np.searchsorted(columns, prefix), 1)
-    if repetition:
-        seen = counts > 0
-        if prompt.size:
-            seen |= np.isin(columns, prompt)[None, :]
-        penalty = dtype.type(surface.repetition[b])
-        block = np.where(seen, np.where(block > 0, block / penalty, block * penalty), block)
-    if frequency and counts.any():
-        term = surface.frequency[b] * counts + surface.presence[b] * (counts > 0)
-        block = block - term.astype(dtype)
-    return columns, block
+    if repetition or frequency:
+        counts = np.zeros((sources.size, columns.size), dtype=np.int64)
+        if output_tokens.size:
+            counts[:, np.searchsorted(columns, output_tokens)] = output_times
+        for i, prefix in enumerate(prefixes):
+            if prefix.size:
+                np.add.at(counts[i], np.searchsorted(columns, prefix), 1)
+        if repetition:
+            seen = counts > 0
+            if prompt.size:
+                seen |= np.isin(columns, prompt)[None, :]
+            penalty = dtype.type(surface.repetition[b])
+            block = np.where(seen, np.where(block > 0, block / penalty, block * penalty), block)
+        if frequency and counts.any():
+            term = surface.frequency[b] * counts + surface.presence[b] * (counts > 0)
+            block = block - term.astype(dtype)
+    return columns, np.split(block, np.cumsum(sizes)[:-1])
 
 
 def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
@@ -873,12 +919,12 @@ class SurfacePlan:
                 for t in contexts.draft_targets
             ]).astype(np.int64)
         if in_kernel:
+            parts = [(batch.target_rows, targets, targets)]
+            if drafts is not None and drafts.size:
+                parts.append((batch.draft_rows, drafts, contexts.draft_targets[drafts]))
+            found = sparse_adjustments_of(parts, contexts, surface)
             self.adjustments = (
-                sparse_adjustments(batch.target_rows, targets, targets, contexts, surface)
-                if targets.size else None,
-                sparse_adjustments(
-                    batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts, surface
-                ) if drafts is not None and drafts.size else None,
+                found[0] if targets.size else None, found[1] if len(found) > 1 else None
             )
             return batch
         changes: dict[str, Any] = {}

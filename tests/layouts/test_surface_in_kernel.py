@@ -128,6 +128,15 @@ def test_sparse_adjustments_give_the_copied_rows(
     copied = _surface.adjust_rows(rows, chosen, chosen, contexts, surface, np)
     sparse = _surface.sparse_adjustments(rows, chosen, chosen, contexts, surface)
     np.testing.assert_array_equal(sparse.apply(rows), copied)
+    # Two arrays at once (the target and draft rows of a call) give each its own.
+    other = rows[::-1].copy()
+    pair = _surface.sparse_adjustments_of(
+        [(rows, chosen, chosen), (other, chosen, chosen)], contexts, surface
+    )
+    np.testing.assert_array_equal(pair[0].apply(rows), copied)
+    np.testing.assert_array_equal(
+        pair[1].apply(other), _surface.adjust_rows(other, chosen, chosen, contexts, surface, np)
+    )
 
 
 def _parameters(values: dict) -> Any:
@@ -177,13 +186,12 @@ def test_broken_adjustments_are_seen(
     broken: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Negative control: adjustments that lose a part change what the kernel draws."""
-    sparse = _surface.sparse_adjustments
+    sparse = _surface.sparse_adjustments_of
 
     def broken_adjustments(*arguments: Any) -> Any:
-        found = sparse(*arguments)
         if broken == "no bitmask":
-            return found._replace(bitmask=None)
-        return found._replace(offsets=None)
+            return [found._replace(bitmask=None) for found in sparse(*arguments)]
+        return [found._replace(offsets=None) for found in sparse(*arguments)]
 
     rng = np.random.default_rng(11)
     differs = 0
@@ -195,7 +203,7 @@ def test_broken_adjustments_are_seen(
                         token_bitmask=np.tile(np.array([0x5, 0], np.int32), (rows, 1)))
         copied = _call(keywords, False, monkeypatch)
         with monkeypatch.context() as patch:
-            patch.setattr(_surface, "sparse_adjustments", broken_adjustments)
+            patch.setattr(_surface, "sparse_adjustments_of", broken_adjustments)
             damaged = _call(keywords, True, monkeypatch)
         try:
             _same(copied, damaged)
@@ -220,6 +228,12 @@ def test_the_temperature_check_reads_adjusted_rows(monkeypatch: pytest.MonkeyPat
     hidden["target_logits"][:, 9] = big
     _same(_call(hidden, False, monkeypatch), _call(hidden, True, monkeypatch))
     assert not isinstance(_call(hidden, True, monkeypatch), str)
+    # Only hugely negative logits left allowed: their largest overflows to -inf.
+    low = dict(hidden, target_logits=np.full((2, 40), -big, np.float32))
+    low["target_logits"][:, 20] = 0.0
+    copied = _call(low, False, monkeypatch)
+    assert isinstance(copied, str) and "temperature" in copied
+    _same(copied, _call(low, True, monkeypatch))
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -154,6 +154,41 @@ def first_invalid_id(
     return (b, bad) if bad >= 0 else None
 
 
+cdef bint adjusted_largest(
+    const probability_t* row, Py_ssize_t V, const RowAdjust* adjust, Py_ssize_t r,
+    Py_ssize_t first, Py_ssize_t last, probability_t* largest
+) noexcept nogil:
+    """The largest finite entry of row ``r`` adjusted, into ``largest``, without making
+    the row, where one read of the raw row decides it: when the raw row's first maximum is
+    finite, allowed by the bitmask and not overridden (it then survives, and no surviving
+    raw entry exceeds it), or when the raw row has nothing above -inf (no raw entry
+    survives finite), the answer is the larger of it and the finite overrides.  False
+    otherwise (a +inf entry, a maximum masked or overridden): the caller makes the row."""
+    cdef Py_ssize_t y = row_argmax(row, V), e
+    cdef probability_t best = row[y], value
+    cdef const probability_t* values = <const probability_t*>adjust.values
+    if best == INFINITY:
+        return False
+    if best > -INFINITY:
+        if adjust.bitmask != NULL and not (
+            (<uint32_t>adjust.bitmask[r * adjust.words + y // MASK_WORD_BITS]
+             >> (y % MASK_WORD_BITS)) & 1
+        ):
+            return False
+        for e in range(first, last):
+            if adjust.ids[e] == y:
+                return False
+    else:
+        best = -INFINITY
+    for e in range(first, last):
+        value = values[e]
+        # NaN compares false; +inf is not finite.
+        if value > best and value < INFINITY:
+            best = value
+    largest[0] = best
+    return True
+
+
 cdef Py_ssize_t tempered_overflow_row(
     const probability_t* rows, Py_ssize_t V, const double* temperature,
     const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B,
@@ -176,6 +211,11 @@ cdef Py_ssize_t tempered_overflow_row(
                     first = 0 if adjust.offsets == NULL else adjust.offsets[r]
                     last = 0 if adjust.offsets == NULL else adjust.offsets[r + 1]
                     if adjust.bitmask != NULL or first < last:
+                        if adjusted_largest(row, V, adjust, r, first, last, &largest):
+                            if largest > -INFINITY and isinf(largest / divisor):
+                                found = r
+                                break
+                            continue
                         adjusted_row(
                             row, V,
                             NULL if adjust.bitmask == NULL else adjust.bitmask + r * adjust.words,
