@@ -204,6 +204,24 @@ draft_logits, bonus_rows, row_threads
     )
 
 
+cdef Py_ssize_t first_decrease(const int64_t* offsets, Py_ssize_t rows) noexcept nogil:
+    """The first ``r`` with ``offsets[r] > offsets[r + 1]``, or -1."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        if offsets[r] > offsets[r + 1]:
+            return r
+    return -1
+
+
+cdef Py_ssize_t first_outside(const int64_t* ids, Py_ssize_t count, Py_ssize_t V) noexcept nogil:
+    """The first ``e`` with ``ids[e]`` outside ``[0, V)``, or -1."""
+    cdef Py_ssize_t e
+    for e in range(count):
+        if ids[e] < 0 or ids[e] >= V:
+            return e
+    return -1
+
+
 cdef int take_adjustments(
     object adjustments, str name, Py_ssize_t rows, Py_ssize_t V, Py_ssize_t itemsize,
     RowAdjust* adjust
@@ -213,7 +231,7 @@ cdef int take_adjustments(
     cdef ArrayView mask_view, offset_view, id_view, value_view
     cdef const int64_t* offsets
     cdef const int64_t* ids
-    cdef Py_ssize_t r, e, count
+    cdef Py_ssize_t count, bad_offset, bad_id
     bitmask, offset_array, id_array, value_array = adjustments
     adjust.bitmask = NULL
     adjust.words = (V + MASK_WORD_BITS - 1) // MASK_WORD_BITS
@@ -239,10 +257,15 @@ cdef int take_adjustments(
     require(value_view.rows == count, f"{name} ids and values must have one length")
     require(offsets[0] == 0 and offsets[rows] == count,
             f"{name} offsets must run from 0 to the number of entries")
-    for r in range(rows):
-        require(offsets[r] <= offsets[r + 1], f"{name} offsets must not decrease")
-    for e in range(count):
-        require(0 <= ids[e] < V, f"{name} ids must be in [0, V)")
+    # The messages are made only for a failed check (a loop of f-strings would cost more
+    # than the call's adjustments themselves).
+    with nogil:
+        bad_offset = first_decrease(offsets, rows)
+        bad_id = first_outside(ids, count, V)
+    if bad_offset >= 0:
+        require(False, f"{name} offsets must not decrease (row {bad_offset})")
+    if bad_id >= 0:
+        require(False, f"{name} ids must be in [0, V); found {ids[bad_id]}")
     adjust.offsets = offsets
     adjust.ids = ids
     adjust.values = value_view.data
