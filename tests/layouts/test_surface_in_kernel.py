@@ -154,6 +154,12 @@ def test_in_kernel_equals_copies_for_every_verifier(
         batch = int(rng.integers(1, 4))
         vocab = int(rng.integers(5, 70))
         keywords = _batch(rng, batch, vocab, [np.float32, np.float64][int(rng.integers(2))])
+        if rng.random() < 0.3:
+            # vLLM v1's form: no bonus rows, the bonus ids given.
+            counts = keywords["num_draft_tokens"]
+            bonus_rows = np.cumsum(counts + 1) - 1
+            keywords["target_logits"] = np.delete(keywords["target_logits"], bonus_rows, 0)
+            keywords["bonus_token_ids"] = rng.integers(0, vocab, batch)
         rows = keywords["target_logits"].shape[0]
         keywords.update(_random_settings(rng, batch, vocab, rows), method=method,
                         logprobs=int(rng.integers(0, 3)))
