@@ -232,7 +232,7 @@ cdef enum:
 
 cdef struct RowAdjust:
     # The sampling surface's adjustments of one rows array, applied where a row is read
-    # (specdec_np._layouts.surface.RowAdjustments): per row an optional bitmask of
+    # (specdec_np._layouts.row_adjustments.RowAdjustments): per row an optional bitmask of
     # ``words`` int32 words (bit j of word w allows token 32 w + j; NULL: every token),
     # then the overrides ``ids[offsets[r] .. offsets[r + 1]]`` set to ``values`` (the
     # rows' dtype; NULL offsets: none).

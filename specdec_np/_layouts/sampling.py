@@ -339,7 +339,7 @@ def request_sampling(
         As given (the filter order is checked here too).
     adjustments : (target, draft), optional
         The sampling surface's row settings that the kernel applies where it reads a
-        row (:class:`specdec_np._layouts.surface.RowAdjustments` or None each): the
+        row (:class:`specdec_np._layouts.row_adjustments.RowAdjustments` or None each): the
         temperatures' check reads the rows adjusted.
 
     Returns
@@ -409,7 +409,7 @@ def check_tempered_rows(
     xp : module
     adjustments : RowAdjustments, optional
         The sampling surface's settings of these rows, which the kernel applies where it
-        reads a row (:class:`specdec_np._layouts.surface.RowAdjustments`): the rows are
+        reads a row (:class:`specdec_np._layouts.row_adjustments.RowAdjustments`): the rows are
         tested adjusted, each in a working row (NumPy rows only).
 
     Raises

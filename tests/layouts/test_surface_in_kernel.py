@@ -1,6 +1,6 @@
 """The sampling surface's row settings applied inside the CPU chain kernel, where it reads a
-row (``specdec_np._layouts.surface.RowAdjustments``), against the same settings applied on
-copies of the rows first (the path the CUDA kernels, trees and strict mode keep).
+row (``specdec_np._layouts.row_adjustments``), against the same settings applied on copies
+of the rows first (the path the CUDA kernels, trees and strict mode keep).
 
 * the sparse adjustments give every row the bits of the copied rows, on random settings
   and shapes (words that are all ones, all zeros and mixed, a last word cut by V, NaN and
@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import specdec_np
 from specdec_np import _core, registry
 from specdec_np._layouts import engine_call as _engine_call
+from specdec_np._layouts import row_adjustments as _row_adjustments
 from specdec_np._layouts import sampling as _sampling
 from specdec_np._layouts import surface as _surface
 
@@ -126,11 +127,11 @@ def test_sparse_adjustments_give_the_copied_rows(
     if surface.bitmask is not None:
         chosen = np.arange(batch * 3, dtype=np.int64)
     copied = _surface.adjust_rows(rows, chosen, chosen, contexts, surface, np)
-    sparse = _surface.sparse_adjustments(rows, chosen, chosen, contexts, surface)
+    sparse = _row_adjustments.sparse_adjustments(rows, chosen, chosen, contexts, surface)
     np.testing.assert_array_equal(sparse.apply(rows), copied)
     # Two arrays at once (the target and draft rows of a call) give each its own.
     other = rows[::-1].copy()
-    pair = _surface.sparse_adjustments_of(
+    pair = _row_adjustments.sparse_adjustments_of(
         [(rows, chosen, chosen), (other, chosen, chosen)], contexts, surface
     )
     np.testing.assert_array_equal(pair[0].apply(rows), copied)
@@ -192,7 +193,7 @@ def test_broken_adjustments_are_seen(
     broken: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Negative control: adjustments that lose a part change what the kernel draws."""
-    sparse = _surface.sparse_adjustments_of
+    sparse = _row_adjustments.sparse_adjustments_of
 
     def broken_adjustments(*arguments: Any) -> Any:
         if broken == "no bitmask":
@@ -209,7 +210,7 @@ def test_broken_adjustments_are_seen(
                         token_bitmask=np.tile(np.array([0x5, 0], np.int32), (rows, 1)))
         copied = _call(keywords, False, monkeypatch)
         with monkeypatch.context() as patch:
-            patch.setattr(_surface, "sparse_adjustments_of", broken_adjustments)
+            patch.setattr(_row_adjustments, "sparse_adjustments_of", broken_adjustments)
             damaged = _call(keywords, True, monkeypatch)
         try:
             _same(copied, damaged)

@@ -51,7 +51,7 @@ draft_logits, bonus_rows, row_threads
         uniforms, parameters and sampling table; int8 ``request_methods``).
     target_adjustments, draft_adjustments : tuple, optional
         The sampling surface's adjustments of the target and draft logits rows
-        (``specdec_np._layouts.surface.RowAdjustments``), applied where a row is read:
+        (``specdec_np._layouts.row_adjustments.RowAdjustments``), applied where a row is read:
         ``(bitmask, offsets, ids, values)``: ``bitmask`` int32 ``[rows, ceil(V / 32)]``
         or None (bit ``j`` of word ``w`` allows token ``32 w + j``; a clear bit makes the
         entry -inf), then per row ``r`` the entries ``ids[offsets[r] .. offsets[r + 1]]``
