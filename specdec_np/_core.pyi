@@ -12,6 +12,7 @@ return None).
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -116,6 +117,9 @@ def verify_chains_direct(
     bonus_rows: bool = True,
     row_threads: int = 1,
     finds_overflow: bool = False,
+    target_adjustments: tuple[Any, Any, Any, Any] | None = None,
+    draft_adjustments: tuple[Any, Any, Any, Any] | None = None,
+    adjusted_rows: FloatArray | None = None,
 ) -> int: ...
 def check_ragged_call(
     counts: Int64Array,
@@ -167,6 +171,7 @@ def first_tempered_overflow(
     temperature: Float64Array,
     greedy: npt.NDArray[np.bool_] | npt.NDArray[np.uint8],
     rows_per_request: Int64Array,
+    adjustments: tuple[Any, Any, Any, Any] | None = None,
 ) -> int: ...
 def tree_layout_is_valid(
     num_nodes: Int64Array,

@@ -49,8 +49,9 @@ from cython.parallel cimport parallel, prange, threadid
 from cython.view cimport array
 from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX, FLT_MIN
 from libc.math cimport INFINITY, floor, isinf, ldexp
-from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 # NumPy's C API: the direct calls (direct_calls.pxi) read arrays through it.
 cnp.import_array()
@@ -237,6 +238,19 @@ cdef enum:
     SCAN_BLOCK = 1024
 
 
+cdef struct RowAdjust:
+    # The sampling surface's adjustments of one rows array, applied where a row is read
+    # (specdec_np._layouts.row_adjustments.RowAdjustments): per row an optional bitmask of
+    # ``words`` int32 words (bit j of word w allows token 32 w + j; NULL: every token),
+    # then the overrides ``ids[offsets[r] .. offsets[r + 1]]`` set to ``values`` (the
+    # rows' dtype; NULL offsets: none).
+    const int32_t* bitmask
+    Py_ssize_t words
+    const int64_t* offsets
+    const int64_t* ids
+    const void* values
+
+
 cdef struct Request:
     # What a row function needs besides its rows and ids: the request's k_b and V, its
     # uniforms (acceptance ones, then the residual one), the verifier's parameters, and
@@ -279,6 +293,17 @@ cdef struct Request:
     # A tree walk's float64 working rows of V (two, or one per depth for the walks that
     # keep a residual per node of the walked path).
     Py_ssize_t working_rows
+    # Chains only (set by the chain driver; NULL otherwise): the surface's adjustments of
+    # the target and draft rows, the index in them of the request's first row, and the
+    # thread's two adjusted rows of V with the row each holds (-1: none).
+    const RowAdjust* target_adjust
+    const RowAdjust* draft_adjust
+    Py_ssize_t target_first_row
+    Py_ssize_t draft_first_row
+    void* target_adjusted
+    void* draft_adjusted
+    Py_ssize_t target_adjusted_row
+    Py_ssize_t draft_adjusted_row
 
 
 GREEDY_MARGIN = SPECDEC_GREEDY_MARGIN

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
+
 from .._kernels import dispatch as _dispatch
 from .._relaxed import runner as _relaxed_runner
 from .._runtime import checks as _validate
@@ -237,12 +239,15 @@ def engine_call(
         # The whole sampling surface: the rows adjusted before the law, the runs cut and
         # the logprobs added after the kernel (nothing of this runs when no setting is on).
         plan = _surface.plan_for(sampling, batch, form, layout.surface_contexts(batch))
-        batch = plan.adjusted_batch(batch)
+        batch = plan.adjusted_batch(batch, in_kernel=_adjusts_in_kernel(
+            layout, batch, strict, report_bias
+        ))
     request = _sampling.request_sampling(
         batch.xp, batch.batch_size, batch.vocab_size, strict, form,
         (batch.target_rows, batch.draft_rows),
         every_request_greedy=layout.every_request_greedy,
         rows_per_request=layout.rows_per_request(batch), parameters=sampling,
+        adjustments=None if plan is None else plan.adjustments,
     )  # fmt: skip
     layout.check_rows(batch, form, request.greedy, strict)
     chosen = layout.greedy_entry if request.all_greedy else layout.entry
@@ -284,6 +289,9 @@ def engine_call(
         )  # fmt: skip
     else:
         threads = layout.threads(batch, chosen)
+        options = kernel_options(layout, batch, form, request, block, threads, chosen)
+        if plan is not None:
+            options.update(plan.kernel_options(batch, threads))
         result = _dispatch.run(
             batch,
             chosen.code,
@@ -291,7 +299,7 @@ def engine_call(
             block,
             threads,
             after_uniforms=layout.after_uniforms(batch, chosen),
-            options=kernel_options(layout, batch, form, request, block, threads, chosen),
+            options=options,
             on_success=on_success,
         )
     result = layout.finish(batch, result)
@@ -301,6 +309,23 @@ def engine_call(
             lambda emitted: layout.emitted_rows(batch, emitted),
         )
     return result
+
+
+def _adjusts_in_kernel(layout: LayoutCall, batch: Any, strict: bool, report_bias: bool) -> bool:
+    """Whether the kernel applies the sampling surface's row settings where it reads a
+    row (the CPU chain kernel), rather than the rows being adjusted on copies first.
+
+    The copies remain where something reads the adjusted rows outside the chain kernel:
+    the CUDA kernels, trees, relaxed methods (their rules and laws run in Python), strict
+    mode (its checks read the rows) and ``report_bias`` (it reads the laws)."""
+    return (
+        batch.device is None
+        and batch.kernel_name == "verify_chains"
+        and getattr(layout, "relaxed", None) is None
+        and not strict
+        and not report_bias
+        and np.dtype(batch.target_rows.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+    )
 
 
 def _measured(

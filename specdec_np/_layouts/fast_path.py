@@ -287,6 +287,10 @@ _OPTION_DEFAULTS = {
     "bonus_rows": True,
     "row_threads": 1,
     "finds_overflow": False,
+    # The sampling surface's (never on this path).
+    "target_adjustments": None,
+    "draft_adjustments": None,
+    "adjusted_rows": None,
 }
 _TABLE = list(_OPTION_DEFAULTS).index("sampling")
 _ROW_STATUS = _contract.OutputBlock._fields.index("row_status")

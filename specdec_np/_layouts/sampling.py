@@ -325,6 +325,7 @@ def request_sampling(
     every_request_greedy: bool,
     rows_per_request: tuple[np.ndarray, np.ndarray],
     parameters: SamplingParameters,
+    adjustments: tuple[Any, Any] | None = None,
 ) -> RequestSampling:
     """The per-request sampling parameters, checked, and in strict mode the row values.
 
@@ -342,6 +343,10 @@ def request_sampling(
         How many consecutive target and draft rows each request owns, request by request.
     parameters : SamplingParameters
         As given (the filter order is checked here too).
+    adjustments : (target, draft), optional
+        The sampling surface's row settings that the kernel applies where it reads a
+        row (:class:`specdec_np._layouts.row_adjustments.RowAdjustments` or None each): the
+        temperatures' check reads the rows adjusted.
 
     Returns
     -------
@@ -360,12 +365,14 @@ def request_sampling(
                 _validate.check_logit_values(name, values, xp)
             else:
                 _validate.check_probability_values(name, values, xp)
-    for name, values, logits, counts in zip(
+    for name, values, logits, counts, adjusted in zip(
         (form.target_name, form.draft_name), rows, (form.from_logits, form.draft_from_logits),
-        rows_per_request,
+        rows_per_request, adjustments or (None, None),
     ):
         if logits and values is not None:
-            check_tempered_rows(sampling["temperature"], greedy, name, values, counts, xp)
+            check_tempered_rows(
+                sampling["temperature"], greedy, name, values, counts, xp, adjusted
+            )
     return RequestSampling(greedy, None if host_table is None else xp.asarray(host_table))
 
 
@@ -376,6 +383,7 @@ def check_tempered_rows(
     rows: Any,
     rows_per_request: np.ndarray,
     xp: Any,
+    adjustments: Any = None,
 ) -> None:
     """Refuse a temperature at which the largest finite logit of a row it divides overflows.
 
@@ -405,6 +413,10 @@ def check_tempered_rows(
     rows_per_request : int64 [B]
         How many consecutive rows each request owns.
     xp : module
+    adjustments : RowAdjustments, optional
+        The sampling surface's settings of these rows, which the kernel applies where it
+        reads a row (:class:`specdec_np._layouts.row_adjustments.RowAdjustments`): the rows are
+        tested adjusted, each in a working row (NumPy rows only).
 
     Raises
     ------
@@ -413,6 +425,14 @@ def check_tempered_rows(
     """
     if temperature is None or not rows.shape[0]:
         return
+    if adjustments is not None:
+        counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)
+        if _core.first_tempered_overflow(
+            rows, temperature, greedy, counts, adjustments.kernel_arguments()
+        ) < 0:
+            return
+        # A refusal: its message is worded from the adjusted rows themselves.
+        rows = adjustments.apply(rows)
     if type(rows) is np.ndarray and rows.dtype in _KERNEL_FLOATS and rows.flags.c_contiguous:
         # The test in one compiled pass; the passes below only word the message.
         counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)

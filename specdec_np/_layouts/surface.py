@@ -4,11 +4,21 @@ Production requests carry settings that depend on the text before a row, which i
 draft chain or tree includes the drafts before that position (``docs/semantics.md``, "The
 whole sampling surface").  This module checks them (:func:`checked_surface`), applies the
 row settings to the rows a call reads (:meth:`SurfacePlan.adjusted_batch`: masks and bias,
-then penalties, in the rows' dtype, on copies of the rows of the requests that have a
-setting; nothing is copied when no request has one), and after the kernel cuts each emitted
-run at its first stop token or its budget and adds the logprobs (:meth:`SurfacePlan.finish`).
-The kernels then run their unchanged law (temperature and filters) on the adjusted rows, so
-that the order is vLLM v1's: masks and bias, penalties, temperature and filters.
+then penalties, in the rows' dtype), and after the kernel cuts each emitted run at its
+first stop token or its budget and adds the logprobs (:meth:`SurfacePlan.finish`).  The
+order is vLLM v1's: masks and bias, penalties, temperature and filters.
+
+The row settings reach the rows one of two ways, with the same bits:
+
+* in the kernel (the CPU chain kernels; :mod:`specdec_np._layouts.row_adjustments`): only
+  the entries the settings touch are computed on the host, from the rows' own values at
+  those entries (a bitmask of the allowed tokens and per row a sparse list of final
+  values); the chain kernel applies them to a row in a working row of its thread
+  when it is about to read it, and runs its law there.  Nothing of ``[rows, V]`` is copied;
+* on copies (:func:`adjust_rows`: the CUDA kernels, trees, relaxed methods, strict mode,
+  ``report_bias``, ``processed_probs`` and ``sample_tokens``): the rows of the requests
+  with a setting are copied with the settings applied, and the kernels run their
+  unchanged law on the copies; nothing is copied when no request has a setting.
 
 A call with none of these settings never enters this module
 (:meth:`SamplingParameters.surface_on` is False).
@@ -23,6 +33,7 @@ import numpy as np
 
 from .._kernels import dispatch as _dispatch
 from .._runtime import arrays as _backend
+from . import row_adjustments as _row_adjustments
 from . import sampling as _sampling
 
 __all__ = [
@@ -328,19 +339,6 @@ def checked_surface(
 # ---- the rows ---------------------------------------------------------------------------
 
 
-def _bitmask_allowed(bitmask: Any, rows: Any, vocab_size: int, xp: Any) -> Any:
-    """bool [len(rows), V]: bit ``j`` of word ``i`` of each row's mask allows ``32 i + j``."""
-    if xp is np and np.little_endian:
-        # A word's bytes in memory, least significant first: bit j of word i is bit j % 8
-        # of byte 4 i + j // 8, which is what a little-endian unpacking reads.
-        words = np.ascontiguousarray(bitmask[rows])
-        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
-        return bits[:, :vocab_size].view(np.bool_)  # 0 and 1 bytes: no copy
-    tokens = xp.arange(vocab_size)
-    words = bitmask[rows][:, tokens // 32]
-    return ((words >> (tokens % 32).astype(words.dtype)) & 1).astype(bool)
-
-
 def adjust_rows(
     rows: Any,
     row_indices: np.ndarray,
@@ -378,7 +376,7 @@ def adjust_rows(
     vocab_size = int(rows.shape[1])
     minus_infinity = dtype.type(-np.inf)
     if surface.bitmask is not None and row_indices.size:
-        allowed = _bitmask_allowed(
+        allowed = _row_adjustments.bitmask_allowed(
             surface.bitmask, xp.asarray(context_rows), vocab_size, xp
         )
         if row_indices.size == rows.shape[0] and np.array_equal(
@@ -574,6 +572,10 @@ class SurfacePlan:
         self.original_target = original_target
         self.from_logits = from_logits
         self.target = original_target
+        #: The row settings for the chain kernel to apply (target rows, draft rows:
+        #: :class:`~specdec_np._layouts.row_adjustments.RowAdjustments` or None), when
+        #: :meth:`adjusted_batch` left them to it; else None.
+        self.adjustments: tuple[Any, Any] | None = None
 
     def request_contexts(self) -> list[list[int]]:
         """Each request's prompt, then its output so far, as Python ints."""
@@ -582,8 +584,13 @@ class SurfacePlan:
             for prompt, output in zip(self.surface.prompts, self.surface.outputs)
         ]
 
-    def adjusted_batch(self, batch: Any) -> Any:
-        """``batch`` with its logits rows adjusted (the same batch when nothing changes)."""
+    def adjusted_batch(self, batch: Any, in_kernel: bool = False) -> Any:
+        """``batch`` with its logits rows adjusted (the same batch when nothing changes).
+
+        With ``in_kernel`` (a CPU chain call whose kernel applies the row adjustments of
+        :mod:`specdec_np._layouts.row_adjustments`),
+        the rows are left as they are and :attr:`adjustments` holds the settings instead
+        (:meth:`kernel_options` hands them to the kernel)."""
         surface, contexts = self.surface, self.contexts
         xp = batch.xp
         if surface.needs_logits is None:
@@ -592,21 +599,54 @@ class SurfacePlan:
         targets = np.flatnonzero([
             every or surface.request_adjusts(int(b)) for b in contexts.requests
         ]).astype(np.int64)
-        changes: dict[str, Any] = {}
-        if targets.size:
-            self.target = adjust_rows(batch.target_rows, targets, targets, contexts, surface, xp)
-            changes["target_rows"] = self.target
+        drafts = None
         if batch.draft_rows is not None and self.draft_from_logits:
             drafts = np.flatnonzero([
                 every or surface.request_adjusts(int(contexts.requests[t]))
                 for t in contexts.draft_targets
             ]).astype(np.int64)
-            if drafts.size:
-                changes["draft_rows"] = adjust_rows(
-                    batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts,
-                    surface, xp,
-                )
+        if in_kernel:
+            parts = [(batch.target_rows, targets, targets)]
+            if drafts is not None and drafts.size:
+                parts.append((batch.draft_rows, drafts, contexts.draft_targets[drafts]))
+            found = _row_adjustments.sparse_adjustments_of(parts, contexts, surface)
+            self.adjustments = (
+                found[0] if targets.size else None, found[1] if len(found) > 1 else None
+            )
+            return batch
+        changes: dict[str, Any] = {}
+        if targets.size:
+            self.target = adjust_rows(batch.target_rows, targets, targets, contexts, surface, xp)
+            changes["target_rows"] = self.target
+        if drafts is not None and drafts.size:
+            changes["draft_rows"] = adjust_rows(
+                batch.draft_rows, drafts, contexts.draft_targets[drafts], contexts, surface, xp,
+            )
         return batch._replace(**changes) if changes else batch
+
+    def kernel_options(self, batch: Any, threads: int) -> dict[str, Any]:
+        """The chain kernel's options for :attr:`adjustments` (empty without them): each
+        rows array's adjustments and the working rows they are made in."""
+        if self.adjustments is None or self.adjustments == (None, None):
+            return {}
+        target, draft = self.adjustments
+        options: dict[str, Any] = {
+            "adjusted_rows": _dispatch.scratch_rows(
+                np, max(threads, 1), batch.vocab_size, batch.target_rows.dtype,
+                slot="adjusted",
+            ),
+        }
+        if target is not None:
+            options["target_adjustments"] = target.kernel_arguments()
+        if draft is not None:
+            options["draft_adjustments"] = draft.kernel_arguments()
+        return options
+
+    def target_rows_at(self, rows: Any, xp: Any) -> Any:
+        """The adjusted target rows ``rows`` (host int64 indices), as the law read them."""
+        if self.adjustments is None or self.adjustments[0] is None:
+            return self.target[xp.asarray(rows)]
+        return self.adjustments[0].apply(self.original_target[rows], rows)
 
     draft_from_logits = False
 
@@ -664,7 +704,7 @@ def _add_logprobs(
             row_table = np.array(host_table[requests], copy=True)
             # A greedy request's processed law is the softmax of its adjusted row.
             row_table[greedy[requests], :4] = (1.0, 0.0, 1.0, 0.0)
-            law_rows_ = law_rows(plan.target[picked_device], xp.asarray(row_table))
+            law_rows_ = law_rows(plan.target_rows_at(picked, xp), xp.asarray(row_table))
             raw_rows = _log_softmax(plan.original_target[picked_device], xp)
         else:
             law_rows_ = plan.target[picked_device]

@@ -154,16 +154,53 @@ def first_invalid_id(
     return (b, bad) if bad >= 0 else None
 
 
+cdef bint adjusted_largest(
+    const probability_t* row, Py_ssize_t V, const RowAdjust* adjust, Py_ssize_t r,
+    Py_ssize_t first, Py_ssize_t last, probability_t* largest
+) noexcept nogil:
+    """The largest finite entry of row ``r`` adjusted, into ``largest``, without making
+    the row, where one read of the raw row decides it: when the raw row's first maximum is
+    finite, allowed by the bitmask and not overridden (it then survives, and no surviving
+    raw entry exceeds it), or when the raw row has nothing above -inf (no raw entry
+    survives finite), the answer is the larger of it and the finite overrides.  False
+    otherwise (a +inf entry, a maximum masked or overridden): the caller makes the row."""
+    cdef Py_ssize_t y = row_argmax(row, V), e
+    cdef probability_t best = row[y], value
+    cdef const probability_t* values = <const probability_t*>adjust.values
+    if best == INFINITY:
+        return False
+    if best > -INFINITY:
+        if adjust.bitmask != NULL and not (
+            (<uint32_t>adjust.bitmask[r * adjust.words + y // MASK_WORD_BITS]
+             >> (y % MASK_WORD_BITS)) & 1
+        ):
+            return False
+        for e in range(first, last):
+            if adjust.ids[e] == y:
+                return False
+    else:
+        best = -INFINITY
+    for e in range(first, last):
+        value = values[e]
+        # NaN compares false; +inf is not finite.
+        if value > best and value < INFINITY:
+            best = value
+    largest[0] = best
+    return True
+
+
 cdef Py_ssize_t tempered_overflow_row(
     const probability_t* rows, Py_ssize_t V, const double* temperature,
     const uint8_t* greedy, const int64_t* counts, int64_t extra, Py_ssize_t B,
-    bint skip_lone_rows
+    bint skip_lone_rows, const RowAdjust* adjust, probability_t* work
 ) noexcept nogil:
     """:func:`first_tempered_overflow` on checked arguments: request ``b`` owns
-    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all).
-    ``skip_lone_rows``: a request with no other row than its one extra row is not read
-    (the law checks that row as it reads it: the kernels' ``finds_overflow``)."""
-    cdef Py_ssize_t b, r, i, start = 0, found = -1
+    ``counts[b] + extra`` consecutive rows of ``V`` at ``rows`` (which hold them all);
+    with ``adjust`` (NULL: none), each row read is first adjusted into ``work`` (a row of
+    V).  ``skip_lone_rows``: a request with no other row than its one extra row is not
+    read (the law checks that row, adjusted, as it reads it: the kernels'
+    ``finds_overflow``)."""
+    cdef Py_ssize_t b, r, i, start = 0, found = -1, first, last
     cdef probability_t divisor, largest, value
     cdef int64_t infinite
     cdef const probability_t* row
@@ -172,6 +209,22 @@ cdef Py_ssize_t tempered_overflow_row(
         if not greedy[b] and divisor < 1 and not (skip_lone_rows and counts[b] == 0):
             for r in range(start, start + counts[b] + extra):
                 row = rows + r * V
+                if adjust != NULL:
+                    first = 0 if adjust.offsets == NULL else adjust.offsets[r]
+                    last = 0 if adjust.offsets == NULL else adjust.offsets[r + 1]
+                    if adjust.bitmask != NULL or first < last:
+                        if adjusted_largest(row, V, adjust, r, first, last, &largest):
+                            if largest > -INFINITY and isinf(largest / divisor):
+                                found = r
+                                break
+                            continue
+                        adjusted_row(
+                            row, V,
+                            NULL if adjust.bitmask == NULL else adjust.bitmask + r * adjust.words,
+                            adjust.ids + first, <const probability_t*>adjust.values + first,
+                            last - first, work,
+                        )
+                        row = work
                 # The vectorised maximum pass of the law (NaN never wins); a row with a
                 # +inf entry is scanned again for its largest finite one.
                 infinite = 0
@@ -197,7 +250,8 @@ cdef Py_ssize_t tempered_overflow_row(
 
 cdef Py_ssize_t overflow_row(
     ArrayView* rows, const double* temperature, const uint8_t* greedy, const int64_t* counts,
-    int64_t extra, Py_ssize_t B, bint skip_lone_rows=False
+    int64_t extra, Py_ssize_t B, bint skip_lone_rows=False, const RowAdjust* adjust=NULL,
+    void* work=NULL
 ) noexcept:
     """:func:`tempered_overflow_row` on checked rows of either float dtype."""
     cdef Py_ssize_t found
@@ -205,12 +259,12 @@ cdef Py_ssize_t overflow_row(
         if rows.itemsize == 4:
             found = tempered_overflow_row(
                 <const float*>rows.data, rows.columns, temperature, greedy, counts, extra, B,
-                skip_lone_rows,
+                skip_lone_rows, adjust, <float*>work,
             )
         else:
             found = tempered_overflow_row(
                 <const double*>rows.data, rows.columns, temperature, greedy, counts, extra, B,
-                skip_lone_rows,
+                skip_lone_rows, adjust, <double*>work,
             )
     return found
 
@@ -220,6 +274,7 @@ def first_tempered_overflow(
     object temperature,
     object greedy,
     object rows_per_request,
+    object adjustments=None,
 ):
     """The first row whose largest finite logit overflows when divided by its request's
     temperature in the rows' dtype, or -1 (the test of
@@ -237,10 +292,15 @@ def first_tempered_overflow(
         Non-zero for a request that reads its rows raw.
     rows_per_request : int64 [B]
         How many consecutive rows each request owns (summing to at most ``R``).
+    adjustments : tuple, optional
+        The sampling surface's adjustments of the rows, as
+        :func:`verify_chains_direct` takes them: the test reads each row adjusted.
     """
     cdef ArrayView row_view, temperature_view, greedy_view, count_view
+    cdef RowAdjust adjust
     cdef const int64_t* counts
-    cdef Py_ssize_t B, b, total = 0
+    cdef Py_ssize_t B, b, total = 0, found
+    cdef void* work
     take_array(rows, "rows", 2, FLOAT_ITEMS, 0, False, &row_view)
     take_array(temperature, "temperature", 1, FLOAT_ITEMS, 8, False, &temperature_view)
     take_array(greedy, "greedy", 1, UNSIGNED_ITEMS, 1, False, &greedy_view)
@@ -253,7 +313,20 @@ def first_tempered_overflow(
         require(counts[b] >= 0, "rows_per_request must be >= 0")
         total += counts[b]
     require(total <= row_view.rows, "rows_per_request must sum to at most R")
-    return overflow_row(
-        &row_view, <const double*>temperature_view.data, <const uint8_t*>greedy_view.data,
-        counts, 0, B,
+    if adjustments is None:
+        return overflow_row(
+            &row_view, <const double*>temperature_view.data, <const uint8_t*>greedy_view.data,
+            counts, 0, B,
+        )
+    take_adjustments(
+        adjustments, "adjustments", row_view.rows, row_view.columns, row_view.itemsize, &adjust
     )
+    work = malloc(row_view.columns * row_view.itemsize)
+    if work == NULL:
+        raise MemoryError("no memory for the adjusted row")
+    found = overflow_row(
+        &row_view, <const double*>temperature_view.data, <const uint8_t*>greedy_view.data,
+        counts, 0, B, False, &adjust, work,
+    )
+    free(work)
+    return found

@@ -9,7 +9,9 @@ cdef inline int64_t verify_request(
     Py_ssize_t V, const double* uniforms, const double* parameters, bint causal,
     const double* sampling, int row_forms, probability_t* scratch,
     specdec_law_scratch* law_scratch, Py_ssize_t width, int64_t* out,
-    int64_t* accepted_length, int64_t* num_accepted
+    int64_t* accepted_length, int64_t* num_accepted, const RowAdjust* target_adjust,
+    const RowAdjust* draft_adjust, Py_ssize_t target_first_row, Py_ssize_t draft_first_row,
+    probability_t* adjusted
 ) noexcept nogil:
     """The skeleton every verifier shares: id check, the row function bound to code
     ``method``, bonus, output row.
@@ -17,7 +19,10 @@ cdef inline int64_t verify_request(
     ``sampling`` (temperature, top-k, top-p, min-p) is NULL for probability rows, and
     ``scratch`` then unused; with logits, ``scratch`` is the thread's two rows of V and
     ``law_scratch`` its law scratch (NULL when its allocation failed: the row status is
-    then SPECDEC_STATUS_NO_MEMORY).
+    then SPECDEC_STATUS_NO_MEMORY).  The sampling surface's row adjustments
+    (``target_adjust`` and ``draft_adjust``, NULL for none; applied to logits rows only)
+    index the request's rows from ``target_first_row`` and ``draft_first_row``; the
+    adjusted rows are made in ``adjusted``, the thread's two rows of V.
     """
     cdef int64_t status, last_token = 0
     cdef Request request_fields
@@ -30,6 +35,14 @@ cdef inline int64_t verify_request(
     init_request(
         request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch, law_scratch
     )
+    if request.logits and target_adjust != NULL:
+        request.target_adjust = target_adjust
+        request.target_first_row = target_first_row
+        request.target_adjusted = adjusted
+    if request.draft_logits and draft_adjust != NULL:
+        request.draft_adjust = draft_adjust
+        request.draft_first_row = draft_first_row
+        request.draft_adjusted = adjusted + V
     status = call_chain_row(
         method, target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
         num_accepted,
@@ -39,7 +52,7 @@ cdef inline int64_t verify_request(
         # a code that says so (greedy), otherwise a draw from its processed law with the
         # last uniform.
         if bound_chain_rows[method].bonus_by_argmax:
-            last_token = raw_argmax(target, k, V)
+            last_token = raw_argmax(request, target, k)
         else:
             last_token = row_token(request, target, k, uniforms[k + 1])
             if last_token < 0:
@@ -99,6 +112,11 @@ cdef struct ChainCall:
     # The temperatures' overflow check of the rows the law reads is the law's
     # (new_law_scratch's finds_overflow).
     bint finds_overflow
+    # The sampling surface's row adjustments (NULL: none), with their working rows
+    # ([threads, 2 V] of the rows' dtype), set by the entry after check_chain_call.
+    const RowAdjust* target_adjust
+    const RowAdjust* draft_adjust
+    void* adjusted
     # Set by check_chain_call.
     Py_ssize_t max_k
     bint stochastic
@@ -197,6 +215,7 @@ cdef Py_ssize_t drive_chains(
     )
     cdef specdec_law_scratch* law_scratch = NULL
     cdef specdec_law_scratch* serial_scratch = NULL
+    cdef probability_t* adjusted_base = <probability_t*>call.adjusted
     if num_threads <= 1:
         # One thread, outside any OpenMP region (the loop below, on thread 0): row threads'
         # teams nested in an inactive region would be new threads every time (libgomp
@@ -219,7 +238,8 @@ cdef Py_ssize_t drive_chains(
                     parameter_base, causal,
                     NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
                     scratch_base, serial_scratch, width, output + b * width,
-                    accepted_lengths + b, num_accepted + b,
+                    accepted_lengths + b, num_accepted + b, call.target_adjust,
+                    call.draft_adjust, start + (b if bonus_rows else 0), start, adjusted_base,
                 )
         give_back_law_scratch(serial_scratch)
         return first_failed_row_at(row_status, B)
@@ -241,7 +261,9 @@ cdef Py_ssize_t drive_chains(
                 NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
                 NULL if scratch_base == NULL else scratch_base + threadid() * 2 * V,
                 law_scratch, width, output + b * width, accepted_lengths + b,
-                num_accepted + b,
+                num_accepted + b, call.target_adjust, call.draft_adjust,
+                start + (b if bonus_rows else 0), start,
+                NULL if adjusted_base == NULL else adjusted_base + threadid() * 2 * V,
             )
         free(law_scratch)
     return first_failed_row_at(row_status, B)
@@ -388,6 +410,9 @@ def verify_chains(
     call.num_threads = num_threads
     call.row_threads = row_threads
     call.finds_overflow = finds_overflow
+    call.target_adjust = NULL
+    call.draft_adjust = NULL
+    call.adjusted = NULL
     check_chain_call(&call)
     if call.B == 0:
         return -1

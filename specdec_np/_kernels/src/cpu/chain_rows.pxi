@@ -201,7 +201,7 @@ cdef int64_t greedy_row(
         x = draft_ids[i]
         if request.logits:
             # Raw logits: no probability shortcut, the full argmax decides.
-            argmax = raw_argmax(target, i, V)
+            argmax = raw_argmax(request, target, i)
             accepted = argmax == x
         elif target[i * V + x] > 0.5 + SPECDEC_GREEDY_MARGIN:
             accepted = True

@@ -34,6 +34,9 @@ def verify_chains_direct(
     bint bonus_rows=True,
     int row_threads=1,
     bint finds_overflow=False,
+    object target_adjustments=None,
+    object draft_adjustments=None,
+    object adjusted_rows=None,
 ):
     """:func:`verify_chains` on NumPy arrays taken directly (no typed memoryviews): the
     same arguments, checks, results and row statuses, microseconds sooner.
@@ -47,6 +50,18 @@ draft_logits, bonus_rows, row_threads, finds_overflow
         As :func:`verify_chains` takes them; every array a NumPy array (float32 or float64
         rows, one dtype; int32 or int64 ids, one dtype; int64 offsets and outputs; float64
         uniforms, parameters and sampling table; int8 ``request_methods``).
+    target_adjustments, draft_adjustments : tuple, optional
+        The sampling surface's adjustments of the target and draft logits rows
+        (``specdec_np._layouts.row_adjustments.RowAdjustments``), applied where a row is read:
+        ``(bitmask, offsets, ids, values)``: ``bitmask`` int32 ``[rows, ceil(V / 32)]``
+        or None (bit ``j`` of word ``w`` allows token ``32 w + j``; a clear bit makes the
+        entry -inf), then per row ``r`` the entries ``ids[offsets[r] .. offsets[r + 1]]``
+        set to ``values`` (int64 ``offsets [rows + 1]`` from 0, int64 ids in ``[0, V)``,
+        values of the rows' dtype; None offsets: none).  Only with ``sampling``, and
+        only for rows that are logits.
+    adjusted_rows : same dtype as the rows [num_threads, 2 * V], optional
+        Working rows for the adjustments (a thread's adjusted target and draft row);
+        required with them.
 
     Returns
     -------
@@ -66,6 +81,7 @@ draft_logits, bonus_rows, row_threads, finds_overflow
     cdef ArrayView target, draft, ids, bonus, offsets, uniform_view, parameter_view
     cdef ArrayView out, accepted, counted, status, codes, table, working
     cdef ChainCall call
+    cdef RowAdjust target_adjust, draft_adjust
     cdef void* scratch_data = NULL
     cdef void* target_data
     cdef void* draft_data
@@ -133,7 +149,31 @@ draft_logits, bonus_rows, row_threads, finds_overflow
     call.num_threads = num_threads
     call.row_threads = row_threads
     call.finds_overflow = finds_overflow
+    call.target_adjust = NULL
+    call.draft_adjust = NULL
+    call.adjusted = NULL
     check_chain_call(&call)
+    if target_adjustments is not None or draft_adjustments is not None:
+        require(call.has_sampling, "row adjustments need logits rows (sampling)")
+        take_array(adjusted_rows, "adjusted_rows", 2, FLOAT_ITEMS, target.itemsize, True, &working)
+        require(
+            working.rows >= (num_threads if num_threads > 1 else 1)
+            and working.columns == 2 * call.V,
+            "adjusted_rows must be [num_threads, 2 V]",
+        )
+        call.adjusted = working.data
+        if target_adjustments is not None and call.target_logits:
+            take_adjustments(
+                target_adjustments, "target_adjustments", call.target_count, call.V,
+                target.itemsize, &target_adjust,
+            )
+            call.target_adjust = &target_adjust
+        if draft_adjustments is not None and call.draft_logits and not point_mass_drafts:
+            take_adjustments(
+                draft_adjustments, "draft_adjustments", call.draft_count, call.V,
+                target.itemsize, &draft_adjust,
+            )
+            call.draft_adjust = &draft_adjust
     if call.B == 0:
         return -1
     call.uniforms = <const double*>uniform_view.data if call.stochastic else NULL
@@ -164,6 +204,74 @@ draft_logits, bonus_rows, row_threads, finds_overflow
         &call, <const double*>target_data, <const double*>draft_data,
         <const int64_t*>ids_data, <const int64_t*>bonus.data, <double*>scratch_data,
     )
+
+
+cdef Py_ssize_t first_decrease(const int64_t* offsets, Py_ssize_t rows) noexcept nogil:
+    """The first ``r`` with ``offsets[r] > offsets[r + 1]``, or -1."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        if offsets[r] > offsets[r + 1]:
+            return r
+    return -1
+
+
+cdef Py_ssize_t first_outside(const int64_t* ids, Py_ssize_t count, Py_ssize_t V) noexcept nogil:
+    """The first ``e`` with ``ids[e]`` outside ``[0, V)``, or -1."""
+    cdef Py_ssize_t e
+    for e in range(count):
+        if ids[e] < 0 or ids[e] >= V:
+            return e
+    return -1
+
+
+cdef int take_adjustments(
+    object adjustments, str name, Py_ssize_t rows, Py_ssize_t V, Py_ssize_t itemsize,
+    RowAdjust* adjust
+) except -1:
+    """Fill ``adjust`` from ``(bitmask, offsets, ids, values)`` (see
+    :func:`verify_chains_direct`), every offset and id checked: O(rows + entries)."""
+    cdef ArrayView mask_view, offset_view, id_view, value_view
+    cdef const int64_t* offsets
+    cdef const int64_t* ids
+    cdef Py_ssize_t count, bad_offset, bad_id
+    bitmask, offset_array, id_array, value_array = adjustments
+    adjust.bitmask = NULL
+    adjust.words = (V + MASK_WORD_BITS - 1) // MASK_WORD_BITS
+    adjust.offsets = NULL
+    adjust.ids = NULL
+    adjust.values = NULL
+    if bitmask is not None:
+        take_array(bitmask, name + " bitmask", 2, SIGNED_ITEMS, 4, False, &mask_view)
+        require(
+            mask_view.rows == rows and mask_view.columns == adjust.words,
+            f"{name} bitmask must be [rows, ceil(V / 32)] = [{rows}, {adjust.words}]",
+        )
+        adjust.bitmask = <const int32_t*>mask_view.data
+    if offset_array is None:
+        return 0
+    take_array(offset_array, name + " offsets", 1, SIGNED_ITEMS, 8, False, &offset_view)
+    take_array(id_array, name + " ids", 1, SIGNED_ITEMS, 8, False, &id_view)
+    take_array(value_array, name + " values", 1, FLOAT_ITEMS, itemsize, False, &value_view)
+    require(offset_view.rows == rows + 1, f"{name} offsets must have rows + 1 entries")
+    offsets = <const int64_t*>offset_view.data
+    ids = <const int64_t*>id_view.data
+    count = id_view.rows
+    require(value_view.rows == count, f"{name} ids and values must have one length")
+    require(offsets[0] == 0 and offsets[rows] == count,
+            f"{name} offsets must run from 0 to the number of entries")
+    # The messages are made only for a failed check (a loop of f-strings would cost more
+    # than the call's adjustments themselves).
+    with nogil:
+        bad_offset = first_decrease(offsets, rows)
+        bad_id = first_outside(ids, count, V)
+    if bad_offset >= 0:
+        require(False, f"{name} offsets must not decrease (row {bad_offset})")
+    if bad_id >= 0:
+        require(False, f"{name} ids must be in [0, V); found {ids[bad_id]}")
+    adjust.offsets = offsets
+    adjust.ids = ids
+    adjust.values = value_view.data
+    return 0
 
 
 cdef Py_ssize_t first_invalid_request(

@@ -33,6 +33,10 @@ cdef inline void init_request(
     request.draft_weights_row = -1
     request.target_handed_out = False
     request.draft_handed_out = False
+    request.target_adjust = NULL
+    request.draft_adjust = NULL
+    request.target_adjusted_row = -1
+    request.draft_adjusted_row = -1
     if sampling != NULL:
         request.temperature = sampling[0]
         request.top_k = <int64_t>sampling[1]
@@ -42,6 +46,81 @@ cdef inline void init_request(
         request.target_scratch = scratch
         request.draft_scratch = scratch + V
         request.law_scratch = law_scratch
+
+
+cdef enum:
+    # Bit j of a bitmask word allows token 32 w + j.
+    MASK_WORD_BITS = 32
+
+
+cdef void adjusted_row(
+    const probability_t* source, Py_ssize_t V, const int32_t* words, const int64_t* ids,
+    const probability_t* values, Py_ssize_t count, probability_t* out
+) noexcept nogil:
+    """Row ``source`` with the surface's adjustments into ``out``: each token whose bit
+    in ``words`` (NULL: none) is clear set to -inf, then ``out[ids[e]] = values[e]``.  A
+    copy of the row (vectorised), then only the words that are not all ones are visited."""
+    cdef Py_ssize_t w, j, base, full = V // MASK_WORD_BITS
+    cdef uint32_t word
+    cdef probability_t minus_infinity = -INFINITY
+    memcpy(out, source, V * sizeof(probability_t))
+    if words != NULL:
+        for w in range(full):
+            word = <uint32_t>words[w]
+            if word == <uint32_t>0xFFFFFFFF:
+                continue
+            base = w * MASK_WORD_BITS
+            if word == 0:
+                for j in range(MASK_WORD_BITS):
+                    out[base + j] = minus_infinity
+            else:
+                for j in range(MASK_WORD_BITS):
+                    if not (word >> j) & 1:
+                        out[base + j] = minus_infinity
+        base = full * MASK_WORD_BITS
+        if base < V:
+            word = <uint32_t>words[full]
+            for j in range(V - base):
+                if not (word >> j) & 1:
+                    out[base + j] = minus_infinity
+    for j in range(count):
+        out[ids[j]] = values[j]
+
+
+cdef inline const probability_t* logits_row(
+    Request* request, const probability_t* rows, Py_ssize_t i, bint draft
+) noexcept nogil:
+    """Row ``i`` of a request's logits rows as its law reads it: the row itself, or,
+    where the sampling surface adjusts it (a chain call's ``RowAdjust``), the adjusted
+    row in the thread's adjusted row of its kind (made when the row is first read, and
+    again when another row of its kind was made since).  ``rows`` must not be NULL."""
+    cdef const RowAdjust* adjust = request.draft_adjust if draft else request.target_adjust
+    cdef Py_ssize_t V = request.V
+    cdef Py_ssize_t row, start = 0, stop = 0
+    cdef probability_t* out
+    if adjust == NULL:
+        return rows + i * V
+    row = (request.draft_first_row if draft else request.target_first_row) + i
+    if adjust.offsets != NULL:
+        start = adjust.offsets[row]
+        stop = adjust.offsets[row + 1]
+    if adjust.bitmask == NULL and start == stop:
+        return rows + i * V
+    if draft:
+        out = <probability_t*>request.draft_adjusted
+        if request.draft_adjusted_row == i:
+            return out
+        request.draft_adjusted_row = i
+    else:
+        out = <probability_t*>request.target_adjusted
+        if request.target_adjusted_row == i:
+            return out
+        request.target_adjusted_row = i
+    adjusted_row(
+        rows + i * V, V, NULL if adjust.bitmask == NULL else adjust.bitmask + row * adjust.words,
+        adjust.ids + start, <const probability_t*>adjust.values + start, stop - start, out,
+    )
+    return out
 
 
 cdef inline bint top_k_filters(int64_t top_k, Py_ssize_t V) noexcept nogil:
@@ -59,14 +138,15 @@ cdef inline bint compute_row_law(
     cdef specdec_row_law* law = &request.draft_law if draft else &request.target_law
     cdef Py_ssize_t V = request.V
     cdef int stored
+    cdef const probability_t* row = logits_row(request, rows, i, draft)
     if probability_t is float:
         stored = specdec_row_law_f(
-            rows + i * V, V, <float>request.temperature, request.top_k, request.top_p,
+            row, V, <float>request.temperature, request.top_k, request.top_p,
             request.min_p, request.filter_order, request.law_scratch, weights, law,
         )
     else:
         stored = specdec_row_law_d(
-            rows + i * V, V, request.temperature, request.top_k, request.top_p,
+            row, V, request.temperature, request.top_k, request.top_p,
             request.min_p, request.filter_order, request.law_scratch, weights, law,
         )
     if draft:
@@ -105,9 +185,13 @@ cdef inline double read_probability(
         return rows[i * V + y]
     law = row_law(request, rows, i, draft)
     if probability_t is float:
-        return specdec_law_probability_f(rows + i * V, y, <float>request.temperature, law)
+        return specdec_law_probability_f(
+            logits_row(request, rows, i, draft), y, <float>request.temperature, law
+        )
     else:
-        return specdec_law_probability_d(rows + i * V, y, request.temperature, law)
+        return specdec_law_probability_d(
+            logits_row(request, rows, i, draft), y, request.temperature, law
+        )
 
 
 cdef inline double target_probability(
@@ -166,9 +250,13 @@ cdef inline const probability_t* undivided_probability_row(
         request.target_weights_row = -1
     law = row_law(request, rows, i, draft)
     if probability_t is float:
-        specdec_law_materialise_f(rows + i * V, V, <float>request.temperature, law, scratch)
+        specdec_law_materialise_f(
+            logits_row(request, rows, i, draft), V, <float>request.temperature, law, scratch
+        )
     else:
-        specdec_law_materialise_d(rows + i * V, V, request.temperature, law, scratch)
+        specdec_law_materialise_d(
+            logits_row(request, rows, i, draft), V, request.temperature, law, scratch
+        )
     return scratch
 
 
@@ -255,11 +343,11 @@ cdef double entropy_and_argmax(
 
 
 cdef inline Py_ssize_t raw_argmax(
-    const probability_t* rows, Py_ssize_t i, Py_ssize_t V
+    Request* request, const probability_t* rows, Py_ssize_t i
 ) noexcept nogil:
-    # Greedy requests compare raw values: the argmax of logits is the argmax of any
-    # temperature's probabilities.
-    return row_argmax(rows + i * V, V)
+    # Greedy requests compare raw values (after the sampling surface's adjustments): the
+    # argmax of logits is the argmax of any temperature's probabilities.
+    return row_argmax(logits_row(request, rows, i, False), request.V)
 
 
 cdef double row_entropy_and_argmax(

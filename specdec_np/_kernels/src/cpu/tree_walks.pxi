@@ -126,7 +126,7 @@ cdef Py_ssize_t greedy_tree_step(
 ) noexcept nogil:
     """The child of ``node`` whose token is the argmax of its row, or -1 with that argmax
     in ``final_token``.  Reads neither draft rows nor uniforms."""
-    cdef Py_ssize_t argmax = raw_argmax(target, node + 1, request.V)
+    cdef Py_ssize_t argmax = raw_argmax(request, target, node + 1)
     cdef Py_ssize_t child = next_child(request, node, node)
     while child >= 0:
         if ids[child] == argmax:
