@@ -155,6 +155,12 @@ def sampling_arrays(
     Float64Array | None,
 ] | None: ...
 def add_position_counts(lengths: Int64Array, counts: Int64Array) -> None: ...
+def record_metrics(
+    fields: dict[str, object],
+    num_draft_tokens: object,
+    accepted_lengths: object,
+    commit: object,
+) -> bool: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,
