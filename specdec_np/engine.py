@@ -119,6 +119,9 @@ class EngineVerifier:
         self._method_parameters = dict(method_parameters)
         self._strict_mode = _validate.check_strict_mode(strict_mode)
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
+        # What every call passes on, looked up once.
+        self._method_name = self._verifier.name
+        self._generator_for = self._own_generator.for_device
         self.metrics = VerificationMetrics()
         self._metrics_lock = threading.RLock()
 
@@ -177,7 +180,7 @@ class EngineVerifier:
         # binding on every call).
         return engine_call(
             _ragged.RaggedCall(
-                self._verifier.name, self._method_parameters, num_draft_tokens,
+                self._method_name, self._method_parameters, num_draft_tokens,
                 draft_token_ids, bonus_token_ids, self._record,
             ),
             new_record(RowSources, (target_logits, target_probs, draft_logits, draft_probs)),
@@ -188,7 +191,7 @@ class EngineVerifier:
                 stop_token_ids, max_tokens, token_bitmask, logprobs,
             )),
             new_record(UniformSource, (
-                uniforms, None, seeded_seqs, counter_seeds, self._own_generator.for_device,
+                uniforms, None, seeded_seqs, counter_seeds, self._generator_for,
                 None, stream,
             )),
             strict_mode=self._strict_mode,
