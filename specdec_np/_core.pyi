@@ -211,3 +211,51 @@ def processed_rows(
     num_threads: int,
     row_threads: int = 1,
 ) -> None: ...
+
+def shard_stats(
+    rows: FloatArray,
+    temperature: FloatArray,
+    groups: int,
+    stats: Float64Array,
+    group_max: FloatArray,
+) -> None: ...
+def shard_weights(
+    rows: FloatArray,
+    indices: Int64Array,
+    temperature: FloatArray,
+    z_max: FloatArray,
+    cutoff: FloatArray,
+    weights: FloatArray,
+    masses: Float64Array,
+) -> None: ...
+def shard_at_least(
+    rows: FloatArray,
+    indices: Int64Array,
+    temperature: FloatArray,
+    thresholds: FloatArray,
+    counts: Int64Array,
+    columns: Int64Array,
+    values: FloatArray,
+) -> tuple[int, bool]: ...
+def shard_exp(x: FloatArray, z_max: FloatArray, out: FloatArray) -> None: ...
+def shard_divided(
+    weights: FloatArray,
+    indices: Int64Array,
+    divisors: Float64Array,
+    out: Float64Array,
+    out_rows: Int64Array,
+) -> None: ...
+def shard_positive_sums(rows: Float64Array, sums: Float64Array) -> None: ...
+def shard_first_crossings(
+    rows: Float64Array,
+    indices: Int64Array,
+    inside: Float64Array,
+    found: Int64Array,
+) -> None: ...
+def shard_residuals(
+    rows: Float64Array,
+    indices: Int64Array,
+    scale: Float64Array,
+    q: Float64Array,
+) -> None: ...
+def shard_argmax(rows: FloatArray, start: int, table: Float64Array) -> None: ...

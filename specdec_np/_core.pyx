@@ -33,7 +33,12 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
 * ``tree_walks.pxi``: the tree steps (the registry's ``walk``);
 * ``tree_driver.pxi``: :func:`verify_trees` and :func:`tree_layout_is_valid`;
 * ``output_formatting.pxi``: output rows and :func:`create_output`;
-* ``processed_rows.pxi``: :func:`processed_rows`, the processed law of logits rows.
+* ``processed_rows.pxi``: :func:`processed_rows`, the processed law of logits rows;
+* ``shard_passes.pxi``: a rank's passes over its slice of columns in verification across
+  vocabulary shards (:func:`shard_stats`, :func:`shard_weights`,
+  :func:`shard_at_least`, :func:`shard_exp`, :func:`shard_divided`,
+  :func:`shard_residuals`, :func:`shard_positive_sums`, :func:`shard_first_crossings`,
+  :func:`shard_argmax`).
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
 ``specdec_np._runtime.contract``.
@@ -361,3 +366,4 @@ include "_kernels/src/cpu/tree_walks.pxi"
 include "_kernels/src/cpu/tree_driver.pxi"
 include "_kernels/src/cpu/output_formatting.pxi"
 include "_kernels/src/cpu/processed_rows.pxi"
+include "_kernels/src/cpu/shard_passes.pxi"

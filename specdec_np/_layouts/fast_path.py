@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from os import environ as _environ
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -303,9 +304,9 @@ def _launch(
     """The call's plan and its options, by position and by keyword.
 
     A plan is made by the general path's own functions (the thread count, the kernel
-    options, the method's parameters, the kernel) and kept unless the rows are long
-    enough for row threads (whose count reads the environment on every call); a kept plan
-    takes the call's own table and per-request codes.  Options that the kernel's order
+    options, the method's parameters, the kernel) and kept, keyed by what they read (the
+    shapes and forms, the method, and the row threads' setting in the environment); a
+    kept plan takes the call's own table and per-request codes.  Options that the kernel's order
     does not know (a new one) go by keyword, from the general path on every call."""
     batch_size = batch.batch_size
     request = None
@@ -315,19 +316,19 @@ def _launch(
         # makes them.
         request = _sampling.RequestSampling(checked.greedy, checked.table)
         codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
-    key = None
-    if batch.vocab_size < _backend.ROW_THREADS_MIN_VOCAB:
-        key = (
-            id(layout.entry), method_parameters, batch_size, batch.vocab_size,
-            batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
-            batch.bonus_rows, draw_bonus, greedy_count == batch_size,
-        )  # fmt: skip
-        plans = getattr(_PLANS, "plans", None)
-        if plans is None:
-            plans = _PLANS.plans = {}
-        plan = plans.get(key)
-        if plan is not None:
-            return plan, (codes, *plan.before_table, checked.table, *plan.after_table), {}
+    # The row threads' count reads the environment: its setting is part of the key.
+    key = (
+        id(layout.entry), method_parameters, batch_size, batch.vocab_size,
+        batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
+        batch.bonus_rows, draw_bonus, greedy_count == batch_size,
+        _environ.get(_backend.ROW_THREADS_VARIABLE),
+    )  # fmt: skip
+    plans = getattr(_PLANS, "plans", None)
+    if plans is None:
+        plans = _PLANS.plans = {}
+    plan = plans.get(key)
+    if plan is not None:
+        return plan, (codes, *plan.before_table, checked.table, *plan.after_table), {}
     chosen = layout.greedy_entry if greedy_count == batch_size else layout.entry
     threads = batch.threads(chosen)
     # The ragged layout's options do not read the output block.
@@ -347,10 +348,9 @@ def _launch(
         chosen.code, threads, positional[1:_TABLE], positional[_TABLE + 1 :], parameters,
         launch,
     )  # fmt: skip
-    if key is not None:
-        if len(plans) >= _PLANS_MAX:
-            plans.clear()
-        plans[key] = plan
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans[key] = plan
     return plan, positional, {}
 
 

@@ -9,11 +9,13 @@ Map of this folder:
 * :mod:`.exchange`: the byte-counting wrapper every round goes through, and the agreement
   round (one allgather of a fixed-size digest) that turns disagreeing ranks into a
   ValueError on every rank;
-* :mod:`.exponential`: the law's float32 exponential on whole shards, bit for bit the
-  kernels', vectorised (the reference's exact fused multiply-adds only where a float64 sum
-  lands on a float32 midpoint);
+* :mod:`.exponential`: the law's float32 exponential in NumPy, bit for bit the kernels'
+  (the passes now take the kernels' own through ``_core.shard_exp`` and
+  ``_core.shard_weights``; it stays as the subject of the exhaustive sweep and a
+  cross-check in the tests);
 * :mod:`.laws`: this rank's part of the processed law of the sampled logits rows (the
-  rows as handed over, ``z`` only where read, the kept entries' weights and their sums);
+  rows as handed over, ``z`` only where read, the kept entries' weights and their sums),
+  its passes over the slice compiled in the kernel headers (``shardscan.h``);
 * :mod:`.filters`: top-k, top-p and min-p across shards: min-p's floor from the maximum,
   each rank's short candidate lists merged the same way on every rank, and the radix
   select where they leave a cutoff open;

@@ -25,10 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import exponential as _exponential
 from . import rows as _rows
 from .exchange import Exchange
-from .laws import Entries, LogitRows
+from .laws import Entries, LogitRows, law_weights
 
 __all__ = [
     "MOST_CANDIDATES",
@@ -64,11 +63,7 @@ def weights_of(values: np.ndarray, top: np.ndarray) -> np.ndarray:
     """float64 ``w = exp(values - top)`` by the law's rule (the float32 exponential for
     float32 values, ``exp`` for float64; NaN weighs 0), ``top`` broadcast against
     ``values``, both of one dtype."""
-    shifted = values - top
-    if shifted.dtype == np.float32:
-        return _exponential.expf(shifted).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isnan(shifted), 0.0, np.exp(shifted))
+    return law_weights(values, top).astype(np.float64)
 
 
 def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
@@ -295,7 +290,7 @@ def select_floors(
     few_k = k_on & (top_k <= MOST_CANDIDATES)
     top_k_open = np.flatnonzero(k_on & ~few_k)
     top_p_open = np.flatnonzero(p_on & k_on & ~few_k)
-    cache: dict[int, np.ndarray] = {}
+    cache = _Weights(values, top)
     found: list[Entries] = []
     thresholds = np.full(rows_total, np.nan, dtype=dtype)
     # Top-k's lists (with the maxima): top-k's floor, then top-p over what it keeps.
@@ -319,7 +314,7 @@ def select_floors(
     alone = np.flatnonzero(p_on & ~k_on)
     if alone.size:
         floor_values = np.fmax(_rows.key_values(p_floor[alone], dtype), np.finfo(dtype).min)
-        w = _weights(values, top, alone, cache)
+        w = cache.of(alone)
         masses = np.where(values.values(alone) >= floor_values[:, None], w, 0.0).sum(axis=1)
         listing = list_candidates(
             values, alone, TOP_P_CANDIDATES, p_floor[alone],
@@ -346,7 +341,7 @@ def select_floors(
         keys = _clean_keys(values.values(top_p_open))
         masses = np.where(
             keys >= p_floor[top_p_open][:, None],
-            _weights(values, top, top_p_open, cache),
+            cache.of(top_p_open),
             0.0,
         )
         cutoff[top_p_open] = _rows.radix_select(
@@ -368,18 +363,23 @@ def _clean_keys(values: np.ndarray) -> np.ndarray:
     return _rows.ordered_keys(np.where(np.isnan(values), values.dtype.type(-np.inf), values))
 
 
-def _weights(
-    values: LogitRows, top: np.ndarray, rows: np.ndarray, cache: dict[int, np.ndarray]
-) -> np.ndarray:
-    """``w`` of the given rows (float64 ``[len(rows), width]``), computed once a call."""
-    missing = np.array([int(row) for row in rows if int(row) not in cache], dtype=np.int64)
-    if missing.size:
-        computed = weights_of(values.values(missing), top[missing][:, None])
-        for i, row in enumerate(missing):
-            cache[int(row)] = computed[i]
-    if not rows.size:
-        return np.zeros((0, values.width))
-    return np.stack([cache[int(row)] for row in rows])
+class _Weights:
+    """``w`` of the filters' rows (float64 ``[len(rows), width]``), each row computed once
+    a call, the rows asked for together (no per-row Python)."""
+
+    def __init__(self, values: LogitRows, top: np.ndarray) -> None:
+        self.values, self.top = values, top
+        self.at = np.full(values.count, -1, dtype=np.int64)
+        self.computed = np.zeros((0, values.width))
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        """The weights of ``rows`` (row ``i`` of the result is ``rows[i]``)."""
+        missing = np.unique(rows[self.at[rows] < 0])
+        if missing.size:
+            fresh = weights_of(self.values.values(missing), self.top[missing][:, None])
+            self.at[missing] = self.computed.shape[0] + np.arange(missing.size)
+            self.computed = np.concatenate([self.computed, fresh])
+        return self.computed[self.at[rows]]
 
 
 def _merge(gathered: np.ndarray, size: int) -> _Merged:

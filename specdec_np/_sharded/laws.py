@@ -4,12 +4,17 @@ The rows stay as they were handed over (the target's, then the draft's: no copy 
 where every row is read); ``z = logits / t`` is computed only where it is read.  A
 threshold on ``z`` is a threshold on the logits: ``fl(l / t)`` is monotone in ``l``, so
 ``{y : z(y) >= c} = {y : l(y) >= lambda}`` for the least such ``lambda``
-(:meth:`LogitRows.logit_floors`), and one comparison of the logits finds the entries a
-filter keeps.
+(:meth:`LogitRows.logit_floors`; the kernels' candidate scan finds it the same way), and
+one comparison of the logits finds the entries a filter keeps.
 
+The passes over the slice are the kernels' (``specdec_np/_kernels/src/cpu/shardscan.h``
+through ``_core``): the maxima with those of sets of columns (``shard_stats``), the
+entries at a threshold (``shard_at_least``), the weights of
+a row given its global maximum with their sum on the law's eight lanes
+(``shard_weights``) and the law's weight of single entries (``shard_exp``).
 :class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
-for a row without a filter every entry's, computed once for the whole slice (with
-:func:`~.exponential.expf` for float32 rows); for a filtered row only its kept entries'.
+for a row without a filter every entry's, computed once for the whole slice; for a
+filtered row only its kept entries'.
 """
 
 from __future__ import annotations
@@ -18,10 +23,27 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import exponential as _exponential
+from .. import _core
 from .rows import RowSet, Sparse
 
-__all__ = ["Entries", "LawRows", "LogitRows"]
+__all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
+
+#: Entries a row is expected to keep at most at a threshold, for the room the candidate
+#: scan writes into (more only costs a second pass).
+GUESS = 1024
+
+
+def law_weights(values: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """``w = exp(values - top)`` by the law's rule, in the rows' dtype (the kernels' float32
+    exponential for float32 values, ``exp`` for float64; 0 for NaN), ``top`` broadcast
+    against ``values``, both of one dtype (the kernels' ``shard_exp``)."""
+    dtype = np.result_type(values, top)  # NumPy's promotion, as values - top would take
+    values, top = np.broadcast_arrays(np.asarray(values, dtype=dtype),
+                                      np.asarray(top, dtype=dtype))
+    flat = np.ascontiguousarray(values).reshape(-1)
+    out = np.empty(flat.size, dtype=dtype)
+    _core.shard_exp(flat, np.ascontiguousarray(top).reshape(-1), out)
+    return out.reshape(values.shape)
 
 
 class Entries(NamedTuple):
@@ -108,43 +130,16 @@ class LogitRows:
         """float64 ``[R, 3]`` per row: the largest value (NaN never), its count of
         ``+inf``, and the largest finite logit; and, with ``groups`` (at most half the
         width), the largest logit of each of ``groups`` sets of columns (``[R, groups]``,
-        NaN as ``-inf``), found in the same pass.  Each is an entry of the row: the
-        ``C``-th largest of them is at most the row's ``C``-th largest."""
+        ``-inf`` for a set of NaN alone), found in the same pass (the kernels'
+        ``shard_stats``).  Each is an entry of the row: the ``C``-th largest of them is at
+        most the row's ``C``-th largest."""
         table = np.zeros((self.count, 3))
         groups = groups if 0 < 2 * groups <= self.width else 0
-        grouped = np.zeros((self.count, groups), dtype=self.dtype) if groups else None
-        run = self.width // groups if groups else 0
+        grouped = np.zeros((self.count, groups), dtype=self.dtype)
         for first, end, part in self._spans():
-            if groups:
-                # Group g holds the columns g, g + groups, g + 2 groups, ...: the maximum
-                # runs down whole rows of the reshaped block (a fast pass).
-                head = part[:, : groups * run].reshape(part.shape[0], run, groups)
-                group_max = np.max(head, axis=1)
-                largest = np.max(group_max, axis=1, initial=-np.inf)
-                if groups * run < self.width:
-                    largest = np.maximum(largest, np.max(part[:, groups * run :], axis=1))
-                grouped[first:end] = group_max  # type: ignore[index]
-            else:
-                largest = np.max(part, axis=1, initial=-np.inf)
-            # NaN wins NumPy's maximum, and +inf is not finite: redo those rows.
-            again = np.flatnonzero(np.isnan(largest) | (largest == np.inf))
-            top = largest.copy()
-            if again.size:
-                rows = part[again]
-                top[again] = np.fmax.reduce(rows, axis=1, initial=-np.inf)
-                largest[again] = np.max(
-                    np.where(np.isfinite(rows), rows, -np.inf), axis=1, initial=-np.inf
-                )
-            # fl(l / t) is monotone in l: the largest value is the largest logit's.
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                table[first:end, 0] = top / self.divisor[first:end]
-            table[first:end, 2] = largest
-        infinite = np.flatnonzero(table[:, 0] == np.inf)
-        if infinite.size:
-            table[infinite, 1] = np.count_nonzero(self.values(infinite) == np.inf, axis=1)
-        if grouped is not None:
-            grouped[np.isnan(grouped)] = -np.inf
-        return table, grouped
+            _core.shard_stats(np.ascontiguousarray(part), self.divisor[first:end], groups,
+                              table[first:end], grouped[first:end])
+        return table, grouped if groups else None
 
     def logit_floors(self, floors: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Per row of ``rows`` the least logit ``l`` with ``fl(l / t) >= floors`` (same
@@ -176,42 +171,47 @@ class LogitRows:
 
     def at_least(self, rows: np.ndarray, floors: np.ndarray) -> Entries:
         """The entries of ``rows`` whose value reaches the row's floor (NaN never), row by
-        row and column by column."""
-        logit_floors = self.logit_floors(floors, rows)
+        row and column by column (one compiled pass: the kernels' ``shard_at_least``)."""
         found_rows: list[np.ndarray] = []
         found_columns: list[np.ndarray] = []
-        width = max(self.width, 1)
+        found_values: list[np.ndarray] = []
+        floors = np.asarray(floors, dtype=self.dtype)
         for first, end, part in self._spans():
             at = np.flatnonzero((rows >= first) & (rows < end))
             if not at.size:
                 continue
-            by_value = np.isnan(logit_floors[at])
-            for chosen, direct in ((at[~by_value], False), (at[by_value], True)):
-                if not chosen.size:
-                    continue
-                local = rows[chosen] - first
-                whole = chosen.size == part.shape[0] and bool(
-                    (local == np.arange(part.shape[0])).all()
-                )
-                block = part if whole else part[local]
-                if direct:
-                    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                        block = block / self.divisor[rows[chosen], None]
-                    limit = floors[chosen]
-                else:
-                    limit = logit_floors[chosen]
-                flat = np.flatnonzero(block >= limit[:, None])
-                found_rows.append(rows[chosen][flat // width])
-                found_columns.append(flat % width)
+            block = np.ascontiguousarray(part)
+            local = (rows[at] - first).astype(np.int64)
+            divisor = np.ascontiguousarray(self.divisor[rows[at]])
+            limit = np.ascontiguousarray(floors[at])
+            counts = np.zeros(at.size, dtype=np.int64)
+            # One pass over the rows, into room for a generous guess (pages never written
+            # cost nothing); past it the pass counts, and a second one writes them all.
+            room = min(at.size * self.width, at.size * GUESS) + self.width + 1
+            while True:
+                columns = np.empty(room, dtype=np.int64)
+                values = np.empty(room, dtype=self.dtype)
+                total, written = _core.shard_at_least(block, local, divisor, limit, counts,
+                                                      columns, values)
+                if written:
+                    break
+                room = total + self.width + 1
+            found_rows.append(np.repeat(rows[at], counts))
+            found_columns.append(columns[:total])
+            found_values.append(values[:total])
         if not found_rows:
             empty = np.zeros(0, dtype=np.int64)
             return Entries(empty, empty, np.zeros(0, dtype=self.dtype))
+        if len(found_rows) == 1:
+            return Entries(found_rows[0], found_columns[0], found_values[0])
         row_of = np.concatenate(found_rows)
         columns = np.concatenate(found_columns)
-        if len(found_rows) > 1:
-            order = np.lexsort((columns, row_of))
-            row_of, columns = row_of[order], columns[order]
-        return Entries(row_of, columns, self.entry_values(row_of, columns))
+        values = np.concatenate(found_values)
+        if rows.size < 2 or bool((rows[1:] >= rows[:-1]).all()):
+            # The parts hold ascending row ranges: with rows in order, so are the entries.
+            return Entries(row_of, columns, values)
+        order = np.lexsort((columns, row_of))
+        return Entries(row_of[order], columns[order], values[order])
 
 
 class LawRows:
@@ -263,12 +263,26 @@ class LawRows:
         # float32 weight is a float32 value), by position in self.dense.
         self.dense_at = np.full(rows, -1, dtype=np.int64)
         self.dense_at[self.dense] = np.arange(self.dense.size)
-        self.dense_weights = np.zeros((self.dense.size, width), dtype=self.dtype)
+        # Every entry is written by the weights' pass below.
+        self.dense_weights = np.empty((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:
-            shifted = logits.values(self.dense)
-            shifted -= top[self.dense, None]
-            self.dense_weights = self._exp(shifted)
-            self.masses[self.dense] = self.dense_weights.sum(axis=1, dtype=np.float64)
+            # One compiled pass a row: the law's weights and their sum on its eight lanes
+            # (the kernels' shard_weights).
+            no_cutoff = np.full(self.dense.size, -np.inf, dtype=self.dtype)
+            dense_masses = np.zeros(self.dense.size)
+            z_max = np.ascontiguousarray(top[self.dense], dtype=self.dtype)
+            for first, end, part in logits._spans():
+                at = np.flatnonzero((self.dense >= first) & (self.dense < end))
+                if not at.size:
+                    continue
+                # self.dense is sorted, so a part's rows are one run of it.
+                run = slice(int(at[0]), int(at[-1]) + 1)
+                _core.shard_weights(
+                    np.ascontiguousarray(part), (self.dense[run] - first).astype(np.int64),
+                    np.ascontiguousarray(logits.divisor[self.dense[run]]), z_max[run],
+                    no_cutoff[run], self.dense_weights[run], dense_masses[run],
+                )
+            self.masses[self.dense] = dense_masses
         # The kept entries of the filtered rows, with their weights.
         sparse = np.flatnonzero(filtered)
         self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
@@ -293,23 +307,13 @@ class LawRows:
                     np.concatenate([part.columns for part in parts])[order],
                     np.concatenate([part.values for part in parts])[order],
                 )
-            self.kept_weights = self._exp(self.kept.values - top[self.kept.rows])
+            self.kept_weights = law_weights(self.kept.values, top[self.kept.rows])
             self.masses += np.bincount(
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
         spread = np.flatnonzero(infinite)
         if spread.size:
             self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
-
-    def _exp(self, shifted: np.ndarray) -> np.ndarray:
-        """``exp`` by the law's rule, in the rows' dtype, 0 for NaN."""
-        if self.dtype == np.float32:
-            return _exponential.expf(shifted)
-        with np.errstate(invalid="ignore"):
-            weights = np.exp(shifted)
-        if np.isnan(weights).any():
-            weights[np.isnan(weights)] = 0.0
-        return weights
 
     def token_weights(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """float64 ``w`` of the entries ``(rows[i], columns[i])`` of this rank's slice (0
@@ -339,6 +343,16 @@ class LawRows:
         divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         return (weights / divisor).astype(self.dtype).astype(np.float64)
 
+    def _divide_dense(self, dense: np.ndarray, normalisers: np.ndarray, out: np.ndarray,
+                      out_rows: np.ndarray) -> None:
+        """``out[out_rows[i]] = p`` of dense row ``dense[i]`` (:meth:`_divided`'s bits, by
+        the kernels' ``shard_divided``: one pass a row)."""
+        if not dense.size or not self.width:
+            return
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf).astype(np.float64)
+        _core.shard_divided(self.dense_weights, dense.astype(np.int64), divisor, out,
+                            out_rows)
+
     def entry_probabilities(self, rows: np.ndarray, columns: np.ndarray,
                             normalisers: np.ndarray) -> np.ndarray:
         """float64 ``p`` at the entries ``(rows[i], columns[i])``, ``normalisers[i]`` the
@@ -350,8 +364,9 @@ class LawRows:
         a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
         whole = np.flatnonzero(dense >= 0)
-        block = self._divided(self.dense_weights[dense[whole]].astype(np.float64),
-                              normalisers[whole, None])
+        block = np.empty((whole.size, self.width))
+        self._divide_dense(dense[whole], normalisers[whole], block,
+                           np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         where = np.full(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
@@ -386,12 +401,15 @@ class LawRows:
         normalisers : float64 [len(rows)]
             The rows' whole kept masses (0: no mass, every ``p`` is 0).
         """
-        out = np.zeros((rows.size, self.width))
-        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         dense = self.dense_at[rows]
         at = np.flatnonzero(dense >= 0)
+        # Rows without a filter are written whole by the compiled division; the others
+        # start at 0 (outside the kept set), and every value is rounded to the rows' dtype.
+        out = np.empty((rows.size, self.width)) if at.size == rows.size else np.zeros(
+            (rows.size, self.width))
         if at.size:
-            out[at] = self.dense_weights[dense[at]] / divisor[at, None]
+            self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
+        divisor = np.where(normalisers > 0.0, normalisers, np.inf)
         where = np.full(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
         chosen = np.flatnonzero(where[self.kept.rows] >= 0)
@@ -399,8 +417,10 @@ class LawRows:
             target = where[self.kept.rows[chosen]]
             out[target, self.kept.columns[chosen]] = (
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
-            )
+            ).astype(self.dtype)
         spread = np.flatnonzero(self.infinite[rows])
         if spread.size:
-            out[spread] = (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
-        return out.astype(self.dtype).astype(np.float64)
+            out[spread] = (
+                (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
+            ).astype(self.dtype)
+        return out

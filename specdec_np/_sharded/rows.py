@@ -6,7 +6,9 @@ Here: the order-preserving integer keys of float rows and their inverse, the rad
 (the filters' fallback, :mod:`.filters`), the greedy argmax, the rounds of per-row sums,
 and the inverse-CDF draw in two levels (the shard, by the shards' masses in vocabulary
 order, then the token inside it): the unsharded inverse CDF, whose running sum is split at
-the shards' boundaries.
+the shards' boundaries.  A draw's rows held whole are summed and scanned by the kernels'
+``shard_positive_sums`` and ``shard_first_crossings`` (NumPy's pairwise order for the
+mass, column order for the scan: the bits the NumPy expressions give).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _core
 from .exchange import Exchange, Shard
 
 __all__ = [
@@ -158,6 +161,10 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
     if rows.shape[1] == 0:
         table[:, 0], table[:, 1] = -np.inf, np.inf
         return table
+    if rows.dtype in (np.float32, np.float64):
+        # The kernels' greedy argmax, one read of each row (NaN never wins).
+        _core.shard_argmax(np.ascontiguousarray(rows), int(start), table)
+        return table
     first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
     largest = rows[np.arange(rows.shape[0]), first]
     with_nan = np.flatnonzero(np.isnan(largest))
@@ -223,7 +230,10 @@ class RowSet(NamedTuple):
         """float64 ``[num_rows]``: each row's sum of its positive weights."""
         sums = np.zeros(self.num_rows)
         if self.dense_rows.size:
-            sums[self.dense_rows] = np.where(self.dense > 0.0, self.dense, 0.0).sum(axis=1)
+            dense_sums = np.zeros(self.dense_rows.size)
+            _core.shard_positive_sums(np.ascontiguousarray(self.dense, dtype=np.float64),
+                                      dense_sums)
+            sums[self.dense_rows] = dense_sums
         if self.sparse.rows.size:
             positive = np.where(self.sparse.weights > 0.0, self.sparse.weights, 0.0)
             sums += np.bincount(self.sparse.rows, weights=positive,
@@ -238,9 +248,14 @@ class RowSet(NamedTuple):
         where = np.full(self.num_rows, -1, dtype=np.int64)
         where[self.dense_rows] = np.arange(self.dense_rows.size)
         whole = np.flatnonzero(where[rows] >= 0)
-        if whole.size:
-            block = self.dense[where[rows[whole]]]
-            found[whole] = _first_crossing(block, inside[whole])
+        if whole.size and self.dense.shape[1]:
+            crossing = np.zeros(whole.size, dtype=np.int64)
+            _core.shard_first_crossings(
+                np.ascontiguousarray(self.dense, dtype=np.float64),
+                where[rows[whole]].astype(np.int64),
+                np.ascontiguousarray(inside[whole], dtype=np.float64), crossing,
+            )
+            found[whole] = crossing
         apart = np.flatnonzero(where[rows] < 0)
         if apart.size:
             place_of = np.full(self.num_rows, -1, dtype=np.int64)

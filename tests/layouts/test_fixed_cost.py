@@ -487,6 +487,36 @@ def test_kept_plans_keep_the_thread_count_of_their_own_shapes(monkeypatch: Any) 
     assert fast == seen and len(set(seen)) > 1
 
 
+def test_kept_plans_of_long_rows_follow_the_row_threads_setting(monkeypatch: Any) -> None:
+    """Plans are kept for rows long enough for row threads too: the environment's setting
+    is part of their key, so a call after the setting changed gets the general path's
+    count of row threads."""
+    from specdec_np._runtime import arrays as _backend
+
+    monkeypatch.setattr(_backend, "available_cores", lambda: 4)
+    monkeypatch.setattr(_core, "openmp_max_threads", lambda: 4)
+    seen: list[int] = []
+    direct = _core.verify_chains_direct
+    signature = inspect.signature(direct)
+    monkeypatch.setattr(
+        _core, "verify_chains_direct",
+        lambda *a, **k: seen.append(signature.bind(*a, **k).arguments.get("row_threads", 1))
+        or direct(*a, **k),
+    )  # fmt: skip
+    monkeypatch.setattr(_fast._PLANS, "plans", {}, raising=False)
+    rows = np.random.default_rng(3).standard_normal((1, _backend.ROW_THREADS_MIN_VOCAB))
+    rows = rows.astype(np.float32)
+    settings = [None, "2", "2", None, "auto", None]
+    for setting in settings:
+        if setting is None:
+            monkeypatch.delenv(_backend.ROW_THREADS_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(_backend.ROW_THREADS_VARIABLE, setting)
+        specdec_np.sample_tokens(logits=rows, generator=np.random.default_rng(0))
+    assert seen == [1, 2, 2, 1, 4, 1]
+    assert len(_fast._PLANS.plans) == 3
+
+
 def test_strided_counts_take_the_general_path() -> None:
     # A reversed num_draft_tokens (negative stride), found by the fuzz: the same result as
     # its contiguous copy, never a kernel's internal error.

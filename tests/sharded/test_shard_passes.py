@@ -1,0 +1,252 @@
+"""The compiled passes of a rank over its slice of columns (``shardscan.h`` through
+``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
+row's maximum, the entries at a threshold, the law's elementwise weight and the stored
+probabilities of the draws' rows, a draw's masses and its scan, and the greedy argmax,
+each against an exact NumPy oracle or the reference exponential, with negative
+controls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_np import _core
+from specdec_np._reference.chains import fast_expf
+
+DTYPES = [np.float32, np.float64]
+
+
+def _bits(array):
+    return array.view(np.uint32 if array.dtype == np.float32 else np.uint64)
+
+
+def _rows(dtype, num_rows, width, seed):
+    """Random rows with NaN, +inf, -inf, signed zeros and a row of -inf alone."""
+    rng = np.random.default_rng(seed)
+    rows = (rng.standard_normal((num_rows, width)) * 4).astype(dtype)
+    if width >= 12:
+        rows[1, [3, 7]] = np.nan
+        rows[2, [5, 9]] = np.inf
+        rows[3, :] = -np.inf
+        rows[4, [0, 2]] = -np.inf
+        rows[5, [1, 4]] = [-0.0, 0.0]
+        rows[6, :] = np.nan
+        rows[7, [2, 11]] = rows[7, [2, 11]].max() + 1  # a tie at the maximum
+    return rows
+
+
+def _weights_oracle(z, z_max, cutoff):
+    """``w = exp(z - z_max)`` by the law's rule where ``z >= cutoff``, else 0."""
+    shifted = z - z_max[:, None]
+    if z.dtype == np.float32:
+        w = fast_expf(shifted)
+    else:
+        with np.errstate(invalid="ignore"):
+            w = np.where(np.isnan(shifted), 0.0, np.exp(shifted))
+    return np.where(z >= cutoff[:, None], w, 0).astype(z.dtype)
+
+
+def _lane_sum(w):
+    """The law's sum of a row: eight float64 lanes (entries 8 i + l, each in order),
+    combined as ((L0 + L4) + (L1 + L5)) + ((L2 + L6) + (L3 + L7))."""
+    lanes = [float(np.cumsum(w[lane::8].astype(np.float64))[-1]) if w[lane::8].size else 0.0
+             for lane in range(8)]
+    return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + (
+        (lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [0, 1, 13, 100, 1001])
+def test_stats_are_the_maxima_of_the_slice(dtype, width):
+    rows = _rows(dtype, 8, width, seed=width)
+    temperature = np.array([0.8, 1, 1, 2, 0.5, 1.3, 1, 0.7], dtype=dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        z = rows / temperature[:, None]
+    finite = np.where(np.isfinite(rows), rows, -np.inf)
+    expected = np.stack([
+        np.fmax.reduce(z, axis=1, initial=-np.inf).astype(np.float64),
+        np.count_nonzero(z == np.inf, axis=1).astype(np.float64),
+        finite.max(axis=1, initial=-np.inf).astype(np.float64),
+    ], axis=1)
+    for groups in sorted({0, 1, 5, width // 2}):
+        if 2 * groups > width:
+            continue
+        stats = np.zeros((8, 3))
+        group_max = np.zeros((8, groups), dtype=dtype)
+        _core.shard_stats(rows, temperature, groups, stats, group_max)
+        np.testing.assert_array_equal(stats, expected)
+        run = width // groups if groups else 0
+        sets = rows[:, : groups * run].reshape(8, run, groups)
+        np.testing.assert_array_equal(
+            group_max, np.fmax.reduce(sets, axis=1, initial=-np.inf) if groups else group_max
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_weights_pass_is_the_laws(dtype):
+    rows = _rows(dtype, 8, 1003, seed=3)
+    # The law weighs rows with +inf entries or without mass apart: plain rows there.
+    rows[[2, 3, 6]] = np.random.default_rng(4).standard_normal((3, 1003)).astype(dtype)
+    temperature = np.array([0.8, 1, 1, 2, 0.5, 1.3, 1, 0.7], dtype=dtype)
+    z = rows / temperature[:, None]
+    z_max = np.fmax.reduce(z, axis=1).astype(dtype)
+    indices = np.array([0, 1, 2, 4, 5, 7], dtype=np.int64)
+    for cutoff_value in (-np.inf, 0.5):
+        cutoff = np.full(indices.size, cutoff_value, dtype=dtype)
+        weights = np.empty((indices.size, rows.shape[1]), dtype=dtype)
+        masses = np.zeros(indices.size)
+        _core.shard_weights(rows, indices, temperature[indices], z_max[indices], cutoff,
+                            weights, masses)
+        expected = _weights_oracle(z[indices], z_max[indices], cutoff)
+        np.testing.assert_array_equal(_bits(weights), _bits(expected))
+        assert masses.tolist() == [_lane_sum(row) for row in expected]
+    # Negative control: NumPy's pairwise sum of the same weights is another order, and the
+    # oracle tells them apart on wide float64 rows (float32 weights of a narrow range sum
+    # exactly in float64 in any order, so their sums agree).
+    wide = np.random.default_rng(5).standard_normal((16, 4099))
+    weights = np.empty_like(wide)
+    masses = np.zeros(16)
+    ones = np.ones(16)
+    _core.shard_weights(wide, np.arange(16, dtype=np.int64), ones, wide.max(axis=1),
+                        np.full(16, -np.inf), weights, masses)
+    assert masses.tolist() == [_lane_sum(row) for row in weights]
+    assert masses.tolist() != weights.sum(axis=1, dtype=np.float64).tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_at_least_finds_the_entries_at_a_threshold(dtype):
+    rows = _rows(dtype, 8, 517, seed=6)
+    temperature = np.array([0.8, 1, 1, 2, 0.5, 1.3, 1, 0.7], dtype=dtype)
+    z = rows / temperature[:, None]
+    indices = np.array([7, 0, 2, 3, 4, 5, 6, 1], dtype=np.int64)  # any order
+    # Thresholds at an entry's z exactly (ties kept), between entries, -inf, NaN, +inf.
+    thresholds = np.array([z[7, 2], z[0, 10], np.inf, -np.inf, 1.5, 0.0, np.nan,
+                           np.nextafter(z[1, 0], dtype(np.inf))], dtype=dtype)
+    counts = np.zeros(indices.size, dtype=np.int64)
+    width = rows.shape[1]
+    # Too little room: every row is counted, and a call with the room it names writes all.
+    small = np.empty(width, dtype=np.int64), np.empty(width, dtype=dtype)
+    total, written = _core.shard_at_least(rows, indices, temperature[indices], thresholds,
+                                          counts, *small)
+    assert not written
+    columns = np.empty(total + width + 1, dtype=np.int64)
+    values = np.empty(total + width + 1, dtype=dtype)
+    assert _core.shard_at_least(rows, indices, temperature[indices], thresholds, counts,
+                                columns, values) == (total, True)
+    kept = z[indices] >= thresholds[:, None]
+    position, column = np.nonzero(kept)
+    np.testing.assert_array_equal(counts, kept.sum(axis=1))
+    np.testing.assert_array_equal(columns[:total], column)
+    np.testing.assert_array_equal(_bits(values[:total]), _bits(z[indices][position, column]))
+    assert counts[0] >= 2 and counts[2] == 2 and counts[6] == 0  # the ties, the +inf entries
+    # Negative control: one step above a tied threshold drops the tie.
+    above = thresholds.copy()
+    above[0] = np.nextafter(above[0], dtype(np.inf))
+    fewer = np.zeros(indices.size, dtype=np.int64)
+    _core.shard_at_least(rows, indices, temperature[indices], above, fewer, *small)
+    assert fewer[0] < counts[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shard_exp_is_the_laws_weight(dtype):
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(3001) * 40, [0.0, -0.0, np.nan, -np.inf, np.inf,
+                                                         -104.0, -103.99, 88.0, 89.0]])
+    x = x.astype(dtype)
+    top = np.full(x.size, 1.5, dtype=dtype)
+    out = np.empty_like(x)
+    _core.shard_exp(x, top, out)
+    expected = _weights_oracle(x[None, :], top[:1], np.full(1, -np.inf, dtype=dtype))[0]
+    np.testing.assert_array_equal(_bits(out), _bits(expected))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_divided_rows_are_the_kernels_stored_probabilities(dtype):
+    rng = np.random.default_rng(8)
+    weights = rng.random((5, 333)).astype(dtype)
+    weights[1, :5] = 0.0
+    divisors = np.array([3.7, 0.3, np.inf, 123.456, 1.0])
+    out = np.full((7, 333), np.nan)
+    out_rows = np.array([6, 0, 2, 3, 4], dtype=np.int64)
+    indices = np.array([4, 1, 0, 2, 3], dtype=np.int64)
+    _core.shard_divided(weights, indices, divisors, out, out_rows)
+    expected = (weights[indices].astype(np.float64) / divisors[:, None]).astype(dtype)
+    np.testing.assert_array_equal(out[out_rows], expected.astype(np.float64))
+    assert np.isnan(out[[1, 5]]).all()  # rows not asked for are left alone
+    if dtype == np.float32:
+        # Negative control: without the rounding to float32 the values differ.
+        assert not np.array_equal(out[out_rows], weights[indices] / divisors[:, None])
+
+
+def test_a_draws_masses_and_scan_are_numpys():
+    rng = np.random.default_rng(9)
+    for width in [*range(1, 140, 7), 255, 256, 257, 1000, 8193, 20011]:
+        rows = rng.standard_normal((6, width)) * np.array([[1e-3], [1], [1e9], [1], [1], [1]])
+        rows[3, ::3] = np.nan
+        rows[4] = -1.0  # no mass
+        sums = np.zeros(6)
+        _core.shard_positive_sums(rows, sums)
+        positive = np.where(rows > 0.0, rows, 0.0)
+        assert sums.tolist() == positive.sum(axis=1).tolist(), width
+        inside = rng.random(6) * sums
+        inside[5] = 2 * sums[5]  # rounding runs past the row: its last positive entry
+        found = np.zeros(6, dtype=np.int64)
+        _core.shard_first_crossings(rows, np.arange(6, dtype=np.int64), inside, found)
+        hits = (np.cumsum(positive, axis=1) > inside[:, None]) & (positive > 0.0)
+        last = width - 1 - np.argmax((positive > 0.0)[:, ::-1], axis=1)
+        expected = np.where(hits.any(axis=1), np.argmax(hits, axis=1), last)
+        np.testing.assert_array_equal(found, expected)
+    # Negative control: a sequential sum is another order, and the comparison sees it.
+    wide = rng.random((8, 5000))
+    sequential = np.cumsum(wide, axis=1)[:, -1]
+    _core.shard_positive_sums(wide, sums := np.zeros(8))
+    assert sums.tolist() != sequential.tolist()
+
+
+def test_residuals_are_the_positive_part_of_rho_p_minus_q():
+    rng = np.random.default_rng(10)
+    p = rng.random((5, 301))
+    p[0, :4] = [np.nan, 0.0, 1.0, 2.0]
+    q = rng.random((3, 301))
+    q[1, 7] = np.inf  # a point-mass draft's token
+    rows = np.array([4, 0, 2], dtype=np.int64)
+    scale = np.array([1.0, 0.7, 1.3])
+    residual = p.copy()
+    _core.shard_residuals(residual, rows, scale, q)
+    expected = p.copy()
+    expected[rows] = np.maximum(scale[:, None] * p[rows] - q, 0.0)
+    # Equal but for the sign of a zero, and NaN where NumPy's maximum keeps it.
+    np.testing.assert_array_equal(residual, expected)
+    assert np.isnan(residual[0, 0]) and residual[0, 7] == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_is_the_first_largest_entry(dtype):
+    rows = _rows(dtype, 8, 4100, seed=11)
+    rows[0, [5, 4000]] = rows[0].max() + 1  # a tie: the first column
+    rows[5, :] = -np.inf
+    rows[5, [3, 9]] = [-0.0, 0.0]  # equal zeros: the first
+    table = np.zeros((8, 2))
+    _core.shard_argmax(rows, 1000, table)
+    clean = np.where(np.isnan(rows), -np.inf, rows)
+    first = np.argmax(clean, axis=1)
+    np.testing.assert_array_equal(table[:, 1], first + 1000)
+    np.testing.assert_array_equal(table[:, 0], clean[np.arange(8), first])
+    assert table[0, 1] == 1005 and table[5, 1] == 1003 and table[6].tolist() == [-np.inf, 1000]
+    # Negative control: NumPy's own argmax lets a NaN win.
+    assert np.argmax(rows[1]) != first[1]
+
+
+def test_bad_rows_and_shapes_are_refused():
+    rows = np.zeros((3, 16), dtype=np.float32)
+    one = np.ones(1, dtype=np.float32)
+    with pytest.raises(ValueError, match="outside the block"):
+        _core.shard_weights(rows, np.array([3], dtype=np.int64), one, one, one,
+                            np.zeros((1, 16), dtype=np.float32), np.zeros(1))
+    with pytest.raises(ValueError, match="groups"):
+        _core.shard_stats(rows, np.ones(3, dtype=np.float32), 9, np.zeros((3, 3)),
+                          np.zeros((3, 9), dtype=np.float32))
+    with pytest.raises(ValueError, match="shorter than the row indices"):
+        _core.shard_at_least(rows, np.array([0, 1], dtype=np.int64), one, one,
+                             np.zeros(2, dtype=np.int64), np.zeros(40, dtype=np.int64),
+                             np.zeros(40, dtype=np.float32))
