@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import registry
+from . import _core, registry
 from ._layouts import ragged as _ragged
 from ._layouts.engine_call import RowSources, UniformSource, engine_call, new_record
 from ._layouts.sampling import SamplingParameters
@@ -214,9 +214,21 @@ class EngineVerifier:
         lock = self._metrics_lock
         try:
             lock.acquire()
-            self.metrics.record(
-                num_draft_tokens, accepted_lengths, commit, emitted, total_variation
-            )
+            metrics = self.metrics
+            # The common record straight to VerificationMetrics.record's compiled step
+            # (without the method's own frame); any other record, or other metrics,
+            # through the method.
+            if not (
+                type(metrics) is VerificationMetrics
+                and emitted is None
+                and total_variation is None
+                and _core.record_metrics(
+                    metrics.__dict__, num_draft_tokens, accepted_lengths, commit
+                )
+            ):
+                metrics.record(
+                    num_draft_tokens, accepted_lengths, commit, emitted, total_variation
+                )
         finally:
             if lock._is_owned():  # type: ignore[attr-defined]
                 lock.release()
