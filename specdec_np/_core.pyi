@@ -160,6 +160,7 @@ def record_metrics(
     num_draft_tokens: object,
     accepted_lengths: object,
     commit: object,
+    lock: object = None,
 ) -> bool: ...
 def first_invalid_id(
     draft_token_ids: IdArray,

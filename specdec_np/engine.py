@@ -209,26 +209,27 @@ class EngineVerifier:
         self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None,
         total_variation: Any = None,
     ) -> None:
+        metrics = self.metrics
+        lock = self._metrics_lock
+        # The common record of VerificationMetrics itself in one compiled step that takes
+        # and gives back the lock too (nothing of it is Python, so no interrupt lands
+        # between them); any other record, or other metrics, through the method below.
+        if (
+            type(metrics) is VerificationMetrics
+            and emitted is None
+            and total_variation is None
+            and _core.record_metrics(
+                metrics.__dict__, num_draft_tokens, accepted_lengths, commit, lock
+            )
+        ):
+            return
         # Not ``with``: an interrupt between acquiring the lock and entering the block would
         # keep it for good.  The ``finally`` releases it whenever this thread holds it.
-        lock = self._metrics_lock
         try:
             lock.acquire()
-            metrics = self.metrics
-            # The common record straight to VerificationMetrics.record's compiled step
-            # (without the method's own frame); any other record, or other metrics,
-            # through the method.
-            if not (
-                type(metrics) is VerificationMetrics
-                and emitted is None
-                and total_variation is None
-                and _core.record_metrics(
-                    metrics.__dict__, num_draft_tokens, accepted_lengths, commit
-                )
-            ):
-                metrics.record(
-                    num_draft_tokens, accepted_lengths, commit, emitted, total_variation
-                )
+            self.metrics.record(
+                num_draft_tokens, accepted_lengths, commit, emitted, total_variation
+            )
         finally:
             if lock._is_owned():  # type: ignore[attr-defined]
                 lock.release()

@@ -263,3 +263,33 @@ def test_a_record_whose_commit_fails_changes_nothing():
         with pytest.raises(KeyboardInterrupt):
             metrics.record(np.array([2 + grows]), np.array([2]), Refusing())
         assert exact_fields(metrics) == before
+
+
+def test_the_compiled_record_gives_its_lock_back():
+    """The lock taken around a record is free again after it, recorded, left to the Python
+    record or failed."""
+    import threading
+
+    from specdec_np import _core
+
+    class Refusing:
+        def __setattr__(self, name, value):
+            raise KeyboardInterrupt
+
+    lock = threading.Lock()
+    metrics = VerificationMetrics()
+    metrics.record(np.array([2]), np.array([1]))
+    arguments = (
+        (np.array([2]), np.array([1]), None, True),
+        (np.array([3]), np.array([1]), None, False),
+        (np.array([1]), np.array([1]), Refusing(), KeyboardInterrupt),
+    )
+    for counts, lengths, commit, outcome in arguments:
+        if outcome is KeyboardInterrupt:
+            with pytest.raises(KeyboardInterrupt):
+                _core.record_metrics(vars(metrics), counts, lengths, commit, lock)
+        else:
+            assert _core.record_metrics(vars(metrics), counts, lengths, commit, lock) is outcome
+        assert lock.acquire(blocking=False)
+        lock.release()
+    assert fields(metrics) == (2, 4, 2, 4, [2, 0], [2, 2])

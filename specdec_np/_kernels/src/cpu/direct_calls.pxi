@@ -433,7 +433,8 @@ cdef object counts_with(object counts, const int64_t* lengths, Py_ssize_t count)
 
 
 def record_metrics(
-    dict fields not None, object num_draft_tokens, object accepted_lengths, object commit
+    dict fields not None, object num_draft_tokens, object accepted_lengths, object commit,
+    object lock=None,
 ):
     """One verification call added to ``VerificationMetrics`` (``fields``: its instance
     dictionary) in one compiled step: what its ``record`` does without ``emitted`` and
@@ -449,6 +450,9 @@ def record_metrics(
         ``k_b`` and the causal accepted length per request.
     commit : object with a ``done`` attribute, or None
         Set to True last; the fields are put back if that raises.
+    lock : object with ``acquire`` and ``release``, optional
+        Held around the record (an engine's lock of its metrics), taken and given back
+        here, so that no interrupt can land between the two and leave it held.
 
     Returns
     -------
@@ -458,6 +462,19 @@ def record_metrics(
         1-D int64 NumPy array, a sum that leaves int64, counts that must grow (a longer
         draft than any before) or a field missing or of another kind.
     """
+    if lock is None:
+        return record_into(fields, num_draft_tokens, accepted_lengths, commit)
+    lock.acquire()
+    try:
+        return record_into(fields, num_draft_tokens, accepted_lengths, commit)
+    finally:
+        lock.release()
+
+
+cdef object record_into(
+    dict fields, object num_draft_tokens, object accepted_lengths, object commit
+):
+    """:func:`record_metrics` without its lock."""
     cdef const int64_t* drafted
     cdef const int64_t* accepted
     cdef Py_ssize_t size, accepted_count, positions
