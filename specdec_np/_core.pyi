@@ -159,6 +159,13 @@ def sampling_arrays(
     Float64Array | None,
 ] | None: ...
 def add_position_counts(lengths: Int64Array, counts: Int64Array) -> None: ...
+def record_metrics(
+    fields: dict[str, object],
+    num_draft_tokens: object,
+    accepted_lengths: object,
+    commit: object,
+    lock: object = None,
+) -> bool: ...
 def first_invalid_id(
     draft_token_ids: IdArray,
     bonus_token_ids: IdArray,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import registry
+from . import _core, registry
 from ._layouts import ragged as _ragged
 from ._layouts.engine_call import RowSources, UniformSource, engine_call, new_record
 from ._layouts.sampling import SamplingParameters
@@ -119,6 +119,9 @@ class EngineVerifier:
         self._method_parameters = dict(method_parameters)
         self._strict_mode = _validate.check_strict_mode(strict_mode)
         self._own_generator = _random.OwnGenerator(_validate.check_seed(seed))
+        # What every call passes on, looked up once.
+        self._method_name = self._verifier.name
+        self._generator_for = self._own_generator.for_device
         self.metrics = VerificationMetrics()
         self._metrics_lock = threading.RLock()
 
@@ -177,7 +180,7 @@ class EngineVerifier:
         # binding on every call).
         return engine_call(
             _ragged.RaggedCall(
-                self._verifier.name, self._method_parameters, num_draft_tokens,
+                self._method_name, self._method_parameters, num_draft_tokens,
                 draft_token_ids, bonus_token_ids, self._record,
             ),
             new_record(RowSources, (target_logits, target_probs, draft_logits, draft_probs)),
@@ -188,7 +191,7 @@ class EngineVerifier:
                 stop_token_ids, max_tokens, token_bitmask, logprobs,
             )),
             new_record(UniformSource, (
-                uniforms, None, seeded_seqs, counter_seeds, self._own_generator.for_device,
+                uniforms, None, seeded_seqs, counter_seeds, self._generator_for,
                 None, stream,
             )),
             strict_mode=self._strict_mode,
@@ -206,9 +209,22 @@ class EngineVerifier:
         self, num_draft_tokens: Any, accepted_lengths: Any, commit: Any, emitted: Any = None,
         total_variation: Any = None,
     ) -> None:
+        metrics = self.metrics
+        lock = self._metrics_lock
+        # The common record of VerificationMetrics itself in one compiled step that takes
+        # and gives back the lock too (nothing of it is Python, so no interrupt lands
+        # between them); any other record, or other metrics, through the method below.
+        if (
+            type(metrics) is VerificationMetrics
+            and emitted is None
+            and total_variation is None
+            and _core.record_metrics(
+                metrics.__dict__, num_draft_tokens, accepted_lengths, commit, lock
+            )
+        ):
+            return
         # Not ``with``: an interrupt between acquiring the lock and entering the block would
         # keep it for good.  The ``finally`` releases it whenever this thread holds it.
-        lock = self._metrics_lock
         try:
             lock.acquire()
             self.metrics.record(

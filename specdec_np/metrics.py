@@ -91,6 +91,12 @@ class VerificationMetrics:  # numpydoc ignore=PR01
             The call's measured bias per emitted position (NaN elsewhere), from
             ``report_bias=True``.
         """
+        if emitted is None and total_variation is None and _core.record_metrics(
+            self.__dict__, num_draft_tokens, accepted_lengths, commit
+        ):
+            # The common record (NumPy int64 counts, no growth), the steps below in one
+            # compiled call: the same fields, set all or none, commit.done last.
+            return
         drafted = _host(num_draft_tokens)
         accepted = _host(accepted_lengths)
         if drafted.shape[0] <= _PYTHON_MAX and accepted.shape[0] <= _PYTHON_MAX:

@@ -9,7 +9,8 @@ many calls (``--calls``), then the same calls again with a timer around each sta
 where that time goes.  On a checkout with the ragged call's fast path
 (:mod:`specdec_np._layouts.fast_path`, which every engine call here takes) the stages are
 the checked sampling parameters, the compiled checks of the batch, the kernel's plan, the
-output block, the draw, the kernel and the metrics' record; on an older checkout, those of
+output block, the draw, the kernel and the record (``EngineVerifier``'s record of a call:
+its lock and the metrics' update); on an older checkout, those of
 the general engine call (:mod:`specdec_np._layouts.engine_call`).  "front" is what is
 left outside the stages (the public function, its decorator, its records and the fast
 path's own steps).  The stage timers read the wall clock whatever ``--clock`` says (the
@@ -46,7 +47,7 @@ from specdec_np._layouts import engine_call as _engine_call  # noqa: E402
 from specdec_np._layouts import ragged as _ragged  # noqa: E402
 from specdec_np._layouts import sampling as _sampling  # noqa: E402
 from specdec_np._runtime import uniforms as _uniforms  # noqa: E402
-from specdec_np.metrics import VerificationMetrics  # noqa: E402
+from specdec_np.engine import EngineVerifier  # noqa: E402
 
 try:
     from specdec_np._layouts import fast_path as _fast  # noqa: E402
@@ -204,7 +205,9 @@ def engine_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
         (_core, "output_block", clock.timed("out block", _core.output_block)),
         (_fast, "_draw", clock.timed("draw", _fast._draw)),
         (_core, "verify_chains_direct", clock.timed("kernel", _core.verify_chains_direct)),
-        (VerificationMetrics, "record", clock.timed("record", VerificationMetrics.record)),
+        # The engine's whole record (a checkout may record the common call without
+        # VerificationMetrics.record).
+        (EngineVerifier, "_record", clock.timed("record", EngineVerifier._record)),
         # The plans keep the kernel they were made with: made afresh with the timed one.
         (_fast._PLANS, "plans", {}),
     ]  # fmt: skip

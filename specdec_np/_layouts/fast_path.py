@@ -320,12 +320,15 @@ def _launch(
         # makes them.
         request = _sampling.RequestSampling(checked.greedy, checked.table)
         codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
-    # The row threads' count reads the environment: its setting is part of the key.
+    # The row threads' count reads the environment on rows long enough for row threads
+    # (row_thread_count): there its setting is part of the key; shorter rows never read it
+    # (a lookup in os.environ costs about half a microsecond).
     key = (
         id(layout.entry), method_parameters, batch_size, batch.vocab_size,
         batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
         batch.bonus_rows, draw_bonus, greedy_count == batch_size,
-        _environ.get(_backend.ROW_THREADS_VARIABLE),
+        _environ.get(_backend.ROW_THREADS_VARIABLE)
+        if batch.vocab_size >= _backend.ROW_THREADS_MIN_VOCAB else None,
     )  # fmt: skip
     plans = getattr(_PLANS, "plans", None)
     if plans is None:

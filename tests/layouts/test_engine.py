@@ -1118,6 +1118,33 @@ def test_engine_verifier_metrics_merge_across_workers(data):
     )
 
 
+def test_engine_verifier_records_into_the_metrics_it_holds():
+    """The common record goes straight to the compiled step for VerificationMetrics
+    itself; metrics replaced by a subclass keep their own record (the control), and fresh
+    metrics start from zero."""
+    recorded = []
+
+    class Counted(specdec_np.VerificationMetrics):
+        def record(self, *arguments, **keywords):
+            recorded.append(1)
+            super().record(*arguments, **keywords)
+
+    logits = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    keywords = {
+        "num_draft_tokens": np.array([2, 1]), "draft_token_ids": np.array([1, 2, 0]),
+        "target_logits": logits, "temperature": 0.8,
+    }  # fmt: skip
+    engine_verifier = specdec_np.EngineVerifier(seed=0)
+    for metrics in (engine_verifier.metrics, Counted(), specdec_np.VerificationMetrics()):
+        engine_verifier.metrics = metrics
+        by_hand = specdec_np.VerificationMetrics()
+        for _ in range(3):
+            result = engine_verifier(**keywords)
+            by_hand.record(keywords["num_draft_tokens"], result.accepted_lengths)
+        assert metrics == by_hand and metrics.requests == 6
+    assert len(recorded) == 3
+
+
 def test_engine_verifier_seed_is_reproducible():
     rng = np.random.default_rng(8)
     batch = make_batch(rng, [0, 1, 2, 3] * 10, 5, greedy_share=0.3)

@@ -515,6 +515,21 @@ def test_kept_plans_of_long_rows_follow_the_row_threads_setting(monkeypatch: Any
         specdec_np.sample_tokens(logits=rows, generator=np.random.default_rng(0))
     assert seen == [1, 2, 2, 1, 4, 1]
     assert len(_fast._PLANS.plans) == 3
+    # Shorter rows never read the setting (row_thread_count gives them one thread), so
+    # their calls do not look it up; the long rows' calls do (the control).
+    looked_up: list[str] = []
+
+    class Environment(dict):
+        def get(self, name: str, default: Any = None) -> Any:
+            looked_up.append(name)
+            return super().get(name, default)
+
+    monkeypatch.setattr(_fast, "_environ", Environment())
+    short = np.ascontiguousarray(rows[:, : _backend.ROW_THREADS_MIN_VOCAB - 1])
+    specdec_np.sample_tokens(logits=short, generator=np.random.default_rng(0))
+    assert not looked_up
+    specdec_np.sample_tokens(logits=rows, generator=np.random.default_rng(0))
+    assert looked_up == [_backend.ROW_THREADS_VARIABLE]
 
 
 def test_strided_counts_take_the_general_path() -> None:

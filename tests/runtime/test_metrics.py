@@ -164,3 +164,132 @@ def test_equal_metrics_compare_equal():
     assert first == second
     second.record([1], [1])
     assert first != second
+
+
+# --------------------------------------------------------------------------------------
+# The compiled record (specdec_np._core.record_metrics) against the Python one
+# --------------------------------------------------------------------------------------
+
+
+@st.composite
+def any_calls(draw):
+    """One call's arguments of every kind ``record`` takes: int64 arrays (either C name of
+    the type, strided or not), int32, lists; negative lengths, batches on both sides of the
+    Python sums' limit, lengths near int64's ends, and ``emitted``."""
+    size = draw(st.integers(0, 20))
+    low, high = draw(st.sampled_from([(-3, 8), (0, 6), (-(2**62), -(2**61))]))
+    counts = np.asarray([draw(st.integers(low, high)) for _ in range(size)], dtype=np.int64)
+    lengths = np.asarray([draw(st.integers(min(low, 0), 6)) for _ in range(size)], np.int64)
+    kind = draw(st.sampled_from(["int64", "longlong", "strided", "int32", "list"]))
+    if kind == "longlong":
+        counts, lengths = counts.astype(np.longlong), lengths.astype(np.longlong)
+    elif kind == "strided":
+        counts, lengths = np.repeat(counts, 2)[::2], np.repeat(lengths, 2)[::2]
+    elif kind == "int32" and low > -(2**31):
+        counts, lengths = counts.astype(np.int32), lengths.astype(np.int32)
+    elif kind == "list":
+        counts, lengths = counts.tolist(), lengths.tolist()
+    emitted = np.asarray(lengths) + 1 if draw(st.booleans()) else None
+    return counts, lengths, emitted
+
+
+def exact_fields(metrics: VerificationMetrics) -> tuple:
+    """Every field with its type (and the arrays' dtypes)."""
+    return tuple(
+        (type(value).__name__, value.dtype.str, value.tolist())
+        if isinstance(value, np.ndarray) else (type(value).__name__, value)
+        for value in vars(metrics).values()
+    )
+
+
+@given(history=st.lists(any_calls(), max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_the_compiled_record_is_the_python_record(history):
+    from specdec_np import _core
+
+    compiled, python = VerificationMetrics(), VerificationMetrics()
+    taken = []
+    record_metrics = _core.record_metrics
+
+    def counted(*arguments):
+        taken.append(record_metrics(*arguments))
+        return taken[-1]
+
+    try:
+        for counts, lengths, emitted in history:
+            _core.record_metrics = counted
+            compiled.record(counts, lengths, emitted=emitted)
+            _core.record_metrics = lambda *arguments: False
+            python.record(counts, lengths, emitted=emitted)
+            assert exact_fields(compiled) == exact_fields(python)
+    finally:
+        _core.record_metrics = record_metrics
+    assert exact_fields(compiled) == exact_fields(python)
+
+
+def test_the_compiled_record_takes_the_common_call_and_leaves_the_others():
+    from specdec_np import _core
+
+    metrics = VerificationMetrics()
+    common = np.array([2, 1]), np.array([1, 0])
+    # Counts that must grow: the Python record.
+    assert not _core.record_metrics(vars(metrics), *common, None)
+    metrics.record(*common)
+    before = exact_fields(metrics)
+    assert _core.record_metrics(vars(metrics), *common, None)
+    assert exact_fields(metrics) != before
+    assert fields(metrics) == (4, 6, 2, 6, [2, 0], [4, 2])
+    for other in (
+        (np.array([2, 1], np.int32), common[1]),  # another dtype
+        (np.array([2, 1, 1])[::2], common[1][:2]),  # strided
+        ([2, 1], common[1]),  # a list
+        (np.array([-(2**63), -1]), common[1]),  # a sum that leaves int64
+        (np.array([3]), np.array([0])),  # longer than any before
+    ):
+        before = exact_fields(metrics)
+        assert not _core.record_metrics(vars(metrics), *other, None)
+        assert exact_fields(metrics) == before
+
+
+def test_a_record_whose_commit_fails_changes_nothing():
+    class Refusing:
+        def __setattr__(self, name, value):
+            raise KeyboardInterrupt
+
+    for grows in (False, True):
+        metrics = VerificationMetrics()
+        metrics.record(np.array([2]), np.array([1]))
+        before = exact_fields(metrics)
+        with pytest.raises(KeyboardInterrupt):
+            metrics.record(np.array([2 + grows]), np.array([2]), Refusing())
+        assert exact_fields(metrics) == before
+
+
+def test_the_compiled_record_gives_its_lock_back():
+    """The lock taken around a record is free again after it, recorded, left to the Python
+    record or failed."""
+    import threading
+
+    from specdec_np import _core
+
+    class Refusing:
+        def __setattr__(self, name, value):
+            raise KeyboardInterrupt
+
+    lock = threading.Lock()
+    metrics = VerificationMetrics()
+    metrics.record(np.array([2]), np.array([1]))
+    arguments = (
+        (np.array([2]), np.array([1]), None, True),
+        (np.array([3]), np.array([1]), None, False),
+        (np.array([1]), np.array([1]), Refusing(), KeyboardInterrupt),
+    )
+    for counts, lengths, commit, outcome in arguments:
+        if outcome is KeyboardInterrupt:
+            with pytest.raises(KeyboardInterrupt):
+                _core.record_metrics(vars(metrics), counts, lengths, commit, lock)
+        else:
+            assert _core.record_metrics(vars(metrics), counts, lengths, commit, lock) is outcome
+        assert lock.acquire(blocking=False)
+        lock.release()
+    assert fields(metrics) == (2, 4, 2, 4, [2, 0], [2, 2])

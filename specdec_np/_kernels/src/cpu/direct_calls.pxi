@@ -487,6 +487,169 @@ def add_position_counts(object lengths, object counts):
                 count_data[j] += 1
 
 
+cdef bint native_int64_vector(object x) noexcept:
+    """Whether ``x`` is exactly a NumPy array of native int64 items, 1-D and C-contiguous
+    (what ``VerificationMetrics`` reads as it is)."""
+    cdef cnp.ndarray array
+    if type(x) is not cnp.ndarray:
+        return False
+    array = <cnp.ndarray>x
+    return (
+        cnp.PyArray_NDIM(array) == 1 and cnp.PyArray_ISSIGNED(array)
+        and cnp.PyArray_ITEMSIZE(array) == 8 and cnp.PyArray_ISNOTSWAPPED(array)
+        and cnp.PyArray_IS_C_CONTIGUOUS(array)
+    )
+
+
+cdef bint length_sums(
+    const int64_t* lengths, Py_ssize_t count, int64_t* total, int64_t* largest
+) noexcept:
+    """The sum of ``count`` lengths and the largest of them and 0; False where the sum
+    leaves int64 (the caller then sums on Python ints)."""
+    cdef Py_ssize_t b
+    cdef int64_t value, running = 0, top = 0
+    for b in range(count):
+        value = lengths[b]
+        if value > 0 and running > INT64_MAX - value:
+            return False
+        if value < 0 and running < -INT64_MAX - 1 - value:
+            return False
+        running += value
+        if value > top:
+            top = value
+    total[0] = running
+    largest[0] = top
+    return True
+
+
+cdef object counts_with(object counts, const int64_t* lengths, Py_ssize_t count):
+    """A copy of the per-position ``counts`` (native, C-contiguous, long enough for every
+    length; its type number kept, as ``ndarray.copy`` keeps it) with
+    :func:`add_position_counts` of ``lengths`` added."""
+    cdef cnp.ndarray source = <cnp.ndarray>counts
+    cdef cnp.npy_intp width = cnp.PyArray_DIM(source, 0)
+    cdef cnp.ndarray copy = cnp.PyArray_EMPTY(1, &width, cnp.PyArray_TYPE(source), 0)
+    cdef const int64_t* old = <const int64_t*>cnp.PyArray_DATA(source)
+    cdef int64_t* data = <int64_t*>cnp.PyArray_DATA(copy)
+    cdef Py_ssize_t b, j
+    for j in range(width):
+        data[j] = old[j]
+    for b in range(count):
+        for j in range(lengths[b]):
+            data[j] += 1
+    return copy
+
+
+def record_metrics(
+    dict fields not None, object num_draft_tokens, object accepted_lengths, object commit,
+    object lock=None,
+):
+    """One verification call added to ``VerificationMetrics`` (``fields``: its instance
+    dictionary) in one compiled step: what its ``record`` does without ``emitted`` and
+    ``total_variation``, the same sums, per-position counts and fields, with no Python
+    step between the first field set and ``commit.done``.
+
+    Parameters
+    ----------
+    fields : dict
+        The metrics' instance dictionary; its fields are replaced (the per-position counts
+        by new arrays), all or none of them.
+    num_draft_tokens, accepted_lengths : int64 [B]
+        ``k_b`` and the causal accepted length per request.
+    commit : object with a ``done`` attribute, or None
+        Set to True last; the fields are put back if that raises.
+    lock : object with ``acquire`` and ``release``, optional
+        Held around the record (an engine's lock of its metrics), taken and given back
+        here, so that no interrupt can land between the two and leave it held.
+
+    Returns
+    -------
+    bool
+        True when recorded; False, with nothing changed, where the call is not the common
+        one (the Python record then runs): an argument that is not a native, C-contiguous
+        1-D int64 NumPy array, a sum that leaves int64, counts that must grow (a longer
+        draft than any before) or a field missing or of another kind.
+    """
+    if lock is None:
+        return record_into(fields, num_draft_tokens, accepted_lengths, commit)
+    lock.acquire()
+    try:
+        return record_into(fields, num_draft_tokens, accepted_lengths, commit)
+    finally:
+        lock.release()
+
+
+cdef object record_into(
+    dict fields, object num_draft_tokens, object accepted_lengths, object commit
+):
+    """:func:`record_metrics` without its lock."""
+    cdef const int64_t* drafted
+    cdef const int64_t* accepted
+    cdef Py_ssize_t size, accepted_count, positions
+    cdef int64_t drafted_sum, accepted_sum, drafted_top, accepted_top
+    cdef object requests, drafted_total, accepted_total, emitted, accepted_at, drafted_at
+    cdef object new_requests, new_drafted, new_accepted, new_emitted
+    cdef object new_accepted_at, new_drafted_at
+    if not (native_int64_vector(num_draft_tokens) and native_int64_vector(accepted_lengths)):
+        return False
+    # The Python record reads the two fields it keeps too: without them, it says so.
+    if "total_variation_sum" not in fields or "measured_positions" not in fields:
+        return False
+    requests = fields.get("requests")
+    drafted_total = fields.get("drafted")
+    accepted_total = fields.get("accepted")
+    emitted = fields.get("emitted")
+    accepted_at = fields.get("accepted_at")
+    drafted_at = fields.get("drafted_at")
+    if (
+        requests is None or drafted_total is None or accepted_total is None
+        or emitted is None
+        or not native_int64_vector(accepted_at) or not native_int64_vector(drafted_at)
+    ):
+        return False
+    size = cnp.PyArray_DIM(<cnp.ndarray>num_draft_tokens, 0)
+    accepted_count = cnp.PyArray_DIM(<cnp.ndarray>accepted_lengths, 0)
+    drafted = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>num_draft_tokens)
+    accepted = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>accepted_lengths)
+    if not (
+        length_sums(drafted, size, &drafted_sum, &drafted_top)
+        and length_sums(accepted, accepted_count, &accepted_sum, &accepted_top)
+    ):
+        return False
+    positions = min(
+        cnp.PyArray_DIM(<cnp.ndarray>accepted_at, 0), cnp.PyArray_DIM(<cnp.ndarray>drafted_at, 0)
+    )
+    if drafted_top > positions or accepted_top > positions:
+        return False
+    # Every new value first (in the Python record's order), then the fields.
+    new_accepted_at = counts_with(accepted_at, accepted, accepted_count)
+    new_drafted_at = counts_with(drafted_at, drafted, size)
+    new_requests = requests + size
+    new_drafted = drafted_total + drafted_sum
+    new_accepted = accepted_total + accepted_sum
+    new_emitted = emitted + (<object>accepted_sum + size)
+    # No Python code runs from here to the return (the old values stay referenced, so
+    # replacing them frees nothing), unless ``commit`` is a Python class of its own.
+    try:
+        fields["requests"] = new_requests
+        fields["drafted"] = new_drafted
+        fields["accepted"] = new_accepted
+        fields["emitted"] = new_emitted
+        fields["accepted_at"] = new_accepted_at
+        fields["drafted_at"] = new_drafted_at
+        if commit is not None:
+            commit.done = True
+    except BaseException:
+        fields["requests"] = requests
+        fields["drafted"] = drafted_total
+        fields["accepted"] = accepted_total
+        fields["emitted"] = emitted
+        fields["accepted_at"] = accepted_at
+        fields["drafted_at"] = drafted_at
+        raise
+    return True
+
+
 cdef bint read_parameter(object x, Py_ssize_t B, double* values) noexcept:
     """Read a ``[B]`` NumPy array of float32, float64, int32 or int64 (native,
     C-contiguous) into ``values`` as NumPy's ``astype(float64)`` does; False (nothing
