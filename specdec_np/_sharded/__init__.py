@@ -9,10 +9,6 @@ Map of this folder:
 * :mod:`.exchange`: the byte-counting wrapper every round goes through, and the agreement
   round (one allgather of a fixed-size digest) that turns disagreeing ranks into a
   ValueError on every rank;
-* :mod:`.exponential`: the law's float32 exponential in NumPy, bit for bit the kernels'
-  (the passes now take the kernels' own through ``_core.shard_exp`` and
-  ``_core.shard_weights``; it stays as the subject of the exhaustive sweep and a
-  cross-check in the tests);
 * :mod:`.laws`: this rank's part of the processed law of the sampled logits rows (the
   rows as handed over, ``z`` only where read, the kept entries' weights and their sums),
   its passes over the slice compiled in the kernel headers (``shardscan.h``);

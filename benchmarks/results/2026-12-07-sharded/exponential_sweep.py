@@ -1,5 +1,5 @@
 """Every float32 ``x`` from -104 to 88 through the sharded call's vectorised exponential
-(``specdec_np._sharded.exponential.expf``), against the same computation with each of its
+(``vectorised_expf.expf``, kept in this folder), against the same computation with each of its
 five unchecked float64 sums tested for a float32 midpoint and the flagged entries redone by
 the reference's exact fused multiply-adds (``specdec_np._reference.chains.fast_expf``).
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import vectorised_expf as exponential  # this folder's copy of the rank's former NumPy exponential
 
 from specdec_np._reference import chains as reference
-from specdec_np._sharded import exponential
 
 C = {name: np.float64(value) for name, value in reference._EXP_CONSTANTS.items()}
 

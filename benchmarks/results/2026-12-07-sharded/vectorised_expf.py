@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from .._reference import chains as _reference
+from specdec_np._reference import chains as _reference
 
 __all__ = ["expf"]
 
@@ -74,7 +74,7 @@ def expf(x: np.ndarray) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from specdec_np._sharded.exponential import expf
+    >>> from vectorised_expf import expf
     >>> expf(np.array([0.0, -1.0, -np.inf], dtype=np.float32))
     array([1.        , 0.36787945, 0.        ], dtype=float32)
     """
