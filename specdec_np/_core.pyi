@@ -91,6 +91,9 @@ def verify_trees(
     target_logits: bool = True,
     draft_logits: bool = True,
     row_threads: int = 1,
+    target_adjustments: tuple[Any, Any, Any, Any] | None = None,
+    draft_adjustments: tuple[Any, Any, Any, Any] | None = None,
+    adjusted_rows: FloatArray | None = None,
 ) -> int: ...
 def verify_chains_direct(
     method: int,
@@ -216,6 +219,7 @@ def processed_rows(
     out: np.ndarray,
     num_threads: int,
     row_threads: int = 1,
+    adjustments: tuple[Any, Any, Any, Any] | None = None,
 ) -> None: ...
 
 def shard_stats(

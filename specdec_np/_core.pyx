@@ -293,7 +293,7 @@ cdef struct Request:
     # A tree walk's float64 working rows of V (two, or one per depth for the walks that
     # keep a residual per node of the walked path).
     Py_ssize_t working_rows
-    # Chains only (set by the chain driver; NULL otherwise): the surface's adjustments of
+    # Set by the chain and tree drivers (NULL otherwise): the surface's adjustments of
     # the target and draft rows, the index in them of the request's first row, and the
     # thread's two adjusted rows of V with the row each holds (-1: none).
     const RowAdjust* target_adjust

@@ -149,9 +149,11 @@ stop_token_ids, token_bitmask : optional
     rows, _ = _backend.kernel_rows(rows, None, "logits", "", xp, False)
     batch_size, vocab_size = (int(n) for n in rows.shape)
     result = _out_rows(out, xp, rows)
+    adjustments = None
     if surface_on:
-        # Masks and bias, then penalties, before the temperature and the filters.
-        rows = _surface.adjusted_rows_of(parameters, rows, xp)
+        # Masks and bias, then penalties, before the temperature and the filters (applied
+        # by the CPU kernel where it reads a row; on a copy of the rows on a device).
+        rows, adjustments = _surface.adjusted_rows_of(parameters, rows, xp, xp is np)
     # The same per-request sampling as a verification call's, each row its own request.
     request = _sampling.request_sampling(
         xp, batch_size, vocab_size, False,
@@ -161,10 +163,10 @@ stop_token_ids, token_bitmask : optional
         parameters=parameters,
     )  # fmt: skip
     greedy = request.greedy
-    _surface.law_rows(rows, request.table, result)
+    _surface.law_rows(rows, request.table, result, adjustments)
     if np.count_nonzero(greedy):
         chosen = xp.asarray(np.flatnonzero(greedy))
-        raw = rows[chosen]
+        raw = rows[chosen] if adjustments is None else adjustments.apply(rows[chosen], chosen)
         raw = xp.where(xp.isnan(raw), xp.asarray(-np.inf, dtype=raw.dtype), raw)
         result[chosen] = 0
         result[chosen, raw.argmax(axis=1)] = 1
@@ -416,9 +418,10 @@ def _drawn_probs(rows: Any, from_logits: bool, parameters: SamplingParameters, t
         chosen = xp.asarray(sampled)
         probs[chosen] = rows[chosen, tokens[chosen]].astype(xp.float64)
         return probs
+    adjustments = None
     if parameters.surface_on():
         # Masks and bias, then penalties, as processed_probs applies them.
-        rows = _surface.adjusted_rows_of(parameters, rows, xp)
+        rows, adjustments = _surface.adjusted_rows_of(parameters, rows, xp, xp is np)
     table = xp.asarray(host_table)
     block_rows = max(1, _LAW_BLOCK_ENTRIES // vocab_size)
     every_row = sampled.size == batch_size
@@ -426,10 +429,17 @@ def _drawn_probs(rows: Any, from_logits: bool, parameters: SamplingParameters, t
         if every_row:
             # Consecutive rows: views, no copy of the rows.
             stop = min(start + block_rows, batch_size)
-            law = _surface.law_rows(rows[start:stop], table[start:stop])
             chosen = xp.arange(start, stop)
+            law = _surface.law_rows(
+                rows[start:stop], table[start:stop], None,
+                None if adjustments is None else adjustments.rows(np.arange(start, stop)),
+            )
         else:
-            chosen = xp.asarray(sampled[start : start + block_rows])
-            law = _surface.law_rows(rows[chosen], table[chosen])
+            host_chosen = sampled[start : start + block_rows]
+            chosen = xp.asarray(host_chosen)
+            law = _surface.law_rows(
+                rows[chosen], table[chosen], None,
+                None if adjustments is None else adjustments.rows(host_chosen),
+            )
         probs[chosen] = law[xp.arange(law.shape[0]), tokens[chosen]].astype(xp.float64)
     return probs

@@ -75,6 +75,22 @@ class RowAdjustments(NamedTuple):
         them."""
         return (self.bitmask, self.offsets, self.ids, self.values)
 
+    def rows(self, indices: np.ndarray) -> RowAdjustments:
+        """The adjustments of rows ``indices`` (int64 [n]), as those of a rows array made
+        of these rows alone, in this order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        bitmask = None if self.bitmask is None else self.bitmask[indices]
+        if self.offsets is None:
+            return RowAdjustments(bitmask, None, self.ids, self.values)
+        starts, stops = self.offsets[indices], self.offsets[indices + 1]
+        offsets = np.zeros(indices.size + 1, dtype=np.int64)
+        np.cumsum(stops - starts, out=offsets[1:])
+        entries = np.concatenate(
+            [np.arange(start, stop) for start, stop in zip(starts.tolist(), stops.tolist())]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        return RowAdjustments(bitmask, offsets, self.ids[entries], self.values[entries])
+
     def apply(self, rows: np.ndarray, indices: np.ndarray | None = None) -> np.ndarray:
         """A copy of ``rows`` adjusted as the kernel adjusts the rows it reads.
 

@@ -10,15 +10,16 @@ order is vLLM v1's: masks and bias, penalties, temperature and filters.
 
 The row settings reach the rows one of two ways, with the same bits:
 
-* in the kernel (the CPU chain kernels; :mod:`specdec_np._layouts.row_adjustments`): only
-  the entries the settings touch are computed on the host, from the rows' own values at
-  those entries (a bitmask of the allowed tokens and per row a sparse list of final
-  values); the chain kernel applies them to a row in a working row of its thread
-  when it is about to read it, and runs its law there.  Nothing of ``[rows, V]`` is copied;
-* on copies (:func:`adjust_rows`: the CUDA kernels, trees, relaxed methods, strict mode,
-  ``report_bias``, ``processed_probs`` and ``sample_tokens``): the rows of the requests
-  with a setting are copied with the settings applied, and the kernels run their
-  unchanged law on the copies; nothing is copied when no request has a setting.
+* in the kernel (the CPU chain and tree kernels and the law of ``processed_probs`` and
+  ``sample_tokens``; :mod:`specdec_np._layouts.row_adjustments`): only the entries the
+  settings touch are computed on the host, from the rows' own values at those entries (a
+  bitmask of the allowed tokens and per row a sparse list of final values); the kernel
+  applies them to a row in a working row of its thread when it is about to read it, and
+  runs its law there.  Nothing of ``[rows, V]`` is copied;
+* on copies (:func:`adjust_rows`: the CUDA kernels, relaxed methods, strict mode,
+  ``report_bias``): the rows of the requests with a setting are copied with the settings
+  applied, and the kernels run their unchanged law on the copies; nothing is copied when
+  no request has a setting.
 
 A call with none of these settings never enters this module
 (:meth:`SamplingParameters.surface_on` is False).
@@ -467,9 +468,13 @@ def _adjust_request(
     adjusted[rows, device_columns] = values
 
 
-def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
+def law_rows(rows: Any, table: Any, out: Any = None, adjustments: Any = None) -> Any:
     """The processed law of logits rows under a sampling table (one row per row), written
-    by the kernels' own law functions: the law the verifiers draw from, bit for bit."""
+    by the kernels' own law functions: the law the verifiers draw from, bit for bit.
+
+    ``adjustments`` (NumPy rows only): the rows' settings as
+    :class:`~specdec_np._layouts.row_adjustments.RowAdjustments`, applied by the kernel to
+    each row it reads (the rows are not copied)."""
     xp = _backend.array_namespace(rows)
     if out is None:
         out = xp.empty(rows.shape, dtype=rows.dtype)
@@ -481,7 +486,8 @@ def law_rows(rows: Any, table: Any, out: Any = None) -> Any:
         # block per row and takes no such option).
         row_threads = _backend.row_thread_count(threads, vocab_size)
         _dispatch.kernels_for(device).processed_rows(
-            rows, table, out, threads, row_threads=row_threads
+            rows, table, out, threads, row_threads=row_threads,
+            adjustments=None if adjustments is None else adjustments.kernel_arguments(),
         )
     else:
         _dispatch.kernels_for(device).processed_rows(rows, table, out, threads)
@@ -587,8 +593,8 @@ class SurfacePlan:
     def adjusted_batch(self, batch: Any, in_kernel: bool = False) -> Any:
         """``batch`` with its logits rows adjusted (the same batch when nothing changes).
 
-        With ``in_kernel`` (a CPU chain call whose kernel applies the row adjustments of
-        :mod:`specdec_np._layouts.row_adjustments`),
+        With ``in_kernel`` (a CPU chain or tree call whose kernel applies the row
+        adjustments of :mod:`specdec_np._layouts.row_adjustments`),
         the rows are left as they are and :attr:`adjustments` holds the settings instead
         (:meth:`kernel_options` hands them to the kernel)."""
         surface, contexts = self.surface, self.contexts
@@ -794,14 +800,27 @@ def independent_contexts(num_rows: int) -> RowContexts:
                        np.zeros(0, dtype=np.int64))
 
 
-def adjusted_rows_of(parameters: _sampling.SamplingParameters, rows: Any, xp: Any) -> Any:
-    """Logits rows ``[N, V]``, each its own request without drafts, with the row settings of
-    ``parameters`` applied (the rows themselves when none is on)."""
+def adjusted_rows_of(
+    parameters: _sampling.SamplingParameters, rows: Any, xp: Any, in_kernel: bool = False
+) -> tuple[Any, Any]:
+    """Logits rows ``[N, V]``, each its own request without drafts, with the row settings
+    of ``parameters``: ``(rows, adjustments)``.
+
+    The rows are adjusted on a copy (the rows themselves when no setting is on), and
+    ``adjustments`` is None; with ``in_kernel`` (NumPy float32 or float64 rows, whose law
+    the CPU kernel computes) the rows are returned as they are and ``adjustments`` holds
+    the settings (:class:`~specdec_np._layouts.row_adjustments.RowAdjustments`) for
+    :func:`law_rows` to apply where it reads a row."""
     num_rows = int(rows.shape[0])
     surface = checked_surface(parameters, num_rows, int(rows.shape[1]), num_rows, xp)
     if surface.needs_logits is None:
-        return rows
+        return rows, None
     indices = np.flatnonzero([
         surface.bitmask is not None or surface.request_adjusts(b) for b in range(num_rows)
     ]).astype(np.int64)
-    return adjust_rows(rows, indices, indices, independent_contexts(num_rows), surface, xp)
+    contexts = independent_contexts(num_rows)
+    if in_kernel:
+        return rows, _row_adjustments.sparse_adjustments(
+            rows, indices, indices, contexts, surface
+        )
+    return adjust_rows(rows, indices, indices, contexts, surface, xp), None

@@ -7,6 +7,10 @@ of the rows first (the path the CUDA kernels, trees and strict mode keep).
   -inf entries, a bias that overflows the rows' dtype);
 * ``verify_ragged`` gives the same tokens, lengths, stops and logprobs either way, for
   every registry verifier, and refuses the same temperatures;
+* ``verify_tree`` gives the same nodes, tokens, stops and logprobs either way, for every
+  tree method of the registry;
+* ``processed_probs`` and ``sample_tokens(return_probs=True)``, whose law the kernel
+  computes on the adjusted rows, give the same rows and probabilities either way;
 * negative controls: adjustments without their bitmask, or with their overrides dropped,
   change the results, and the comparison sees it;
 * the kernel refuses malformed adjustments by name.
@@ -23,6 +27,7 @@ from hypothesis import strategies as st
 
 import specdec_np
 from specdec_np import _core, registry
+from specdec_np._kernels import dispatch as _dispatch
 from specdec_np._layouts import engine_call as _engine_call
 from specdec_np._layouts import row_adjustments as _row_adjustments
 from specdec_np._layouts import sampling as _sampling
@@ -241,6 +246,104 @@ def test_the_temperature_check_reads_adjusted_rows(monkeypatch: pytest.MonkeyPat
     copied = _call(low, False, monkeypatch)
     assert isinstance(copied, str) and "temperature" in copied
     _same(copied, _call(low, True, monkeypatch))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("method", [entry.name for entry in registry.TREE_METHODS])
+def test_trees_in_kernel_equal_copies(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(sum(map(ord, method)))
+    seen: list[dict] = []
+    run = _dispatch.run
+
+    def spy(*arguments: Any, options: Any = None, **keywords: Any) -> Any:
+        seen.append(options or {})
+        return run(*arguments, options=options, **keywords)
+
+    monkeypatch.setattr(_dispatch, "run", spy)
+    for _ in range(8):
+        batch = int(rng.integers(1, 4))
+        sizes = rng.integers(0, 5, batch)
+        parents = np.concatenate([[int(rng.integers(-1, j)) for j in range(int(n))]
+                                  for n in sizes] + [[]]).astype(np.int64)
+        total, vocab = int(sizes.sum()), int(rng.integers(5, 60))
+        dtype = [np.float32, np.float64][int(rng.integers(2))]
+        keywords = dict(
+            num_nodes=sizes, tree_parents=parents, draft_token_ids=rng.integers(0, 4, total),
+            target_logits=rng.normal(0, 2, (total + batch, vocab)).astype(dtype),
+            draft_logits=rng.normal(0, 2, (total, vocab)).astype(dtype)
+            if registry.get_tree_method(method).reads_draft_probs else None,
+            temperature=np.where(rng.random(batch) < 0.3, 0.0, rng.uniform(0.5, 1.5, batch)),
+            uniforms=rng.random((batch, int(sizes.max(initial=0)) + 1)), method=method,
+            logprobs=int(rng.integers(0, 3)),
+            **_random_settings(rng, batch, vocab, total + batch),
+        )
+        results = []
+        chosen = _engine_call._adjusts_in_kernel
+        for in_kernel in (False, True):
+            with monkeypatch.context() as patch:
+                patch.setattr(_engine_call, "_adjusts_in_kernel",
+                              lambda *a, on=in_kernel, chosen=chosen: on and chosen(*a))
+                try:
+                    results.append(specdec_np.verify_tree(**keywords))
+                except ValueError as error:
+                    results.append(str(error))
+        _same(*results)
+        if not isinstance(results[0], str):
+            np.testing.assert_array_equal(results[1].accepted_nodes, results[0].accepted_nodes)
+    # The kernel was handed the adjustments of some call.
+    assert any("target_adjustments" in options for options in seen)
+
+
+def _law_calls(keywords: dict, in_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``processed_probs`` and ``sample_tokens(return_probs=True)`` of the same rows, the
+    settings applied in the kernel or on copies."""
+    chosen = _surface.adjusted_rows_of
+    with monkeypatch.context() as patch:
+        patch.setattr(_surface, "adjusted_rows_of",
+                      lambda parameters, rows, xp, kernel=False:
+                      chosen(parameters, rows, xp, in_kernel and kernel))
+        try:
+            law = specdec_np.processed_probs(**keywords)
+            drawn = specdec_np.sample_tokens(**keywords, uniforms=np.linspace(0.05, 0.95, len(
+                keywords["logits"])), return_probs=True)
+        except ValueError as error:
+            return str(error)
+    return law, drawn.token_ids, drawn.probs
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_processed_law_in_kernel_equals_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    differs = 0
+    for case in range(12):
+        rows, vocab = int(rng.integers(1, 6)), int(rng.integers(5, 90))
+        logits = rng.normal(0, 2, (rows, vocab)).astype([np.float32, np.float64][case % 2])
+        logits[rng.random(logits.shape) < 0.05] = -np.inf
+        settings_ = _random_settings(rng, rows, vocab, rows)
+        keywords = dict(logits=logits, top_k=int(rng.integers(0, 6)),
+                        temperature=np.where(rng.random(rows) < 0.3, 0.0,
+                                             rng.uniform(0.5, 1.5, rows)), **settings_)
+        copied = _law_calls(keywords, False, monkeypatch)
+        in_kernel = _law_calls(keywords, True, monkeypatch)
+        if isinstance(copied, str) or isinstance(in_kernel, str):
+            assert copied == in_kernel
+            continue
+        for expected, found in zip(copied, in_kernel):
+            np.testing.assert_array_equal(found, expected)
+        # Negative control: the kernel's law of the raw rows is not the law of the
+        # adjusted ones (whenever a setting touches a row).
+        raw = specdec_np.processed_probs(logits, top_k=keywords["top_k"],
+                                         temperature=keywords["temperature"])
+        differs += not np.array_equal(raw, copied[0])
+    assert differs >= 6
+    # The kernel was handed the adjustments (and no copied rows).
+    seen: list[Any] = []
+    processed_rows = _core.processed_rows
+    monkeypatch.setattr(_core, "processed_rows", lambda *arguments, **options: (
+        seen.append(options.get("adjustments")), processed_rows(*arguments, **options))[1])
+    specdec_np.processed_probs(np.zeros((2, 40), np.float32), logit_bias=[{1: 2.0}, None])
+    assert seen and seen[-1] is not None
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -209,22 +209,14 @@ cdef Py_ssize_t tempered_overflow_row(
         if not greedy[b] and divisor < 1 and not (skip_lone_rows and counts[b] == 0):
             for r in range(start, start + counts[b] + extra):
                 row = rows + r * V
-                if adjust != NULL:
-                    first = 0 if adjust.offsets == NULL else adjust.offsets[r]
-                    last = 0 if adjust.offsets == NULL else adjust.offsets[r + 1]
-                    if adjust.bitmask != NULL or first < last:
-                        if adjusted_largest(row, V, adjust, r, first, last, &largest):
-                            if largest > -INFINITY and isinf(largest / divisor):
-                                found = r
-                                break
-                            continue
-                        adjusted_row(
-                            row, V,
-                            NULL if adjust.bitmask == NULL else adjust.bitmask + r * adjust.words,
-                            adjust.ids + first, <const probability_t*>adjust.values + first,
-                            last - first, work,
-                        )
-                        row = work
+                if adjusts_row(adjust, r, &first, &last):
+                    if adjusted_largest(row, V, adjust, r, first, last, &largest):
+                        if largest > -INFINITY and isinf(largest / divisor):
+                            found = r
+                            break
+                        continue
+                    make_adjusted_row(row, V, adjust, r, first, last, work)
+                    row = work
                 # The vectorised maximum pass of the law (NaN never wins); a row with a
                 # +inf entry is scanned again for its largest finite one.
                 infinite = 0

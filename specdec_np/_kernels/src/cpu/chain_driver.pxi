@@ -35,14 +35,9 @@ cdef inline int64_t verify_request(
     init_request(
         request, k, V, uniforms, parameters, causal, sampling, row_forms, scratch, law_scratch
     )
-    if request.logits and target_adjust != NULL:
-        request.target_adjust = target_adjust
-        request.target_first_row = target_first_row
-        request.target_adjusted = adjusted
-    if request.draft_logits and draft_adjust != NULL:
-        request.draft_adjust = draft_adjust
-        request.draft_first_row = draft_first_row
-        request.draft_adjusted = adjusted + V
+    bind_adjustments(
+        request, target_adjust, draft_adjust, target_first_row, draft_first_row, adjusted
+    )
     status = call_chain_row(
         method, target, draft, draft_ids, bonus_id, request, &last_token, accepted_length,
         num_accepted,

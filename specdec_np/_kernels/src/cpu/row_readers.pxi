@@ -87,6 +87,49 @@ cdef void adjusted_row(
         out[ids[j]] = values[j]
 
 
+cdef inline bint adjusts_row(
+    const RowAdjust* adjust, Py_ssize_t row, Py_ssize_t* start, Py_ssize_t* stop
+) noexcept nogil:
+    """Whether ``adjust`` (NULL: none) changes row ``row`` of its rows array; its
+    overrides are entries ``start[0] .. stop[0]``."""
+    start[0] = 0
+    stop[0] = 0
+    if adjust == NULL:
+        return False
+    if adjust.offsets != NULL:
+        start[0] = adjust.offsets[row]
+        stop[0] = adjust.offsets[row + 1]
+    return adjust.bitmask != NULL or start[0] < stop[0]
+
+
+cdef inline void make_adjusted_row(
+    const probability_t* source, Py_ssize_t V, const RowAdjust* adjust, Py_ssize_t row,
+    Py_ssize_t start, Py_ssize_t stop, probability_t* out
+) noexcept nogil:
+    """Row ``row`` of ``adjust``'s rows array (at ``source``) adjusted into ``out``."""
+    adjusted_row(
+        source, V, NULL if adjust.bitmask == NULL else adjust.bitmask + row * adjust.words,
+        adjust.ids + start, <const probability_t*>adjust.values + start, stop - start, out,
+    )
+
+
+cdef inline void bind_adjustments(
+    Request* request, const RowAdjust* target_adjust, const RowAdjust* draft_adjust,
+    Py_ssize_t target_first_row, Py_ssize_t draft_first_row, probability_t* adjusted
+) noexcept nogil:
+    """Hand a request the sampling surface's adjustments of its logits rows (NULL: none),
+    which index its rows from ``target_first_row`` and ``draft_first_row``; the adjusted
+    rows are made in ``adjusted``, the thread's two rows of V."""
+    if request.logits and target_adjust != NULL:
+        request.target_adjust = target_adjust
+        request.target_first_row = target_first_row
+        request.target_adjusted = adjusted
+    if request.draft_logits and draft_adjust != NULL:
+        request.draft_adjust = draft_adjust
+        request.draft_first_row = draft_first_row
+        request.draft_adjusted = adjusted + request.V
+
+
 cdef inline const probability_t* logits_row(
     Request* request, const probability_t* rows, Py_ssize_t i, bint draft
 ) noexcept nogil:
@@ -96,15 +139,12 @@ cdef inline const probability_t* logits_row(
     again when another row of its kind was made since).  ``rows`` must not be NULL."""
     cdef const RowAdjust* adjust = request.draft_adjust if draft else request.target_adjust
     cdef Py_ssize_t V = request.V
-    cdef Py_ssize_t row, start = 0, stop = 0
+    cdef Py_ssize_t row, start, stop
     cdef probability_t* out
     if adjust == NULL:
         return rows + i * V
     row = (request.draft_first_row if draft else request.target_first_row) + i
-    if adjust.offsets != NULL:
-        start = adjust.offsets[row]
-        stop = adjust.offsets[row + 1]
-    if adjust.bitmask == NULL and start == stop:
+    if not adjusts_row(adjust, row, &start, &stop):
         return rows + i * V
     if draft:
         out = <probability_t*>request.draft_adjusted
@@ -116,10 +156,7 @@ cdef inline const probability_t* logits_row(
         if request.target_adjusted_row == i:
             return out
         request.target_adjusted_row = i
-    adjusted_row(
-        rows + i * V, V, NULL if adjust.bitmask == NULL else adjust.bitmask + row * adjust.words,
-        adjust.ids + start, <const probability_t*>adjust.values + start, stop - start, out,
-    )
+    make_adjusted_row(rows + i * V, V, adjust, row, start, stop, out)
     return out
 
 

@@ -246,7 +246,9 @@ cdef int64_t walk_tree(
     const int8_t* repeated_token, Py_ssize_t num_nodes, Py_ssize_t V,
     const double* uniforms, const double* sampling, int row_forms, probability_t* scratch,
     specdec_law_scratch* law_scratch, double* working, Py_ssize_t working_rows,
-    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length
+    Py_ssize_t depth_width, int64_t* nodes_out, int64_t* tokens_out, int64_t* length,
+    const RowAdjust* target_adjust, const RowAdjust* draft_adjust, Py_ssize_t first_node,
+    Py_ssize_t request_index, probability_t* adjusted
 ) noexcept nogil:
     """One request's walk with the tree step bound to code ``method``: id check, steps
     from the root, output rows; a row status.
@@ -256,7 +258,10 @@ cdef int64_t walk_tree(
     the deepest accepted node, a descendant, with the final token already written (-2 there
     when that node's row has no mass): the path down to it is recorded and the walk ends.
     ``TREE_STEP_NO_MEMORY``: the step's scratch could not be had.  ``first_child``
-    starts at the root's entry and the other links at the request's first node."""
+    starts at the root's entry and the other links at the request's first node.  The
+    sampling surface's adjustments (NULL: none) index the target rows from
+    ``first_node + request_index`` and the draft rows from ``first_node``; their adjusted
+    rows are made in ``adjusted`` (the thread's two rows of V)."""
     cdef Request request_fields
     cdef Request* request = &request_fields
     cdef Py_ssize_t node = -1, child, depth = 0, i, steps, slot
@@ -275,6 +280,9 @@ cdef int64_t walk_tree(
     request.next_distinct_sibling = next_distinct_sibling
     request.repeated_token = repeated_token
     request.working_rows = working_rows
+    bind_adjustments(
+        request, target_adjust, draft_adjust, first_node + request_index, first_node, adjusted
+    )
     if not bound_tree_steps[method].reads_draft_rows:
         draft = NULL
     while True:
@@ -344,6 +352,9 @@ def verify_trees(
     bint target_logits=True,
     bint draft_logits=True,
     int row_threads=1,
+    object target_adjustments=None,
+    object draft_adjustments=None,
+    object adjusted_rows=None,
 ):
     """Verify a batch of draft trees with the tree steps bound to the registry codes.
 
@@ -400,6 +411,9 @@ def verify_trees(
     row_threads : int
         With ``sampling``: threads for the passes over one logits row, as in
         :func:`verify_chains`.
+    target_adjustments, draft_adjustments, adjusted_rows : optional
+        The sampling surface's adjustments of the target ``[N + B]`` and draft ``[N]``
+        logits rows and their working rows, as :func:`verify_chains_direct` takes them.
 
     Returns
     -------
@@ -441,6 +455,11 @@ def verify_trees(
     cdef specdec_law_scratch* law_scratch = NULL
     cdef specdec_law_scratch* serial_scratch = NULL
     cdef double* working_base = NULL
+    cdef RowAdjust target_adjust, draft_adjust
+    cdef const RowAdjust* target_adjusting = NULL
+    cdef const RowAdjust* draft_adjusting = NULL
+    cdef ArrayView adjusted_view
+    cdef probability_t* adjusted_base = NULL
     require(B >= 0, "node_offsets must have B + 1 entries")
     require_tree_step_code(method)
     stochastic = bound_tree_steps[method].reads_uniforms
@@ -504,6 +523,27 @@ def verify_trees(
             scratch is not None and scratch.shape[0] >= threads and scratch.shape[1] == 2 * V,
             "scratch must be [num_threads, 2 V]",
         )
+    if target_adjustments is not None or draft_adjustments is not None:
+        require(sampling is not None, "row adjustments need logits rows (sampling)")
+        take_array(adjusted_rows, "adjusted_rows", 2, FLOAT_ITEMS, sizeof(probability_t), True,
+                   &adjusted_view)
+        require(
+            adjusted_view.rows >= threads and adjusted_view.columns == 2 * V,
+            "adjusted_rows must be [num_threads, 2 V]",
+        )
+        adjusted_base = <probability_t*>adjusted_view.data
+        if target_adjustments is not None and target_logits:
+            take_adjustments(
+                target_adjustments, "target_adjustments", N + B, V, sizeof(probability_t),
+                &target_adjust,
+            )
+            target_adjusting = &target_adjust
+        if draft_adjustments is not None and draft_logits and not point_mass_drafts:
+            take_adjustments(
+                draft_adjustments, "draft_adjustments", N, V, sizeof(probability_t),
+                &draft_adjust,
+            )
+            draft_adjusting = &draft_adjust
     if B == 0:
         return -1
     if sampling is not None:
@@ -542,7 +582,8 @@ def verify_trees(
                     NULL if sampling_base == NULL else sampling_base + 5 * b, row_forms,
                     scratch_base, serial_scratch, working_base, working_rows, D,
                     &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
-                    &accepted_lengths[b],
+                    &accepted_lengths[b], target_adjusting, draft_adjusting, start, b,
+                    adjusted_base,
                 )
             free(serial_scratch)
         return first_failed_row(row_status)
@@ -570,7 +611,8 @@ def verify_trees(
                 NULL if scratch_base == NULL else scratch_base + thread * 2 * V, law_scratch,
                 NULL if working_base == NULL else working_base + thread * working_rows * V,
                 working_rows, D, &accepted_nodes[b, 0] if D > 0 else NULL, &output[b, 0],
-                &accepted_lengths[b],
+                &accepted_lengths[b], target_adjusting, draft_adjusting, start, b,
+                NULL if adjusted_base == NULL else adjusted_base + thread * 2 * V,
             )
         free(law_scratch)
     return first_failed_row(row_status)
