@@ -237,6 +237,41 @@ def test_survivors_law_is_the_reference_law(survivors: Survivors) -> None:
             assert case["top_p"] < 1.0, context
 
 
+def _tied_in_z(dtype: type, temperature: float) -> tuple[Any, Any]:
+    """Two adjacent logits whose z at the temperature is one value."""
+    a = np.array(1.9, dtype=dtype)
+    t = dtype(temperature)
+    while True:
+        below = np.nextafter(a, dtype(-np.inf))
+        if below / t == a / t:
+            return a, below
+        a = below
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logits_that_tie_in_z_stay_among_the_survivors(
+    survivors: Survivors, row_scans: Survivors, dtype: type
+) -> None:
+    """llama.cpp's order selects on logits: a logit just below top-k's lowest can share its
+    z at the temperature, and is then kept.  It is gathered with the survivors (the law's
+    bits are the row scan's) instead of sending the row to a scan of its own."""
+    a, below = _tied_in_z(dtype, 0.8)
+    for seed, top_k in enumerate((1, 2, 3, 40)):
+        row = _row("normal", 20000, dtype, seed) - dtype(20.0)
+        # The top_k largest logits at a, the next one adjacent below it, in other blocks.
+        row[np.arange(top_k) * 300 + 7] = a
+        row[top_k * 300 + 11] = below
+        case = _case((0.8, top_k, 1.0, 0.0), "llama.cpp")
+        law, count, out = survivors.law(row, case)
+        scanned_law, _, scanned = row_scans.law(row, case)
+        assert count >= 0, top_k
+        assert np.array_equal(np.array(law).view(np.uint64),
+                              np.array(scanned_law).view(np.uint64)), top_k  # fmt: skip
+        np.testing.assert_array_equal(_bits(out), _bits(scanned))
+        # The tied logit is kept, with the mass of the others.
+        assert out[top_k * 300 + 11] == out[7] > 0
+
+
 def test_survivors_that_drop_the_ties_at_top_k_are_caught(
     row_scans: Survivors, tmp_path: Path
 ) -> None:

@@ -623,7 +623,7 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
              * the row law gathered them already (SPECDEC_NOT_GATHERED: it did not). */     \
             count = gathered != SPECDEC_NOT_GATHERED                                       \
                         ? gathered                                                         \
-                        : specdec_gather_top_##SUFFIX(logits, V, (T)1, z_max, top_k, scratch); \
+                        : specdec_gather_top_##SUFFIX(logits, V, temperature, 0, top_k, scratch); \
             KEY_T k_key = count >= 0                                                       \
                               ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
                                                            z_max, scratch)                 \
@@ -632,9 +632,9 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
             /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
             if (count >= 0)                                                                \
-                count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key);  \
+                count = specdec_compact_ties_##SUFFIX(candidates, positions, count, floor_key, \
+                                                      temperature);                        \
         }                                                                                  \
-        const KEY_T top_k_key = floor_key;                                                 \
         /* l / 1 is l, so at temperature 1 the largest logit is z_max. */                  \
         const T *scanned = count >= 0 ? candidates : logits;                               \
         const ptrdiff_t scanned_count = count >= 0 ? count : V;                            \
@@ -679,14 +679,10 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
         }                                                                                  \
         T cutoff = lowest / temperature;                                                   \
         law->cutoff = (double)cutoff;                                                      \
-        /* A token outside the gathered ones is below the smallest of them (top-k's key), \
-         * so none of them ties in z with the lowest kept logit when the next float below \
-         * that key has a smaller z; the sum over the gathered z then is the row scan's.  \
-         * Otherwise (rare: adjacent logits, t != 1) the sum runs over the row. */         \
-        int gathered_hold_the_kept = count >= 0 &&                                         \
-            (temperature == (T)1 ||                                                        \
-             !(specdec_value_##SUFFIX(top_k_key - 1) / temperature >= cutoff));            \
-        if (gathered_hold_the_kept) {                                                      \
+        /* The gathered logits hold every one whose z reaches that of top-k's lowest       \
+         * (specdec_compact_ties: a lower logit may tie with it in z), so every token the \
+         * law keeps: the sum over their z is the row scan's. */                          \
+        if (count >= 0) {                                                                  \
             for (ptrdiff_t i = 0; i < count; ++i)                                          \
                 candidates[i] = candidates[i] / temperature;                               \
             const T *w = specdec_candidate_weights_##SUFFIX(                               \
@@ -734,8 +730,8 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
         if (top_k > 0 && top_k < (int64_t)V && V > SPECDEC_TOP_P_CANDIDATES) {             \
             int llama = filter_order == SPECDEC_FILTER_ORDER_LLAMA_CPP;                    \
             /* Counting selects read no weight: the maximum is not needed yet. */          \
-            gathered = specdec_gather_top_##SUFFIX(logits, V, llama ? (T)1 : temperature,  \
-                                                   (T)INFINITY, top_k, scratch);           \
+            gathered = specdec_gather_top_##SUFFIX(logits, V, temperature, !llama, top_k,  \
+                                                   scratch);                               \
             if (gathered >= 0 &&                                                           \
                 !specdec_gathered_max_##SUFFIX(scratch->candidates.SUFFIX, gathered,       \
                                                llama ? temperature : (T)1, &z_max,         \

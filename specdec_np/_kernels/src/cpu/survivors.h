@@ -207,17 +207,22 @@ SPECDEC_DEFINE_LOGIT_FLOOR(d, double, uint64_t, (double)INFINITY)
     {                                                                                      \
         typedef specdec_block_group_##SUFFIX group_t;                                      \
         const ptrdiff_t lanes = 32 / sizeof(T);                                            \
-        /* Two running maxima, so that the loop is bound by its loads, then the lanes      \
-         * folded by halves (a chain of one compare per lane would bound the pass). */     \
-        group_t best[2] = {(group_t){0} + (T)-INFINITY, (group_t){0} + (T)-INFINITY};       \
-        for (ptrdiff_t y = 0; y < n; y += 2 * lanes) {                                     \
-            for (int j = 0; j < 2; ++j) {                                                  \
+        /* Four running maxima, so that the loop is bound by its loads and not by the      \
+         * chain of a compare and a select, then the lanes folded by halves (a chain of    \
+         * one compare per lane would bound the pass).  A maximum is a selection: the      \
+         * grouping changes nothing. */                                                   \
+        const group_t lowest = (group_t){0} + (T)-INFINITY;                                \
+        group_t best[4] = {lowest, lowest, lowest, lowest};                                \
+        for (ptrdiff_t y = 0; y < n; y += 4 * lanes) {                                     \
+            for (int j = 0; j < 4; ++j) {                                                  \
                 group_t z;                                                                 \
                 memcpy(&z, x + y + j * lanes, sizeof z);                                   \
                 best[j] = specdec_block_larger_##SUFFIX(z, best[j]);                        \
             }                                                                              \
         }                                                                                  \
-        return specdec_fold_largest_##SUFFIX(specdec_block_larger_##SUFFIX(best[1], best[0])); \
+        best[0] = specdec_block_larger_##SUFFIX(best[1], best[0]);                          \
+        best[2] = specdec_block_larger_##SUFFIX(best[3], best[2]);                          \
+        return specdec_fold_largest_##SUFFIX(specdec_block_larger_##SUFFIX(best[2], best[0])); \
     }
 #else
 #define SPECDEC_DEFINE_BLOCK_LARGEST(SUFFIX, T, KEY_T)                                      \
@@ -321,11 +326,17 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
         return count;                                                                      \
     }                                                                                      \
     static ptrdiff_t specdec_gather_top_##SUFFIX(const T *logits, ptrdiff_t V,              \
-                                                 T temperature, T z_max, int64_t need,      \
+                                                 T temperature, int divide, int64_t need,  \
                                                  specdec_law_scratch *scratch)             \
     {                                                                                      \
         const ptrdiff_t most = SPECDEC_TOP_P_CANDIDATES;                                   \
-        const ptrdiff_t block = 64 * ((V + 64 * most - 1) / (64 * most));                  \
+        /* Blocks of 64 entries at the least, more where the row is long against `need`    \
+         * (about eight blocks per kept entry, up to 256 entries): each block's maximum    \
+         * costs a fold of its lanes and a place in the selection after the pass. */      \
+        ptrdiff_t wide = V / (64 * 8 * (ptrdiff_t)(need > 0 ? need : 1));                   \
+        wide = wide < 1 ? 1 : wide > 4 ? 4 : wide;                                         \
+        const ptrdiff_t least = (V + 64 * most - 1) / (64 * most);                         \
+        const ptrdiff_t block = 64 * (least > wide ? least : wide);                        \
         const ptrdiff_t blocks = (V + block - 1) / block;                                  \
         if (need > (int64_t)blocks)                                                        \
             return -1;                                                                     \
@@ -333,7 +344,8 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
          * buffer holds the block maxima until then. */                                    \
         T *maxima = scratch->candidate_weights.SUFFIX;                                     \
         specdec_block_maxima_##SUFFIX(logits, V, block, maxima);                           \
-        KEY_T key = specdec_top_k_key_##SUFFIX(maxima, blocks, (T)1, need, z_max, scratch); \
+        KEY_T key = specdec_top_k_key_##SUFFIX(maxima, blocks, (T)1, need, (T)INFINITY,    \
+                                               scratch);                                   \
         if (key < 1)                                                                       \
             return -1;                                                                     \
         T floor = specdec_value_##SUFFIX(key);                                             \
@@ -348,7 +360,7 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
                                                          floor, z, scratch->positions);    \
         if (count < (ptrdiff_t)need)                                                       \
             return -1;                                                                     \
-        if (temperature != (T)1)                                                           \
+        if (divide && temperature != (T)1)                                                 \
             for (ptrdiff_t i = 0; i < count; ++i)                                          \
                 z[i] = z[i] / temperature;                                                 \
         return count;                                                                      \
@@ -369,6 +381,17 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
                                                  : specdec_key_##SUFFIX(z_i) >= floor_key;   \
         }                                                                                  \
         return kept;                                                                       \
+    }                                                                                      \
+    /* The gathered logits (not divided) whose z at the temperature reaches that of the    \
+     * logit of `floor_key`, in order (every one the law may keep when that logit is the  \
+     * lowest it keeps: a lower logit can tie with it in z); returns how many. */          \
+    static ptrdiff_t specdec_compact_ties_##SUFFIX(T *logits, ptrdiff_t *y, ptrdiff_t count, \
+                                                   KEY_T floor_key, T temperature)         \
+    {                                                                                      \
+        if (temperature != (T)1 && floor_key > 1)                                          \
+            floor_key = specdec_key_##SUFFIX(specdec_logit_floor_##SUFFIX(                 \
+                specdec_value_##SUFFIX(floor_key) / temperature, temperature));            \
+        return specdec_compact_##SUFFIX(logits, y, count, floor_key);                      \
     }                                                                                      \
     /* The weights w = exp(z - z_max) of gathered entries, computed once for the top-p  \
      * select, the kept sum and the row's weights (T holds each exactly: a float32 weight \
