@@ -2,7 +2,8 @@
 
 The CUDA C++ sources are files beside this module, read the way ``cupyx`` reads its kernel
 files: one ``.cu`` per kernel family in ``specdec_np/_kernels/src/cuda/``
-(``chain_driver.cu``, ``tree_driver.cu``, ``output_formatting.cu``, ``processed_rows.cu``)
+(``chain_driver.cu``, ``tree_driver.cu``, ``output_formatting.cu``, ``processed_rows.cu``,
+``shard_passes.cu``)
 and ``.cuh`` headers by concept (the block and its shared memory, block reductions and row
 visits, the processed law of a logits row, the inverse-CDF draw, a request's row readers,
 the registry's chain row functors and tree
@@ -61,6 +62,12 @@ the rows on the walked path and the children tested there (traversal: what its p
 visits), with the float64 working rows of one ``[B, R V]`` buffer per call (``R`` the
 method's ``TreeMethod.working_rows``: a pair, or one per level for traversal); its row
 status is the CPU tree driver's.
+
+``shard_stats_kernel<ProbT>`` and the other kernels of ``shard_passes.cu`` are a rank's
+passes in verification across vocabulary shards on device rows (``specdec_np._sharded``):
+the twins of ``specdec_np/_kernels/src/cpu/shardscan.h``, launched through
+:data:`shard_like` with ``_core``'s ``shard_*`` calling convention (the rows on the device,
+the per-row numbers on the host).
 
 ``create_output_kernel<IdT>`` (``output_formatting.cu``, vLLM's ``_create_output``) runs one
 thread per row, :data:`CREATE_OUTPUT_BLOCK` threads per block.
@@ -319,7 +326,8 @@ def cuda_sources() -> dict[str, str]:
     -------
     dict of str to str
         Source name (:data:`SOURCE_NAMES`: ``"output_formatting"``, ``"processed_rows"``,
-        ``"chain_driver"``, ``"tree_driver"``) to the full CUDA C++ text handed
+        ``"chain_driver"``, ``"tree_driver"``, ``"shard_passes"``) to the full CUDA C++ text
+        handed
         to
         :class:`cupy.RawModule`: ``KERNEL_DIR / f"{name}.cu"`` with its includes expanded
         (the kernel files, the shared header

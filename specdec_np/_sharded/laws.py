@@ -11,7 +11,9 @@ The passes over the slice are the kernels' (``specdec_np/_kernels/src/cpu/shards
 through ``_core``): the maxima with those of sets of columns (``shard_stats``), the
 entries at a threshold (``shard_at_least``), the weights of
 a row given its global maximum with their sum on the law's eight lanes
-(``shard_weights``) and the law's weight of single entries (``shard_exp``).
+(``shard_weights``) and the law's weight of single entries (``shard_exp``); for CuPy rows
+the CUDA kernels' twins of them (``shard_passes.cu``, the CUDA law's exponential and
+lanes), the rows and the weights staying on the device.
 :class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
 for a row without a filter every entry's, computed once for the whole slice; for a
 filtered row only its kept entries'.

@@ -16,6 +16,8 @@ round are computed from gathered, identical numbers):
 5. the two rounds of the residual and bonus draws, when a request draws.
 
 Then every rank decides every acceptance from the same numbers, all requests at once.
+Logits rows handed over as CuPy arrays stay on their device (the passes of
+:mod:`.laws` and :mod:`.rows` run there); probability rows are read on the host.
 """
 
 from __future__ import annotations

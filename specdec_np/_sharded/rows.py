@@ -9,6 +9,11 @@ order, then the token inside it): the unsharded inverse CDF, whose running sum i
 the shards' boundaries.  A draw's rows held whole are summed and scanned by the kernels'
 ``shard_positive_sums`` and ``shard_first_crossings`` (NumPy's pairwise order for the
 mass, column order for the scan: the bits the NumPy expressions give).
+
+Rows handed over as CuPy arrays stay on their device: :func:`passes` gives the CUDA
+kernels' passes (``specdec_np/_kernels/src/cuda/shard_passes.cu`` through
+``specdec_np._kernels.cuda.shard_like``, the same calling convention and orders), and only
+per-row numbers come back (:func:`to_host` marks each copy).
 """
 
 from __future__ import annotations
