@@ -12,8 +12,8 @@ mass, column order for the scan: the bits the NumPy expressions give).
 
 Rows handed over as CuPy arrays stay on their device: :func:`passes` gives the CUDA
 kernels' passes (``specdec_np/_kernels/src/cuda/shard_passes.cu`` through
-``specdec_np._kernels.cuda.shard_like``, the same calling convention and orders), and only
-per-row numbers come back (:func:`to_host` marks each copy).
+``specdec_np._kernels.cuda_shard_passes.shard_like``, the same calling convention and
+orders), and only per-row numbers come back (:func:`to_host` marks each copy).
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ def library(array: Any) -> Any:
 
 def passes(array: Any) -> Any:
     """The compiled shard passes for rows like ``array``: ``_core``'s (the CPU kernels)
-    for NumPy rows, the CUDA kernels' (``specdec_np._kernels.cuda.shard_like``, the same
-    calling convention, the per-row numbers on the host) for CuPy rows."""
+    for NumPy rows, the CUDA kernels' for CuPy rows
+    (``specdec_np._kernels.cuda_shard_passes.shard_like``: the same calling convention,
+    the per-row numbers on the host)."""
     if is_cupy_array(array):
-        from .._kernels import cuda
+        from .._kernels import cuda_shard_passes as cuda
 
         return cuda.shard_like
     return _core

@@ -1,6 +1,6 @@
 """Verification across vocabulary shards on CuPy rows: the CUDA shard passes
 (``specdec_np/_kernels/src/cuda/shard_passes.cu`` through
-``specdec_np._kernels.cuda.shard_like``), run by the host emulation of
+``specdec_np._kernels.cuda_shard_passes.shard_like``), run by the host emulation of
 ``tests/kernels/test_cuda_sources.py`` behind the stand-in CuPy of ``tests/kernels/fake_cupy``.
 
 Each pass is compared, bit for bit, with the compiled CPU pass it mirrors (``_core``'s,
@@ -26,6 +26,7 @@ import test_sharded as sharded_cases
 
 from specdec_np import _core, sharded
 from specdec_np._kernels import cuda as _cuda
+from specdec_np._kernels.cuda_shard_passes import shard_like
 
 DTYPES = [np.float32, np.float64]
 
@@ -86,7 +87,7 @@ def _compare_passes(cp, dtype, width):
         if 2 * groups > width:
             continue
         results = []
-        for kernels, block in ((_core, rows), (_cuda.shard_like, device_rows)):
+        for kernels, block in ((_core, rows), (shard_like, device_rows)):
             stats, group_max = np.zeros((8, 3)), np.zeros((8, groups), dtype=dtype)
             kernels.shard_stats(block, temperature, groups, stats, group_max)
             results.append((stats, group_max))
@@ -96,7 +97,7 @@ def _compare_passes(cp, dtype, width):
         return mismatches
     table = [np.zeros((8, 2)), np.zeros((8, 2))]
     _core.shard_argmax(rows, 5, table[0])
-    _cuda.shard_like.shard_argmax(device_rows, 5, table[1])
+    shard_like.shard_argmax(device_rows, 5, table[1])
     check("argmax", table[1], table[0])
 
     indices = np.array([0, 2, 5, 7, 1, 4], dtype=np.int64)
@@ -109,14 +110,14 @@ def _compare_passes(cp, dtype, width):
     weights = np.zeros((6, width), dtype=dtype)
     device_weights = cp.zeros((6, width), dtype=dtype)
     _core.shard_weights(rows, indices, temperature[indices], z_max, cutoff, weights, masses[0])
-    _cuda.shard_like.shard_weights(device_rows, indices, temperature[indices], z_max, cutoff,
+    shard_like.shard_weights(device_rows, indices, temperature[indices], z_max, cutoff,
                                    device_weights, masses[1])
     check("weights", device_weights.get(), weights)
     check("weights", masses[1], masses[0])
 
     thresholds = np.array([1.0, -np.inf, np.nan, 0.0, 3.0, -1.5], dtype=dtype)
     found = []
-    for kernels, block in ((_core, rows), (_cuda.shard_like, device_rows)):
+    for kernels, block in ((_core, rows), (shard_like, device_rows)):
         counts = np.zeros(6, dtype=np.int64)
         columns = np.zeros(6 * width + width + 1, dtype=np.int64)
         values = np.zeros(6 * width + width + 1, dtype=dtype)
@@ -131,7 +132,7 @@ def _compare_passes(cp, dtype, width):
     m = np.full(x.size, x.max(initial=0), dtype=dtype)
     out = [np.zeros(x.size, dtype=dtype), np.zeros(x.size, dtype=dtype)]
     _core.shard_exp(x, m, out[0])
-    _cuda.shard_like.shard_exp(x, m, out[1], device_rows)
+    shard_like.shard_exp(x, m, out[1], device_rows)
     check("exp", out[1], out[0])
 
     divisors = masses[0] + 0.25
@@ -140,7 +141,7 @@ def _compare_passes(cp, dtype, width):
     device_divided = cp.zeros((6, width))
     order = np.arange(6, dtype=np.int64)
     _core.shard_divided(weights, order, divisors, divided, out_rows)
-    _cuda.shard_like.shard_divided(device_weights, order, divisors, device_divided, out_rows)
+    shard_like.shard_divided(device_weights, order, divisors, device_divided, out_rows)
     check("divided", device_divided.get(), divided)
 
     rng = np.random.default_rng(width)
@@ -152,16 +153,16 @@ def _compare_passes(cp, dtype, width):
     chosen = np.array([2, 0, 4], dtype=np.int64)
     residual, device_residual = draws.copy(), cp.asarray(draws.copy())
     _core.shard_residuals(residual, chosen, scale, q)
-    _cuda.shard_like.shard_residuals(device_residual, chosen, scale, cp.asarray(q))
+    shard_like.shard_residuals(device_residual, chosen, scale, cp.asarray(q))
     check("residuals", device_residual.get(), residual)
     sums = [np.zeros(6), np.zeros(6)]
     _core.shard_positive_sums(residual, sums[0])
-    _cuda.shard_like.shard_positive_sums(device_residual, sums[1])
+    shard_like.shard_positive_sums(device_residual, sums[1])
     check("positive_sums", sums[1], sums[0])
     inside = sums[0] * np.array([0.0, 0.3, 0.999, 0.5, 1.0, 0.7])
     crossings = [np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64)]
     _core.shard_first_crossings(residual, order, inside, crossings[0])
-    _cuda.shard_like.shard_first_crossings(device_residual, order, inside, crossings[1])
+    shard_like.shard_first_crossings(device_residual, order, inside, crossings[1])
     check("first_crossings", crossings[1], crossings[0])
     return mismatches
 
@@ -191,15 +192,15 @@ def test_mutated_passes_are_caught(tmp_path, monkeypatch):
 def test_device_launchers_refuse_bad_arguments(cupy):
     rows = cupy.zeros((3, 8), dtype=np.float32)
     with pytest.raises(TypeError, match="rows"):
-        _cuda.shard_like.shard_argmax(cupy.zeros((3, 8), dtype=np.int32), 0, np.zeros((3, 2)))
+        shard_like.shard_argmax(cupy.zeros((3, 8), dtype=np.int32), 0, np.zeros((3, 2)))
     with pytest.raises(ValueError, match="groups"):
-        _cuda.shard_like.shard_stats(rows, np.ones(3, np.float32), 5, np.zeros((3, 3)),
+        shard_like.shard_stats(rows, np.ones(3, np.float32), 5, np.zeros((3, 3)),
                                      np.zeros((3, 5), np.float32))
     with pytest.raises(ValueError, match="outside the block"):
-        _cuda.shard_like.shard_weights(rows, np.array([3]), *[np.ones(1, np.float32)] * 3,
+        shard_like.shard_weights(rows, np.array([3]), *[np.ones(1, np.float32)] * 3,
                                        cupy.zeros((1, 8), dtype=np.float32), np.zeros(1))
     with pytest.raises(ValueError, match="shape"):
-        _cuda.shard_like.shard_residuals(cupy.zeros((3, 8)), np.array([0]), np.ones(1),
+        shard_like.shard_residuals(cupy.zeros((3, 8)), np.array([0]), np.ones(1),
                                          cupy.zeros((1, 7)))
 
 
