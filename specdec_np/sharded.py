@@ -90,9 +90,11 @@ def verify_ragged(
     target_logits, target_probs : float32 or float64 [T + B, width]
         This rank's columns of the target rows (exactly one of the two), as
         :func:`specdec_np.verify_ragged` lays them out (``[T, width]`` with
-        ``bonus_token_ids``).
+        ``bonus_token_ids``): NumPy arrays, or CuPy arrays, whose logits rows stay on their
+        device (the passes over them run there; only per-row numbers reach the host).
     draft_logits, draft_probs : same dtype [T, width], optional
-        This rank's columns of the draft rows; neither for point-mass drafts.
+        This rank's columns of the draft rows (the same kind of array as the target's);
+        neither for point-mass drafts.
     method : str
         [[verifier names]]
         The sampled requests' verifier (``temperature == 0`` requests are greedy); block

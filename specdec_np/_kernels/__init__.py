@@ -6,6 +6,8 @@ Map of this folder:
   draws, the launch and the row status (CPU and CUDA alike);
 * :mod:`.cuda`: the CUDA loader (sources, generated headers, NVRTC through
   ``cupy.RawModule``, launches);
+* :mod:`.cuda_shard_passes`: the launchers of ``shard_passes.cu``, ``_core``'s shard
+  passes on CuPy rows (verification across vocabulary shards);
 * ``src/common/``: C shared by both backends (``elementwise.h``: the per-element maths, so
   that a formula is written once);
 * ``src/cpu/``: the CPU side: Cython include files (``.pxi``) that

@@ -2,7 +2,8 @@
 
 The CUDA C++ sources are files beside this module, read the way ``cupyx`` reads its kernel
 files: one ``.cu`` per kernel family in ``specdec_np/_kernels/src/cuda/``
-(``chain_driver.cu``, ``tree_driver.cu``, ``output_formatting.cu``, ``processed_rows.cu``)
+(``chain_driver.cu``, ``tree_driver.cu``, ``output_formatting.cu``, ``processed_rows.cu``,
+``shard_passes.cu``)
 and ``.cuh`` headers by concept (the block and its shared memory, block reductions and row
 visits, the processed law of a logits row, the inverse-CDF draw, a request's row readers,
 the registry's chain row functors and tree
@@ -62,6 +63,12 @@ visits), with the float64 working rows of one ``[B, R V]`` buffer per call (``R`
 method's ``TreeMethod.working_rows``: a pair, or one per level for traversal); its row
 status is the CPU tree driver's.
 
+``shard_stats_kernel<ProbT>`` and the other kernels of ``shard_passes.cu`` are a rank's
+passes in verification across vocabulary shards on device rows (``specdec_np._sharded``):
+the twins of ``specdec_np/_kernels/src/cpu/shardscan.h``, launched by
+:mod:`specdec_np._kernels.cuda_shard_passes` with ``_core``'s ``shard_*`` calling convention
+(the rows on the device, the per-row numbers on the host).
+
 ``create_output_kernel<IdT>`` (``output_formatting.cu``, vLLM's ``_create_output``) runs one
 thread per row, :data:`CREATE_OUTPUT_BLOCK` threads per block.
 
@@ -101,7 +108,9 @@ CREATE_OUTPUT_BLOCK = 256
 #: The folder of the CUDA files (``.cu`` and ``.cuh``).
 KERNEL_DIR = Path(__file__).resolve().parent / "src" / "cuda"
 #: The CUDA sources, one ``KERNEL_DIR / f"{name}.cu"`` each.
-SOURCE_NAMES = ("output_formatting", "processed_rows", "chain_driver", "tree_driver")
+SOURCE_NAMES = (
+    "output_formatting", "processed_rows", "chain_driver", "tree_driver", "shard_passes"
+)
 # Where an ``#include "name"`` of a kernel file is looked for, in order: the kernel files,
 # then the package's C headers (the shared per-element header).
 _INCLUDE_DIRS = (KERNEL_DIR, KERNEL_DIR.parent / "common")
@@ -316,7 +325,8 @@ def cuda_sources() -> dict[str, str]:
     -------
     dict of str to str
         Source name (:data:`SOURCE_NAMES`: ``"output_formatting"``, ``"processed_rows"``,
-        ``"chain_driver"``, ``"tree_driver"``) to the full CUDA C++ text handed
+        ``"chain_driver"``, ``"tree_driver"``, ``"shard_passes"``) to the full CUDA C++ text
+        handed
         to
         :class:`cupy.RawModule`: ``KERNEL_DIR / f"{name}.cu"`` with its includes expanded
         (the kernel files, the shared header
@@ -369,6 +379,10 @@ def instantiation_names(source: str | None = None) -> list[str]:
             for prob_dtype in _PROB_CTYPES
             for id_dtype in _ID_CTYPES
         )
+    if source in (None, "shard_passes"):
+        names.extend(f"{kernel}<{prob}>" for kernel in _SHARD_TEMPLATES
+                     for prob in _PROB_CTYPES.values())
+        names.extend(_SHARD_FLOAT64_KERNELS)
     return names
 
 
@@ -770,3 +784,14 @@ class _CoreLikeKernels:
 #: The kernels with ``specdec_np._core``'s calling convention, so that the chain driver's
 #: caller runs on CuPy arrays unchanged.
 core_like = _CoreLikeKernels()
+
+
+#: The kernels of ``shard_passes.cu`` compiled for float and double rows, and those of the
+#: draws' float64 rows (launched by :mod:`specdec_np._kernels.cuda_shard_passes`).
+_SHARD_TEMPLATES = (
+    "shard_stats_kernel", "shard_argmax_kernel", "shard_weights_kernel",
+    "shard_at_least_kernel", "shard_exp_kernel", "shard_divided_kernel",
+)
+_SHARD_FLOAT64_KERNELS = (
+    "shard_residuals_kernel", "shard_positive_sums_kernel", "shard_first_crossings_kernel",
+)

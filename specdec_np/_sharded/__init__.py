@@ -11,12 +11,15 @@ Map of this folder:
   ValueError on every rank;
 * :mod:`.laws`: this rank's part of the processed law of the sampled logits rows (the
   rows as handed over, ``z`` only where read, the kept entries' weights and their sums),
-  its passes over the slice compiled in the kernel headers (``shardscan.h``);
+  its passes over the slice compiled in the kernel headers (``shardscan.h``), or on the
+  device for CuPy rows (``shard_passes.cu``, through :func:`.rows.passes`);
 * :mod:`.filters`: top-k, top-p and min-p across shards: min-p's floor from the maximum,
   each rank's short candidate lists merged the same way on every rank, and the radix
   select where they leave a cutoff open;
 * :mod:`.rows`: the row statistics every round shares: order-preserving keys, the radix
-  select, greedy argmaxes, per-row sums and the two-level inverse-CDF draw;
+  select, greedy argmaxes, per-row sums and the two-level inverse-CDF draw, and the
+  dispatch on the rows' array library (NumPy rows to ``_core``'s passes, CuPy rows to the
+  CUDA ones, which leave the rows on their device and hand back per-row numbers);
 * :mod:`.ragged`: the ragged call itself (every chain method of the registry).
 
 ``docs/semantics.md`` ("Verification across vocabulary shards") states the protocol and

@@ -11,7 +11,9 @@ The passes over the slice are the kernels' (``specdec_np/_kernels/src/cpu/shards
 through ``_core``): the maxima with those of sets of columns (``shard_stats``), the
 entries at a threshold (``shard_at_least``), the weights of
 a row given its global maximum with their sum on the law's eight lanes
-(``shard_weights``) and the law's weight of single entries (``shard_exp``).
+(``shard_weights``) and the law's weight of single entries (``shard_exp``); for CuPy rows
+the CUDA kernels' twins of them (``shard_passes.cu``, the CUDA law's exponential and
+lanes), the rows and the weights staying on the device.
 :class:`LawRows` then holds the weights ``w = exp(z - max z)`` of the entries kept here:
 for a row without a filter every entry's, computed once for the whole slice; for a
 filtered row only its kept entries'.
@@ -19,12 +21,11 @@ filtered row only its kept entries'.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _core
-from .rows import RowSet, Sparse
+from .rows import RowSet, Sparse, library, passes, to_host
 
 __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 
@@ -33,16 +34,21 @@ __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 GUESS = 1024
 
 
-def law_weights(values: np.ndarray, top: np.ndarray) -> np.ndarray:
+def law_weights(values: np.ndarray, top: np.ndarray, like: Any = None) -> np.ndarray:
     """``w = exp(values - top)`` by the law's rule, in the rows' dtype (the kernels' float32
     exponential for float32 values, ``exp`` for float64; 0 for NaN), ``top`` broadcast
-    against ``values``, both of one dtype (the kernels' ``shard_exp``)."""
+    against ``values``, both of one dtype (the kernels' ``shard_exp``; on the device of
+    ``like`` when that is a CuPy array, the device law's exponential)."""
     dtype = np.result_type(values, top)  # NumPy's promotion, as values - top would take
     values, top = np.broadcast_arrays(np.asarray(values, dtype=dtype),
                                       np.asarray(top, dtype=dtype))
     flat = np.ascontiguousarray(values).reshape(-1)
     out = np.empty(flat.size, dtype=dtype)
-    _core.shard_exp(flat, np.ascontiguousarray(top).reshape(-1), out)
+    top = np.ascontiguousarray(top).reshape(-1)
+    if like is not None and library(like) is not np:
+        passes(like).shard_exp(flat, top, out, like)
+    else:
+        passes(flat).shard_exp(flat, top, out)
     return out.reshape(values.shape)
 
 
@@ -91,7 +97,7 @@ class LogitRows:
         for first, end, part in self._spans():
             at = np.flatnonzero((rows >= first) & (rows < end))
             if at.size:
-                out[at] = part[rows[at] - first]
+                out[at] = to_host(part[rows[at] - first])
         return out
 
     def values(self, rows: np.ndarray) -> np.ndarray:
@@ -109,9 +115,9 @@ class LogitRows:
                 in_order = at.size == part.shape[0] and at[-1] - at[0] + 1 == at.size
                 if in_order and (local == np.arange(at.size)).all():
                     # The whole part, in order: divided straight into place.
-                    np.divide(part, divisor, out=out[at[0] : at[-1] + 1])
+                    np.divide(to_host(part), divisor, out=out[at[0] : at[-1] + 1])
                 else:
-                    out[at] = part[local] / divisor
+                    out[at] = to_host(part[local]) / divisor
         return out
 
     def entry_values(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -120,7 +126,7 @@ class LogitRows:
         for first, end, part in self._spans():
             at = np.flatnonzero((rows >= first) & (rows < end))
             if at.size:
-                out[at] = part[rows[at] - first, columns[at]]
+                out[at] = to_host(part[rows[at] - first, columns[at]])
         if not self.unit:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 out /= self.divisor[rows]
@@ -137,8 +143,9 @@ class LogitRows:
         groups = groups if 0 < 2 * groups <= self.width else 0
         grouped = np.zeros((self.count, groups), dtype=self.dtype)
         for first, end, part in self._spans():
-            _core.shard_stats(np.ascontiguousarray(part), self.divisor[first:end], groups,
-                              table[first:end], grouped[first:end])
+            passes(part).shard_stats(library(part).ascontiguousarray(part),
+                                     self.divisor[first:end], groups, table[first:end],
+                                     grouped[first:end])
         return table, grouped if groups else None
 
     def logit_floors(self, floors: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -180,7 +187,7 @@ class LogitRows:
             at = np.flatnonzero((rows >= first) & (rows < end))
             if not at.size:
                 continue
-            block = np.ascontiguousarray(part)
+            block = library(part).ascontiguousarray(part)
             local = (rows[at] - first).astype(np.int64)
             divisor = np.ascontiguousarray(self.divisor[rows[at]])
             limit = np.ascontiguousarray(floors[at])
@@ -191,8 +198,8 @@ class LogitRows:
             while True:
                 columns = np.empty(room, dtype=np.int64)
                 values = np.empty(room, dtype=self.dtype)
-                total, written = _core.shard_at_least(block, local, divisor, limit, counts,
-                                                      columns, values)
+                total, written = passes(block).shard_at_least(block, local, divisor, limit,
+                                                              counts, columns, values)
                 if written:
                     break
                 room = total + self.width + 1
@@ -263,8 +270,9 @@ class LawRows:
         # float32 weight is a float32 value), by position in self.dense.
         self.dense_at = np.full(rows, -1, dtype=np.int64)
         self.dense_at[self.dense] = np.arange(self.dense.size)
-        # Every entry is written by the weights' pass below.
-        self.dense_weights = np.empty((self.dense.size, width), dtype=self.dtype)
+        # Every entry is written by the weights' pass below, where the rows lie.
+        self.library = library(logits.parts[0]) if logits.parts else np
+        self.dense_weights = self.library.empty((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:
             # One compiled pass a row: the law's weights and their sum on its eight lanes
             # (the kernels' shard_weights).
@@ -277,8 +285,9 @@ class LawRows:
                     continue
                 # self.dense is sorted, so a part's rows are one run of it.
                 run = slice(int(at[0]), int(at[-1]) + 1)
-                _core.shard_weights(
-                    np.ascontiguousarray(part), (self.dense[run] - first).astype(np.int64),
+                passes(part).shard_weights(
+                    self.library.ascontiguousarray(part),
+                    (self.dense[run] - first).astype(np.int64),
                     np.ascontiguousarray(logits.divisor[self.dense[run]]), z_max[run],
                     no_cutoff[run], self.dense_weights[run], dense_masses[run],
                 )
@@ -307,7 +316,8 @@ class LawRows:
                     np.concatenate([part.columns for part in parts])[order],
                     np.concatenate([part.values for part in parts])[order],
                 )
-            self.kept_weights = law_weights(self.kept.values, top[self.kept.rows])
+            like = logits.parts[0] if self.library is not np else None
+            self.kept_weights = law_weights(self.kept.values, top[self.kept.rows], like)
             self.masses += np.bincount(
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
@@ -322,7 +332,7 @@ class LawRows:
         dense = self.dense_at[rows]
         at = np.flatnonzero(dense >= 0)
         if at.size:
-            weights[at] = self.dense_weights[dense[at], columns[at]]
+            weights[at] = to_host(self.dense_weights[dense[at], columns[at]])
         if self.kept.rows.size:
             # The kept entries are sorted by (row, column): find each asked entry there.
             width = max(self.width, 1)
@@ -350,8 +360,8 @@ class LawRows:
         if not dense.size or not self.width:
             return
         divisor = np.where(normalisers > 0.0, normalisers, np.inf).astype(np.float64)
-        _core.shard_divided(self.dense_weights, dense.astype(np.int64), divisor, out,
-                            out_rows)
+        passes(self.dense_weights).shard_divided(self.dense_weights, dense.astype(np.int64),
+                                                 divisor, out, out_rows)
 
     def entry_probabilities(self, rows: np.ndarray, columns: np.ndarray,
                             normalisers: np.ndarray) -> np.ndarray:
@@ -364,7 +374,7 @@ class LawRows:
         a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
         whole = np.flatnonzero(dense >= 0)
-        block = np.empty((whole.size, self.width))
+        block = self.library.empty((whole.size, self.width))
         self._divide_dense(dense[whole], normalisers[whole], block,
                            np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -405,7 +415,8 @@ class LawRows:
         at = np.flatnonzero(dense >= 0)
         # Rows without a filter are written whole by the compiled division; the others
         # start at 0 (outside the kept set), and every value is rounded to the rows' dtype.
-        out = np.empty((rows.size, self.width)) if at.size == rows.size else np.zeros(
+        xp = self.library
+        out = xp.empty((rows.size, self.width)) if at.size == rows.size else xp.zeros(
             (rows.size, self.width))
         if at.size:
             self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
@@ -415,12 +426,12 @@ class LawRows:
         chosen = np.flatnonzero(where[self.kept.rows] >= 0)
         if chosen.size:
             target = where[self.kept.rows[chosen]]
-            out[target, self.kept.columns[chosen]] = (
+            out[target, self.kept.columns[chosen]] = xp.asarray((
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
-            ).astype(self.dtype)
+            ).astype(self.dtype))
         spread = np.flatnonzero(self.infinite[rows])
         if spread.size:
-            out[spread] = (
+            out[spread] = xp.asarray((
                 (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]
-            ).astype(self.dtype)
+            ).astype(self.dtype))
         return out

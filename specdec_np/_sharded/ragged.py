@@ -16,6 +16,8 @@ round are computed from gathered, identical numbers):
 5. the two rounds of the residual and bonus draws, when a request draws.
 
 Then every rank decides every acceptance from the same numbers, all requests at once.
+Logits rows handed over as CuPy arrays stay on their device (the passes of
+:mod:`.laws` and :mod:`.rows` run there); probability rows are read on the host.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _core, registry
+from .. import registry
 from .._reference.chains import _path_weights
 from .._runtime import checks as _validate
+from .._runtime.arrays import is_cupy_array
 from .._runtime.contract import ENTROPY_EPSILON
 from .._runtime.results import VerificationResult
 from .._runtime.uniforms import RejectionUniforms
@@ -127,8 +130,8 @@ def _ids(name: str, value: Any, shape: tuple[int, ...], vocab_size: int) -> np.n
     return array
 
 
-def _row_block(name: str, value: Any, num_rows: int, width: int | None) -> np.ndarray:
-    array = np.asarray(value)
+def _row_block(name: str, value: Any, num_rows: int, width: int | None) -> Any:
+    array = value if is_cupy_array(value) else np.asarray(value)
     if array.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name} must be float32 or float64; found dtype {array.dtype}")
     if array.ndim != 2 or array.shape[0] != num_rows or (
@@ -206,6 +209,16 @@ class _Call:
                     f"{draft_name} must have the target's dtype {self.target.dtype}; found "
                     f"{self.draft.dtype}"
                 )
+        # CuPy rows stay on their device for the passes over them; probability rows (and
+        # their draft rows) are read on the host.
+        if self.draft is not None and is_cupy_array(self.draft) != is_cupy_array(self.target):
+            raise TypeError(
+                f"{draft_name} must be the same kind of array as {target_name} (both CuPy "
+                "arrays or neither)"
+            )
+        if is_cupy_array(self.target) and not self.from_logits:
+            self.target = self.target.get()
+            self.draft = None if self.draft is None else self.draft.get()
         if self.start + self.width > self.vocab_size:
             raise ValueError(
                 f"vocab_start + width = {self.start} + {self.width} exceeds vocab_size = "
@@ -403,8 +416,8 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             local[mine, 1] = laws.token_weights(law_rows, column[mine])
         else:
             draft_rows = _clean(call.draft[rows.sampled_draft])
-            local[read.draft_first :, 0] = draft_rows.sum(axis=1)
-            local[mine, 1] = draft_rows[mine - read.draft_first, column[mine]]
+            local[read.draft_first :, 0] = _rows.to_host(draft_rows.sum(axis=1))
+            local[mine, 1] = _rows.to_host(draft_rows[mine - read.draft_first, column[mine]])
     totals = _rows.row_totals(exchange, local)
     normaliser = totals[:, 0].copy()
     if not call.from_logits:
@@ -441,9 +454,11 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             q = rows_of.draft(draft_rows[chosen])
             # max(rho p - q, 0) in place, one compiled pass a row (the NumPy expression's
             # bits, but for the sign of a zero, which weighs nothing).
-            _core.shard_residuals(residual, rejected.astype(np.int64),
-                                  np.ascontiguousarray(scale[chosen], dtype=np.float64),
-                                  np.ascontiguousarray(q, dtype=np.float64))
+            _rows.passes(residual).shard_residuals(
+                residual, rejected.astype(np.int64),
+                np.ascontiguousarray(scale[chosen], dtype=np.float64),
+                _rows.library(q).ascontiguousarray(q, dtype=np.float64),
+            )
         entries = p.sparse
         sparse_residual = entries.weights.copy()
         rejected = np.flatnonzero(~bonus[entries.rows])
@@ -544,7 +559,8 @@ def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
     arrays = []
     for _, source, indices, _ in parts:
         whole = indices.size == source.shape[0]
-        arrays.append(np.ascontiguousarray(source if whole else source[indices]))
+        arrays.append(_rows.library(source).ascontiguousarray(source if whole
+                                                              else source[indices]))
     requests = (np.concatenate([owners for *_, owners in parts]) if parts
                 else np.zeros(0, dtype=np.int64))
     temperature = call.temperature[requests].astype(dtype)
@@ -558,9 +574,11 @@ def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
     )
 
 
-def _clean(rows: np.ndarray) -> np.ndarray:
-    """Draft probabilities as the kernels read them: negative and NaN entries as 0."""
-    return np.maximum(np.nan_to_num(rows.astype(np.float64)), 0.0)
+def _clean(rows: Any) -> Any:
+    """Draft probabilities as the kernels read them: negative and NaN entries as 0 (where
+    the rows lie)."""
+    xp = _rows.library(rows)
+    return xp.maximum(xp.nan_to_num(rows.astype(np.float64)), 0.0)
 
 
 class _RowSource:
@@ -584,7 +602,7 @@ class _RowSource:
         """``q`` of draft rows ``indices`` (flat draft positions)."""
         call = self.call
         if call.draft is None:
-            q = np.zeros((indices.size, call.width))
+            q = _rows.library(call.target).zeros((indices.size, call.width))
             tokens = call.draft_ids[indices]
             owned = np.flatnonzero((tokens >= call.start) & (tokens < call.start + call.width))
             q[owned, tokens[owned] - call.start] = np.inf
@@ -615,7 +633,7 @@ class _RowSource:
         if self.rows.draft_laws:
             law_rows = self.law.target_count + (read - self.rows.read.draft_first)
             return self.laws.entry_probabilities(law_rows, columns, self.normaliser[read])
-        return _clean(call.draft[indices, columns])
+        return _rows.to_host(_clean(call.draft[indices, columns]))
 
 
 class _Decided(NamedTuple):
@@ -663,8 +681,8 @@ def _decide(
         # The weighted residuals' masses at every position: one round, one number each.
         local = np.zeros(flat.size)
         if flat.size:
-            p = source.target(rows.first_target[at_request] + at_position)
-            q = source.draft(call.offsets[at_request] + at_position)
+            p = _rows.to_host(source.target(rows.first_target[at_request] + at_position))
+            q = _rows.to_host(source.draft(call.offsets[at_request] + at_position))
             weighted = rho[:, :width].reshape(-1)[flat, None] * p - q
             local = np.maximum(weighted, 0.0).sum(axis=1)
         flat_masses = np.zeros(valid.size)
@@ -684,7 +702,7 @@ def _decide(
         flat_entropy = np.zeros(valid.size)
         flat_chosen = np.zeros(valid.size, dtype=np.int64)
         if flat.size:
-            p = source.target(rows.first_target[at_request] + at_position)
+            p = _rows.to_host(source.target(rows.first_target[at_request] + at_position))
             table = np.empty((flat.size, 3))
             with np.errstate(divide="ignore", invalid="ignore"):
                 table[:, 0] = -np.sum(p * np.log(p + ENTROPY_EPSILON), axis=1)

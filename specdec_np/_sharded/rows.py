@@ -9,16 +9,22 @@ order, then the token inside it): the unsharded inverse CDF, whose running sum i
 the shards' boundaries.  A draw's rows held whole are summed and scanned by the kernels'
 ``shard_positive_sums`` and ``shard_first_crossings`` (NumPy's pairwise order for the
 mass, column order for the scan: the bits the NumPy expressions give).
+
+Rows handed over as CuPy arrays stay on their device: :func:`passes` gives the CUDA
+kernels' passes (``specdec_np/_kernels/src/cuda/shard_passes.cu`` through
+``specdec_np._kernels.cuda_shard_passes.shard_like``, the same calling convention and
+orders), and only per-row numbers come back (:func:`to_host` marks each copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import _core
+from .._runtime.arrays import is_cupy_array
 from .exchange import Exchange, Shard
 
 __all__ = [
@@ -29,16 +35,45 @@ __all__ = [
     "draw",
     "global_argmax",
     "key_values",
+    "library",
     "ordered_keys",
     "radix_select",
     "row_totals",
+    "passes",
     "shard_masses",
     "top_k_chooser",
     "top_p_chooser",
+    "to_host",
 ]
 
 DIGIT_BITS = 8
 BUCKETS = 1 << DIGIT_BITS
+
+
+def library(array: Any) -> Any:
+    """The array library of ``array``: CuPy for device rows, else NumPy."""
+    if is_cupy_array(array):
+        import cupy
+
+        return cupy
+    return np
+
+
+def passes(array: Any) -> Any:
+    """The compiled shard passes for rows like ``array``: ``_core``'s (the CPU kernels)
+    for NumPy rows, the CUDA kernels' for CuPy rows
+    (``specdec_np._kernels.cuda_shard_passes.shard_like``: the same calling convention,
+    the per-row numbers on the host)."""
+    if is_cupy_array(array):
+        from .._kernels import cuda_shard_passes as cuda
+
+        return cuda.shard_like
+    return _core
+
+
+def to_host(array: Any) -> np.ndarray:
+    """``array`` as a NumPy array (a copy from the device for CuPy arrays)."""
+    return array.get() if is_cupy_array(array) else array
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
@@ -163,7 +198,7 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
         return table
     if rows.dtype in (np.float32, np.float64):
         # The kernels' greedy argmax, one read of each row (NaN never wins).
-        _core.shard_argmax(np.ascontiguousarray(rows), int(start), table)
+        passes(rows).shard_argmax(library(rows).ascontiguousarray(rows), int(start), table)
         return table
     first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
     largest = rows[np.arange(rows.shape[0]), first]
@@ -231,8 +266,8 @@ class RowSet(NamedTuple):
         sums = np.zeros(self.num_rows)
         if self.dense_rows.size:
             dense_sums = np.zeros(self.dense_rows.size)
-            _core.shard_positive_sums(np.ascontiguousarray(self.dense, dtype=np.float64),
-                                      dense_sums)
+            dense = library(self.dense).ascontiguousarray(self.dense, dtype=np.float64)
+            passes(dense).shard_positive_sums(dense, dense_sums)
             sums[self.dense_rows] = dense_sums
         if self.sparse.rows.size:
             positive = np.where(self.sparse.weights > 0.0, self.sparse.weights, 0.0)
@@ -250,8 +285,9 @@ class RowSet(NamedTuple):
         whole = np.flatnonzero(where[rows] >= 0)
         if whole.size and self.dense.shape[1]:
             crossing = np.zeros(whole.size, dtype=np.int64)
-            _core.shard_first_crossings(
-                np.ascontiguousarray(self.dense, dtype=np.float64),
+            dense = library(self.dense).ascontiguousarray(self.dense, dtype=np.float64)
+            passes(dense).shard_first_crossings(
+                dense,
                 where[rows[whole]].astype(np.int64),
                 np.ascontiguousarray(inside[whole], dtype=np.float64), crossing,
             )

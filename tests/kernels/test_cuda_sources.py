@@ -575,6 +575,49 @@ _KERNEL_SIGNATURES = {
         "const P* logits, long long rows, long long vocab, const double* sampling, P* out",
         "rows, specdec::kBlock",
     ),
+    "shard_stats_kernel": (
+        "const P* rows, long long count, long long width, const P* temperature, "
+        "long long groups, double* stats, P* group_max",
+        "count, specdec::kBlock",
+    ),
+    "shard_argmax_kernel": (
+        "const P* rows, long long count, long long width, long long start, double* table",
+        "count, specdec::kBlock",
+    ),
+    "shard_weights_kernel": (
+        "const P* rows, long long width, const long long* indices, long long count, "
+        "const P* temperature, const P* z_max, const P* cutoff, P* weights, double* masses",
+        "count, specdec::kBlock",
+    ),
+    "shard_at_least_kernel": (
+        "const P* rows, long long width, const long long* indices, long long count, "
+        "const P* temperature, const P* thresholds, const long long* offsets, "
+        "long long* counts, long long* columns, P* values",
+        "count, specdec::kBlock",
+    ),
+    "shard_exp_kernel": (
+        "const P* x, const P* z_max, long long count, P* out",
+        "(count + specdec::kBlock - 1) / specdec::kBlock, specdec::kBlock",
+    ),
+    "shard_divided_kernel": (
+        "const P* weights, long long width, const long long* indices, long long count, "
+        "const double* divisors, double* out, const long long* out_rows",
+        "count, specdec::kBlock",
+    ),
+    "shard_residuals_kernel": (
+        "double* rows, long long width, const long long* indices, long long count, "
+        "const double* scale, const double* q",
+        "count, specdec::kBlock",
+    ),
+    "shard_positive_sums_kernel": (
+        "const double* rows, long long count, long long width, double* sums",
+        "(count + specdec::kWarp - 1) / specdec::kWarp, specdec::kWarp",
+    ),
+    "shard_first_crossings_kernel": (
+        "const double* rows, long long width, const long long* indices, long long count, "
+        "const double* inside, long long* found",
+        "(count + specdec::kWarp - 1) / specdec::kWarp, specdec::kWarp",
+    ),
     "create_output_kernel": (
         "const unsigned char* accepted, const I* substitute_token_ids, "
         "const I* draft_token_ids, const I* bonus_token_ids, long long batch, long long k, "
@@ -596,7 +639,7 @@ def _emulation_unit(name: str, source: str) -> str:
     :func:`_cuda.instantiation_names`."""
     parts = [_EMULATION_PRELUDE, source]
     for expression in _cuda.instantiation_names(name):
-        template, arguments = expression.rstrip(">").split("<", 1)
+        template, _, arguments = expression.rstrip(">").partition("<")  # or a plain name
         types = arguments.split(", ")
         prob = next((t for t in types if t in ("float", "double")), "float")
         ids = next((t for t in types if t in ("int", "long long")), "long long")

@@ -1881,3 +1881,58 @@ def test_relaxed_methods_on_cupy(cp, method):
     np.testing.assert_allclose(cp.asnumpy(found.total_variation), expected.total_variation,
                                rtol=1e-9, atol=1e-12)
     synchronize(cp)
+
+
+# --------------------------------------------------------------------------------------
+# Verification across vocabulary shards on CuPy rows (specdec_np.sharded, shard_passes.cu)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("method", ["rejection", "block"])
+def test_sharded_call_on_cupy_rows(cp, method, dtype):
+    """Ranks holding CuPy rows (threads of one process): one shard gives the unsharded CuPy
+    call's tokens, two and three uneven shards the CPU sharded call's, on every rank.  On a
+    real device a drawn token of the one-shard call may differ from the unsharded call's
+    three-level draw only where v * Z lies within rounding of a CDF boundary, and float64
+    weights by an ulp of CUDA's exp from the CPU's; on the stand-in CuPy every cell is
+    equal."""
+    from specdec_np import sharded
+
+    lengths, ids, target, draft, sampling, uniforms = engine_case(
+        stable_seed("sharded", method, dtype_id(dtype)), True, dtype
+    )
+    host = {"num_draft_tokens": lengths, "draft_token_ids": ids, "target_logits": target,
+            "draft_logits": draft, "uniforms": uniforms, "method": method, **sampling}
+    device = dict(host, target_logits=cp.asarray(target), draft_logits=cp.asarray(draft))
+    emulated = hasattr(cp, "_LIBRARY")
+    vocab_size = target.shape[1]
+
+    def run(arguments, widths):
+        cuts = np.concatenate([[0], np.cumsum(widths)]).astype(int)
+
+        def rank(communicator):
+            start, end = cuts[communicator.rank], cuts[communicator.rank + 1]
+            local = dict(arguments)
+            for name in ("target_logits", "draft_logits"):
+                local[name] = arguments[name][:, start:end]
+            return sharded.verify_ragged(communicator=communicator, vocab_start=int(start),
+                                         vocab_size=vocab_size, **local)
+
+        results = sharded.run_local(len(widths), rank, timeout=120)
+        for other in results[1:]:
+            np.testing.assert_array_equal(other.output_token_ids, results[0].output_token_ids)
+        return results[0]
+
+    moved = ("num_draft_tokens", "draft_token_ids", "uniforms")
+    unsharded = specdec_np.verify_ragged(**dict(device, **{
+        name: on_device(cp, 0, host[name])[0] for name in moved}))
+    expected = [cp.asnumpy(array) for array in unsharded[:2]]
+    for widths, reference in (([vocab_size], expected), ([23, 47], None), ([9, 0, 61], None)):
+        if reference is None:
+            cpu = run(host, widths)
+            reference = [cpu.output_token_ids, cpu.accepted_lengths]
+        found = run(device, widths)
+        np.testing.assert_array_equal(found.accepted_lengths, reference[1])
+        if emulated or dtype == np.float32 and len(widths) > 1:
+            np.testing.assert_array_equal(found.output_token_ids, reference[0])

@@ -21,6 +21,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 from typing import Any
 
 import numpy as np
@@ -262,6 +263,9 @@ _LIBRARY: list[Any] = []  # the emulated kernels' library and the symbol of a na
 #: ``(name expression, grid, block)`` of every launch, and ``(code, options, name
 #: expressions)`` of every module compiled, for tests of the launchers.
 launches: list[tuple[str, Any, Any]] = []
+# The emulation runs one launch at a time (its fibers and blocks are process-wide state):
+# ranks that are threads of one process (specdec_np.sharded.run_local) take turns.
+_LAUNCH_LOCK = threading.Lock()
 compiled: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
 
 
@@ -312,7 +316,8 @@ class _Kernel:
                 converted.append(ctypes.c_double(float(arg)))
             else:
                 raise TypeError(f"kernel argument of type {type(arg).__name__}")
-        self._function(*converted)
+        with _LAUNCH_LOCK:
+            self._function(*converted)
 
 
 class RawModule:
