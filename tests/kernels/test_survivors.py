@@ -60,6 +60,16 @@ _WRAPPER = r"""
                             : -2;                                                          \
         }                                                                                  \
         free(scratch);                                                                     \
+    }                                                                                      \
+    /* The block pass and the gathering alone. */                                          \
+    void t_maxima_##SUFFIX(const T *l, ptrdiff_t V, ptrdiff_t block, T *maxima)            \
+    {                                                                                      \
+        specdec_block_maxima_##SUFFIX(l, V, block, maxima);                                \
+    }                                                                                      \
+    ptrdiff_t t_gather_##SUFFIX(const T *l, ptrdiff_t V, ptrdiff_t block, const T *maxima, \
+                                ptrdiff_t blocks, T floor, T *z, ptrdiff_t *y)             \
+    {                                                                                      \
+        return specdec_gather_blocks_##SUFFIX(l, V, block, maxima, blocks, floor, z, y);   \
     }
 
 T_SURVIVORS(f, float)
@@ -125,6 +135,13 @@ def _build(tmp: Path, stem: str, *defines: str) -> Survivors:
 @pytest.fixture(scope="module")
 def survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
     return _build(tmp_path_factory.mktemp("survivors"), "survivors")
+
+
+@pytest.fixture(scope="module")
+def generic_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
+    """The block pass and the gathering in the generic code, not in AVX2 instructions."""
+    return _build(tmp_path_factory.mktemp("generic"), "generic",
+                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +252,46 @@ def test_survivors_law_is_the_reference_law(survivors: Survivors) -> None:
             np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-30, err_msg=context)
         else:
             assert case["top_p"] < 1.0, context
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_block_pass_and_gathering_have_the_generic_bits(
+    survivors: Survivors, generic_survivors: Survivors, dtype: type
+) -> None:
+    """The AVX2 block maxima and gathering (where the CPU has AVX2) against the generic
+    code: the same maxima bit for bit (a zero's sign included) and the same entries."""
+    kind = "f" if dtype == np.float32 else "d"
+    p = ctypes.c_void_p
+    for library in (survivors.lib, generic_survivors.lib):
+        getattr(library, f"t_maxima_{kind}").argtypes = [p, ctypes.c_ssize_t, ctypes.c_ssize_t, p]
+        gather = getattr(library, f"t_gather_{kind}")
+        gather.argtypes = [p, ctypes.c_ssize_t, ctypes.c_ssize_t, p, ctypes.c_ssize_t,
+                           ctypes.c_float if kind == "f" else ctypes.c_double, p, p]
+        gather.restype = ctypes.c_ssize_t
+    gathered = 0
+    for seed, kind_of_row in enumerate(ROWS):
+        for vocab, block in ((5000, 64), (20000, 128), (20037, 256)):
+            row = _row(kind_of_row, vocab, dtype, seed)
+            blocks = -(-vocab // block)
+            found = []
+            for library in (survivors.lib, generic_survivors.lib):
+                maxima = np.empty(blocks, dtype=dtype)
+                getattr(library, f"t_maxima_{kind}")(row.ctypes.data, vocab, block,
+                                                     maxima.ctypes.data)
+                floor = np.sort(maxima[~np.isnan(maxima)])[-min(40, blocks)]
+                z, y = np.empty(2048, dtype=dtype), np.empty(2048, dtype=np.intp)
+                count = getattr(library, f"t_gather_{kind}")(
+                    row.ctypes.data, vocab, block, maxima.ctypes.data, blocks, floor,
+                    z.ctypes.data, y.ctypes.data,
+                )
+                found.append((_bits(maxima), count, _bits(z[:max(count, 0)]),
+                              y[:max(count, 0)]))
+            context = f"{kind_of_row} V={vocab} block={block}"
+            for fast, generic in zip(*found):
+                np.testing.assert_array_equal(fast, generic, err_msg=context)
+            gathered += found[0][1] >= 40
+    # Most cases gather (not a sorted row's last blocks: more entries than the room).
+    assert gathered >= len(ROWS) * 3 // 2
 
 
 def _tied_in_z(dtype: type, temperature: float) -> tuple[Any, Any]:

@@ -264,6 +264,118 @@ SPECDEC_INLINE double specdec_fold_largest_d(specdec_block_group_d top)
 SPECDEC_DEFINE_BLOCK_LARGEST(f, float, uint32_t)
 SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
 
+/* The two passes of top-k's survivors in AVX2 instructions, on x86-64 CPUs that have them
+ * (picked at run time, the generic code otherwise): the block maxima with vmaxps, whose
+ * max(a, b) is a > b ? a : b, the generic code's select (NaN candidates never win, a tie
+ * keeps the running maximum), in the generic code's grouping and fold, so the same bits;
+ * the gathering with one mask of a group's hits (its set bits in element order), where the
+ * generic code tests the group and then each of its entries.  The tests build the header
+ * with SPECDEC_NO_X86_SURVIVORS to compare the two. */
+#if SPECDEC_HAVE_VECTORS && defined(__x86_64__) && defined(__GNUC__) &&                    \
+    !defined(SPECDEC_NO_X86_SURVIVORS)
+#include <immintrin.h>
+#define SPECDEC_X86_SURVIVORS 1
+
+static inline int specdec_has_avx2(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") != 0;
+    }
+    return known;
+}
+
+__attribute__((target("avx2"))) static inline __m256 specdec_x86_fold_f(__m256 top)
+{
+    top = _mm256_max_ps(_mm256_permute2f128_ps(top, top, 1), top); /* halves */
+    top = _mm256_max_ps(_mm256_permute_ps(top, 0x4E), top);       /* quarters */
+    return _mm256_max_ps(_mm256_permute_ps(top, 0xB1), top);      /* neighbours */
+}
+
+__attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d top)
+{
+    top = _mm256_max_pd(_mm256_permute2f128_pd(top, top, 1), top); /* halves */
+    return _mm256_max_pd(_mm256_permute_pd(top, 0x5), top);       /* neighbours */
+}
+
+#define SPECDEC_DEFINE_X86_SURVIVORS(SUFFIX, T, VEC, PS, LANES, FIRST)                      \
+    __attribute__((target("avx2"))) static void specdec_block_maxima_x86_##SUFFIX(         \
+        const T *logits, ptrdiff_t V, ptrdiff_t block, T *maxima)                          \
+    {                                                                                      \
+        const VEC lowest = _mm256_set1_##PS((T)-INFINITY);                                 \
+        ptrdiff_t b = 0, y = 0;                                                            \
+        for (; y + block <= V; y += block, ++b) {                                          \
+            VEC best[4] = {lowest, lowest, lowest, lowest};                                \
+            for (ptrdiff_t x = y; x < y + block; x += 4 * LANES)                           \
+                for (int j = 0; j < 4; ++j)                                                \
+                    best[j] = _mm256_max_##PS(_mm256_loadu_##PS(logits + x + j * LANES),   \
+                                              best[j]);                                    \
+            best[0] = _mm256_max_##PS(best[1], best[0]);                                   \
+            best[2] = _mm256_max_##PS(best[3], best[2]);                                   \
+            maxima[b] = FIRST(specdec_x86_fold_##SUFFIX(_mm256_max_##PS(best[2], best[0]))); \
+        }                                                                                  \
+        if (y < V) {                                                                       \
+            T largest = (T)-INFINITY;                                                      \
+            for (; y < V; ++y)                                                             \
+                largest = logits[y] > largest ? logits[y] : largest;                       \
+            maxima[b] = largest;                                                           \
+        }                                                                                  \
+    }                                                                                      \
+    __attribute__((target("avx2"))) static ptrdiff_t specdec_gather_blocks_x86_##SUFFIX(   \
+        const T *logits, ptrdiff_t V, ptrdiff_t block, const T *maxima, ptrdiff_t blocks,  \
+        T floor, T *z_out, ptrdiff_t *y_out)                                               \
+    {                                                                                      \
+        const VEC c = _mm256_set1_##PS(floor);                                             \
+        ptrdiff_t count = 0;                                                               \
+        for (ptrdiff_t b = 0; b < blocks; ++b) {                                           \
+            if (!(maxima[b] >= floor))                                                     \
+                continue;                                                                  \
+            ptrdiff_t y = b * block, end = y + block < V ? y + block : V;                  \
+            for (; y < end; y += LANES) {                                                  \
+                unsigned hits = 0;                                                         \
+                if (y + LANES <= end)                                                      \
+                    hits = (unsigned)_mm256_movemask_##PS(                                 \
+                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ));    \
+                else                                                                       \
+                    for (ptrdiff_t x = y; x < end; ++x)                                    \
+                        hits |= (unsigned)(logits[x] >= floor) << (x - y);                 \
+                for (; hits; hits &= hits - 1) {                                           \
+                    ptrdiff_t x = y + __builtin_ctz(hits);                                 \
+                    if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
+                        return -1;                                                         \
+                    z_out[count] = logits[x];                                              \
+                    y_out[count] = x;                                                      \
+                    ++count;                                                               \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        return count;                                                                      \
+    }
+
+SPECDEC_DEFINE_X86_SURVIVORS(f, float, __m256, ps, 8, _mm256_cvtss_f32)
+SPECDEC_DEFINE_X86_SURVIVORS(d, double, __m256d, pd, 4, _mm256_cvtsd_f64)
+#else
+#define SPECDEC_X86_SURVIVORS 0
+static inline int specdec_has_avx2(void) { return 0; }
+#define SPECDEC_DEFINE_X86_SURVIVORS(SUFFIX, T)                                             \
+    static inline void specdec_block_maxima_x86_##SUFFIX(const T *logits, ptrdiff_t V,      \
+                                                         ptrdiff_t block, T *maxima)       \
+    {                                                                                      \
+        (void)logits, (void)V, (void)block, (void)maxima;                                  \
+    }                                                                                      \
+    static inline ptrdiff_t specdec_gather_blocks_x86_##SUFFIX(                            \
+        const T *logits, ptrdiff_t V, ptrdiff_t block, const T *maxima, ptrdiff_t blocks,  \
+        T floor, T *z_out, ptrdiff_t *y_out)                                               \
+    {                                                                                      \
+        (void)logits, (void)V, (void)block, (void)maxima, (void)blocks, (void)floor;       \
+        (void)z_out, (void)y_out;                                                          \
+        return -1;                                                                         \
+    }
+SPECDEC_DEFINE_X86_SURVIVORS(f, float)
+SPECDEC_DEFINE_X86_SURVIVORS(d, double)
+#endif
+
 /* Top-k's survivors without the radix select's passes over the whole row.  The row is cut
  * into at most SPECDEC_TOP_P_CANDIDATES blocks (of a multiple of 64 entries), and one pass
  * that only compares logits (no division, no exponential) finds the largest logit of each.
@@ -283,6 +395,10 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
     static void specdec_block_maxima_##SUFFIX(const T *logits, ptrdiff_t V, ptrdiff_t block, \
                                               T *maxima)                                   \
     {                                                                                      \
+        if (SPECDEC_X86_SURVIVORS && specdec_has_avx2()) {                                 \
+            specdec_block_maxima_x86_##SUFFIX(logits, V, block, maxima);                    \
+            return;                                                                        \
+        }                                                                                  \
         ptrdiff_t b = 0, y = 0;                                                            \
         for (; y + block <= V; y += block, ++b)                                            \
             maxima[b] = specdec_block_largest_##SUFFIX(logits + y, block);                 \
@@ -302,6 +418,9 @@ SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
                                                     ptrdiff_t blocks, T floor, T *z_out,   \
                                                     ptrdiff_t *y_out)                      \
     {                                                                                      \
+        if (SPECDEC_X86_SURVIVORS && specdec_has_avx2())                                   \
+            return specdec_gather_blocks_x86_##SUFFIX(logits, V, block, maxima, blocks,     \
+                                                      floor, z_out, y_out);                \
         const ptrdiff_t group = 32 / sizeof(T);                                            \
         ptrdiff_t count = 0;                                                               \
         for (ptrdiff_t b = 0; b < blocks; ++b) {                                           \
