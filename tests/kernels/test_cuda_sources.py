@@ -1605,10 +1605,14 @@ SPECDEC_LAW_ENTRY(d, double)
 """
 
 
-def _build_law_probe(tmp: Path, stem: str, source: str) -> tuple[Any, Any]:
-    """The CPU law of ``logits_law.h`` (compiled as the extension is) and the emulated CUDA
-    source's, two libraries."""
-    cpu = build_library(tmp, f"{stem}_cpu", _CPU_LAW_PROBE)
+@pytest.fixture(scope="module")
+def cpu_law(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The CPU law of ``logits_law.h`` (compiled as the extension is), built once."""
+    return build_library(tmp_path_factory.mktemp("cpu_law"), "law_cpu", _CPU_LAW_PROBE)
+
+
+def _build_law_probe(tmp: Path, stem: str, source: str, cpu: Any) -> tuple[Any, Any]:
+    """The CPU law (the ``cpu_law`` fixture) and the emulated CUDA source's, two libraries."""
     gpu = _compile_library(tmp, f"{stem}_gpu", f"{_EMULATION_PRELUDE}\n{source}\n{_LAW_PROBE}")
     return cpu, gpu
 
@@ -1629,14 +1633,62 @@ def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndar
     return rows, sampling
 
 
-def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[str]:
+def _long_law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Rows long enough for top-k's survivors (``V > 2048``), with top-k on: ties at the
+    bound (logits of one decimal), -inf, NaN and +inf entries, blocks of NaN, rows whose
+    maximum is a signed zero, logits that overflow at the temperature, and rows with fewer
+    finite (or non-NaN) entries than ``k``; both orders, every filter."""
+    count, vocab = int(rng.integers(1, 4)), int(rng.choice([2049, 4096, 5000, 9001]))
+    rows = np.round(rng.standard_normal((count, vocab)) * rng.choice([1.0, 3.0]), 1)
+    for row in rows:
+        kind = rng.integers(7)
+        if kind == 0:  # masked entries and whole blocks of NaN
+            row[rng.random(vocab) < 0.3] = -np.inf
+            start = int(rng.integers(vocab - 200))
+            row[start : start + int(rng.integers(16, 200))] = np.nan
+        elif kind == 1:  # few entries that are not NaN: top-k past them
+            row[:] = np.nan
+            row[rng.integers(0, vocab, 30)] = rng.choice([-np.inf, 0.5, 1.0, 2.0], 30)
+        elif kind == 2:  # the maximum is a signed zero (both signs, in several lanes)
+            row[:] = -np.abs(row) - 0.1
+            row[rng.integers(0, vocab, 6)] = rng.choice([0.0, -0.0], 6)
+        elif kind == 3:  # +inf entries, or logits that overflow below temperature 1
+            row[rng.integers(0, vocab, 3)] = rng.choice([np.inf, 3e38, 1e308], 3)
+        elif kind == 4:  # a sprinkle of NaN
+            row[rng.random(vocab) < 0.05] = np.nan
+    with np.errstate(over="ignore"):
+        rows = rows.astype(dtype)
+    sampling = np.stack(
+        [
+            rng.choice([0.3, 1.0, 1.7], count),
+            rng.choice([1, 2, 5, 40, 40, 100, 1000, 1500, vocab - 1], count).astype(np.float64),
+            rng.choice([1.0, 1.0, 0.95, 0.6, 1e-9], count),
+            rng.choice([0.0, 0.0, 0.01, 0.3], count),
+            rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), count).astype(np.float64),
+        ],
+        axis=1,
+    )
+    return rows, sampling
+
+
+def _law_mismatches(
+    libraries: tuple[Any, Any],
+    seed: int,
+    cases: int,
+    make_rows: Callable[..., Any] = _law_rows,
+    reference: str = "cpu",
+    zero_sign: bool = True,
+) -> list[str]:
+    """Where the laws of ``libraries`` (the reference's, whose symbols start with
+    ``reference``, then the emulated CUDA source's) differ in their bits on ``cases`` random
+    calls; ``zero_sign`` False compares the sign of a zero maximum as a value."""
     import ctypes
 
     rng = np.random.default_rng(seed)
     problems = []
     for number in range(cases):
         dtype = FLOAT_TYPES[number % 2]
-        rows, sampling = _law_rows(rng, dtype)
+        rows, sampling = make_rows(rng, dtype)
         count, vocab = rows.shape
         results = {}
         for side in ("cpu", "gpu"):
@@ -1644,9 +1696,12 @@ def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[s
             p = np.zeros((count, vocab))
             m = np.zeros((count, vocab), dtype)
             library = libraries[0] if side == "cpu" else libraries[1]
-            function = getattr(library, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
+            prefix = reference if side == "cpu" else side
+            function = getattr(library, f"{prefix}_law_{'f' if dtype == np.float32 else 'd'}")
             sizes = (ctypes.c_longlong(count), ctypes.c_longlong(vocab))
             function(_ptr(rows), *sizes, _ptr(sampling), _ptr(laws), _ptr(p), _ptr(m))
+            if not zero_sign:
+                laws[:, 0] += 0.0
             results[side] = (laws, p, m)
         for name, theirs, ours in zip(
             ("law", "p", "materialised"), results["cpu"], results["gpu"]
@@ -1662,24 +1717,63 @@ def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[s
 LAW_CASES = 400
 
 
-def test_cuda_law_equals_the_cpu_law_bit_for_bit(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_cuda_law_equals_the_cpu_law_bit_for_bit(
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any
+) -> None:
     """The CUDA source's processed law (maximum, cutoff, normaliser, float64 probabilities
     and the materialised row) has the bits of ``logits_law.h``'s on logits with ties at the
     top-k and top-p boundaries, masked, NaN and +inf entries, every filter, both dtypes."""
     source = _cuda.cuda_sources()["chain_driver"]
-    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source)
+    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source, cpu_law)
     problems = _law_mismatches(lib, seed=5, cases=LAW_CASES)
     assert not problems, "\n".join(problems[:20])
+
+
+#: The survivors' path turned off: every law reads the whole row, as before that path.
+_WHOLE_ROW_LAW = ("if (vocab <= 2 * kSurvivors ||", "if (true || vocab <= 2 * kSurvivors ||")
+
+#: Wrong on purpose: each survivor summed on the lane of its rank, not of its index.
+_SURVIVORS_BY_RANK = ("if (list->position[i] % kLanes == l) f(i);", "if (i % kLanes == l) f(i);")
+
+LONG_LAW_CASES = 60
+
+
+def test_cuda_law_from_top_k_survivors_keeps_its_bits(
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any
+) -> None:
+    """On long rows with top-k on, the law from top-k's survivors (the blocks' maxima, their
+    k-th largest as a bound, the entries gathered above it) has the bits of the whole-row
+    law that it replaced, signs of zeros included, and those of ``logits_law.h``'s (whose
+    maximum may be a zero of the other sign: no probability reads that sign); a negative
+    control sums the survivors on the lanes of their ranks and must be caught."""
+    source = _cuda.cuda_sources()["processed_rows"]  # the law's source, and little else
+    tmp = tmp_path_factory.mktemp("long_law")
+    units = {
+        stem: f"{_EMULATION_PRELUDE}\n{_replace(source, *change) if change else source}\n"
+        f"{_LAW_PROBE}"
+        for stem, change in (
+            ("long_law_gpu", None),
+            ("long_law_whole", _WHOLE_ROW_LAW),
+            ("long_law_by_rank", _SURVIVORS_BY_RANK),
+        )
+    }
+    gpu, whole, by_rank = _compile_libraries(tmp, units)
+    run = dict(seed=7, cases=LONG_LAW_CASES, make_rows=_long_law_rows)
+    problems = _law_mismatches((whole, gpu), reference="gpu", **run)
+    problems += _law_mismatches((cpu_law, gpu), zero_sign=False, **run)
+    assert not problems, "\n".join(problems[:20])
+    assert _law_mismatches((whole, by_rank), reference="gpu", **run), "the mutation went unnoticed"
 
 
 _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The float32 exponential loses a bit of its last polynomial coefficient.
     "exp_coefficient": lambda s: _replace(s, "0x1.fffffcp-2f", "0x1.fffff8p-2f"),
-    # The kept sum taken on one lane instead of the CPU's eight.
+    # The row's lanes (the maximum pass and the kept sum) taken as one instead of the CPU's
+    # eight.
     "kept_sum_one_lane": lambda s: _replace(
         s,
-        "for (long long y = t; y < vocab; y += kLanes) {",
-        "for (long long y = t * vocab; y < vocab; y += 1) {",
+        "for (long long y = l; y < count; y += kLanes) f(y);",
+        "for (long long y = l * count; y < count; y += 1) f(y);",
     ),
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
@@ -1688,23 +1782,23 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     # llama.cpp's order filters at the temperature's maximum instead of the logits'.
     "llama_cpp_maximum_at_the_temperature": lambda s: _replace(
         s,
-        "temperature == one ? z_max : extreme_logit(row, vocab, false, Key(0), s)",
+        "temperature == one ? z_max : extreme_logit<T>(logits, false, Key(0), s)",
         "z_max",
     ),
     # llama.cpp's order takes the cutoff from min-p's bisection key, not the lowest logit.
     "llama_cpp_cutoff_from_the_key": lambda s: _replace(
-        s, "lowest = extreme_logit(row, vocab, true, floor_key, s);", "(void)s;"
+        s, "lowest = extreme_logit<T>(logits, true, floor_key, s);", "(void)s;"
     ),
 }
 
 
 @pytest.mark.parametrize("mutation", sorted(_LAW_MUTATIONS))
 def test_law_probe_detects_mutated_laws(
-    tmp_path_factory: pytest.TempPathFactory, mutation: str
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any, mutation: str
 ) -> None:
     """Negative controls: a law that is off by one rounding must be caught."""
     source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["chain_driver"])
-    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
+    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source, cpu_law)
     assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"
 
 
