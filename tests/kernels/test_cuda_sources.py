@@ -1349,13 +1349,17 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) ->
     return rows
 
 
-def _sampling_table(rng: np.random.Generator, batch: int, vocab: int) -> np.ndarray:
+def _sampling_table(
+    rng: np.random.Generator, batch: int, vocab: int, top_ks: Any = None
+) -> np.ndarray:
     """Per-request (temperature, top-k, top-p, min-p, filter order) ``[B, 5]``: top-k 0
-    (off), 1, small, ``V`` and above ``V``; top-p and min-p on and off; both orders."""
+    (off), 1, small, ``V`` and above ``V`` (or one of ``top_ks``); top-p and min-p on and
+    off; both orders."""
+    top_ks = [0, 1, 2, 5, vocab, vocab + 3] if top_ks is None else top_ks
     return np.stack(
         [
             rng.choice([0.5, 1.0, 1.7], batch),
-            rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+            rng.choice(top_ks, batch).astype(np.float64),
             rng.choice([1.0, 0.9, 0.5, 0.3], batch),
             rng.choice([0.0, 0.0, 0.05, 0.2], batch),
             rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), batch).astype(np.float64),
@@ -1368,14 +1372,15 @@ def _flat_probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype:
     return _probabilities(rng, shape, dtype, "flat")
 
 
-def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
+def _engine_case(rng: np.random.Generator, logits: bool, long_rows: bool = False) -> Chains:
     """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
-    and for logits rows per-request temperature, top-k, top-p and min-p."""
-    batch = int(rng.integers(1, 5))
-    lengths = rng.integers(0, 5, batch)
+    and for logits rows per-request temperature, top-k, top-p and min-p; ``long_rows``:
+    fewer, longer rows with top-k on (its survivors' path)."""
+    batch = int(rng.integers(1, 3 if long_rows else 5))
+    lengths = rng.integers(0, 3 if long_rows else 5, batch)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     num_drafts = int(offsets[-1])
-    vocab = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 513, 1000]))
+    vocab = int(rng.choice([4096, 5003] if long_rows else [1, 2, 7, 33, 64, 65, 200, 513, 1000]))
     pdt = FLOAT_TYPES[int(rng.integers(2))]
     idt = ID_TYPES[int(rng.integers(2))]
     # Logits cases mix the row forms now and then: target logits with draft probabilities
@@ -1407,7 +1412,7 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
             )
     sampling = None
     if logits:
-        sampling = _sampling_table(rng, batch, vocab)
+        sampling = _sampling_table(rng, batch, vocab, [1, 5, 40] if long_rows else None)
     width = int(lengths.max()) + 1
     return Chains(
         target=target, draft=draft, ids=ids, bonus=rng.integers(0, vocab, batch).astype(idt),
@@ -1457,13 +1462,15 @@ def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods
     return out
 
 
-def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) -> Comparison:
+def _compare_engine(
+    lib: Any, core: Any, seed: int, cases: int, logits: bool, long_rows: bool = False
+) -> Comparison:
     """Every verifier with the engine options, emulated CUDA against ``_core.verify_chains``:
     every cell equal (status, outputs, lengths, counts)."""
     rng = np.random.default_rng(seed)
     tally = Comparison()
     for number in range(cases):
-        c = _engine_case(rng, logits)
+        c = _engine_case(rng, logits, long_rows)
         tally.cases += 1
         for verifier in registry.VERIFIERS:
             method = verifier.code
@@ -1503,6 +1510,14 @@ def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, log
     tally = _compare_engine(emulated, core, seed=20261201, cases=ENGINE_CASES, logits=logits)
     assert not tally.problems, "\n".join(tally.problems[:20])
     assert tally.draws > 50, "too few lazy bonus draws were exercised"
+
+
+def test_emulated_engine_reads_long_logits_rows(emulated: Any, core: Any) -> None:
+    """Long logits rows with top-k on (the law from top-k's survivors, read by the row
+    readers: single entries, processed rows, the lazy bonus), greedy requests mixed in: the
+    emulated kernel writes exactly the CPU driver's cells."""
+    tally = _compare_engine(emulated, core, seed=20261207, cases=40, logits=True, long_rows=True)
+    assert not tally.problems, "\n".join(tally.problems[:20])
 
 
 _ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
@@ -1868,16 +1883,21 @@ class Trees:
 
 
 def _tree_case(
-    rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None, logits: bool = False
+    rng: np.random.Generator,
+    prob_dtype: Any = None,
+    id_dtype: Any = None,
+    logits: bool = False,
+    long_rows: bool = False,
 ) -> Trees:
     """Random trees: zero-node requests, deep chains and wide sibling lists, repeated sibling
     tokens, both dtypes of each kind, dense (with negative and NaN entries) or no draft
     rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs.
     With ``logits``, the rows are logits (ties at the filter boundaries, masked, NaN and
-    ``+inf`` entries) with per-request temperature, top-k, top-p and min-p."""
-    batch = int(rng.integers(1, 5))
+    ``+inf`` entries) with per-request temperature, top-k, top-p and min-p; ``long_rows``:
+    fewer nodes on longer logits rows with top-k on (its survivors' path)."""
+    batch = int(rng.integers(1, 3 if long_rows else 5))
     shape = str(rng.choice(["random", "wide", "chain"]))
-    most = 24 if shape == "wide" else 8
+    most = 4 if long_rows else 24 if shape == "wide" else 8
     counts = rng.integers(0, most + 1, batch)
     counts[rng.random(batch) < 0.2] = 0
     parents = []
@@ -1893,6 +1913,7 @@ def _tree_case(
     total = int(offsets[-1])
     weights = VOCABULARY_WEIGHTS[:-1]  # trees walk many rows: the largest V is left out
     vocab = int(rng.choice(VOCABULARIES[:-1], p=weights / weights.sum()))
+    vocab = int(rng.choice([4096, 5003])) if long_rows else vocab
     pdt = FLOAT_TYPES[int(rng.integers(2))] if prob_dtype is None else prob_dtype
     idt = ID_TYPES[int(rng.integers(2))] if id_dtype is None else id_dtype
     kind = "logits" if logits else str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
@@ -1947,7 +1968,7 @@ def _tree_case(
         methods = rng.integers(0, len(TREE_WALKS), batch).astype(np.int8)
     sampling = None
     if logits:
-        sampling = _sampling_table(rng, batch, vocab)
+        sampling = _sampling_table(rng, batch, vocab, [1, 5, 40] if long_rows else None)
     return Trees(
         target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
         uniforms=uniforms, methods=methods, depth=depth, kind=kind, sampling=sampling,
@@ -2032,13 +2053,15 @@ def _explained_by_rounding(core: Any, method: int, c: Trees, b: int, mine: tuple
     return False
 
 
-def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = False) -> Comparison:
+def _compare_trees(
+    lib: Any, core: Any, seed: int, cases: int, logits: bool = False, long_rows: bool = False
+) -> Comparison:
     """Every walk, emulated CUDA against ``_core.verify_trees``: statuses and the cells
     written identical, except where a uniform lies within rounding of a boundary."""
     rng = np.random.default_rng(seed)
     tally = Comparison()
     for number in range(cases):
-        c = _tree_case(rng, logits=logits)
+        c = _tree_case(rng, logits=logits, long_rows=long_rows)
         tally.cases += 1
         for walk, method in TREE_WALKS:
             where = (
@@ -2108,6 +2131,14 @@ def test_emulated_tree_kernel_matches_cpu_driver(emulated: Any, core: Any, logit
         f"{tally.boundary_draws} differing within rounding of a boundary"
     )
     assert tally.draws > 1000 and tally.boundary_draws < tally.requests // 100
+
+
+def test_emulated_tree_kernel_reads_long_logits_rows(emulated: Any, core: Any) -> None:
+    """Long logits rows with top-k on (the law from top-k's survivors) through every walk:
+    the emulated tree kernel writes the CPU driver's cells."""
+    tally = _compare_trees(emulated, core, seed=20261207, cases=20, logits=True, long_rows=True)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    assert tally.draws > 20
 
 
 _TREE_MUTATIONS: dict[str, Callable[[str], str]] = {
