@@ -11,6 +11,11 @@
 // them. The one operation that is not the CPU's is the float64 exp (CUDA's, not the host
 // libm) in the weights of float64 rows: within an ulp, and docs/semantics.md says what that
 // can change.
+//
+// With top-k on, a long row's law starts from top-k's survivors (gather_survivors: block
+// maxima, their k-th largest as a bound, the entries at or above it gathered in element
+// order into shared memory) and every later pass reads them alone, in the same order and
+// with the same bits as over the row; otherwise, and where they do not fit, the row.
 #include "block.cuh"
 
 namespace specdec {
