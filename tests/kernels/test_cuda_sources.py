@@ -1392,13 +1392,17 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) ->
     return rows
 
 
-def _sampling_table(rng: np.random.Generator, batch: int, vocab: int) -> np.ndarray:
+def _sampling_table(
+    rng: np.random.Generator, batch: int, vocab: int, top_ks: Any = None
+) -> np.ndarray:
     """Per-request (temperature, top-k, top-p, min-p, filter order) ``[B, 5]``: top-k 0
-    (off), 1, small, ``V`` and above ``V``; top-p and min-p on and off; both orders."""
+    (off), 1, small, ``V`` and above ``V`` (or one of ``top_ks``); top-p and min-p on and
+    off; both orders."""
+    top_ks = [0, 1, 2, 5, vocab, vocab + 3] if top_ks is None else top_ks
     return np.stack(
         [
             rng.choice([0.5, 1.0, 1.7], batch),
-            rng.choice([0, 1, 2, 5, vocab, vocab + 3], batch).astype(np.float64),
+            rng.choice(top_ks, batch).astype(np.float64),
             rng.choice([1.0, 0.9, 0.5, 0.3], batch),
             rng.choice([0.0, 0.0, 0.05, 0.2], batch),
             rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), batch).astype(np.float64),
@@ -1411,14 +1415,15 @@ def _flat_probabilities(rng: np.random.Generator, shape: tuple[int, ...], dtype:
     return _probabilities(rng, shape, dtype, "flat")
 
 
-def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
+def _engine_case(rng: np.random.Generator, logits: bool, long_rows: bool = False) -> Chains:
     """A ragged engine batch (some k_b = 0) with per-request methods, the lazy bonus or not,
-    and for logits rows per-request temperature, top-k, top-p and min-p."""
-    batch = int(rng.integers(1, 5))
-    lengths = rng.integers(0, 5, batch)
+    and for logits rows per-request temperature, top-k, top-p and min-p; ``long_rows``:
+    fewer, longer rows with top-k on (its survivors' path)."""
+    batch = int(rng.integers(1, 3 if long_rows else 5))
+    lengths = rng.integers(0, 3 if long_rows else 5, batch)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     num_drafts = int(offsets[-1])
-    vocab = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 513, 1000]))
+    vocab = int(rng.choice([4096, 5003] if long_rows else [1, 2, 7, 33, 64, 65, 200, 513, 1000]))
     pdt = FLOAT_TYPES[int(rng.integers(2))]
     idt = ID_TYPES[int(rng.integers(2))]
     # Logits cases mix the row forms now and then: target logits with draft probabilities
@@ -1450,7 +1455,7 @@ def _engine_case(rng: np.random.Generator, logits: bool) -> Chains:
             )
     sampling = None
     if logits:
-        sampling = _sampling_table(rng, batch, vocab)
+        sampling = _sampling_table(rng, batch, vocab, [1, 5, 40] if long_rows else None)
     width = int(lengths.max()) + 1
     return Chains(
         target=target, draft=draft, ids=ids, bonus=rng.integers(0, vocab, batch).astype(idt),
@@ -1500,13 +1505,15 @@ def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods
     return out
 
 
-def _compare_engine(lib: Any, core: Any, seed: int, cases: int, logits: bool) -> Comparison:
+def _compare_engine(
+    lib: Any, core: Any, seed: int, cases: int, logits: bool, long_rows: bool = False
+) -> Comparison:
     """Every verifier with the engine options, emulated CUDA against ``_core.verify_chains``:
     every cell equal (status, outputs, lengths, counts)."""
     rng = np.random.default_rng(seed)
     tally = Comparison()
     for number in range(cases):
-        c = _engine_case(rng, logits)
+        c = _engine_case(rng, logits, long_rows)
         tally.cases += 1
         for verifier in registry.VERIFIERS:
             method = verifier.code
@@ -1546,6 +1553,14 @@ def test_emulated_engine_options_match_cpu_kernels(emulated: Any, core: Any, log
     tally = _compare_engine(emulated, core, seed=20261201, cases=ENGINE_CASES, logits=logits)
     assert not tally.problems, "\n".join(tally.problems[:20])
     assert tally.draws > 50, "too few lazy bonus draws were exercised"
+
+
+def test_emulated_engine_reads_long_logits_rows(emulated: Any, core: Any) -> None:
+    """Long logits rows with top-k on (the law from top-k's survivors, read by the row
+    readers: single entries, processed rows, the lazy bonus), greedy requests mixed in: the
+    emulated kernel writes exactly the CPU driver's cells."""
+    tally = _compare_engine(emulated, core, seed=20261207, cases=40, logits=True, long_rows=True)
+    assert not tally.problems, "\n".join(tally.problems[:20])
 
 
 _ENGINE_MUTATIONS: dict[str, Callable[[str], str]] = {
@@ -1648,10 +1663,14 @@ SPECDEC_LAW_ENTRY(d, double)
 """
 
 
-def _build_law_probe(tmp: Path, stem: str, source: str) -> tuple[Any, Any]:
-    """The CPU law of ``logits_law.h`` (compiled as the extension is) and the emulated CUDA
-    source's, two libraries."""
-    cpu = build_library(tmp, f"{stem}_cpu", _CPU_LAW_PROBE)
+@pytest.fixture(scope="module")
+def cpu_law(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The CPU law of ``logits_law.h`` (compiled as the extension is), built once."""
+    return build_library(tmp_path_factory.mktemp("cpu_law"), "law_cpu", _CPU_LAW_PROBE)
+
+
+def _build_law_probe(tmp: Path, stem: str, source: str, cpu: Any) -> tuple[Any, Any]:
+    """The CPU law (the ``cpu_law`` fixture) and the emulated CUDA source's, two libraries."""
     gpu = _compile_library(tmp, f"{stem}_gpu", f"{_EMULATION_PRELUDE}\n{source}\n{_LAW_PROBE}")
     return cpu, gpu
 
@@ -1672,14 +1691,62 @@ def _law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndar
     return rows, sampling
 
 
-def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[str]:
+def _long_law_rows(rng: np.random.Generator, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Rows long enough for top-k's survivors (``V > 2048``), with top-k on: ties at the
+    bound (logits of one decimal), -inf, NaN and +inf entries, blocks of NaN, rows whose
+    maximum is a signed zero, logits that overflow at the temperature, and rows with fewer
+    finite (or non-NaN) entries than ``k``; both orders, every filter."""
+    count, vocab = int(rng.integers(1, 4)), int(rng.choice([2049, 4096, 5000, 9001]))
+    rows = np.round(rng.standard_normal((count, vocab)) * rng.choice([1.0, 3.0]), 1)
+    for row in rows:
+        kind = rng.integers(7)
+        if kind == 0:  # masked entries and whole blocks of NaN
+            row[rng.random(vocab) < 0.3] = -np.inf
+            start = int(rng.integers(vocab - 200))
+            row[start : start + int(rng.integers(16, 200))] = np.nan
+        elif kind == 1:  # few entries that are not NaN: top-k past them
+            row[:] = np.nan
+            row[rng.integers(0, vocab, 30)] = rng.choice([-np.inf, 0.5, 1.0, 2.0], 30)
+        elif kind == 2:  # the maximum is a signed zero (both signs, in several lanes)
+            row[:] = -np.abs(row) - 0.1
+            row[rng.integers(0, vocab, 6)] = rng.choice([0.0, -0.0], 6)
+        elif kind == 3:  # +inf entries, or logits that overflow below temperature 1
+            row[rng.integers(0, vocab, 3)] = rng.choice([np.inf, 3e38, 1e308], 3)
+        elif kind == 4:  # a sprinkle of NaN
+            row[rng.random(vocab) < 0.05] = np.nan
+    with np.errstate(over="ignore"):
+        rows = rows.astype(dtype)
+    sampling = np.stack(
+        [
+            rng.choice([0.3, 1.0, 1.7], count),
+            rng.choice([1, 2, 5, 40, 40, 100, 1000, 1500, vocab - 1], count).astype(np.float64),
+            rng.choice([1.0, 1.0, 0.95, 0.6, 1e-9], count),
+            rng.choice([0.0, 0.0, 0.01, 0.3], count),
+            rng.choice(sorted(_contract.FILTER_ORDER_CODES.values()), count).astype(np.float64),
+        ],
+        axis=1,
+    )
+    return rows, sampling
+
+
+def _law_mismatches(
+    libraries: tuple[Any, Any],
+    seed: int,
+    cases: int,
+    make_rows: Callable[..., Any] = _law_rows,
+    reference: str = "cpu",
+    zero_sign: bool = True,
+) -> list[str]:
+    """Where the laws of ``libraries`` (the reference's, whose symbols start with
+    ``reference``, then the emulated CUDA source's) differ in their bits on ``cases`` random
+    calls; ``zero_sign`` False compares the sign of a zero maximum as a value."""
     import ctypes
 
     rng = np.random.default_rng(seed)
     problems = []
     for number in range(cases):
         dtype = FLOAT_TYPES[number % 2]
-        rows, sampling = _law_rows(rng, dtype)
+        rows, sampling = make_rows(rng, dtype)
         count, vocab = rows.shape
         results = {}
         for side in ("cpu", "gpu"):
@@ -1687,9 +1754,12 @@ def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[s
             p = np.zeros((count, vocab))
             m = np.zeros((count, vocab), dtype)
             library = libraries[0] if side == "cpu" else libraries[1]
-            function = getattr(library, f"{side}_law_{'f' if dtype == np.float32 else 'd'}")
+            prefix = reference if side == "cpu" else side
+            function = getattr(library, f"{prefix}_law_{'f' if dtype == np.float32 else 'd'}")
             sizes = (ctypes.c_longlong(count), ctypes.c_longlong(vocab))
             function(_ptr(rows), *sizes, _ptr(sampling), _ptr(laws), _ptr(p), _ptr(m))
+            if not zero_sign:
+                laws[:, 0] += 0.0
             results[side] = (laws, p, m)
         for name, theirs, ours in zip(
             ("law", "p", "materialised"), results["cpu"], results["gpu"]
@@ -1705,24 +1775,63 @@ def _law_mismatches(libraries: tuple[Any, Any], seed: int, cases: int) -> list[s
 LAW_CASES = 400
 
 
-def test_cuda_law_equals_the_cpu_law_bit_for_bit(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_cuda_law_equals_the_cpu_law_bit_for_bit(
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any
+) -> None:
     """The CUDA source's processed law (maximum, cutoff, normaliser, float64 probabilities
     and the materialised row) has the bits of ``logits_law.h``'s on logits with ties at the
     top-k and top-p boundaries, masked, NaN and +inf entries, every filter, both dtypes."""
     source = _cuda.cuda_sources()["chain_driver"]
-    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source)
+    lib = _build_law_probe(tmp_path_factory.mktemp("law"), "law", source, cpu_law)
     problems = _law_mismatches(lib, seed=5, cases=LAW_CASES)
     assert not problems, "\n".join(problems[:20])
+
+
+#: The survivors' path turned off: every law reads the whole row, as before that path.
+_WHOLE_ROW_LAW = ("if (vocab <= 2 * kSurvivors ||", "if (true || vocab <= 2 * kSurvivors ||")
+
+#: Wrong on purpose: each survivor summed on the lane of its rank, not of its index.
+_SURVIVORS_BY_RANK = ("if (list->position[i] % kLanes == l) f(i);", "if (i % kLanes == l) f(i);")
+
+LONG_LAW_CASES = 60
+
+
+def test_cuda_law_from_top_k_survivors_keeps_its_bits(
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any
+) -> None:
+    """On long rows with top-k on, the law from top-k's survivors (the blocks' maxima, their
+    k-th largest as a bound, the entries gathered above it) has the bits of the whole-row
+    law that it replaced, signs of zeros included, and those of ``logits_law.h``'s (whose
+    maximum may be a zero of the other sign: no probability reads that sign); a negative
+    control sums the survivors on the lanes of their ranks and must be caught."""
+    source = _cuda.cuda_sources()["processed_rows"]  # the law's source, and little else
+    tmp = tmp_path_factory.mktemp("long_law")
+    units = {
+        stem: f"{_EMULATION_PRELUDE}\n{_replace(source, *change) if change else source}\n"
+        f"{_LAW_PROBE}"
+        for stem, change in (
+            ("long_law_gpu", None),
+            ("long_law_whole", _WHOLE_ROW_LAW),
+            ("long_law_by_rank", _SURVIVORS_BY_RANK),
+        )
+    }
+    gpu, whole, by_rank = _compile_libraries(tmp, units)
+    run = dict(seed=7, cases=LONG_LAW_CASES, make_rows=_long_law_rows)
+    problems = _law_mismatches((whole, gpu), reference="gpu", **run)
+    problems += _law_mismatches((cpu_law, gpu), zero_sign=False, **run)
+    assert not problems, "\n".join(problems[:20])
+    assert _law_mismatches((whole, by_rank), reference="gpu", **run), "the mutation went unnoticed"
 
 
 _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     # The float32 exponential loses a bit of its last polynomial coefficient.
     "exp_coefficient": lambda s: _replace(s, "0x1.fffffcp-2f", "0x1.fffff8p-2f"),
-    # The kept sum taken on one lane instead of the CPU's eight.
+    # The row's lanes (the maximum pass and the kept sum) taken as one instead of the CPU's
+    # eight.
     "kept_sum_one_lane": lambda s: _replace(
         s,
-        "for (long long y = t; y < vocab; y += kLanes) {",
-        "for (long long y = t * vocab; y < vocab; y += 1) {",
+        "for (long long y = l; y < count; y += kLanes) f(y);",
+        "for (long long y = l * count; y < count; y += 1) f(y);",
     ),
     # The radix select stops one tie group too late: top-k keeps the (K+1)-th value.
     "select_strict": lambda s: _replace(
@@ -1731,23 +1840,23 @@ _LAW_MUTATIONS: dict[str, Callable[[str], str]] = {
     # llama.cpp's order filters at the temperature's maximum instead of the logits'.
     "llama_cpp_maximum_at_the_temperature": lambda s: _replace(
         s,
-        "temperature == one ? z_max : extreme_logit(row, vocab, false, Key(0), s)",
+        "temperature == one ? z_max : extreme_logit<T>(logits, false, Key(0), s)",
         "z_max",
     ),
     # llama.cpp's order takes the cutoff from min-p's bisection key, not the lowest logit.
     "llama_cpp_cutoff_from_the_key": lambda s: _replace(
-        s, "lowest = extreme_logit(row, vocab, true, floor_key, s);", "(void)s;"
+        s, "lowest = extreme_logit<T>(logits, true, floor_key, s);", "(void)s;"
     ),
 }
 
 
 @pytest.mark.parametrize("mutation", sorted(_LAW_MUTATIONS))
 def test_law_probe_detects_mutated_laws(
-    tmp_path_factory: pytest.TempPathFactory, mutation: str
+    tmp_path_factory: pytest.TempPathFactory, cpu_law: Any, mutation: str
 ) -> None:
     """Negative controls: a law that is off by one rounding must be caught."""
     source = _LAW_MUTATIONS[mutation](_cuda.cuda_sources()["chain_driver"])
-    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source)
+    lib = _build_law_probe(tmp_path_factory.mktemp(mutation), mutation, source, cpu_law)
     assert _law_mismatches(lib, seed=5, cases=100), f"mutation {mutation} went unnoticed"
 
 
@@ -1817,16 +1926,21 @@ class Trees:
 
 
 def _tree_case(
-    rng: np.random.Generator, prob_dtype: Any = None, id_dtype: Any = None, logits: bool = False
+    rng: np.random.Generator,
+    prob_dtype: Any = None,
+    id_dtype: Any = None,
+    logits: bool = False,
+    long_rows: bool = False,
 ) -> Trees:
     """Random trees: zero-node requests, deep chains and wide sibling lists, repeated sibling
     tokens, both dtypes of each kind, dense (with negative and NaN entries) or no draft
     rows, boundary uniforms, bad ids, rows without mass, misaligned rows, deeper outputs.
     With ``logits``, the rows are logits (ties at the filter boundaries, masked, NaN and
-    ``+inf`` entries) with per-request temperature, top-k, top-p and min-p."""
-    batch = int(rng.integers(1, 5))
+    ``+inf`` entries) with per-request temperature, top-k, top-p and min-p; ``long_rows``:
+    fewer nodes on longer logits rows with top-k on (its survivors' path)."""
+    batch = int(rng.integers(1, 3 if long_rows else 5))
     shape = str(rng.choice(["random", "wide", "chain"]))
-    most = 24 if shape == "wide" else 8
+    most = 4 if long_rows else 24 if shape == "wide" else 8
     counts = rng.integers(0, most + 1, batch)
     counts[rng.random(batch) < 0.2] = 0
     parents = []
@@ -1842,6 +1956,7 @@ def _tree_case(
     total = int(offsets[-1])
     weights = VOCABULARY_WEIGHTS[:-1]  # trees walk many rows: the largest V is left out
     vocab = int(rng.choice(VOCABULARIES[:-1], p=weights / weights.sum()))
+    vocab = int(rng.choice([4096, 5003])) if long_rows else vocab
     pdt = FLOAT_TYPES[int(rng.integers(2))] if prob_dtype is None else prob_dtype
     idt = ID_TYPES[int(rng.integers(2))] if id_dtype is None else id_dtype
     kind = "logits" if logits else str(rng.choice(["flat", "peaked", "sparse", "ties", "noise"]))
@@ -1896,7 +2011,7 @@ def _tree_case(
         methods = rng.integers(0, len(TREE_WALKS), batch).astype(np.int8)
     sampling = None
     if logits:
-        sampling = _sampling_table(rng, batch, vocab)
+        sampling = _sampling_table(rng, batch, vocab, [1, 5, 40] if long_rows else None)
     return Trees(
         target=target, draft=draft, ids=ids, parents=parents, offsets=offsets,
         uniforms=uniforms, methods=methods, depth=depth, kind=kind, sampling=sampling,
@@ -1981,13 +2096,15 @@ def _explained_by_rounding(core: Any, method: int, c: Trees, b: int, mine: tuple
     return False
 
 
-def _compare_trees(lib: Any, core: Any, seed: int, cases: int, logits: bool = False) -> Comparison:
+def _compare_trees(
+    lib: Any, core: Any, seed: int, cases: int, logits: bool = False, long_rows: bool = False
+) -> Comparison:
     """Every walk, emulated CUDA against ``_core.verify_trees``: statuses and the cells
     written identical, except where a uniform lies within rounding of a boundary."""
     rng = np.random.default_rng(seed)
     tally = Comparison()
     for number in range(cases):
-        c = _tree_case(rng, logits=logits)
+        c = _tree_case(rng, logits=logits, long_rows=long_rows)
         tally.cases += 1
         for walk, method in TREE_WALKS:
             where = (
@@ -2057,6 +2174,14 @@ def test_emulated_tree_kernel_matches_cpu_driver(emulated: Any, core: Any, logit
         f"{tally.boundary_draws} differing within rounding of a boundary"
     )
     assert tally.draws > 1000 and tally.boundary_draws < tally.requests // 100
+
+
+def test_emulated_tree_kernel_reads_long_logits_rows(emulated: Any, core: Any) -> None:
+    """Long logits rows with top-k on (the law from top-k's survivors) through every walk:
+    the emulated tree kernel writes the CPU driver's cells."""
+    tally = _compare_trees(emulated, core, seed=20261207, cases=20, logits=True, long_rows=True)
+    assert not tally.problems, "\n".join(tally.problems[:20])
+    assert tally.draws > 20
 
 
 _TREE_MUTATIONS: dict[str, Callable[[str], str]] = {

@@ -47,8 +47,26 @@ struct DrawScratch {
     int last_thread;
     long long token;
 };
+// Top-k's survivors of a long row (logits_law.cuh, gather_survivors): at most kRowBlocks
+// blocks' maxima, then at most kSurvivors gathered entries (logit and index, in element
+// order), which replace the maxima. The prefix sums of the gathering share the histogram's
+// storage, which no select uses meanwhile. Sized so that two blocks of a kernel still fit
+// in 64 KiB of shared memory (sm_75) and three in 100 KiB (sm_86).
+constexpr int kRowBlocks = 2 * kBlock;
+constexpr int kSurvivors = 1024;
+struct SurvivorList {
+    double logit[kSurvivors];
+    int position[kSurvivors];  // rows on this path have fewer than 2^31 entries
+};
 struct LawScratch {
-    double histogram[kBuckets];
+    union {
+        double histogram[kBuckets];
+        long long prefix_sum[2][kBlock];
+    };
+    union {
+        double block_max[kRowBlocks];
+        SurvivorList survivors;
+    };
 };
 struct Scratch {
     union {
@@ -78,4 +96,10 @@ struct Scratch {
     // An RRS step's residual mass after thread 0 restored the tried siblings' tokens.
     double fixed_mass;
 };
+// A law reduces its extreme logit (ReduceScratch) while it holds top-k's survivors: the
+// reduction must lie within the histogram's storage.
+static_assert(sizeof(ReduceScratch) <= sizeof(double) * kBuckets &&
+                  sizeof(long long) * 2 * kBlock <= sizeof(double) * kBuckets &&
+                  kRowBlocks % kBlock == 0,
+              "the law's scratch does not fit its union");
 }  // namespace specdec
