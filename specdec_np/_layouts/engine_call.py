@@ -313,14 +313,14 @@ def engine_call(
 
 def _adjusts_in_kernel(layout: LayoutCall, batch: Any, strict: bool, report_bias: bool) -> bool:
     """Whether the kernel applies the sampling surface's row settings where it reads a
-    row (the CPU chain kernel), rather than the rows being adjusted on copies first.
+    row (the chain kernels, CPU and CUDA, and the CUDA tree kernel), rather than the rows
+    being adjusted on copies first.
 
-    The copies remain where something reads the adjusted rows outside the chain kernel:
-    the CUDA kernels, trees, relaxed methods (their rules and laws run in Python), strict
-    mode (its checks read the rows) and ``report_bias`` (it reads the laws)."""
+    The copies remain where something reads the adjusted rows outside those kernels: the
+    CPU tree kernel, relaxed methods (their rules and laws run in Python), strict mode
+    (its checks read the rows) and ``report_bias`` (it reads the laws)."""
     return (
-        batch.device is None
-        and batch.kernel_name == "verify_chains"
+        (batch.kernel_name == "verify_chains" or batch.device is not None)
         and getattr(layout, "relaxed", None) is None
         and not strict
         and not report_bias

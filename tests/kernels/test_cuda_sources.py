@@ -555,7 +555,11 @@ _KERNEL_SIGNATURES = {
         "long long* accepted_lengths, long long* num_accepted, long long* row_status, "
         "const signed char* request_methods, long long causal, long long draw_bonus, "
         "const double* sampling, P* scratch, long long target_logits, long long draft_logits, "
-        "long long bonus_rows",
+        "long long bonus_rows, const int* target_mask, const long long* target_entry_offsets, "
+        "const long long* target_entry_ids, const P* target_entry_values, "
+        "const int* draft_mask, const long long* draft_entry_offsets, "
+        "const long long* draft_entry_ids, const P* draft_entry_values, long long mask_words, "
+        "P* adjusted",
         "batch, specdec::kBlock",
     ),
     "verify_trees_kernel": (
@@ -568,7 +572,12 @@ _KERNEL_SIGNATURES = {
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
         "long long* accepted_lengths, long long* row_status, const double* sampling, "
-        "P* scratch, long long target_logits, long long draft_logits",
+        "P* scratch, long long target_logits, long long draft_logits, "
+        "const int* target_mask, const long long* target_entry_offsets, "
+        "const long long* target_entry_ids, const P* target_entry_values, "
+        "const int* draft_mask, const long long* draft_entry_offsets, "
+        "const long long* draft_entry_ids, const P* draft_entry_values, long long mask_words, "
+        "P* adjusted",
         "batch, specdec::kBlock",
     ),
     "processed_rows_kernel": (
@@ -743,6 +752,13 @@ def _run_cpu(core: Any, method: int, c: Chains, parameters: np.ndarray) -> list[
     return out
 
 
+def _no_adjustments() -> tuple[Any, ...]:
+    """The chain kernel's sampling-surface arguments of a call without settings."""
+    import ctypes
+
+    return (None,) * 8 + (ctypes.c_longlong(0), None)
+
+
 def _run_emulated(
     lib: Any, verifier: registry.Verifier, c: Chains, parameters: np.ndarray, out: Any = None
 ) -> list[np.ndarray]:
@@ -755,7 +771,7 @@ def _run_emulated(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), None, ctypes.c_longlong(0), ctypes.c_longlong(0), None, None,
-        *c.row_forms(), ctypes.c_longlong(1),
+        *c.row_forms(), ctypes.c_longlong(1), *_no_adjustments(),
     )  # fmt: skip
     return out
 
@@ -1452,7 +1468,7 @@ def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), _ptr(methods), ctypes.c_longlong(int(c.causal)),
         ctypes.c_longlong(int(c.draw_bonus)), _ptr(c.sampling), _ptr(scratch),
-        *c.row_forms(), ctypes.c_longlong(1),
+        *c.row_forms(), ctypes.c_longlong(1), *_no_adjustments(),
     )  # fmt: skip
     return out
 
@@ -1905,6 +1921,7 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
         *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch), *c.row_forms(),
+        *_no_adjustments(),
     )  # fmt: skip
     return out
 
