@@ -2081,3 +2081,22 @@ def test_surface_in_the_cuda_tree_kernel_matches_numpy(cp, method):
         dropped = specdec_np.verify_tree(**device, method=method)
     assert not np.array_equal(cp.asnumpy(dropped.output_token_ids), expected.output_token_ids)
     synchronize(cp)
+
+
+def test_engine_verifier_surface_on_cupy_matches_numpy(cp):
+    """``EngineVerifier`` with row settings on CuPy rows: the NumPy call's tokens, stops
+    and metrics (the settings applied inside the CUDA chain kernel)."""
+    runs = []
+    for on_gpu in (False, True):
+        host = surface_case(stable_seed("surface", "engine"), np.float32, "context")
+        host["logit_bias"] = [{2: 1.5}, None, {0: -2.0}, {3: 1.0}]
+        arguments = _surface_on_device(cp, host) if on_gpu else host
+        verifier = specdec_np.EngineVerifier("rejection")
+        result = _surface_results(verifier(**arguments), cp)
+        runs.append((result, verifier.metrics))
+    (cpu, cpu_metrics), (gpu, gpu_metrics) = runs
+    for name, value in cpu.items():
+        if hasattr(cp, "_LIBRARY") or name in ("accepted_lengths", "num_accepted"):
+            np.testing.assert_array_equal(gpu[name], value, err_msg=name)
+    assert gpu_metrics == cpu_metrics
+    synchronize(cp)
