@@ -2100,3 +2100,49 @@ def test_engine_verifier_surface_on_cupy_matches_numpy(cp):
             np.testing.assert_array_equal(gpu[name], value, err_msg=name)
     assert gpu_metrics == cpu_metrics
     synchronize(cp)
+
+
+@pytest.mark.parametrize("with_bitmask", [False, True], ids=["no_bitmask", "bitmask"])
+def test_sparse_adjustments_of_cupy_rows_equal_numpy(cp, with_bitmask):
+    """The adjustments of CuPy rows (touched columns gathered on the device, the minimum
+    length's whole-row test run there) are the NumPy rows' on the device, and apply to the
+    copied rows' bits; rows where only a stop token is possible keep it."""
+    from specdec_np._layouts import row_adjustments as _row_adjustments
+    from specdec_np._layouts import sampling as _sampling
+    from specdec_np._layouts import surface as _surface
+
+    rng = np.random.default_rng(stable_seed("sparse on cupy", with_bitmask))
+    rows, vocab = 6, 40
+    logits = (rng.normal(size=(rows, vocab)) * 2).astype(np.float32)
+    logits[0, 1:] = -np.inf  # only the stop (token 0) is possible: it stays
+    logits[1, 2:] = -np.inf  # token 1 is possible besides the stop
+    logits[2, :] = -np.inf
+    logits[2, [0, 33]] = 1.0  # possible elsewhere (outside the gathered columns)
+    fields = {name: None for name in _sampling.SamplingParameters._fields}
+    fields.update(min_tokens=np.full(rows, 3), stop_token_ids=[[0]] * rows)
+    if with_bitmask:
+        mask = np.full((rows, 2), -1, dtype=np.int32)
+        mask[2, 1] = 0  # token 33 masked: row 2 keeps its stop
+        fields["token_bitmask"] = mask
+    found = []
+    for xp, values in ((np, logits), (cp, cp.asarray(logits))):
+        parameters = _sampling.SamplingParameters(**fields)
+        if xp is cp and with_bitmask:
+            parameters = parameters._replace(token_bitmask=cp.asarray(mask))
+        surface = _surface.checked_surface(parameters, rows, vocab, rows, xp)
+        contexts = _surface.independent_contexts(rows)
+        chosen = np.arange(rows, dtype=np.int64)
+        found.append(_row_adjustments.sparse_adjustments(values, chosen, chosen, contexts,
+                                                         surface))
+    host, device = found
+    for name, expected in zip(host._fields, host):
+        value = getattr(device, name)
+        if expected is None:
+            assert value is None, name
+            continue
+        assert isinstance(value, cp.ndarray), name
+        np.testing.assert_array_equal(cp.asnumpy(value), expected, err_msg=name)
+    adjusted = host.apply(logits)
+    np.testing.assert_array_equal(cp.asnumpy(device.apply(cp.asarray(logits))), adjusted)
+    assert adjusted[0, 0] == logits[0, 0] and adjusted[1, 0] == -np.inf
+    assert (adjusted[2, 0] == -np.inf) != with_bitmask
