@@ -1253,6 +1253,29 @@ def test_launcher_guards_the_engine_options(fake_cupy: Any, core: Any) -> None:
             wrap(c.offsets), wrap(c.uniforms[:, :1].copy()), wrap(np.empty(0)),
             *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **good,
         )  # fmt: skip
+    # The sampling surface's adjustments: each part's shape and dtype, and their rows.
+    rows = c.target.shape[0]
+    words = -(-vocab // 32)
+    adjust = (wrap(np.full((rows, words), -1, np.int32)), wrap(np.zeros(rows + 1, np.int64)),
+              wrap(np.zeros(0, np.int64)), wrap(np.zeros(0, c.target.dtype)))
+    adjusted = wrap(np.zeros((c.batch, 2 * vocab), c.target.dtype))
+    with pytest.raises(ValueError, match="target_adjustments bitmask: expected shape"):
+        launch(target_adjustments=(wrap(np.full((rows, words + 1), -1, np.int32)),
+                                   *adjust[1:]), adjusted_rows=adjusted)
+    with pytest.raises(TypeError, match="target_adjustments bitmask: expected dtype"):
+        launch(target_adjustments=(wrap(np.full((rows, words), -1, np.int64)), *adjust[1:]),
+               adjusted_rows=adjusted)
+    with pytest.raises(ValueError, match="target_adjustments offsets: expected shape"):
+        launch(target_adjustments=(adjust[0], wrap(np.zeros(rows, np.int64)), *adjust[2:]),
+               adjusted_rows=adjusted)
+    with pytest.raises(TypeError, match="target_adjustments values: expected dtype"):
+        launch(target_adjustments=(*adjust[:3], wrap(np.zeros(0, np.float16))),
+               adjusted_rows=adjusted)
+    with pytest.raises(ValueError, match="adjusted_rows: expected a"):
+        launch(target_adjustments=adjust)
+    with pytest.raises(ValueError, match="adjusted_rows: expected shape"):
+        launch(target_adjustments=adjust, adjusted_rows=wrap(np.zeros((c.batch, vocab),
+                                                                       c.target.dtype)))
     assert not fake_cupy.launches
     launch()
     name = _cuda._verify_name(_cuda.MIXED_ROW, c.target.dtype, c.ids.dtype)
