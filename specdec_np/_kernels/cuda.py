@@ -433,6 +433,10 @@ def _guard(array: Any, name: str, dtypes: tuple[str, ...], shape: tuple[int | No
 
 
 _OUTPUT_NAMES = ("output", "accepted_lengths", "num_accepted", "row_status")
+#: The chain kernel's arguments of the target rows' sampling-surface settings (the draft
+#: rows' are named alike, ``draft_`` for ``target_``).
+_ADJUST_NAMES = ("target_mask", "target_entry_offsets", "target_entry_ids",
+                 "target_entry_values")
 
 
 def _guard_outputs(batch: int, width: int | None, buffers: tuple[Any, Any, Any, Any]) -> None:
@@ -449,6 +453,62 @@ def _guard_sampling(batch: int, vocab: int, dtype: Any, sampling: Any, scratch: 
     if scratch is None:
         raise ValueError("scratch: expected a [B, 2 V] array with sampling, found None")
     _guard(scratch, "scratch", (np.dtype(dtype).name,), (batch, 2 * vocab))
+
+
+def _guard_adjustments(
+    name: str, adjustments: Any, rows: int, vocab: int, dtype: Any
+) -> tuple[Any, Any, Any, Any]:
+    """The sampling surface's settings of one rows array, ``(bitmask, offsets, ids,
+    values)`` as ``_core.verify_chains_direct`` takes them (None: none): bitmask int32
+    ``[rows, ceil(V / 32)]`` or None, offsets int64 ``[rows + 1]`` or None, ids int64
+    ``[E]``, values ``[E]`` in the rows' dtype."""
+    if adjustments is None:
+        return (None, None, None, None)
+    if not isinstance(adjustments, tuple) or len(adjustments) != 4:
+        raise ValueError(f"{name}: expected (bitmask, offsets, ids, values)")
+    bitmask, offsets, ids, values = adjustments
+    if bitmask is not None:
+        _guard(bitmask, f"{name} bitmask", ("int32",), (rows, -(-vocab // 32)))
+    if offsets is None:
+        return (bitmask, None, None, None)
+    if ids is None or values is None:
+        raise ValueError(f"{name}: expected ids and values with offsets, found None")
+    _guard(offsets, f"{name} offsets", ("int64",), (rows + 1,))
+    _guard(ids, f"{name} ids", ("int64",), (None,))
+    _guard(values, f"{name} values", (np.dtype(dtype).name,), (int(ids.shape[0]),))
+    return (bitmask, offsets, ids, values)
+
+
+def _adjust_arguments(
+    batch: int,
+    vocab: int,
+    dtype: Any,
+    target_count: int,
+    draft_count: int,
+    target_adjustments: Any,
+    draft_adjustments: Any,
+    adjusted_rows: Any,
+) -> dict[str, Any]:
+    """The kernels' sampling-surface arguments, by name, from the launcher's options (the
+    target rows' ``target_count`` and the draft rows' ``draft_count`` rows; nullptr for
+    what is absent, ``adjusted_rows`` ``[B, 2 V]`` required with any setting)."""
+    target = _guard_adjustments("target_adjustments", target_adjustments, target_count,
+                                vocab, dtype)
+    draft = _guard_adjustments("draft_adjustments", draft_adjustments, draft_count, vocab,
+                               dtype)
+    adjusts = any(part is not None for part in (*target, *draft))
+    if adjusts:
+        if adjusted_rows is None:
+            raise ValueError(
+                "adjusted_rows: expected a [B, 2 V] array with adjustments, found None"
+            )
+        _guard(adjusted_rows, "adjusted_rows", (np.dtype(dtype).name,), (batch, 2 * vocab))
+    return {
+        **dict(zip(_ADJUST_NAMES, target)),
+        **{f"draft_{name[7:]}": part for name, part in zip(_ADJUST_NAMES, draft)},
+        "mask_words": np.int64(-(-vocab // 32)),
+        "adjusted": adjusted_rows if adjusts else None,
+    }
 
 
 def _launch(source: str, name: str, grid: int, block: int, arguments: dict[str, Any]) -> None:
@@ -516,6 +576,9 @@ class _CoreLikeKernels:
         target_logits: bool = True,
         draft_logits: bool = True,
         bonus_rows: bool = True,
+        target_adjustments: Any = None,
+        draft_adjustments: Any = None,
+        adjusted_rows: Any = None,
     ) -> None:
         """Verify a batch of draft chains (``_core.verify_chains``'s signature and meaning).
 
@@ -527,6 +590,11 @@ class _CoreLikeKernels:
         processed rows per request, not per thread) and that the values of
         ``request_methods`` are trusted (the engine layout writes them; a code outside the
         registry gets row status ``specdec_np._runtime.contract.STATUS_BAD_METHOD``).
+        The sampling surface's ``target_adjustments`` and ``draft_adjustments``
+        (:meth:`specdec_np._layouts.row_adjustments.RowAdjustments.kernel_arguments`, on the
+        device; applied to logits rows where they are read) are ``_core``'s too, and
+        ``adjusted_rows`` is then ``[B, 2 V]`` in the rows' dtype (a request's adjusted
+        target and draft row).  The bitmasks must agree on their words per row.
         """
         verifier = _registry_entry(registry.VERIFIERS, method, "verifier")
         batch = int(bonus_token_ids.shape[0]) if bonus_token_ids.ndim == 1 else -1
@@ -563,6 +631,10 @@ class _CoreLikeKernels:
                 f"found {int(parameters.shape[0])}"
             )
         _guard_sampling(batch, vocab, target_rows.dtype, sampling, scratch)
+        adjust = _adjust_arguments(
+            batch, vocab, target_rows.dtype, rows, num_drafts, target_adjustments,
+            None if draft is None else draft_adjustments, adjusted_rows,
+        )
         buffers = (output, accepted_lengths, num_accepted, row_status)
         _guard_outputs(batch, None, buffers)
         width = int(output.shape[1])
@@ -592,6 +664,7 @@ class _CoreLikeKernels:
             "target_logits": np.int64(bool(target_logits)),
             "draft_logits": np.int64(bool(draft_logits)),
             "bonus_rows": np.int64(bool(bonus_rows)),
+            **adjust,
         }
         row = MIXED_ROW if request_methods is not None else verifier.cuda_row
         name = _verify_name(row, target_rows.dtype, draft_token_ids.dtype)
@@ -688,6 +761,9 @@ class _CoreLikeKernels:
         working: Any = None,
         target_logits: bool = True,
         draft_logits: bool = True,
+        target_adjustments: Any = None,
+        draft_adjustments: Any = None,
+        adjusted_rows: Any = None,
     ) -> None:
         """Verify a batch of draft trees (``_core.verify_trees``'s signature and meaning).
 
@@ -704,7 +780,9 @@ class _CoreLikeKernels:
         (:func:`specdec_np._layouts.tree_links.tree_links`) likewise: one that does not move
         forward
         inside its request ends its list.  A walk deeper than ``accepted_nodes`` reports
-        ``1 + node`` in ``row_status``.
+        ``1 + node`` in ``row_status``.  The sampling surface's settings are
+        :meth:`verify_chains`'s (``target_adjustments`` of the ``[N + B, V]`` target rows,
+        ``draft_adjustments`` of the draft rows, ``adjusted_rows`` ``[B, 2 V]``).
 
         Raises
         ------
@@ -747,6 +825,10 @@ class _CoreLikeKernels:
         _guard(accepted_lengths, "accepted_lengths", ("int64",), (batch,))
         _guard(row_status, "row_status", ("int64",), (batch,))
         _guard_sampling(batch, vocab, target_rows.dtype, sampling, scratch)
+        adjust = _adjust_arguments(
+            batch, vocab, target_rows.dtype, num_nodes + batch, num_nodes,
+            target_adjustments, None if draft is None else draft_adjustments, adjusted_rows,
+        )
         if batch == 0:
             return
         arguments = {
@@ -776,6 +858,7 @@ class _CoreLikeKernels:
             "scratch": scratch if sampling is not None else None,
             "target_logits": np.int64(bool(target_logits)),
             "draft_logits": np.int64(bool(draft_logits)),
+            **adjust,
         }
         name = _tree_name(target_rows.dtype, draft_token_ids.dtype)
         _launch("tree_driver", name, batch, BLOCK_SIZE, arguments)

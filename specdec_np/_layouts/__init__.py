@@ -21,8 +21,9 @@ Map of this folder (the layout is kept apart from the per-row algorithm, as
 * :mod:`.surface`: the whole sampling surface per draft position (context, penalties,
   bias, masks, stops, logprobs): the settings checked, the rows adjusted before the law,
   the runs cut and the logprobs added after the kernel;
-* :mod:`.row_adjustments`: the surface's row settings as the CPU chain kernel applies
-  them where it reads a row (a bitmask and sparse final values per row).
+* :mod:`.row_adjustments`: the surface's row settings as the chain kernels (and the CUDA
+  tree kernel) apply them where they read a row (a bitmask and sparse final values per
+  row).
 
 Each layout hands :mod:`specdec_np._kernels.dispatch` a checked batch; ``docs/semantics.md``
 section 11 says what a new layout touches (section 10 maps the whole house).

@@ -313,15 +313,14 @@ def engine_call(
 
 def _adjusts_in_kernel(layout: LayoutCall, batch: Any, strict: bool, report_bias: bool) -> bool:
     """Whether the kernel applies the sampling surface's row settings where it reads a
-    row (the CPU chain and tree kernels), rather than the rows being adjusted on copies
-    first.
+    row (the chain and tree kernels of both backends), rather than the rows being adjusted
+    on copies first.
 
     The copies remain where something reads the adjusted rows outside those kernels:
-    the CUDA kernels, relaxed methods (their rules and laws run in Python), strict mode
-    (its checks read the rows) and ``report_bias`` (it reads the laws)."""
+    relaxed methods (their rules and laws run in Python), strict mode (its checks read the
+    rows) and ``report_bias`` (it reads the laws)."""
     return (
-        batch.device is None
-        and batch.kernel_name in ("verify_chains", "verify_trees")
+        batch.kernel_name in ("verify_chains", "verify_trees")
         and getattr(layout, "relaxed", None) is None
         and not strict
         and not report_bias

@@ -1,5 +1,5 @@
-"""The sampling surface's row settings as the CPU chain kernel applies them, where it reads
-a row (``docs/semantics.md``, "The whole sampling surface", its cost).
+"""The sampling surface's row settings as the chain kernels of both backends apply them,
+where they read a row (``docs/semantics.md``, "The whole sampling surface", its cost).
 
 :func:`sparse_adjustments_of` finds, for the target and draft rows of a call, the entries
 each row's settings touch and their final values, from the rows' own values there, bit
@@ -7,7 +7,10 @@ for bit those of :func:`specdec_np._layouts.surface.adjust_rows` (which copies t
 the allowed ids become bitmask words beside the call's ``token_bitmask``.  The result,
 :class:`RowAdjustments`, goes to ``_core.verify_chains_direct`` and to the temperatures'
 overflow check (``_core.first_tempered_overflow``), which make a row adjusted in a working
-row only when they read it.
+row only when they read it, or, for CuPy rows, to the CUDA chain kernel
+(``specdec_np._kernels.cuda``), which makes it in a request's adjusted row: the touched
+columns are gathered on the device (one ``take`` per rows array), computed on the host as
+for NumPy rows, and the small result is put on the device.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from .._runtime import arrays as _backend
 
 __all__ = [
     "RowAdjustments",
@@ -38,8 +43,8 @@ def bitmask_allowed(bitmask: Any, rows: Any, vocab_size: int, xp: Any) -> Any:
 
 
 class RowAdjustments(NamedTuple):
-    """The row settings of one rows array as the CPU chain kernel applies them where it
-    reads a row: a bitmask, then a sparse list of final values per row.
+    """The row settings of one rows array as the chain kernels apply them where they read a
+    row: a bitmask, then a sparse list of final values per row (on the rows' device).
 
     Attributes
     ----------
@@ -96,29 +101,46 @@ class RowAdjustments(NamedTuple):
 
         Parameters
         ----------
-        rows : float32 or float64 [n, V]
+        rows : float32 or float64 [n, V], NumPy or CuPy (the adjustments' backend)
             Rows ``indices`` of the rows array these adjustments are for (all of it when
             ``indices`` is None).
         indices : int64 [n], optional
+            Host indices.
 
         Returns
         -------
         array [n, V]
         """
-        rows = np.asarray(rows)
-        if indices is None:
-            indices = np.arange(rows.shape[0])
+        xp = np if isinstance(rows, np.ndarray) else _backend.array_namespace(rows)
+        if xp is np:
+            rows = np.asarray(rows)
+        indices = np.arange(rows.shape[0]) if indices is None else np.asarray(indices)
         vocab_size = rows.shape[1]
         if self.bitmask is None:
-            adjusted = np.array(rows, copy=True)
+            adjusted = xp.array(rows, copy=True)
         else:
-            allowed = bitmask_allowed(self.bitmask, indices, vocab_size, np)
-            adjusted = np.where(allowed, rows, rows.dtype.type(-np.inf))
-        if self.offsets is not None:
-            for n, row in enumerate(np.asarray(indices).tolist()):
-                start, stop = int(self.offsets[row]), int(self.offsets[row + 1])
-                adjusted[n, self.ids[start:stop]] = self.values[start:stop]
+            at = indices if xp is np else xp.asarray(indices)
+            allowed = bitmask_allowed(self.bitmask, at, vocab_size, xp)
+            adjusted = xp.where(allowed, rows, rows.dtype.type(-np.inf))
+        if self.offsets is not None and indices.size:
+            # Every entry of the rows at once (a row's ids are distinct).
+            offsets = _host(self.offsets)
+            starts = offsets[indices]
+            counts = offsets[indices + 1] - starts
+            total = int(counts.sum())
+            if total:
+                owners = np.repeat(np.arange(indices.size), counts)
+                entries = np.arange(total) + np.repeat(starts - (np.cumsum(counts) - counts),
+                                                       counts)
+                if xp is not np:
+                    owners, entries = xp.asarray(owners), xp.asarray(entries)
+                adjusted[owners, self.ids[entries]] = self.values[entries]
         return adjusted
+
+
+def _host(array: Any) -> np.ndarray:
+    """``array`` on the host: itself for a NumPy array, a copy of a CuPy one."""
+    return array if isinstance(array, np.ndarray) else array.get()
 
 
 def _allowed_words(allowed: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -151,7 +173,7 @@ def sparse_adjustments(
 
     Parameters
     ----------
-    rows : float32 or float64 [R, V], NumPy
+    rows : float32 or float64 [R, V], NumPy or CuPy
         Logits (not written).
     row_indices, context_rows, contexts, surface
         As :func:`~specdec_np._layouts.surface.adjust_rows` takes them (a
@@ -183,16 +205,18 @@ def sparse_adjustments_of(
     Returns
     -------
     list of RowAdjustments
-        One per part.
+        One per part, on the rows' backend.
     """
+    xp = _backend.array_namespace(parts[0][0]) if parts else np
+    host_given = None if surface.bitmask is None else _host(surface.bitmask)
     bitmasks: list[np.ndarray | None] = []
     givens: list[np.ndarray | None] = []
     owners: list[np.ndarray] = []
     for rows, row_indices, context_rows in parts:
         num_rows = int(rows.shape[0])
         bitmask = given = None
-        if surface.bitmask is not None and row_indices.size:
-            given = np.asarray(surface.bitmask)
+        if host_given is not None and row_indices.size:
+            given = host_given
             if given.shape[0] == row_indices.size == num_rows and np.array_equal(
                 row_indices, context_rows
             ) and np.array_equal(row_indices, np.arange(num_rows)):
@@ -222,7 +246,7 @@ def sparse_adjustments_of(
                     bitmasks[number] = np.array(bitmasks[number], copy=True)
                 bitmasks[number][indices] &= words[None, :]
             chosen.append((rows, indices, sources, bitmasks[number]))
-        columns, blocks = _request_entries(chosen, contexts, surface, b)
+        columns, blocks = _request_entries(chosen, contexts, surface, b, host_given, xp)
         for number, ((_, indices, _, _), block) in enumerate(zip(chosen, blocks)):
             for n, row in enumerate(indices.tolist()):
                 row_ids[number][row] = columns
@@ -231,8 +255,9 @@ def sparse_adjustments_of(
     for number, (rows, _, _) in enumerate(parts):
         ids, values, dtype = row_ids[number], row_values[number], rows.dtype
         if not ids:
-            found.append(RowAdjustments(bitmasks[number], None, np.zeros(0, np.int64),
-                                        np.zeros(0, dtype)))
+            found.append(_on_backend(RowAdjustments(
+                bitmasks[number], None, np.zeros(0, np.int64), np.zeros(0, dtype)
+            ), xp, surface.bitmask if bitmasks[number] is host_given else None))
             continue
         counts = np.zeros(rows.shape[0], dtype=np.int64)
         for row, entries in ids.items():
@@ -240,24 +265,46 @@ def sparse_adjustments_of(
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         ordered = sorted(ids)
-        found.append(RowAdjustments(
+        found.append(_on_backend(RowAdjustments(
             bitmasks[number],
             offsets,
             np.concatenate([ids[row] for row in ordered]).astype(np.int64),
             np.concatenate([values[row] for row in ordered]).astype(dtype, copy=False),
-        ))
+        ), xp, surface.bitmask if bitmasks[number] is host_given else None))
     return found
 
 
+def _on_backend(found: RowAdjustments, xp: Any, given: Any) -> RowAdjustments:
+    """``found`` (host arrays) on ``xp``'s device; ``given``: the call's own bitmask, already
+    there, when ``found`` holds it unchanged."""
+    if xp is np:
+        return found
+    bitmask = found.bitmask
+    if given is not None:
+        bitmask = xp.ascontiguousarray(given, dtype=xp.int32)
+    elif bitmask is not None:
+        bitmask = xp.asarray(bitmask)
+    return RowAdjustments(
+        bitmask,
+        None if found.offsets is None else xp.asarray(found.offsets),
+        xp.asarray(found.ids),
+        xp.asarray(found.values),
+    )
+
+
 def _request_entries(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]],
+    parts: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray | None]],
     contexts: Any,
     surface: Any,
     b: int,
+    given: np.ndarray | None,
+    xp: Any,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Request ``b``'s touched columns (sorted) and their adjusted values, ``[n, C]`` for
     each part ``(rows, indices, context rows, bitmask)``, by the steps of
-    ``surface._adjust_request`` on the gathered columns of all its rows together.
+    ``surface._adjust_request`` on the gathered columns of all its rows together (on the
+    host: CuPy rows are gathered on the device and the block brought over; ``given`` is
+    the call's bitmask on the host, or None).
 
     The penalties run over every touched column: a column outside the context has no
     count and was not seen, and there the repetition keeps the value and the frequency
@@ -295,14 +342,17 @@ def _request_entries(
     for rows, indices, _, _ in parts:
         if rows.flags.c_contiguous:
             # One take from the flat rows (a view): a 2-D fancy index costs a few times more.
-            gathered.append(rows.reshape(-1).take(indices[:, None] * vocab_size + columns))
+            flat = indices[:, None] * vocab_size + columns
+            taken = rows.reshape(-1).take(flat if xp is np else xp.asarray(flat))
+        elif xp is np:
+            taken = rows[indices[:, None], columns[None, :]]
         else:
-            gathered.append(rows[indices[:, None], columns[None, :]])
+            taken = rows[xp.asarray(indices)[:, None], xp.asarray(columns)[None, :]]
+        gathered.append(_host(taken))
     block = np.concatenate(gathered) if len(gathered) > 1 else gathered[0]
-    given = surface.bitmask
     if given is not None:
         # The call's bitmask at these columns (the allowed ids come after the bias).
-        host = np.asarray(given)[sources[:, None], (columns // 32)[None, :]]
+        host = given[sources[:, None], (columns // 32)[None, :]]
         bits = ((host >> (columns % 32).astype(np.int32)) & 1).astype(bool)
         block = np.where(bits, block, minus_infinity)
     if surface.bias[b] is not None:
@@ -324,17 +374,12 @@ def _request_entries(
                 ):
                     values[np.searchsorted(columns, int(word[-1]))] = minus_infinity
             if minimum and context.size < surface.min_tokens[b]:
-                # vLLM's rule: the stops stay possible when nothing else is.  Outside the
-                # gathered columns an entry is possible where it is above -inf and allowed.
+                # vLLM's rule: the stops stay possible when nothing else is: a gathered
+                # column other than a stop above -inf, or an entry outside them above -inf
+                # and allowed (the stops are among the columns).
                 rows, row, bitmask = whole_rows[n]
-                possible = rows[row] > minus_infinity
-                if bitmask is not None:
-                    possible &= bitmask_allowed(
-                        bitmask, np.asarray([row]), vocab_size, np
-                    )[0]
-                possible[columns] = values > minus_infinity
-                possible[stops] = False
-                if possible.any():
+                here = (values > minus_infinity) & ~np.isin(columns, stops)
+                if here.any() or _possible_elsewhere(rows, row, bitmask, columns, xp):
                     values[np.searchsorted(columns, stops)] = minus_infinity
     if repetition or frequency:
         counts = np.zeros((sources.size, columns.size), dtype=np.int64)
@@ -353,3 +398,21 @@ def _request_entries(
             term = surface.frequency[b] * counts + surface.presence[b] * (counts > 0)
             block = block - term.astype(dtype)
     return columns, np.split(block, np.cumsum(sizes)[:-1])
+
+
+def _possible_elsewhere(
+    rows: Any, row: int, bitmask: np.ndarray | None, columns: np.ndarray, xp: Any
+) -> bool:
+    """Whether row ``row`` of ``rows`` has an entry outside ``columns`` above -inf and
+    allowed by ``bitmask`` (host words, or None): one pass over the row where it lives,
+    with the rows' array library (a CuPy row is never copied to the host)."""
+    vocab_size = int(rows.shape[1])
+    possible = rows[row] > rows.dtype.type(-np.inf)
+    if bitmask is not None:
+        words = bitmask[row : row + 1]
+        at = np.zeros(1, dtype=np.int64)
+        if xp is not np:
+            words, at = xp.asarray(words), xp.asarray(at)
+        possible &= bitmask_allowed(words, at, vocab_size, xp)[0]
+    possible[columns if xp is np else xp.asarray(columns)] = False
+    return bool(possible.any())

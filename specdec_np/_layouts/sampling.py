@@ -416,7 +416,8 @@ def check_tempered_rows(
     adjustments : RowAdjustments, optional
         The sampling surface's settings of these rows, which the kernel applies where it
         reads a row (:class:`specdec_np._layouts.row_adjustments.RowAdjustments`): the rows are
-        tested adjusted, each in a working row (NumPy rows only).
+        tested adjusted, each in a working row (NumPy rows), or the runs of rows at risk
+        adjusted on the device (CuPy rows).
 
     Raises
     ------
@@ -425,7 +426,11 @@ def check_tempered_rows(
     """
     if temperature is None or not rows.shape[0]:
         return
-    if adjustments is not None:
+    device_adjustments = None
+    if adjustments is not None and xp is not np:
+        # CuPy rows: the runs at risk below are read adjusted on the device, run by run.
+        device_adjustments = adjustments
+    elif adjustments is not None:
         counts = np.ascontiguousarray(rows_per_request, dtype=np.int64)
         if _core.first_tempered_overflow(
             rows, temperature, greedy, counts, adjustments.kernel_arguments()
@@ -448,7 +453,10 @@ def check_tempered_rows(
     edges = np.flatnonzero(np.diff(row_at_risk.astype(np.int8), prepend=0, append=0))
     largest = np.full(rows.shape[0], -np.inf, dtype=dtype)
     for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist()):
-        largest[start:stop] = _largest_finite(rows[start:stop], xp)
+        run = rows[start:stop]
+        if device_adjustments is not None:
+            run = device_adjustments.apply(run, np.arange(start, stop))
+        largest[start:stop] = _largest_finite(run, xp)
     requests = np.repeat(np.arange(temperature.shape[0]), rows_per_request)
     with np.errstate(over="ignore"):
         quotient = largest / divisor[requests]

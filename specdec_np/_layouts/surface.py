@@ -10,16 +10,17 @@ order is vLLM v1's: masks and bias, penalties, temperature and filters.
 
 The row settings reach the rows one of two ways, with the same bits:
 
-* in the kernel (the CPU chain and tree kernels and the law of ``processed_probs`` and
-  ``sample_tokens``; :mod:`specdec_np._layouts.row_adjustments`): only the entries the
-  settings touch are computed on the host, from the rows' own values at those entries (a
-  bitmask of the allowed tokens and per row a sparse list of final values); the kernel
-  applies them to a row in a working row of its thread when it is about to read it, and
-  runs its law there.  Nothing of ``[rows, V]`` is copied;
-* on copies (:func:`adjust_rows`: the CUDA kernels, relaxed methods, strict mode,
-  ``report_bias``): the rows of the requests with a setting are copied with the settings
-  applied, and the kernels run their unchanged law on the copies; nothing is copied when
-  no request has a setting.
+* in the kernel (the chain and tree kernels of both backends, and the CPU law of
+  ``processed_probs`` and ``sample_tokens``; :mod:`specdec_np._layouts.row_adjustments`):
+  only the entries the settings touch are computed on the host, from the rows' own values
+  at those entries (gathered on the device for CuPy rows), as a bitmask of the allowed
+  tokens and per row a sparse list of final values; the kernel applies them to a row in a
+  working row (a CPU thread's, a CUDA request's) when it is about to read it, and runs its
+  law there.  Nothing of ``[rows, V]`` is copied;
+* on copies (:func:`adjust_rows`: relaxed methods, strict mode, ``report_bias``, and
+  ``processed_probs`` and ``sample_tokens``'s probabilities on CuPy rows): the rows of the
+  requests with a setting are copied with the settings applied, and the kernels run their
+  unchanged law on the copies; nothing is copied when no request has a setting.
 
 A call with none of these settings never enters this module
 (:meth:`SamplingParameters.surface_on` is False).
@@ -593,8 +594,8 @@ class SurfacePlan:
     def adjusted_batch(self, batch: Any, in_kernel: bool = False) -> Any:
         """``batch`` with its logits rows adjusted (the same batch when nothing changes).
 
-        With ``in_kernel`` (a CPU chain or tree call whose kernel applies the row
-        adjustments of :mod:`specdec_np._layouts.row_adjustments`),
+        With ``in_kernel`` (a chain or tree call whose kernel applies the row adjustments
+        of :mod:`specdec_np._layouts.row_adjustments`),
         the rows are left as they are and :attr:`adjustments` holds the settings instead
         (:meth:`kernel_options` hands them to the kernel)."""
         surface, contexts = self.surface, self.contexts
@@ -631,15 +632,16 @@ class SurfacePlan:
         return batch._replace(**changes) if changes else batch
 
     def kernel_options(self, batch: Any, threads: int) -> dict[str, Any]:
-        """The chain kernel's options for :attr:`adjustments` (empty without them): each
-        rows array's adjustments and the working rows they are made in."""
+        """The kernel's options for :attr:`adjustments` (empty without them): each rows
+        array's adjustments and the working rows they are made in."""
         if self.adjustments is None or self.adjustments == (None, None):
             return {}
         target, draft = self.adjustments
+        # A CPU thread's two adjusted rows, or a CUDA request's.
+        rows = _dispatch.working_rows(batch.device, max(threads, 1), batch.batch_size)
         options: dict[str, Any] = {
             "adjusted_rows": _dispatch.scratch_rows(
-                np, max(threads, 1), batch.vocab_size, batch.target_rows.dtype,
-                slot="adjusted",
+                batch.xp, rows, batch.vocab_size, batch.target_rows.dtype, slot="adjusted",
             ),
         }
         if target is not None:
@@ -652,7 +654,7 @@ class SurfacePlan:
         """The adjusted target rows ``rows`` (host int64 indices), as the law read them."""
         if self.adjustments is None or self.adjustments[0] is None:
             return self.target[xp.asarray(rows)]
-        return self.adjustments[0].apply(self.original_target[rows], rows)
+        return self.adjustments[0].apply(self.original_target[xp.asarray(rows)], rows)
 
     draft_from_logits = False
 
@@ -724,8 +726,8 @@ def _add_logprobs(
         if raw_rows is None:
             raw[where[:, 0], where[:, 1]] = chosen_log
         else:
-            raw_host = raw_rows.get() if xp is not np else raw_rows
-            raw[where[:, 0], where[:, 1]] = raw_host[index, chosen]
+            # _log_softmax's rows are on the host already, on either backend.
+            raw[where[:, 0], where[:, 1]] = raw_rows[index, chosen]
         if count:
             order = _most_likely(law_host, count)
             kept = order.shape[1]

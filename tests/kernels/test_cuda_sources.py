@@ -555,7 +555,11 @@ _KERNEL_SIGNATURES = {
         "long long* accepted_lengths, long long* num_accepted, long long* row_status, "
         "const signed char* request_methods, long long causal, long long draw_bonus, "
         "const double* sampling, P* scratch, long long target_logits, long long draft_logits, "
-        "long long bonus_rows",
+        "long long bonus_rows, const int* target_mask, const long long* target_entry_offsets, "
+        "const long long* target_entry_ids, const P* target_entry_values, "
+        "const int* draft_mask, const long long* draft_entry_offsets, "
+        "const long long* draft_entry_ids, const P* draft_entry_values, long long mask_words, "
+        "P* adjusted",
         "batch, specdec::kBlock",
     ),
     "verify_trees_kernel": (
@@ -568,7 +572,12 @@ _KERNEL_SIGNATURES = {
         "long long batch, long long num_nodes, long long vocab, long long depth_width, "
         "double* working, long long* accepted_nodes, long long* output, "
         "long long* accepted_lengths, long long* row_status, const double* sampling, "
-        "P* scratch, long long target_logits, long long draft_logits",
+        "P* scratch, long long target_logits, long long draft_logits, "
+        "const int* target_mask, const long long* target_entry_offsets, "
+        "const long long* target_entry_ids, const P* target_entry_values, "
+        "const int* draft_mask, const long long* draft_entry_offsets, "
+        "const long long* draft_entry_ids, const P* draft_entry_values, long long mask_words, "
+        "P* adjusted",
         "batch, specdec::kBlock",
     ),
     "processed_rows_kernel": (
@@ -786,6 +795,13 @@ def _run_cpu(core: Any, method: int, c: Chains, parameters: np.ndarray) -> list[
     return out
 
 
+def _no_adjustments() -> tuple[Any, ...]:
+    """The chain kernel's sampling-surface arguments of a call without settings."""
+    import ctypes
+
+    return (None,) * 8 + (ctypes.c_longlong(0), None)
+
+
 def _run_emulated(
     lib: Any, verifier: registry.Verifier, c: Chains, parameters: np.ndarray, out: Any = None
 ) -> list[np.ndarray]:
@@ -798,7 +814,7 @@ def _run_emulated(
         _ptr(c.target), _ptr(c.draft), _ptr(c.ids), _ptr(c.bonus), _ptr(c.offsets),
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), None, ctypes.c_longlong(0), ctypes.c_longlong(0), None, None,
-        *c.row_forms(), ctypes.c_longlong(1),
+        *c.row_forms(), ctypes.c_longlong(1), *_no_adjustments(),
     )  # fmt: skip
     return out
 
@@ -1280,6 +1296,29 @@ def test_launcher_guards_the_engine_options(fake_cupy: Any, core: Any) -> None:
             wrap(c.offsets), wrap(c.uniforms[:, :1].copy()), wrap(np.empty(0)),
             *(wrap(buffer) for buffer in c.buffers(c.width)), 1, **good,
         )  # fmt: skip
+    # The sampling surface's adjustments: each part's shape and dtype, and their rows.
+    rows = c.target.shape[0]
+    words = -(-vocab // 32)
+    adjust = (wrap(np.full((rows, words), -1, np.int32)), wrap(np.zeros(rows + 1, np.int64)),
+              wrap(np.zeros(0, np.int64)), wrap(np.zeros(0, c.target.dtype)))
+    adjusted = wrap(np.zeros((c.batch, 2 * vocab), c.target.dtype))
+    with pytest.raises(ValueError, match="target_adjustments bitmask: expected shape"):
+        launch(target_adjustments=(wrap(np.full((rows, words + 1), -1, np.int32)),
+                                   *adjust[1:]), adjusted_rows=adjusted)
+    with pytest.raises(TypeError, match="target_adjustments bitmask: expected dtype"):
+        launch(target_adjustments=(wrap(np.full((rows, words), -1, np.int64)), *adjust[1:]),
+               adjusted_rows=adjusted)
+    with pytest.raises(ValueError, match="target_adjustments offsets: expected shape"):
+        launch(target_adjustments=(adjust[0], wrap(np.zeros(rows, np.int64)), *adjust[2:]),
+               adjusted_rows=adjusted)
+    with pytest.raises(TypeError, match="target_adjustments values: expected dtype"):
+        launch(target_adjustments=(*adjust[:3], wrap(np.zeros(0, np.float16))),
+               adjusted_rows=adjusted)
+    with pytest.raises(ValueError, match="adjusted_rows: expected a"):
+        launch(target_adjustments=adjust)
+    with pytest.raises(ValueError, match="adjusted_rows: expected shape"):
+        launch(target_adjustments=adjust, adjusted_rows=wrap(np.zeros((c.batch, vocab),
+                                                                       c.target.dtype)))
     assert not fake_cupy.launches
     launch()
     name = _cuda._verify_name(_cuda.MIXED_ROW, c.target.dtype, c.ids.dtype)
@@ -1500,7 +1539,7 @@ def _run_emulated_engine(lib: Any, row: str, c: Chains, parameters: Any, methods
         _ptr(c.uniforms), ctypes.c_longlong(c.uniforms.shape[1]), _ptr(parameters), *sizes,
         *(_ptr(a) for a in out), _ptr(methods), ctypes.c_longlong(int(c.causal)),
         ctypes.c_longlong(int(c.draw_bonus)), _ptr(c.sampling), _ptr(scratch),
-        *c.row_forms(), ctypes.c_longlong(1),
+        *c.row_forms(), ctypes.c_longlong(1), *_no_adjustments(),
     )  # fmt: skip
     return out
 
@@ -2063,6 +2102,7 @@ def _run_trees_emulated(lib: Any, method: int, c: Trees, working: bool = True) -
         ctypes.c_longlong(method), ctypes.c_longlong(c.batch), ctypes.c_longlong(c.ids.shape[0]),
         ctypes.c_longlong(vocab), ctypes.c_longlong(c.depth), _ptr(rows),
         *(_ptr(a) for a in out), _ptr(c.sampling), _ptr(scratch), *c.row_forms(),
+        *_no_adjustments(),
     )  # fmt: skip
     return out
 

@@ -1936,3 +1936,268 @@ def test_sharded_call_on_cupy_rows(cp, method, dtype):
         np.testing.assert_array_equal(found.accepted_lengths, reference[1])
         if emulated or dtype == np.float32 and len(widths) > 1:
             np.testing.assert_array_equal(found.output_token_ids, reference[0])
+
+
+# --------------------------------------------------------------------------------------
+# The sampling surface's row settings inside the CUDA chain kernel
+# --------------------------------------------------------------------------------------
+
+
+def surface_case(seed, dtype, group):
+    """A ragged batch whose drafts repeat tokens (ids 0..3), greedy and sampled requests
+    mixed, with one group of the row settings: ``"masks"`` (token_bitmask, logit_bias,
+    allowed_token_ids) or ``"context"`` (the three penalties, bad words whose prefix is a
+    draft, a minimum length reached inside the chain)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([3, 0, 4, 2])
+    batch, vocab = lengths.size, 45
+    total = int(lengths.sum())
+    # Tokens 0..3 likely in both models: the drafts are often accepted, deep into a chain.
+    likely = np.where(np.arange(vocab) < 4, 4.0, 0.0)
+    target = (rng.normal(size=(total + batch, vocab)) * 1.5 + likely).astype(dtype)
+    target[rng.random(target.shape) < 0.05] = -np.inf
+    ids = rng.integers(0, 4, total)
+    host = {
+        "num_draft_tokens": lengths, "draft_token_ids": ids, "target_logits": target,
+        "draft_logits": (rng.normal(size=(total, vocab)) * 1.5 + likely).astype(dtype),
+        "temperature": np.array([0.9, 0.0, 1.0, 0.0]), "top_k": np.array([0, 0, 6, 0]),
+        "top_p": np.array([0.9, 1.0, 1.0, 1.0]), "min_p": np.array([0.0, 0.0, 0.05, 0.0]),
+        "uniforms": rng.random((batch, int(lengths.max()) + 2)), "logprobs": 2,
+    }  # fmt: skip
+    if group == "masks":
+        mask = rng.integers(-(2**31), 2**31 - 1, (total + batch, 2)).astype(np.int32)
+        mask[:, 0] |= 0xF  # the drafts' ids stay possible
+        mask[::3, 1] = 0
+        host.update(
+            token_bitmask=mask,
+            logit_bias=[{1: 2.5, 7: -1.0}, {2: 3.0}, None, {0: -4.0, 40: 6.0}],
+            allowed_token_ids=[None, list(range(0, 30)), list(range(0, 12)), None],
+        )
+    else:
+        host.update(
+            output_token_ids=[[1, 2, 2], [0], [], [3, 3]],
+            prompt_token_ids=[[5, 6], None, [1, 9], [0]],
+            repetition_penalty=np.array([1.3, 1.6, 0.8, 1.0]),
+            frequency_penalty=np.array([0.5, 0.0, -0.3, 0.7]),
+            presence_penalty=np.array([0.2, 0.4, 0.0, -0.5]),
+            bad_words_token_ids=[[[int(ids[0]), int(ids[1])]], [[2]], [[int(ids[3]), 1]], None],
+            min_tokens=np.array([2, 1, 3, 4]), stop_token_ids=[[1, 3], [0], [2], [3, 9]],
+        )
+    return host
+
+
+def _surface_on_device(cp, host):
+    return {
+        name: on_device(cp, 0, value)[0]
+        if isinstance(value, np.ndarray) and name != "num_draft_tokens" else value
+        for name, value in host.items()
+    }
+
+
+def _surface_results(result, cp):
+    names = ("output_token_ids", "accepted_lengths", "num_accepted", "finished", "logprobs",
+             "raw_logprobs", "top_token_ids", "top_logprobs")
+    found = {}
+    for name in names:
+        value = getattr(result, name)
+        found[name] = cp.asnumpy(value) if isinstance(value, cp.ndarray) else np.asarray(value)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kind", "group", "filter_order", "dtype"),
+    [("rejection", "masks", "vllm", np.float32), ("rejection", "context", "llama.cpp",
+     np.float64), ("block", "context", "vllm", np.float32), ("typical", "masks", "llama.cpp",
+     np.float64), ("greedy", "masks", "vllm", np.float32)],
+)  # fmt: skip
+def test_surface_in_the_cuda_chain_kernel_matches_numpy(cp, kind, group, filter_order, dtype):
+    """The row settings applied inside the CUDA chain kernel (the rows themselves on the
+    device, only the touched entries computed on the host) give the NumPy call's tokens,
+    lengths, stops and logprobs; the call hands the kernel its adjustments."""
+    host = surface_case(stable_seed("surface", kind, group), dtype, group)
+    host["filter_order"] = filter_order
+    expected = specdec_np.verify_ragged(method=kind, **host)
+    seen = []
+    launch = _cuda.core_like.verify_chains
+
+    def spy(*arguments, **options):
+        seen.append(options)
+        return launch(*arguments, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cuda.core_like, "verify_chains", spy)
+        found = specdec_np.verify_ragged(method=kind, **_surface_on_device(cp, host))
+    assert seen and seen[-1].get("target_adjustments") is not None
+    assert isinstance(found.output_token_ids, cp.ndarray)
+    expected, found = _surface_results(expected, cp), _surface_results(found, cp)
+    emulated = hasattr(cp, "_LIBRARY")
+    for name, value in expected.items():
+        if emulated or name in ("accepted_lengths", "num_accepted"):
+            np.testing.assert_array_equal(found[name], value, err_msg=name)
+    synchronize(cp)
+
+
+def test_cuda_chain_kernel_without_its_adjustments_differs(cp):
+    """Negative control: the same calls with the settings dropped on the kernel side (the
+    launcher passes none) no longer give the NumPy results."""
+    differs = []
+    for group in ("masks", "context"):
+        host = surface_case(stable_seed("surface", "rejection", group), np.float32, group)
+        expected = _surface_results(specdec_np.verify_ragged(**host), cp)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_cuda, "_guard_adjustments", lambda *arguments: (None,) * 4)
+            found = _surface_results(
+                specdec_np.verify_ragged(**_surface_on_device(cp, host)), cp
+            )
+        differs.append(any(
+            not np.array_equal(found[name], expected[name], equal_nan=True)
+            for name in ("output_token_ids", "accepted_lengths", "logprobs")
+        ))
+    assert all(differs)
+    synchronize(cp)
+
+
+def test_cuda_chain_surface_refuses_the_numpy_temperatures(cp):
+    """The temperatures' overflow check reads CuPy rows adjusted on the device (a bias can
+    make or unmake an overflow): the same refusals, worded alike, as the NumPy call."""
+    host = surface_case(stable_seed("surface", "overflow"), np.float32, "masks")
+    host["logit_bias"] = [{5: 30.0}, None, {1: -10.0}, None]
+    messages = []
+    # Below 8.8e-38 a logit of 30 overflows float32 when divided; the rows' own largest
+    # logits (about 10) only below 3e-38: at 6e-38 the bias alone makes the overflow.
+    for scale in (2e-37, 6e-38):
+        host["temperature"] = np.array([scale, 0.0, scale, 1.0])
+        found = []
+        for arguments in (host, _surface_on_device(cp, host)):
+            try:
+                specdec_np.verify_ragged(**arguments)
+                found.append(None)
+            except ValueError as error:
+                found.append(str(error))
+        assert found[0] == found[1]
+        messages.append(found[0])
+    assert messages[0] is None and messages[1] is not None
+    synchronize(cp)
+
+
+def surface_tree_case(seed):
+    """``tree_logits_case`` (float32, draft logits) with every row setting on: a bitmask per
+    target row, a bias, allowed ids, the penalties over the ancestors, bad words and a
+    minimum length."""
+    case = tree_logits_case(seed, np.float32, np.int64, True)
+    rng = np.random.default_rng(seed + 2)
+    rows = case["target_logits"].shape[0]
+    mask = rng.integers(-(2**31), 2**31 - 1, (rows, 2)).astype(np.int32)
+    mask[::4] = -1
+    ids = case["draft_token_ids"]
+    case.update(
+        token_bitmask=mask,
+        logit_bias=[{1: 2.0}, {int(ids[0]): 3.0, 5: -2.0}, None, {0: 1.5}, None],
+        allowed_token_ids=[None, None, list(range(20)), None, list(range(5, 37))],
+        output_token_ids=[[1, 1], [int(ids[0])], [], [2], None],
+        repetition_penalty=np.array([1.5, 1.2, 1.0, 0.7, 1.3]),
+        frequency_penalty=np.array([0.3, 0.0, 0.5, -0.4, 0.2]),
+        presence_penalty=np.array([0.0, 0.6, 0.1, 0.0, -0.3]),
+        bad_words_token_ids=[None, [[int(ids[0]), int(ids[1])]], [[3]], None, [[4, 4]]],
+        min_tokens=np.array([0, 2, 1, 3, 2]), stop_token_ids=[None, [5], [0, 1], [2], [6]],
+        logprobs=1,
+    )
+    return case
+
+
+@pytest.mark.parametrize("method", ["greedy", "specinfer", "traversal"])
+def test_surface_in_the_cuda_tree_kernel_matches_numpy(cp, method):
+    """The row settings applied inside the CUDA tree kernel give the NumPy call's (copied
+    rows') nodes, tokens, stops and logprobs; the launch gets the adjustments."""
+    case = surface_tree_case(stable_seed("surface tree", method))
+    expected = specdec_np.verify_tree(**case, method=method)
+    seen = []
+    launch = _cuda.core_like.verify_trees
+
+    def spy(*arguments, **options):
+        seen.append(options)
+        return launch(*arguments, **options)
+
+    device = {**tree_on_device(cp, case), "token_bitmask": cp.asarray(case["token_bitmask"])}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cuda.core_like, "verify_trees", spy)
+        found = specdec_np.verify_tree(**device, method=method)
+    assert seen and seen[-1].get("target_adjustments") is not None
+    for name in ("accepted_nodes", "output_token_ids", "accepted_lengths", "finished",
+                 "logprobs", "raw_logprobs", "top_token_ids", "top_logprobs"):
+        value = getattr(found, name)
+        assert isinstance(value, cp.ndarray), name
+        if hasattr(cp, "_LIBRARY") or name in ("accepted_nodes", "accepted_lengths"):
+            np.testing.assert_array_equal(cp.asnumpy(value), getattr(expected, name),
+                                          err_msg=name)
+    # Negative control: the same call with the settings dropped on the kernel side.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_cuda, "_guard_adjustments", lambda *arguments: (None,) * 4)
+        dropped = specdec_np.verify_tree(**device, method=method)
+    assert not np.array_equal(cp.asnumpy(dropped.output_token_ids), expected.output_token_ids)
+    synchronize(cp)
+
+
+def test_engine_verifier_surface_on_cupy_matches_numpy(cp):
+    """``EngineVerifier`` with row settings on CuPy rows: the NumPy call's tokens, stops
+    and metrics (the settings applied inside the CUDA chain kernel)."""
+    runs = []
+    for on_gpu in (False, True):
+        host = surface_case(stable_seed("surface", "engine"), np.float32, "context")
+        host["logit_bias"] = [{2: 1.5}, None, {0: -2.0}, {3: 1.0}]
+        arguments = _surface_on_device(cp, host) if on_gpu else host
+        verifier = specdec_np.EngineVerifier("rejection")
+        result = _surface_results(verifier(**arguments), cp)
+        runs.append((result, verifier.metrics))
+    (cpu, cpu_metrics), (gpu, gpu_metrics) = runs
+    for name, value in cpu.items():
+        if hasattr(cp, "_LIBRARY") or name in ("accepted_lengths", "num_accepted"):
+            np.testing.assert_array_equal(gpu[name], value, err_msg=name)
+    assert gpu_metrics == cpu_metrics
+    synchronize(cp)
+
+
+@pytest.mark.parametrize("with_bitmask", [False, True], ids=["no_bitmask", "bitmask"])
+def test_sparse_adjustments_of_cupy_rows_equal_numpy(cp, with_bitmask):
+    """The adjustments of CuPy rows (touched columns gathered on the device, the minimum
+    length's whole-row test run there) are the NumPy rows' on the device, and apply to the
+    copied rows' bits; rows where only a stop token is possible keep it."""
+    from specdec_np._layouts import row_adjustments as _row_adjustments
+    from specdec_np._layouts import sampling as _sampling
+    from specdec_np._layouts import surface as _surface
+
+    rng = np.random.default_rng(stable_seed("sparse on cupy", with_bitmask))
+    rows, vocab = 6, 40
+    logits = (rng.normal(size=(rows, vocab)) * 2).astype(np.float32)
+    logits[0, 1:] = -np.inf  # only the stop (token 0) is possible: it stays
+    logits[1, 2:] = -np.inf  # token 1 is possible besides the stop
+    logits[2, :] = -np.inf
+    logits[2, [0, 33]] = 1.0  # possible elsewhere (outside the gathered columns)
+    fields = {name: None for name in _sampling.SamplingParameters._fields}
+    fields.update(min_tokens=np.full(rows, 3), stop_token_ids=[[0]] * rows)
+    if with_bitmask:
+        mask = np.full((rows, 2), -1, dtype=np.int32)
+        mask[2, 1] = 0  # token 33 masked: row 2 keeps its stop
+        fields["token_bitmask"] = mask
+    found = []
+    for xp, values in ((np, logits), (cp, cp.asarray(logits))):
+        parameters = _sampling.SamplingParameters(**fields)
+        if xp is cp and with_bitmask:
+            parameters = parameters._replace(token_bitmask=cp.asarray(mask))
+        surface = _surface.checked_surface(parameters, rows, vocab, rows, xp)
+        contexts = _surface.independent_contexts(rows)
+        chosen = np.arange(rows, dtype=np.int64)
+        found.append(_row_adjustments.sparse_adjustments(values, chosen, chosen, contexts,
+                                                         surface))
+    host, device = found
+    for name, expected in zip(host._fields, host):
+        value = getattr(device, name)
+        if expected is None:
+            assert value is None, name
+            continue
+        assert isinstance(value, cp.ndarray), name
+        np.testing.assert_array_equal(cp.asnumpy(value), expected, err_msg=name)
+    adjusted = host.apply(logits)
+    np.testing.assert_array_equal(cp.asnumpy(device.apply(cp.asarray(logits))), adjusted)
+    assert adjusted[0, 0] == logits[0, 0] and adjusted[1, 0] == -np.inf
+    assert (adjusted[2, 0] == -np.inf) != with_bitmask

@@ -1,6 +1,7 @@
 """The sampling surface's row settings applied inside the CPU chain kernel, where it reads a
 row (``specdec_np._layouts.row_adjustments``), against the same settings applied on copies
-of the rows first (the path the CUDA kernels, trees and strict mode keep).
+of the rows first (the path the CPU tree kernel and strict mode keep; the CUDA kernels'
+side is ``tests/kernels/test_gpu.py``'s).
 
 * the sparse adjustments give every row the bits of the copied rows, on random settings
   and shapes (words that are all ones, all zeros and mixed, a last word cut by V, NaN and

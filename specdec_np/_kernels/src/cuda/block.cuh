@@ -91,6 +91,10 @@ struct Scratch {
     specdec_row_law draft_law;
     long long target_law_row;
     long long draft_law_row;
+    // The rows held by the request's adjusted target and draft row (the sampling surface's
+    // settings applied; -1: none).
+    long long target_adjusted_row;
+    long long draft_adjusted_row;
     double path_p[kPathStack];
     double path_q[kPathStack];
     // An RRS step's residual mass after thread 0 restored the tried siblings' tokens.

@@ -19,7 +19,12 @@
 // probabilities used as they are) and bonus_rows (0: the target holds no bonus rows, [T, V],
 // and the bonus ids are given). Request b owns drafts draft_offsets[b] .. draft_offsets[b+1]
 // and the k_b + 1 target rows from draft_offsets[b] + b (k_b from draft_offsets[b] without
-// bonus rows). Launch: grid B, block kBlock. A request whose code names no
+// bonus rows). Then the sampling surface's settings of the logits rows (each pointer nullptr:
+// none; specdec_np._layouts.row_adjustments.RowAdjustments, the CPU driver's
+// target_adjustments and draft_adjustments): per rows array a bitmask [rows, mask_words]
+// int32, entry offsets [rows + 1] and the entries' ids and values, applied where a row is
+// read (law_row), and adjusted [B, 2 V] (two adjusted rows per request; with any setting).
+// Launch: grid B, block kBlock. A request whose code names no
 // registry verifier (a MixedRow launch's request_methods; the launcher trusts them) gets row
 // status kStatusBadMethod and nothing else of it is read or written.
 template <class Row, typename ProbT, typename IdT>
@@ -36,7 +41,15 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
                      const signed char* __restrict__ request_methods, long long causal,
                      long long draw_bonus, const double* __restrict__ sampling,
                      ProbT* scratch, long long target_logits, long long draft_logits,
-                     long long bonus_rows) {
+                     long long bonus_rows, const int* __restrict__ target_mask,
+                     const long long* __restrict__ target_entry_offsets,
+                     const long long* __restrict__ target_entry_ids,
+                     const ProbT* __restrict__ target_entry_values,
+                     const int* __restrict__ draft_mask,
+                     const long long* __restrict__ draft_entry_offsets,
+                     const long long* __restrict__ draft_entry_ids,
+                     const ProbT* __restrict__ draft_entry_values, long long mask_words,
+                     ProbT* adjusted) {
     __shared__ specdec::Scratch scratch_space;
     specdec::Scratch& shared = scratch_space;
     const long long b = blockIdx.x;
@@ -70,8 +83,18 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
         return;
     }
 
+    const long long target_first = start + (bonus_rows != 0 ? b : 0);
+    const bool target_read = sampling != nullptr && target_logits != 0;
+    const bool draft_read = sampling != nullptr && draft_logits != 0 && draft_rows != nullptr;
+    // Settings apply to logits rows only, as on the CPU (probabilities are used as given).
+    const specdec::RowAdjust<ProbT> target_adjust = specdec::request_adjust(
+        target_read, target_mask, target_entry_offsets, target_entry_ids, target_entry_values,
+        mask_words, target_first);
+    const specdec::RowAdjust<ProbT> draft_adjust = specdec::request_adjust(
+        draft_read, draft_mask, draft_entry_offsets, draft_entry_ids, draft_entry_values,
+        mask_words, start);
     const specdec::RowArgs<ProbT, IdT> args{
-        target_rows + (start + (bonus_rows != 0 ? b : 0)) * vocab,
+        target_rows + target_first * vocab,
         draft_rows != nullptr ? draft_rows + start * vocab : nullptr,
         ids,
         bonus,
@@ -83,8 +106,11 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
         causal != 0,
         sampling != nullptr ? sampling + 5 * b : nullptr,
         sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
-        sampling != nullptr && target_logits != 0,
+        target_read,
         sampling != nullptr && draft_logits != 0,
+        target_adjust,
+        draft_adjust,
+        adjusted != nullptr ? adjusted + b * 2 * vocab : nullptr,
     };
     specdec::RowResult result = Row::run(args, shared);
     if (lazy_bonus && result.status == 0 && result.accepted_length == k) {
@@ -93,8 +119,10 @@ verify_chains_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restr
             double best;
             long long best_index;
             double unused;
-            specdec::row_argmax_entropy<false>(args.target + k * vocab, vocab, best,
-                                               best_index, unused, shared.reduce);
+            // The bonus row as the sampling surface adjusts it (a greedy request's argmax).
+            const ProbT* row = specdec::law_row(args, shared, k, false);
+            specdec::row_argmax_entropy<false>(row, vocab, best, best_index, unused,
+                                               shared.reduce);
             result.last_token = specdec::argmax_or_zero(best, best_index);
         } else {
             const ProbT* p = specdec::processed_row(args, shared, k, false);

@@ -134,7 +134,8 @@ struct BlockVerificationRow {
 // p_i(x_i) > shortcut without reading its row; otherwise one coalesced pass finds the row's
 // argmax (first index on ties, NaN ignored, 0 if nothing is above -inf) and, WithEntropy,
 // sum_y p ln(p + eps), and passes(p_x, x, argmax, plogp) decides. Raw: the rows are read as
-// they are (greedy: the argmax of logits is the argmax at any temperature); otherwise
+// they are, adjusted where the sampling surface's settings touch them (greedy: the argmax
+// of logits is the argmax at any temperature); otherwise
 // through the law of a logits row. Every position is decided (the counters need all of
 // them) unless counting is causal; at the first failure the argmax is emitted.
 template <bool WithEntropy, bool Raw, typename ProbT, typename IdT, typename Passes>
@@ -151,7 +152,10 @@ __device__ specdec::RowResult decide_positions(const specdec::RowArgs<ProbT, IdT
         double best;
         long long best_index;
         double plogp;
-        const ProbT* row = Raw ? a.target + i * a.vocab : specdec::processed_row(a, s, i, false);
+        // Raw: the row as it is, or as the sampling surface adjusts it (a greedy request
+        // takes the argmax after masks, bias and penalties).
+        const ProbT* row =
+            Raw ? specdec::law_row(a, s, i, false) : specdec::processed_row(a, s, i, false);
         specdec::row_argmax_entropy<WithEntropy>(row, a.vocab, best, best_index, plogp,
                                                  s.reduce);
         const long long argmax = specdec::argmax_or_zero(best, best_index);

@@ -18,7 +18,9 @@
 // accepted_nodes [B, depth_width], output [B, depth_width + 1], accepted_lengths and
 // row_status [B], written where and as the CPU driver writes them; then sampling [B, 5]
 // (the rows are logits: temperature, top-k, top-p, min-p; nullptr for probabilities) and
-// scratch [B, 2 V] (a request's processed target and draft row; with sampling only).
+// scratch [B, 2 V] (a request's processed target and draft row; with sampling only); then
+// the sampling surface's settings of the logits rows, as verify_chains_kernel takes them
+// (each pointer nullptr: none), and adjusted [B, 2 V] (with any setting).
 // Launch: grid B, block kBlock. Every thread of a block walks the same path (the scalar steps
 // are repeated by each thread, the row passes are shared), so every __syncthreads is reached
 // by the whole block. A request whose code names no registry tree method, or whose method
@@ -41,7 +43,16 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
                     double* __restrict__ working, long long* __restrict__ accepted_nodes,
                     long long* __restrict__ output, long long* __restrict__ accepted_lengths,
                     long long* __restrict__ row_status, const double* __restrict__ sampling,
-                    ProbT* scratch, long long target_logits, long long draft_logits) {
+                    ProbT* scratch, long long target_logits, long long draft_logits,
+                    const int* __restrict__ target_mask,
+                    const long long* __restrict__ target_entry_offsets,
+                    const long long* __restrict__ target_entry_ids,
+                    const ProbT* __restrict__ target_entry_values,
+                    const int* __restrict__ draft_mask,
+                    const long long* __restrict__ draft_entry_offsets,
+                    const long long* __restrict__ draft_entry_ids,
+                    const ProbT* __restrict__ draft_entry_values, long long mask_words,
+                    ProbT* adjusted) {
     __shared__ specdec::Scratch shared;
     const long long b = blockIdx.x;
     if (b >= batch) return;
@@ -80,6 +91,8 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
         return;
     }
 
+    const bool target_read = sampling != nullptr && target_logits != 0;
+    const bool draft_read = sampling != nullptr && draft_logits != 0 && draft_rows != nullptr;
     const specdec::TreeArgs<ProbT, IdT> args{
         {
             target_rows + (start + b) * vocab,
@@ -94,8 +107,15 @@ verify_trees_kernel(const ProbT* __restrict__ target_rows, const ProbT* __restri
             false,
             sampling != nullptr ? sampling + 5 * b : nullptr,
             sampling != nullptr ? scratch + b * 2 * vocab : nullptr,
-            sampling != nullptr && target_logits != 0,
+            target_read,
             sampling != nullptr && draft_logits != 0,
+            // A node's target row is its index + 1 from the request's root row on.
+            specdec::request_adjust(target_read, target_mask, target_entry_offsets,
+                                    target_entry_ids, target_entry_values, mask_words,
+                                    start + b),
+            specdec::request_adjust(draft_read, draft_mask, draft_entry_offsets,
+                                    draft_entry_ids, draft_entry_values, mask_words, start),
+            adjusted != nullptr ? adjusted + b * 2 * vocab : nullptr,
         },
         tree_parents + start,
         first_child + start + b,

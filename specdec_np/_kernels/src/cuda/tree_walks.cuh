@@ -106,8 +106,10 @@ struct GreedyTreeStep {
         double best;
         long long best_index;
         double unused;
-        row_argmax_entropy<false>(a.target + (node + 1) * a.vocab, a.vocab, best, best_index,
-                                  unused, s.reduce);
+        // The row as the sampling surface adjusts it, where it does (the argmax after masks,
+        // bias and penalties).
+        const ProbT* row = law_row(a, s, node + 1, false);
+        row_argmax_entropy<false>(row, a.vocab, best, best_index, unused, s.reduce);
         const long long argmax = argmax_or_zero(best, best_index);
         for (long long child = next_child(a, node, node); child >= 0;
              child = next_child(a, node, child)) {
