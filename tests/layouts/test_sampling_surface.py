@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from random_trees import random_forest
 
 import specdec_np
 from specdec_np import registry
@@ -556,24 +557,13 @@ def test_row_settings_need_logits(name: str) -> None:
                                  target_probs=probs, **{name: value})
 
 
-def _random_forest(rng: np.random.Generator, most: int) -> tuple[int, Any, Any, int]:
-    """A batch of 1 to 3 random trees of fewer than ``most`` nodes each: the batch size,
-    the node counts, the parents (BFS order, concatenated) and the node total."""
-    batch = int(rng.integers(1, 4))
-    sizes = rng.integers(0, most, batch)
-    parents = np.concatenate([
-        [int(rng.integers(-1, j)) for j in range(int(n))] for n in sizes
-    ] + [[]]).astype(np.int64)
-    return batch, sizes, parents, int(sizes.sum())
-
-
 @pytest.mark.parametrize("method", [entry.name for entry in registry.TREE_METHODS])
 @pytest.mark.parametrize("seed", range(2))
 def test_tree_kernels_equal_the_tree_reference_with_every_setting(method: str, seed: int):
     rng = np.random.default_rng(100 + seed)
     checked = 0
     for _ in range(20):
-        batch, sizes, parents, total = _random_forest(rng, 5)
+        batch, sizes, parents, total = random_forest(rng, 5)
         vocab = int(rng.integers(4, 40))
         target = rng.normal(0, 2, (total + batch, vocab)).astype(np.float32)
         draft = rng.normal(0, 2, (total, vocab)).astype(np.float32)
@@ -611,7 +601,7 @@ def _tree_logprob_cases(method: str, seed: int) -> Any:
     rng = np.random.default_rng(200 + seed)
     entry = registry.get_tree_method(method)
     for _ in range(10):
-        batch, sizes, parents, total = _random_forest(rng, 7)
+        batch, sizes, parents, total = random_forest(rng, 7)
         vocab = int(rng.integers(5, 9))
         # Tokens 0..3 (the drafts') likely and mostly allowed, so that runs go deep.
         target = rng.normal(0, 1, (total + batch, vocab)).astype(np.float32)

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from random_trees import random_forest
 
 import specdec_np
 from specdec_np import _core, registry
@@ -262,11 +263,8 @@ def test_trees_in_kernel_equal_copies(method: str, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(_dispatch, "run", spy)
     for _ in range(8):
-        batch = int(rng.integers(1, 4))
-        sizes = rng.integers(0, 5, batch)
-        parents = np.concatenate([[int(rng.integers(-1, j)) for j in range(int(n))]
-                                  for n in sizes] + [[]]).astype(np.int64)
-        total, vocab = int(sizes.sum()), int(rng.integers(5, 60))
+        batch, sizes, parents, total = random_forest(rng, 5)
+        vocab = int(rng.integers(5, 60))
         dtype = [np.float32, np.float64][int(rng.integers(2))]
         keywords = dict(
             num_nodes=sizes, tree_parents=parents, draft_token_ids=rng.integers(0, 4, total),
