@@ -1889,7 +1889,9 @@ def test_relaxed_methods_on_cupy(cp, method):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("method", ["rejection", "block"])
+@pytest.mark.parametrize(
+    "method", [verifier.name for verifier in registry.VERIFIERS if verifier.reads_draft_probs]
+)
 def test_sharded_call_on_cupy_rows(cp, method, dtype):
     """Ranks holding CuPy rows (threads of one process): one shard gives the unsharded CuPy
     call's tokens, two and three uneven shards the CPU sharded call's, on every rank.  On a

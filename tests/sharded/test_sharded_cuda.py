@@ -24,7 +24,7 @@ import test_cuda_sources as emulation_kit
 import test_shard_passes as cpu_cases
 import test_sharded as sharded_cases
 
-from specdec_np import _core, sharded
+from specdec_np import _core, registry, sharded
 from specdec_np._kernels import cuda as _cuda
 from specdec_np._kernels.cuda_shard_passes import shard_like
 
@@ -239,13 +239,17 @@ def test_device_rows_give_the_cpu_sharded_tokens(cupy, setting, draft_form):
         _same_as_cpu(cupy, widths, arguments, rng)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [{"method": "block"}, {"method": "typical", "posterior_threshold": 0.3,
-                           "posterior_alpha": 0.5},
-     {"filter_order": "llama.cpp"}, {"bonus_token_ids": np.array([1, 2, 3, 4])}],
-    ids=["block", "typical", "llama_cpp", "bonus_ids"],
-)
+#: Every registry method (with its parameters' defaults), then the other order and bonus ids.
+EXTRAS = {
+    **{verifier.name: {"method": verifier.name,
+                       **{parameter.name: parameter.default for parameter in verifier.parameters}}
+       for verifier in registry.VERIFIERS},
+    "llama_cpp": {"filter_order": "llama.cpp"},
+    "bonus_ids": {"bonus_token_ids": np.array([1, 2, 3, 4])},
+}
+
+
+@pytest.mark.parametrize("extra", list(EXTRAS.values()), ids=list(EXTRAS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_device_rows_methods_orders_and_dtypes(cupy, extra, dtype):
     rng = np.random.default_rng(5)
