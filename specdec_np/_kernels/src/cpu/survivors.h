@@ -264,6 +264,31 @@ SPECDEC_INLINE double specdec_fold_largest_d(specdec_block_group_d top)
 SPECDEC_DEFINE_BLOCK_LARGEST(f, float, uint32_t)
 SPECDEC_DEFINE_BLOCK_LARGEST(d, double, uint64_t)
 
+/* What both gatherings and both block passes below share: keeping a gathered entry (0 when
+ * SPECDEC_TOP_P_CANDIDATES are kept already) and the largest logit of a row's last, partial
+ * block (NaN never wins). */
+#define SPECDEC_DEFINE_GATHER_STEPS(SUFFIX, T)                                              \
+    static inline int specdec_keep_##SUFFIX(T value, ptrdiff_t x, T *z_out, ptrdiff_t *y_out, \
+                                            ptrdiff_t *count)                              \
+    {                                                                                      \
+        if (*count == SPECDEC_TOP_P_CANDIDATES)                                            \
+            return 0;                                                                      \
+        z_out[*count] = value;                                                             \
+        y_out[*count] = x;                                                                 \
+        ++*count;                                                                          \
+        return 1;                                                                          \
+    }                                                                                      \
+    static inline T specdec_tail_largest_##SUFFIX(const T *logits, ptrdiff_t y, ptrdiff_t V) \
+    {                                                                                      \
+        T largest = (T)-INFINITY;                                                          \
+        for (; y < V; ++y)                                                                 \
+            largest = logits[y] > largest ? logits[y] : largest;                           \
+        return largest;                                                                    \
+    }
+
+SPECDEC_DEFINE_GATHER_STEPS(f, float)
+SPECDEC_DEFINE_GATHER_STEPS(d, double)
+
 /* The two passes of top-k's survivors in AVX2 instructions, on x86-64 CPUs that have them
  * (picked at run time, the generic code otherwise): the block maxima with vmaxps, whose
  * max(a, b) is a > b ? a : b, the generic code's select (NaN candidates never win, a tie
@@ -315,12 +340,8 @@ __attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d
             best[2] = _mm256_max_##PS(best[3], best[2]);                                   \
             maxima[b] = FIRST(specdec_x86_fold_##SUFFIX(_mm256_max_##PS(best[2], best[0]))); \
         }                                                                                  \
-        if (y < V) {                                                                       \
-            T largest = (T)-INFINITY;                                                      \
-            for (; y < V; ++y)                                                             \
-                largest = logits[y] > largest ? logits[y] : largest;                       \
-            maxima[b] = largest;                                                           \
-        }                                                                                  \
+        if (y < V)                                                                         \
+            maxima[b] = specdec_tail_largest_##SUFFIX(logits, y, V);                       \
     }                                                                                      \
     __attribute__((target("avx2"))) static ptrdiff_t specdec_gather_blocks_x86_##SUFFIX(   \
         const T *logits, ptrdiff_t V, ptrdiff_t block, const T *maxima, ptrdiff_t blocks,  \
@@ -342,11 +363,8 @@ __attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d
                         hits |= (unsigned)(logits[x] >= floor) << (x - y);                 \
                 for (; hits; hits &= hits - 1) {                                           \
                     ptrdiff_t x = y + __builtin_ctz(hits);                                 \
-                    if (count == SPECDEC_TOP_P_CANDIDATES)                                 \
+                    if (!specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, &count))         \
                         return -1;                                                         \
-                    z_out[count] = logits[x];                                              \
-                    y_out[count] = x;                                                      \
-                    ++count;                                                               \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
@@ -402,12 +420,8 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
         ptrdiff_t b = 0, y = 0;                                                            \
         for (; y + block <= V; y += block, ++b)                                            \
             maxima[b] = specdec_block_largest_##SUFFIX(logits + y, block);                 \
-        if (y < V) {                                                                       \
-            T largest = (T)-INFINITY;                                                      \
-            for (; y < V; ++y)                                                             \
-                largest = logits[y] > largest ? logits[y] : largest;                       \
-            maxima[b] = largest;                                                           \
-        }                                                                                  \
+        if (y < V)                                                                         \
+            maxima[b] = specdec_tail_largest_##SUFFIX(logits, y, V);                       \
     }                                                                                      \
     /* The logits and indices of the entries at or above `floor` in the blocks whose      \
      * maximum reaches it, in element order, a 32-byte group at a time (few pass); -1 when \
@@ -432,13 +446,9 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
                     !specdec_any_at_least_##SUFFIX(logits + y, floor))                       \
                     continue;                                                              \
                 for (ptrdiff_t x = y; x < y + group && x < end; ++x) {                     \
-                    if (logits[x] >= floor) {                                              \
-                        if (count == SPECDEC_TOP_P_CANDIDATES)                             \
-                            return -1;                                                     \
-                        z_out[count] = logits[x];                                          \
-                        y_out[count] = x;                                                  \
-                        ++count;                                                           \
-                    }                                                                      \
+                    if (logits[x] >= floor &&                                              \
+                        !specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, &count))         \
+                        return -1;                                                         \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
