@@ -35,6 +35,21 @@ def _shard_upload(values: Any, dtype: Any, like: Any) -> Any:
         return cupy.asarray(np.ascontiguousarray(values, dtype=dtype))
 
 
+def _device_empty(like: Any, shape: Any, dtype: Any, fill: bool = False) -> Any:
+    """An array on the device of ``like`` (zeros with ``fill``, else uninitialised)."""
+    import cupy
+
+    with like.device:
+        return (cupy.zeros if fill else cupy.empty)(shape, dtype=dtype)
+
+
+def _indexed_rows(rows: Any, width: int, indices: np.ndarray) -> dict[str, Any]:
+    """The launch arguments a pass over the rows ``indices`` of ``rows`` starts with."""
+    return {"rows": rows, "width": np.int64(width),
+            "indices": _shard_upload(indices, np.int64, rows),
+            "count": np.int64(indices.size)}
+
+
 def _shard_indices(indices: Any, num_rows: int, per_row: int, name: str) -> np.ndarray:
     """Host row indices, each inside the block, with per-row arrays long enough (the
     compiled passes' own checks)."""
@@ -68,11 +83,8 @@ class _ShardKernels:
             raise ValueError(f"shard_stats: groups = {groups} must lie in 0 .. width / 2")
         if n == 0:
             return
-        import cupy
-
-        with rows.device:
-            table = cupy.empty((n, 3), dtype=np.float64)
-            grouped = cupy.empty((n, groups), dtype=rows.dtype) if groups else None
+        table = _device_empty(rows, (n, 3), np.float64)
+        grouped = _device_empty(rows, (n, groups), rows.dtype) if groups else None
         arguments = {
             "rows": rows, "count": np.int64(n), "width": np.int64(width),
             "temperature": _shard_upload(np.asarray(temperature)[:n], rows.dtype, rows),
@@ -91,10 +103,7 @@ class _ShardKernels:
             raise ValueError("shard_argmax: the rows hold no column")
         if n == 0:
             return
-        import cupy
-
-        with rows.device:
-            found = cupy.empty((n, 2), dtype=np.float64)
+        found = _device_empty(rows, (n, 2), np.float64)
         arguments = {"rows": rows, "count": np.int64(n), "width": np.int64(rows.shape[1]),
                      "start": np.int64(start), "table": found}
         name = f"shard_argmax_kernel<{_PROB_CTYPES[np.dtype(rows.dtype).name]}>"
@@ -115,13 +124,9 @@ class _ShardKernels:
             return
         if n == 0:
             return
-        import cupy
-
-        with rows.device:
-            sums = cupy.empty(n, dtype=np.float64)
+        sums = _device_empty(rows, n, np.float64)
         arguments = {
-            "rows": rows, "width": np.int64(width),
-            "indices": _shard_upload(indices, np.int64, rows), "count": np.int64(n),
+            **_indexed_rows(rows, width, indices),
             **{key: _shard_upload(np.asarray(value)[:n], dtype, rows) for key, value in
                (("temperature", temperature), ("z_max", z_max), ("cutoff", cutoff))},
             "weights": weights, "masses": sums,
@@ -142,13 +147,9 @@ class _ShardKernels:
         if width == 0 or n == 0:
             counts[:n] = 0
             return 0, True
-        import cupy
-
-        with rows.device:
-            found = cupy.zeros(n, dtype=np.int64)
+        found = _device_empty(rows, n, np.int64, fill=True)
         arguments = {
-            "rows": rows, "width": np.int64(width),
-            "indices": _shard_upload(indices, np.int64, rows), "count": np.int64(n),
+            **_indexed_rows(rows, width, indices),
             "temperature": _shard_upload(np.asarray(temperature)[:n], dtype, rows),
             "thresholds": _shard_upload(np.asarray(thresholds)[:n], dtype, rows),
             "offsets": None, "counts": found, "columns": None, "values": None,
@@ -160,9 +161,8 @@ class _ShardKernels:
         if total > min(columns.shape[0], values.shape[0]):
             return total, False
         if total:
-            with rows.device:
-                arguments["columns"] = cupy.empty(total, dtype=np.int64)
-                arguments["values"] = cupy.empty(total, dtype=dtype)
+            arguments["columns"] = _device_empty(rows, total, np.int64)
+            arguments["values"] = _device_empty(rows, total, dtype)
             offsets = np.concatenate([[0], np.cumsum(counts[: n - 1])])
             arguments["offsets"] = _shard_upload(offsets, np.int64, rows)
             _shard_launch(name, n, BLOCK_SIZE, arguments)  # the entries, in column order
@@ -179,11 +179,8 @@ class _ShardKernels:
             raise ValueError("shard_exp: x, z_max and out must have one length")
         if count == 0:
             return
-        import cupy
-
         dtype = np.dtype(x.dtype)
-        with like.device:
-            weights = cupy.empty(count, dtype=dtype)
+        weights = _device_empty(like, count, dtype)
         arguments = {"x": _shard_upload(x, dtype, like),
                      "z_max": _shard_upload(z_max, dtype, like),
                      "count": np.int64(count), "out": weights}
@@ -220,10 +217,7 @@ class _ShardKernels:
             raise ValueError("shard_positive_sums: sums must have a value per row")
         if n == 0:
             return
-        import cupy
-
-        with rows.device:
-            found = cupy.empty(n, dtype=np.float64)
+        found = _device_empty(rows, n, np.float64)
         arguments = {"rows": rows, "count": np.int64(n), "width": np.int64(rows.shape[1]),
                      "sums": found}
         _shard_launch("shard_positive_sums_kernel", (n + 31) // 32, 32, arguments)
@@ -239,13 +233,9 @@ class _ShardKernels:
         n = indices.size
         if n == 0:
             return
-        import cupy
-
-        with rows.device:
-            columns = cupy.empty(n, dtype=np.int64)
+        columns = _device_empty(rows, n, np.int64)
         arguments = {
-            "rows": rows, "width": np.int64(width),
-            "indices": _shard_upload(indices, np.int64, rows), "count": np.int64(n),
+            **_indexed_rows(rows, width, indices),
             "inside": _shard_upload(np.asarray(inside)[:n], np.float64, rows), "found": columns,
         }
         _shard_launch("shard_first_crossings_kernel", (n + 31) // 32, 32, arguments)
@@ -260,8 +250,7 @@ class _ShardKernels:
         if width == 0 or indices.size == 0:
             return
         arguments = {
-            "rows": rows, "width": np.int64(width),
-            "indices": _shard_upload(indices, np.int64, rows), "count": np.int64(indices.size),
+            **_indexed_rows(rows, width, indices),
             "scale": _shard_upload(np.asarray(scale)[: indices.size], np.float64, rows), "q": q,
         }
         _shard_launch("shard_residuals_kernel", indices.size, BLOCK_SIZE, arguments)
