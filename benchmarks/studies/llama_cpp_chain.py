@@ -13,7 +13,7 @@ greedily (temperature 0), on one thread (``OMP_NUM_THREADS=1``).  Two kinds of r
   place from the context (``llama_get_logits``).  llama.cpp is timed two ways, row by row:
 
   - ``sample``: ``llama_sampler_sample(chain, ctx, i)``, the call a llama.cpp user makes
-    per token: in C it fills the chain's candidate array from the context's logits row
+    per token: in C it fills a candidate array from the context's logits row
     ``i`` (``{i, logit, 0}`` for each of the V tokens), applies the chain and accepts the
     token;
   - ``apply``: the chain's ``llama_sampler_apply`` alone on a candidate array filled
