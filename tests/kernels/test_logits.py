@@ -86,6 +86,28 @@ int64_t t_exp_monotone_violations(void)
     return violations;
 }
 
+/* Inputs where min-p's floor (which starts next to z_max + log(min_p)) is not the plain
+ * bisection over every key from -inf to z_max: the floor needs w monotone in z. */
+#define T_MIN_P_BISECTION(SUFFIX, T, KEY_T)                                                 \
+    int64_t t_min_p_differences_##SUFFIX(const T *z_max, const double *min_p, ptrdiff_t n)  \
+    {                                                                                      \
+        int64_t differences = 0;                                                           \
+        for (ptrdiff_t i = 0; i < n; ++i) {                                                \
+            KEY_T low = specdec_key_##SUFFIX(-(T)INFINITY), high = specdec_key_##SUFFIX(z_max[i]); \
+            while (high - low > 1) {                                                       \
+                KEY_T middle = low + (high - low) / 2;                                     \
+                if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), z_max[i]) >= min_p[i]) \
+                    high = middle;                                                         \
+                else                                                                       \
+                    low = middle;                                                          \
+            }                                                                              \
+            differences += specdec_min_p_floor_##SUFFIX(z_max[i], min_p[i]) != high;       \
+        }                                                                                  \
+        return differences;                                                                \
+    }
+T_MIN_P_BISECTION(f, float, uint32_t)
+T_MIN_P_BISECTION(d, double, uint64_t)
+
 /* The law's scratch from the heap, as the kernels take it. */
 void t_row_law_f(const float *l, ptrdiff_t V, float t, int64_t k, double p, double m,
                  int order, specdec_row_law *law)
@@ -541,6 +563,29 @@ def test_fast_exp_reference_on_array_api_strict(vector: Logits) -> None:
 def test_fast_exp_is_monotone(vector: Logits) -> None:
     # min-p's cutoff is found by bisection on z, which needs w monotone in z.
     assert vector.lib.t_exp_monotone_violations() == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_min_p_floor_is_the_bisection_over_every_key(builds: dict[str, Logits], dtype: type):
+    """min-p's floor starts next to z_max + log(min_p) and probes outward before bisecting:
+    the key of the bisection over every key from -inf to z_max, on both builds, for
+    maxima and min-p values across their ranges (tiny, 1, subnormal, huge maxima)."""
+    rng = np.random.default_rng(4)
+    z_max = np.concatenate([
+        rng.standard_normal(3000) * 10, rng.uniform(-300, 300, 1000),
+        [0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, 1.0, 80.0, -100.0, 104.0],
+    ]).astype(dtype)  # fmt: skip
+    min_p = np.concatenate([
+        rng.random(2000), 10.0 ** -rng.uniform(0, 40, 1500), np.ones(500),
+        np.full(510, 1e-300),
+    ])[: z_max.size]  # fmt: skip
+    min_p[min_p <= 0] = 0.5
+    kind = "f" if dtype == np.float32 else "d"
+    for build in builds.values():
+        count = getattr(build.lib, f"t_min_p_differences_{kind}")
+        count.restype = ctypes.c_int64
+        count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t]
+        assert count(z_max.ctypes.data, min_p.ctypes.data, z_max.size) == 0
 
 
 # ---- the law of a row -----------------------------------------------------------------

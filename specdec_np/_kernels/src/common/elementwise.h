@@ -335,10 +335,38 @@ SPECDEC_SHARED double specdec_weight_d(double z, double z_max)
         *num_infinite += z == INFINITY_T;                                                  \
     }                                                                                      \
     /* min-p keeps w >= min_p, and w is monotone in z: the smallest key whose value has    \
-     * w >= min_p, by bisection over the keys of all values of T (no pass over the row). */ \
+     * w >= min_p, by bisection over the keys of all values of T (no pass over the row).   \
+     * The bracket starts at the keys around z_max + log(min_p), where w crosses min_p     \
+     * within a few keys: probes at doubling steps from there (at most eight) bound the    \
+     * crossing before the bisection, which then takes a few exponentials instead of one   \
+     * per bit of the key.  With w monotone the crossing is the same key. */               \
     SPECDEC_SHARED KEY_T specdec_min_p_floor_##SUFFIX(T z_max, double min_p)                \
     {                                                                                      \
         KEY_T low = specdec_key_##SUFFIX(-INFINITY_T), high = specdec_key_##SUFFIX(z_max);  \
+        const T guess_value = (T)((double)z_max + log(min_p));                             \
+        const KEY_T guess = specdec_key_##SUFFIX(guess_value);                             \
+        if (guess_value == guess_value && guess > low && guess < high) {                   \
+            /* Invariant of the bisection: w < min_p at low (or low is -inf's key), and    \
+             * w >= min_p at high. */                                                      \
+            int above =                                                                    \
+                specdec_weight_##SUFFIX(specdec_value_##SUFFIX(guess), z_max) >= min_p;     \
+            if (above)                                                                     \
+                high = guess;                                                              \
+            else                                                                           \
+                low = guess;                                                               \
+            KEY_T step = 1;                                                                \
+            for (int probes = 0; probes < 8 && high - low > step; ++probes, step *= 2) {   \
+                KEY_T probe = above ? high - step : low + step;                            \
+                int probe_above =                                                          \
+                    specdec_weight_##SUFFIX(specdec_value_##SUFFIX(probe), z_max) >= min_p; \
+                if (probe_above)                                                           \
+                    high = probe;                                                          \
+                else                                                                       \
+                    low = probe;                                                           \
+                if (probe_above != above)                                                  \
+                    break;                                                                 \
+            }                                                                              \
+        }                                                                                  \
         while (high - low > 1) {                                                           \
             KEY_T middle = low + (high - low) / 2;                                         \
             if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), z_max) >= min_p)   \

@@ -343,29 +343,51 @@ __attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d
         if (y < V)                                                                         \
             maxima[b] = specdec_tail_largest_##SUFFIX(logits, y, V);                       \
     }                                                                                      \
+    /* The entries of logits[y .. end) at or above the floor, kept in element order; 0     \
+     * when more than SPECDEC_TOP_P_CANDIDATES are. */                                     \
+    __attribute__((target("avx2"))) static inline int specdec_gather_block_x86_##SUFFIX(   \
+        const T *logits, ptrdiff_t y, ptrdiff_t end, T floor, T *z_out, ptrdiff_t *y_out,  \
+        ptrdiff_t *count)                                                                  \
+    {                                                                                      \
+        const VEC c = _mm256_set1_##PS(floor);                                             \
+        for (; y < end; y += LANES) {                                                      \
+            unsigned hits = 0;                                                             \
+            if (y + LANES <= end)                                                          \
+                hits = (unsigned)_mm256_movemask_##PS(                                     \
+                    _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ));        \
+            else                                                                           \
+                for (ptrdiff_t x = y; x < end; ++x)                                        \
+                    hits |= (unsigned)(logits[x] >= floor) << (x - y);                     \
+            for (; hits; hits &= hits - 1) {                                               \
+                ptrdiff_t x = y + __builtin_ctz(hits);                                     \
+                if (!specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, count))             \
+                    return 0;                                                              \
+            }                                                                              \
+        }                                                                                  \
+        return 1;                                                                          \
+    }                                                                                      \
+    /* The blocks whose maximum reaches the floor, found LANES blocks at a time by one     \
+     * mask: about one block in ten passes, at random, which a branch per block would      \
+     * mispredict. */                                                                      \
     __attribute__((target("avx2"))) static ptrdiff_t specdec_gather_blocks_x86_##SUFFIX(   \
         const T *logits, ptrdiff_t V, ptrdiff_t block, const T *maxima, ptrdiff_t blocks,  \
         T floor, T *z_out, ptrdiff_t *y_out)                                               \
     {                                                                                      \
         const VEC c = _mm256_set1_##PS(floor);                                             \
         ptrdiff_t count = 0;                                                               \
-        for (ptrdiff_t b = 0; b < blocks; ++b) {                                           \
-            if (!(maxima[b] >= floor))                                                     \
-                continue;                                                                  \
-            ptrdiff_t y = b * block, end = y + block < V ? y + block : V;                  \
-            for (; y < end; y += LANES) {                                                  \
-                unsigned hits = 0;                                                         \
-                if (y + LANES <= end)                                                      \
-                    hits = (unsigned)_mm256_movemask_##PS(                                 \
-                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ));    \
-                else                                                                       \
-                    for (ptrdiff_t x = y; x < end; ++x)                                    \
-                        hits |= (unsigned)(logits[x] >= floor) << (x - y);                 \
-                for (; hits; hits &= hits - 1) {                                           \
-                    ptrdiff_t x = y + __builtin_ctz(hits);                                 \
-                    if (!specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, &count))         \
-                        return -1;                                                         \
-                }                                                                          \
+        for (ptrdiff_t first = 0; first < blocks; first += LANES) {                        \
+            unsigned passing = 0;                                                          \
+            if (first + LANES <= blocks)                                                   \
+                passing = (unsigned)_mm256_movemask_##PS(                                  \
+                    _mm256_cmp_##PS(_mm256_loadu_##PS(maxima + first), c, _CMP_GE_OQ));    \
+            else                                                                           \
+                for (ptrdiff_t b = first; b < blocks; ++b)                                 \
+                    passing |= (unsigned)(maxima[b] >= floor) << (b - first);              \
+            for (; passing; passing &= passing - 1) {                                      \
+                ptrdiff_t y = (first + __builtin_ctz(passing)) * block;                    \
+                if (!specdec_gather_block_x86_##SUFFIX(logits, y, y + block < V ? y + block : V, \
+                                                      floor, z_out, y_out, &count))        \
+                    return -1;                                                             \
             }                                                                              \
         }                                                                                  \
         return count;                                                                      \
