@@ -33,6 +33,7 @@ failed request raises the layout's error, and the draws are put back.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from os import environ as _environ
@@ -50,7 +51,7 @@ from . import padded as _chains
 from . import sampling as _sampling
 from .engine_call import RowSources, UniformSource, kernel_options
 
-__all__ = ["ragged_call"]
+__all__ = ["ragged_call", "sample_lane"]
 
 _ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
@@ -88,6 +89,7 @@ def ragged_call(
     rows: RowSources,
     sampling: _sampling.SamplingParameters,
     uniform_source: UniformSource,
+    lane_key: tuple[Any, ...] | None = None,
 ) -> _results.VerificationResult | None:
     """Verify a ragged chain batch on the common call's fast path, or answer None.
 
@@ -105,6 +107,9 @@ def ragged_call(
     sampling : SamplingParameters
     uniform_source : UniformSource
         The call's ``out`` is None and its ``strict_mode`` False (the caller checks).
+    lane_key : tuple, optional
+        :func:`sample_lane`'s key of a step without drafts: a successful call keeps what
+        its launch needs under it.
 
     Returns
     -------
@@ -220,7 +225,7 @@ def ragged_call(
     ))  # fmt: skip
     return _verify(
         layout, method_parameters, batch, form, checked, greedy_count,
-        bonus_token_ids is None, on_success, uniform_source, explicit,
+        bonus_token_ids is None, on_success, uniform_source, explicit, lane_key,
     )  # fmt: skip
 
 
@@ -243,17 +248,18 @@ def _explicit_uniforms(uniforms: np.ndarray, batch_size: int, width: int) -> np.
         copy = uniforms.copy(order="C")
     else:
         copy = uniforms.astype(np.float64, order="C")
-    values = copy.ravel()
+    return copy if _in_unit_interval(copy.ravel()) else None
+
+
+def _in_unit_interval(values: np.ndarray) -> bool:
+    """Whether every entry of float64 ``values`` ``[n]`` lies in ``[0, 1)`` (NaN does not)."""
     if values.shape[0] <= _PYTHON_CHECK_MAX:
         listed = values.tolist()
         # NaN would slip through min and max (its comparisons are all false); the sum of
         # values that min and max put in [0, 1) is NaN exactly when one of them is.
         total = sum(listed)
-        if not (0.0 <= min(listed) and max(listed) < 1.0 and total == total):
-            return None
-    elif not bool(((values >= 0.0) & (values < 1.0)).all()):
-        return None
-    return copy
+        return bool(0.0 <= min(listed) and max(listed) < 1.0 and total == total)
+    return bool(((values >= 0.0) & (values < 1.0)).all())
 
 
 class _Plan(NamedTuple):
@@ -372,9 +378,11 @@ def _verify(
     on_success: Callable[..., None] | None,
     uniform_source: UniformSource,
     explicit: np.ndarray | None = None,
+    lane_key: tuple[Any, ...] | None = None,
 ) -> _results.VerificationResult | None:
     """The checked call: the uniform source (``explicit``: the checked explicit uniforms),
-    the draws, the kernel and the record."""
+    the draws, the kernel and the record; with ``lane_key``, what a successful launch
+    needs is kept for :func:`sample_lane`."""
     batch_size = batch.batch_size
     generator = uniform_source.generator
     sources = None
@@ -436,6 +444,11 @@ def _verify(
                 _put_back(sources, generator, size, before)
                 return None
             batch.raise_for_row_status(reported, block[_ROW_STATUS])
+        if (
+            lane_key is not None and draw_bonus and not batch.max_k
+            and batch.draft_rows is None and sources is None and not keywords
+        ):  # fmt: skip
+            _keep_lane(lane_key, plan, batch, positional, greedy_count == batch_size)
         # VerificationResult(*block[:3], T) without its constructor's Python steps.
         result = _new_tuple(_results.VerificationResult, block[:3])
         result.num_draft_tokens = batch.num_draft_tokens
@@ -489,3 +502,120 @@ def _draw(before: list[Any], generator: np.random.Generator, size: Any) -> np.nd
     before.append(generator.bit_generator.state)
     uniforms: np.ndarray = generator.random(size)
     return uniforms
+
+
+# ---- the sampling step's lane ------------------------------------------------------------
+
+#: What a launch of a step without drafts needs, kept per Python thread by the key of its
+#: call (:func:`sample_lane`): the plan, the options by position (the sampling table
+#: among them), the kernel inputs after the rows (no draft ids, zero bonus ids and the
+#: drafts' offsets, all read-only) and whether every row is greedy (then nothing is drawn).
+_LANES = threading.local()
+_LANES_MAX = 32
+_LANE_SETTING_TYPES = frozenset({int, float, type(None)})
+
+
+class _Lane(NamedTuple):
+    plan: _Plan
+    positional: tuple[Any, ...]
+    inputs_after_rows: tuple[Any, ...]
+    greedy: bool
+
+
+def lane_key(rows: Any, settings: tuple[Any, ...], filter_order: Any) -> tuple[Any, ...] | None:
+    """The key of a sampling step (:func:`specdec_np.sample_tokens` on NumPy logits, its
+    four filters Python numbers or None), or None for any other call: the rows' dtype and
+    shape, each setting with its type (so that ``40`` and ``40.0`` never share a key, nor
+    ``0.0`` and ``-0.0``), the filter order, and the row threads' setting where rows are
+    long enough to read it (as the kept plans' keys do)."""
+    if type(rows) is not _NDARRAY or type(filter_order) is not str:
+        return None
+    if not _LANE_SETTING_TYPES.issuperset(map(type, settings)):
+        return None
+    if 0 in settings:
+        for value in settings:
+            if type(value) is float and value == 0.0 and math.copysign(1.0, value) < 0:
+                return None
+    shape = rows.shape
+    return (
+        rows.dtype, shape, tuple(map(type, settings)), settings, filter_order,
+        _environ.get(_backend.ROW_THREADS_VARIABLE)
+        if len(shape) == 2 and shape[1] >= _backend.ROW_THREADS_MIN_VOCAB else None,
+    )  # fmt: skip
+
+
+def _keep_lane(
+    key: tuple[Any, ...], plan: _Plan, batch: _chains.ChainBatch, positional: tuple[Any, ...],
+    greedy: bool,
+) -> None:
+    """Keep a successful step's launch under its key (the inputs after the rows are the
+    batch's read-only arrays of a step without drafts)."""
+    inputs = batch.kernel_inputs()
+    lanes = getattr(_LANES, "lanes", None)
+    if lanes is None:
+        lanes = _LANES.lanes = {}
+    if len(lanes) >= _LANES_MAX:
+        lanes.clear()
+    lanes[key] = _Lane(plan, positional, inputs[2:], greedy)
+
+
+def sample_lane(
+    key: tuple[Any, ...], rows: np.ndarray, generator: Any, uniforms: Any = None
+) -> np.ndarray | None:
+    """The tokens of a sampling step whose key (:func:`lane_key`) a successful call of the
+    same kind has kept, or None: then the caller takes the general steps.
+
+    ``uniforms``: a row's explicit uniform (NumPy float64 or float32 ``[B]``, checked here
+    as the general path checks them, the generator then not asked), or None.
+
+    The kept call checked everything that the key fixes (the settings, the shapes, the
+    dtype); what is left per call is what the rows hold, which the kernel reads: a row it
+    refuses (no mass, or a temperature that overflows) makes the call put its draw back and
+    answer None, and the general steps then raise their error.  The draw is the one the
+    general path makes (``generator.random((B, 2))``, nothing for greedy rows), from the
+    same generator, so the tokens and the generator's state are the general path's.
+    """
+    lanes = getattr(_LANES, "lanes", None)
+    lane = lanes.get(key) if lanes is not None else None
+    if lane is None or not rows.flags.c_contiguous:
+        return None
+    if generator is not None and type(generator) is not _GENERATOR:
+        return None
+    batch_size = rows.shape[0]
+    explicit = uniforms is not None
+    if explicit:
+        if type(uniforms) is not _NDARRAY or uniforms.dtype not in _ROW_DTYPES:
+            return None
+        if uniforms.shape != (batch_size,):
+            return None
+        # The block the general path makes: the residual draw's column unused, float32
+        # widened exactly.
+        column = uniforms
+        uniforms = np.zeros((batch_size, 2))
+        uniforms[:, 1] = column
+        if not _in_unit_interval(uniforms[:, 1]):
+            return None
+    plan = lane.plan
+    block = _core.output_block(batch_size, 1)
+    before: list[Any] = []
+    if explicit:
+        pass  # nothing is drawn: the generator is not asked
+    elif lane.greedy:
+        uniforms = np.empty((batch_size, 2))  # nothing is drawn
+    else:
+        if generator is None:
+            generator = np.random.default_rng()
+        uniforms = _draw(before, generator, (batch_size, 2))
+    try:
+        reported = plan.launch(
+            plan.code, rows, rows, *lane.inputs_after_rows, uniforms, plan.parameters, *block,
+            plan.threads, *lane.positional,
+        )  # fmt: skip
+    except BaseException:
+        _put_back(None, generator, (batch_size, 2), before)
+        raise
+    if reported >= 0:
+        _put_back(None, generator, (batch_size, 2), before)
+        return None
+    tokens: np.ndarray = block[0][:, 0]
+    return tokens

@@ -20,6 +20,7 @@ from .._runtime import arrays as _backend
 from .._runtime import checks as _validate
 from .._runtime import philox as _philox
 from .._runtime import uniforms as _random
+from . import fast_path as _fast
 from . import ragged as _ragged
 from . import sampling as _sampling
 from . import surface as _surface
@@ -315,6 +316,23 @@ stop_token_ids, token_bitmask : optional
     >>> float(probs[1])  # a greedy row's token is certain
     1.0
     """
+    lane_key = None
+    if (
+        probs is None and seeded_seqs is None and counter_seeds is None
+        and return_probs is False and type(stream) is str and stream == "verify"
+        and prompt_token_ids is None and output_token_ids is None
+        and repetition_penalty is None and frequency_penalty is None
+        and presence_penalty is None and logit_bias is None and allowed_token_ids is None
+        and bad_words_token_ids is None and min_tokens is None and stop_token_ids is None
+        and token_bitmask is None
+    ):  # fmt: skip
+        # A sampling step on NumPy logits with plain settings: the launch that a call of
+        # the same kind kept, or the steps below, which keep it.
+        lane_key = _fast.lane_key(logits, (temperature, top_k, top_p, min_p), filter_order)
+        if lane_key is not None:
+            tokens = _fast.sample_lane(lane_key, logits, generator, uniforms)
+            if tokens is not None:
+                return tokens
     _validate.check_filter_order(filter_order)
     _philox.check_stream(stream)
     if type(return_probs) is not bool:
@@ -356,8 +374,10 @@ stop_token_ids, token_bitmask : optional
     drafts = _NO_DRAFTS if isinstance(rows, np.ndarray) else []
     # The records made with every field in their order (new_record: no argument binding
     # on every call).
+    call = _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None)
+    call.lane_key = lane_key
     result = engine_call(
-        _ragged.RaggedCall("rejection", {}, _filled(batch_size, 0), drafts, None),
+        call,
         new_record(RowSources, (rows if logits is not None else None,
                                 rows if probs is not None else None, None, None)),
         new_record(SamplingParameters, (

@@ -351,6 +351,9 @@ class RaggedCall:
     """
 
     greedy_entry = _GREEDY
+    #: A sampling step's key (:func:`specdec_np._layouts.fast_path.lane_key`), set by
+    #: :func:`specdec_np.sample_tokens`: the fast path then keeps what its launch needs.
+    lane_key: tuple[Any, ...] | None = None
 
     def __init__(
         self,
@@ -428,6 +431,7 @@ class RaggedCall:
         return _fast.ragged_call(
             self, self._parameters, self._num_draft_tokens, self._draft_token_ids,
             self._bonus_token_ids, self._on_success, rows, sampling, uniform_source,
+            self.lane_key,
         )  # fmt: skip
 
     def check_rows(

@@ -615,6 +615,15 @@ def test_explicit_uniforms_of_sample_tokens_take_the_fast_path(monkeypatch: Any)
     served: list[int] = []
     fast_verify = _fast._verify
     monkeypatch.setattr(_fast, "_verify", lambda *a: served.append(1) or fast_verify(*a))
+    lane = _fast.sample_lane
+
+    def counted_lane(*arguments: Any) -> Any:
+        tokens = lane(*arguments)
+        if tokens is not None:
+            served.append(1)
+        return tokens
+
+    monkeypatch.setattr(_fast, "sample_lane", counted_lane)
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((3, 7)).astype(np.float32)
     cases = [rng.random(3), rng.random(3).astype(np.float32), rng.random(6)[::2],
@@ -626,6 +635,7 @@ def test_explicit_uniforms_of_sample_tokens_take_the_fast_path(monkeypatch: Any)
             with monkeypatch.context() as patch:
                 if general:
                     patch.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+                    patch.setattr(_fast, "sample_lane", lambda *a: None)
                 try:
                     found: Any = specdec_np.sample_tokens(
                         logits=logits, uniforms=uniforms, temperature=0.8, top_k=4
@@ -634,7 +644,7 @@ def test_explicit_uniforms_of_sample_tokens_take_the_fast_path(monkeypatch: Any)
                     found = (type(error), str(error))
             outcomes.append(found)
         assert outcomes[0] == outcomes[1], uniforms
-    assert len(served) == 4  # the four good cases, once each
+    assert len(served) == 4  # the four good cases, once each (the fast path or its lane)
 
 
 def test_the_records_made_without_constructors_are_the_constructors_records(
@@ -677,3 +687,120 @@ def test_the_records_made_without_constructors_are_the_constructors_records(
         assert rows.target_logits is not None and rows[1:] == (None, None, None)
     assert len(_chains.ChainBatch._fields) == 16  # the fast path's batch gives 16 fields
     assert _engine_call.new_record is tuple.__new__
+
+
+def _random_step(rng: np.random.Generator) -> dict[str, Any]:
+    """A sampling step's keywords (NumPy logits, settings that are Python numbers), good or
+    bad: rows without mass, rows that overflow at the temperature, refused settings."""
+    batch, vocab = int(rng.integers(1, 4)), int(rng.choice([1, 5, 64, 2500]))
+    dtype = rng.choice([np.float32, np.float64])
+    rows = (rng.standard_normal((batch, vocab)) * 3).astype(dtype)
+    bad = rng.choice(["none"] * 6 + ["no mass", "nan", "overflow", "setting"])
+    keywords: dict[str, Any] = {
+        "logits": rows,
+        "temperature": float(rng.choice([0.0, 0.25, 0.8, 1.0])),
+        "filter_order": str(rng.choice(["vllm", "llama.cpp"])),
+    }
+    if rng.random() < 0.6:
+        keywords["top_k"] = int(rng.integers(0, vocab + 2))
+    if rng.random() < 0.5:
+        keywords["top_p"] = float(rng.uniform(0.3, 1.0))
+    if rng.random() < 0.4:
+        keywords["min_p"] = float(rng.uniform(0.0, 0.3))
+    if bad == "no mass":
+        rows[-1] = -np.inf
+    elif bad == "nan":
+        rows[0, 0] = np.nan
+    elif bad == "overflow":
+        rows[0, 0] = np.finfo(dtype).max / 2
+        keywords["temperature"] = 0.25
+    elif bad == "setting":
+        keywords["top_p"] = 0.0
+    if rng.random() < 0.3:
+        keywords["uniforms"] = rng.random(batch).astype(rng.choice([np.float64, np.float32]))
+    return keywords
+
+
+def test_the_sampling_lane_is_the_general_path(monkeypatch: Any) -> None:
+    """Random sampling steps, each after a twin of its kind whose rows the kernel takes
+    (so that it meets the launch its kind kept) and again after a step of another kind,
+    against the general path: the same tokens, errors and generator states; most repeated
+    good steps take the lane."""
+    _check_the_lane(monkeypatch)
+
+
+def test_a_lane_that_keeps_a_refused_draw_is_caught(monkeypatch: Any) -> None:
+    """Negative control: a lane that does not put its draw back when the kernel refuses a
+    row leaves the generator moved, which the comparison above must catch."""
+    lane = _fast.sample_lane
+
+    def forgetful_lane(*arguments: Any) -> Any:
+        with monkeypatch.context() as patch:
+            patch.setattr(_fast, "_put_back", lambda *a: None)
+            return lane(*arguments)
+
+    monkeypatch.setattr(_fast, "sample_lane", forgetful_lane)
+    with pytest.raises(AssertionError):
+        _check_the_lane(monkeypatch)
+
+
+def _check_the_lane(monkeypatch: Any) -> None:
+    hits = []
+    lane = _fast.sample_lane
+
+    def counted_lane(*arguments: Any) -> Any:
+        tokens = lane(*arguments)
+        hits.append(tokens is not None)
+        return tokens
+
+    monkeypatch.setattr(_fast, "sample_lane", counted_lane)
+    rng = np.random.default_rng(17)
+    steps = []
+    for _ in range(40):
+        step = _random_step(rng)
+        # Its twin: the same kind (shape, dtype, settings) with rows the kernel takes, so
+        # that the step meets the launch the twin kept, a bad row included.
+        rows = step["logits"]
+        steps += [{**step, "logits": rng.standard_normal(rows.shape).astype(rows.dtype)}, step]
+    # Twin 0, step 0, twin 1, step 1, then each again after a step of another kind.
+    order = [first + repeat for first in range(0, 80, 4) for repeat in (0, 1, 2, 3, 1, 3)]
+    outcomes = {"result": 0, "error": 0}
+    for case, index in enumerate(order):
+        keywords, seed = steps[index], index + case
+        fast = _outcome_of_step(keywords, seed)
+        with monkeypatch.context() as general_path:
+            general_path.setattr(_ragged.RaggedCall, "fast_call", lambda *a: None)
+            general_path.setattr(_fast, "sample_lane", lambda *a: None)
+            general = _outcome_of_step(keywords, seed)
+        assert fast == general, (case, keywords)
+        outcomes["error" if isinstance(fast[0], tuple) else "result"] += 1
+    assert outcomes["result"] > 60 and outcomes["error"] > 20
+    assert sum(hits) > 35
+
+
+def _outcome_of_step(keywords: dict[str, Any], seed: int) -> tuple[Any, ...]:
+    generator = np.random.default_rng(seed)
+    try:
+        found: Any = specdec_np.sample_tokens(**keywords, generator=generator).tolist()
+    except (TypeError, ValueError) as error:
+        found = (type(error), str(error))
+    return found, generator.bit_generator.state
+
+
+def test_a_lane_kept_for_one_kind_serves_no_other() -> None:
+    """The key of a lane holds every setting with its type, the rows' dtype and shape and
+    the filter order: a step that differs in one of them finds no lane."""
+    rows = np.zeros((2, 8), np.float32)
+    base = _fast.lane_key(rows, (0.8, 4, 0.9, None), "vllm")
+    others = [
+        _fast.lane_key(rows.astype(np.float64), (0.8, 4, 0.9, None), "vllm"),
+        _fast.lane_key(rows[:1], (0.8, 4, 0.9, None), "vllm"),
+        _fast.lane_key(rows, (0.8, 4.0, 0.9, None), "vllm"),
+        _fast.lane_key(rows, (0.8, 4, 0.9, 0.0), "vllm"),
+        _fast.lane_key(rows, (0.8, 4, 0.9, None), "llama.cpp"),
+    ]
+    assert base is not None and all(key is not None and key != base for key in others)
+    assert _fast.lane_key(rows, (0.8, 4, 0.9, -0.0), "vllm") is None
+    assert _fast.lane_key(rows, (np.float64(0.8), 4, 0.9, None), "vllm") is None
+    assert _fast.lane_key(rows, (True, 4, 0.9, None), "vllm") is None
+    assert _fast.lane_key(list(rows), (0.8, 4, 0.9, None), "vllm") is None
