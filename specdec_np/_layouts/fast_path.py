@@ -29,6 +29,13 @@ overflow of a drawn bonus row of a request without drafts, which the kernel's la
 anyway (one pass over such rows instead of two); a row it refuses makes the call put its
 draws back and answer None.  Otherwise, after the draw it behaves as the general path: a
 failed request raises the layout's error, and the draws are put back.
+
+A sampling step (:func:`specdec_np.sample_tokens` on NumPy logits, its settings Python
+numbers, no row setting) goes further: a successful step keeps what its launch needs under
+the key of its kind (:func:`lane_key`), and the next step of that kind is one draw, the
+output block and the kernel (:func:`sample_lane`); the kernel reads what is left to check
+(the rows), and a row it refuses sends the step, its draw put back, through the steps
+above.
 """
 
 from __future__ import annotations
