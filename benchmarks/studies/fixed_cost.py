@@ -13,7 +13,10 @@ output block, the draw, the kernel and the record (``EngineVerifier``'s record o
 its lock and the metrics' update); on an older checkout, those of
 the general engine call (:mod:`specdec_np._layouts.engine_call`).  "front" is what is
 left outside the stages (the public function, its decorator, its records and the fast
-path's own steps).  The stage timers read the wall clock whatever ``--clock`` says (the
+path's own steps).  ``sample_tokens`` on a checkout with the sampling step's lane
+(``fast_path.sample_lane``) runs only the output block, the draw and the kernel after its
+first call: its checks, sampling and plan stages are empty.  The stage timers read the
+wall clock whatever ``--clock`` says (the
 CPU clock is a system call of about a microsecond on some machines, which would swamp the
 stages), so the breakdown is a wall-clock median a little above the untimed one.
 
@@ -210,6 +213,8 @@ def engine_stages(clock: StageClock) -> list[tuple[Any, str, Any]]:
         (EngineVerifier, "_record", clock.timed("record", EngineVerifier._record)),
         # The plans keep the kernel they were made with: made afresh with the timed one.
         (_fast._PLANS, "plans", {}),
+        # So do the sampling steps' lanes (a checkout may have none).
+        *([(_fast._LANES, "lanes", {})] if hasattr(_fast, "_LANES") else []),
     ]  # fmt: skip
 
 
