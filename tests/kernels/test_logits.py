@@ -93,10 +93,11 @@ int64_t t_exp_monotone_violations(void)
     {                                                                                      \
         int64_t differences = 0;                                                           \
         for (ptrdiff_t i = 0; i < n; ++i) {                                                \
-            KEY_T low = specdec_key_##SUFFIX(-(T)INFINITY), high = specdec_key_##SUFFIX(z_max[i]); \
+            T top = z_max[i];                                                              \
+            KEY_T low = specdec_key_##SUFFIX(-(T)INFINITY), high = specdec_key_##SUFFIX(top); \
             while (high - low > 1) {                                                       \
                 KEY_T middle = low + (high - low) / 2;                                     \
-                if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), z_max[i]) >= min_p[i]) \
+                if (specdec_weight_##SUFFIX(specdec_value_##SUFFIX(middle), top) >= min_p[i]) \
                     high = middle;                                                         \
                 else                                                                       \
                     low = middle;                                                          \
