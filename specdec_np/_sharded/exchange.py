@@ -129,7 +129,7 @@ def agree(
         record[1:4] = (vocab_start, width, vocab_size)
         record[4:] = settings
     table = exchange.gather(record)
-    failed = np.flatnonzero(table[:, 0])
+    failed = table[:, 0].nonzero()[0]
     if failed.size:
         if local_error is not None:
             raise local_error
@@ -143,7 +143,7 @@ def agree(
             f"vocab_size must be the same on every rank; found {sizes.tolist()} "
             f"(rank by rank: {table[:, 3].tolist()})"
         )
-    different = np.flatnonzero((table[:, 4:] != table[0, 4:]).any(axis=1))
+    different = ((table[:, 4:] != table[0, 4:]).any(axis=1)).nonzero()[0]
     if different.size:
         raise ValueError(
             f"rank {int(different[0])} was given other settings, token ids or randomness "

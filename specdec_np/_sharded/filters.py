@@ -76,7 +76,7 @@ def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
     the crossing (else the same bisection, on those rows).
     """
     dtype = top.dtype
-    low = _rows.ordered_keys(np.full(top.shape, -np.inf, dtype=dtype))
+    low = _rows.ordered_keys(_rows.filled(top.shape, -np.inf, dtype=dtype))
     high = _rows.ordered_keys(top)
     estimate = (top.astype(np.float64) + np.log(min_p)).astype(dtype)
     centre = _rows.ordered_keys(np.where(np.isnan(estimate), top, estimate))
@@ -84,7 +84,7 @@ def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
     offsets = np.arange(2 * _WINDOW + 1, dtype=np.uint64)
     window = np.minimum(centre[:, None] - np.uint64(_WINDOW) + offsets, high[:, None])
     reached = weights_of(_rows.key_values(window, dtype), top[:, None]) >= min_p[:, None]
-    first = np.argmax(reached, axis=1)
+    first = reached.argmax(axis=1)
     rows = np.arange(top.shape[0])
     floors = window[rows, first]
     # The window must hold the crossing: a miss below it, or a hit at its first key that
@@ -99,7 +99,7 @@ def _bisect(top: np.ndarray, min_p: np.ndarray, low: np.ndarray, high: np.ndarra
     """The kernels' bisection: ``w(low) < min_p <= w(high)`` until they are adjacent."""
     low, high = low.copy(), high.copy()
     while True:
-        open_rows = np.flatnonzero(high - low > np.uint64(1))
+        open_rows = (high - low > np.uint64(1)).nonzero()[0]
         if not open_rows.size:
             return high
         middle = low[open_rows] + (high[open_rows] - low[open_rows]) // np.uint64(2)
@@ -148,7 +148,7 @@ class _Merged(NamedTuple):
 def early_rows(top_k: np.ndarray, vocab_size: int) -> np.ndarray:
     """The rows whose top-k lists ride in the maxima round (top-k on, at most
     :data:`MOST_CANDIDATES`): they need no maximum."""
-    return np.flatnonzero((top_k > 0) & (top_k < vocab_size) & (top_k <= MOST_CANDIDATES))
+    return ((top_k > 0) & (top_k < vocab_size) & (top_k <= MOST_CANDIDATES)).nonzero()[0]
 
 
 def list_candidates(
@@ -178,7 +178,7 @@ def list_candidates(
     dtype = values.dtype
     count = rows.size
     key_bits = 32 if dtype == np.float32 else 64
-    lowest_finite = np.full(count, np.finfo(dtype).min, dtype=dtype)
+    lowest_finite = _rows.filled(count, np.finfo(dtype).min, dtype=dtype)
     # Key 0 (no floor) reads as a NaN: the floor is then the lowest finite value (-inf
     # entries weigh nothing and are never a cutoff).
     threshold = lowest_finite if floors is None else np.fmax(
@@ -193,7 +193,7 @@ def list_candidates(
                 bound = bound / values.divisor[rows]
         threshold = np.maximum(threshold, bound)
     found = values.at_least(rows, threshold)
-    where = np.full(values.count, -1, dtype=np.int64)
+    where = _rows.filled(values.count, -1, dtype=np.int64)
     where[rows] = np.arange(count)
     row_of = where[found.rows]
     keys = _rows.ordered_keys(found.values)
@@ -288,11 +288,11 @@ def select_floors(
     p_floor = np.zeros(rows_total, dtype=np.uint64) if llama_cpp else min_p_keys.copy()
     cutoff = np.zeros(rows_total, dtype=np.uint64)  # top-p's; 0 where off or unknown
     few_k = k_on & (top_k <= MOST_CANDIDATES)
-    top_k_open = np.flatnonzero(k_on & ~few_k)
-    top_p_open = np.flatnonzero(p_on & k_on & ~few_k)
+    top_k_open = (k_on & ~few_k).nonzero()[0]
+    top_p_open = (p_on & k_on & ~few_k).nonzero()[0]
     cache = _Weights(values, top)
     found: list[Entries] = []
-    thresholds = np.full(rows_total, np.nan, dtype=dtype)
+    thresholds = _rows.filled(rows_total, np.nan, dtype=dtype)
     # Top-k's lists (with the maxima): top-k's floor, then top-p over what it keeps.
     if early is not None and early[0].rows.size:
         listing, gathered = early
@@ -311,7 +311,7 @@ def select_floors(
         found.append(listing.found)
         thresholds[listed] = listing.thresholds
     # Top-p without top-k: lists at or above min-p's floor, with the rows' masses there.
-    alone = np.flatnonzero(p_on & ~k_on)
+    alone = (p_on & ~k_on).nonzero()[0]
     if alone.size:
         floor_values = np.fmax(_rows.key_values(p_floor[alone], dtype), np.finfo(dtype).min)
         w = cache.of(alone)
@@ -369,7 +369,7 @@ class _Weights:
 
     def __init__(self, values: LogitRows, top: np.ndarray) -> None:
         self.values, self.top = values, top
-        self.at = np.full(values.count, -1, dtype=np.int64)
+        self.at = _rows.filled(values.count, -1, dtype=np.int64)
         self.computed = np.zeros((0, values.width))
 
     def of(self, rows: np.ndarray) -> np.ndarray:
@@ -414,9 +414,9 @@ def _merge(gathered: np.ndarray, size: int) -> _Merged:
 def _top_k_floors(merged: _Merged, top_k: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Top-k's floor (the ``top_k``-th largest key) where ``on``; 0 where fewer than
     ``top_k`` entries reach the candidates' floor (top-k then keeps them all) or off."""
-    running = np.cumsum(merged.counts, axis=1)
+    running = merged.counts.cumsum(axis=1)
     reached = running >= top_k[:, None]
-    position = np.argmax(reached, axis=1)
+    position = reached.argmax(axis=1)
     floors = merged.keys[np.arange(top_k.shape[0]), position]
     return np.where(on & reached.any(axis=1), floors, np.uint64(0))
 
@@ -441,7 +441,7 @@ def _top_p_cutoffs(
     count = floors.shape[0]
     cutoffs = np.zeros(count, dtype=np.uint64)
     open_rows = np.zeros(count, dtype=bool)
-    rows = np.flatnonzero(on)
+    rows = on.nonzero()[0]
     if not rows.size:
         return cutoffs, open_rows
     keys, counts, known = merged.keys[rows], merged.counts[rows], merged.known[rows]
@@ -452,12 +452,12 @@ def _top_p_cutoffs(
     mass[at] = weights_of(_rows.key_values(keys[at], dtype), top[rows][at[0]]) * counts[at]
     whole = floor >= known  # every entry at or above the floor is listed
     total = np.where(whole, mass.sum(axis=1), masses[rows])
-    running = np.cumsum(mass, axis=1)
+    running = mass.cumsum(axis=1)
     reached = (running >= (top_p[rows] * total)[:, None]) & (mass > 0.0)
     reached &= keys >= known[:, None]
-    first = np.argmax(reached, axis=1)
+    first = reached.argmax(axis=1)
     with_mass = mass > 0.0
-    last = with_mass.shape[1] - 1 - np.argmax(with_mass[:, ::-1], axis=1)
+    last = with_mass.shape[1] - 1 - with_mass[:, ::-1].argmax(axis=1)
     settled = reached.any(axis=1)
     position = np.where(settled, first, last)
     cutoffs[rows] = keys[np.arange(rows.size), position]

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .rows import RowSet, Sparse, library, passes, to_host
+from .rows import RowSet, Sparse, filled, library, passes, to_host
 
 __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 
@@ -95,7 +95,7 @@ class LogitRows:
         """The logits of ``rows`` (a copy)."""
         out = np.empty((rows.size, self.width), dtype=self.dtype)
         for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
+            at = ((rows >= first) & (rows < end)).nonzero()[0]
             if at.size:
                 out[at] = to_host(part[rows[at] - first])
         return out
@@ -107,7 +107,7 @@ class LogitRows:
         out = np.empty((rows.size, self.width), dtype=self.dtype)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             for first, end, part in self._spans():
-                at = np.flatnonzero((rows >= first) & (rows < end))
+                at = ((rows >= first) & (rows < end)).nonzero()[0]
                 if not at.size:
                     continue
                 divisor = self.divisor[rows[at], None]
@@ -124,7 +124,7 @@ class LogitRows:
         """``logits / divisor`` at the entries ``(rows[i], columns[i])``."""
         out = np.empty(rows.size, dtype=self.dtype)
         for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
+            at = ((rows >= first) & (rows < end)).nonzero()[0]
             if at.size:
                 out[at] = to_host(part[rows[at] - first, columns[at]])
         if not self.unit:
@@ -184,7 +184,7 @@ class LogitRows:
         found_values: list[np.ndarray] = []
         floors = np.asarray(floors, dtype=self.dtype)
         for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
+            at = ((rows >= first) & (rows < end)).nonzero()[0]
             if not at.size:
                 continue
             block = library(part).ascontiguousarray(part)
@@ -203,7 +203,7 @@ class LogitRows:
                 if written:
                     break
                 room = total + self.width + 1
-            found_rows.append(np.repeat(rows[at], counts))
+            found_rows.append(rows[at].repeat(counts))
             found_columns.append(columns[:total])
             found_values.append(values[:total])
         if not found_rows:
@@ -264,11 +264,11 @@ class LawRows:
         filtered = np.zeros(rows, dtype=bool)
         if floors is not None:
             filtered = plain & ~np.isnan(floors)
-        self.dense = np.flatnonzero(plain & ~filtered)
+        self.dense = (plain & ~filtered).nonzero()[0]
         self.masses = np.zeros(rows)
         # Every entry's weight in the rows without a filter (in the rows' dtype: a
         # float32 weight is a float32 value), by position in self.dense.
-        self.dense_at = np.full(rows, -1, dtype=np.int64)
+        self.dense_at = filled(rows, -1, dtype=np.int64)
         self.dense_at[self.dense] = np.arange(self.dense.size)
         # Every entry is written by the weights' pass below, where the rows lie.
         self.library = library(logits.parts[0]) if logits.parts else np
@@ -276,11 +276,11 @@ class LawRows:
         if self.dense.size and width:
             # One compiled pass a row: the law's weights and their sum on its eight lanes
             # (the kernels' shard_weights).
-            no_cutoff = np.full(self.dense.size, -np.inf, dtype=self.dtype)
+            no_cutoff = filled(self.dense.size, -np.inf, dtype=self.dtype)
             dense_masses = np.zeros(self.dense.size)
             z_max = np.ascontiguousarray(top[self.dense], dtype=self.dtype)
             for first, end, part in logits._spans():
-                at = np.flatnonzero((self.dense >= first) & (self.dense < end))
+                at = ((self.dense >= first) & (self.dense < end)).nonzero()[0]
                 if not at.size:
                     continue
                 # self.dense is sorted, so a part's rows are one run of it.
@@ -293,7 +293,7 @@ class LawRows:
                 )
             self.masses[self.dense] = dense_masses
         # The kept entries of the filtered rows, with their weights.
-        sparse = np.flatnonzero(filtered)
+        sparse = filtered.nonzero()[0]
         self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
                             np.zeros(0, self.dtype))
         self.kept_weights = np.zeros(0, dtype=self.dtype)
@@ -321,7 +321,7 @@ class LawRows:
             self.masses += np.bincount(
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
-        spread = np.flatnonzero(infinite)
+        spread = infinite.nonzero()[0]
         if spread.size:
             self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
 
@@ -330,7 +330,7 @@ class LawRows:
         where not kept), read from the weights computed for the rows' masses."""
         weights = np.zeros(rows.size)
         dense = self.dense_at[rows]
-        at = np.flatnonzero(dense >= 0)
+        at = (dense >= 0).nonzero()[0]
         if at.size:
             weights[at] = to_host(self.dense_weights[dense[at], columns[at]])
         if self.kept.rows.size:
@@ -341,7 +341,7 @@ class LawRows:
             place = np.minimum(np.searchsorted(keys, asked), keys.size - 1)
             found = (keys[place] == asked) & (dense < 0)
             weights[found] = self.kept_weights[place[found]]
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0]
         if spread.size:
             values = self.logits.entry_values(rows[spread], columns[spread])
             weights[spread] = values == np.inf
@@ -373,20 +373,20 @@ class LawRows:
         """``p`` of law rows ``rows`` (row ``i`` of the result is ``rows[i]``): a row without
         a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
-        whole = np.flatnonzero(dense >= 0)
+        whole = (dense >= 0).nonzero()[0]
         block = self.library.empty((whole.size, self.width))
         self._divide_dense(dense[whole], normalisers[whole], block,
                            np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        where = np.full(self.logits.count, -1, dtype=np.int64)
+        where = filled(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
-        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             weights = self._divided(self.kept_weights[chosen].astype(np.float64),
                                     normalisers[target])
             parts.append((target, self.kept.columns[chosen], weights))
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0]
         if spread.size:
             row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
             weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
@@ -412,7 +412,7 @@ class LawRows:
             The rows' whole kept masses (0: no mass, every ``p`` is 0).
         """
         dense = self.dense_at[rows]
-        at = np.flatnonzero(dense >= 0)
+        at = (dense >= 0).nonzero()[0]
         # Rows without a filter are written whole by the compiled division; the others
         # start at 0 (outside the kept set), and every value is rounded to the rows' dtype.
         xp = self.library
@@ -421,15 +421,15 @@ class LawRows:
         if at.size:
             self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
         divisor = np.where(normalisers > 0.0, normalisers, np.inf)
-        where = np.full(self.logits.count, -1, dtype=np.int64)
+        where = filled(self.logits.count, -1, dtype=np.int64)
         where[rows] = np.arange(rows.size)
-        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             out[target, self.kept.columns[chosen]] = xp.asarray((
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
             ).astype(self.dtype))
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0]
         if spread.size:
             out[spread] = xp.asarray((
                 (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]

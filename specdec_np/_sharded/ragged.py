@@ -81,10 +81,10 @@ class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
 def _per_request(name: str, value: Any, batch_size: int, off: float) -> np.ndarray:
     """A scalar, ``[B]`` array or None as float64 ``[B]``."""
     if value is None:
-        return np.full(batch_size, off, dtype=np.float64)
+        return _rows.filled(batch_size, off, dtype=np.float64)
     array = np.asarray(value, dtype=np.float64)
     if array.ndim == 0:
-        return np.full(batch_size, float(array), dtype=np.float64)
+        return _rows.filled(batch_size, float(array), dtype=np.float64)
     if array.shape != (batch_size,):
         raise ValueError(
             f"{name} must be a scalar or have shape [B] = [{batch_size}]; found shape "
@@ -103,7 +103,7 @@ def _check_settings(
         ("min_p", min_p, (min_p >= 0) & (min_p <= 1), "in [0, 1]"),
     )
     for name, values, good, rule in checks:
-        bad = np.flatnonzero(~good)
+        bad = (~good).nonzero()[0]
         if bad.size:
             raise ValueError(
                 f"{name} must be {rule} for every request; found {values[bad[0]]!r} for "
@@ -121,7 +121,7 @@ def _ids(name: str, value: Any, shape: tuple[int, ...], vocab_size: int) -> np.n
             f"{_validate.shape_text(array.shape)}"
         )
     array = array.astype(np.int64)
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    bad = ((array < 0) | (array >= vocab_size)).nonzero()[0]
     if bad.size:
         raise ValueError(
             f"{name}[{int(bad[0])}] = {int(array[bad[0]])} is outside the vocabulary "
@@ -176,7 +176,7 @@ class _Call:
         batch_size = self.batch_size = int(counts.shape[0])
         total = self.total = int(counts.sum())
         self.max_k = int(counts.max(initial=0))
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.offsets = np.concatenate([[0], counts.cumsum()]).astype(np.int64)
         self.draft_ids = _ids("draft_token_ids", a["draft_token_ids"], (total,), self.vocab_size)
         self.bonus_ids = None
         if a["bonus_token_ids"] is not None:
@@ -357,7 +357,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     infinite = gathered[:, :count, 1].sum(axis=0) > 0
     largest_logit = gathered[:, :count, 2].max(axis=0)
     _check_overflow(call, largest_logit, requests, law.names)
-    argmax = np.full(call.target.shape[0], -1, dtype=np.int64)
+    argmax = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
     argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
 
     # Rounds: the filters (none without one), then the kept masses and the drafted tokens'
@@ -373,12 +373,12 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             group_maxima, None if listing is None else (listing, gathered_lists),
         )
         filtered = found.filtered & on
-        floors = np.full(count, np.nan, dtype=dtype)
+        floors = _rows.filled(count, np.nan, dtype=dtype)
         if llama_cpp:
             # The law keeps z >= c_low / t, c_low the lowest logit the filters keep.
             floor_values = _rows.key_values(found.keys, dtype)
-            lowest_local = np.full(count, np.inf)
-            at = np.flatnonzero(filtered)
+            lowest_local = _rows.filled(count, np.inf)
+            at = filtered.nonzero()[0]
             if at.size:
                 chosen = values.values(at)
                 lowest_local[at] = np.min(
@@ -402,15 +402,15 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     owner = (read.tokens >= call.start) & (read.tokens < call.start + call.width)
     column = np.where(owner, read.tokens - call.start, 0)
     if call.from_logits:
-        mine = np.flatnonzero(owner[: read.draft_first])
+        mine = owner[: read.draft_first].nonzero()[0]
         local[mine, 1] = laws.token_weights(mine, column[mine])
     else:
         target_rows = call.target[rows.sampled_target].astype(np.float64)
         local[: read.draft_first, 0] = target_rows.sum(axis=1)
-        mine = np.flatnonzero(owner[: read.draft_first])
+        mine = owner[: read.draft_first].nonzero()[0]
         local[mine, 1] = target_rows[mine, column[mine]]
     if call.draft is not None:
-        mine = read.draft_first + np.flatnonzero(owner[read.draft_first :])
+        mine = read.draft_first + owner[read.draft_first :].nonzero()[0]
         if rows.draft_laws:
             law_rows = law.target_count + (mine - read.draft_first)
             local[mine, 1] = laws.token_weights(law_rows, column[mine])
@@ -435,7 +435,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     decided = _decide(exchange, call, rows, rows_of, value)
     output, lengths = decided.output, decided.lengths
     # Greedy requests.
-    greedy = np.flatnonzero(call.greedy)
+    greedy = call.greedy.nonzero()[0]
     if greedy.size:
         _greedy(call, rows, argmax, greedy, output, lengths)
     # Rounds: the residual and bonus draws, two-level.
@@ -448,7 +448,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         scale = decided.scale[draws]
         draft_rows = call.offsets[draws] + positions
         residual = p.dense.copy()
-        rejected = np.flatnonzero(~bonus[p.dense_rows])
+        rejected = (~bonus[p.dense_rows]).nonzero()[0]
         if rejected.size:
             chosen = p.dense_rows[rejected]
             q = rows_of.draft(draft_rows[chosen])
@@ -461,7 +461,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
             )
         entries = p.sparse
         sparse_residual = entries.weights.copy()
-        rejected = np.flatnonzero(~bonus[entries.rows])
+        rejected = (~bonus[entries.rows]).nonzero()[0]
         if rejected.size:
             chosen = entries.rows[rejected]
             q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
@@ -474,7 +474,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         )
         v = call.uniforms[draws, call.counts[draws] + bonus]
         drawn = _rows.draw(exchange, shard, call.start, weights, p, v)
-        empty = np.flatnonzero(drawn.empty)
+        empty = drawn.empty.nonzero()[0]
         if empty.size:
             name = "target_logits" if call.from_logits else "target_probs"
             raise ValueError(
@@ -507,23 +507,23 @@ class _Rows:
         batch_size, counts = call.batch_size, call.counts
         self.first_target = call.offsets[:-1] + np.arange(batch_size) * call.bonus_rows
         per_request = counts + call.bonus_rows
-        request_of_target = np.repeat(np.arange(batch_size), per_request)
-        request_of_draft = np.repeat(np.arange(batch_size), counts)
+        request_of_target = np.arange(batch_size).repeat(per_request)
+        request_of_draft = np.arange(batch_size).repeat(counts)
         sampled = ~call.greedy
-        self.sampled_target = np.flatnonzero(sampled[request_of_target])
-        self.greedy_target = np.flatnonzero(call.greedy[request_of_target])
-        self.sampled_draft = np.flatnonzero(sampled[request_of_draft])
+        self.sampled_target = sampled[request_of_target].nonzero()[0]
+        self.greedy_target = call.greedy[request_of_target].nonzero()[0]
+        self.sampled_draft = sampled[request_of_draft].nonzero()[0]
         # The drafted token each target row tests (-1 at a bonus row).
         position = np.arange(call.target.shape[0]) - self.first_target[request_of_target]
         drafting = position < counts[request_of_target]
-        self.target_token = np.full(call.target.shape[0], -1, dtype=np.int64)
+        self.target_token = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
         self.target_token[drafting] = call.draft_ids[
             call.offsets[request_of_target[drafting]] + position[drafting]
         ]
         # Row index -> its place among the rows read (-1: not read).
-        self.target_at = np.full(call.target.shape[0], -1, dtype=np.int64)
+        self.target_at = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
         self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
-        self.draft_at = np.full(call.total, -1, dtype=np.int64)
+        self.draft_at = _rows.filled(call.total, -1, dtype=np.int64)
         self.draft_laws = call.draft is not None and call.draft_from_logits
         tokens = [self.target_token[self.sampled_target]]
         draft_first = self.sampled_target.size
@@ -549,11 +549,11 @@ def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
     dtype = call.target.dtype
     parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     if call.from_logits:
-        request_of_target = np.repeat(np.arange(call.batch_size), call.counts + call.bonus_rows)
+        request_of_target = np.arange(call.batch_size).repeat(call.counts + call.bonus_rows)
         parts.append(("target_logits", call.target, rows.sampled_target,
                       request_of_target[rows.sampled_target]))
     if rows.draft_laws and call.draft is not None:
-        request_of_draft = np.repeat(np.arange(call.batch_size), call.counts)
+        request_of_draft = np.arange(call.batch_size).repeat(call.counts)
         parts.append(("draft_logits", call.draft, rows.sampled_draft,
                       request_of_draft[rows.sampled_draft]))
     arrays = []
@@ -604,7 +604,7 @@ class _RowSource:
         if call.draft is None:
             q = _rows.library(call.target).zeros((indices.size, call.width))
             tokens = call.draft_ids[indices]
-            owned = np.flatnonzero((tokens >= call.start) & (tokens < call.start + call.width))
+            owned = ((tokens >= call.start) & (tokens < call.start + call.width)).nonzero()[0]
             q[owned, tokens[owned] - call.start] = np.inf
             return q
         read = self.rows.draft_at[indices]
@@ -650,10 +650,10 @@ def _decide(
     round for block verification, one for typical acceptance), and the requests that
     draw: a rejection's residual, or the bonus token where no bonus id is given."""
     batch_size, counts = call.batch_size, call.counts
-    output = np.full((batch_size, call.max_k + 1), -1, dtype=np.int64)
+    output = _rows.filled((batch_size, call.max_k + 1), -1, dtype=np.int64)
     lengths = np.zeros(batch_size, dtype=np.int64)
     scale = np.ones(batch_size)
-    sampled = np.flatnonzero(~call.greedy)
+    sampled = (~call.greedy).nonzero()[0]
     if not sampled.size:
         return _Decided(output, lengths, sampled, scale)
     width = max(call.max_k, 1)
@@ -664,7 +664,7 @@ def _decide(
     target_rows = np.minimum(rows.first_target[sampled, None] + positions, last_target)
     p_x = np.where(valid, value[rows.target_at[target_rows]], 1.0)
     q_x = np.ones_like(p_x)
-    ids = np.full(valid.shape, -1, dtype=np.int64)
+    ids = _rows.filled(valid.shape, -1, dtype=np.int64)
     if call.total:
         draft_rows = np.minimum(call.offsets[sampled, None] + positions, call.total - 1)
         ids = np.where(valid, call.draft_ids[draft_rows], -1)
@@ -672,7 +672,7 @@ def _decide(
             q_x = np.where(valid, value[rows.draft_at[draft_rows]], 1.0)
     u = call.uniforms[sampled]
     # Every (request, position) with a draft, request by request.
-    flat = np.flatnonzero(valid.reshape(-1))
+    flat = valid.reshape(-1).nonzero()[0]
     at_request = sampled[flat // width]
     at_position = flat % width
     every = np.arange(sampled.size)
@@ -694,7 +694,7 @@ def _decide(
         h = np.concatenate([inner, np.zeros((sampled.size, 1))], axis=1)
         h[every, np.maximum(k - 1, 0)] = rho[every, k]
         passing = valid & (u[:, :width] < h)
-        last = width - 1 - np.argmax(passing[:, ::-1], axis=1)
+        last = width - 1 - passing[:, ::-1].argmax(axis=1)
         r = np.where(passing.any(axis=1), last + 1, 0)
         scale[sampled] = np.where(r < k, rho[every, np.minimum(r, width)], 1.0)
     elif call.method == "typical":
@@ -714,12 +714,12 @@ def _decide(
         chosen = flat_chosen.reshape(valid.shape)
         scaled = alpha * np.exp(-entropy) if alpha > 0 else np.zeros_like(entropy)
         rejected = valid & ~(p_x > np.minimum(threshold, scaled))
-        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
-        stop = np.flatnonzero(r < k)
+        r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
+        stop = (r < k).nonzero()[0]
         output[sampled[stop], r[stop]] = chosen[stop, r[stop]]
     else:
         rejected = valid & ~(u[:, :width] * q_x < p_x)
-        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+        r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
     accepted = positions[None, :] < r[:, None]
     output[sampled, :width] = np.where(accepted, ids, output[sampled, :width])
     lengths[sampled] = r
@@ -740,16 +740,16 @@ def _greedy(call: _Call, rows: _Rows, argmax: np.ndarray, greedy: np.ndarray,
     valid = positions[None, :] < k[:, None]
     last_target = call.target.shape[0] - 1
     tests = argmax[np.minimum(rows.first_target[greedy, None] + positions, last_target)]
-    ids = np.full(valid.shape, -1, dtype=np.int64)
+    ids = _rows.filled(valid.shape, -1, dtype=np.int64)
     if call.total:
         draft_rows = np.minimum(call.offsets[greedy, None] + positions, call.total - 1)
         ids = np.where(valid, call.draft_ids[draft_rows], -1)
     rejected = valid & (ids != tests)
-    r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+    r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
     output[greedy, :width] = np.where(positions[None, :] < r[:, None], ids, -1)
-    stop = np.flatnonzero(r < k)
+    stop = (r < k).nonzero()[0]
     output[greedy[stop], r[stop]] = tests[stop, r[stop]]
-    full = np.flatnonzero(r == k)
+    full = (r == k).nonzero()[0]
     if call.bonus_ids is not None:
         output[greedy[full], k[full]] = call.bonus_ids[greedy[full]]
     else:
@@ -767,7 +767,7 @@ def _check_overflow(
     divisor = call.temperature[requests].astype(dtype)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         quotient = largest.astype(dtype) / divisor
-    overflow = np.flatnonzero((divisor < 1) & np.isfinite(largest) & np.isinf(quotient))
+    overflow = ((divisor < 1) & np.isfinite(largest) & np.isinf(quotient)).nonzero()[0]
     if not overflow.size:
         return
     first = int(overflow[0])

@@ -33,6 +33,7 @@ __all__ = [
     "Sparse",
     "argmax_table",
     "draw",
+    "filled",
     "global_argmax",
     "key_values",
     "library",
@@ -48,6 +49,14 @@ __all__ = [
 
 DIGIT_BITS = 8
 BUCKETS = 1 << DIGIT_BITS
+
+
+def filled(shape: Any, value: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``np.full(shape, value, dtype)`` without its Python wrapper (a sharded call makes
+    dozens of these small arrays a step)."""
+    out = np.empty(shape, dtype=dtype)
+    out.fill(value)
+    return out
 
 
 def library(array: Any) -> Any:
@@ -157,8 +166,8 @@ def top_k_chooser(k: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
 
     def choose(histogram: np.ndarray, round_index: int) -> np.ndarray:
         descending = histogram[:, ::-1].astype(np.int64)
-        cumulative = np.cumsum(descending, axis=1)
-        j = np.argmax(cumulative >= remaining[:, None], axis=1)
+        cumulative = descending.cumsum(axis=1)
+        j = (cumulative >= remaining[:, None]).argmax(axis=1)
         rows = np.arange(histogram.shape[0])
         remaining[:] -= cumulative[rows, j] - descending[rows, j]
         return BUCKETS - 1 - j
@@ -177,11 +186,11 @@ def top_p_chooser(top_p: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
         if round_index == 0:
             target[:] = top_p * histogram.sum(axis=1)
         descending = histogram[:, ::-1]
-        running = np.cumsum(descending, axis=1)
+        running = descending.cumsum(axis=1)
         reached = (above[:, None] + running >= target[:, None]) & (descending > 0.0)
         positive = descending > 0.0
-        lowest_with_mass = BUCKETS - 1 - np.argmax(positive[:, ::-1], axis=1)
-        j = np.where(reached.any(axis=1), np.argmax(reached, axis=1), lowest_with_mass)
+        lowest_with_mass = BUCKETS - 1 - positive[:, ::-1].argmax(axis=1)
+        j = np.where(reached.any(axis=1), reached.argmax(axis=1), lowest_with_mass)
         rows = np.arange(histogram.shape[0])
         above[:] += running[rows, j] - descending[rows, j]
         return BUCKETS - 1 - j
@@ -200,13 +209,13 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
         # The kernels' greedy argmax, one read of each row (NaN never wins).
         passes(rows).shard_argmax(library(rows).ascontiguousarray(rows), int(start), table)
         return table
-    first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
+    first = rows.argmax(axis=1)  # a NaN wins here: those rows are redone without it
     largest = rows[np.arange(rows.shape[0]), first]
-    with_nan = np.flatnonzero(np.isnan(largest))
+    with_nan = np.isnan(largest).nonzero()[0]
     if with_nan.size:
         clean = rows[with_nan]
         clean = np.where(np.isnan(clean), -np.inf, clean)
-        first[with_nan] = np.argmax(clean, axis=1)
+        first[with_nan] = clean.argmax(axis=1)
         largest[with_nan] = clean[np.arange(with_nan.size), first[with_nan]]
     table[:, 0] = largest
     table[:, 1] = first + start
@@ -280,9 +289,9 @@ class RowSet(NamedTuple):
         (in column order) exceeds ``inside`` (its last positive weight where rounding
         runs past it); every row has one."""
         found = np.zeros(rows.size, dtype=np.int64)
-        where = np.full(self.num_rows, -1, dtype=np.int64)
+        where = filled(self.num_rows, -1, dtype=np.int64)
         where[self.dense_rows] = np.arange(self.dense_rows.size)
-        whole = np.flatnonzero(where[rows] >= 0)
+        whole = (where[rows] >= 0).nonzero()[0]
         if whole.size and self.dense.shape[1]:
             crossing = np.zeros(whole.size, dtype=np.int64)
             dense = library(self.dense).ascontiguousarray(self.dense, dtype=np.float64)
@@ -292,9 +301,9 @@ class RowSet(NamedTuple):
                 np.ascontiguousarray(inside[whole], dtype=np.float64), crossing,
             )
             found[whole] = crossing
-        apart = np.flatnonzero(where[rows] < 0)
+        apart = (where[rows] < 0).nonzero()[0]
         if apart.size:
-            place_of = np.full(self.num_rows, -1, dtype=np.int64)
+            place_of = filled(self.num_rows, -1, dtype=np.int64)
             place_of[rows[apart]] = np.arange(apart.size)
             take = place_of[self.sparse.rows] >= 0
             row_of = place_of[self.sparse.rows[take]]
@@ -317,9 +326,9 @@ def _first_crossing(block: np.ndarray, inside: np.ndarray) -> np.ndarray:
     entries exceeds ``inside``, else the last positive entry."""
     block = np.where(block > 0.0, block, 0.0)
     positive = block > 0.0
-    hits = (np.cumsum(block, axis=1) > inside[:, None]) & positive
-    last_positive = block.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
-    return np.where(hits.any(axis=1), np.argmax(hits, axis=1), last_positive)
+    hits = (block.cumsum(axis=1) > inside[:, None]) & positive
+    last_positive = block.shape[1] - 1 - positive[:, ::-1].argmax(axis=1)
+    return np.where(hits.any(axis=1), hits.argmax(axis=1), last_positive)
 
 
 def draw(
@@ -359,21 +368,21 @@ def draw(
     chosen = shard_masses(
         np.where(use_fallback[None, :], masses[:, :, 1], masses[:, :, 0]), shard
     )  # [S, D]
-    running = np.cumsum(chosen, axis=0)
+    running = chosen.cumsum(axis=0)
     total = running[-1] if running.shape[0] else np.zeros(v.shape)
     empty = ~(total > 0.0)
     threshold = v * total
     crossing = (running > threshold[None, :]) & (chosen > 0.0)
-    last_with_mass = chosen.shape[0] - 1 - np.argmax((chosen > 0.0)[::-1], axis=0)
-    position = np.where(crossing.any(axis=0), np.argmax(crossing, axis=0), last_with_mass)
+    last_with_mass = chosen.shape[0] - 1 - (chosen > 0.0)[::-1].argmax(axis=0)
+    position = np.where(crossing.any(axis=0), crossing.argmax(axis=0), last_with_mass)
     # The running mass before each shard, exactly the sum the crossing test added to.
     before = np.concatenate([np.zeros((1, v.shape[0])), running[:-1]], axis=0)
     rows = np.arange(v.shape[0])
     inside = threshold - before[position, rows]
     mine = (shard.order()[position] == exchange.rank) & ~empty
-    tokens = np.full(v.shape[0], -1, dtype=np.int64)
+    tokens = filled(v.shape[0], -1, dtype=np.int64)
     for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
-        at = np.flatnonzero(use)
+        at = use.nonzero()[0]
         if at.size:
             tokens[at] = start + source.crossings(at, inside[at])
     tokens = exchange.gather(tokens).max(axis=0)
