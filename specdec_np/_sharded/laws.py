@@ -33,6 +33,9 @@ __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 #: scan writes into (more only costs a second pass).
 GUESS = 1024
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
+
 
 def law_weights(values: np.ndarray, top: np.ndarray, like: Any = None) -> np.ndarray:
     """``w = exp(values - top)`` by the law's rule, in the rows' dtype (the kernels' float32
@@ -40,8 +43,17 @@ def law_weights(values: np.ndarray, top: np.ndarray, like: Any = None) -> np.nda
     against ``values``, both of one dtype (the kernels' ``shard_exp``; on the device of
     ``like`` when that is a CuPy array, the device law's exponential)."""
     dtype = np.result_type(values, top)  # NumPy's promotion, as values - top would take
-    values, top = np.broadcast_arrays(np.asarray(values, dtype=dtype),
-                                      np.asarray(top, dtype=dtype))
+    values, top = np.asarray(values, dtype=dtype), np.asarray(top, dtype=dtype)
+    if top.shape != values.shape:
+        if top.ndim <= values.ndim and all(
+            t in (1, v) for t, v in zip(top.shape[::-1], values.shape[::-1], strict=False)
+        ):
+            # top broadcast into values' shape, without np.broadcast_arrays' Python.
+            spread = np.empty(values.shape, dtype=dtype)
+            spread[...] = top
+            top = spread
+        else:
+            values, top = np.broadcast_arrays(values, top)
     flat = np.ascontiguousarray(values).reshape(-1)
     out = np.empty(flat.size, dtype=dtype)
     top = np.ascontiguousarray(top).reshape(-1)
@@ -80,16 +92,20 @@ class LogitRows:
         self.ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
         self.count = int(self.ends[-1]) if parts else 0
         self.width = int(parts[0].shape[1]) if parts else 0
-        self.unit = bool((divisor == 1).all())
+        self.unit = not np.count_nonzero(divisor != 1)
+        # Each part's first row and end, as Python ints (read by every pass).
+        first = 0
+        self.spans: list[tuple[int, int, np.ndarray]] = []
+        for part in parts:
+            self.spans.append((first, first + int(part.shape[0]), part))
+            first += int(part.shape[0])
 
     def with_divisor(self, divisor: np.ndarray) -> LogitRows:
         """The same rows seen through another divisor."""
         return LogitRows(self.parts, divisor)
 
     def _spans(self) -> list[tuple[int, int, np.ndarray]]:
-        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
-        return [(int(a), int(b), part) for a, b, part in zip(starts, self.ends, self.parts,
-                                                               strict=True)]
+        return self.spans
 
     def logits(self, rows: np.ndarray) -> np.ndarray:
         """The logits of ``rows`` (a copy)."""
@@ -322,8 +338,10 @@ class LawRows:
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
         spread = infinite.nonzero()[0]
+        self.any_infinite = bool(spread.size)
         if spread.size:
             self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
+        self._kept_keys: np.ndarray | None = None
 
     def token_weights(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """float64 ``w`` of the entries ``(rows[i], columns[i])`` of this rank's slice (0
@@ -336,12 +354,14 @@ class LawRows:
         if self.kept.rows.size:
             # The kept entries are sorted by (row, column): find each asked entry there.
             width = max(self.width, 1)
-            keys = self.kept.rows * width + self.kept.columns
+            keys = self._kept_keys
+            if keys is None:
+                keys = self._kept_keys = self.kept.rows * width + self.kept.columns
             asked = rows * width + columns
-            place = np.minimum(np.searchsorted(keys, asked), keys.size - 1)
+            place = np.minimum(keys.searchsorted(asked), keys.size - 1)
             found = (keys[place] == asked) & (dense < 0)
             weights[found] = self.kept_weights[place[found]]
-        spread = self.infinite[rows].nonzero()[0]
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             values = self.logits.entry_values(rows[spread], columns[spread])
             weights[spread] = values == np.inf
@@ -386,7 +406,7 @@ class LawRows:
             weights = self._divided(self.kept_weights[chosen].astype(np.float64),
                                     normalisers[target])
             parts.append((target, self.kept.columns[chosen], weights))
-        spread = self.infinite[rows].nonzero()[0]
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
             weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
@@ -429,7 +449,7 @@ class LawRows:
             out[target, self.kept.columns[chosen]] = xp.asarray((
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
             ).astype(self.dtype))
-        spread = self.infinite[rows].nonzero()[0]
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             out[spread] = xp.asarray((
                 (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]

@@ -22,6 +22,7 @@ Logits rows handed over as CuPy arrays stay on their device (the passes of
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +40,9 @@ from . import rows as _rows
 from .exchange import Exchange, agree, digest
 
 __all__ = ["ShardedResult", "verify_ragged"]
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
 
 #: The chain methods a sharded call verifies with: every registry verifier has its rounds
 #: here (a new one must add its own before it is listed).
@@ -91,6 +95,28 @@ def _per_request(name: str, value: Any, batch_size: int, off: float) -> np.ndarr
             f"{_validate.shape_text(array.shape)}"
         )
     return array.copy()
+
+
+def _scalars_pass(temperature: Any, top_k: Any, top_p: Any, min_p: Any) -> bool:
+    """Whether the settings given as None or Python scalars pass :func:`_check_settings`'s
+    rules, decided without NumPy (False: let the arrays' check decide, and name the
+    request)."""
+    values = []
+    for value, off in ((temperature, 1.0), (top_k, 0.0), (top_p, 1.0), (min_p, 0.0)):
+        if value is None:
+            values.append(off)
+        elif type(value) in (int, float):
+            values.append(float(value))
+        else:
+            return False
+    t, k, p, m = values
+    return (
+        0.0 <= t < math.inf
+        and 0.0 <= k < math.inf
+        and k == math.floor(k)
+        and 0.0 < p <= 1.0
+        and 0.0 <= m <= 1.0
+    )
 
 
 def _check_settings(
@@ -228,14 +254,19 @@ class _Call:
         self.top_k = _per_request("top_k", a["top_k"], batch_size, 0.0)
         self.top_p = _per_request("top_p", a["top_p"], batch_size, 1.0)
         self.min_p = _per_request("min_p", a["min_p"], batch_size, 0.0)
-        _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
+        if not _scalars_pass(a["temperature"], a["top_k"], a["top_p"], a["min_p"]):
+            _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
         filtered = any(a[name] is not None for name in ("top_k", "top_p", "min_p"))
+        # Without top_k, top_p and min_p no row is filtered: the filters' rounds and lists
+        # are skipped without looking at the settings.
+        self.filters_given = filtered
         if not self.from_logits and filtered:
             raise ValueError(
                 "top_k, top_p and min_p filter logits rows; target_probs are taken as "
                 "already processed"
             )
         self.greedy = (self.temperature == 0.0) | (self.method == "greedy")
+        self.any_greedy = bool(np.count_nonzero(self.greedy))
         widths = np.where(self.greedy, 0, counts + 2)
         self.source = RejectionUniforms(
             batch_size,
@@ -331,21 +362,31 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     law = _law_rows(call, rows)
     z, requests = law.z, law.requests
     count = z.count
-    top_k = call.top_k[requests].astype(np.int64)
-    top_p, min_p = call.top_p[requests], call.min_p[requests]
-    # Without a filter both orders keep every entry: llama.cpp's rounds only when one is on.
-    any_filter = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
-    llama_cpp = call.filter_order == "llama.cpp" and bool(any_filter.any())
+    top_k: np.ndarray | None = None
+    top_p = min_p = top_k
+    filtering = llama_cpp = False
+    size = 0
+    if call.filters_given:
+        top_k = call.top_k[requests].astype(np.int64)
+        top_p, min_p = call.top_p[requests], call.min_p[requests]
+        # Without a filter both orders keep every entry: llama.cpp's rounds only when one
+        # is on.
+        any_filter = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
+        filtering = bool(np.count_nonzero(any_filter))
+        llama_cpp = call.filter_order == "llama.cpp" and filtering
+        # The same pass as the maxima finds the maxima of sets of columns, a bound for the
+        # candidates.
+        size = _filters.candidate_count(top_k, top_p, call.vocab_size)
     # What the filters select on: z in vLLM's order, the logits in llama.cpp's.
     values = z.with_divisor(np.ones(count, dtype=dtype)) if llama_cpp else z
-    local = np.zeros((count + rows.greedy_target.size, 3))
-    # The same pass finds the maxima of sets of columns, a bound for the candidates.
-    size = _filters.candidate_count(top_k, top_p, call.vocab_size)
+    greedy_rows = rows.greedy_target.size
+    local = np.zeros((count + greedy_rows, 3))
     local[:count], group_maxima = z.maxima(8 * size)
-    local[count:, :2] = _rows.argmax_table(call.target[rows.greedy_target], call.start)
-    early = _filters.early_rows(top_k, call.vocab_size)
+    if greedy_rows:
+        local[count:, :2] = _rows.argmax_table(call.target[rows.greedy_target], call.start)
+    early = _NO_ROWS if top_k is None else _filters.early_rows(top_k, call.vocab_size)
     listing = None
-    if early.size:
+    if early.size and top_k is not None:
         listing = _filters.list_candidates(
             values, early, int(top_k[early].max()), None,
             None if group_maxima is None else group_maxima[early],
@@ -356,9 +397,10 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     z_top = gathered[:, :count, 0].max(axis=0)
     infinite = gathered[:, :count, 1].sum(axis=0) > 0
     largest_logit = gathered[:, :count, 2].max(axis=0)
-    _check_overflow(call, largest_logit, requests, law.names)
+    _check_overflow(call, largest_logit, requests, law.names, z.divisor)
     argmax = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
-    argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
+    if greedy_rows:
+        argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
 
     # Rounds: the filters (none without one), then the kept masses and the drafted tokens'
     # weights.
@@ -366,7 +408,7 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     on = ~infinite & ~no_mass
     floors = None
     kept = covered = None
-    if any_filter.any():
+    if filtering and top_k is not None and top_p is not None and min_p is not None:
         values_top = largest_logit.astype(dtype) if llama_cpp else z_top.astype(dtype)
         found = _filters.select_floors(
             exchange, values, values_top, on, top_k, top_p, min_p, call.vocab_size, llama_cpp,
@@ -396,28 +438,38 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     laws = _laws.LawRows(z, z_top.astype(dtype), infinite, no_mass, floors, kept, covered)
     read = rows.read
     local = np.zeros((read.total, 2))
-    local[: law.target_count, 0] = laws.masses[: law.target_count]
-    if law.draft_count:
-        local[read.draft_first :, 0] = laws.masses[law.target_count :]
     owner = (read.tokens >= call.start) & (read.tokens < call.start + call.width)
     column = np.where(owner, read.tokens - call.start, 0)
-    if call.from_logits:
-        mine = owner[: read.draft_first].nonzero()[0]
+    # Every row read a law row, in the same order: one lookup of the drafted tokens'
+    # weights for all of them.
+    all_laws = call.from_logits and (call.draft is None or rows.draft_laws)
+    if all_laws:
+        local[:, 0] = laws.masses
+        mine = owner.nonzero()[0]
         local[mine, 1] = laws.token_weights(mine, column[mine])
     else:
-        target_rows = call.target[rows.sampled_target].astype(np.float64)
-        local[: read.draft_first, 0] = target_rows.sum(axis=1)
-        mine = owner[: read.draft_first].nonzero()[0]
-        local[mine, 1] = target_rows[mine, column[mine]]
-    if call.draft is not None:
-        mine = read.draft_first + owner[read.draft_first :].nonzero()[0]
-        if rows.draft_laws:
-            law_rows = law.target_count + (mine - read.draft_first)
-            local[mine, 1] = laws.token_weights(law_rows, column[mine])
+        local[: law.target_count, 0] = laws.masses[: law.target_count]
+        if law.draft_count:
+            local[read.draft_first :, 0] = laws.masses[law.target_count :]
+        if call.from_logits:
+            mine = owner[: read.draft_first].nonzero()[0]
+            local[mine, 1] = laws.token_weights(mine, column[mine])
         else:
-            draft_rows = _clean(call.draft[rows.sampled_draft])
-            local[read.draft_first :, 0] = _rows.to_host(draft_rows.sum(axis=1))
-            local[mine, 1] = _rows.to_host(draft_rows[mine - read.draft_first, column[mine]])
+            target_rows = call.target[rows.sampled_target].astype(np.float64)
+            local[: read.draft_first, 0] = target_rows.sum(axis=1)
+            mine = owner[: read.draft_first].nonzero()[0]
+            local[mine, 1] = target_rows[mine, column[mine]]
+        if call.draft is not None:
+            mine = read.draft_first + owner[read.draft_first :].nonzero()[0]
+            if rows.draft_laws:
+                law_rows = law.target_count + (mine - read.draft_first)
+                local[mine, 1] = laws.token_weights(law_rows, column[mine])
+            else:
+                draft_rows = _clean(call.draft[rows.sampled_draft])
+                local[read.draft_first :, 0] = _rows.to_host(draft_rows.sum(axis=1))
+                local[mine, 1] = _rows.to_host(
+                    draft_rows[mine - read.draft_first, column[mine]]
+                )
     totals = _rows.row_totals(exchange, local)
     normaliser = totals[:, 0].copy()
     if not call.from_logits:
@@ -426,18 +478,20 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         normaliser[read.draft_first :] = 1.0
     value = np.where(normaliser > 0.0, totals[:, 1] / np.where(normaliser > 0, normaliser, 1), 0.0)
     # The law rows' probabilities as the kernels store them, in the rows' dtype.
-    law_read = np.zeros(read.total, dtype=bool)
-    law_read[: read.draft_first] = call.from_logits
-    law_read[read.draft_first :] = rows.draft_laws
-    value[law_read] = value[law_read].astype(dtype).astype(np.float64)
+    if all_laws:
+        value = value.astype(dtype).astype(np.float64)
+    else:
+        law_read = np.zeros(read.total, dtype=bool)
+        law_read[: read.draft_first] = call.from_logits
+        law_read[read.draft_first :] = rows.draft_laws
+        value[law_read] = value[law_read].astype(dtype).astype(np.float64)
 
     rows_of = _RowSource(call, rows, law, laws, normaliser)
     decided = _decide(exchange, call, rows, rows_of, value)
     output, lengths = decided.output, decided.lengths
     # Greedy requests.
-    greedy = call.greedy.nonzero()[0]
-    if greedy.size:
-        _greedy(call, rows, argmax, greedy, output, lengths)
+    if call.any_greedy:
+        _greedy(call, rows, argmax, call.greedy.nonzero()[0], output, lengths)
     # Rounds: the residual and bonus draws, two-level.
     if decided.draws.size:
         draws = decided.draws
@@ -505,24 +559,34 @@ class _Rows:
 
     def __init__(self, call: _Call) -> None:
         batch_size, counts = call.batch_size, call.counts
-        self.first_target = call.offsets[:-1] + np.arange(batch_size) * call.bonus_rows
+        requests = np.arange(batch_size)
+        self.first_target = call.offsets[:-1] + requests * call.bonus_rows
         per_request = counts + call.bonus_rows
-        request_of_target = np.arange(batch_size).repeat(per_request)
-        request_of_draft = np.arange(batch_size).repeat(counts)
-        sampled = ~call.greedy
-        self.sampled_target = sampled[request_of_target].nonzero()[0]
-        self.greedy_target = call.greedy[request_of_target].nonzero()[0]
-        self.sampled_draft = sampled[request_of_draft].nonzero()[0]
+        request_of_target = self.request_of_target = requests.repeat(per_request)
+        request_of_draft = self.request_of_draft = requests.repeat(counts)
+        num_rows = call.target.shape[0]
+        if call.any_greedy:
+            sampled = ~call.greedy
+            self.sampled_target = sampled[request_of_target].nonzero()[0]
+            self.greedy_target = call.greedy[request_of_target].nonzero()[0]
+            self.sampled_draft = sampled[request_of_draft].nonzero()[0]
+        else:
+            self.sampled_target = np.arange(num_rows)
+            self.greedy_target = _NO_ROWS
+            self.sampled_draft = np.arange(call.total)
         # The drafted token each target row tests (-1 at a bonus row).
-        position = np.arange(call.target.shape[0]) - self.first_target[request_of_target]
+        position = np.arange(num_rows) - self.first_target[request_of_target]
         drafting = position < counts[request_of_target]
-        self.target_token = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
+        self.target_token = _rows.filled(num_rows, -1, dtype=np.int64)
         self.target_token[drafting] = call.draft_ids[
             call.offsets[request_of_target[drafting]] + position[drafting]
         ]
         # Row index -> its place among the rows read (-1: not read).
-        self.target_at = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
-        self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
+        if call.any_greedy:
+            self.target_at = _rows.filled(num_rows, -1, dtype=np.int64)
+            self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
+        else:
+            self.target_at = np.arange(num_rows)
         self.draft_at = _rows.filled(call.total, -1, dtype=np.int64)
         self.draft_laws = call.draft is not None and call.draft_from_logits
         tokens = [self.target_token[self.sampled_target]]
@@ -549,13 +613,11 @@ def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
     dtype = call.target.dtype
     parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     if call.from_logits:
-        request_of_target = np.arange(call.batch_size).repeat(call.counts + call.bonus_rows)
         parts.append(("target_logits", call.target, rows.sampled_target,
-                      request_of_target[rows.sampled_target]))
+                      rows.request_of_target[rows.sampled_target]))
     if rows.draft_laws and call.draft is not None:
-        request_of_draft = np.arange(call.batch_size).repeat(call.counts)
         parts.append(("draft_logits", call.draft, rows.sampled_draft,
-                      request_of_draft[rows.sampled_draft]))
+                      rows.request_of_draft[rows.sampled_draft]))
     arrays = []
     for _, source, indices, _ in parts:
         whole = indices.size == source.shape[0]
@@ -653,7 +715,7 @@ def _decide(
     output = _rows.filled((batch_size, call.max_k + 1), -1, dtype=np.int64)
     lengths = np.zeros(batch_size, dtype=np.int64)
     scale = np.ones(batch_size)
-    sampled = (~call.greedy).nonzero()[0]
+    sampled = (~call.greedy).nonzero()[0] if call.any_greedy else np.arange(batch_size)
     if not sampled.size:
         return _Decided(output, lengths, sampled, scale)
     width = max(call.max_k, 1)
@@ -663,19 +725,23 @@ def _decide(
     last_target = call.target.shape[0] - 1
     target_rows = np.minimum(rows.first_target[sampled, None] + positions, last_target)
     p_x = np.where(valid, value[rows.target_at[target_rows]], 1.0)
-    q_x = np.ones_like(p_x)
-    ids = _rows.filled(valid.shape, -1, dtype=np.int64)
     if call.total:
         draft_rows = np.minimum(call.offsets[sampled, None] + positions, call.total - 1)
         ids = np.where(valid, call.draft_ids[draft_rows], -1)
         if call.draft is not None:
             q_x = np.where(valid, value[rows.draft_at[draft_rows]], 1.0)
+        else:
+            q_x = np.ones_like(p_x)
+    else:
+        ids = _rows.filled(valid.shape, -1, dtype=np.int64)
+        q_x = np.ones_like(p_x)
     u = call.uniforms[sampled]
-    # Every (request, position) with a draft, request by request.
-    flat = valid.reshape(-1).nonzero()[0]
-    at_request = sampled[flat // width]
-    at_position = flat % width
-    every = np.arange(sampled.size)
+    if call.method in ("block", "typical"):
+        # Every (request, position) with a draft, request by request.
+        flat = valid.reshape(-1).nonzero()[0]
+        at_request = sampled[flat // width]
+        at_position = flat % width
+        every = np.arange(sampled.size)
     if call.method == "block":
         rho = _path_weights(np, np.where(valid, p_x, 1.0), np.where(valid, q_x, 1.0))
         # The weighted residuals' masses at every position: one round, one number each.
@@ -758,13 +824,15 @@ def _greedy(call: _Call, rows: _Rows, argmax: np.ndarray, greedy: np.ndarray,
 
 
 def _check_overflow(
-    call: _Call, largest: np.ndarray, requests: np.ndarray, names: list[tuple[str, np.ndarray]]
+    call: _Call, largest: np.ndarray, requests: np.ndarray, names: list[tuple[str, np.ndarray]],
+    divisor: np.ndarray,
 ) -> None:
     """The unsharded call's refusal of a temperature that makes a row's largest finite
     logit overflow (``docs/semantics.md`` section 12), on the gathered maxima: the same
-    ValueError on every rank."""
+    ValueError on every rank (``divisor``: the rows' temperatures in the rows' dtype)."""
     dtype = call.target.dtype
-    divisor = call.temperature[requests].astype(dtype)
+    if not np.count_nonzero(divisor < 1):
+        return
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         quotient = largest.astype(dtype) / divisor
     overflow = ((divisor < 1) & np.isfinite(largest) & np.isinf(quotient)).nonzero()[0]

@@ -61,7 +61,7 @@ def filled(shape: Any, value: Any, dtype: Any = np.float64) -> np.ndarray:
 
 def library(array: Any) -> Any:
     """The array library of ``array``: CuPy for device rows, else NumPy."""
-    if is_cupy_array(array):
+    if type(array) is not np.ndarray and is_cupy_array(array):
         import cupy
 
         return cupy
@@ -73,7 +73,7 @@ def passes(array: Any) -> Any:
     for NumPy rows, the CUDA kernels' for CuPy rows
     (``specdec_np._kernels.cuda_shard_passes.shard_like``: the same calling convention,
     the per-row numbers on the host)."""
-    if is_cupy_array(array):
+    if type(array) is not np.ndarray and is_cupy_array(array):
         from .._kernels import cuda_shard_passes as cuda
 
         return cuda.shard_like
@@ -82,7 +82,7 @@ def passes(array: Any) -> Any:
 
 def to_host(array: Any) -> np.ndarray:
     """``array`` as a NumPy array (a copy from the device for CuPy arrays)."""
-    return array.get() if is_cupy_array(array) else array
+    return array if type(array) is np.ndarray or not is_cupy_array(array) else array.get()
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
@@ -362,8 +362,11 @@ def draw(
     Draws
         ``tokens`` int64 [D] (-1 where ``empty``), ``empty`` bool [D].
     """
-    local = np.stack([weights.masses(), fallback.masses()], axis=1)
-    masses = exchange.gather(local)[shard.order()]  # [S, D, 2], vocabulary order
+    local = np.empty((v.shape[0], 2))
+    local[:, 0] = weights.masses()
+    local[:, 1] = fallback.masses()
+    order = shard.order()
+    masses = exchange.gather(local)[order]  # [S, D, 2], vocabulary order
     use_fallback = masses[:, :, 0].sum(axis=0) == 0.0
     chosen = shard_masses(
         np.where(use_fallback[None, :], masses[:, :, 1], masses[:, :, 0]), shard
@@ -379,7 +382,7 @@ def draw(
     before = np.concatenate([np.zeros((1, v.shape[0])), running[:-1]], axis=0)
     rows = np.arange(v.shape[0])
     inside = threshold - before[position, rows]
-    mine = (shard.order()[position] == exchange.rank) & ~empty
+    mine = (order[position] == exchange.rank) & ~empty
     tokens = filled(v.shape[0], -1, dtype=np.int64)
     for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
         at = use.nonzero()[0]
