@@ -48,6 +48,11 @@ TOP_P_CANDIDATES = 64
 MOST_CANDIDATES = 128
 #: Keys on either side of the estimate ``max + log(min_p)`` where min-p's floor is sought.
 _WINDOW = 8
+_OFFSETS = np.arange(2 * _WINDOW + 1, dtype=np.uint64)
+_LOWEST_KEYS = {
+    np.dtype(dtype): _rows.ordered_keys(np.array([-np.inf], dtype=dtype))[0]
+    for dtype in (np.float32, np.float64)
+}
 
 
 def candidate_count(top_k: np.ndarray, top_p: np.ndarray, vocab_size: int) -> int:
@@ -76,23 +81,28 @@ def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
     the crossing (else the same bisection, on those rows).
     """
     dtype = top.dtype
-    low = _rows.ordered_keys(_rows.filled(top.shape, -np.inf, dtype=dtype))
+    low_key = _lowest_key(dtype)
     high = _rows.ordered_keys(top)
     estimate = (top.astype(np.float64) + np.log(min_p)).astype(dtype)
     centre = _rows.ordered_keys(np.where(np.isnan(estimate), top, estimate))
-    centre = np.minimum(np.maximum(centre, low + np.uint64(_WINDOW + 1)), high)
-    offsets = np.arange(2 * _WINDOW + 1, dtype=np.uint64)
-    window = np.minimum(centre[:, None] - np.uint64(_WINDOW) + offsets, high[:, None])
+    centre = np.minimum(np.maximum(centre, low_key + np.uint64(_WINDOW + 1)), high)
+    window = np.minimum(centre[:, None] - np.uint64(_WINDOW) + _OFFSETS, high[:, None])
     reached = weights_of(_rows.key_values(window, dtype), top[:, None]) >= min_p[:, None]
     first = reached.argmax(axis=1)
     rows = np.arange(top.shape[0])
     floors = window[rows, first]
     # The window must hold the crossing: a miss below it, or a hit at its first key that
     # is not the first key above -inf.
-    lost = ~reached.any(axis=1) | ((first == 0) & (window[:, 0] > low + np.uint64(1)))
-    if lost.any():
+    lost = ~reached.any(axis=1) | ((first == 0) & (window[:, 0] > low_key + np.uint64(1)))
+    if np.count_nonzero(lost):
+        low = _rows.filled(top.shape, low_key, dtype=np.uint64)
         floors[lost] = _bisect(top[lost], min_p[lost], low[lost], high[lost])
     return floors
+
+
+def _lowest_key(dtype: np.dtype) -> np.uint64:
+    """The key of ``-inf`` in ``dtype`` (float32 or float64)."""
+    return _LOWEST_KEYS[np.dtype(dtype)]
 
 
 def _bisect(top: np.ndarray, min_p: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -186,7 +196,9 @@ def list_candidates(
     )
     if group_maxima is not None and 0 < size <= group_maxima.shape[1]:
         column = group_maxima.shape[1] - size
-        bound = np.partition(group_maxima, column, axis=1)[:, column]
+        bound = group_maxima.copy()
+        bound.partition(column, axis=1)
+        bound = bound[:, column]
         if not values.unit:
             # fl(l / t) is monotone in l: the bound's value bounds the row's values.
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -205,14 +217,14 @@ def list_candidates(
     else:
         order = np.lexsort((~keys, row_of))
         row_of, keys = row_of[order], keys[order]
-    first = np.searchsorted(row_of, np.arange(count + 1))
+    first = row_of.searchsorted(np.arange(count + 1))
     position = np.arange(row_of.size) - first[row_of]
     chosen = position < size
     word = np.uint32 if key_bits == 32 else np.uint64
     mass_words = 0 if masses is None else (2 if key_bits == 32 else 1)
     record = np.zeros((count, size + 1 + mass_words), dtype=word)
     record[row_of[chosen], position[chosen]] = keys[chosen]
-    sent = np.minimum(np.diff(first), size)
+    sent = np.minimum(first[1:] - first[:-1], size)
     last = np.where(sent > 0, record[np.arange(count), np.maximum(sent - 1, 0)], 0)
     at_or_above = np.bincount(
         row_of[keys >= last.astype(np.uint64)[row_of]], minlength=count
@@ -282,7 +294,7 @@ def select_floors(
     p_on = on & (top_p < 1.0)
     m_on = on & (min_p > 0.0)
     min_p_keys = np.zeros(rows_total, dtype=np.uint64)
-    if m_on.any():
+    if np.count_nonzero(m_on):
         min_p_keys[m_on] = min_p_floors(top[m_on], min_p[m_on])
     # What top-p weighs from: min-p's floor in vLLM's order, nothing in llama.cpp's.
     p_floor = np.zeros(rows_total, dtype=np.uint64) if llama_cpp else min_p_keys.copy()
@@ -307,7 +319,8 @@ def select_floors(
             top[listed], dtype,
         )
         cutoff[listed] = np.where(few_k[listed], settled, cutoff[listed])
-        top_p_open = np.union1d(top_p_open, listed[open_p])
+        if np.count_nonzero(open_p):
+            top_p_open = np.union1d(top_p_open, listed[open_p])
         found.append(listing.found)
         thresholds[listed] = listing.thresholds
     # Top-p without top-k: lists at or above min-p's floor, with the rows' masses there.
@@ -326,7 +339,8 @@ def select_floors(
             top[alone], dtype,
         )
         cutoff[alone] = settled
-        top_p_open = np.union1d(top_p_open, alone[open_p])
+        if np.count_nonzero(open_p):
+            top_p_open = np.union1d(top_p_open, alone[open_p])
         found.append(listing.found)
         thresholds[alone] = listing.thresholds
     if top_k_open.size:
@@ -387,9 +401,9 @@ def _merge(gathered: np.ndarray, size: int) -> _Merged:
     last key) into one descending list per row with multiplicities."""
     ranks, count = gathered.shape[0], gathered.shape[1]
     keys = gathered[:, :, :size]
-    sent = np.count_nonzero(keys, axis=2)  # real keys are never 0
+    sent = (keys != 0).sum(axis=2)  # real keys are never 0
     full = sent == size
-    last = np.take_along_axis(keys, np.maximum(sent - 1, 0)[:, :, None], axis=2)[:, :, 0]
+    last = keys[np.arange(ranks)[:, None], np.arange(count)[None, :], np.maximum(sent - 1, 0)]
     last = np.where(sent > 0, last, np.uint64(0))
     # A full list holds one copy of each entry above its last key; its ties at the last
     # key beyond the one sent come as one more entry with their count.
@@ -403,12 +417,9 @@ def _merge(gathered: np.ndarray, size: int) -> _Merged:
         [(keys > 0).astype(np.int64).transpose(1, 0, 2).reshape(count, ranks * size),
          np.maximum(extra, 0).T], axis=1
     )
-    order = np.argsort(all_keys, axis=1, kind="stable")[:, ::-1]
-    return _Merged(
-        np.take_along_axis(all_keys, order, axis=1),
-        np.take_along_axis(all_counts, order, axis=1),
-        known,
-    )
+    order = all_keys.argsort(axis=1, kind="stable")[:, ::-1]
+    every = np.arange(count)[:, None]
+    return _Merged(all_keys[every, order], all_counts[every, order], known)
 
 
 def _top_k_floors(merged: _Merged, top_k: np.ndarray, on: np.ndarray) -> np.ndarray:
@@ -448,7 +459,7 @@ def _top_p_cutoffs(
     floor = floors[rows]
     entry = (keys >= floor[:, None]) & (counts > 0)
     mass = np.zeros(keys.shape)
-    at = np.nonzero(entry)
+    at = entry.nonzero()
     mass[at] = weights_of(_rows.key_values(keys[at], dtype), top[rows][at[0]]) * counts[at]
     whole = floor >= known  # every entry at or above the floor is listed
     total = np.where(whole, mass.sum(axis=1), masses[rows])
