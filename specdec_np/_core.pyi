@@ -23,6 +23,7 @@ FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float64]
 IdArray = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Int64Array = npt.NDArray[np.int64]
 Float64Array = npt.NDArray[np.float64]
+UInt64Array = npt.NDArray[np.uint64]
 
 def openmp_enabled() -> bool: ...
 def debug_build() -> bool: ...
@@ -269,3 +270,19 @@ def shard_residuals(
     q: Float64Array,
 ) -> None: ...
 def shard_argmax(rows: FloatArray, start: int, table: Float64Array) -> None: ...
+def float_keys(values: FloatArray, keys: UInt64Array) -> None: ...
+def key_floats(keys: UInt64Array, values: FloatArray) -> None: ...
+def merge_shard_lists(
+    gathered: UInt64Array,
+    size: int,
+    keys: UInt64Array,
+    counts: Int64Array,
+    known: UInt64Array,
+) -> None: ...
+def top_k_keys(
+    keys: UInt64Array,
+    counts: Int64Array,
+    top_k: Int64Array,
+    on: npt.NDArray[np.uint8],
+    floors: UInt64Array,
+) -> None: ...

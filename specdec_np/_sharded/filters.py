@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _core
 from . import rows as _rows
 from .exchange import Exchange
 from .laws import Entries, LogitRows, law_weights
@@ -398,38 +399,27 @@ class _Weights:
 
 def _merge(gathered: np.ndarray, size: int) -> _Merged:
     """Merge the ranks' lists ``[S, n, size + 1]`` (keys, then the count at or above the
-    last key) into one descending list per row with multiplicities."""
+    last key) into one descending list per row with multiplicities: a full list holds one
+    copy of each entry above its last key, and its ties at the last key beyond the one
+    sent come as one more entry with their count (``_core``'s ``merge_shard_lists``)."""
     ranks, count = gathered.shape[0], gathered.shape[1]
-    keys = gathered[:, :, :size]
-    sent = (keys != 0).sum(axis=2)  # real keys are never 0
-    full = sent == size
-    last = keys[np.arange(ranks)[:, None], np.arange(count)[None, :], np.maximum(sent - 1, 0)]
-    last = np.where(sent > 0, last, np.uint64(0))
-    # A full list holds one copy of each entry above its last key; its ties at the last
-    # key beyond the one sent come as one more entry with their count.
-    extra = np.where(full, gathered[:, :, size].astype(np.int64) - size, 0)
-    known = np.where(full, last, np.uint64(0)).max(axis=0)
-    all_keys = np.concatenate(
-        [keys.transpose(1, 0, 2).reshape(count, ranks * size),
-         np.where(extra > 0, last, np.uint64(0)).T], axis=1
-    )
-    all_counts = np.concatenate(
-        [(keys > 0).astype(np.int64).transpose(1, 0, 2).reshape(count, ranks * size),
-         np.maximum(extra, 0).T], axis=1
-    )
-    order = all_keys.argsort(axis=1, kind="stable")[:, ::-1]
-    every = np.arange(count)[:, None]
-    return _Merged(all_keys[every, order], all_counts[every, order], known)
+    length = ranks * size + ranks
+    keys = np.empty((count, length), dtype=np.uint64)
+    counts = np.empty((count, length), dtype=np.int64)
+    known = np.empty(count, dtype=np.uint64)
+    _core.merge_shard_lists(np.ascontiguousarray(gathered, dtype=np.uint64), size, keys,
+                            counts, known)
+    return _Merged(keys, counts, known)
 
 
 def _top_k_floors(merged: _Merged, top_k: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Top-k's floor (the ``top_k``-th largest key) where ``on``; 0 where fewer than
-    ``top_k`` entries reach the candidates' floor (top-k then keeps them all) or off."""
-    running = merged.counts.cumsum(axis=1)
-    reached = running >= top_k[:, None]
-    position = reached.argmax(axis=1)
-    floors = merged.keys[np.arange(top_k.shape[0]), position]
-    return np.where(on & reached.any(axis=1), floors, np.uint64(0))
+    ``top_k`` entries reach the candidates' floor (top-k then keeps them all) or off
+    (``_core``'s ``top_k_keys``)."""
+    floors = np.empty(top_k.shape[0], dtype=np.uint64)
+    _core.top_k_keys(merged.keys, merged.counts, np.ascontiguousarray(top_k, dtype=np.int64),
+                     np.ascontiguousarray(on, dtype=bool).view(np.uint8), floors)
+    return floors
 
 
 def _top_p_cutoffs(

@@ -87,28 +87,27 @@ def to_host(array: Any) -> np.ndarray:
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys in the order of the float32 or float64 ``values`` (no NaN), ``-0``
-    and ``+0`` one key, so that a cutoff on keys is a cutoff on values."""
-    values = values + values.dtype.type(0)  # -0 + 0 is +0
-    if values.dtype == np.float32:
-        bits = values.view(np.uint32).astype(np.uint64)
-        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
-    else:
-        bits = values.view(np.uint64)
-        sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
-    # Negative floats order backwards by their bits: flip them all; lift the positive ones.
-    return np.where((bits & sign) != 0, full ^ bits, bits | sign)
+    and ``+0`` one key, so that a cutoff on keys is a cutoff on values (the float's bits,
+    negative values flipped whole and positive ones lifted by the sign bit: ``_core``'s
+    ``float_keys``)."""
+    values = np.asarray(values)
+    if not values.flags.c_contiguous:
+        values = values.copy()
+    keys = np.empty(values.shape, dtype=np.uint64)
+    _core.float_keys(values.reshape(-1), keys.reshape(-1))
+    return keys
 
 
 def key_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The values (of ``dtype``, float32 or float64) whose :func:`ordered_keys` are
-    ``keys`` (uint64; the key of ``-0`` gives ``+0``)."""
+    ``keys`` (uint64; the key of ``-0`` gives ``+0``; ``_core``'s ``key_floats``)."""
     keys = np.asarray(keys, dtype=np.uint64)
-    if np.dtype(dtype) == np.float32:
-        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
-        bits = np.where((keys & sign) != 0, keys ^ sign, full ^ keys)
-        return bits.astype(np.uint32).view(np.float32)
-    sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
-    return np.where((keys & sign) != 0, keys ^ sign, full ^ keys).view(np.float64)
+    if not keys.flags.c_contiguous:
+        keys = keys.copy()
+    values = np.empty(keys.shape, dtype=np.float32 if np.dtype(dtype) == np.float32
+                      else np.float64)
+    _core.key_floats(keys.reshape(-1), values.reshape(-1))
+    return values
 
 
 def radix_select(

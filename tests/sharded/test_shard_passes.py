@@ -250,3 +250,115 @@ def test_bad_rows_and_shapes_are_refused():
         _core.shard_at_least(rows, np.array([0, 1], dtype=np.int64), one, one,
                              np.zeros(2, dtype=np.int64), np.zeros(40, dtype=np.int64),
                              np.zeros(40, dtype=np.float32))
+
+
+# The filters' host work: the NumPy expressions the compiled functions replace are the
+# oracles.
+
+
+def _keys_oracle(values):
+    values = values + values.dtype.type(0)
+    if values.dtype == np.float32:
+        bits = values.view(np.uint32).astype(np.uint64)
+        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
+    else:
+        bits = values.view(np.uint64)
+        sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
+    return np.where((bits & sign) != 0, full ^ bits, bits | sign)
+
+
+def _values_oracle(keys, dtype):
+    if dtype == np.float32:
+        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
+        bits = np.where((keys & sign) != 0, keys ^ sign, full ^ keys)
+        return bits.astype(np.uint32).view(np.float32)
+    sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
+    return np.where((keys & sign) != 0, keys ^ sign, full ^ keys).view(np.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_float_keys_order_the_values_and_come_back(dtype):
+    rng = np.random.default_rng(5)
+    info = np.finfo(dtype)
+    values = np.concatenate([
+        np.array([0.0, -0.0, np.inf, -np.inf, info.max, -info.max, info.tiny / 4,
+                  -info.tiny / 4, info.tiny, -info.tiny], dtype=dtype),
+        (rng.standard_normal(500) * 30).astype(dtype),
+    ])
+    keys = np.empty(values.size, dtype=np.uint64)
+    _core.float_keys(values, keys)
+    np.testing.assert_array_equal(keys, _keys_oracle(values))
+    order = np.argsort(values, kind="stable")
+    assert (np.diff(keys[order].astype(np.float64)) >= 0).all()
+    assert keys[0] == keys[1]  # -0 and +0
+    # Back: every key of the values, random keys (a float32 key's low 32 bits) and key 0.
+    bits = 32 if dtype == np.float32 else 63
+    asked = np.concatenate([keys, rng.integers(0, 2**bits, 300, dtype=np.uint64),
+                            np.zeros(1, dtype=np.uint64)])
+    back = np.empty(asked.size, dtype=dtype)
+    _core.key_floats(asked, back)
+    np.testing.assert_array_equal(_bits(back), _bits(_values_oracle(asked, dtype)))
+    np.testing.assert_array_equal(_bits(back[1:values.size]), _bits(values[1:] + dtype(0)))
+    # Negative control: keys of the bits alone do not order negative values.
+    assert not np.array_equal(keys, values.view(np.uint32 if bits == 32 else np.uint64))
+
+
+def _merge_oracle(gathered, size):
+    ranks, count = gathered.shape[0], gathered.shape[1]
+    keys = gathered[:, :, :size]
+    sent = np.count_nonzero(keys, axis=2)
+    full = sent == size
+    last = np.take_along_axis(keys, np.maximum(sent - 1, 0)[:, :, None], axis=2)[:, :, 0]
+    last = np.where(sent > 0, last, np.uint64(0))
+    extra = np.where(full, gathered[:, :, size].astype(np.int64) - size, 0)
+    known = np.where(full, last, np.uint64(0)).max(axis=0)
+    all_keys = np.concatenate([keys.transpose(1, 0, 2).reshape(count, ranks * size),
+                               np.where(extra > 0, last, np.uint64(0)).T], axis=1)
+    all_counts = np.concatenate(
+        [(keys > 0).astype(np.int64).transpose(1, 0, 2).reshape(count, ranks * size),
+         np.maximum(extra, 0).T], axis=1)
+    order = np.argsort(all_keys, axis=1, kind="stable")[:, ::-1]
+    return (np.take_along_axis(all_keys, order, axis=1),
+            np.take_along_axis(all_counts, order, axis=1), known)
+
+
+def test_merged_lists_and_top_k_floors_are_the_numpy_expressions():
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        ranks, count, size = (int(value) for value in rng.integers(1, [5, 6, 10]))
+        gathered = np.zeros((ranks, count, size + 1), dtype=np.uint64)
+        for rank in range(ranks):
+            for row in range(count):
+                sent = int(rng.integers(0, size + 1))
+                # Few distinct keys: ties inside a list, across lists and with the extras.
+                gathered[rank, row, :sent] = np.sort(rng.integers(1, 12, sent))[::-1]
+                gathered[rank, row, size] = sent + (rng.integers(0, 3) if sent == size else 0)
+        length = ranks * size + ranks
+        keys = np.empty((count, length), dtype=np.uint64)
+        counts = np.empty((count, length), dtype=np.int64)
+        known = np.empty(count, dtype=np.uint64)
+        _core.merge_shard_lists(gathered, size, keys, counts, known)
+        expected = _merge_oracle(gathered, size)
+        for found, wanted in zip((keys, counts, known), expected, strict=True):
+            np.testing.assert_array_equal(found, wanted)
+        top_k = rng.integers(1, 3 * size + 3, count)
+        on = rng.random(count) < 0.8
+        floors = np.empty(count, dtype=np.uint64)
+        _core.top_k_keys(keys, counts, top_k, on.view(np.uint8), floors)
+        running = np.cumsum(counts, axis=1)
+        reached = running >= top_k[:, None]
+        wanted = keys[np.arange(count), np.argmax(reached, axis=1)]
+        np.testing.assert_array_equal(
+            floors, np.where(on & reached.any(axis=1), wanted, np.uint64(0)))
+    # Equal keys come by descending place: the extra entry (a full list's ties beyond the
+    # one sent, count 2) first.  Negative control: the lists' own order puts it last.
+    gathered = np.array([[[5, 5, 4]], [[5, 0, 1]]], dtype=np.uint64)
+    keys = np.empty((1, 6), dtype=np.uint64)
+    counts = np.empty((1, 6), dtype=np.int64)
+    _core.merge_shard_lists(gathered, 2, keys, counts, np.empty(1, dtype=np.uint64))
+    np.testing.assert_array_equal(keys[0], [5, 5, 5, 5, 0, 0])
+    np.testing.assert_array_equal(counts[0], [2, 1, 1, 1, 0, 0])
+    forward = np.array([1, 1, 1, 2])  # entries of key 5 in the order they were sent
+    assert not np.array_equal(forward, counts[0, :4])
+    with pytest.raises(ValueError, match="merge_shard_lists"):
+        _core.merge_shard_lists(gathered, 3, keys, counts, np.empty(1, dtype=np.uint64))

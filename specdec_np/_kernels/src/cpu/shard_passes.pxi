@@ -276,3 +276,167 @@ def shard_argmax(const probability_t[:, ::1] rows, Py_ssize_t start, double[:, :
             value = rows[i, first]
             table[i, 0] = value if value == value else -INFINITY
             table[i, 1] = <double>(start + first)
+
+
+# --------------------------------------------------------------------------------------
+# The host side of the filters' rounds (specdec_np._sharded.filters and .rows): the
+# order-preserving keys of float values and back, the merge of the ranks' candidate lists
+# and top-k's floor in them.  Bit and integer work only: each gives the NumPy
+# expressions' own arrays (those are the tests' oracles), in one call instead of a few
+# dozen small NumPy operations a step.
+# --------------------------------------------------------------------------------------
+
+# The sign bits of a float32's and a float64's bits, and a float32's bits all set.
+cdef uint64_t _SIGN_32 = (<uint64_t>1) << 31
+cdef uint64_t _LOW_32 = ((<uint64_t>1) << 32) - 1
+cdef uint64_t _SIGN_64 = (<uint64_t>1) << 63
+
+
+ctypedef struct _ListEntry:
+    uint64_t key
+    int64_t count
+    Py_ssize_t index
+
+
+cdef int _descending_entries(const void* a, const void* b) noexcept nogil:
+    """Keys descending, and equal keys by descending index: NumPy's stable ascending
+    argsort, reversed (a total order, so any sort gives the same sequence)."""
+    cdef const _ListEntry* x = <const _ListEntry*>a
+    cdef const _ListEntry* y = <const _ListEntry*>b
+    if x.key != y.key:
+        return -1 if x.key > y.key else 1
+    if x.index != y.index:
+        return -1 if x.index > y.index else 1
+    return 0
+
+
+def float_keys(const probability_t[::1] values, uint64_t[::1] keys):
+    """``keys[i]``: the uint64 key of ``values[i]`` (no NaN) in the order of the values,
+    ``-0`` and ``+0`` one key: the float's bits with negative values flipped whole and
+    positive ones lifted by the sign bit."""
+    cdef Py_ssize_t n = values.shape[0], i
+    cdef float single
+    cdef double double_value
+    cdef uint32_t bits32
+    cdef uint64_t bits
+    if keys.shape[0] != n:
+        raise ValueError("float_keys: values and keys must have one length")
+    with nogil:
+        for i in range(n):
+            if probability_t is float:
+                single = values[i]
+                if single == 0:
+                    single = 0  # -0 is +0
+                memcpy(&bits32, &single, 4)
+                bits = bits32
+                keys[i] = (_LOW_32 ^ bits) if bits & _SIGN_32 else (bits | _SIGN_32)
+            else:
+                double_value = values[i]
+                if double_value == 0:
+                    double_value = 0
+                memcpy(&bits, &double_value, 8)
+                keys[i] = (~bits) if bits & _SIGN_64 else (bits | _SIGN_64)
+
+
+def key_floats(const uint64_t[::1] keys, probability_t[::1] values):
+    """``values[i]``: the float whose :func:`float_keys` key is ``keys[i]`` (the key of
+    ``-0`` gives ``+0``; a float32 key is read from its low 32 bits)."""
+    cdef Py_ssize_t n = keys.shape[0], i
+    cdef uint64_t key, bits
+    cdef uint32_t bits32
+    if values.shape[0] != n:
+        raise ValueError("key_floats: keys and values must have one length")
+    with nogil:
+        for i in range(n):
+            key = keys[i]
+            if probability_t is float:
+                bits = (key ^ _SIGN_32) if key & _SIGN_32 else (_LOW_32 ^ key)
+                bits32 = <uint32_t>bits
+                memcpy(&values[i], &bits32, 4)
+            else:
+                bits = (key ^ _SIGN_64) if key & _SIGN_64 else (~key)
+                memcpy(&values[i], &bits, 8)
+
+
+def merge_shard_lists(
+    const uint64_t[:, :, ::1] gathered,
+    Py_ssize_t size,
+    uint64_t[:, ::1] keys,
+    int64_t[:, ::1] counts,
+    uint64_t[::1] known,
+):
+    """The ranks' candidate lists ``gathered[r, i] = (size keys descending, 0 for none;
+    the count at or above the last key)`` merged per row ``i``: ``S size + S`` keys
+    descending with their multiplicities into ``keys[i]`` and ``counts[i]`` (a full list's
+    ties at its last key beyond the one sent as one more entry, after the lists' own
+    entries), and the largest last key of a full list into ``known[i]`` (0: none)."""
+    cdef Py_ssize_t ranks = gathered.shape[0], n = gathered.shape[1]
+    cdef Py_ssize_t length = ranks * size + ranks, i, r, j, sent, place
+    cdef uint64_t last, row_known
+    cdef int64_t extra
+    cdef _ListEntry* entries
+    if size < 1 or gathered.shape[2] != size + 1:
+        raise ValueError("merge_shard_lists: gathered must be [S, n, size + 1], size >= 1")
+    if keys.shape[0] < n or counts.shape[0] < n or known.shape[0] < n or (
+        keys.shape[1] != length or counts.shape[1] != length
+    ):
+        raise ValueError("merge_shard_lists: keys and counts must be [n, S size + S]")
+    entries = <_ListEntry*>malloc(max(length, 1) * sizeof(_ListEntry))
+    if entries == NULL:
+        raise MemoryError("merge_shard_lists: no memory for a row's entries")
+    with nogil:
+        for i in range(n):
+            row_known = 0
+            for r in range(ranks):
+                sent = 0
+                for j in range(size):
+                    if gathered[r, i, j] != 0:
+                        sent += 1
+                last = gathered[r, i, sent - 1] if sent > 0 else 0
+                extra = <int64_t>gathered[r, i, size] - size if sent == size else 0
+                if sent == size and last > row_known:
+                    row_known = last
+                for j in range(size):
+                    place = r * size + j
+                    entries[place].key = gathered[r, i, j]
+                    entries[place].count = 1 if gathered[r, i, j] > 0 else 0
+                    entries[place].index = place
+                place = ranks * size + r
+                entries[place].key = last if extra > 0 else 0
+                entries[place].count = extra if extra > 0 else 0
+                entries[place].index = place
+            qsort(entries, length, sizeof(_ListEntry), _descending_entries)
+            for j in range(length):
+                keys[i, j] = entries[j].key
+                counts[i, j] = entries[j].count
+            known[i] = row_known
+    free(entries)
+
+
+def top_k_keys(
+    const uint64_t[:, ::1] keys,
+    const int64_t[:, ::1] counts,
+    const int64_t[::1] top_k,
+    const uint8_t[::1] on,
+    uint64_t[::1] floors,
+):
+    """Top-k's floor per row of merged lists (:func:`merge_shard_lists`): the key at
+    which the running count first reaches ``top_k[i]``, where ``on[i]``; 0 where the
+    lists hold fewer entries (top-k then keeps them all) or ``on[i]`` is 0."""
+    cdef Py_ssize_t n = keys.shape[0], length = keys.shape[1], i, j
+    cdef int64_t running
+    if counts.shape[0] != n or counts.shape[1] != length or top_k.shape[0] < n or (
+        on.shape[0] < n or floors.shape[0] < n
+    ):
+        raise ValueError("top_k_keys: counts [n, L], top_k, on and floors [n] must fit")
+    with nogil:
+        for i in range(n):
+            floors[i] = 0
+            if not on[i]:
+                continue
+            running = 0
+            for j in range(length):
+                running += counts[i, j]
+                if running >= top_k[i]:
+                    floors[i] = keys[i, j]
+                    break
