@@ -286,3 +286,21 @@ def top_k_keys(
     on: npt.NDArray[np.uint8],
     floors: UInt64Array,
 ) -> None: ...
+def min_p_keys(
+    top: FloatArray,
+    min_p: Float64Array,
+    log_min_p: Float64Array,
+    floors: UInt64Array,
+    lost: npt.NDArray[np.uint8],
+) -> None: ...
+def top_p_keys(
+    keys: UInt64Array,
+    counts: Int64Array,
+    known: UInt64Array,
+    floors: UInt64Array,
+    top: FloatArray,
+    top_p: Float64Array,
+    masses: Float64Array,
+    cutoffs: UInt64Array,
+    open_rows: npt.NDArray[np.uint8],
+) -> None: ...

@@ -47,9 +47,8 @@ __all__ = [
 TOP_P_CANDIDATES = 64
 #: The most candidates a rank sends per row (a larger top_k takes the radix select).
 MOST_CANDIDATES = 128
-#: Keys on either side of the estimate ``max + log(min_p)`` where min-p's floor is sought.
-_WINDOW = 8
-_OFFSETS = np.arange(2 * _WINDOW + 1, dtype=np.uint64)
+#: The key of -inf in each dtype (the lowest key min-p's bisection starts from; min-p's
+#: window of 8 keys on either side of its estimate is ``_core``'s ``min_p_keys``).
 _LOWEST_KEYS = {
     np.dtype(dtype): _rows.ordered_keys(np.array([-np.inf], dtype=dtype))[0]
     for dtype in (np.float32, np.float64)
@@ -79,25 +78,18 @@ def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
     The kernels find it by bisection over all keys from ``-inf`` to ``top``; ``w`` is
     monotone in the key, so the floor is the first key of a short window around the
     estimate ``top + log(min_p)`` whose weight reaches ``min_p``, where the window holds
-    the crossing (else the same bisection, on those rows).
+    the crossing (``_core``'s ``min_p_keys``; else the same bisection, on those rows).
     """
-    dtype = top.dtype
-    low_key = _lowest_key(dtype)
-    high = _rows.ordered_keys(top)
-    estimate = (top.astype(np.float64) + np.log(min_p)).astype(dtype)
-    centre = _rows.ordered_keys(np.where(np.isnan(estimate), top, estimate))
-    centre = np.minimum(np.maximum(centre, low_key + np.uint64(_WINDOW + 1)), high)
-    window = np.minimum(centre[:, None] - np.uint64(_WINDOW) + _OFFSETS, high[:, None])
-    reached = weights_of(_rows.key_values(window, dtype), top[:, None]) >= min_p[:, None]
-    first = reached.argmax(axis=1)
-    rows = np.arange(top.shape[0])
-    floors = window[rows, first]
-    # The window must hold the crossing: a miss below it, or a hit at its first key that
-    # is not the first key above -inf.
-    lost = ~reached.any(axis=1) | ((first == 0) & (window[:, 0] > low_key + np.uint64(1)))
+    top = np.ascontiguousarray(top)
+    min_p = np.ascontiguousarray(min_p, dtype=np.float64)
+    floors = np.empty(top.shape[0], dtype=np.uint64)
+    lost = np.empty(top.shape[0], dtype=np.uint8)
+    _core.min_p_keys(top, min_p, np.log(min_p), floors, lost)
+    lost = lost.view(bool)
     if np.count_nonzero(lost):
-        low = _rows.filled(top.shape, low_key, dtype=np.uint64)
-        floors[lost] = _bisect(top[lost], min_p[lost], low[lost], high[lost])
+        low = _rows.filled(int(np.count_nonzero(lost)), _lowest_key(top.dtype),
+                           dtype=np.uint64)
+        floors[lost] = _bisect(top[lost], min_p[lost], low, _rows.ordered_keys(top[lost]))
     return floors
 
 
@@ -445,23 +437,15 @@ def _top_p_cutoffs(
     rows = on.nonzero()[0]
     if not rows.size:
         return cutoffs, open_rows
-    keys, counts, known = merged.keys[rows], merged.counts[rows], merged.known[rows]
-    floor = floors[rows]
-    entry = (keys >= floor[:, None]) & (counts > 0)
-    mass = np.zeros(keys.shape)
-    at = entry.nonzero()
-    mass[at] = weights_of(_rows.key_values(keys[at], dtype), top[rows][at[0]]) * counts[at]
-    whole = floor >= known  # every entry at or above the floor is listed
-    total = np.where(whole, mass.sum(axis=1), masses[rows])
-    running = mass.cumsum(axis=1)
-    reached = (running >= (top_p[rows] * total)[:, None]) & (mass > 0.0)
-    reached &= keys >= known[:, None]
-    first = reached.argmax(axis=1)
-    with_mass = mass > 0.0
-    last = with_mass.shape[1] - 1 - with_mass[:, ::-1].argmax(axis=1)
-    settled = reached.any(axis=1)
-    position = np.where(settled, first, last)
-    cutoffs[rows] = keys[np.arange(rows.size), position]
-    open_rows[rows] = ~settled & ~whole
-    cutoffs[rows[~settled & ~whole]] = 0
+    found = np.empty(rows.size, dtype=np.uint64)
+    unsettled = np.empty(rows.size, dtype=np.uint8)
+    _core.top_p_keys(
+        merged.keys[rows], merged.counts[rows], merged.known[rows],
+        np.ascontiguousarray(floors[rows], dtype=np.uint64),
+        np.ascontiguousarray(top[rows], dtype=dtype),
+        np.ascontiguousarray(top_p[rows], dtype=np.float64),
+        np.ascontiguousarray(masses[rows], dtype=np.float64), found, unsettled,
+    )
+    cutoffs[rows] = found
+    open_rows[rows] = unsettled.view(bool)
     return cutoffs, open_rows

@@ -1,9 +1,10 @@
 """The compiled passes of a rank over its slice of columns (``shardscan.h`` through
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
 row's maximum, the entries at a threshold, the law's elementwise weight and the stored
-probabilities of the draws' rows, a draw's masses and its scan, and the greedy argmax,
-each against an exact NumPy oracle or the reference exponential, with negative
-controls."""
+probabilities of the draws' rows, a draw's masses and its scan, and the greedy argmax;
+and the host side of the filters' rounds (the keys of float values and back, the merge of
+the ranks' candidate lists, top-k's, min-p's and top-p's keys); each against an exact
+NumPy oracle or the reference exponential, with negative controls."""
 
 from __future__ import annotations
 
@@ -362,3 +363,100 @@ def test_merged_lists_and_top_k_floors_are_the_numpy_expressions():
     assert not np.array_equal(forward, counts[0, :4])
     with pytest.raises(ValueError, match="merge_shard_lists"):
         _core.merge_shard_lists(gathered, 3, keys, counts, np.empty(1, dtype=np.uint64))
+
+
+def _law_weights_oracle(values, top):
+    """float64 ``exp(values - top)`` by the law's rule (0 for NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = values - top
+        if values.dtype == np.float32:
+            return fast_expf(shifted).astype(np.float64)
+        return np.where(np.isnan(shifted), 0.0, np.exp(shifted))
+
+
+def _min_p_oracle(top, min_p):
+    dtype = top.dtype
+    low = _keys_oracle(np.full(top.shape, -np.inf, dtype=dtype))
+    high = _keys_oracle(top)
+    estimate = (top.astype(np.float64) + np.log(min_p)).astype(dtype)
+    centre = _keys_oracle(np.where(np.isnan(estimate), top, estimate))
+    centre = np.minimum(np.maximum(centre, low + np.uint64(9)), high)
+    window = np.minimum(centre[:, None] - np.uint64(8) + np.arange(17, dtype=np.uint64),
+                        high[:, None])
+    reached = _law_weights_oracle(_values_oracle(window, dtype), top[:, None]) >= min_p[:, None]
+    first = np.argmax(reached, axis=1)
+    lost = ~reached.any(axis=1) | ((first == 0) & (window[:, 0] > low + np.uint64(1)))
+    return window[np.arange(top.size), first], lost
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_min_p_keys_are_the_window_search(dtype):
+    rng = np.random.default_rng(7)
+    info = np.finfo(dtype)
+    top = np.concatenate([np.array([0.0, -0.0, info.max, -info.max, info.tiny], dtype=dtype),
+                          (rng.standard_normal(995) * 20).astype(dtype)])
+    min_p = np.concatenate([[1.0, 1e-300, 1e-40, 0.5, 1e-8], rng.random(995)])
+    floors = np.empty(top.size, dtype=np.uint64)
+    lost = np.empty(top.size, dtype=np.uint8)
+    _core.min_p_keys(top, min_p, np.log(min_p), floors, lost)
+    wanted, wanted_lost = _min_p_oracle(top, min_p)
+    np.testing.assert_array_equal(floors, wanted)
+    np.testing.assert_array_equal(lost.view(bool), wanted_lost)
+    # Where the window holds the crossing, the floor's weight reaches min_p and the key
+    # below it does not (negative control: the key below is never the floor).
+    held = ~wanted_lost
+    weight = _law_weights_oracle(_values_oracle(floors[held], dtype), top[held])
+    below = _law_weights_oracle(_values_oracle(floors[held] - np.uint64(1), dtype), top[held])
+    assert (weight >= min_p[held]).all() and (below < min_p[held]).all()
+
+
+def _top_p_oracle(keys, counts, known, floors, top, top_p, masses):
+    entry = (keys >= floors[:, None]) & (counts > 0)
+    mass = np.zeros(keys.shape)
+    at = np.nonzero(entry)
+    mass[at] = _law_weights_oracle(_values_oracle(keys[at], top.dtype), top[at[0]]) * counts[at]
+    whole = floors >= known
+    total = np.where(whole, mass.sum(axis=1), masses)
+    running = np.cumsum(mass, axis=1)
+    reached = (running >= (top_p * total)[:, None]) & (mass > 0.0) & (keys >= known[:, None])
+    with_mass = mass > 0.0
+    last = with_mass.shape[1] - 1 - np.argmax(with_mass[:, ::-1], axis=1)
+    settled = reached.any(axis=1)
+    cutoffs = keys[np.arange(keys.shape[0]), np.where(settled, np.argmax(reached, axis=1), last)]
+    unsettled = ~settled & ~whole
+    return np.where(unsettled, np.uint64(0), cutoffs), unsettled
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_top_p_keys_are_the_running_mass_cutoffs(dtype):
+    rng = np.random.default_rng(8)
+    for trial in range(60):
+        ranks = int(rng.integers(1, 4))
+        size = int(rng.integers(1, 12)) if trial % 3 else int(rng.integers(40, 129))
+        count = int(rng.integers(1, 6))
+        gathered = np.zeros((ranks, count, size + 1), dtype=np.uint64)
+        for rank in range(ranks):
+            for row in range(count):
+                sent = int(rng.integers(0, size + 1))
+                values = np.round(rng.standard_normal(sent) * 3, 1).astype(dtype)  # ties
+                gathered[rank, row, :sent] = np.sort(_keys_oracle(values))[::-1]
+                gathered[rank, row, size] = sent + (rng.integers(0, 3) if sent == size else 0)
+        length = ranks * size + ranks
+        keys = np.empty((count, length), dtype=np.uint64)
+        counts = np.empty((count, length), dtype=np.int64)
+        known = np.empty(count, dtype=np.uint64)
+        _core.merge_shard_lists(gathered, size, keys, counts, known)
+        top = np.where(keys[:, 0] > 0, _values_oracle(keys[:, 0], dtype), 0).astype(dtype)
+        floors = np.where(rng.random(count) < 0.5, np.uint64(0),
+                          keys[np.arange(count), rng.integers(0, length, count)])
+        top_p, masses = rng.random(count), rng.random(count) * 5
+        cutoffs = np.empty(count, dtype=np.uint64)
+        unsettled = np.empty(count, dtype=np.uint8)
+        _core.top_p_keys(keys, counts, known, floors, top, top_p, masses, cutoffs, unsettled)
+        wanted, wanted_open = _top_p_oracle(keys, counts, known, floors, top, top_p, masses)
+        np.testing.assert_array_equal(cutoffs, wanted)
+        np.testing.assert_array_equal(unsettled.view(bool), wanted_open)
+    # Negative control: the whole summed in column order differs from NumPy's pairwise
+    # sum somewhere on rows this long, so the order matters and is the pairwise one.
+    rows = rng.random((200, 258)) * np.exp(rng.standard_normal((200, 258)) * 8)
+    assert (np.cumsum(rows, axis=1)[:, -1] != rows.sum(axis=1)).any()

@@ -310,52 +310,69 @@ cdef int _descending_entries(const void* a, const void* b) noexcept nogil:
     return 0
 
 
+cdef inline uint64_t _key_of_float(float value) noexcept nogil:
+    """The key of a float32 (``-0`` as ``+0``)."""
+    cdef uint32_t bits32
+    cdef uint64_t bits
+    if value == 0:
+        value = 0  # -0 is +0
+    memcpy(&bits32, &value, 4)
+    bits = bits32
+    return (_LOW_32 ^ bits) if bits & _SIGN_32 else (bits | _SIGN_32)
+
+
+cdef inline uint64_t _key_of_double(double value) noexcept nogil:
+    """The key of a float64 (``-0`` as ``+0``)."""
+    cdef uint64_t bits
+    if value == 0:
+        value = 0
+    memcpy(&bits, &value, 8)
+    return (~bits) if bits & _SIGN_64 else (bits | _SIGN_64)
+
+
+cdef inline float _float_of_key(uint64_t key) noexcept nogil:
+    """The float32 of a key (its low 32 bits)."""
+    cdef uint32_t bits32 = <uint32_t>((key ^ _SIGN_32) if key & _SIGN_32 else (_LOW_32 ^ key))
+    cdef float value
+    memcpy(&value, &bits32, 4)
+    return value
+
+
+cdef inline double _double_of_key(uint64_t key) noexcept nogil:
+    """The float64 of a key."""
+    cdef uint64_t bits = (key ^ _SIGN_64) if key & _SIGN_64 else (~key)
+    cdef double value
+    memcpy(&value, &bits, 8)
+    return value
+
+
 def float_keys(const probability_t[::1] values, uint64_t[::1] keys):
     """``keys[i]``: the uint64 key of ``values[i]`` (no NaN) in the order of the values,
     ``-0`` and ``+0`` one key: the float's bits with negative values flipped whole and
     positive ones lifted by the sign bit."""
     cdef Py_ssize_t n = values.shape[0], i
-    cdef float single
-    cdef double double_value
-    cdef uint32_t bits32
-    cdef uint64_t bits
     if keys.shape[0] != n:
         raise ValueError("float_keys: values and keys must have one length")
     with nogil:
         for i in range(n):
             if probability_t is float:
-                single = values[i]
-                if single == 0:
-                    single = 0  # -0 is +0
-                memcpy(&bits32, &single, 4)
-                bits = bits32
-                keys[i] = (_LOW_32 ^ bits) if bits & _SIGN_32 else (bits | _SIGN_32)
+                keys[i] = _key_of_float(values[i])
             else:
-                double_value = values[i]
-                if double_value == 0:
-                    double_value = 0
-                memcpy(&bits, &double_value, 8)
-                keys[i] = (~bits) if bits & _SIGN_64 else (bits | _SIGN_64)
+                keys[i] = _key_of_double(values[i])
 
 
 def key_floats(const uint64_t[::1] keys, probability_t[::1] values):
     """``values[i]``: the float whose :func:`float_keys` key is ``keys[i]`` (the key of
     ``-0`` gives ``+0``; a float32 key is read from its low 32 bits)."""
     cdef Py_ssize_t n = keys.shape[0], i
-    cdef uint64_t key, bits
-    cdef uint32_t bits32
     if values.shape[0] != n:
         raise ValueError("key_floats: keys and values must have one length")
     with nogil:
         for i in range(n):
-            key = keys[i]
             if probability_t is float:
-                bits = (key ^ _SIGN_32) if key & _SIGN_32 else (_LOW_32 ^ key)
-                bits32 = <uint32_t>bits
-                memcpy(&values[i], &bits32, 4)
+                values[i] = _float_of_key(keys[i])
             else:
-                bits = (key ^ _SIGN_64) if key & _SIGN_64 else (~key)
-                memcpy(&values[i], &bits, 8)
+                values[i] = _double_of_key(keys[i])
 
 
 def merge_shard_lists(
@@ -440,3 +457,131 @@ def top_k_keys(
                 if running >= top_k[i]:
                     floors[i] = keys[i, j]
                     break
+
+
+def min_p_keys(
+    const probability_t[::1] top,
+    const double[::1] min_p,
+    const double[::1] log_min_p,
+    uint64_t[::1] floors,
+    uint8_t[::1] lost,
+):
+    """Min-p's floor per row: the first key of the window of ``17`` keys around the
+    estimate ``top + log(min_p)`` (rounded to the rows' dtype; ``top`` where that is NaN,
+    kept between the key of ``-inf`` plus 9 and ``top``'s key; each key at most ``top``'s)
+    whose law weight ``exp(value - top)`` (float64) reaches ``min_p``; else the window's
+    first key.  ``lost[i]`` is 1 where the window may miss the crossing (no key reached,
+    or its first key did and is above the first key past ``-inf``): the bisection then
+    decides those rows."""
+    cdef Py_ssize_t n = top.shape[0], i, t, first
+    cdef uint64_t low_key, high, centre, key, first_key
+    cdef probability_t value, weight, top_value, estimate
+    if min_p.shape[0] < n or log_min_p.shape[0] < n or floors.shape[0] < n or (
+        lost.shape[0] < n
+    ):
+        raise ValueError("min_p_keys: min_p, log_min_p, floors and lost must fit top")
+    with nogil:
+        if probability_t is float:
+            low_key = _key_of_float(-INFINITY)
+        else:
+            low_key = _key_of_double(-INFINITY)
+        for i in range(n):
+            top_value = top[i]
+            estimate = <probability_t>(<double>top_value + log_min_p[i])
+            if estimate != estimate:
+                estimate = top_value
+            if probability_t is float:
+                high = _key_of_float(top_value)
+                centre = _key_of_float(estimate)
+            else:
+                high = _key_of_double(top_value)
+                centre = _key_of_double(estimate)
+            if centre < low_key + 9:
+                centre = low_key + 9
+            if centre > high:
+                centre = high
+            first = -1
+            first_key = centre - 8 if centre - 8 < high else high
+            floors[i] = first_key
+            for t in range(17):
+                key = centre - 8 + t
+                if key > high:
+                    key = high
+                if probability_t is float:
+                    value = _float_of_key(key)
+                    specdec_shard_exp_f(&value, &top_value, 1, &weight)
+                else:
+                    value = _double_of_key(key)
+                    specdec_shard_exp_d(&value, &top_value, 1, &weight)
+                if <double>weight >= min_p[i]:
+                    first = t
+                    floors[i] = key
+                    break
+            lost[i] = first < 0 or (first == 0 and first_key > low_key + 1)
+
+
+def top_p_keys(
+    const uint64_t[:, ::1] keys,
+    const int64_t[:, ::1] counts,
+    const uint64_t[::1] known,
+    const uint64_t[::1] floors,
+    const probability_t[::1] top,
+    const double[::1] top_p,
+    const double[::1] masses,
+    uint64_t[::1] cutoffs,
+    uint8_t[::1] open_rows,
+):
+    """Top-p's cutoff per row of merged lists (:func:`merge_shard_lists`): over the
+    entries at or above ``floors[i]``, each weighing ``exp(value - top) * count``
+    (float64), the first key from the top, at or above ``known[i]``, whose running mass
+    (column order) reaches ``top_p[i]`` of the whole with mass there, else the last key
+    with mass (the last key where none has any).  The whole is the entries' mass (NumPy's
+    pairwise order) where they hold every entry at or above the floor (``floors[i] >=
+    known[i]``), else ``masses[i]``.  ``open_rows[i]`` is 1 (``cutoffs[i]`` 0) where the
+    lists do not settle it."""
+    cdef Py_ssize_t n = keys.shape[0], length = keys.shape[1], i, j, first, last
+    cdef double total, goal, running
+    cdef double* mass
+    cdef probability_t value, weight, top_value
+    cdef bint whole
+    if counts.shape[0] != n or counts.shape[1] != length or known.shape[0] < n or (
+        floors.shape[0] < n or top.shape[0] < n or top_p.shape[0] < n
+        or masses.shape[0] < n or cutoffs.shape[0] < n or open_rows.shape[0] < n
+    ):
+        raise ValueError("top_p_keys: counts [n, L] and the per-row arrays [n] must fit")
+    if length == 0:
+        raise ValueError("top_p_keys: the merged lists hold no place")
+    mass = <double*>malloc(length * sizeof(double))
+    if mass == NULL:
+        raise MemoryError("top_p_keys: no memory for a row's masses")
+    with nogil:
+        for i in range(n):
+            top_value = top[i]
+            for j in range(length):
+                mass[j] = 0.0
+                if keys[i, j] >= floors[i] and counts[i, j] > 0:
+                    if probability_t is float:
+                        value = _float_of_key(keys[i, j])
+                        specdec_shard_exp_f(&value, &top_value, 1, &weight)
+                    else:
+                        value = _double_of_key(keys[i, j])
+                        specdec_shard_exp_d(&value, &top_value, 1, &weight)
+                    mass[j] = <double>weight * <double>counts[i, j]
+            whole = floors[i] >= known[i]
+            total = specdec_shard_positive_sum(mass, length) if whole else masses[i]
+            goal = top_p[i] * total
+            running = 0.0
+            first = -1
+            last = length - 1
+            for j in range(length):
+                running = mass[j] if j == 0 else running + mass[j]
+                if mass[j] > 0.0:
+                    if first < 0 and running >= goal and keys[i, j] >= known[i]:
+                        first = j
+            for j in range(length - 1, -1, -1):
+                if mass[j] > 0.0:
+                    last = j
+                    break
+            open_rows[i] = first < 0 and not whole
+            cutoffs[i] = 0 if open_rows[i] else keys[i, first if first >= 0 else last]
+    free(mass)
