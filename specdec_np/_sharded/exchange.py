@@ -69,16 +69,18 @@ class Exchange:
 def digest(*parts: Any) -> np.ndarray:
     """A fixed-size digest (uint8 ``[DIGEST_BYTES]``) of the values every rank must share:
     arrays by dtype, shape and bytes, everything else by ``repr``."""
-    hasher = hashlib.sha256()
+    # The bytes end to end, hashed at once: the digest of updating part by part.
+    chunks: list[bytes] = []
     for part in parts:
         if isinstance(part, np.ndarray):
             contiguous = np.ascontiguousarray(part)
-            hasher.update(f"{contiguous.dtype.str}{contiguous.shape}".encode())
-            hasher.update(contiguous.tobytes())
+            chunks.append(f"{contiguous.dtype.str}{contiguous.shape}".encode())
+            chunks.append(contiguous.tobytes())
         else:
-            hasher.update(repr(part).encode())
-        hasher.update(b"|")
-    return np.frombuffer(hasher.digest(), dtype=np.uint8)[:DIGEST_BYTES]
+            chunks.append(repr(part).encode())
+        chunks.append(b"|")
+    hashed = hashlib.sha256(b"".join(chunks)).digest()
+    return np.frombuffer(hashed, dtype=np.uint8)[:DIGEST_BYTES]
 
 
 class Shard(NamedTuple):

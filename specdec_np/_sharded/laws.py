@@ -398,9 +398,11 @@ class LawRows:
         self._divide_dense(dense[whole], normalisers[whole], block,
                            np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        where = filled(self.logits.count, -1, dtype=np.int64)
-        where[rows] = np.arange(rows.size)
-        chosen = (where[self.kept.rows] >= 0).nonzero()[0]
+        chosen = _NO_ROWS
+        if self.kept.rows.size:
+            where = filled(self.logits.count, -1, dtype=np.int64)
+            where[rows] = np.arange(rows.size)
+            chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             weights = self._divided(self.kept_weights[chosen].astype(np.float64),
@@ -411,10 +413,12 @@ class LawRows:
             row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
             weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
             parts.append((spread[row_of], columns, weights))
-        empty = np.zeros(0, dtype=np.int64)
-        row_of = np.concatenate([part[0] for part in parts]) if parts else empty
-        columns = np.concatenate([part[1] for part in parts]) if parts else empty
-        weights = np.concatenate([part[2] for part in parts]) if parts else np.zeros(0)
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return RowSet(rows.size, whole, block, Sparse(empty, empty, np.zeros(0)))
+        row_of = np.concatenate([part[0] for part in parts])
+        columns = np.concatenate([part[1] for part in parts])
+        weights = np.concatenate([part[2] for part in parts])
         if row_of.size and (len(parts) > 1 or (np.diff(row_of) < 0).any()):
             order = np.lexsort((columns, row_of))
             row_of, columns, weights = row_of[order], columns[order], weights[order]
@@ -441,9 +445,11 @@ class LawRows:
         if at.size:
             self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
         divisor = np.where(normalisers > 0.0, normalisers, np.inf)
-        where = filled(self.logits.count, -1, dtype=np.int64)
-        where[rows] = np.arange(rows.size)
-        chosen = (where[self.kept.rows] >= 0).nonzero()[0]
+        chosen = _NO_ROWS
+        if self.kept.rows.size:
+            where = filled(self.logits.count, -1, dtype=np.int64)
+            where[rows] = np.arange(rows.size)
+            chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             out[target, self.kept.columns[chosen]] = xp.asarray((
