@@ -304,3 +304,9 @@ def top_p_keys(
     cutoffs: UInt64Array,
     open_rows: npt.NDArray[np.uint8],
 ) -> None: ...
+def list_record(
+    row_of: Int64Array,
+    values: FloatArray,
+    size: int,
+    record: npt.NDArray[np.uint32] | UInt64Array,
+) -> None: ...

@@ -200,29 +200,12 @@ def list_candidates(
     found = values.at_least(rows, threshold)
     where = _rows.filled(values.count, -1, dtype=np.int64)
     where[rows] = np.arange(count)
-    row_of = where[found.rows]
-    keys = _rows.ordered_keys(found.values)
-    if key_bits == 32:
-        low = np.uint64(0xFFFFFFFF)
-        composite = np.sort((row_of.astype(np.uint64) << np.uint64(32)) | (low - keys))
-        row_of = (composite >> np.uint64(32)).astype(np.int64)
-        keys = low - (composite & low)
-    else:
-        order = np.lexsort((~keys, row_of))
-        row_of, keys = row_of[order], keys[order]
-    first = row_of.searchsorted(np.arange(count + 1))
-    position = np.arange(row_of.size) - first[row_of]
-    chosen = position < size
     word = np.uint32 if key_bits == 32 else np.uint64
     mass_words = 0 if masses is None else (2 if key_bits == 32 else 1)
     record = np.zeros((count, size + 1 + mass_words), dtype=word)
-    record[row_of[chosen], position[chosen]] = keys[chosen]
-    sent = np.minimum(first[1:] - first[:-1], size)
-    last = np.where(sent > 0, record[np.arange(count), np.maximum(sent - 1, 0)], 0)
-    at_or_above = np.bincount(
-        row_of[keys >= last.astype(np.uint64)[row_of]], minlength=count
-    )[:count]
-    record[:, size] = np.where(sent == size, at_or_above, sent)
+    # Per row the size largest keys, descending, and the count at or above the last one
+    # (_core's list_record).
+    _core.list_record(where[found.rows], np.ascontiguousarray(found.values), size, record)
     if masses is not None:
         record[:, size + 1 :] = masses.astype(np.float64).view(word).reshape(count, mass_words)
     return Listing(rows, size, record, found, threshold)

@@ -2,9 +2,9 @@
 ``specdec_np._core``): the statistics of the maxima round, the weights' pass given the
 row's maximum, the entries at a threshold, the law's elementwise weight and the stored
 probabilities of the draws' rows, a draw's masses and its scan, and the greedy argmax;
-and the host side of the filters' rounds (the keys of float values and back, the merge of
-the ranks' candidate lists, top-k's, min-p's and top-p's keys); each against an exact
-NumPy oracle or the reference exponential, with negative controls."""
+and the host side of the filters' rounds (the keys of float values and back, a rank's
+lists, the merge of the ranks' lists, top-k's, min-p's and top-p's keys); each against an
+exact NumPy oracle or the reference exponential, with negative controls."""
 
 from __future__ import annotations
 
@@ -460,3 +460,47 @@ def test_top_p_keys_are_the_running_mass_cutoffs(dtype):
     # sum somewhere on rows this long, so the order matters and is the pairwise one.
     rows = rng.random((200, 258)) * np.exp(rng.standard_normal((200, 258)) * 8)
     assert (np.cumsum(rows, axis=1)[:, -1] != rows.sum(axis=1)).any()
+
+
+def _record_oracle(row_of, values, count, size):
+    keys = _keys_oracle(values)
+    if values.dtype == np.float32:
+        low = np.uint64(0xFFFFFFFF)
+        composite = np.sort((row_of.astype(np.uint64) << np.uint64(32)) | (low - keys))
+        row_of = (composite >> np.uint64(32)).astype(np.int64)
+        keys = low - (composite & low)
+    else:
+        order = np.lexsort((~keys, row_of))
+        row_of, keys = row_of[order], keys[order]
+    first = np.searchsorted(row_of, np.arange(count + 1))
+    position = np.arange(row_of.size) - first[row_of]
+    chosen = position < size
+    record = np.zeros((count, size + 1), dtype=np.uint32 if values.dtype == np.float32
+                      else np.uint64)
+    record[row_of[chosen], position[chosen]] = keys[chosen]
+    sent = np.minimum(np.diff(first), size)
+    last = np.where(sent > 0, record[np.arange(count), np.maximum(sent - 1, 0)], 0)
+    at_or_above = np.bincount(row_of[keys >= last.astype(np.uint64)[row_of]],
+                              minlength=count)[:count]
+    record[:, size] = np.where(sent == size, at_or_above, sent)
+    return record
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_list_records_are_the_largest_keys_with_their_ties(dtype):
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        count, size = int(rng.integers(1, 7)), int(rng.integers(1, 20))
+        entries = int(rng.integers(0, 80))
+        row_of = rng.integers(0, count, entries)  # rows in any order
+        values = np.round(rng.standard_normal(entries) * 2, 1).astype(dtype)  # ties
+        values[rng.random(entries) < 0.05] = -0.0
+        values[rng.random(entries) < 0.05] = -np.inf
+        record = np.zeros((count, size + 1), dtype=np.uint32 if dtype == np.float32
+                          else np.uint64)
+        _core.list_record(row_of, values, size, record)
+        np.testing.assert_array_equal(record, _record_oracle(row_of, values, count, size))
+    with pytest.raises(ValueError, match="outside"):
+        _core.list_record(np.array([3]), np.zeros(1, dtype=dtype), 2,
+                          np.zeros((3, 3), dtype=np.uint32 if dtype == np.float32
+                                   else np.uint64))

@@ -375,6 +375,82 @@ def key_floats(const uint64_t[::1] keys, probability_t[::1] values):
                 values[i] = _double_of_key(keys[i])
 
 
+ctypedef fused list_word_t:
+    uint32_t
+    uint64_t
+
+
+cdef int _descending_keys(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const uint64_t*>a)[0], y = (<const uint64_t*>b)[0]
+    return -1 if x > y else (1 if x < y else 0)
+
+
+def list_record(
+    const int64_t[::1] row_of,
+    const probability_t[::1] values,
+    Py_ssize_t size,
+    list_word_t[:, ::1] record,
+):
+    """A rank's candidate lists from its candidates (entry ``e`` of row ``row_of[e]``, of
+    value ``values[e]``, no NaN): per row ``i`` the ``size`` largest keys of its entries,
+    descending, into ``record[i, :size]`` (the rest left as they are: zeros), then into
+    ``record[i, size]`` the count of its entries at or above the last key where it has
+    ``size`` or more, else its count."""
+    cdef Py_ssize_t count = record.shape[0], entries = row_of.shape[0], e, i, j
+    cdef Py_ssize_t sent, start, length, at_or_above
+    cdef Py_ssize_t* firsts
+    cdef uint64_t* keys
+    cdef uint64_t last
+    if values.shape[0] != entries:
+        raise ValueError("list_record: row_of and values must have one length")
+    if size < 1 or record.shape[1] < size + 1:
+        raise ValueError("list_record: record must be [n, size + 1 + ...], size >= 1")
+    for e in range(entries):
+        if row_of[e] < 0 or row_of[e] >= count:
+            raise ValueError(f"list_record: row {row_of[e]} is outside the {count} rows")
+    firsts = <Py_ssize_t*>malloc((count + 1) * sizeof(Py_ssize_t))
+    keys = <uint64_t*>malloc(max(entries, 1) * sizeof(uint64_t))
+    if firsts == NULL or keys == NULL:
+        free(firsts)
+        free(keys)
+        raise MemoryError("list_record: no memory for the rows' keys")
+    with nogil:
+        # The entries bucketed by row (a counting sort), each row's keys sorted descending.
+        for i in range(count + 1):
+            firsts[i] = 0
+        for e in range(entries):
+            firsts[row_of[e] + 1] += 1
+        for i in range(count):
+            firsts[i + 1] += firsts[i]
+        for e in range(entries):
+            i = row_of[e]
+            if probability_t is float:
+                keys[firsts[i]] = _key_of_float(values[e])
+            else:
+                keys[firsts[i]] = _key_of_double(values[e])
+            firsts[i] += 1
+        for i in range(count - 1, -1, -1):
+            firsts[i + 1] = firsts[i]
+        firsts[0] = 0
+        for i in range(count):
+            start = firsts[i]
+            length = firsts[i + 1] - start
+            qsort(&keys[start], length, sizeof(uint64_t), _descending_keys)
+            sent = length if length < size else size
+            for j in range(sent):
+                record[i, j] = <list_word_t>keys[start + j]
+            if sent == size:
+                last = keys[start + size - 1]
+                at_or_above = size
+                while at_or_above < length and keys[start + at_or_above] >= last:
+                    at_or_above += 1
+                record[i, size] = <list_word_t>at_or_above
+            else:
+                record[i, size] = <list_word_t>sent
+    free(firsts)
+    free(keys)
+
+
 def merge_shard_lists(
     const uint64_t[:, :, ::1] gathered,
     Py_ssize_t size,
