@@ -331,8 +331,12 @@ def test_merged_lists_and_top_k_floors_are_the_numpy_expressions():
         for rank in range(ranks):
             for row in range(count):
                 sent = int(rng.integers(0, size + 1))
-                # Few distinct keys: ties inside a list, across lists and with the extras.
-                gathered[rank, row, :sent] = np.sort(rng.integers(1, 12, sent))[::-1]
+                # Few distinct keys: ties inside a list, across lists and with the extras;
+                # now and then a list out of order (the general sort's path).
+                sent_keys = np.sort(rng.integers(1, 12, sent))[::-1]
+                if rng.random() < 0.1:
+                    sent_keys = rng.permutation(sent_keys)
+                gathered[rank, row, :sent] = sent_keys
                 gathered[rank, row, size] = sent + (rng.integers(0, 3) if sent == size else 0)
         length = ranks * size + ranks
         keys = np.empty((count, length), dtype=np.uint64)

@@ -498,12 +498,81 @@ def merge_shard_lists(
                 entries[place].key = last if extra > 0 else 0
                 entries[place].count = extra if extra > 0 else 0
                 entries[place].index = place
-            qsort(entries, length, sizeof(_ListEntry), _descending_entries)
-            for j in range(length):
-                keys[i, j] = entries[j].key
-                counts[i, j] = entries[j].count
+            if _lists_descend(gathered, i, ranks, size):
+                _merge_descending(entries, ranks, size, &keys[i, 0], &counts[i, 0])
+            else:
+                qsort(entries, length, sizeof(_ListEntry), _descending_entries)
+                for j in range(length):
+                    keys[i, j] = entries[j].key
+                    counts[i, j] = entries[j].count
             known[i] = row_known
     free(entries)
+
+
+cdef bint _lists_descend(
+    const uint64_t[:, :, ::1] gathered, Py_ssize_t i, Py_ssize_t ranks, Py_ssize_t size
+) noexcept nogil:
+    """Whether every rank's list of row ``i`` is non-increasing (as a rank sends it)."""
+    cdef Py_ssize_t r, j
+    for r in range(ranks):
+        for j in range(1, size):
+            if gathered[r, i, j] > gathered[r, i, j - 1]:
+                return False
+    return True
+
+
+cdef void _merge_descending(
+    const _ListEntry* entries, Py_ssize_t ranks, Py_ssize_t size, uint64_t* keys,
+    int64_t* counts,
+) noexcept nogil:
+    """The order of :func:`_descending_entries` (keys descending, equal keys by
+    descending index) of non-increasing lists, merged: per key from the largest, the
+    extra entries (the highest indices) by descending rank, then each rank's run of that
+    key, from the last rank, each run backwards."""
+    cdef Py_ssize_t out = 0, r, j, end, length = ranks * size + ranks
+    cdef Py_ssize_t* heads = <Py_ssize_t*>malloc(max(ranks, 1) * sizeof(Py_ssize_t))
+    cdef bint* pending = <bint*>malloc(max(ranks, 1) * sizeof(bint))
+    cdef uint64_t key
+    cdef bint found
+    if heads == NULL or pending == NULL:
+        free(heads)
+        free(pending)
+        # Out of memory here: the general sort needs no more.
+        qsort(<void*>entries, length, sizeof(_ListEntry), _descending_entries)
+        for j in range(length):
+            keys[j] = entries[j].key
+            counts[j] = entries[j].count
+        return
+    for r in range(ranks):
+        heads[r] = 0
+        pending[r] = True
+    while out < length:
+        found = False
+        key = 0
+        for r in range(ranks):
+            if heads[r] < size and (not found or entries[r * size + heads[r]].key > key):
+                key = entries[r * size + heads[r]].key
+                found = True
+            if pending[r] and (not found or entries[ranks * size + r].key > key):
+                key = entries[ranks * size + r].key
+                found = True
+        for r in range(ranks - 1, -1, -1):
+            if pending[r] and entries[ranks * size + r].key == key:
+                keys[out] = key
+                counts[out] = entries[ranks * size + r].count
+                out += 1
+                pending[r] = False
+        for r in range(ranks - 1, -1, -1):
+            end = heads[r]
+            while end < size and entries[r * size + end].key == key:
+                end += 1
+            for j in range(end - 1, heads[r] - 1, -1):
+                keys[out] = key
+                counts[out] = entries[r * size + j].count
+                out += 1
+            heads[r] = end
+    free(heads)
+    free(pending)
 
 
 def top_k_keys(
