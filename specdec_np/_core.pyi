@@ -310,3 +310,17 @@ def list_record(
     size: int,
     record: npt.NDArray[np.uint32] | UInt64Array,
 ) -> None: ...
+def rejection_lengths(
+    sampled: Int64Array,
+    counts: Int64Array,
+    first_target: Int64Array,
+    target_at: Int64Array,
+    offsets: Int64Array,
+    draft_at: Int64Array,
+    draft_ids: Int64Array,
+    value: Float64Array,
+    uniforms: Float64Array,
+    drafts: bool,
+    output: Int64Array,
+    lengths: Int64Array,
+) -> None: ...

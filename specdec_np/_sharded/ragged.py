@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import registry
+from .. import _core, registry
 from .._reference.chains import _path_weights
 from .._runtime import checks as _validate
 from .._runtime.arrays import is_cupy_array
@@ -717,6 +717,20 @@ def _decide(
     scale = np.ones(batch_size)
     sampled = (~call.greedy).nonzero()[0] if call.any_greedy else np.arange(batch_size)
     if not sampled.size:
+        return _Decided(output, lengths, sampled, scale)
+    if call.method not in ("block", "typical"):
+        # Rejection sampling: each request's accepted length and ids by one compiled pass
+        # (accept while u q < p), the bonus ids and the draws as below.
+        _core.rejection_lengths(
+            sampled, counts, rows.first_target, rows.target_at, call.offsets, rows.draft_at,
+            call.draft_ids, value, call.uniforms, call.draft is not None, output, lengths,
+        )
+        k = counts[sampled]
+        r = lengths[sampled]
+        full = r == k
+        if call.bonus_ids is not None:
+            output[sampled[full], k[full]] = call.bonus_ids[sampled[full]]
+            return _Decided(output, lengths, sampled[~full], scale)
         return _Decided(output, lengths, sampled, scale)
     width = max(call.max_k, 1)
     positions = np.arange(width)

@@ -508,3 +508,43 @@ def test_list_records_are_the_largest_keys_with_their_ties(dtype):
         _core.list_record(np.array([3]), np.zeros(1, dtype=dtype), 2,
                           np.zeros((3, 3), dtype=np.uint32 if dtype == np.float32
                                    else np.uint64))
+
+
+@pytest.mark.parametrize("drafts", [True, False])
+def test_rejection_lengths_accept_while_u_q_is_below_p(drafts):
+    rng = np.random.default_rng(10)
+    for _ in range(30):
+        counts = rng.integers(0, 5, int(rng.integers(1, 7)))
+        batch, total, max_k = counts.size, int(counts.sum()), int(counts.max())
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        first_target = offsets[:-1] + np.arange(batch)  # a bonus row after each request
+        sampled = np.flatnonzero(rng.random(batch) < 0.8)
+        # The rows read in a shuffled order, their probabilities with a NaN now and then.
+        target_at = rng.permutation(total + batch).astype(np.int64)
+        draft_at = (total + batch + rng.permutation(total)).astype(np.int64)
+        value = rng.random(2 * total + batch)
+        value[rng.random(value.size) < 0.05] = np.nan
+        draft_ids = rng.integers(0, 100, total)
+        uniforms = rng.random((batch, max_k + 2))
+        output = np.full((batch, max_k + 1), -1, dtype=np.int64)
+        lengths = np.zeros(batch, dtype=np.int64)
+        _core.rejection_lengths(sampled, counts, first_target, target_at, offsets,
+                                draft_at if drafts else np.full(total, -1), draft_ids,
+                                value, uniforms, drafts, output, lengths)
+        for b in range(batch):
+            expected = counts[b] if b in sampled else 0
+            for i in range(counts[b] if b in sampled else 0):
+                p = value[target_at[first_target[b] + i]]
+                q = value[draft_at[offsets[b] + i]] if drafts else 1.0
+                if not uniforms[b, i] * q < p:
+                    expected = i
+                    break
+            assert lengths[b] == expected
+            wanted = np.full(max_k + 1, -1)
+            wanted[:expected] = draft_ids[offsets[b]:offsets[b] + expected]
+            np.testing.assert_array_equal(output[b], wanted)
+    with pytest.raises(ValueError, match="not gathered"):
+        _core.rejection_lengths(np.array([0]), np.array([1]), np.array([0]), np.array([5]),
+                                np.array([0, 1]), np.array([0]), np.array([7]), np.ones(2),
+                                np.zeros((1, 3)), True, np.zeros((1, 2), dtype=np.int64),
+                                np.zeros(1, dtype=np.int64))

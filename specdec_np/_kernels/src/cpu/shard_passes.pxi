@@ -730,3 +730,60 @@ def top_p_keys(
             open_rows[i] = first < 0 and not whole
             cutoffs[i] = 0 if open_rows[i] else keys[i, first if first >= 0 else last]
     free(mass)
+
+
+def rejection_lengths(
+    const int64_t[::1] sampled,
+    const int64_t[::1] counts,
+    const int64_t[::1] first_target,
+    const int64_t[::1] target_at,
+    const int64_t[::1] offsets,
+    const int64_t[::1] draft_at,
+    const int64_t[::1] draft_ids,
+    const double[::1] value,
+    const double[:, ::1] uniforms,
+    bint drafts,
+    int64_t[:, ::1] output,
+    int64_t[::1] lengths,
+):
+    """Rejection sampling's decisions of the sampled requests ``sampled`` from the
+    gathered probabilities ``value`` (of the rows read: target row ``t`` at
+    ``target_at[t]``, draft row ``d`` at ``draft_at[d]``; a point-mass draft's ``q`` is 1
+    where ``drafts`` is False): request ``b`` accepts its drafts while ``u[b, i] * q < p``
+    (NaN rejects), the accepted ids into ``output[b, :r]`` and ``r`` into
+    ``lengths[b]``."""
+    cdef Py_ssize_t n = sampled.shape[0], batch = counts.shape[0], i, b, r, k, t, d
+    cdef double p, q
+    if first_target.shape[0] < batch or offsets.shape[0] < batch + 1 or (
+        lengths.shape[0] < batch or output.shape[0] < batch or uniforms.shape[0] < batch
+    ):
+        raise ValueError("rejection_lengths: the per-request arrays must fit counts")
+    for i in range(n):
+        b = sampled[i]
+        if b < 0 or b >= batch:
+            raise ValueError(f"rejection_lengths: request {b} is outside the batch")
+        k = counts[b]
+        if k < 0 or k > output.shape[1] or k > uniforms.shape[1] or (
+            offsets[b] < 0 or offsets[b] + k > draft_ids.shape[0]
+            or (drafts and offsets[b] + k > draft_at.shape[0])
+            or first_target[b] < 0 or first_target[b] + k > target_at.shape[0]
+        ):
+            raise ValueError(f"rejection_lengths: request {b}'s rows do not fit")
+        for r in range(k):
+            t = target_at[first_target[b] + r]
+            d = draft_at[offsets[b] + r] if drafts else 0
+            if t < 0 or t >= value.shape[0] or d < 0 or d >= value.shape[0]:
+                raise ValueError(f"rejection_lengths: request {b} reads a row not gathered")
+    with nogil:
+        for i in range(n):
+            b = sampled[i]
+            k = counts[b]
+            r = k
+            for t in range(k):
+                p = value[target_at[first_target[b] + t]]
+                q = value[draft_at[offsets[b] + t]] if drafts else 1.0
+                if not (uniforms[b, t] * q < p):
+                    r = t
+                    break
+                output[b, t] = draft_ids[offsets[b] + t]
+            lengths[b] = r
