@@ -324,3 +324,13 @@ def rejection_lengths(
     output: Int64Array,
     lengths: Int64Array,
 ) -> None: ...
+def draw_shards(
+    masses: Float64Array,
+    order: Int64Array,
+    v: Float64Array,
+    rank: int,
+    position: Int64Array,
+    inside: Float64Array,
+    empty: npt.NDArray[np.uint8],
+    mine: npt.NDArray[np.uint8],
+) -> None: ...

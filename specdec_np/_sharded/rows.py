@@ -370,18 +370,18 @@ def draw(
     chosen = shard_masses(
         np.where(use_fallback[None, :], masses[:, :, 1], masses[:, :, 0]), shard
     )  # [S, D]
-    running = chosen.cumsum(axis=0)
-    total = running[-1] if running.shape[0] else np.zeros(v.shape)
-    empty = ~(total > 0.0)
-    threshold = v * total
-    crossing = (running > threshold[None, :]) & (chosen > 0.0)
-    last_with_mass = chosen.shape[0] - 1 - (chosen > 0.0)[::-1].argmax(axis=0)
-    position = np.where(crossing.any(axis=0), crossing.argmax(axis=0), last_with_mass)
-    # The running mass before each shard, exactly the sum the crossing test added to.
-    before = np.concatenate([np.zeros((1, v.shape[0])), running[:-1]], axis=0)
-    rows = np.arange(v.shape[0])
-    inside = threshold - before[position, rows]
-    mine = (order[position] == exchange.rank) & ~empty
+    # Each draw's shard and what is left inside it, by one compiled pass over the shards'
+    # masses (_core's draw_shards: the cumulative sum's bits, the same on every rank).
+    count = v.shape[0]
+    position = np.empty(count, dtype=np.int64)
+    inside = np.empty(count)
+    flags = np.empty((2, count), dtype=np.uint8)
+    _core.draw_shards(
+        np.ascontiguousarray(chosen, dtype=np.float64), np.ascontiguousarray(order, np.int64),
+        np.ascontiguousarray(v, dtype=np.float64), exchange.rank, position, inside,
+        flags[0], flags[1],
+    )
+    empty, mine = flags.view(bool)
     tokens = filled(v.shape[0], -1, dtype=np.int64)
     for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
         at = use.nonzero()[0]

@@ -548,3 +548,31 @@ def test_rejection_lengths_accept_while_u_q_is_below_p(drafts):
                                 np.array([0, 1]), np.array([0]), np.array([7]), np.ones(2),
                                 np.zeros((1, 3)), True, np.zeros((1, 2), dtype=np.int64),
                                 np.zeros(1, dtype=np.int64))
+
+
+def test_draw_shards_are_the_cumulative_sums_crossing():
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        ranks, count = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        masses = rng.random((ranks, count)) * np.exp(rng.standard_normal((ranks, count)) * 6)
+        masses[rng.random((ranks, count)) < 0.3] = 0.0
+        masses[:, 0] = 0.0  # a draw without mass
+        order = rng.permutation(ranks).astype(np.int64)
+        v = rng.random(count)
+        v[-1] = 1.0 - 2**-53  # rounding may leave v M past every crossing
+        rank = int(rng.integers(0, ranks))
+        position = np.empty(count, dtype=np.int64)
+        inside = np.empty(count)
+        flags = np.zeros((2, count), dtype=np.uint8)
+        _core.draw_shards(masses, order, v, rank, position, inside, flags[0], flags[1])
+        running = np.cumsum(masses, axis=0)
+        threshold = v * running[-1]
+        crossing = (running > threshold) & (masses > 0.0)
+        last = ranks - 1 - np.argmax((masses > 0.0)[::-1], axis=0)
+        wanted = np.where(crossing.any(axis=0), np.argmax(crossing, axis=0), last)
+        before = np.concatenate([np.zeros((1, count)), running[:-1]])[wanted, np.arange(count)]
+        empty = ~(running[-1] > 0.0)
+        np.testing.assert_array_equal(position, wanted)
+        np.testing.assert_array_equal(inside, threshold - before)
+        np.testing.assert_array_equal(flags[0].view(bool), empty)
+        np.testing.assert_array_equal(flags[1].view(bool), (order[wanted] == rank) & ~empty)

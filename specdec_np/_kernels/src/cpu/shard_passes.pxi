@@ -787,3 +787,65 @@ def rejection_lengths(
                     break
                 output[b, t] = draft_ids[offsets[b] + t]
             lengths[b] = r
+
+
+def draw_shards(
+    const double[:, ::1] masses,
+    const int64_t[::1] order,
+    const double[::1] v,
+    Py_ssize_t rank,
+    int64_t[::1] position,
+    double[::1] inside,
+    uint8_t[::1] empty,
+    uint8_t[::1] mine,
+):
+    """The first level of the draws, given each shard's mass ``masses[s, d]`` with the
+    shards in vocabulary order (rank ``order[s]``): the shard whose running mass (in that
+    order, the cumulative sum's bits) first exceeds ``v[d]`` times the whole, with mass
+    there, else the last shard with mass, else the last (``position[d]``, its place in
+    that order); the part of ``v[d]`` times the whole left inside it (``inside[d]``); no
+    mass at all (``empty[d]``); and whether the shard is ``rank``'s (``mine[d]``, never
+    where empty)."""
+    cdef Py_ssize_t ranks = masses.shape[0], count = masses.shape[1], d, s, found
+    cdef double running, before, threshold, chosen
+    if ranks < 1 or order.shape[0] != ranks:
+        raise ValueError("draw_shards: masses must be [S >= 1, D] with an order of S")
+    for s in range(ranks):
+        if order[s] < 0 or order[s] >= ranks:
+            raise ValueError(f"draw_shards: rank {order[s]} is outside the {ranks} ranks")
+    if v.shape[0] < count or position.shape[0] < count or inside.shape[0] < count or (
+        empty.shape[0] < count or mine.shape[0] < count
+    ):
+        raise ValueError("draw_shards: the per-draw arrays must fit the masses")
+    with nogil:
+        for d in range(count):
+            running = 0.0
+            for s in range(ranks):
+                running = masses[s, d] if s == 0 else running + masses[s, d]
+            empty[d] = not (running > 0.0)
+            threshold = v[d] * running
+            found = -1
+            running = 0.0
+            before = 0.0
+            for s in range(ranks):
+                chosen = masses[s, d]
+                before = running
+                running = chosen if s == 0 else running + chosen
+                if chosen > 0.0 and running > threshold:
+                    found = s
+                    break
+            if found < 0:
+                found = ranks - 1
+                for s in range(ranks - 1, -1, -1):
+                    if masses[s, d] > 0.0:
+                        found = s
+                        break
+                # The running mass before that shard, as the cumulative sum holds it.
+                running = 0.0
+                before = 0.0
+                for s in range(found + 1):
+                    before = running
+                    running = masses[s, d] if s == 0 else running + masses[s, d]
+            position[d] = found
+            inside[d] = threshold - before
+            mine[d] = order[found] == rank and not empty[d]
