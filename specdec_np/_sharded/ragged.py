@@ -196,13 +196,14 @@ class _Call:
         if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
             raise ValueError("num_draft_tokens must be an int array of shape [B]")
         counts = counts.astype(np.int64)
-        if (counts < 0).any():
+        if np.count_nonzero(counts < 0):
             raise ValueError("num_draft_tokens must be >= 0 for every request")
         self.counts = counts
         batch_size = self.batch_size = int(counts.shape[0])
-        total = self.total = int(counts.sum())
+        self.offsets = np.zeros(batch_size + 1, dtype=np.int64)
+        counts.cumsum(out=self.offsets[1:])
+        total = self.total = int(self.offsets[-1])
         self.max_k = int(counts.max(initial=0))
-        self.offsets = np.concatenate([[0], counts.cumsum()]).astype(np.int64)
         self.draft_ids = _ids("draft_token_ids", a["draft_token_ids"], (total,), self.vocab_size)
         self.bonus_ids = None
         if a["bonus_token_ids"] is not None:
@@ -267,7 +268,7 @@ class _Call:
             )
         self.greedy = (self.temperature == 0.0) | (self.method == "greedy")
         self.any_greedy = bool(np.count_nonzero(self.greedy))
-        widths = np.where(self.greedy, 0, counts + 2)
+        widths = np.where(self.greedy, 0, counts + 2) if self.any_greedy else counts + 2
         self.source = RejectionUniforms(
             batch_size,
             self.max_k + 1,
