@@ -59,7 +59,7 @@ def candidate_count(top_k: np.ndarray, top_p: np.ndarray, vocab_size: int) -> in
     """How many candidates a rank sends per row for these settings (0: no list)."""
     k_on = (top_k > 0) & (top_k < vocab_size)
     size = int(top_k[k_on & (top_k <= MOST_CANDIDATES)].max(initial=0))
-    if ((top_p < 1.0) & ~k_on).any():
+    if np.count_nonzero((top_p < 1.0) & ~k_on):
         size = max(size, TOP_P_CANDIDATES)
     return min(size, MOST_CANDIDATES)
 

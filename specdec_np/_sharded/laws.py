@@ -99,6 +99,7 @@ class LogitRows:
         for part in parts:
             self.spans.append((first, first + int(part.shape[0]), part))
             first += int(part.shape[0])
+        self.firsts = np.array([span[0] for span in self.spans], dtype=np.int64)
 
     def with_divisor(self, divisor: np.ndarray) -> LogitRows:
         """The same rows seen through another divisor."""
@@ -199,18 +200,28 @@ class LogitRows:
         found_columns: list[np.ndarray] = []
         found_values: list[np.ndarray] = []
         floors = np.asarray(floors, dtype=self.dtype)
-        for first, end, part in self._spans():
-            at = ((rows >= first) & (rows < end)).nonzero()[0]
-            if not at.size:
+        rows = np.asarray(rows, dtype=np.int64)
+        in_order = rows.size < 2 or not np.count_nonzero(rows[1:] < rows[:-1])
+        if in_order:
+            # Ascending rows: each part's rows are one run of them, cut where it starts.
+            cuts = rows.searchsorted(self.firsts).tolist() + [rows.size]
+        for index, (first, end, part) in enumerate(self._spans()):
+            if in_order:
+                at: Any = slice(cuts[index], cuts[index + 1])
+                picked = rows[at]
+            else:
+                at = ((rows >= first) & (rows < end)).nonzero()[0]
+                picked = rows[at]
+            if not picked.size:
                 continue
             block = library(part).ascontiguousarray(part)
-            local = (rows[at] - first).astype(np.int64)
-            divisor = np.ascontiguousarray(self.divisor[rows[at]])
+            local = picked - first
+            divisor = np.ascontiguousarray(self.divisor[picked])
             limit = np.ascontiguousarray(floors[at])
-            counts = np.zeros(at.size, dtype=np.int64)
+            counts = np.zeros(picked.size, dtype=np.int64)
             # One pass over the rows, into room for a generous guess (pages never written
             # cost nothing); past it the pass counts, and a second one writes them all.
-            room = min(at.size * self.width, at.size * GUESS) + self.width + 1
+            room = min(picked.size * self.width, picked.size * GUESS) + self.width + 1
             while True:
                 columns = np.empty(room, dtype=np.int64)
                 values = np.empty(room, dtype=self.dtype)
@@ -219,7 +230,7 @@ class LogitRows:
                 if written:
                     break
                 room = total + self.width + 1
-            found_rows.append(rows[at].repeat(counts))
+            found_rows.append(picked.repeat(counts))
             found_columns.append(columns[:total])
             found_values.append(values[:total])
         if not found_rows:
@@ -230,7 +241,7 @@ class LogitRows:
         row_of = np.concatenate(found_rows)
         columns = np.concatenate(found_columns)
         values = np.concatenate(found_values)
-        if rows.size < 2 or bool((rows[1:] >= rows[:-1]).all()):
+        if in_order:
             # The parts hold ascending row ranges: with rows in order, so are the entries.
             return Entries(row_of, columns, values)
         order = np.lexsort((columns, row_of))
@@ -419,7 +430,7 @@ class LawRows:
         row_of = np.concatenate([part[0] for part in parts])
         columns = np.concatenate([part[1] for part in parts])
         weights = np.concatenate([part[2] for part in parts])
-        if row_of.size and (len(parts) > 1 or (np.diff(row_of) < 0).any()):
+        if row_of.size and (len(parts) > 1 or np.count_nonzero(row_of[1:] < row_of[:-1])):
             order = np.lexsort((columns, row_of))
             row_of, columns, weights = row_of[order], columns[order], weights[order]
         return RowSet(rows.size, whole, block, Sparse(row_of, columns, weights))

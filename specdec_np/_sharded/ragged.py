@@ -280,7 +280,7 @@ class _Call:
             row_widths=widths,
         )
         if (
-            widths.any()
+            np.count_nonzero(widths)
             and a["uniforms"] is None
             and a["generator"] is None
             and len(a["seeded_seqs"] or {}) + len(a["counter_seeds"] or {})
