@@ -576,12 +576,12 @@ class _Rows:
             self.greedy_target = _NO_ROWS
             self.sampled_draft = np.arange(call.total)
         # The drafted token each target row tests (-1 at a bonus row).
-        position = np.arange(num_rows) - self.first_target[request_of_target]
-        drafting = position < counts[request_of_target]
+        # Draft position d of request b tests target row d + b (d without bonus rows).
         self.target_token = _rows.filled(num_rows, -1, dtype=np.int64)
-        self.target_token[drafting] = call.draft_ids[
-            call.offsets[request_of_target[drafting]] + position[drafting]
-        ]
+        if call.bonus_rows:
+            self.target_token[np.arange(call.total) + request_of_draft] = call.draft_ids
+        else:
+            self.target_token[: call.total] = call.draft_ids
         # Row index -> its place among the rows read (-1: not read).
         if call.any_greedy:
             self.target_at = _rows.filled(num_rows, -1, dtype=np.int64)
