@@ -334,3 +334,14 @@ def draw_shards(
     empty: npt.NDArray[np.uint8],
     mine: npt.NDArray[np.uint8],
 ) -> None: ...
+def dense_draw_rows(
+    weights: FloatArray,
+    p_rows: Int64Array,
+    p_divisors: Float64Array,
+    q_rows: Int64Array,
+    q_divisors: Float64Array,
+    scale: Float64Array,
+    p_out: Float64Array,
+    residual_out: Float64Array,
+    masses: Float64Array,
+) -> None: ...

@@ -41,8 +41,8 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
   :func:`shard_argmax`) and the host side of its filters' rounds (:func:`float_keys`,
   :func:`key_floats`, :func:`list_record`, :func:`merge_shard_lists`, :func:`top_k_keys`,
   :func:`min_p_keys`, :func:`top_p_keys`), rejection sampling's decisions from the
-  gathered numbers (:func:`rejection_lengths`) and the shard each draw falls in
-  (:func:`draw_shards`).
+  gathered numbers (:func:`rejection_lengths`), the draws' rows of rows without a filter
+  (:func:`dense_draw_rows`) and the shard each draw falls in (:func:`draw_shards`).
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
 ``specdec_np._runtime.contract``.

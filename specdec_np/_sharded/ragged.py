@@ -498,37 +498,18 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         draws = decided.draws
         positions = lengths[draws]
         bonus = positions == call.counts[draws]
-        # p where it may be positive; the residual max(rho p - q, 0) is 0 elsewhere.
-        p = rows_of.target_rows(rows.first_target[draws] + positions)
         scale = decided.scale[draws]
         draft_rows = call.offsets[draws] + positions
-        residual = p.dense.copy()
-        rejected = (~bonus[p.dense_rows]).nonzero()[0]
-        if rejected.size:
-            chosen = p.dense_rows[rejected]
-            q = rows_of.draft(draft_rows[chosen])
-            # max(rho p - q, 0) in place, one compiled pass a row (the NumPy expression's
-            # bits, but for the sign of a zero, which weighs nothing).
-            _rows.passes(residual).shard_residuals(
-                residual, rejected.astype(np.int64),
-                np.ascontiguousarray(scale[chosen], dtype=np.float64),
-                _rows.library(q).ascontiguousarray(q, dtype=np.float64),
-            )
-        entries = p.sparse
-        sparse_residual = entries.weights.copy()
-        rejected = (~bonus[entries.rows]).nonzero()[0]
-        if rejected.size:
-            chosen = entries.rows[rejected]
-            q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
-            sparse_residual[rejected] = np.maximum(
-                scale[chosen] * entries.weights[rejected] - q_entries, 0.0
-            )
-        weights = _rows.RowSet(
-            p.num_rows, p.dense_rows, residual,
-            _rows.Sparse(entries.rows, entries.columns, sparse_residual),
-        )
         v = call.uniforms[draws, call.counts[draws] + bonus]
-        drawn = _rows.draw(exchange, shard, call.start, weights, p, v)
+        target_rows = rows.first_target[draws] + positions
+        dense = rows_of.dense_draws(target_rows, draft_rows, bonus, scale)
+        if dense is not None:
+            # Rows without a filter: p, the residuals and both masses by one compiled call.
+            p, weights, masses = dense
+            drawn = _rows.draw(exchange, shard, call.start, weights, p, v, masses)
+        else:
+            drawn = _draw_rows(exchange, shard, call, rows_of, target_rows, draft_rows, bonus,
+                               scale, v)
         empty = drawn.empty.nonzero()[0]
         if empty.size:
             name = "target_logits" if call.from_logits else "target_probs"
@@ -544,6 +525,41 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     result.gather_bytes = read_rows * call.vocab_size * itemsize
     result.rounds = exchange.rounds
     return result
+
+
+def _draw_rows(
+    exchange: Exchange, shard: Any, call: _Call, rows_of: _RowSource, target_rows: np.ndarray,
+    draft_rows: np.ndarray, bonus: np.ndarray, scale: np.ndarray, v: np.ndarray,
+) -> _rows.Draws:
+    """The draws of any rows: ``p`` where it may be positive, the residual ``max(rho p - q,
+    0)`` (0 elsewhere), and the two-level draw."""
+    p = rows_of.target_rows(target_rows)
+    residual = p.dense.copy()
+    rejected = (~bonus[p.dense_rows]).nonzero()[0]
+    if rejected.size:
+        chosen = p.dense_rows[rejected]
+        q = rows_of.draft(draft_rows[chosen])
+        # max(rho p - q, 0) in place, one compiled pass a row (the NumPy expression's
+        # bits, but for the sign of a zero, which weighs nothing).
+        _rows.passes(residual).shard_residuals(
+            residual, rejected.astype(np.int64),
+            np.ascontiguousarray(scale[chosen], dtype=np.float64),
+            _rows.library(q).ascontiguousarray(q, dtype=np.float64),
+        )
+    entries = p.sparse
+    sparse_residual = entries.weights.copy()
+    rejected = (~bonus[entries.rows]).nonzero()[0]
+    if rejected.size:
+        chosen = entries.rows[rejected]
+        q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
+        sparse_residual[rejected] = np.maximum(
+            scale[chosen] * entries.weights[rejected] - q_entries, 0.0
+        )
+    weights = _rows.RowSet(
+        p.num_rows, p.dense_rows, residual,
+        _rows.Sparse(entries.rows, entries.columns, sparse_residual),
+    )
+    return _rows.draw(exchange, shard, call.start, weights, p, v)
 
 
 class _Read(NamedTuple):
@@ -675,6 +691,50 @@ class _RowSource:
             law_rows = self.law.target_count + (read - self.rows.read.draft_first)
             return self.laws.probabilities(law_rows, self.normaliser[read])
         return _clean(call.draft[indices])
+
+    def dense_draws(
+        self, target_rows: np.ndarray, draft_rows: np.ndarray, bonus: np.ndarray,
+        scale: np.ndarray,
+    ) -> tuple[_rows.RowSet, _rows.RowSet, np.ndarray] | None:
+        """Where every draw reads logits rows without a filter or ``+inf`` (and a draft
+        law row where it draws a residual), on the host: ``p`` and the residuals as
+        :class:`~.rows.RowSet` s held whole and the masses ``[D, 2]`` (residual, ``p``)
+        by ``_core``'s ``dense_draw_rows`` (the general path's passes, one call); else
+        None."""
+        call, laws = self.call, self.laws
+        if not call.from_logits or laws.library is not np or not laws.width:
+            return None
+        read = self.rows.target_at[target_rows]
+        p_rows = laws.dense_at[read]
+        if np.count_nonzero(p_rows < 0):
+            return None
+        count = target_rows.size
+        q_rows = _rows.filled(count, -1, dtype=np.int64)
+        q_divisors = np.ones(count)
+        rejected = (~bonus).nonzero()[0]
+        if rejected.size:
+            if call.draft is None or not self.rows.draft_laws:
+                return None
+            read_q = self.rows.draft_at[draft_rows[rejected]]
+            found = laws.dense_at[self.law.target_count + (read_q - self.rows.read.draft_first)]
+            if np.count_nonzero(found < 0):
+                return None
+            q_rows[rejected] = found
+            normaliser = self.normaliser[read_q]
+            q_divisors[rejected] = np.where(normaliser > 0.0, normaliser, np.inf)
+        normaliser = self.normaliser[read]
+        p_divisors = np.where(normaliser > 0.0, normaliser, np.inf).astype(np.float64)
+        p = np.empty((count, laws.width))
+        residual = np.empty((count, laws.width))
+        masses = np.empty((count, 2))
+        _core.dense_draw_rows(laws.dense_weights, p_rows, p_divisors, q_rows, q_divisors,
+                              np.ascontiguousarray(scale, dtype=np.float64), p, residual,
+                              masses)
+        every = np.arange(count)
+        empty = np.zeros(0, dtype=np.int64)
+        nothing = _rows.Sparse(empty, empty, np.zeros(0))
+        return (_rows.RowSet(count, every, p, nothing),
+                _rows.RowSet(count, every, residual, nothing), masses)
 
     def target_rows(self, indices: np.ndarray) -> _rows.RowSet:
         """``p`` of target rows ``indices`` where it may be positive."""

@@ -337,6 +337,7 @@ def draw(
     weights: RowSet,
     fallback: RowSet,
     v: np.ndarray,
+    masses: np.ndarray | None = None,
 ) -> Draws:
     """Inverse-CDF draws, one per row, from weights spread over the shards (two rounds).
 
@@ -355,15 +356,20 @@ def draw(
         ``D`` rows of weights (anything not > 0 weighs nothing).
     v : float64 [D]
         The draws' uniforms.
+    masses : float64 [D, 2] or None
+        The rows' masses (``weights``', ``fallback``'s) where already summed.
 
     Returns
     -------
     Draws
         ``tokens`` int64 [D] (-1 where ``empty``), ``empty`` bool [D].
     """
-    local = np.empty((v.shape[0], 2))
-    local[:, 0] = weights.masses()
-    local[:, 1] = fallback.masses()
+    if masses is None:
+        local = np.empty((v.shape[0], 2))
+        local[:, 0] = weights.masses()
+        local[:, 1] = fallback.masses()
+    else:
+        local = masses
     order = shard.order()
     masses = exchange.gather(local)[order]  # [S, D, 2], vocabulary order
     use_fallback = masses[:, :, 0].sum(axis=0) == 0.0

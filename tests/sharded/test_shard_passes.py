@@ -576,3 +576,37 @@ def test_draw_shards_are_the_cumulative_sums_crossing():
         np.testing.assert_array_equal(inside, threshold - before)
         np.testing.assert_array_equal(flags[0].view(bool), empty)
         np.testing.assert_array_equal(flags[1].view(bool), (order[wanted] == rank) & ~empty)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_draw_rows_are_the_passes_in_turn(dtype):
+    rng = np.random.default_rng(12)
+    weights = np.abs(rng.standard_normal((6, 45))).astype(dtype)
+    weights[2] = 0  # a row without mass
+    p_rows = np.array([0, 2, 5, 3], dtype=np.int64)
+    q_rows = np.array([1, -1, 4, 4], dtype=np.int64)  # -1: a bonus draw, no residual
+    p_divisors = np.array([3.0, np.inf, 7.5, 1.25])
+    q_divisors = np.array([2.0, 1.0, 0.5, 9.0])
+    scale = np.array([1.0, 1.0, 0.75, 1.0])
+    p_out, residual, masses = np.empty((4, 45)), np.empty((4, 45)), np.empty((4, 2))
+    _core.dense_draw_rows(weights, p_rows, p_divisors, q_rows, q_divisors, scale, p_out,
+                          residual, masses)
+    # The same passes one by one.
+    p = np.empty((4, 45))
+    _core.shard_divided(weights, p_rows, p_divisors, p, np.arange(4, dtype=np.int64))
+    rejected = np.flatnonzero(q_rows >= 0)
+    q = np.empty((rejected.size, 45))
+    _core.shard_divided(weights, q_rows[rejected], q_divisors[rejected], q,
+                        np.arange(rejected.size, dtype=np.int64))
+    wanted = p.copy()
+    _core.shard_residuals(wanted, rejected, scale[rejected], q)
+    sums = np.empty((2, 4))
+    _core.shard_positive_sums(wanted, sums[0])
+    _core.shard_positive_sums(p, sums[1])
+    np.testing.assert_array_equal(p_out, p)
+    np.testing.assert_array_equal(residual, wanted)
+    np.testing.assert_array_equal(masses, sums.T)
+    assert (residual[1] == p[1]).all() and (residual[0] != p[0]).any()  # no residual at -1
+    with pytest.raises(ValueError, match="outside the block"):
+        _core.dense_draw_rows(weights, np.array([6]), p_divisors, q_rows, q_divisors, scale,
+                              p_out, residual, masses)
