@@ -337,9 +337,9 @@ def draw_shards(
 def dense_draw_rows(
     weights: FloatArray,
     p_rows: Int64Array,
-    p_divisors: Float64Array,
+    p_masses: Float64Array,
     q_rows: Int64Array,
-    q_divisors: Float64Array,
+    q_masses: Float64Array,
     scale: Float64Array,
     p_out: Float64Array,
     residual_out: Float64Array,

@@ -710,7 +710,7 @@ class _RowSource:
             return None
         count = target_rows.size
         q_rows = _rows.filled(count, -1, dtype=np.int64)
-        q_divisors = np.ones(count)
+        q_masses = np.zeros(count)
         rejected = (~bonus).nonzero()[0]
         if rejected.size:
             if call.draft is None or not self.rows.draft_laws:
@@ -720,16 +720,13 @@ class _RowSource:
             if np.count_nonzero(found < 0):
                 return None
             q_rows[rejected] = found
-            normaliser = self.normaliser[read_q]
-            q_divisors[rejected] = np.where(normaliser > 0.0, normaliser, np.inf)
-        normaliser = self.normaliser[read]
-        p_divisors = np.where(normaliser > 0.0, normaliser, np.inf).astype(np.float64)
+            q_masses[rejected] = self.normaliser[read_q]
         p = np.empty((count, laws.width))
         residual = np.empty((count, laws.width))
         masses = np.empty((count, 2))
-        _core.dense_draw_rows(laws.dense_weights, p_rows, p_divisors, q_rows, q_divisors,
-                              np.ascontiguousarray(scale, dtype=np.float64), p, residual,
-                              masses)
+        _core.dense_draw_rows(laws.dense_weights, p_rows, self.normaliser[read], q_rows,
+                              q_masses, np.ascontiguousarray(scale, dtype=np.float64), p,
+                              residual, masses)
         every = np.arange(count)
         empty = np.zeros(0, dtype=np.int64)
         nothing = _rows.Sparse(empty, empty, np.zeros(0))

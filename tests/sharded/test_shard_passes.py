@@ -585,12 +585,14 @@ def test_dense_draw_rows_are_the_passes_in_turn(dtype):
     weights[2] = 0  # a row without mass
     p_rows = np.array([0, 2, 5, 3], dtype=np.int64)
     q_rows = np.array([1, -1, 4, 4], dtype=np.int64)  # -1: a bonus draw, no residual
-    p_divisors = np.array([3.0, np.inf, 7.5, 1.25])
-    q_divisors = np.array([2.0, 1.0, 0.5, 9.0])
+    p_masses = np.array([3.0, 0.0, 7.5, 1.25])  # 0: divided by inf
+    q_masses = np.array([2.0, 1.0, 0.5, 9.0])
     scale = np.array([1.0, 1.0, 0.75, 1.0])
     p_out, residual, masses = np.empty((4, 45)), np.empty((4, 45)), np.empty((4, 2))
-    _core.dense_draw_rows(weights, p_rows, p_divisors, q_rows, q_divisors, scale, p_out,
+    _core.dense_draw_rows(weights, p_rows, p_masses, q_rows, q_masses, scale, p_out,
                           residual, masses)
+    p_divisors = np.where(p_masses > 0, p_masses, np.inf)
+    q_divisors = np.where(q_masses > 0, q_masses, np.inf)
     # The same passes one by one.
     p = np.empty((4, 45))
     _core.shard_divided(weights, p_rows, p_divisors, p, np.arange(4, dtype=np.int64))
@@ -608,5 +610,5 @@ def test_dense_draw_rows_are_the_passes_in_turn(dtype):
     np.testing.assert_array_equal(masses, sums.T)
     assert (residual[1] == p[1]).all() and (residual[0] != p[0]).any()  # no residual at -1
     with pytest.raises(ValueError, match="outside the block"):
-        _core.dense_draw_rows(weights, np.array([6]), p_divisors, q_rows, q_divisors, scale,
+        _core.dense_draw_rows(weights, np.array([6]), p_masses, q_rows, q_masses, scale,
                               p_out, residual, masses)

@@ -854,28 +854,30 @@ def draw_shards(
 def dense_draw_rows(
     const probability_t[:, ::1] weights,
     const int64_t[::1] p_rows,
-    const double[::1] p_divisors,
+    const double[::1] p_masses,
     const int64_t[::1] q_rows,
-    const double[::1] q_divisors,
+    const double[::1] q_masses,
     const double[::1] scale,
     double[:, ::1] p_out,
     double[:, ::1] residual_out,
     double[:, ::1] masses,
 ):
     """The draws' rows of rows without a filter, in one call: ``p_out[d]`` the stored
-    probabilities of weights row ``p_rows[d]`` (:func:`shard_divided` by
-    ``p_divisors[d]``); ``residual_out[d]`` that row, or where ``q_rows[d] >= 0`` the
-    residual ``max(scale[d] p - q, 0)`` with ``q`` weights row ``q_rows[d]`` divided by
-    ``q_divisors[d]`` (:func:`shard_residuals`); ``masses[d]`` the residual's and
-    ``p``'s positive sums (:func:`shard_positive_sums`)."""
+    probabilities of weights row ``p_rows[d]`` of whole mass ``p_masses[d]``
+    (:func:`shard_divided` by the mass, by ``inf`` where it is not positive);
+    ``residual_out[d]`` that row, or where ``q_rows[d] >= 0`` the residual ``max(scale[d]
+    p - q, 0)`` with ``q`` weights row ``q_rows[d]`` of mass ``q_masses[d]`` divided the
+    same way (:func:`shard_residuals`); ``masses[d]`` the residual's and ``p``'s positive
+    sums (:func:`shard_positive_sums`)."""
     cdef Py_ssize_t n = p_rows.shape[0], width = weights.shape[1], d
     cdef double* q
+    cdef double divisor
     if width == 0:
         raise ValueError("dense_draw_rows: the rows hold no column")
     for d in range(n):
         if p_rows[d] < 0 or p_rows[d] >= weights.shape[0] or q_rows[d] >= weights.shape[0]:
             raise ValueError(f"dense_draw_rows: row {d}'s weights row is outside the block")
-    if p_divisors.shape[0] < n or q_rows.shape[0] < n or q_divisors.shape[0] < n or (
+    if p_masses.shape[0] < n or q_rows.shape[0] < n or q_masses.shape[0] < n or (
         scale.shape[0] < n or p_out.shape[0] < n or residual_out.shape[0] < n
         or masses.shape[0] < n or masses.shape[1] != 2
         or p_out.shape[1] != width or residual_out.shape[1] != width
@@ -886,18 +888,18 @@ def dense_draw_rows(
         raise MemoryError("dense_draw_rows: no memory for a draft row")
     with nogil:
         for d in range(n):
+            divisor = p_masses[d] if p_masses[d] > 0.0 else INFINITY
             if probability_t is float:
-                specdec_shard_divided_f(&weights[p_rows[d], 0], width, p_divisors[d],
-                                        &p_out[d, 0])
+                specdec_shard_divided_f(&weights[p_rows[d], 0], width, divisor, &p_out[d, 0])
             else:
-                specdec_shard_divided_d(&weights[p_rows[d], 0], width, p_divisors[d],
-                                        &p_out[d, 0])
+                specdec_shard_divided_d(&weights[p_rows[d], 0], width, divisor, &p_out[d, 0])
             memcpy(&residual_out[d, 0], &p_out[d, 0], width * sizeof(double))
             if q_rows[d] >= 0:
+                divisor = q_masses[d] if q_masses[d] > 0.0 else INFINITY
                 if probability_t is float:
-                    specdec_shard_divided_f(&weights[q_rows[d], 0], width, q_divisors[d], q)
+                    specdec_shard_divided_f(&weights[q_rows[d], 0], width, divisor, q)
                 else:
-                    specdec_shard_divided_d(&weights[q_rows[d], 0], width, q_divisors[d], q)
+                    specdec_shard_divided_d(&weights[q_rows[d], 0], width, divisor, q)
                 specdec_shard_residual(&residual_out[d, 0], q, width, scale[d])
             masses[d, 0] = specdec_shard_positive_sum(&residual_out[d, 0], width)
             masses[d, 1] = specdec_shard_positive_sum(&p_out[d, 0], width)
