@@ -1,6 +1,6 @@
 """The NOTE's wall-time table from the runs beside it: per row and column the median over
-the three ``before-*.jsonl`` and the three ``after-*.jsonl`` runs of each run's median
-(the unsharded call: over all six, which share its kernel), as Markdown.
+the ``before-*.jsonl`` and over the ``after-*.jsonl`` runs of each run's median (the
+unsharded call: over all of them, which share its kernel), as Markdown.
 
 Usage: ``python table.py`` from this folder (or with the folder as its argument).
 """
