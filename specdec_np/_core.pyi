@@ -23,6 +23,7 @@ FloatArray = npt.NDArray[np.float32] | npt.NDArray[np.float64]
 IdArray = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Int64Array = npt.NDArray[np.int64]
 Float64Array = npt.NDArray[np.float64]
+UInt64Array = npt.NDArray[np.uint64]
 
 def openmp_enabled() -> bool: ...
 def debug_build() -> bool: ...
@@ -269,3 +270,78 @@ def shard_residuals(
     q: Float64Array,
 ) -> None: ...
 def shard_argmax(rows: FloatArray, start: int, table: Float64Array) -> None: ...
+def float_keys(values: FloatArray, keys: UInt64Array) -> None: ...
+def key_floats(keys: UInt64Array, values: FloatArray) -> None: ...
+def merge_shard_lists(
+    gathered: UInt64Array,
+    size: int,
+    keys: UInt64Array,
+    counts: Int64Array,
+    known: UInt64Array,
+) -> None: ...
+def top_k_keys(
+    keys: UInt64Array,
+    counts: Int64Array,
+    top_k: Int64Array,
+    on: npt.NDArray[np.uint8],
+    floors: UInt64Array,
+) -> None: ...
+def min_p_keys(
+    top: FloatArray,
+    min_p: Float64Array,
+    log_min_p: Float64Array,
+    floors: UInt64Array,
+    lost: npt.NDArray[np.uint8],
+) -> None: ...
+def top_p_keys(
+    keys: UInt64Array,
+    counts: Int64Array,
+    known: UInt64Array,
+    floors: UInt64Array,
+    top: FloatArray,
+    top_p: Float64Array,
+    masses: Float64Array,
+    cutoffs: UInt64Array,
+    open_rows: npt.NDArray[np.uint8],
+) -> None: ...
+def list_record(
+    row_of: Int64Array,
+    values: FloatArray,
+    size: int,
+    record: npt.NDArray[np.uint32] | UInt64Array,
+) -> None: ...
+def rejection_lengths(
+    sampled: Int64Array,
+    counts: Int64Array,
+    first_target: Int64Array,
+    target_at: Int64Array,
+    offsets: Int64Array,
+    draft_at: Int64Array,
+    draft_ids: Int64Array,
+    value: Float64Array,
+    uniforms: Float64Array,
+    drafts: bool,
+    output: Int64Array,
+    lengths: Int64Array,
+) -> None: ...
+def draw_shards(
+    masses: Float64Array,
+    order: Int64Array,
+    v: Float64Array,
+    rank: int,
+    position: Int64Array,
+    inside: Float64Array,
+    empty: npt.NDArray[np.uint8],
+    mine: npt.NDArray[np.uint8],
+) -> None: ...
+def dense_draw_rows(
+    weights: FloatArray,
+    p_rows: Int64Array,
+    p_masses: Float64Array,
+    q_rows: Int64Array,
+    q_masses: Float64Array,
+    scale: Float64Array,
+    p_out: Float64Array,
+    residual_out: Float64Array,
+    masses: Float64Array,
+) -> None: ...

@@ -38,7 +38,11 @@ CUDA side has the same stems in ``src/cuda/``; C shared by both is in ``src/comm
   vocabulary shards (:func:`shard_stats`, :func:`shard_weights`,
   :func:`shard_at_least`, :func:`shard_exp`, :func:`shard_divided`,
   :func:`shard_residuals`, :func:`shard_positive_sums`, :func:`shard_first_crossings`,
-  :func:`shard_argmax`).
+  :func:`shard_argmax`) and the host side of its filters' rounds (:func:`float_keys`,
+  :func:`key_floats`, :func:`list_record`, :func:`merge_shard_lists`, :func:`top_k_keys`,
+  :func:`min_p_keys`, :func:`top_p_keys`), rejection sampling's decisions from the
+  gathered numbers (:func:`rejection_lengths`), the draws' rows of rows without a filter
+  (:func:`dense_draw_rows`) and the shard each draw falls in (:func:`draw_shards`).
 
 This file keeps the declarations they share.  The ``row_status`` codes are those of
 ``specdec_np._runtime.contract``.
@@ -50,7 +54,7 @@ from cython.view cimport array
 from libc.float cimport DBL_MAX, DBL_MIN, FLT_MAX, FLT_MIN
 from libc.math cimport INFINITY, floor, isinf, ldexp
 from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcpy
 
 # NumPy's C API: the direct calls (direct_calls.pxi) read arrays through it.

@@ -20,7 +20,9 @@ Wall time (``--time``): per row, the median of a few steps of
   each step); Open MPI's waits yield the core (``mpi_yield_when_idle``), since a busy-wait
   steals it from the other rank on a machine with fewer free cores than ranks;
 * ``rank_s``: one rank's own work, without waiting: the ranks run once as threads, and
-  rank 0 then runs again with a communicator that hands back what the ranks gathered.
+  rank 0 then runs again with a communicator that hands back what the ranks gathered;
+* ``local_s``: the step on 2 ranks as threads of this process (:func:`sharded.run_local`),
+  the rounds through its in-memory communicator.
 
 Usage: ``python benchmarks/studies/sharded.py [--time] [--repeats N] [--batches 1,8,64]
 [--vocabularies 32000,128256] [--out FILE.jsonl]`` (``--small-vocabulary V`` measures the
@@ -177,6 +179,27 @@ def rank_seconds(step: dict[str, Any], setting: dict[str, Any], repeats: int) ->
     return statistics.median(times[1:])
 
 
+def local_seconds(step: dict[str, Any], setting: dict[str, Any], repeats: int) -> float:
+    """Median seconds of the step on ``RANKS`` threads (the shards cut once, before; after
+    one warm step)."""
+    vocab_size = step["target_logits"].shape[1]
+    shards = [shard_of(step, RANKS, rank) for rank in range(RANKS)]
+
+    def rank_call(communicator: Any) -> Any:
+        start, local = shards[communicator.rank]
+        return sharded.verify_ragged(
+            communicator=communicator, vocab_start=start, vocab_size=vocab_size,
+            **local, **setting,
+        )
+
+    times = []
+    for _ in range(repeats + 1):
+        began = time.perf_counter()
+        sharded.run_local(RANKS, rank_call)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times[1:])
+
+
 def unsharded_seconds(step: dict[str, Any], setting: dict[str, Any], repeats: int) -> float:
     """Median seconds of the unsharded call on the whole rows (after one warm call)."""
     specdec_np.verify_ragged(**step, **setting)
@@ -239,7 +262,7 @@ def mpi_seconds(repeats: int) -> dict[tuple[str, int, int], float]:
 
 
 def time_table(repeats: int) -> list[dict[str, Any]]:
-    """Every row's ``unsharded_s``, ``mpi_s`` and ``rank_s``."""
+    """Every row's ``unsharded_s``, ``mpi_s``, ``rank_s`` and ``local_s``."""
     rows = []
     for name, setting in SETTINGS.items():
         for batch in BATCHES:
@@ -249,6 +272,7 @@ def time_table(repeats: int) -> list[dict[str, Any]]:
                     "setting": name, "B": batch, "V": vocab_size,
                     "unsharded_s": unsharded_seconds(step, setting, repeats),
                     "rank_s": rank_seconds(step, setting, repeats),
+                    "local_s": local_seconds(step, setting, repeats),
                 })
                 harness.log(f"timed {name} B={batch} V={vocab_size}")
     mpi = mpi_seconds(repeats)
@@ -286,7 +310,7 @@ def main() -> None:
     rows += [dict(row, kind="bytes") for row in byte_rows]
     if arguments.time:
         time_rows = time_table(arguments.repeats)
-        columns = ("setting", "B", "V", "unsharded_s", "mpi_s", "rank_s",
+        columns = ("setting", "B", "V", "unsharded_s", "mpi_s", "rank_s", "local_s",
                    "mpi_over_unsharded")
         cells = [[f"{row[column]:.4g}" if isinstance(row[column], float) else str(row[column])
                   for column in columns] for row in time_rows]

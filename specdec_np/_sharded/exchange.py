@@ -69,16 +69,18 @@ class Exchange:
 def digest(*parts: Any) -> np.ndarray:
     """A fixed-size digest (uint8 ``[DIGEST_BYTES]``) of the values every rank must share:
     arrays by dtype, shape and bytes, everything else by ``repr``."""
-    hasher = hashlib.sha256()
+    # The bytes end to end, hashed at once: the digest of updating part by part.
+    chunks: list[bytes] = []
     for part in parts:
         if isinstance(part, np.ndarray):
             contiguous = np.ascontiguousarray(part)
-            hasher.update(f"{contiguous.dtype.str}{contiguous.shape}".encode())
-            hasher.update(contiguous.tobytes())
+            chunks.append(f"{contiguous.dtype.str}{contiguous.shape}".encode())
+            chunks.append(contiguous.tobytes())
         else:
-            hasher.update(repr(part).encode())
-        hasher.update(b"|")
-    return np.frombuffer(hasher.digest(), dtype=np.uint8)[:DIGEST_BYTES]
+            chunks.append(repr(part).encode())
+        chunks.append(b"|")
+    hashed = hashlib.sha256(b"".join(chunks)).digest()
+    return np.frombuffer(hashed, dtype=np.uint8)[:DIGEST_BYTES]
 
 
 class Shard(NamedTuple):
@@ -129,7 +131,7 @@ def agree(
         record[1:4] = (vocab_start, width, vocab_size)
         record[4:] = settings
     table = exchange.gather(record)
-    failed = np.flatnonzero(table[:, 0])
+    failed = table[:, 0].nonzero()[0]
     if failed.size:
         if local_error is not None:
             raise local_error
@@ -137,14 +139,16 @@ def agree(
             f"rank {int(failed[0])} refused its input of the sharded call (its own error "
             "names the argument)"
         )
-    sizes = np.unique(table[:, 3])
-    if sizes.size != 1:
+    sizes = table[:, 3]
+    if np.count_nonzero(sizes != sizes[0]):
+        sizes = np.unique(sizes)
         raise ValueError(
             f"vocab_size must be the same on every rank; found {sizes.tolist()} "
             f"(rank by rank: {table[:, 3].tolist()})"
         )
-    different = np.flatnonzero((table[:, 4:] != table[0, 4:]).any(axis=1))
-    if different.size:
+    mismatch = table[:, 4:] != table[0, 4:]
+    if np.count_nonzero(mismatch):
+        different = mismatch.any(axis=1).nonzero()[0]
         raise ValueError(
             f"rank {int(different[0])} was given other settings, token ids or randomness "
             "than rank 0 (the sampling parameters, num_draft_tokens, draft_token_ids, "
@@ -153,20 +157,22 @@ def agree(
         )
     starts, widths = table[:, 1].copy(), table[:, 2].copy()
     shard = Shard(starts, widths)
-    if int(widths.sum()) != vocab_size:
+    # Python ints for the per-rank walk below (a NumPy scalar's every operation costs).
+    start_list, width_list = starts.tolist(), widths.tolist()
+    if sum(width_list) != vocab_size:
         raise ValueError(
-            f"the shards' widths {widths.tolist()} add up to {int(widths.sum())}, not "
+            f"the shards' widths {width_list} add up to {sum(width_list)}, not "
             f"vocab_size = {vocab_size}"
         )
     end = 0
-    for rank in shard.order():
-        if widths[rank] == 0:
+    for rank in shard.order().tolist():
+        if width_list[rank] == 0:
             continue
-        if starts[rank] != end:
-            kind = "overlaps the shard before it" if starts[rank] < end else "leaves a gap"
+        if start_list[rank] != end:
+            kind = "overlaps the shard before it" if start_list[rank] < end else "leaves a gap"
             raise ValueError(
-                f"rank {int(rank)}'s shard (vocab_start={int(starts[rank])}, width="
-                f"{int(widths[rank])}) {kind}: the shards must tile 0 .. vocab_size - 1"
+                f"rank {rank}'s shard (vocab_start={start_list[rank]}, width="
+                f"{width_list[rank]}) {kind}: the shards must tile 0 .. vocab_size - 1"
             )
-        end += int(widths[rank])
+        end += width_list[rank]
     return shard

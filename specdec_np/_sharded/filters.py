@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _core
 from . import rows as _rows
 from .exchange import Exchange
 from .laws import Entries, LogitRows, law_weights
@@ -46,15 +47,19 @@ __all__ = [
 TOP_P_CANDIDATES = 64
 #: The most candidates a rank sends per row (a larger top_k takes the radix select).
 MOST_CANDIDATES = 128
-#: Keys on either side of the estimate ``max + log(min_p)`` where min-p's floor is sought.
-_WINDOW = 8
+#: The key of -inf in each dtype (the lowest key min-p's bisection starts from; min-p's
+#: window of 8 keys on either side of its estimate is ``_core``'s ``min_p_keys``).
+_LOWEST_KEYS = {
+    np.dtype(dtype): _rows.ordered_keys(np.array([-np.inf], dtype=dtype))[0]
+    for dtype in (np.float32, np.float64)
+}
 
 
 def candidate_count(top_k: np.ndarray, top_p: np.ndarray, vocab_size: int) -> int:
     """How many candidates a rank sends per row for these settings (0: no list)."""
     k_on = (top_k > 0) & (top_k < vocab_size)
     size = int(top_k[k_on & (top_k <= MOST_CANDIDATES)].max(initial=0))
-    if ((top_p < 1.0) & ~k_on).any():
+    if np.count_nonzero((top_p < 1.0) & ~k_on):
         size = max(size, TOP_P_CANDIDATES)
     return min(size, MOST_CANDIDATES)
 
@@ -73,33 +78,31 @@ def min_p_floors(top: np.ndarray, min_p: np.ndarray) -> np.ndarray:
     The kernels find it by bisection over all keys from ``-inf`` to ``top``; ``w`` is
     monotone in the key, so the floor is the first key of a short window around the
     estimate ``top + log(min_p)`` whose weight reaches ``min_p``, where the window holds
-    the crossing (else the same bisection, on those rows).
+    the crossing (``_core``'s ``min_p_keys``; else the same bisection, on those rows).
     """
-    dtype = top.dtype
-    low = _rows.ordered_keys(np.full(top.shape, -np.inf, dtype=dtype))
-    high = _rows.ordered_keys(top)
-    estimate = (top.astype(np.float64) + np.log(min_p)).astype(dtype)
-    centre = _rows.ordered_keys(np.where(np.isnan(estimate), top, estimate))
-    centre = np.minimum(np.maximum(centre, low + np.uint64(_WINDOW + 1)), high)
-    offsets = np.arange(2 * _WINDOW + 1, dtype=np.uint64)
-    window = np.minimum(centre[:, None] - np.uint64(_WINDOW) + offsets, high[:, None])
-    reached = weights_of(_rows.key_values(window, dtype), top[:, None]) >= min_p[:, None]
-    first = np.argmax(reached, axis=1)
-    rows = np.arange(top.shape[0])
-    floors = window[rows, first]
-    # The window must hold the crossing: a miss below it, or a hit at its first key that
-    # is not the first key above -inf.
-    lost = ~reached.any(axis=1) | ((first == 0) & (window[:, 0] > low + np.uint64(1)))
-    if lost.any():
-        floors[lost] = _bisect(top[lost], min_p[lost], low[lost], high[lost])
+    top = np.ascontiguousarray(top)
+    min_p = np.ascontiguousarray(min_p, dtype=np.float64)
+    floors = np.empty(top.shape[0], dtype=np.uint64)
+    lost = np.empty(top.shape[0], dtype=np.uint8)
+    _core.min_p_keys(top, min_p, np.log(min_p), floors, lost)
+    lost = lost.view(bool)
+    if np.count_nonzero(lost):
+        low = _rows.filled(int(np.count_nonzero(lost)), _lowest_key(top.dtype),
+                           dtype=np.uint64)
+        floors[lost] = _bisect(top[lost], min_p[lost], low, _rows.ordered_keys(top[lost]))
     return floors
+
+
+def _lowest_key(dtype: np.dtype) -> np.uint64:
+    """The key of ``-inf`` in ``dtype`` (float32 or float64)."""
+    return _LOWEST_KEYS[np.dtype(dtype)]
 
 
 def _bisect(top: np.ndarray, min_p: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """The kernels' bisection: ``w(low) < min_p <= w(high)`` until they are adjacent."""
     low, high = low.copy(), high.copy()
     while True:
-        open_rows = np.flatnonzero(high - low > np.uint64(1))
+        open_rows = (high - low > np.uint64(1)).nonzero()[0]
         if not open_rows.size:
             return high
         middle = low[open_rows] + (high[open_rows] - low[open_rows]) // np.uint64(2)
@@ -148,7 +151,7 @@ class _Merged(NamedTuple):
 def early_rows(top_k: np.ndarray, vocab_size: int) -> np.ndarray:
     """The rows whose top-k lists ride in the maxima round (top-k on, at most
     :data:`MOST_CANDIDATES`): they need no maximum."""
-    return np.flatnonzero((top_k > 0) & (top_k < vocab_size) & (top_k <= MOST_CANDIDATES))
+    return ((top_k > 0) & (top_k < vocab_size) & (top_k <= MOST_CANDIDATES)).nonzero()[0]
 
 
 def list_candidates(
@@ -178,7 +181,7 @@ def list_candidates(
     dtype = values.dtype
     count = rows.size
     key_bits = 32 if dtype == np.float32 else 64
-    lowest_finite = np.full(count, np.finfo(dtype).min, dtype=dtype)
+    lowest_finite = _rows.filled(count, np.finfo(dtype).min, dtype=dtype)
     # Key 0 (no floor) reads as a NaN: the floor is then the lowest finite value (-inf
     # entries weigh nothing and are never a cutoff).
     threshold = lowest_finite if floors is None else np.fmax(
@@ -186,38 +189,23 @@ def list_candidates(
     )
     if group_maxima is not None and 0 < size <= group_maxima.shape[1]:
         column = group_maxima.shape[1] - size
-        bound = np.partition(group_maxima, column, axis=1)[:, column]
+        bound = group_maxima.copy()
+        bound.partition(column, axis=1)
+        bound = bound[:, column]
         if not values.unit:
             # fl(l / t) is monotone in l: the bound's value bounds the row's values.
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 bound = bound / values.divisor[rows]
         threshold = np.maximum(threshold, bound)
     found = values.at_least(rows, threshold)
-    where = np.full(values.count, -1, dtype=np.int64)
+    where = _rows.filled(values.count, -1, dtype=np.int64)
     where[rows] = np.arange(count)
-    row_of = where[found.rows]
-    keys = _rows.ordered_keys(found.values)
-    if key_bits == 32:
-        low = np.uint64(0xFFFFFFFF)
-        composite = np.sort((row_of.astype(np.uint64) << np.uint64(32)) | (low - keys))
-        row_of = (composite >> np.uint64(32)).astype(np.int64)
-        keys = low - (composite & low)
-    else:
-        order = np.lexsort((~keys, row_of))
-        row_of, keys = row_of[order], keys[order]
-    first = np.searchsorted(row_of, np.arange(count + 1))
-    position = np.arange(row_of.size) - first[row_of]
-    chosen = position < size
     word = np.uint32 if key_bits == 32 else np.uint64
     mass_words = 0 if masses is None else (2 if key_bits == 32 else 1)
     record = np.zeros((count, size + 1 + mass_words), dtype=word)
-    record[row_of[chosen], position[chosen]] = keys[chosen]
-    sent = np.minimum(np.diff(first), size)
-    last = np.where(sent > 0, record[np.arange(count), np.maximum(sent - 1, 0)], 0)
-    at_or_above = np.bincount(
-        row_of[keys >= last.astype(np.uint64)[row_of]], minlength=count
-    )[:count]
-    record[:, size] = np.where(sent == size, at_or_above, sent)
+    # Per row the size largest keys, descending, and the count at or above the last one
+    # (_core's list_record).
+    _core.list_record(where[found.rows], np.ascontiguousarray(found.values), size, record)
     if masses is not None:
         record[:, size + 1 :] = masses.astype(np.float64).view(word).reshape(count, mass_words)
     return Listing(rows, size, record, found, threshold)
@@ -282,17 +270,17 @@ def select_floors(
     p_on = on & (top_p < 1.0)
     m_on = on & (min_p > 0.0)
     min_p_keys = np.zeros(rows_total, dtype=np.uint64)
-    if m_on.any():
+    if np.count_nonzero(m_on):
         min_p_keys[m_on] = min_p_floors(top[m_on], min_p[m_on])
     # What top-p weighs from: min-p's floor in vLLM's order, nothing in llama.cpp's.
     p_floor = np.zeros(rows_total, dtype=np.uint64) if llama_cpp else min_p_keys.copy()
     cutoff = np.zeros(rows_total, dtype=np.uint64)  # top-p's; 0 where off or unknown
     few_k = k_on & (top_k <= MOST_CANDIDATES)
-    top_k_open = np.flatnonzero(k_on & ~few_k)
-    top_p_open = np.flatnonzero(p_on & k_on & ~few_k)
+    top_k_open = (k_on & ~few_k).nonzero()[0]
+    top_p_open = (p_on & k_on & ~few_k).nonzero()[0]
     cache = _Weights(values, top)
     found: list[Entries] = []
-    thresholds = np.full(rows_total, np.nan, dtype=dtype)
+    thresholds = _rows.filled(rows_total, np.nan, dtype=dtype)
     # Top-k's lists (with the maxima): top-k's floor, then top-p over what it keeps.
     if early is not None and early[0].rows.size:
         listing, gathered = early
@@ -307,11 +295,12 @@ def select_floors(
             top[listed], dtype,
         )
         cutoff[listed] = np.where(few_k[listed], settled, cutoff[listed])
-        top_p_open = np.union1d(top_p_open, listed[open_p])
+        if np.count_nonzero(open_p):
+            top_p_open = np.union1d(top_p_open, listed[open_p])
         found.append(listing.found)
         thresholds[listed] = listing.thresholds
     # Top-p without top-k: lists at or above min-p's floor, with the rows' masses there.
-    alone = np.flatnonzero(p_on & ~k_on)
+    alone = (p_on & ~k_on).nonzero()[0]
     if alone.size:
         floor_values = np.fmax(_rows.key_values(p_floor[alone], dtype), np.finfo(dtype).min)
         w = cache.of(alone)
@@ -326,7 +315,8 @@ def select_floors(
             top[alone], dtype,
         )
         cutoff[alone] = settled
-        top_p_open = np.union1d(top_p_open, alone[open_p])
+        if np.count_nonzero(open_p):
+            top_p_open = np.union1d(top_p_open, alone[open_p])
         found.append(listing.found)
         thresholds[alone] = listing.thresholds
     if top_k_open.size:
@@ -369,7 +359,7 @@ class _Weights:
 
     def __init__(self, values: LogitRows, top: np.ndarray) -> None:
         self.values, self.top = values, top
-        self.at = np.full(values.count, -1, dtype=np.int64)
+        self.at = _rows.filled(values.count, -1, dtype=np.int64)
         self.computed = np.zeros((0, values.width))
 
     def of(self, rows: np.ndarray) -> np.ndarray:
@@ -384,41 +374,27 @@ class _Weights:
 
 def _merge(gathered: np.ndarray, size: int) -> _Merged:
     """Merge the ranks' lists ``[S, n, size + 1]`` (keys, then the count at or above the
-    last key) into one descending list per row with multiplicities."""
+    last key) into one descending list per row with multiplicities: a full list holds one
+    copy of each entry above its last key, and its ties at the last key beyond the one
+    sent come as one more entry with their count (``_core``'s ``merge_shard_lists``)."""
     ranks, count = gathered.shape[0], gathered.shape[1]
-    keys = gathered[:, :, :size]
-    sent = np.count_nonzero(keys, axis=2)  # real keys are never 0
-    full = sent == size
-    last = np.take_along_axis(keys, np.maximum(sent - 1, 0)[:, :, None], axis=2)[:, :, 0]
-    last = np.where(sent > 0, last, np.uint64(0))
-    # A full list holds one copy of each entry above its last key; its ties at the last
-    # key beyond the one sent come as one more entry with their count.
-    extra = np.where(full, gathered[:, :, size].astype(np.int64) - size, 0)
-    known = np.where(full, last, np.uint64(0)).max(axis=0)
-    all_keys = np.concatenate(
-        [keys.transpose(1, 0, 2).reshape(count, ranks * size),
-         np.where(extra > 0, last, np.uint64(0)).T], axis=1
-    )
-    all_counts = np.concatenate(
-        [(keys > 0).astype(np.int64).transpose(1, 0, 2).reshape(count, ranks * size),
-         np.maximum(extra, 0).T], axis=1
-    )
-    order = np.argsort(all_keys, axis=1, kind="stable")[:, ::-1]
-    return _Merged(
-        np.take_along_axis(all_keys, order, axis=1),
-        np.take_along_axis(all_counts, order, axis=1),
-        known,
-    )
+    length = ranks * size + ranks
+    keys = np.empty((count, length), dtype=np.uint64)
+    counts = np.empty((count, length), dtype=np.int64)
+    known = np.empty(count, dtype=np.uint64)
+    _core.merge_shard_lists(np.ascontiguousarray(gathered, dtype=np.uint64), size, keys,
+                            counts, known)
+    return _Merged(keys, counts, known)
 
 
 def _top_k_floors(merged: _Merged, top_k: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Top-k's floor (the ``top_k``-th largest key) where ``on``; 0 where fewer than
-    ``top_k`` entries reach the candidates' floor (top-k then keeps them all) or off."""
-    running = np.cumsum(merged.counts, axis=1)
-    reached = running >= top_k[:, None]
-    position = np.argmax(reached, axis=1)
-    floors = merged.keys[np.arange(top_k.shape[0]), position]
-    return np.where(on & reached.any(axis=1), floors, np.uint64(0))
+    ``top_k`` entries reach the candidates' floor (top-k then keeps them all) or off
+    (``_core``'s ``top_k_keys``)."""
+    floors = np.empty(top_k.shape[0], dtype=np.uint64)
+    _core.top_k_keys(merged.keys, merged.counts, np.ascontiguousarray(top_k, dtype=np.int64),
+                     np.ascontiguousarray(on, dtype=bool).view(np.uint8), floors)
+    return floors
 
 
 def _top_p_cutoffs(
@@ -441,26 +417,18 @@ def _top_p_cutoffs(
     count = floors.shape[0]
     cutoffs = np.zeros(count, dtype=np.uint64)
     open_rows = np.zeros(count, dtype=bool)
-    rows = np.flatnonzero(on)
+    rows = on.nonzero()[0]
     if not rows.size:
         return cutoffs, open_rows
-    keys, counts, known = merged.keys[rows], merged.counts[rows], merged.known[rows]
-    floor = floors[rows]
-    entry = (keys >= floor[:, None]) & (counts > 0)
-    mass = np.zeros(keys.shape)
-    at = np.nonzero(entry)
-    mass[at] = weights_of(_rows.key_values(keys[at], dtype), top[rows][at[0]]) * counts[at]
-    whole = floor >= known  # every entry at or above the floor is listed
-    total = np.where(whole, mass.sum(axis=1), masses[rows])
-    running = np.cumsum(mass, axis=1)
-    reached = (running >= (top_p[rows] * total)[:, None]) & (mass > 0.0)
-    reached &= keys >= known[:, None]
-    first = np.argmax(reached, axis=1)
-    with_mass = mass > 0.0
-    last = with_mass.shape[1] - 1 - np.argmax(with_mass[:, ::-1], axis=1)
-    settled = reached.any(axis=1)
-    position = np.where(settled, first, last)
-    cutoffs[rows] = keys[np.arange(rows.size), position]
-    open_rows[rows] = ~settled & ~whole
-    cutoffs[rows[~settled & ~whole]] = 0
+    found = np.empty(rows.size, dtype=np.uint64)
+    unsettled = np.empty(rows.size, dtype=np.uint8)
+    _core.top_p_keys(
+        merged.keys[rows], merged.counts[rows], merged.known[rows],
+        np.ascontiguousarray(floors[rows], dtype=np.uint64),
+        np.ascontiguousarray(top[rows], dtype=dtype),
+        np.ascontiguousarray(top_p[rows], dtype=np.float64),
+        np.ascontiguousarray(masses[rows], dtype=np.float64), found, unsettled,
+    )
+    cutoffs[rows] = found
+    open_rows[rows] = unsettled.view(bool)
     return cutoffs, open_rows

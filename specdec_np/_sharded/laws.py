@@ -25,13 +25,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .rows import RowSet, Sparse, library, passes, to_host
+from .rows import RowSet, Sparse, filled, library, passes, to_host
 
 __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 
 #: Entries a row is expected to keep at most at a threshold, for the room the candidate
 #: scan writes into (more only costs a second pass).
 GUESS = 1024
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
 
 
 def law_weights(values: np.ndarray, top: np.ndarray, like: Any = None) -> np.ndarray:
@@ -40,8 +43,17 @@ def law_weights(values: np.ndarray, top: np.ndarray, like: Any = None) -> np.nda
     against ``values``, both of one dtype (the kernels' ``shard_exp``; on the device of
     ``like`` when that is a CuPy array, the device law's exponential)."""
     dtype = np.result_type(values, top)  # NumPy's promotion, as values - top would take
-    values, top = np.broadcast_arrays(np.asarray(values, dtype=dtype),
-                                      np.asarray(top, dtype=dtype))
+    values, top = np.asarray(values, dtype=dtype), np.asarray(top, dtype=dtype)
+    if top.shape != values.shape:
+        if top.ndim <= values.ndim and all(
+            t in (1, v) for t, v in zip(top.shape[::-1], values.shape[::-1], strict=False)
+        ):
+            # top broadcast into values' shape, without np.broadcast_arrays' Python.
+            spread = np.empty(values.shape, dtype=dtype)
+            spread[...] = top
+            top = spread
+        else:
+            values, top = np.broadcast_arrays(values, top)
     flat = np.ascontiguousarray(values).reshape(-1)
     out = np.empty(flat.size, dtype=dtype)
     top = np.ascontiguousarray(top).reshape(-1)
@@ -80,22 +92,27 @@ class LogitRows:
         self.ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
         self.count = int(self.ends[-1]) if parts else 0
         self.width = int(parts[0].shape[1]) if parts else 0
-        self.unit = bool((divisor == 1).all())
+        self.unit = not np.count_nonzero(divisor != 1)
+        # Each part's first row and end, as Python ints (read by every pass).
+        first = 0
+        self.spans: list[tuple[int, int, np.ndarray]] = []
+        for part in parts:
+            self.spans.append((first, first + int(part.shape[0]), part))
+            first += int(part.shape[0])
+        self.firsts = np.array([span[0] for span in self.spans], dtype=np.int64)
 
     def with_divisor(self, divisor: np.ndarray) -> LogitRows:
         """The same rows seen through another divisor."""
         return LogitRows(self.parts, divisor)
 
     def _spans(self) -> list[tuple[int, int, np.ndarray]]:
-        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
-        return [(int(a), int(b), part) for a, b, part in zip(starts, self.ends, self.parts,
-                                                               strict=True)]
+        return self.spans
 
     def logits(self, rows: np.ndarray) -> np.ndarray:
         """The logits of ``rows`` (a copy)."""
         out = np.empty((rows.size, self.width), dtype=self.dtype)
         for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
+            at = ((rows >= first) & (rows < end)).nonzero()[0]
             if at.size:
                 out[at] = to_host(part[rows[at] - first])
         return out
@@ -107,7 +124,7 @@ class LogitRows:
         out = np.empty((rows.size, self.width), dtype=self.dtype)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             for first, end, part in self._spans():
-                at = np.flatnonzero((rows >= first) & (rows < end))
+                at = ((rows >= first) & (rows < end)).nonzero()[0]
                 if not at.size:
                     continue
                 divisor = self.divisor[rows[at], None]
@@ -124,7 +141,7 @@ class LogitRows:
         """``logits / divisor`` at the entries ``(rows[i], columns[i])``."""
         out = np.empty(rows.size, dtype=self.dtype)
         for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
+            at = ((rows >= first) & (rows < end)).nonzero()[0]
             if at.size:
                 out[at] = to_host(part[rows[at] - first, columns[at]])
         if not self.unit:
@@ -183,18 +200,28 @@ class LogitRows:
         found_columns: list[np.ndarray] = []
         found_values: list[np.ndarray] = []
         floors = np.asarray(floors, dtype=self.dtype)
-        for first, end, part in self._spans():
-            at = np.flatnonzero((rows >= first) & (rows < end))
-            if not at.size:
+        rows = np.asarray(rows, dtype=np.int64)
+        in_order = rows.size < 2 or not np.count_nonzero(rows[1:] < rows[:-1])
+        if in_order:
+            # Ascending rows: each part's rows are one run of them, cut where it starts.
+            cuts = rows.searchsorted(self.firsts).tolist() + [rows.size]
+        for index, (first, end, part) in enumerate(self._spans()):
+            if in_order:
+                at: Any = slice(cuts[index], cuts[index + 1])
+                picked = rows[at]
+            else:
+                at = ((rows >= first) & (rows < end)).nonzero()[0]
+                picked = rows[at]
+            if not picked.size:
                 continue
             block = library(part).ascontiguousarray(part)
-            local = (rows[at] - first).astype(np.int64)
-            divisor = np.ascontiguousarray(self.divisor[rows[at]])
+            local = picked - first
+            divisor = np.ascontiguousarray(self.divisor[picked])
             limit = np.ascontiguousarray(floors[at])
-            counts = np.zeros(at.size, dtype=np.int64)
+            counts = np.zeros(picked.size, dtype=np.int64)
             # One pass over the rows, into room for a generous guess (pages never written
             # cost nothing); past it the pass counts, and a second one writes them all.
-            room = min(at.size * self.width, at.size * GUESS) + self.width + 1
+            room = min(picked.size * self.width, picked.size * GUESS) + self.width + 1
             while True:
                 columns = np.empty(room, dtype=np.int64)
                 values = np.empty(room, dtype=self.dtype)
@@ -203,7 +230,7 @@ class LogitRows:
                 if written:
                     break
                 room = total + self.width + 1
-            found_rows.append(np.repeat(rows[at], counts))
+            found_rows.append(picked.repeat(counts))
             found_columns.append(columns[:total])
             found_values.append(values[:total])
         if not found_rows:
@@ -214,7 +241,7 @@ class LogitRows:
         row_of = np.concatenate(found_rows)
         columns = np.concatenate(found_columns)
         values = np.concatenate(found_values)
-        if rows.size < 2 or bool((rows[1:] >= rows[:-1]).all()):
+        if in_order:
             # The parts hold ascending row ranges: with rows in order, so are the entries.
             return Entries(row_of, columns, values)
         order = np.lexsort((columns, row_of))
@@ -264,11 +291,11 @@ class LawRows:
         filtered = np.zeros(rows, dtype=bool)
         if floors is not None:
             filtered = plain & ~np.isnan(floors)
-        self.dense = np.flatnonzero(plain & ~filtered)
+        self.dense = (plain & ~filtered).nonzero()[0]
         self.masses = np.zeros(rows)
         # Every entry's weight in the rows without a filter (in the rows' dtype: a
         # float32 weight is a float32 value), by position in self.dense.
-        self.dense_at = np.full(rows, -1, dtype=np.int64)
+        self.dense_at = filled(rows, -1, dtype=np.int64)
         self.dense_at[self.dense] = np.arange(self.dense.size)
         # Every entry is written by the weights' pass below, where the rows lie.
         self.library = library(logits.parts[0]) if logits.parts else np
@@ -276,11 +303,11 @@ class LawRows:
         if self.dense.size and width:
             # One compiled pass a row: the law's weights and their sum on its eight lanes
             # (the kernels' shard_weights).
-            no_cutoff = np.full(self.dense.size, -np.inf, dtype=self.dtype)
+            no_cutoff = filled(self.dense.size, -np.inf, dtype=self.dtype)
             dense_masses = np.zeros(self.dense.size)
             z_max = np.ascontiguousarray(top[self.dense], dtype=self.dtype)
             for first, end, part in logits._spans():
-                at = np.flatnonzero((self.dense >= first) & (self.dense < end))
+                at = ((self.dense >= first) & (self.dense < end)).nonzero()[0]
                 if not at.size:
                     continue
                 # self.dense is sorted, so a part's rows are one run of it.
@@ -293,7 +320,7 @@ class LawRows:
                 )
             self.masses[self.dense] = dense_masses
         # The kept entries of the filtered rows, with their weights.
-        sparse = np.flatnonzero(filtered)
+        sparse = filtered.nonzero()[0]
         self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
                             np.zeros(0, self.dtype))
         self.kept_weights = np.zeros(0, dtype=self.dtype)
@@ -321,27 +348,31 @@ class LawRows:
             self.masses += np.bincount(
                 self.kept.rows, weights=self.kept_weights.astype(np.float64), minlength=rows
             )[:rows]
-        spread = np.flatnonzero(infinite)
+        spread = infinite.nonzero()[0]
+        self.any_infinite = bool(spread.size)
         if spread.size:
             self.masses[spread] = np.count_nonzero(logits.values(spread) == np.inf, axis=1)
+        self._kept_keys: np.ndarray | None = None
 
     def token_weights(self, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """float64 ``w`` of the entries ``(rows[i], columns[i])`` of this rank's slice (0
         where not kept), read from the weights computed for the rows' masses."""
         weights = np.zeros(rows.size)
         dense = self.dense_at[rows]
-        at = np.flatnonzero(dense >= 0)
+        at = (dense >= 0).nonzero()[0]
         if at.size:
             weights[at] = to_host(self.dense_weights[dense[at], columns[at]])
         if self.kept.rows.size:
             # The kept entries are sorted by (row, column): find each asked entry there.
             width = max(self.width, 1)
-            keys = self.kept.rows * width + self.kept.columns
+            keys = self._kept_keys
+            if keys is None:
+                keys = self._kept_keys = self.kept.rows * width + self.kept.columns
             asked = rows * width + columns
-            place = np.minimum(np.searchsorted(keys, asked), keys.size - 1)
+            place = np.minimum(keys.searchsorted(asked), keys.size - 1)
             found = (keys[place] == asked) & (dense < 0)
             weights[found] = self.kept_weights[place[found]]
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             values = self.logits.entry_values(rows[spread], columns[spread])
             weights[spread] = values == np.inf
@@ -373,29 +404,33 @@ class LawRows:
         """``p`` of law rows ``rows`` (row ``i`` of the result is ``rows[i]``): a row without
         a filter whole, a filtered row's kept entries, a row with ``+inf`` entries those."""
         dense = self.dense_at[rows]
-        whole = np.flatnonzero(dense >= 0)
+        whole = (dense >= 0).nonzero()[0]
         block = self.library.empty((whole.size, self.width))
         self._divide_dense(dense[whole], normalisers[whole], block,
                            np.arange(whole.size, dtype=np.int64))
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        where = np.full(self.logits.count, -1, dtype=np.int64)
-        where[rows] = np.arange(rows.size)
-        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        chosen = _NO_ROWS
+        if self.kept.rows.size:
+            where = filled(self.logits.count, -1, dtype=np.int64)
+            where[rows] = np.arange(rows.size)
+            chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             weights = self._divided(self.kept_weights[chosen].astype(np.float64),
                                     normalisers[target])
             parts.append((target, self.kept.columns[chosen], weights))
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             row_of, columns = np.nonzero(self.logits.values(rows[spread]) == np.inf)
             weights = self._divided(np.ones(row_of.size), normalisers[spread[row_of]])
             parts.append((spread[row_of], columns, weights))
-        empty = np.zeros(0, dtype=np.int64)
-        row_of = np.concatenate([part[0] for part in parts]) if parts else empty
-        columns = np.concatenate([part[1] for part in parts]) if parts else empty
-        weights = np.concatenate([part[2] for part in parts]) if parts else np.zeros(0)
-        if row_of.size and (len(parts) > 1 or (np.diff(row_of) < 0).any()):
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return RowSet(rows.size, whole, block, Sparse(empty, empty, np.zeros(0)))
+        row_of = np.concatenate([part[0] for part in parts])
+        columns = np.concatenate([part[1] for part in parts])
+        weights = np.concatenate([part[2] for part in parts])
+        if row_of.size and (len(parts) > 1 or np.count_nonzero(row_of[1:] < row_of[:-1])):
             order = np.lexsort((columns, row_of))
             row_of, columns, weights = row_of[order], columns[order], weights[order]
         return RowSet(rows.size, whole, block, Sparse(row_of, columns, weights))
@@ -412,7 +447,7 @@ class LawRows:
             The rows' whole kept masses (0: no mass, every ``p`` is 0).
         """
         dense = self.dense_at[rows]
-        at = np.flatnonzero(dense >= 0)
+        at = (dense >= 0).nonzero()[0]
         # Rows without a filter are written whole by the compiled division; the others
         # start at 0 (outside the kept set), and every value is rounded to the rows' dtype.
         xp = self.library
@@ -421,15 +456,17 @@ class LawRows:
         if at.size:
             self._divide_dense(dense[at], normalisers[at], out, at.astype(np.int64))
         divisor = np.where(normalisers > 0.0, normalisers, np.inf)
-        where = np.full(self.logits.count, -1, dtype=np.int64)
-        where[rows] = np.arange(rows.size)
-        chosen = np.flatnonzero(where[self.kept.rows] >= 0)
+        chosen = _NO_ROWS
+        if self.kept.rows.size:
+            where = filled(self.logits.count, -1, dtype=np.int64)
+            where[rows] = np.arange(rows.size)
+            chosen = (where[self.kept.rows] >= 0).nonzero()[0]
         if chosen.size:
             target = where[self.kept.rows[chosen]]
             out[target, self.kept.columns[chosen]] = xp.asarray((
                 self.kept_weights[chosen].astype(np.float64) / divisor[target]
             ).astype(self.dtype))
-        spread = np.flatnonzero(self.infinite[rows])
+        spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             out[spread] = xp.asarray((
                 (self.logits.values(rows[spread]) == np.inf) / divisor[spread, None]

@@ -22,11 +22,12 @@ Logits rows handed over as CuPy arrays stay on their device (the passes of
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import registry
+from .. import _core, registry
 from .._reference.chains import _path_weights
 from .._runtime import checks as _validate
 from .._runtime.arrays import is_cupy_array
@@ -39,6 +40,9 @@ from . import rows as _rows
 from .exchange import Exchange, agree, digest
 
 __all__ = ["ShardedResult", "verify_ragged"]
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
 
 #: The chain methods a sharded call verifies with: every registry verifier has its rounds
 #: here (a new one must add its own before it is listed).
@@ -81,16 +85,38 @@ class ShardedResult(VerificationResult):  # numpydoc ignore=PR01
 def _per_request(name: str, value: Any, batch_size: int, off: float) -> np.ndarray:
     """A scalar, ``[B]`` array or None as float64 ``[B]``."""
     if value is None:
-        return np.full(batch_size, off, dtype=np.float64)
+        return _rows.filled(batch_size, off, dtype=np.float64)
     array = np.asarray(value, dtype=np.float64)
     if array.ndim == 0:
-        return np.full(batch_size, float(array), dtype=np.float64)
+        return _rows.filled(batch_size, float(array), dtype=np.float64)
     if array.shape != (batch_size,):
         raise ValueError(
             f"{name} must be a scalar or have shape [B] = [{batch_size}]; found shape "
             f"{_validate.shape_text(array.shape)}"
         )
     return array.copy()
+
+
+def _scalars_pass(temperature: Any, top_k: Any, top_p: Any, min_p: Any) -> bool:
+    """Whether the settings given as None or Python scalars pass :func:`_check_settings`'s
+    rules, decided without NumPy (False: let the arrays' check decide, and name the
+    request)."""
+    values = []
+    for value, off in ((temperature, 1.0), (top_k, 0.0), (top_p, 1.0), (min_p, 0.0)):
+        if value is None:
+            values.append(off)
+        elif type(value) in (int, float):
+            values.append(float(value))
+        else:
+            return False
+    t, k, p, m = values
+    return (
+        0.0 <= t < math.inf
+        and 0.0 <= k < math.inf
+        and k == math.floor(k)
+        and 0.0 < p <= 1.0
+        and 0.0 <= m <= 1.0
+    )
 
 
 def _check_settings(
@@ -103,7 +129,7 @@ def _check_settings(
         ("min_p", min_p, (min_p >= 0) & (min_p <= 1), "in [0, 1]"),
     )
     for name, values, good, rule in checks:
-        bad = np.flatnonzero(~good)
+        bad = (~good).nonzero()[0]
         if bad.size:
             raise ValueError(
                 f"{name} must be {rule} for every request; found {values[bad[0]]!r} for "
@@ -121,7 +147,7 @@ def _ids(name: str, value: Any, shape: tuple[int, ...], vocab_size: int) -> np.n
             f"{_validate.shape_text(array.shape)}"
         )
     array = array.astype(np.int64)
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    bad = ((array < 0) | (array >= vocab_size)).nonzero()[0]
     if bad.size:
         raise ValueError(
             f"{name}[{int(bad[0])}] = {int(array[bad[0]])} is outside the vocabulary "
@@ -170,13 +196,14 @@ class _Call:
         if counts.ndim != 1 or (counts.size and counts.dtype.kind not in "iu"):
             raise ValueError("num_draft_tokens must be an int array of shape [B]")
         counts = counts.astype(np.int64)
-        if (counts < 0).any():
+        if np.count_nonzero(counts < 0):
             raise ValueError("num_draft_tokens must be >= 0 for every request")
         self.counts = counts
         batch_size = self.batch_size = int(counts.shape[0])
-        total = self.total = int(counts.sum())
+        self.offsets = np.zeros(batch_size + 1, dtype=np.int64)
+        counts.cumsum(out=self.offsets[1:])
+        total = self.total = int(self.offsets[-1])
         self.max_k = int(counts.max(initial=0))
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.draft_ids = _ids("draft_token_ids", a["draft_token_ids"], (total,), self.vocab_size)
         self.bonus_ids = None
         if a["bonus_token_ids"] is not None:
@@ -228,15 +255,20 @@ class _Call:
         self.top_k = _per_request("top_k", a["top_k"], batch_size, 0.0)
         self.top_p = _per_request("top_p", a["top_p"], batch_size, 1.0)
         self.min_p = _per_request("min_p", a["min_p"], batch_size, 0.0)
-        _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
+        if not _scalars_pass(a["temperature"], a["top_k"], a["top_p"], a["min_p"]):
+            _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
         filtered = any(a[name] is not None for name in ("top_k", "top_p", "min_p"))
+        # Without top_k, top_p and min_p no row is filtered: the filters' rounds and lists
+        # are skipped without looking at the settings.
+        self.filters_given = filtered
         if not self.from_logits and filtered:
             raise ValueError(
                 "top_k, top_p and min_p filter logits rows; target_probs are taken as "
                 "already processed"
             )
         self.greedy = (self.temperature == 0.0) | (self.method == "greedy")
-        widths = np.where(self.greedy, 0, counts + 2)
+        self.any_greedy = bool(np.count_nonzero(self.greedy))
+        widths = np.where(self.greedy, 0, counts + 2) if self.any_greedy else counts + 2
         self.source = RejectionUniforms(
             batch_size,
             self.max_k + 1,
@@ -248,7 +280,7 @@ class _Call:
             row_widths=widths,
         )
         if (
-            widths.any()
+            np.count_nonzero(widths)
             and a["uniforms"] is None
             and a["generator"] is None
             and len(a["seeded_seqs"] or {}) + len(a["counter_seeds"] or {})
@@ -331,21 +363,31 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     law = _law_rows(call, rows)
     z, requests = law.z, law.requests
     count = z.count
-    top_k = call.top_k[requests].astype(np.int64)
-    top_p, min_p = call.top_p[requests], call.min_p[requests]
-    # Without a filter both orders keep every entry: llama.cpp's rounds only when one is on.
-    any_filter = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
-    llama_cpp = call.filter_order == "llama.cpp" and bool(any_filter.any())
+    top_k: np.ndarray | None = None
+    top_p = min_p = top_k
+    filtering = llama_cpp = False
+    size = 0
+    if call.filters_given:
+        top_k = call.top_k[requests].astype(np.int64)
+        top_p, min_p = call.top_p[requests], call.min_p[requests]
+        # Without a filter both orders keep every entry: llama.cpp's rounds only when one
+        # is on.
+        any_filter = ((top_k > 0) & (top_k < call.vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
+        filtering = bool(np.count_nonzero(any_filter))
+        llama_cpp = call.filter_order == "llama.cpp" and filtering
+        # The same pass as the maxima finds the maxima of sets of columns, a bound for the
+        # candidates.
+        size = _filters.candidate_count(top_k, top_p, call.vocab_size)
     # What the filters select on: z in vLLM's order, the logits in llama.cpp's.
     values = z.with_divisor(np.ones(count, dtype=dtype)) if llama_cpp else z
-    local = np.zeros((count + rows.greedy_target.size, 3))
-    # The same pass finds the maxima of sets of columns, a bound for the candidates.
-    size = _filters.candidate_count(top_k, top_p, call.vocab_size)
+    greedy_rows = rows.greedy_target.size
+    local = np.zeros((count + greedy_rows, 3))
     local[:count], group_maxima = z.maxima(8 * size)
-    local[count:, :2] = _rows.argmax_table(call.target[rows.greedy_target], call.start)
-    early = _filters.early_rows(top_k, call.vocab_size)
+    if greedy_rows:
+        local[count:, :2] = _rows.argmax_table(call.target[rows.greedy_target], call.start)
+    early = _NO_ROWS if top_k is None else _filters.early_rows(top_k, call.vocab_size)
     listing = None
-    if early.size:
+    if early.size and top_k is not None:
         listing = _filters.list_candidates(
             values, early, int(top_k[early].max()), None,
             None if group_maxima is None else group_maxima[early],
@@ -356,9 +398,10 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     z_top = gathered[:, :count, 0].max(axis=0)
     infinite = gathered[:, :count, 1].sum(axis=0) > 0
     largest_logit = gathered[:, :count, 2].max(axis=0)
-    _check_overflow(call, largest_logit, requests, law.names)
-    argmax = np.full(call.target.shape[0], -1, dtype=np.int64)
-    argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
+    _check_overflow(call, largest_logit, requests, law.names, z.divisor)
+    argmax = _rows.filled(call.target.shape[0], -1, dtype=np.int64)
+    if greedy_rows:
+        argmax[rows.greedy_target] = _rows.global_argmax(gathered[:, count:, :2])
 
     # Rounds: the filters (none without one), then the kept masses and the drafted tokens'
     # weights.
@@ -366,19 +409,19 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     on = ~infinite & ~no_mass
     floors = None
     kept = covered = None
-    if any_filter.any():
+    if filtering and top_k is not None and top_p is not None and min_p is not None:
         values_top = largest_logit.astype(dtype) if llama_cpp else z_top.astype(dtype)
         found = _filters.select_floors(
             exchange, values, values_top, on, top_k, top_p, min_p, call.vocab_size, llama_cpp,
             group_maxima, None if listing is None else (listing, gathered_lists),
         )
         filtered = found.filtered & on
-        floors = np.full(count, np.nan, dtype=dtype)
+        floors = _rows.filled(count, np.nan, dtype=dtype)
         if llama_cpp:
             # The law keeps z >= c_low / t, c_low the lowest logit the filters keep.
             floor_values = _rows.key_values(found.keys, dtype)
-            lowest_local = np.full(count, np.inf)
-            at = np.flatnonzero(filtered)
+            lowest_local = _rows.filled(count, np.inf)
+            at = filtered.nonzero()[0]
             if at.size:
                 chosen = values.values(at)
                 lowest_local[at] = np.min(
@@ -396,28 +439,38 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     laws = _laws.LawRows(z, z_top.astype(dtype), infinite, no_mass, floors, kept, covered)
     read = rows.read
     local = np.zeros((read.total, 2))
-    local[: law.target_count, 0] = laws.masses[: law.target_count]
-    if law.draft_count:
-        local[read.draft_first :, 0] = laws.masses[law.target_count :]
     owner = (read.tokens >= call.start) & (read.tokens < call.start + call.width)
     column = np.where(owner, read.tokens - call.start, 0)
-    if call.from_logits:
-        mine = np.flatnonzero(owner[: read.draft_first])
+    # Every row read a law row, in the same order: one lookup of the drafted tokens'
+    # weights for all of them.
+    all_laws = call.from_logits and (call.draft is None or rows.draft_laws)
+    if all_laws:
+        local[:, 0] = laws.masses
+        mine = owner.nonzero()[0]
         local[mine, 1] = laws.token_weights(mine, column[mine])
     else:
-        target_rows = call.target[rows.sampled_target].astype(np.float64)
-        local[: read.draft_first, 0] = target_rows.sum(axis=1)
-        mine = np.flatnonzero(owner[: read.draft_first])
-        local[mine, 1] = target_rows[mine, column[mine]]
-    if call.draft is not None:
-        mine = read.draft_first + np.flatnonzero(owner[read.draft_first :])
-        if rows.draft_laws:
-            law_rows = law.target_count + (mine - read.draft_first)
-            local[mine, 1] = laws.token_weights(law_rows, column[mine])
+        local[: law.target_count, 0] = laws.masses[: law.target_count]
+        if law.draft_count:
+            local[read.draft_first :, 0] = laws.masses[law.target_count :]
+        if call.from_logits:
+            mine = owner[: read.draft_first].nonzero()[0]
+            local[mine, 1] = laws.token_weights(mine, column[mine])
         else:
-            draft_rows = _clean(call.draft[rows.sampled_draft])
-            local[read.draft_first :, 0] = _rows.to_host(draft_rows.sum(axis=1))
-            local[mine, 1] = _rows.to_host(draft_rows[mine - read.draft_first, column[mine]])
+            target_rows = call.target[rows.sampled_target].astype(np.float64)
+            local[: read.draft_first, 0] = target_rows.sum(axis=1)
+            mine = owner[: read.draft_first].nonzero()[0]
+            local[mine, 1] = target_rows[mine, column[mine]]
+        if call.draft is not None:
+            mine = read.draft_first + owner[read.draft_first :].nonzero()[0]
+            if rows.draft_laws:
+                law_rows = law.target_count + (mine - read.draft_first)
+                local[mine, 1] = laws.token_weights(law_rows, column[mine])
+            else:
+                draft_rows = _clean(call.draft[rows.sampled_draft])
+                local[read.draft_first :, 0] = _rows.to_host(draft_rows.sum(axis=1))
+                local[mine, 1] = _rows.to_host(
+                    draft_rows[mine - read.draft_first, column[mine]]
+                )
     totals = _rows.row_totals(exchange, local)
     normaliser = totals[:, 0].copy()
     if not call.from_logits:
@@ -426,55 +479,38 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         normaliser[read.draft_first :] = 1.0
     value = np.where(normaliser > 0.0, totals[:, 1] / np.where(normaliser > 0, normaliser, 1), 0.0)
     # The law rows' probabilities as the kernels store them, in the rows' dtype.
-    law_read = np.zeros(read.total, dtype=bool)
-    law_read[: read.draft_first] = call.from_logits
-    law_read[read.draft_first :] = rows.draft_laws
-    value[law_read] = value[law_read].astype(dtype).astype(np.float64)
+    if all_laws:
+        value = value.astype(dtype).astype(np.float64)
+    else:
+        law_read = np.zeros(read.total, dtype=bool)
+        law_read[: read.draft_first] = call.from_logits
+        law_read[read.draft_first :] = rows.draft_laws
+        value[law_read] = value[law_read].astype(dtype).astype(np.float64)
 
     rows_of = _RowSource(call, rows, law, laws, normaliser)
     decided = _decide(exchange, call, rows, rows_of, value)
     output, lengths = decided.output, decided.lengths
     # Greedy requests.
-    greedy = np.flatnonzero(call.greedy)
-    if greedy.size:
-        _greedy(call, rows, argmax, greedy, output, lengths)
+    if call.any_greedy:
+        _greedy(call, rows, argmax, call.greedy.nonzero()[0], output, lengths)
     # Rounds: the residual and bonus draws, two-level.
     if decided.draws.size:
         draws = decided.draws
         positions = lengths[draws]
         bonus = positions == call.counts[draws]
-        # p where it may be positive; the residual max(rho p - q, 0) is 0 elsewhere.
-        p = rows_of.target_rows(rows.first_target[draws] + positions)
         scale = decided.scale[draws]
         draft_rows = call.offsets[draws] + positions
-        residual = p.dense.copy()
-        rejected = np.flatnonzero(~bonus[p.dense_rows])
-        if rejected.size:
-            chosen = p.dense_rows[rejected]
-            q = rows_of.draft(draft_rows[chosen])
-            # max(rho p - q, 0) in place, one compiled pass a row (the NumPy expression's
-            # bits, but for the sign of a zero, which weighs nothing).
-            _rows.passes(residual).shard_residuals(
-                residual, rejected.astype(np.int64),
-                np.ascontiguousarray(scale[chosen], dtype=np.float64),
-                _rows.library(q).ascontiguousarray(q, dtype=np.float64),
-            )
-        entries = p.sparse
-        sparse_residual = entries.weights.copy()
-        rejected = np.flatnonzero(~bonus[entries.rows])
-        if rejected.size:
-            chosen = entries.rows[rejected]
-            q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
-            sparse_residual[rejected] = np.maximum(
-                scale[chosen] * entries.weights[rejected] - q_entries, 0.0
-            )
-        weights = _rows.RowSet(
-            p.num_rows, p.dense_rows, residual,
-            _rows.Sparse(entries.rows, entries.columns, sparse_residual),
-        )
         v = call.uniforms[draws, call.counts[draws] + bonus]
-        drawn = _rows.draw(exchange, shard, call.start, weights, p, v)
-        empty = np.flatnonzero(drawn.empty)
+        target_rows = rows.first_target[draws] + positions
+        dense = rows_of.dense_draws(target_rows, draft_rows, bonus, scale)
+        if dense is not None:
+            # Rows without a filter: p, the residuals and both masses by one compiled call.
+            p, weights, masses = dense
+            drawn = _rows.draw(exchange, shard, call.start, weights, p, v, masses)
+        else:
+            drawn = _draw_rows(exchange, shard, call, rows_of, target_rows, draft_rows, bonus,
+                               scale, v)
+        empty = drawn.empty.nonzero()[0]
         if empty.size:
             name = "target_logits" if call.from_logits else "target_probs"
             raise ValueError(
@@ -491,6 +527,41 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
     return result
 
 
+def _draw_rows(
+    exchange: Exchange, shard: Any, call: _Call, rows_of: _RowSource, target_rows: np.ndarray,
+    draft_rows: np.ndarray, bonus: np.ndarray, scale: np.ndarray, v: np.ndarray,
+) -> _rows.Draws:
+    """The draws of any rows: ``p`` where it may be positive, the residual ``max(rho p - q,
+    0)`` (0 elsewhere), and the two-level draw."""
+    p = rows_of.target_rows(target_rows)
+    residual = p.dense.copy()
+    rejected = (~bonus[p.dense_rows]).nonzero()[0]
+    if rejected.size:
+        chosen = p.dense_rows[rejected]
+        q = rows_of.draft(draft_rows[chosen])
+        # max(rho p - q, 0) in place, one compiled pass a row (the NumPy expression's
+        # bits, but for the sign of a zero, which weighs nothing).
+        _rows.passes(residual).shard_residuals(
+            residual, rejected.astype(np.int64),
+            np.ascontiguousarray(scale[chosen], dtype=np.float64),
+            _rows.library(q).ascontiguousarray(q, dtype=np.float64),
+        )
+    entries = p.sparse
+    sparse_residual = entries.weights.copy()
+    rejected = (~bonus[entries.rows]).nonzero()[0]
+    if rejected.size:
+        chosen = entries.rows[rejected]
+        q_entries = rows_of.draft_entries(draft_rows[chosen], entries.columns[rejected])
+        sparse_residual[rejected] = np.maximum(
+            scale[chosen] * entries.weights[rejected] - q_entries, 0.0
+        )
+    weights = _rows.RowSet(
+        p.num_rows, p.dense_rows, residual,
+        _rows.Sparse(entries.rows, entries.columns, sparse_residual),
+    )
+    return _rows.draw(exchange, shard, call.start, weights, p, v)
+
+
 class _Read(NamedTuple):
     """The rows whose masses and drafted values the totals round carries: the sampled
     requests' target rows, then their draft rows (when draft rows are given)."""
@@ -505,25 +576,35 @@ class _Rows:
 
     def __init__(self, call: _Call) -> None:
         batch_size, counts = call.batch_size, call.counts
-        self.first_target = call.offsets[:-1] + np.arange(batch_size) * call.bonus_rows
+        requests = np.arange(batch_size)
+        self.first_target = call.offsets[:-1] + requests * call.bonus_rows
         per_request = counts + call.bonus_rows
-        request_of_target = np.repeat(np.arange(batch_size), per_request)
-        request_of_draft = np.repeat(np.arange(batch_size), counts)
-        sampled = ~call.greedy
-        self.sampled_target = np.flatnonzero(sampled[request_of_target])
-        self.greedy_target = np.flatnonzero(call.greedy[request_of_target])
-        self.sampled_draft = np.flatnonzero(sampled[request_of_draft])
+        request_of_target = self.request_of_target = requests.repeat(per_request)
+        request_of_draft = self.request_of_draft = requests.repeat(counts)
+        num_rows = call.target.shape[0]
+        if call.any_greedy:
+            sampled = ~call.greedy
+            self.sampled_target = sampled[request_of_target].nonzero()[0]
+            self.greedy_target = call.greedy[request_of_target].nonzero()[0]
+            self.sampled_draft = sampled[request_of_draft].nonzero()[0]
+        else:
+            self.sampled_target = np.arange(num_rows)
+            self.greedy_target = _NO_ROWS
+            self.sampled_draft = np.arange(call.total)
         # The drafted token each target row tests (-1 at a bonus row).
-        position = np.arange(call.target.shape[0]) - self.first_target[request_of_target]
-        drafting = position < counts[request_of_target]
-        self.target_token = np.full(call.target.shape[0], -1, dtype=np.int64)
-        self.target_token[drafting] = call.draft_ids[
-            call.offsets[request_of_target[drafting]] + position[drafting]
-        ]
+        # Draft position d of request b tests target row d + b (d without bonus rows).
+        self.target_token = _rows.filled(num_rows, -1, dtype=np.int64)
+        if call.bonus_rows:
+            self.target_token[np.arange(call.total) + request_of_draft] = call.draft_ids
+        else:
+            self.target_token[: call.total] = call.draft_ids
         # Row index -> its place among the rows read (-1: not read).
-        self.target_at = np.full(call.target.shape[0], -1, dtype=np.int64)
-        self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
-        self.draft_at = np.full(call.total, -1, dtype=np.int64)
+        if call.any_greedy:
+            self.target_at = _rows.filled(num_rows, -1, dtype=np.int64)
+            self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
+        else:
+            self.target_at = np.arange(num_rows)
+        self.draft_at = _rows.filled(call.total, -1, dtype=np.int64)
         self.draft_laws = call.draft is not None and call.draft_from_logits
         tokens = [self.target_token[self.sampled_target]]
         draft_first = self.sampled_target.size
@@ -549,13 +630,11 @@ def _law_rows(call: _Call, rows: _Rows) -> _LawBlocks:
     dtype = call.target.dtype
     parts: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     if call.from_logits:
-        request_of_target = np.repeat(np.arange(call.batch_size), call.counts + call.bonus_rows)
         parts.append(("target_logits", call.target, rows.sampled_target,
-                      request_of_target[rows.sampled_target]))
+                      rows.request_of_target[rows.sampled_target]))
     if rows.draft_laws and call.draft is not None:
-        request_of_draft = np.repeat(np.arange(call.batch_size), call.counts)
         parts.append(("draft_logits", call.draft, rows.sampled_draft,
-                      request_of_draft[rows.sampled_draft]))
+                      rows.request_of_draft[rows.sampled_draft]))
     arrays = []
     for _, source, indices, _ in parts:
         whole = indices.size == source.shape[0]
@@ -604,7 +683,7 @@ class _RowSource:
         if call.draft is None:
             q = _rows.library(call.target).zeros((indices.size, call.width))
             tokens = call.draft_ids[indices]
-            owned = np.flatnonzero((tokens >= call.start) & (tokens < call.start + call.width))
+            owned = ((tokens >= call.start) & (tokens < call.start + call.width)).nonzero()[0]
             q[owned, tokens[owned] - call.start] = np.inf
             return q
         read = self.rows.draft_at[indices]
@@ -612,6 +691,47 @@ class _RowSource:
             law_rows = self.law.target_count + (read - self.rows.read.draft_first)
             return self.laws.probabilities(law_rows, self.normaliser[read])
         return _clean(call.draft[indices])
+
+    def dense_draws(
+        self, target_rows: np.ndarray, draft_rows: np.ndarray, bonus: np.ndarray,
+        scale: np.ndarray,
+    ) -> tuple[_rows.RowSet, _rows.RowSet, np.ndarray] | None:
+        """Where every draw reads logits rows without a filter or ``+inf`` (and a draft
+        law row where it draws a residual), on the host: ``p`` and the residuals as
+        :class:`~.rows.RowSet` s held whole and the masses ``[D, 2]`` (residual, ``p``)
+        by ``_core``'s ``dense_draw_rows`` (the general path's passes, one call); else
+        None."""
+        call, laws = self.call, self.laws
+        if not call.from_logits or laws.library is not np or not laws.width:
+            return None
+        read = self.rows.target_at[target_rows]
+        p_rows = laws.dense_at[read]
+        if np.count_nonzero(p_rows < 0):
+            return None
+        count = target_rows.size
+        q_rows = _rows.filled(count, -1, dtype=np.int64)
+        q_masses = np.zeros(count)
+        rejected = (~bonus).nonzero()[0]
+        if rejected.size:
+            if call.draft is None or not self.rows.draft_laws:
+                return None
+            read_q = self.rows.draft_at[draft_rows[rejected]]
+            found = laws.dense_at[self.law.target_count + (read_q - self.rows.read.draft_first)]
+            if np.count_nonzero(found < 0):
+                return None
+            q_rows[rejected] = found
+            q_masses[rejected] = self.normaliser[read_q]
+        p = np.empty((count, laws.width))
+        residual = np.empty((count, laws.width))
+        masses = np.empty((count, 2))
+        _core.dense_draw_rows(laws.dense_weights, p_rows, self.normaliser[read], q_rows,
+                              q_masses, np.ascontiguousarray(scale, dtype=np.float64), p,
+                              residual, masses)
+        every = np.arange(count)
+        empty = np.zeros(0, dtype=np.int64)
+        nothing = _rows.Sparse(empty, empty, np.zeros(0))
+        return (_rows.RowSet(count, every, p, nothing),
+                _rows.RowSet(count, every, residual, nothing), masses)
 
     def target_rows(self, indices: np.ndarray) -> _rows.RowSet:
         """``p`` of target rows ``indices`` where it may be positive."""
@@ -650,11 +770,25 @@ def _decide(
     round for block verification, one for typical acceptance), and the requests that
     draw: a rejection's residual, or the bonus token where no bonus id is given."""
     batch_size, counts = call.batch_size, call.counts
-    output = np.full((batch_size, call.max_k + 1), -1, dtype=np.int64)
+    output = _rows.filled((batch_size, call.max_k + 1), -1, dtype=np.int64)
     lengths = np.zeros(batch_size, dtype=np.int64)
     scale = np.ones(batch_size)
-    sampled = np.flatnonzero(~call.greedy)
+    sampled = (~call.greedy).nonzero()[0] if call.any_greedy else np.arange(batch_size)
     if not sampled.size:
+        return _Decided(output, lengths, sampled, scale)
+    if call.method not in ("block", "typical"):
+        # Rejection sampling: each request's accepted length and ids by one compiled pass
+        # (accept while u q < p), the bonus ids and the draws as below.
+        _core.rejection_lengths(
+            sampled, counts, rows.first_target, rows.target_at, call.offsets, rows.draft_at,
+            call.draft_ids, value, call.uniforms, call.draft is not None, output, lengths,
+        )
+        k = counts[sampled]
+        r = lengths[sampled]
+        full = r == k
+        if call.bonus_ids is not None:
+            output[sampled[full], k[full]] = call.bonus_ids[sampled[full]]
+            return _Decided(output, lengths, sampled[~full], scale)
         return _Decided(output, lengths, sampled, scale)
     width = max(call.max_k, 1)
     positions = np.arange(width)
@@ -663,19 +797,23 @@ def _decide(
     last_target = call.target.shape[0] - 1
     target_rows = np.minimum(rows.first_target[sampled, None] + positions, last_target)
     p_x = np.where(valid, value[rows.target_at[target_rows]], 1.0)
-    q_x = np.ones_like(p_x)
-    ids = np.full(valid.shape, -1, dtype=np.int64)
     if call.total:
         draft_rows = np.minimum(call.offsets[sampled, None] + positions, call.total - 1)
         ids = np.where(valid, call.draft_ids[draft_rows], -1)
         if call.draft is not None:
             q_x = np.where(valid, value[rows.draft_at[draft_rows]], 1.0)
+        else:
+            q_x = np.ones_like(p_x)
+    else:
+        ids = _rows.filled(valid.shape, -1, dtype=np.int64)
+        q_x = np.ones_like(p_x)
     u = call.uniforms[sampled]
-    # Every (request, position) with a draft, request by request.
-    flat = np.flatnonzero(valid.reshape(-1))
-    at_request = sampled[flat // width]
-    at_position = flat % width
-    every = np.arange(sampled.size)
+    if call.method in ("block", "typical"):
+        # Every (request, position) with a draft, request by request.
+        flat = valid.reshape(-1).nonzero()[0]
+        at_request = sampled[flat // width]
+        at_position = flat % width
+        every = np.arange(sampled.size)
     if call.method == "block":
         rho = _path_weights(np, np.where(valid, p_x, 1.0), np.where(valid, q_x, 1.0))
         # The weighted residuals' masses at every position: one round, one number each.
@@ -694,7 +832,7 @@ def _decide(
         h = np.concatenate([inner, np.zeros((sampled.size, 1))], axis=1)
         h[every, np.maximum(k - 1, 0)] = rho[every, k]
         passing = valid & (u[:, :width] < h)
-        last = width - 1 - np.argmax(passing[:, ::-1], axis=1)
+        last = width - 1 - passing[:, ::-1].argmax(axis=1)
         r = np.where(passing.any(axis=1), last + 1, 0)
         scale[sampled] = np.where(r < k, rho[every, np.minimum(r, width)], 1.0)
     elif call.method == "typical":
@@ -714,12 +852,12 @@ def _decide(
         chosen = flat_chosen.reshape(valid.shape)
         scaled = alpha * np.exp(-entropy) if alpha > 0 else np.zeros_like(entropy)
         rejected = valid & ~(p_x > np.minimum(threshold, scaled))
-        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
-        stop = np.flatnonzero(r < k)
+        r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
+        stop = (r < k).nonzero()[0]
         output[sampled[stop], r[stop]] = chosen[stop, r[stop]]
     else:
         rejected = valid & ~(u[:, :width] * q_x < p_x)
-        r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+        r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
     accepted = positions[None, :] < r[:, None]
     output[sampled, :width] = np.where(accepted, ids, output[sampled, :width])
     lengths[sampled] = r
@@ -740,16 +878,16 @@ def _greedy(call: _Call, rows: _Rows, argmax: np.ndarray, greedy: np.ndarray,
     valid = positions[None, :] < k[:, None]
     last_target = call.target.shape[0] - 1
     tests = argmax[np.minimum(rows.first_target[greedy, None] + positions, last_target)]
-    ids = np.full(valid.shape, -1, dtype=np.int64)
+    ids = _rows.filled(valid.shape, -1, dtype=np.int64)
     if call.total:
         draft_rows = np.minimum(call.offsets[greedy, None] + positions, call.total - 1)
         ids = np.where(valid, call.draft_ids[draft_rows], -1)
     rejected = valid & (ids != tests)
-    r = np.where(rejected.any(axis=1), np.argmax(rejected, axis=1), k)
+    r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
     output[greedy, :width] = np.where(positions[None, :] < r[:, None], ids, -1)
-    stop = np.flatnonzero(r < k)
+    stop = (r < k).nonzero()[0]
     output[greedy[stop], r[stop]] = tests[stop, r[stop]]
-    full = np.flatnonzero(r == k)
+    full = (r == k).nonzero()[0]
     if call.bonus_ids is not None:
         output[greedy[full], k[full]] = call.bonus_ids[greedy[full]]
     else:
@@ -758,16 +896,18 @@ def _greedy(call: _Call, rows: _Rows, argmax: np.ndarray, greedy: np.ndarray,
 
 
 def _check_overflow(
-    call: _Call, largest: np.ndarray, requests: np.ndarray, names: list[tuple[str, np.ndarray]]
+    call: _Call, largest: np.ndarray, requests: np.ndarray, names: list[tuple[str, np.ndarray]],
+    divisor: np.ndarray,
 ) -> None:
     """The unsharded call's refusal of a temperature that makes a row's largest finite
     logit overflow (``docs/semantics.md`` section 12), on the gathered maxima: the same
-    ValueError on every rank."""
+    ValueError on every rank (``divisor``: the rows' temperatures in the rows' dtype)."""
     dtype = call.target.dtype
-    divisor = call.temperature[requests].astype(dtype)
+    if not np.count_nonzero(divisor < 1):
+        return
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         quotient = largest.astype(dtype) / divisor
-    overflow = np.flatnonzero((divisor < 1) & np.isfinite(largest) & np.isinf(quotient))
+    overflow = ((divisor < 1) & np.isfinite(largest) & np.isinf(quotient)).nonzero()[0]
     if not overflow.size:
         return
     first = int(overflow[0])

@@ -33,6 +33,7 @@ __all__ = [
     "Sparse",
     "argmax_table",
     "draw",
+    "filled",
     "global_argmax",
     "key_values",
     "library",
@@ -50,9 +51,17 @@ DIGIT_BITS = 8
 BUCKETS = 1 << DIGIT_BITS
 
 
+def filled(shape: Any, value: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``np.full(shape, value, dtype)`` without its Python wrapper (a sharded call makes
+    dozens of these small arrays a step)."""
+    out = np.empty(shape, dtype=dtype)
+    out.fill(value)
+    return out
+
+
 def library(array: Any) -> Any:
     """The array library of ``array``: CuPy for device rows, else NumPy."""
-    if is_cupy_array(array):
+    if type(array) is not np.ndarray and is_cupy_array(array):
         import cupy
 
         return cupy
@@ -64,7 +73,7 @@ def passes(array: Any) -> Any:
     for NumPy rows, the CUDA kernels' for CuPy rows
     (``specdec_np._kernels.cuda_shard_passes.shard_like``: the same calling convention,
     the per-row numbers on the host)."""
-    if is_cupy_array(array):
+    if type(array) is not np.ndarray and is_cupy_array(array):
         from .._kernels import cuda_shard_passes as cuda
 
         return cuda.shard_like
@@ -73,33 +82,32 @@ def passes(array: Any) -> Any:
 
 def to_host(array: Any) -> np.ndarray:
     """``array`` as a NumPy array (a copy from the device for CuPy arrays)."""
-    return array.get() if is_cupy_array(array) else array
+    return array if type(array) is np.ndarray or not is_cupy_array(array) else array.get()
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys in the order of the float32 or float64 ``values`` (no NaN), ``-0``
-    and ``+0`` one key, so that a cutoff on keys is a cutoff on values."""
-    values = values + values.dtype.type(0)  # -0 + 0 is +0
-    if values.dtype == np.float32:
-        bits = values.view(np.uint32).astype(np.uint64)
-        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
-    else:
-        bits = values.view(np.uint64)
-        sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
-    # Negative floats order backwards by their bits: flip them all; lift the positive ones.
-    return np.where((bits & sign) != 0, full ^ bits, bits | sign)
+    and ``+0`` one key, so that a cutoff on keys is a cutoff on values (the float's bits,
+    negative values flipped whole and positive ones lifted by the sign bit: ``_core``'s
+    ``float_keys``)."""
+    values = np.asarray(values)
+    if not values.flags.c_contiguous:
+        values = values.copy()
+    keys = np.empty(values.shape, dtype=np.uint64)
+    _core.float_keys(values.reshape(-1), keys.reshape(-1))
+    return keys
 
 
 def key_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The values (of ``dtype``, float32 or float64) whose :func:`ordered_keys` are
-    ``keys`` (uint64; the key of ``-0`` gives ``+0``)."""
+    ``keys`` (uint64; the key of ``-0`` gives ``+0``; ``_core``'s ``key_floats``)."""
     keys = np.asarray(keys, dtype=np.uint64)
-    if np.dtype(dtype) == np.float32:
-        sign, full = np.uint64(1 << 31), np.uint64(0xFFFFFFFF)
-        bits = np.where((keys & sign) != 0, keys ^ sign, full ^ keys)
-        return bits.astype(np.uint32).view(np.float32)
-    sign, full = np.uint64(1 << 63), np.uint64(0xFFFFFFFFFFFFFFFF)
-    return np.where((keys & sign) != 0, keys ^ sign, full ^ keys).view(np.float64)
+    if not keys.flags.c_contiguous:
+        keys = keys.copy()
+    values = np.empty(keys.shape, dtype=np.float32 if np.dtype(dtype) == np.float32
+                      else np.float64)
+    _core.key_floats(keys.reshape(-1), values.reshape(-1))
+    return values
 
 
 def radix_select(
@@ -157,8 +165,8 @@ def top_k_chooser(k: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
 
     def choose(histogram: np.ndarray, round_index: int) -> np.ndarray:
         descending = histogram[:, ::-1].astype(np.int64)
-        cumulative = np.cumsum(descending, axis=1)
-        j = np.argmax(cumulative >= remaining[:, None], axis=1)
+        cumulative = descending.cumsum(axis=1)
+        j = (cumulative >= remaining[:, None]).argmax(axis=1)
         rows = np.arange(histogram.shape[0])
         remaining[:] -= cumulative[rows, j] - descending[rows, j]
         return BUCKETS - 1 - j
@@ -177,11 +185,11 @@ def top_p_chooser(top_p: np.ndarray) -> Callable[[np.ndarray, int], np.ndarray]:
         if round_index == 0:
             target[:] = top_p * histogram.sum(axis=1)
         descending = histogram[:, ::-1]
-        running = np.cumsum(descending, axis=1)
+        running = descending.cumsum(axis=1)
         reached = (above[:, None] + running >= target[:, None]) & (descending > 0.0)
         positive = descending > 0.0
-        lowest_with_mass = BUCKETS - 1 - np.argmax(positive[:, ::-1], axis=1)
-        j = np.where(reached.any(axis=1), np.argmax(reached, axis=1), lowest_with_mass)
+        lowest_with_mass = BUCKETS - 1 - positive[:, ::-1].argmax(axis=1)
+        j = np.where(reached.any(axis=1), reached.argmax(axis=1), lowest_with_mass)
         rows = np.arange(histogram.shape[0])
         above[:] += running[rows, j] - descending[rows, j]
         return BUCKETS - 1 - j
@@ -200,13 +208,13 @@ def argmax_table(rows: np.ndarray, start: int) -> np.ndarray:
         # The kernels' greedy argmax, one read of each row (NaN never wins).
         passes(rows).shard_argmax(library(rows).ascontiguousarray(rows), int(start), table)
         return table
-    first = np.argmax(rows, axis=1)  # a NaN wins here: those rows are redone without it
+    first = rows.argmax(axis=1)  # a NaN wins here: those rows are redone without it
     largest = rows[np.arange(rows.shape[0]), first]
-    with_nan = np.flatnonzero(np.isnan(largest))
+    with_nan = np.isnan(largest).nonzero()[0]
     if with_nan.size:
         clean = rows[with_nan]
         clean = np.where(np.isnan(clean), -np.inf, clean)
-        first[with_nan] = np.argmax(clean, axis=1)
+        first[with_nan] = clean.argmax(axis=1)
         largest[with_nan] = clean[np.arange(with_nan.size), first[with_nan]]
     table[:, 0] = largest
     table[:, 1] = first + start
@@ -280,9 +288,9 @@ class RowSet(NamedTuple):
         (in column order) exceeds ``inside`` (its last positive weight where rounding
         runs past it); every row has one."""
         found = np.zeros(rows.size, dtype=np.int64)
-        where = np.full(self.num_rows, -1, dtype=np.int64)
+        where = filled(self.num_rows, -1, dtype=np.int64)
         where[self.dense_rows] = np.arange(self.dense_rows.size)
-        whole = np.flatnonzero(where[rows] >= 0)
+        whole = (where[rows] >= 0).nonzero()[0]
         if whole.size and self.dense.shape[1]:
             crossing = np.zeros(whole.size, dtype=np.int64)
             dense = library(self.dense).ascontiguousarray(self.dense, dtype=np.float64)
@@ -292,9 +300,9 @@ class RowSet(NamedTuple):
                 np.ascontiguousarray(inside[whole], dtype=np.float64), crossing,
             )
             found[whole] = crossing
-        apart = np.flatnonzero(where[rows] < 0)
+        apart = (where[rows] < 0).nonzero()[0]
         if apart.size:
-            place_of = np.full(self.num_rows, -1, dtype=np.int64)
+            place_of = filled(self.num_rows, -1, dtype=np.int64)
             place_of[rows[apart]] = np.arange(apart.size)
             take = place_of[self.sparse.rows] >= 0
             row_of = place_of[self.sparse.rows[take]]
@@ -317,9 +325,9 @@ def _first_crossing(block: np.ndarray, inside: np.ndarray) -> np.ndarray:
     entries exceeds ``inside``, else the last positive entry."""
     block = np.where(block > 0.0, block, 0.0)
     positive = block > 0.0
-    hits = (np.cumsum(block, axis=1) > inside[:, None]) & positive
-    last_positive = block.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
-    return np.where(hits.any(axis=1), np.argmax(hits, axis=1), last_positive)
+    hits = (block.cumsum(axis=1) > inside[:, None]) & positive
+    last_positive = block.shape[1] - 1 - positive[:, ::-1].argmax(axis=1)
+    return np.where(hits.any(axis=1), hits.argmax(axis=1), last_positive)
 
 
 def draw(
@@ -329,6 +337,7 @@ def draw(
     weights: RowSet,
     fallback: RowSet,
     v: np.ndarray,
+    masses: np.ndarray | None = None,
 ) -> Draws:
     """Inverse-CDF draws, one per row, from weights spread over the shards (two rounds).
 
@@ -347,33 +356,41 @@ def draw(
         ``D`` rows of weights (anything not > 0 weighs nothing).
     v : float64 [D]
         The draws' uniforms.
+    masses : float64 [D, 2] or None
+        The rows' masses (``weights``', ``fallback``'s) where already summed.
 
     Returns
     -------
     Draws
         ``tokens`` int64 [D] (-1 where ``empty``), ``empty`` bool [D].
     """
-    local = np.stack([weights.masses(), fallback.masses()], axis=1)
-    masses = exchange.gather(local)[shard.order()]  # [S, D, 2], vocabulary order
+    if masses is None:
+        local = np.empty((v.shape[0], 2))
+        local[:, 0] = weights.masses()
+        local[:, 1] = fallback.masses()
+    else:
+        local = masses
+    order = shard.order()
+    masses = exchange.gather(local)[order]  # [S, D, 2], vocabulary order
     use_fallback = masses[:, :, 0].sum(axis=0) == 0.0
     chosen = shard_masses(
         np.where(use_fallback[None, :], masses[:, :, 1], masses[:, :, 0]), shard
     )  # [S, D]
-    running = np.cumsum(chosen, axis=0)
-    total = running[-1] if running.shape[0] else np.zeros(v.shape)
-    empty = ~(total > 0.0)
-    threshold = v * total
-    crossing = (running > threshold[None, :]) & (chosen > 0.0)
-    last_with_mass = chosen.shape[0] - 1 - np.argmax((chosen > 0.0)[::-1], axis=0)
-    position = np.where(crossing.any(axis=0), np.argmax(crossing, axis=0), last_with_mass)
-    # The running mass before each shard, exactly the sum the crossing test added to.
-    before = np.concatenate([np.zeros((1, v.shape[0])), running[:-1]], axis=0)
-    rows = np.arange(v.shape[0])
-    inside = threshold - before[position, rows]
-    mine = (shard.order()[position] == exchange.rank) & ~empty
-    tokens = np.full(v.shape[0], -1, dtype=np.int64)
+    # Each draw's shard and what is left inside it, by one compiled pass over the shards'
+    # masses (_core's draw_shards: the cumulative sum's bits, the same on every rank).
+    count = v.shape[0]
+    position = np.empty(count, dtype=np.int64)
+    inside = np.empty(count)
+    flags = np.empty((2, count), dtype=np.uint8)
+    _core.draw_shards(
+        np.ascontiguousarray(chosen, dtype=np.float64), np.ascontiguousarray(order, np.int64),
+        np.ascontiguousarray(v, dtype=np.float64), exchange.rank, position, inside,
+        flags[0], flags[1],
+    )
+    empty, mine = flags.view(bool)
+    tokens = filled(v.shape[0], -1, dtype=np.int64)
     for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
-        at = np.flatnonzero(use)
+        at = use.nonzero()[0]
         if at.size:
             tokens[at] = start + source.crossings(at, inside[at])
     tokens = exchange.gather(tokens).max(axis=0)
