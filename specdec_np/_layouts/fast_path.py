@@ -58,7 +58,7 @@ from . import padded as _chains
 from . import sampling as _sampling
 from .engine_call import RowSources, UniformSource, kernel_options
 
-__all__ = ["ragged_call", "sample_lane"]
+__all__ = ["lane_key", "ragged_call", "sample_lane"]
 
 _ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
@@ -558,6 +558,9 @@ def _keep_lane(
     """Keep a successful step's launch under its key (the inputs after the rows are the
     batch's read-only arrays of a step without drafts)."""
     inputs = batch.kernel_inputs()
+    for array in inputs[2:]:
+        if type(array) is _NDARRAY:
+            array.flags.writeable = False  # read by every later step of the kind
     lanes = getattr(_LANES, "lanes", None)
     if lanes is None:
         lanes = _LANES.lanes = {}
