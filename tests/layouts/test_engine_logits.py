@@ -202,6 +202,18 @@ def _argmax_near_tie(row: np.ndarray, relative: float) -> bool:
     return ordered.size > 1 and ordered[0] > 0 and _near(ordered[0], ordered[1], relative)
 
 
+def _argmax_merged_by_rounding(
+    logits: np.ndarray, p: np.ndarray, token: int, expected: int
+) -> bool:
+    """Whether the reference's rounding tied the kernel's token with its own at its
+    maximum while the kernel's token has the larger logit (logits 2^-52 apart give one
+    weight): its first-index rule then picked the lower logit.  Equal logits stay a tie
+    that the first index must break."""
+    return bool(
+        p[token] == p[expected] == p.max() and logits[token] > logits[expected]
+    )
+
+
 def check_request(
     request: Request,
     method: str,
@@ -241,8 +253,10 @@ def check_request(
         return "bonus draw"
     if not verifier.stochastic:
         # A deterministic verifier emits the argmax at its first rejection.
-        assert decisions.knife_edge(request.delta, r + 1) or _argmax_near_tie(
-            request.p[r], 2 * request.delta
+        assert (
+            decisions.knife_edge(request.delta, r + 1)
+            or _argmax_near_tie(request.p[r], 2 * request.delta)
+            or _argmax_merged_by_rounding(request.raw_target[r], request.p[r], token, expected)
         ), (token, expected)
         return "argmax near-tie"
     weights = decisions.rho[r] * request.p[r] - request.q_rows()[r]
