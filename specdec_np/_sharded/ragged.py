@@ -776,8 +776,9 @@ def _decide(
     sampled = (~call.greedy).nonzero()[0] if call.any_greedy else np.arange(batch_size)
     if not sampled.size:
         return _Decided(output, lengths, sampled, scale)
-    if call.method not in ("block", "typical"):
-        # Rejection sampling: each request's accepted length and ids by one compiled pass
+    verifier = registry.get(call.method)
+    if verifier.stochastic and not verifier.causal_counts:
+        # Token-wise rejection: each request's accepted length and ids by one compiled pass
         # (accept while u q < p), the bonus ids and the draws as below.
         _core.rejection_lengths(
             sampled, counts, rows.first_target, rows.target_at, call.offsets, rows.draft_at,
@@ -808,13 +809,13 @@ def _decide(
         ids = _rows.filled(valid.shape, -1, dtype=np.int64)
         q_x = np.ones_like(p_x)
     u = call.uniforms[sampled]
-    if call.method in ("block", "typical"):
-        # Every (request, position) with a draft, request by request.
-        flat = valid.reshape(-1).nonzero()[0]
-        at_request = sampled[flat // width]
-        at_position = flat % width
-        every = np.arange(sampled.size)
-    if call.method == "block":
+    # Block verification or typical acceptance (greedy requests draw nothing here): every
+    # (request, position) with a draft, request by request.
+    flat = valid.reshape(-1).nonzero()[0]
+    at_request = sampled[flat // width]
+    at_position = flat % width
+    every = np.arange(sampled.size)
+    if verifier.causal_counts:
         rho = _path_weights(np, np.where(valid, p_x, 1.0), np.where(valid, q_x, 1.0))
         # The weighted residuals' masses at every position: one round, one number each.
         local = np.zeros(flat.size)
@@ -835,7 +836,7 @@ def _decide(
         last = width - 1 - passing[:, ::-1].argmax(axis=1)
         r = np.where(passing.any(axis=1), last + 1, 0)
         scale[sampled] = np.where(r < k, rho[every, np.minimum(r, width)], 1.0)
-    elif call.method == "typical":
+    else:
         threshold, alpha = call.parameters
         flat_entropy = np.zeros(valid.size)
         flat_chosen = np.zeros(valid.size, dtype=np.int64)
@@ -855,9 +856,6 @@ def _decide(
         r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
         stop = (r < k).nonzero()[0]
         output[sampled[stop], r[stop]] = chosen[stop, r[stop]]
-    else:
-        rejected = valid & ~(u[:, :width] * q_x < p_x)
-        r = np.where(rejected.any(axis=1), rejected.argmax(axis=1), k)
     accepted = positions[None, :] < r[:, None]
     output[sampled, :width] = np.where(accepted, ids, output[sampled, :width])
     lengths[sampled] = r
@@ -865,7 +863,7 @@ def _decide(
     if call.bonus_ids is not None:
         output[sampled[full], k[full]] = call.bonus_ids[sampled[full]]
     draws_bonus = full & (call.bonus_ids is None)
-    draws = sampled[draws_bonus if call.method == "typical" else (~full | draws_bonus)]
+    draws = sampled[(~full | draws_bonus) if verifier.stochastic else draws_bonus]
     return _Decided(output, lengths, draws, scale)
 
 

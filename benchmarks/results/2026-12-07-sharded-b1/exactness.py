@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_np import sharded
+from specdec_np import registry, sharded
 
 ROW_NAMES = ("target_logits", "target_probs", "draft_logits", "draft_probs")
 
@@ -108,7 +108,7 @@ def calls() -> list[tuple]:
                     if form == "probs" and setting:
                         continue
                     for mix in (False, True):
-                        for method in ("rejection", "block", "typical", "greedy"):
+                        for method in registry.names():
                             if method != "rejection" and (len(setting) not in (0, 3) or mix):
                                 continue
                             for widths in ([2000, 2000], [1500, 0, 2500], [4000]):
