@@ -304,6 +304,18 @@ def test_float_keys_order_the_values_and_come_back(dtype):
     assert not np.array_equal(keys, values.view(np.uint32 if bits == 32 else np.uint64))
 
 
+def _merged(gathered: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_core.merge_shard_lists`` of the ranks' lists ``[ranks, rows, size + 1]``: the
+    merged keys and counts ``[rows, ranks * (size + 1)]`` and each row's known count."""
+    ranks, count = gathered.shape[:2]
+    length = ranks * size + ranks
+    keys = np.empty((count, length), dtype=np.uint64)
+    counts = np.empty((count, length), dtype=np.int64)
+    known = np.empty(count, dtype=np.uint64)
+    _core.merge_shard_lists(gathered, size, keys, counts, known)
+    return keys, counts, known
+
+
 def _merge_oracle(gathered, size):
     ranks, count = gathered.shape[0], gathered.shape[1]
     keys = gathered[:, :, :size]
@@ -338,11 +350,7 @@ def test_merged_lists_and_top_k_floors_are_the_numpy_expressions():
                     sent_keys = rng.permutation(sent_keys)
                 gathered[rank, row, :sent] = sent_keys
                 gathered[rank, row, size] = sent + (rng.integers(0, 3) if sent == size else 0)
-        length = ranks * size + ranks
-        keys = np.empty((count, length), dtype=np.uint64)
-        counts = np.empty((count, length), dtype=np.int64)
-        known = np.empty(count, dtype=np.uint64)
-        _core.merge_shard_lists(gathered, size, keys, counts, known)
+        keys, counts, known = _merged(gathered, size)
         expected = _merge_oracle(gathered, size)
         for found, wanted in zip((keys, counts, known), expected, strict=True):
             np.testing.assert_array_equal(found, wanted)
@@ -445,14 +453,10 @@ def test_top_p_keys_are_the_running_mass_cutoffs(dtype):
                 values = np.round(rng.standard_normal(sent) * 3, 1).astype(dtype)  # ties
                 gathered[rank, row, :sent] = np.sort(_keys_oracle(values))[::-1]
                 gathered[rank, row, size] = sent + (rng.integers(0, 3) if sent == size else 0)
-        length = ranks * size + ranks
-        keys = np.empty((count, length), dtype=np.uint64)
-        counts = np.empty((count, length), dtype=np.int64)
-        known = np.empty(count, dtype=np.uint64)
-        _core.merge_shard_lists(gathered, size, keys, counts, known)
+        keys, counts, known = _merged(gathered, size)
         top = np.where(keys[:, 0] > 0, _values_oracle(keys[:, 0], dtype), 0).astype(dtype)
         floors = np.where(rng.random(count) < 0.5, np.uint64(0),
-                          keys[np.arange(count), rng.integers(0, length, count)])
+                          keys[np.arange(count), rng.integers(0, keys.shape[1], count)])
         top_p, masses = rng.random(count), rng.random(count) * 5
         cutoffs = np.empty(count, dtype=np.uint64)
         unsettled = np.empty(count, dtype=np.uint8)
