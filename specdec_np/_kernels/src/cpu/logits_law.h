@@ -652,8 +652,11 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
                 KEY_T m_key = specdec_min_p_floor_##SUFFIX(l_max, min_p);                  \
                 p_floor = m_key > p_floor ? m_key : p_floor;                               \
             }                                                                              \
+            /* The weights at temperature 1 once, not in each pass of the select. */     \
+            const T *w1 = count < 0 ? NULL : specdec_candidate_weights_##SUFFIX(          \
+                candidates, count, l_max, scratch->candidate_weights.SUFFIX);              \
             KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
-                                                  p_floor, 1, top_p, NULL, histogram);      \
+                                                  p_floor, 1, top_p, w1, histogram);        \
             floor_key = p_key > floor_key ? p_key : floor_key;                             \
         }                                                                                  \
         int min_p_decides = 0;                                                             \
