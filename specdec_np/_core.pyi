@@ -141,6 +141,7 @@ def check_ragged_call(
 def output_block(
     batch_size: int, width: int
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]: ...
+def explicit_uniform_block(column: object, batch_size: int) -> Float64Array | None: ...
 def sampling_arrays(
     batch_size: int,
     vocab_size: int,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from os import environ as _environ
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -335,12 +334,12 @@ def _launch(
         codes = request.request_codes(layout.greedy_entry.code, layout.entry.code, np)
     # The row threads' count reads the environment on rows long enough for row threads
     # (row_thread_count): there its setting is part of the key; shorter rows never read it
-    # (a lookup in os.environ costs about half a microsecond).
+    # (a lookup costs about 0.1 us even so, _backend.row_threads_setting).
     key = (
         id(layout.entry), method_parameters, batch_size, batch.vocab_size,
         batch.target_rows.dtype, batch.max_k, form.from_logits, form.draft_from_logits,
         batch.bonus_rows, draw_bonus, greedy_count == batch_size,
-        _environ.get(_backend.ROW_THREADS_VARIABLE)
+        _backend.row_threads_setting()
         if batch.vocab_size >= _backend.ROW_THREADS_MIN_VOCAB else None,
     )  # fmt: skip
     plans = getattr(_PLANS, "plans", None)
@@ -546,7 +545,7 @@ def lane_key(rows: Any, settings: tuple[Any, ...], filter_order: Any) -> tuple[A
     shape = rows.shape
     return (
         rows.dtype, shape, tuple(map(type, settings)), settings, filter_order,
-        _environ.get(_backend.ROW_THREADS_VARIABLE)
+        _backend.row_threads_setting()
         if len(shape) == 2 and shape[1] >= _backend.ROW_THREADS_MIN_VOCAB else None,
     )  # fmt: skip
 
@@ -594,16 +593,10 @@ def sample_lane(
     batch_size = rows.shape[0]
     explicit = uniforms is not None
     if explicit:
-        if type(uniforms) is not _NDARRAY or uniforms.dtype not in _ROW_DTYPES:
-            return None
-        if uniforms.shape != (batch_size,):
-            return None
         # The block the general path makes: the residual draw's column unused, float32
         # widened exactly.
-        column = uniforms
-        uniforms = np.zeros((batch_size, 2))
-        uniforms[:, 1] = column
-        if not _in_unit_interval(uniforms[:, 1]):
+        uniforms = _core.explicit_uniform_block(uniforms, batch_size)
+        if uniforms is None:
             return None
     plan = lane.plan
     block = _core.output_block(batch_size, 1)

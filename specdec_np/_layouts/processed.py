@@ -208,7 +208,51 @@ def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
     return out.reshape(rows.shape)
 
 
-@_backend.array_front(device_from=("logits", "probs"), library_from=("logits", "probs"))
+# The keywords of a sampling step that a kept launch serves (fast_path.sample_lane), and
+# the defaults that every other keyword of sample_tokens must have for it to serve it.
+_LANE_KEYWORDS = frozenset(
+    {"logits", "temperature", "top_k", "top_p", "min_p", "filter_order", "uniforms", "generator"}
+)
+_LANE_DEFAULTS: dict[str, Any] = {
+    "probs": None, "seeded_seqs": None, "counter_seeds": None, "stream": "verify",
+    "return_probs": False, "prompt_token_ids": None, "output_token_ids": None,
+    "repetition_penalty": None, "frequency_penalty": None, "presence_penalty": None,
+    "logit_bias": None, "allowed_token_ids": None, "bad_words_token_ids": None,
+    "min_tokens": None, "stop_token_ids": None, "token_bitmask": None,
+}  # fmt: skip
+_NOT_A_KEYWORD = object()
+
+
+def _lane_key(call: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The lane key (fast_path.lane_key) of a sample_tokens call given as its keywords, or
+    None: a call with anything but NumPy logits, plain settings and the defaults above."""
+    if not _LANE_KEYWORDS.issuperset(call):
+        for name, value in call.items():
+            if name in _LANE_KEYWORDS:
+                continue
+            default = _LANE_DEFAULTS.get(name, _NOT_A_KEYWORD)
+            if value is not default and not (type(value) is str and value == default):
+                return None
+    return _fast.lane_key(
+        call.get("logits"),
+        (call.get("temperature"), call.get("top_k"), call.get("top_p"), call.get("min_p")),
+        call.get("filter_order", "vllm"),
+    )
+
+
+def _sampling_lane(call: dict[str, Any]) -> Any:
+    """sample_tokens' answer from the launch that a call of the same kind kept, or None (the
+    front then takes its steps): asked before the front, whose conversions a NumPy call
+    does not need."""
+    key = _lane_key(call)
+    if key is None:
+        return None
+    return _fast.sample_lane(key, call["logits"], call.get("generator"), call.get("uniforms"))
+
+
+@_backend.array_front(
+    device_from=("logits", "probs"), library_from=("logits", "probs"), lane=_sampling_lane
+)
 def sample_tokens(
     *,
     logits: Any = None,
@@ -316,23 +360,9 @@ stop_token_ids, token_bitmask : optional
     >>> float(probs[1])  # a greedy row's token is certain
     1.0
     """
-    lane_key = None
-    if (
-        probs is None and seeded_seqs is None and counter_seeds is None
-        and return_probs is False and type(stream) is str and stream == "verify"
-        and prompt_token_ids is None and output_token_ids is None
-        and repetition_penalty is None and frequency_penalty is None
-        and presence_penalty is None and logit_bias is None and allowed_token_ids is None
-        and bad_words_token_ids is None and min_tokens is None and stop_token_ids is None
-        and token_bitmask is None
-    ):  # fmt: skip
-        # A sampling step on NumPy logits with plain settings: the launch that a call of
-        # the same kind kept, or the steps below, which keep it.
-        lane_key = _fast.lane_key(logits, (temperature, top_k, top_p, min_p), filter_order)
-        if lane_key is not None:
-            tokens = _fast.sample_lane(lane_key, logits, generator, uniforms)
-            if tokens is not None:
-                return tokens
+    # The front asked the lane first (_sampling_lane); a sampling step on NumPy logits with
+    # plain settings that comes here keeps its launch for the next one of its kind.
+    lane_key = _lane_key(locals())
     _validate.check_filter_order(filter_order)
     _philox.check_stream(stream)
     if type(return_probs) is not bool:

@@ -45,6 +45,7 @@ __all__ = [
     "probabilities",
     "ROW_THREADS_VARIABLE",
     "row_thread_count",
+    "row_threads_setting",
     "thread_count",
     "token_ids",
 ]
@@ -408,6 +409,40 @@ def row_thread_count(threads: int, vocab_size: int) -> int:
     return max(1, min(wanted, _core.openmp_max_threads(), available_cores()))
 
 
+# os.environ's own mapping of encoded names to encoded values (CPython's), which
+# os.environ.get reaches only after encoding the name and before decoding the value: about
+# 0.7 us a call, a tenth of a short call's whole cost.  Where it is missing, the public get.
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_ENVIRON_ENCODE = getattr(os.environ, "encodekey", None)
+_ROW_THREADS_KEY = _ENVIRON_ENCODE(ROW_THREADS_VARIABLE) if callable(_ENVIRON_ENCODE) else None
+
+
+def row_threads_setting() -> Any:
+    """The raw value of :data:`ROW_THREADS_VARIABLE` (encoded as the OS holds it; None when
+    unset), read cheaply for a key that must change when the setting does.
+
+    Returns
+    -------
+    bytes, str or None
+        The same type on every call of a process; equal values for equal settings.
+
+    Examples
+    --------
+    >>> import os
+    >>> from specdec_np._runtime.arrays import row_threads_setting
+    >>> before = row_threads_setting()
+    >>> os.environ["SPECDEC_ROW_THREADS"] = "2"
+    >>> row_threads_setting() != before
+    True
+    >>> del os.environ["SPECDEC_ROW_THREADS"]
+    >>> row_threads_setting() == before
+    True
+    """
+    if type(_ENVIRON_DATA) is dict and _ROW_THREADS_KEY is not None:
+        return _ENVIRON_DATA.get(_ROW_THREADS_KEY)
+    return os.environ.get(ROW_THREADS_VARIABLE)
+
+
 @functools.lru_cache(maxsize=8)
 def _row_threads_wanted(setting: str) -> int:
     """The most threads ``SPECDEC_ROW_THREADS`` asks for one row (1 when unset)."""
@@ -468,6 +503,7 @@ def array_front(
     device_from: tuple[str, ...] = (),
     method: bool = False,
     library_from: tuple[str, ...] = (),
+    lane: Callable[[dict[str, Any]], Any] | None = None,
 ) -> Callable[[_Function], _Function]:
     """Decorate a public front so that it runs on its inputs' device and answers in their
     array library.
@@ -482,11 +518,20 @@ def array_front(
     library_from : tuple of str
         The keyword arguments whose arrays decide the results' library, besides the
         positional ones: the rows and ids, not the uniforms, seeds or ``out=`` buffers.
+    lane : callable, optional
+        Asked first with a call made of keywords alone (its dict of them): its answer,
+        unless None, is the call's, and the front is not entered (a NumPy call that a
+        kept launch serves, :func:`specdec_np._layouts.fast_path.sample_lane`).  It must
+        answer None for any call it does not serve exactly as the front would.
     """
 
     def decorate(function: _Function) -> _Function:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if lane is not None and not args:
+                answer = lane(kwargs)
+                if answer is not None:
+                    return answer
             arrays = args[1:] if method else args
             # The common call (NumPy arrays, array_likes, None and plain settings throughout)
             # runs on the host and answers in NumPy: one type test per argument decides it.

@@ -517,19 +517,19 @@ def test_kept_plans_of_long_rows_follow_the_row_threads_setting(monkeypatch: Any
     assert len(_fast._PLANS.plans) == 3
     # Shorter rows never read the setting (row_thread_count gives them one thread), so
     # their calls do not look it up; the long rows' calls do (the control).
-    looked_up: list[str] = []
+    looked_up: list[Any] = []
+    read_setting = _backend.row_threads_setting
 
-    class Environment(dict):
-        def get(self, name: str, default: Any = None) -> Any:
-            looked_up.append(name)
-            return super().get(name, default)
+    def recorded_setting() -> Any:
+        looked_up.append(read_setting())
+        return looked_up[-1]
 
-    monkeypatch.setattr(_fast, "_environ", Environment())
+    monkeypatch.setattr(_backend, "row_threads_setting", recorded_setting)
     short = np.ascontiguousarray(rows[:, : _backend.ROW_THREADS_MIN_VOCAB - 1])
     specdec_np.sample_tokens(logits=short, generator=np.random.default_rng(0))
     assert not looked_up
     specdec_np.sample_tokens(logits=rows, generator=np.random.default_rng(0))
-    assert looked_up == [_backend.ROW_THREADS_VARIABLE]
+    assert looked_up == [None]
 
 
 def test_strided_counts_take_the_general_path() -> None:
@@ -718,6 +718,21 @@ def _random_step(rng: np.random.Generator) -> dict[str, Any]:
         keywords["top_p"] = 0.0
     if rng.random() < 0.3:
         keywords["uniforms"] = rng.random(batch).astype(rng.choice([np.float64, np.float32]))
+        form = rng.choice(["plain"] * 4 + ["big-endian", "strided", "1.0", "nan", "negative",
+                                           "shape"])  # fmt: skip
+        if form == "big-endian":
+            keywords["uniforms"] = keywords["uniforms"].astype(">f8")
+        elif form == "strided":
+            keywords["uniforms"] = np.repeat(keywords["uniforms"], 2)[::2]
+        elif form == "shape":
+            keywords["uniforms"] = keywords["uniforms"][:, None]
+        elif form != "plain":
+            keywords["uniforms"][-1] = {"1.0": 1.0, "nan": np.nan, "negative": -0.25}[form]
+    # The other keywords at their defaults, given (the lane serves them), or not.
+    if rng.random() < 0.2:
+        keywords.update(probs=None, stream="verify", return_probs=False, token_bitmask=None)
+    elif rng.random() < 0.05:
+        keywords["return_probs"] = 0  # not a bool: the general path's error
     return keywords
 
 

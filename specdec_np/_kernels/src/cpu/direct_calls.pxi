@@ -459,6 +459,54 @@ def output_block(Py_ssize_t batch_size, Py_ssize_t width):
     )
 
 
+def explicit_uniform_block(object column, Py_ssize_t batch_size):
+    """The uniforms block of a step without drafts from a row's explicit uniforms: float64
+    ``[B, 2]``, zeros and then the column (float32 widened exactly), as the general path
+    makes it; None where it does not take the column as it is, for the general path to
+    check it and say why.
+
+    Parameters
+    ----------
+    column : object
+        The explicit uniforms: taken when a C-contiguous NumPy float64 or float32 array of
+        shape ``[batch_size]`` in native byte order whose every entry lies in ``[0, 1)``.
+    batch_size : int
+        ``B``.
+
+    Returns
+    -------
+    float64 array [B, 2] or None
+    """
+    cdef cnp.ndarray values, block
+    cdef cnp.npy_intp dims[2]
+    cdef Py_ssize_t i
+    cdef int kind
+    cdef double value
+    cdef double* out
+    if type(column) is not cnp.ndarray:
+        return None
+    values = <cnp.ndarray>column
+    kind = cnp.PyArray_TYPE(values)
+    if (cnp.PyArray_NDIM(values) != 1 or cnp.PyArray_DIM(values, 0) != batch_size
+            or not cnp.PyArray_IS_C_CONTIGUOUS(values) or not cnp.PyArray_ISNOTSWAPPED(values)
+            or (kind != cnp.NPY_FLOAT64 and kind != cnp.NPY_FLOAT32)):
+        return None
+    dims[0] = batch_size
+    dims[1] = 2
+    block = cnp.PyArray_ZEROS(2, dims, cnp.NPY_FLOAT64, 0)
+    out = <double*>cnp.PyArray_DATA(block)
+    for i in range(batch_size):
+        if kind == cnp.NPY_FLOAT64:
+            value = (<const double*>cnp.PyArray_DATA(values))[i]
+        else:
+            value = (<const float*>cnp.PyArray_DATA(values))[i]
+        # NaN fails both comparisons.
+        if not (value >= 0.0 and value < 1.0):
+            return None
+        out[2 * i + 1] = value
+    return block
+
+
 def add_position_counts(object lengths, object counts):
     """Add to ``counts[j]`` the number of entries of ``lengths`` above ``j``, for every
     ``j``: the per-position counts of ``specdec_np.metrics.VerificationMetrics``, in
