@@ -5,7 +5,12 @@ Rows: ``V`` in {32000, 128256}, ``B`` in {1, 8, 64} (``k = 4`` drafts per reques
 target and draft logits, ``S = 2`` ranks with even shards) and two sampling settings
 (``plain``: temperature only; ``filtered``: top-k 50, top-p 0.9 and min-p 0.05 on every
 request).  Each step's drafts are the draft's argmaxes, so some are rejected and some
-requests reach the bonus draw, as in a real step.
+requests reach the bonus draw, as in a real step: the draft rows are the first ``T``
+target rows plus 0.5 times standard normals, which for every request but the first are
+another position's rows, so most of their first drafts are rejected (the unsharded kernel
+then stops at a request's first rejection and reads about two of its rows, where every rank
+weighs all of them).  ``--draft-noise E`` instead makes each draft row its own position's
+target row plus ``E`` times standard normals (at 0.01 nearly every draft is accepted).
 
 Bytes: the sharded call runs on simulated ranks (``run_local``) at each ``V`` and reports
 its ``exchanged_bytes`` (what one rank hands ``allgather``); the all-gather's are ``rows x
@@ -61,6 +66,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "filtered": {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
 }
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+DRAFT_NOISE: float | None = None
 
 
 def make_step(rng: np.random.Generator, batch: int, vocab_size: int) -> dict[str, Any]:
@@ -69,7 +75,12 @@ def make_step(rng: np.random.Generator, batch: int, vocab_size: int) -> dict[str
     total = int(counts.sum())
     target = (rng.standard_normal((total + batch, vocab_size), dtype=np.float32) * 3)
     noise = rng.standard_normal((total, vocab_size), dtype=np.float32)
-    draft = target[:total] + np.float32(0.5) * noise
+    if DRAFT_NOISE is None:
+        draft = target[:total] + np.float32(0.5) * noise
+    else:
+        # Request b's position j is target row b (K + 1) + j.
+        own = (np.arange(batch)[:, None] * (K + 1) + np.arange(K)).reshape(-1)
+        draft = target[own] + np.float32(DRAFT_NOISE) * noise
     return {
         "num_draft_tokens": counts,
         "draft_token_ids": np.argmax(draft, axis=1),
@@ -253,7 +264,8 @@ def mpi_seconds(repeats: int) -> dict[tuple[str, int, int], float]:
             [str(MPIEXEC), "-n", str(RANKS), sys.executable, os.path.abspath(__file__),
              "--mpi-worker", "--repeats", str(repeats), "--out", out,
              "--batches", ",".join(map(str, BATCHES)),
-             "--vocabularies", ",".join(map(str, VOCABULARIES))],
+             "--vocabularies", ",".join(map(str, VOCABULARIES)),
+             *([] if DRAFT_NOISE is None else ["--draft-noise", str(DRAFT_NOISE)])],
             check=True, env=environment, timeout=3600,
         )
         with open(out, encoding="utf-8") as handle:
@@ -291,9 +303,12 @@ def main() -> None:
     parser.add_argument("--batches", help="comma-separated B values (default 1,8,64)")
     parser.add_argument("--vocabularies", help="comma-separated V values (default 32000,128256)")
     parser.add_argument("--out", help="write the rows as JSON lines")
+    parser.add_argument("--draft-noise", type=float,
+                        help="draft rows: their own position's target row plus this noise")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
-    global BATCHES, VOCABULARIES
+    global BATCHES, VOCABULARIES, DRAFT_NOISE
+    DRAFT_NOISE = arguments.draft_noise
     if arguments.batches:
         BATCHES = tuple(int(value) for value in arguments.batches.split(","))
     if arguments.vocabularies:
