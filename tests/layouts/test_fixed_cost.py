@@ -819,3 +819,38 @@ def test_a_lane_kept_for_one_kind_serves_no_other() -> None:
     assert _fast.lane_key(rows, (np.float64(0.8), 4, 0.9, None), "vllm") is None
     assert _fast.lane_key(rows, (True, 4, 0.9, None), "vllm") is None
     assert _fast.lane_key(list(rows), (0.8, 4, 0.9, None), "vllm") is None
+
+
+def test_the_compiled_uniform_block_is_the_general_paths_block() -> None:
+    """``_core.explicit_uniform_block`` takes a column the general path takes as it is and
+    builds its block (zeros, then the column widened exactly); anything else is None,
+    for the general path to check and name."""
+    # The largest float32 below 1, so that both dtypes hold the same values.
+    column = np.array([0.0, -0.0, 0.5, np.nextafter(np.float32(1.0), np.float32(0.0))])
+    for values in (column, column.astype(np.float32)):
+        block = _core.explicit_uniform_block(values, values.size)
+        assert block.dtype == np.float64 and block.shape == (values.size, 2)
+        np.testing.assert_array_equal(block[:, 0], 0.0)
+        np.testing.assert_array_equal(block[:, 1], values.astype(np.float64))
+    assert _core.explicit_uniform_block(np.zeros(0), 0).shape == (0, 2)
+    refused = [
+        np.array([0.5, 1.0]), np.array([0.5, np.nan]), np.array([-1e-300, 0.5]),
+        np.array([0.5, np.inf]), column.astype(">f8"), np.repeat(column, 2)[::2],
+        column[:, None], column.astype(np.float16), column.tolist(), None,
+        np.ma.masked_array(column), column.astype(np.int64),
+    ]  # fmt: skip
+    for values in refused:
+        assert _core.explicit_uniform_block(values, 4) is None, values
+    assert _core.explicit_uniform_block(column, 3) is None  # not B entries
+
+
+def test_the_row_threads_setting_without_the_os_mapping(monkeypatch: Any) -> None:
+    """Where os.environ has no mapping of its own to read, the setting comes from its
+    public get, and changes with it."""
+    from specdec_np._runtime import arrays as _arrays
+
+    monkeypatch.setattr(_arrays, "_ENVIRON_DATA", None)
+    monkeypatch.setenv(_arrays.ROW_THREADS_VARIABLE, "3")
+    assert _arrays.row_threads_setting() == "3"
+    monkeypatch.delenv(_arrays.ROW_THREADS_VARIABLE)
+    assert _arrays.row_threads_setting() is None
