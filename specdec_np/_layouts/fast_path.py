@@ -536,7 +536,8 @@ def lane_key(rows: Any, settings: tuple[Any, ...], filter_order: Any) -> tuple[A
     long enough to read it (as the kept plans' keys do)."""
     if type(rows) is not _NDARRAY or type(filter_order) is not str:
         return None
-    if not _LANE_SETTING_TYPES.issuperset(map(type, settings)):
+    types = tuple(map(type, settings))
+    if not _LANE_SETTING_TYPES.issuperset(types):
         return None
     if 0 in settings:
         for value in settings:
@@ -544,7 +545,7 @@ def lane_key(rows: Any, settings: tuple[Any, ...], filter_order: Any) -> tuple[A
                 return None
     shape = rows.shape
     return (
-        rows.dtype, shape, tuple(map(type, settings)), settings, filter_order,
+        rows.dtype, shape, types, settings, filter_order,
         _backend.row_threads_setting()
         if len(shape) == 2 and shape[1] >= _backend.ROW_THREADS_MIN_VOCAB else None,
     )  # fmt: skip
