@@ -350,29 +350,26 @@ __attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d
         ptrdiff_t *count)                                                                  \
     {                                                                                      \
         const VEC c = _mm256_set1_##PS(floor);                                             \
-        /* Four groups tested by one mask first: a block holds about one hit. */          \
-        for (; y + 4 * LANES <= end; y += 4 * LANES) {                                     \
-            VEC any = _mm256_or_##PS(                                                      \
-                _mm256_or_##PS(_mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ), \
-                               _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + LANES), c,   \
-                                               _CMP_GE_OQ)),                               \
-                _mm256_or_##PS(                                                            \
-                    _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 2 * LANES), c, _CMP_GE_OQ), \
-                    _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 3 * LANES), c,         \
-                                    _CMP_GE_OQ)));                                         \
-            if (!_mm256_movemask_##PS(any))                                                \
-                continue;                                                                  \
-            for (ptrdiff_t group = y; group < y + 4 * LANES; group += LANES) {             \
-                unsigned hits = (unsigned)_mm256_movemask_##PS(                            \
-                    _mm256_cmp_##PS(_mm256_loadu_##PS(logits + group), c, _CMP_GE_OQ));    \
-                for (; hits; hits &= hits - 1) {                                           \
-                    ptrdiff_t x = group + __builtin_ctz(hits);                             \
-                    if (!specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, count))         \
-                        return 0;                                                          \
+        ptrdiff_t tested = y; /* the groups before it were tested, four by one mask */    \
+        for (; y < end; y += LANES) {                                                      \
+            if (y >= tested && y + 4 * LANES <= end) {                                     \
+                /* Four groups by one mask first: a block holds about one hit. */          \
+                VEC any = _mm256_or_##PS(                                                  \
+                    _mm256_or_##PS(                                                        \
+                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ),    \
+                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + LANES), c,         \
+                                        _CMP_GE_OQ)),                                      \
+                    _mm256_or_##PS(                                                        \
+                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 2 * LANES), c,     \
+                                        _CMP_GE_OQ),                                       \
+                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 3 * LANES), c,     \
+                                        _CMP_GE_OQ)));                                     \
+                tested = y + 4 * LANES;                                                    \
+                if (!_mm256_movemask_##PS(any)) {                                          \
+                    y += 3 * LANES;                                                        \
+                    continue;                                                              \
                 }                                                                          \
             }                                                                              \
-        }                                                                                  \
-        for (; y < end; y += LANES) {                                                      \
             unsigned hits = 0;                                                             \
             if (y + LANES <= end)                                                          \
                 hits = (unsigned)_mm256_movemask_##PS(                                     \
