@@ -11,6 +11,7 @@ law: the ``q`` a drafter hands its verifier).  Both take the sampling parameters
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -209,17 +210,12 @@ def _out_rows(out: Any, xp: Any, rows: Any) -> Any:
 
 
 # The keywords of a sampling step that a kept launch serves (fast_path.sample_lane), and
-# the defaults that every other keyword of sample_tokens must have for it to serve it.
+# the defaults that every other keyword of sample_tokens must have for it to serve it
+# (sample_tokens' own, read from its signature below its definition).
 _LANE_KEYWORDS = frozenset(
     {"logits", "temperature", "top_k", "top_p", "min_p", "filter_order", "uniforms", "generator"}
 )
-_LANE_DEFAULTS: dict[str, Any] = {
-    "probs": None, "seeded_seqs": None, "counter_seeds": None, "stream": "verify",
-    "return_probs": False, "prompt_token_ids": None, "output_token_ids": None,
-    "repetition_penalty": None, "frequency_penalty": None, "presence_penalty": None,
-    "logit_bias": None, "allowed_token_ids": None, "bad_words_token_ids": None,
-    "min_tokens": None, "stop_token_ids": None, "token_bitmask": None,
-}  # fmt: skip
+_LANE_DEFAULTS: dict[str, Any] = {}
 _NOT_A_KEYWORD = object()
 
 
@@ -434,6 +430,13 @@ stop_token_ids, token_bitmask : optional
     return SampledTokens(
         token_ids, _drawn_probs(rows, logits is not None, parameters, token_ids)
     )
+
+
+_LANE_DEFAULTS.update(
+    (name, parameter.default)
+    for name, parameter in inspect.signature(sample_tokens).parameters.items()
+    if name not in _LANE_KEYWORDS
+)
 
 
 #: Entries of the law computed at once for ``return_probs`` (rows per block at least one):
