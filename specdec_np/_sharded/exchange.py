@@ -70,28 +70,29 @@ def digest(*parts: Any) -> np.ndarray:
     """A fixed-size digest (uint8 ``[DIGEST_BYTES]``) of the values every rank must share:
     arrays by dtype, shape and bytes, everything else by ``repr``."""
     # The bytes end to end, hashed at once: the digest of updating part by part.
-    chunks: list[bytes] = []
-    for part in parts:
-        if isinstance(part, np.ndarray):
-            contiguous = np.ascontiguousarray(part)
-            chunks.append(f"{contiguous.dtype.str}{contiguous.shape}".encode())
-            chunks.append(contiguous.tobytes())
-        else:
-            chunks.append(repr(part).encode())
-        chunks.append(b"|")
-    hashed = hashlib.sha256(b"".join(chunks)).digest()
+    # An array's bytes in C order (tobytes' own order), its shape at least 1-d (as
+    # np.ascontiguousarray made it, which the digest's bytes keep).
+    chunks = [
+        f"{part.dtype.str}{part.shape or (1,)}".encode() + part.tobytes()
+        if isinstance(part, np.ndarray) else repr(part).encode()
+        for part in parts
+    ]
+    chunks.append(b"")
+    hashed = hashlib.sha256(b"|".join(chunks)).digest()
     return np.frombuffer(hashed, dtype=np.uint8)[:DIGEST_BYTES]
 
 
 class Shard(NamedTuple):
-    """Where every rank's columns lie, in rank order (agreed on every rank)."""
+    """Where every rank's columns lie, in rank order (agreed on every rank), and the ranks
+    in vocabulary order (``ranks``: sorted once, read by every draw)."""
 
     starts: np.ndarray
     widths: np.ndarray
+    ranks: np.ndarray
 
     def order(self) -> np.ndarray:
         """Ranks in vocabulary order (the order of the inverse-CDF draws)."""
-        return np.argsort(self.starts, kind="stable")
+        return self.ranks
 
 
 def agree(
@@ -131,41 +132,43 @@ def agree(
         record[1:4] = (vocab_start, width, vocab_size)
         record[4:] = settings
     table = exchange.gather(record)
-    failed = table[:, 0].nonzero()[0]
-    if failed.size:
+    # The table as Python ints: a few ranks' dozens of numbers, checked without NumPy's
+    # per-operation cost.
+    records = table.tolist()
+    failed = [rank for rank, row in enumerate(records) if row[0]]
+    if failed:
         if local_error is not None:
             raise local_error
         raise ValueError(
-            f"rank {int(failed[0])} refused its input of the sharded call (its own error "
+            f"rank {failed[0]} refused its input of the sharded call (its own error "
             "names the argument)"
         )
-    sizes = table[:, 3]
-    if np.count_nonzero(sizes != sizes[0]):
-        sizes = np.unique(sizes)
+    sizes = [row[3] for row in records]
+    if any(size != sizes[0] for size in sizes):
         raise ValueError(
-            f"vocab_size must be the same on every rank; found {sizes.tolist()} "
-            f"(rank by rank: {table[:, 3].tolist()})"
+            f"vocab_size must be the same on every rank; found {sorted(set(sizes))} "
+            f"(rank by rank: {sizes})"
         )
-    mismatch = table[:, 4:] != table[0, 4:]
-    if np.count_nonzero(mismatch):
-        different = mismatch.any(axis=1).nonzero()[0]
+    different = [rank for rank, row in enumerate(records) if row[4:] != records[0][4:]]
+    if different:
         raise ValueError(
-            f"rank {int(different[0])} was given other settings, token ids or randomness "
+            f"rank {different[0]} was given other settings, token ids or randomness "
             "than rank 0 (the sampling parameters, num_draft_tokens, draft_token_ids, "
             "bonus_token_ids, the method, the row forms and the uniforms must be the same "
             "on every rank)"
         )
-    starts, widths = table[:, 1].copy(), table[:, 2].copy()
-    shard = Shard(starts, widths)
-    # Python ints for the per-rank walk below (a NumPy scalar's every operation costs).
-    start_list, width_list = starts.tolist(), widths.tolist()
+    start_list = [row[1] for row in records]
+    width_list = [row[2] for row in records]
+    # A stable sort, as np.argsort(kind="stable") orders the ranks.
+    ranks = sorted(range(len(records)), key=start_list.__getitem__)
+    shard = Shard(table[:, 1].copy(), table[:, 2].copy(), np.array(ranks, dtype=np.int64))
     if sum(width_list) != vocab_size:
         raise ValueError(
             f"the shards' widths {width_list} add up to {sum(width_list)}, not "
             f"vocab_size = {vocab_size}"
         )
     end = 0
-    for rank in shard.order().tolist():
+    for rank in ranks:
         if width_list[rank] == 0:
             continue
         if start_list[rank] != end:

@@ -89,8 +89,6 @@ class LogitRows:
         self.parts = parts
         self.divisor = divisor
         self.dtype = divisor.dtype
-        self.ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
-        self.count = int(self.ends[-1]) if parts else 0
         self.width = int(parts[0].shape[1]) if parts else 0
         self.unit = not np.count_nonzero(divisor != 1)
         # Each part's first row and end, as Python ints (read by every pass).
@@ -99,6 +97,7 @@ class LogitRows:
         for part in parts:
             self.spans.append((first, first + int(part.shape[0]), part))
             first += int(part.shape[0])
+        self.count = first
         self.firsts = np.array([span[0] for span in self.spans], dtype=np.int64)
 
     def with_divisor(self, divisor: np.ndarray) -> LogitRows:
@@ -288,10 +287,10 @@ class LawRows:
         self.width = width
         plain = ~infinite & ~no_mass
         self.floors = floors
-        filtered = np.zeros(rows, dtype=bool)
+        filtered = None
         if floors is not None:
             filtered = plain & ~np.isnan(floors)
-        self.dense = (plain & ~filtered).nonzero()[0]
+        self.dense = (plain if filtered is None else plain & ~filtered).nonzero()[0]
         self.masses = np.zeros(rows)
         # Every entry's weight in the rows without a filter (in the rows' dtype: a
         # float32 weight is a float32 value), by position in self.dense.
@@ -306,25 +305,25 @@ class LawRows:
             no_cutoff = filled(self.dense.size, -np.inf, dtype=self.dtype)
             dense_masses = np.zeros(self.dense.size)
             z_max = np.ascontiguousarray(top[self.dense], dtype=self.dtype)
-            for first, end, part in logits._spans():
-                at = ((self.dense >= first) & (self.dense < end)).nonzero()[0]
-                if not at.size:
+            divisor = logits.divisor[self.dense]
+            # self.dense is sorted, so a part's rows are one run of it, cut where it starts.
+            cuts = self.dense.searchsorted(logits.firsts).tolist() + [self.dense.size]
+            for index, (first, _, part) in enumerate(logits._spans()):
+                run = slice(cuts[index], cuts[index + 1])
+                if run.start == run.stop:
                     continue
-                # self.dense is sorted, so a part's rows are one run of it.
-                run = slice(int(at[0]), int(at[-1]) + 1)
                 passes(part).shard_weights(
-                    self.library.ascontiguousarray(part),
-                    (self.dense[run] - first).astype(np.int64),
-                    np.ascontiguousarray(logits.divisor[self.dense[run]]), z_max[run],
-                    no_cutoff[run], self.dense_weights[run], dense_masses[run],
+                    self.library.ascontiguousarray(part), self.dense[run] - first,
+                    divisor[run], z_max[run], no_cutoff[run], self.dense_weights[run],
+                    dense_masses[run],
                 )
             self.masses[self.dense] = dense_masses
         # The kept entries of the filtered rows, with their weights.
-        sparse = filtered.nonzero()[0]
+        sparse = _NO_ROWS if filtered is None else filtered.nonzero()[0]
         self.kept = Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
                             np.zeros(0, self.dtype))
         self.kept_weights = np.zeros(0, dtype=self.dtype)
-        if sparse.size and width and floors is not None:
+        if sparse.size and width and floors is not None and filtered is not None:
             parts = []
             if kept is not None and covered is not None:
                 take = covered[kept.rows] & filtered[kept.rows]
@@ -371,7 +370,7 @@ class LawRows:
             asked = rows * width + columns
             place = np.minimum(keys.searchsorted(asked), keys.size - 1)
             found = (keys[place] == asked) & (dense < 0)
-            weights[found] = self.kept_weights[place[found]]
+            weights = np.where(found, self.kept_weights[place], weights)
         spread = self.infinite[rows].nonzero()[0] if self.any_infinite else _NO_ROWS
         if spread.size:
             values = self.logits.entry_values(rows[spread], columns[spread])

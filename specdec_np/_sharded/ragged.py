@@ -43,6 +43,10 @@ __all__ = ["ShardedResult", "verify_ragged"]
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_ROWS.flags.writeable = False
+_NO_WEIGHTS = np.zeros(0)
+_NO_WEIGHTS.flags.writeable = False
+#: The sparse part of rows held whole (read only: shared by every call).
+_NO_ENTRIES = _rows.Sparse(_NO_ROWS, _NO_ROWS, _NO_WEIGHTS)
 
 #: The chain methods a sharded call verifies with: every registry verifier has its rounds
 #: here (a new one must add its own before it is listed).
@@ -184,8 +188,9 @@ class _Call:
                 f"method={self.method!r} is not verified across shards yet; use one of "
                 f"{list(METHODS)} (temperature 0 makes a request greedy)"
             )
+        self.verifier = registry.get(self.method)
         self.parameters = _validate.check_method_parameters(
-            registry.get(self.method), a["method_parameters"]
+            self.verifier, a["method_parameters"]
         )
         if a["filter_order"] not in ("vllm", "llama.cpp"):
             raise ValueError(
@@ -229,7 +234,7 @@ class _Call:
         self.draft_from_logits = a["draft_logits"] is not None
         draft_name = "draft_logits" if self.draft_from_logits else "draft_probs"
         self.draft = None
-        if a[draft_name] is not None and registry.get(self.method).reads_draft_probs:
+        if a[draft_name] is not None and self.verifier.reads_draft_probs:
             self.draft = _row_block(draft_name, a[draft_name], total, self.width)
             if self.draft.dtype != self.target.dtype:
                 raise TypeError(
@@ -257,7 +262,7 @@ class _Call:
         self.min_p = _per_request("min_p", a["min_p"], batch_size, 0.0)
         if not _scalars_pass(a["temperature"], a["top_k"], a["top_p"], a["min_p"]):
             _check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
-        filtered = any(a[name] is not None for name in ("top_k", "top_p", "min_p"))
+        filtered = a["top_k"] is not None or a["top_p"] is not None or a["min_p"] is not None
         # Without top_k, top_p and min_p no row is filtered: the filters' rounds and lists
         # are skipped without looking at the settings.
         self.filters_given = filtered
@@ -296,7 +301,12 @@ class _Call:
 
     def settings_digest(self) -> np.ndarray:
         """Everything every rank must share, the uniforms it will use included."""
-        used = np.arange(self.max_k + 2)[None, :] < self.widths[:, None]
+        row_width = self.max_k + 2
+        uniforms = self.uniforms
+        if int(self.widths.min(initial=row_width)) < row_width:
+            # Uniforms no request reads may differ between ranks: they digest as 0.
+            used = np.arange(row_width)[None, :] < self.widths[:, None]
+            uniforms = np.where(used, uniforms, 0.0)
         return digest(
             self.method,
             self.parameters,
@@ -314,7 +324,7 @@ class _Call:
             self.top_k,
             self.top_p,
             self.min_p,
-            np.where(used, self.uniforms, 0.0),
+            uniforms,
         )
 
 
@@ -477,7 +487,8 @@ def _verify(exchange: Exchange, shard: Any, call: _Call) -> ShardedResult:
         normaliser[: read.draft_first] = 1.0
     if call.draft is not None and not rows.draft_laws:
         normaliser[read.draft_first :] = 1.0
-    value = np.where(normaliser > 0.0, totals[:, 1] / np.where(normaliser > 0, normaliser, 1), 0.0)
+    positive = normaliser > 0.0
+    value = np.where(positive, totals[:, 1] / np.where(positive, normaliser, 1), 0.0)
     # The law rows' probabilities as the kernels store them, in the rows' dtype.
     if all_laws:
         value = value.astype(dtype).astype(np.float64)
@@ -598,20 +609,27 @@ class _Rows:
             self.target_token[np.arange(call.total) + request_of_draft] = call.draft_ids
         else:
             self.target_token[: call.total] = call.draft_ids
-        # Row index -> its place among the rows read (-1: not read).
+        # Row index -> its place among the rows read (-1: not read).  Without greedy
+        # requests every row is read, in order: the places are the rows (one array, which
+        # nothing writes after this).
+        self.draft_laws = call.draft is not None and call.draft_from_logits
+        draft_first = self.sampled_target.size
+        read_drafts = 0 if call.draft is None else self.sampled_draft.size
+        all_tokens = np.empty(draft_first + read_drafts, dtype=np.int64)
         if call.any_greedy:
             self.target_at = _rows.filled(num_rows, -1, dtype=np.int64)
             self.target_at[self.sampled_target] = np.arange(self.sampled_target.size)
+            self.draft_at = _rows.filled(call.total, -1, dtype=np.int64)
+            if call.draft is not None:
+                self.draft_at[self.sampled_draft] = draft_first + np.arange(read_drafts)
+            all_tokens[:draft_first] = self.target_token[self.sampled_target]
+            all_tokens[draft_first:] = call.draft_ids[self.sampled_draft[:read_drafts]]
         else:
-            self.target_at = np.arange(num_rows)
-        self.draft_at = _rows.filled(call.total, -1, dtype=np.int64)
-        self.draft_laws = call.draft is not None and call.draft_from_logits
-        tokens = [self.target_token[self.sampled_target]]
-        draft_first = self.sampled_target.size
-        if call.draft is not None:
-            self.draft_at[self.sampled_draft] = draft_first + np.arange(self.sampled_draft.size)
-            tokens.append(call.draft_ids[self.sampled_draft])
-        all_tokens = np.concatenate(tokens)
+            self.target_at = self.sampled_target
+            self.draft_at = (_rows.filled(call.total, -1, dtype=np.int64) if call.draft is None
+                             else draft_first + self.sampled_draft)
+            all_tokens[:draft_first] = self.target_token
+            all_tokens[draft_first:] = call.draft_ids[:read_drafts]
         self.read = _Read(all_tokens.size, draft_first, all_tokens)
 
 
@@ -728,10 +746,8 @@ class _RowSource:
                               q_masses, np.ascontiguousarray(scale, dtype=np.float64), p,
                               residual, masses)
         every = np.arange(count)
-        empty = np.zeros(0, dtype=np.int64)
-        nothing = _rows.Sparse(empty, empty, np.zeros(0))
-        return (_rows.RowSet(count, every, p, nothing),
-                _rows.RowSet(count, every, residual, nothing), masses)
+        return (_rows.RowSet(count, every, p, _NO_ENTRIES),
+                _rows.RowSet(count, every, residual, _NO_ENTRIES), masses)
 
     def target_rows(self, indices: np.ndarray) -> _rows.RowSet:
         """``p`` of target rows ``indices`` where it may be positive."""
@@ -772,11 +788,11 @@ def _decide(
     batch_size, counts = call.batch_size, call.counts
     output = _rows.filled((batch_size, call.max_k + 1), -1, dtype=np.int64)
     lengths = np.zeros(batch_size, dtype=np.int64)
-    scale = np.ones(batch_size)
+    scale = _rows.filled(batch_size, 1.0)
     sampled = (~call.greedy).nonzero()[0] if call.any_greedy else np.arange(batch_size)
     if not sampled.size:
         return _Decided(output, lengths, sampled, scale)
-    verifier = registry.get(call.method)
+    verifier = call.verifier
     if verifier.stochastic and not verifier.causal_counts:
         # Token-wise rejection: each request's accepted length and ids by one compiled pass
         # (accept while u q < p), the bonus ids and the draws as below.
@@ -902,6 +918,11 @@ def _check_overflow(
     ValueError on every rank (``divisor``: the rows' temperatures in the rows' dtype)."""
     dtype = call.target.dtype
     if not np.count_nonzero(divisor < 1):
+        return
+    # No quotient overflows where every |largest| is at most half the dtype's largest
+    # value times the least divisor (NaN and infinities fail the test and are looked at
+    # below): the common case, without the division and its error state.
+    if float(np.abs(largest).max()) <= 0.5 * float(np.finfo(dtype).max) * float(divisor.min()):
         return
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         quotient = largest.astype(dtype) / divisor

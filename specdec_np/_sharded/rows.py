@@ -389,9 +389,10 @@ def draw(
     )
     empty, mine = flags.view(bool)
     tokens = filled(v.shape[0], -1, dtype=np.int64)
-    for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
-        at = use.nonzero()[0]
-        if at.size:
-            tokens[at] = start + source.crossings(at, inside[at])
+    if np.count_nonzero(mine):
+        for source, use in ((weights, mine & ~use_fallback), (fallback, mine & use_fallback)):
+            at = use.nonzero()[0]
+            if at.size:
+                tokens[at] = start + source.crossings(at, inside[at])
     tokens = exchange.gather(tokens).max(axis=0)
-    return Draws(np.where(empty, -1, tokens), empty)
+    return Draws(np.where(empty, -1, tokens) if np.count_nonzero(empty) else tokens, empty)
