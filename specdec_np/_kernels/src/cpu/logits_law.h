@@ -616,7 +616,6 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
          * the smallest of them. */                                                        \
         T *candidates = scratch->candidates.SUFFIX;                                        \
         ptrdiff_t *positions = scratch->positions;                                         \
-        double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
             /* Counting selects read no weight: z_max stands in for max l.  `gathered`:    \
@@ -628,7 +627,7 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
                               ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
                                                            z_max, scratch)                 \
                               : specdec_select_##SUFFIX(logits, V, (T)1, z_max, 1, 0,       \
-                                                        (double)top_k, NULL, histogram);   \
+                                                        (double)top_k, NULL, scratch);     \
             /* 0: fewer than top_k entries that are not NaN, and every one is kept. */     \
             floor_key = k_key > floor_key ? k_key : floor_key;                             \
             if (count >= 0)                                                                \
@@ -656,7 +655,7 @@ SPECDEC_DEFINE_GATHERED_MAX(d, double)
             const T *w1 = count < 0 ? NULL : specdec_candidate_weights_##SUFFIX(          \
                 candidates, count, l_max, scratch->candidate_weights.SUFFIX);              \
             KEY_T p_key = specdec_select_##SUFFIX(scanned, scanned_count, (T)1, l_max,     \
-                                                  p_floor, 1, top_p, w1, histogram);        \
+                                                  p_floor, 1, top_p, w1, scratch);          \
             floor_key = p_key > floor_key ? p_key : floor_key;                             \
         }                                                                                  \
         int min_p_decides = 0;                                                             \
@@ -779,7 +778,6 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
          * then work on them alone, since every later filter keeps a subset of them. */   \
         T *candidates = scratch->candidates.SUFFIX;                                        \
         ptrdiff_t *positions = scratch->positions;                                         \
-        double *histogram = scratch->histogram;                                            \
         ptrdiff_t count = -1;                                                              \
         const T *w = NULL; /* the gathered entries' weights, once computed */              \
         if (top_k > 0 && top_k < (int64_t)V) {                                             \
@@ -799,7 +797,7 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
                                   ? specdec_top_k_key_##SUFFIX(candidates, count, (T)1, top_k, \
                                                                z_max, scratch)             \
                                   : specdec_select_##SUFFIX(logits, V, temperature, z_max, 1, \
-                                                            0, (double)top_k, NULL, histogram);  \
+                                                            0, (double)top_k, NULL, scratch);    \
                 floor_key = k_key > floor_key ? k_key : floor_key;                         \
                 if (count >= 0)                                                            \
                     count = specdec_compact_##SUFFIX(candidates, positions, count, floor_key); \
@@ -831,9 +829,9 @@ SPECDEC_DEFINE_LLAMA_CPP_LAW(d, double, uint64_t, specdec_law_kept_sum_d)
                                                        scratch->candidate_weights.SUFFIX); \
             KEY_T p_key = count >= 0                                                       \
                               ? specdec_select_##SUFFIX(candidates, count, (T)1, z_max,   \
-                                                        floor_key, 1, top_p, w, histogram) \
+                                                        floor_key, 1, top_p, w, scratch)   \
                               : specdec_select_##SUFFIX(logits, V, temperature, z_max,    \
-                                                        floor_key, 1, top_p, NULL, histogram);  \
+                                                        floor_key, 1, top_p, NULL, scratch);    \
             if (SPECDEC_LOGITS_MUTATION == 1 && p_key != specdec_key_##SUFFIX(z_max)) {     \
                 /* wrong on purpose: the tie group at the boundary is dropped */           \
                 int64_t tied = 0;                                                          \

@@ -40,6 +40,9 @@ typedef struct {
         double d[SPECDEC_TOP_P_CANDIDATES];
     } candidates, candidate_weights;
     ptrdiff_t positions[SPECDEC_TOP_P_CANDIDATES];
+    /* The radix select's entries that share the prefix found so far (a set it selects
+     * over that fits here). */
+    int32_t members[SPECDEC_TOP_P_CANDIDATES];
     union {
         uint32_t f[SPECDEC_TOP_P_CANDIDATES];
         uint64_t d[SPECDEC_TOP_P_CANDIDATES];
@@ -70,38 +73,60 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
  * gives).  Returns 0 when even every entry falls short.  Each pass histograms the next
  * SPECDEC_HISTOGRAM_BITS bits of the keys that share the prefix found so far; histogram
  * sums run in element order and the walk in bucket order, the same in every build; the
- * buckets and the walk are elementwise.h's. */
+ * buckets and the walk are elementwise.h's.  A set that fits the scratch's members is read
+ * and keyed once: each later pass reads only the entries of the bucket the pass before
+ * chose, still in element order, so that every bucket sums as a pass over the whole set
+ * would.  When one entry is left, its key is the answer: each later pass would fill one
+ * bucket, with its weight, and choose it. */
 #define SPECDEC_DEFINE_SELECT(SUFFIX, T, KEY_T, KEY_BITS)                                   \
     SPECDEC_CLONES                                                                         \
     static KEY_T specdec_select_##SUFFIX(const T *logits, ptrdiff_t V, T temperature,       \
                                          T z_max, KEY_T floor_key, int by_mass, double need, \
-                                         const T *weights, double *histogram)              \
+                                         const T *weights, specdec_law_scratch *scratch)   \
     {                                                                                      \
+        double *histogram = scratch->histogram;                                            \
+        int32_t *members = V <= SPECDEC_TOP_P_CANDIDATES ? scratch->members : NULL;        \
+        KEY_T *member_keys = scratch->spare_keys.SUFFIX;                                   \
+        ptrdiff_t visited = V; /* after the first pass: members[0 .. visited) */           \
         KEY_T prefix = 0;                                                                  \
         double above = 0.0;                                                                \
         int known_bits = 0;                                                                \
         while (known_bits < KEY_BITS) {                                                    \
             int shift;                                                                     \
             int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
-            /* The filled buckets are marked in `filled`; the others hold 0, which adds  \
-             * nothing to the total or to the walk's sums, so both visit the marked        \
-             * buckets alone, from the top, and clear them after (see the scratch). */     \
+            /* The filled buckets are marked in `filled`, words bottom_word to top_word;   \
+             * the others hold 0, which adds nothing to the total or to the walk's sums,   \
+             * so both visit the marked buckets alone, from the top, and clear them after  \
+             * (see the scratch). */                                                       \
             uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                     \
-            for (ptrdiff_t y = 0; y < V; ++y) {                                            \
-                T z = logits[y] / temperature;                                             \
-                int bucket = specdec_select_bucket_##SUFFIX(specdec_key_##SUFFIX(z), floor_key, \
-                                                            prefix, known_bits, shift, width); \
+            int top_word = -1, bottom_word = (1 << SPECDEC_HISTOGRAM_BITS) / 64;           \
+            for (ptrdiff_t i = 0; i < visited; ++i) {                                      \
+                ptrdiff_t y = i;                                                           \
+                KEY_T key;                                                                 \
+                if (members && known_bits > 0) {                                           \
+                    y = members[i];                                                        \
+                    key = member_keys[i];                                                  \
+                } else {                                                                   \
+                    key = specdec_key_##SUFFIX(logits[y] / temperature);                   \
+                    if (members)                                                           \
+                        member_keys[i] = key;                                              \
+                }                                                                          \
+                int bucket = specdec_select_bucket_##SUFFIX(key, floor_key, prefix, known_bits, \
+                                                            shift, width);                 \
                 if (bucket >= 0) {                                                         \
-                    histogram[bucket] += !by_mass ? 1.0                                    \
-                                         : weights ? (double)weights[y]                    \
-                                                   : specdec_weight_##SUFFIX(z, z_max);    \
-                    filled[bucket >> 6] |= (uint64_t)1 << (bucket & 63);                   \
+                    histogram[bucket] +=                                                   \
+                        !by_mass  ? 1.0                                                    \
+                        : weights ? (double)weights[y]                                     \
+                                  : specdec_weight_##SUFFIX(logits[y] / temperature, z_max); \
+                    int word = bucket >> 6;                                                \
+                    filled[word] |= (uint64_t)1 << (bucket & 63);                          \
+                    top_word = word > top_word ? word : top_word;                          \
+                    bottom_word = word < bottom_word ? word : bottom_word;                 \
                 }                                                                          \
             }                                                                              \
-            int words = ((1 << width) + 63) / 64;                                          \
             if (known_bits == 0 && by_mass) {                                              \
                 double total = 0.0;                                                        \
-                for (int word = words - 1; word >= 0; --word) {                            \
+                for (int word = top_word; word >= bottom_word; --word) {                   \
                     for (uint64_t bits = filled[word]; bits;) {                            \
                         int bucket = 64 * word + 63 - __builtin_clzll(bits);               \
                         bits &= ~((uint64_t)1 << (bucket & 63));                           \
@@ -111,7 +136,7 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
                 need *= total;                                                             \
             }                                                                              \
             int chosen = -1, lowest_filled = -1;                                           \
-            for (int word = words - 1; word >= 0 && chosen < 0; --word) {                  \
+            for (int word = top_word; word >= bottom_word && chosen < 0; --word) {         \
                 for (uint64_t bits = filled[word]; bits && chosen < 0;) {                  \
                     int bucket = 64 * word + 63 - __builtin_clzll(bits);                   \
                     bits &= ~((uint64_t)1 << (bucket & 63));                               \
@@ -122,11 +147,25 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
             }                                                                              \
             if (chosen < 0 && known_bits > 0)                                              \
                 chosen = lowest_filled;                                                    \
-            for (int word = 0; word < words; ++word)                                       \
+            for (int word = bottom_word; word <= top_word; ++word)                         \
                 for (uint64_t bits = filled[word]; bits; bits &= bits - 1)                 \
                     histogram[64 * word + __builtin_ctzll(bits)] = 0.0;                    \
             if (chosen < 0)                                                                \
                 return 0;                                                                  \
+            if (members) {                                                                 \
+                ptrdiff_t kept = 0;                                                        \
+                for (ptrdiff_t i = 0; i < visited; ++i) {                                  \
+                    KEY_T key = member_keys[i];                                            \
+                    if (specdec_select_bucket_##SUFFIX(key, floor_key, prefix, known_bits, \
+                                                       shift, width) == chosen) {          \
+                        members[kept] = (int32_t)(known_bits > 0 ? members[i] : i);        \
+                        member_keys[kept++] = key;                                         \
+                    }                                                                      \
+                }                                                                          \
+                if (kept == 1 || (SPECDEC_LOGITS_MUTATION == 11 && kept == 2))             \
+                    return member_keys[0]; /* 11: wrong on purpose, one pass too few */    \
+                visited = kept;                                                            \
+            }                                                                              \
             prefix |= (KEY_T)chosen << shift;                                              \
             known_bits += width;                                                           \
         }                                                                                  \
@@ -167,7 +206,10 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
 
 /* The smallest logit l (not NaN) with l / temperature >= threshold (temperature > 0), by
  * bisection over the keys: the division is monotone, so {l >= it} is {l / temperature >=
- * threshold}, and a pass can compare logits without dividing each. */
+ * threshold}, and a pass can compare logits without dividing each.  The keys where the
+ * test turns are one, whatever the search: it starts from a bracket around threshold *
+ * temperature, within a few ulps of the answer, widened in doubling steps, so that it takes
+ * a few dependent divisions instead of one per key bit. */
 #define SPECDEC_DEFINE_LOGIT_FLOOR(SUFFIX, T, KEY_T, INFINITY_T)                            \
     static T specdec_logit_floor_##SUFFIX(T threshold, T temperature)                      \
     {                                                                                      \
@@ -175,6 +217,28 @@ SPECDEC_DEFINE_ANY_AT_LEAST(d, double, uint64_t)
         if (specdec_value_##SUFFIX(low) / temperature >= threshold)                        \
             return specdec_value_##SUFFIX(low);                                            \
         /* value(low) / t < threshold <= value(high) / t (+inf / t is +inf). */             \
+        KEY_T guess = specdec_key_##SUFFIX(threshold * temperature), step = 1;             \
+        if (SPECDEC_LOGITS_MUTATION == 10 && guess > low && guess < high)                  \
+            return specdec_value_##SUFFIX(guess); /* wrong on purpose: the guess itself */ \
+        if (guess > low && guess < high) {                                                 \
+            if (specdec_value_##SUFFIX(guess) / temperature >= threshold) {                \
+                for (high = guess; high - low > step; step *= 2) {                         \
+                    if (!(specdec_value_##SUFFIX(high - step) / temperature >= threshold)) { \
+                        low = high - step;                                                 \
+                        break;                                                             \
+                    }                                                                      \
+                    high -= step;                                                          \
+                }                                                                          \
+            } else {                                                                       \
+                for (low = guess; high - low > step; step *= 2) {                          \
+                    if (specdec_value_##SUFFIX(low + step) / temperature >= threshold) {   \
+                        high = low + step;                                                 \
+                        break;                                                             \
+                    }                                                                      \
+                    low += step;                                                           \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
         while (high - low > 1) {                                                           \
             KEY_T middle = low + (high - low) / 2;                                         \
             if (specdec_value_##SUFFIX(middle) / temperature >= threshold)                 \
@@ -877,7 +941,7 @@ SPECDEC_DEFINE_PARTITIONS(d, double, uint64_t, SPECDEC_WIDE_D)
     {                                                                                      \
         if (SPECDEC_QUICKSELECT_PARTITIONS == 0)                                           \
             return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,         \
-                                           (double)top_k, NULL, scratch->histogram);        \
+                                           (double)top_k, NULL, scratch);        \
         KEY_T *keys = scratch->keys.SUFFIX, *other = scratch->spare_keys.SUFFIX;           \
         /* The answer is the (target + 1)-th largest of the n non-NaN keys. */             \
         ptrdiff_t target = (ptrdiff_t)top_k - 1, n = 0, larger = 0, smaller = 0;           \
@@ -902,7 +966,7 @@ SPECDEC_DEFINE_PARTITIONS(d, double, uint64_t, SPECDEC_WIDE_D)
                 return keys[0];                                                            \
             if (partitions == SPECDEC_QUICKSELECT_PARTITIONS)                              \
                 return specdec_select_##SUFFIX(values, count, temperature, z_max, 1, 0,     \
-                                               (double)top_k, NULL, scratch->histogram);    \
+                                               (double)top_k, NULL, scratch);    \
             KEY_T a = keys[0], b = keys[n / 2], c = keys[n - 1];                           \
             pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));  \
             specdec_partition_keys_##SUFFIX(keys, n, pivot, other, &larger, &smaller);     \
