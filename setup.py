@@ -10,6 +10,9 @@ SPECDEC_DEBUG=1
     stripped at link time (``-s``), so the wheel ships no debug information.
 SPECDEC_NO_OPENMP=1
     Build without OpenMP; ``prange`` loops then run serially.
+SPECDEC_NO_AVX512=1
+    Build the x86-64 kernels without their AVX-512 code (the AVX2 clones and paths only, the
+    same bits), so that an AVX-512 machine can time what an AVX2 machine runs.
 """
 
 import os
@@ -33,6 +36,12 @@ contract = runpy.run_path(
 
 debug = _flag("SPECDEC_DEBUG")
 use_openmp = not _flag("SPECDEC_NO_OPENMP")
+vector_macros = []
+if _flag("SPECDEC_NO_AVX512"):
+    vector_macros = [
+        ("SPECDEC_AVX512_PATH", "0"),
+        ("SPECDEC_CLONES", '__attribute__((target_clones("arch=x86-64-v3", "default")))'),
+    ]
 
 compile_args = ["-O3", "-g0"] if not debug else ["-O1", "-g"]
 link_args = []
@@ -63,6 +72,7 @@ extension = Extension(
         ("SPECDEC_OPENMP", "1" if use_openmp else "0"),
         ("SPECDEC_DEBUG_BUILD", "1" if debug else "0"),
         *contract["compile_time_macros"](),
+        *vector_macros,
     ],
     extra_compile_args=compile_args,
     extra_link_args=link_args,
