@@ -1128,8 +1128,23 @@ def test_the_weights_of_the_law_give_the_materialised_row(
 
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory) -> Logits:
-    """The vector build without the sixteen-lane (AVX-512) exponential pass."""
+    """The vector build without the sixteen-lane (AVX-512) exponential pass and partitions:
+    eight-lane (AVX2) partitions where the CPU has them."""
     return _build(tmp_path_factory.mktemp("narrow"), "narrow", "-DSPECDEC_AVX512_PATH=0")
+
+
+@pytest.fixture(scope="module")
+def one_lane(tmp_path_factory: pytest.TempPathFactory) -> Logits:
+    """The vector build without its AVX-512 and AVX2 code: one-lane selections."""
+    return _build(tmp_path_factory.mktemp("one_lane"), "one_lane", "-DSPECDEC_AVX512_PATH=0",
+                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
+
+
+def _vector_selections() -> set[str]:
+    """The x86 clones whose vector selections this CPU runs (none elsewhere)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return set()
+    return {clone for clone, flags in _CLONES.items() if flags <= _cpu_flags()}
 
 
 @settings(max_examples=150, deadline=None)
@@ -1197,6 +1212,7 @@ def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Pat
 def test_both_widths_of_the_short_row_selections_give_the_same_law(
     vector: Logits,
     narrow: Logits,
+    one_lane: Logits,
     vocab: int,
     seed: int,
     temperature: float,
@@ -1208,39 +1224,45 @@ def test_both_widths_of_the_short_row_selections_give_the_same_law(
     masked: bool,
 ) -> None:
     """The sixteen-lane partitions of top-k's quickselect and gathering of its survivors
-    (AVX-512 CPUs) give the law's fields and kept weights of the one-lane ones, bit for bit:
-    with tie groups at the boundary, signed zeros, NaN and -inf entries, sorted prefixes."""
-    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
-        pytest.skip("this CPU has no AVX-512: both builds run the one-lane selections")
+    (AVX-512 CPUs) and the eight-lane partitions (AVX2 CPUs) give the law's fields and kept
+    weights of the one-lane ones, bit for bit: with tie groups at the boundary, signed
+    zeros, NaN and -inf entries, sorted prefixes."""
+    if not _vector_selections():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2: every build runs one lane")
     row = _survivor_row(seed, vocab, np.float32, ties, order, masked)
     if ties:
         row[np.random.default_rng(seed).integers(vocab, size=max(vocab // 9, 1))] = -0.0
     filters = (top_k, top_p, min_p)
-    wide_law, wide_weights = vector.law_from_weights(row, temperature, *filters)
-    narrow_law, narrow_weights = narrow.law_from_weights(row, temperature, *filters)
-    assert wide_law.fields() == narrow_law.fields()
-    assert (wide_weights is None) == (narrow_weights is None)
-    if wide_weights is not None:
-        assert wide_weights.tobytes() == narrow_weights.tobytes()
+    law, weights = one_lane.law_from_weights(row, temperature, *filters)
+    for build in (vector, narrow):
+        wide_law, wide_weights = build.law_from_weights(row, temperature, *filters)
+        assert wide_law.fields() == law.fields()
+        assert (wide_weights is None) == (weights is None)
+        if wide_weights is not None:
+            assert wide_weights.tobytes() == weights.tobytes()
 
 
 @pytest.mark.parametrize(
-    ("mutation", "what"),
-    [(6, "a gathering that drops the entries at the floor key"),
-     (7, "a first partition that compares the keys as signed integers")],
+    ("mutation", "clone", "defines", "what"),
+    [(6, "x86-64-v4", (), "a sixteen-lane gathering that drops the entries at the floor key"),
+     (7, "x86-64-v4", (), "a sixteen-lane first partition that compares keys as signed"),
+     (7, "x86-64-v3", ("-DSPECDEC_AVX512_PATH=0",),
+      "an eight-lane first partition that compares keys as signed")],
 )  # fmt: skip
 def test_the_short_row_width_comparison_sees_a_wrong_selection(
-    narrow: Logits, tmp_path: Path, mutation: int, what: str
-) -> None:
-    """Negative controls: each broken sixteen-lane selection gives another law than the
-    one-lane selections on some short row with ties."""
-    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
-        pytest.skip("this CPU has no AVX-512")
-    wrong = _build(tmp_path, f"mutation{mutation}", f"-DSPECDEC_LOGITS_MUTATION={mutation}")
+    one_lane: Logits, tmp_path: Path, mutation: int, clone: str, defines: tuple[str, ...],
+    what: str,
+) -> None:  # fmt: skip
+    """Negative controls: each broken vector selection gives another law than the one-lane
+    selections on some short row with ties."""
+    if clone not in _vector_selections():
+        pytest.skip(f"this CPU does not run {clone} code")
+    wrong = _build(tmp_path, f"mutation{mutation}",
+                   f"-DSPECDEC_LOGITS_MUTATION={mutation}", *defines)  # fmt: skip
     rows = [_survivor_row(seed, 1000, np.float32, True, "random", False) for seed in range(20)]
     assert any(
         wrong.row_law(row, 1.0, 50, 1.0, 0.0).fields()
-        != narrow.row_law(row, 1.0, 50, 1.0, 0.0).fields()
+        != one_lane.row_law(row, 1.0, 50, 1.0, 0.0).fields()
         for row in rows
     ), what
 

@@ -145,6 +145,19 @@ def generic_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
 
 
 @pytest.fixture(scope="module")
+def eight_lane_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
+    """Without the AVX-512 code: top-k's partitions on eight lanes where the CPU has AVX2."""
+    return _build(tmp_path_factory.mktemp("eight"), "eight", "-DSPECDEC_AVX512_PATH=0")
+
+
+@pytest.fixture(scope="module")
+def one_lane_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
+    """Without the AVX-512 and the AVX2 code: top-k's partitions one entry at a time."""
+    return _build(tmp_path_factory.mktemp("one"), "one", "-DSPECDEC_AVX512_PATH=0",
+                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def row_scans(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
     """Room for 3 gathered entries: top-k's filters scan the row."""
     return _build(tmp_path_factory.mktemp("row_scans"), "row_scans",
@@ -235,6 +248,24 @@ def test_survivors_give_the_bits_of_the_row_scans(
         np.testing.assert_array_equal(_bits(out), _bits(scanned), err_msg=context)
     # Most cases go through the survivors (not the +inf rows, nor k = V - 1).
     assert used >= len(_cases()) // 2
+
+
+def test_every_width_of_the_partitions_gives_the_same_law(
+    survivors: Survivors, eight_lane_survivors: Survivors, one_lane_survivors: Survivors
+) -> None:
+    """Top-k's key over the block maxima and over the survivors, by partitions of sixteen
+    lanes (AVX-512), eight (AVX2) or one: the same law and processed row, bit for bit."""
+    for seed, (vocab, kind, filters, order) in enumerate(_cases()):
+        row = _row(kind, vocab, np.float32, seed)
+        case = _case(filters, order)
+        law, count, out = one_lane_survivors.law(row, case)
+        for build in (survivors, eight_lane_survivors):
+            wide_law, wide_count, wide_out = build.law(row, case)
+            context = f"{kind} V={vocab} {case}"
+            assert np.array_equal(np.array(wide_law).view(np.uint64),
+                                  np.array(law).view(np.uint64)), context  # fmt: skip
+            assert wide_count == count, context
+            np.testing.assert_array_equal(_bits(wide_out), _bits(out), err_msg=context)
 
 
 def test_survivors_law_is_the_reference_law(survivors: Survivors) -> None:
