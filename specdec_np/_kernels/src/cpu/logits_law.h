@@ -310,6 +310,7 @@ static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperatur
  * sixteen are added to the same eight lanes, in element order, so both widths give the
  * same bits. */
 typedef double specdec_v8d __attribute__((vector_size(64)));
+typedef specdec_v8d specdec_lanes16;
 typedef float specdec_v16f __attribute__((vector_size(64)));
 typedef int32_t specdec_v16i __attribute__((vector_size(64)));
 
@@ -350,12 +351,7 @@ SPECDEC_INLINE int specdec_any16(specdec_v16i mask)
 }
 
 /* lanes[l] += w[l] (and then += w[8 + l]): element order on the eight lanes. */
-SPECDEC_INLINE void specdec_add_lanes8(specdec_v8f w, specdec_v8d *lanes)
-{
-    *lanes += __builtin_convertvector(w, specdec_v8d);
-}
-
-SPECDEC_INLINE void specdec_add_lanes16(specdec_v16f w, specdec_v8d *lanes)
+SPECDEC_INLINE void specdec_add_lanes16(specdec_v16f w, specdec_lanes16 *lanes)
 {
     specdec_v8f half[2];
     memcpy(half, &w, sizeof half);
@@ -402,7 +398,8 @@ SPECDEC_DEFINE_LOAD_Z(16)
         const specdec_v##W##f t_ = specdec_splat##W(temperature);                          \
         const specdec_v##W##f m_ = specdec_splat##W(z_max), c_ = specdec_splat##W(cutoff); \
         const int divide = temperature != 1.0f, filtered = cutoff > -INFINITY;             \
-        specdec_v8d lanes = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                      \
+        specdec_lanes##W lanes;                                                            \
+        memset(&lanes, 0, sizeof lanes);                                                   \
         ptrdiff_t y = 0;                                                                   \
         if (!divide && !filtered) {                                                        \
             if (weights)                                                                   \

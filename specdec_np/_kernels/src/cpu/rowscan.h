@@ -316,6 +316,21 @@ SPECDEC_INLINE void specdec_widen8(specdec_v8f x, specdec_v4d *low, specdec_v4d 
     *high = __builtin_convertvector(half[1], specdec_v4d);
 }
 
+/* The eight float64 lanes of an eight-wide pass (logits_law.h's kept sum) as two quadruples (lanes 0-3, then 4-7): an AVX2
+ * CPU holds each in a register, where GCC lowers a sixty-four-byte vector through the
+ * stack (a store and partial reloads per group, which doubled the pass's time). */
+typedef struct {
+    specdec_v4d low, high;
+} specdec_lanes8;
+
+SPECDEC_INLINE void specdec_add_lanes8(specdec_v8f w, specdec_lanes8 *lanes)
+{
+    specdec_v4d low, high;
+    specdec_widen8(w, &low, &high);
+    lanes->low += low;
+    lanes->high += high;
+}
+
 /* Two float quadruples as eight floats, lanes 0-3 then 4-7. */
 SPECDEC_INLINE specdec_v8f specdec_join8(specdec_v4f low, specdec_v4f high)
 {
