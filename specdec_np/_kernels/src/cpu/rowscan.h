@@ -316,9 +316,10 @@ SPECDEC_INLINE void specdec_widen8(specdec_v8f x, specdec_v4d *low, specdec_v4d 
     *high = __builtin_convertvector(half[1], specdec_v4d);
 }
 
-/* The eight float64 lanes of an eight-wide pass (logits_law.h's kept sum) as two quadruples (lanes 0-3, then 4-7): an AVX2
- * CPU holds each in a register, where GCC lowers a sixty-four-byte vector through the
- * stack (a store and partial reloads per group, which doubled the pass's time). */
+/* The eight float64 lanes of an eight-wide pass (logits_law.h's kept sum) as two
+ * quadruples (lanes 0-3, then 4-7): an AVX2 CPU holds each in a register, where GCC lowers
+ * a sixty-four-byte vector through the stack (a store and partial reloads per group, which
+ * doubled the pass's time). */
 typedef struct {
     specdec_v4d low, high;
 } specdec_lanes8;
