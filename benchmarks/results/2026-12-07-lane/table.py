@@ -6,7 +6,8 @@ and its ratio that figure over the fastest of the other side's; in brackets, the
 of the five runs' own ratios.  llama.cpp's times do not depend on our side, so its
 fastest is taken over all ten runs.
 
-Usage: ``python table.py`` from this folder (or with the folder as its argument).
+Usage: ``python table.py`` from this folder (or with the folder as its argument); a
+folder with one of the two studies gets its table alone.
 """
 
 from __future__ import annotations
@@ -76,9 +77,14 @@ def top_k_table(records: list[dict]) -> None:
 
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
-    llama_cpp_table(read(folder / "llama-cpp-chain.jsonl"))
-    print()
-    top_k_table(read(folder / "top-k-draw.jsonl"))
+    # A run may hold either study alone: the tables of the files it has.
+    tables = [(name, table) for name, table in
+              (("llama-cpp-chain.jsonl", llama_cpp_table), ("top-k-draw.jsonl", top_k_table))
+              if (folder / name).exists()]  # fmt: skip
+    for index, (name, table) in enumerate(tables):
+        if index:
+            print()
+        table(read(folder / name))
 
 
 if __name__ == "__main__":
