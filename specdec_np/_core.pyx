@@ -102,7 +102,7 @@ cdef extern from "rowscan.h" nogil:
         const double* row, Py_ssize_t start, Py_ssize_t stop, double p_x, Py_ssize_t x
     )
 
-cdef extern from "survivors.h" nogil:
+cdef extern from "selections.h" nogil:
     # The law's working memory (heap, one per thread): see new_law_scratch.
     ctypedef struct specdec_law_scratch:
         # Threads for the passes over one row (0 or 1: one; used only outside a parallel

@@ -361,15 +361,15 @@ def _extern_headers() -> set[str]:
 
 
 def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path) -> None:
-    """The headers the Cython build compiles include ``elementwise.h`` (the dependencies the
-    C compiler reports, with the build's include path), the very file whose text every CUDA
-    source carries."""
+    """The headers the Cython build declares its C functions from include ``elementwise.h``
+    (the dependencies the C compiler reports, with the build's include path), the very file
+    whose text every CUDA source carries, and every CPU header is among what they include."""
     compilers = (os.environ.get("CC"), "cc", "gcc", "clang")
     cc = next((name for name in compilers if name and shutil.which(name)), None)
     if cc is None:
         pytest.skip("no C compiler to list the headers' dependencies")
     headers = _extern_headers()
-    assert set(CPU_HEADERS) <= headers, headers
+    compiled: set[Path] = set()
     macros = [f"-D{name}={value}" for name, value in _contract.compile_time_macros()]
     for header in sorted(headers):
         result = subprocess.run(
@@ -381,6 +381,8 @@ def test_cpu_build_includes_the_shared_header_of_the_cuda_sources(tmp_path: Path
         assert result.returncode == 0, result.stderr
         dependencies = {Path(d).resolve() for d in result.stdout.replace("\\\n", " ").split()[1:]}
         assert SHARED_HEADER.resolve() in dependencies, (header, dependencies)
+        compiled |= dependencies
+    assert {(CPU_SOURCE_DIR / name).resolve() for name in CPU_HEADERS} <= compiled, compiled
     text = SHARED_HEADER.read_text().rstrip("\n")
     assert _cuda._included_text("elementwise.h").rstrip("\n") == text
     for name in ("chain_driver", "tree_driver"):

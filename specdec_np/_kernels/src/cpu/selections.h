@@ -404,32 +404,34 @@ __attribute__((target("avx2"))) static inline int specdec_store_chosen8(uint32_t
     return __builtin_popcount((unsigned)chosen);
 }
 
-/* Keys compare as unsigned integers: as signed ones with the top bit flipped. */
-#define SPECDEC_FLIP8(x) _mm256_xor_si256((x), _mm256_set1_epi32((int)0x80000000u))
+/* The mask of eight lanes' comparison (its lanes all ones or zeros). */
 #define SPECDEC_MASK8(x) _mm256_movemask_ps(_mm256_castsi256_ps(x))
 
-/* The partition steps eight entries at a time (AVX2), as the sixteen-lane ones. */
+/* The partition steps eight entries at a time (AVX2), as the sixteen-lane ones.  Keys
+ * compare as unsigned integers: a key is above the pivot where their maximum is not the
+ * pivot, below it where their maximum is not the key. */
 __attribute__((target("avx2"))) static ptrdiff_t specdec_partition_values_f_wide8(
     const float *values, ptrdiff_t count, float temperature, uint32_t pivot, uint32_t *keys,
     uint32_t *other, ptrdiff_t *larger, ptrdiff_t *smaller, ptrdiff_t *n)
 {
     const int divide = temperature != 1.0f;
     const __m256 t = _mm256_set1_ps(temperature);
-    const __m256i p = _mm256_set1_epi32((int)pivot), flipped_p = SPECDEC_FLIP8(p);
+    const __m256i p = _mm256_set1_epi32((int)pivot);
     ptrdiff_t i = 0, up = *larger, down = *smaller, present = *n;
     for (; i + 8 <= count; i += 8) {
         __m256 z = _mm256_loadu_ps(values + i);
         if (divide)
             z = _mm256_div_ps(z, t);
-        __m256i key = specdec_keys8_f(z), flipped = SPECDEC_FLIP8(key);
-        __m256i nan = _mm256_cmpeq_epi32(key, _mm256_setzero_si256());
-        present += 8 - __builtin_popcount((unsigned)SPECDEC_MASK8(nan));
+        __m256i key = specdec_keys8_f(z), top = _mm256_max_epu32(key, p);
+        int nan = SPECDEC_MASK8(_mm256_cmpeq_epi32(key, _mm256_setzero_si256()));
+        present += 8 - __builtin_popcount((unsigned)nan);
         /* Mutation 7 (tests only): the keys compare as signed integers. */
-        __m256i above = SPECDEC_LOGITS_MUTATION == 7 ? _mm256_cmpgt_epi32(key, p)
-                                                     : _mm256_cmpgt_epi32(flipped, flipped_p);
-        __m256i below = _mm256_andnot_si256(nan, _mm256_cmpgt_epi32(flipped_p, flipped));
-        up += specdec_store_chosen8(keys + up, SPECDEC_MASK8(above), key);
-        down += specdec_store_chosen8(other + down, SPECDEC_MASK8(below), key);
+        int above = SPECDEC_LOGITS_MUTATION == 7
+                        ? SPECDEC_MASK8(_mm256_cmpgt_epi32(key, p))
+                        : ~SPECDEC_MASK8(_mm256_cmpeq_epi32(top, p)) & 0xff;
+        int below = ~SPECDEC_MASK8(_mm256_cmpeq_epi32(top, key)) & ~nan & 0xff;
+        up += specdec_store_chosen8(keys + up, above, key);
+        down += specdec_store_chosen8(other + down, below, key);
     }
     *larger = up;
     *smaller = down;
@@ -441,16 +443,16 @@ __attribute__((target("avx2"))) static ptrdiff_t specdec_partition_keys_f_wide8(
     uint32_t *keys, ptrdiff_t n, uint32_t pivot, uint32_t *other, ptrdiff_t *larger,
     ptrdiff_t *smaller)
 {
-    const __m256i flipped_p = SPECDEC_FLIP8(_mm256_set1_epi32((int)pivot));
+    const __m256i p = _mm256_set1_epi32((int)pivot);
     ptrdiff_t i = 0, up = *larger, down = *smaller;
     for (; i + 8 <= n; i += 8) {
         /* Loaded before the stores, which end at or before i + 8. */
         __m256i key = _mm256_loadu_si256((const __m256i *)(keys + i));
-        __m256i flipped = SPECDEC_FLIP8(key);
-        up += specdec_store_chosen8(
-            keys + up, SPECDEC_MASK8(_mm256_cmpgt_epi32(flipped, flipped_p)), key);
+        __m256i top = _mm256_max_epu32(key, p);
+        up += specdec_store_chosen8(keys + up, ~SPECDEC_MASK8(_mm256_cmpeq_epi32(top, p)) & 0xff,
+                                    key);
         down += specdec_store_chosen8(
-            other + down, SPECDEC_MASK8(_mm256_cmpgt_epi32(flipped_p, flipped)), key);
+            other + down, ~SPECDEC_MASK8(_mm256_cmpeq_epi32(top, key)) & 0xff, key);
     }
     *larger = up;
     *smaller = down;
