@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 from c_headers import build_library
 
+from specdec_np._sharded.rows import ordered_keys
+
 _WRAPPER = r"""
 #include <stdlib.h>
 #include "logits_law.h"
@@ -158,7 +160,6 @@ def test_a_floor_that_takes_its_guess_is_caught(tmp_path: Path) -> None:
 
 def _select_cases(dtype: type, seed: int, count: int) -> list[tuple]:
     rng = np.random.default_rng(seed)
-    key_of = {np.float32: np.uint32, np.float64: np.uint64}[dtype]
     cases = []
     for case in range(count):
         n = int(rng.integers(4, 300))
@@ -173,16 +174,9 @@ def _select_cases(dtype: type, seed: int, count: int) -> list[tuple]:
         need = float(rng.uniform(0.05, 1.0)) if by_mass else float(rng.integers(1, n + 1))
         # A floor below which entries are not counted (1: every entry that is not NaN).
         floor = np.sort(z)[int(rng.integers(0, n // 2))] if case % 4 == 3 else None
-        floor_key = 1 if floor is None else _key(floor, key_of)
+        floor_key = 1 if floor is None else int(ordered_keys(np.array([floor]))[0])
         cases.append((z, w, floor_key, by_mass, need))
     return cases
-
-
-def _key(value: Any, key_of: type) -> int:
-    bits = int(np.array([value]).view(key_of)[0])
-    width = 8 * np.dtype(key_of).itemsize
-    sign = 1 << (width - 1)
-    return bits ^ ((1 << width) - 1) if bits & sign else bits ^ sign
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
