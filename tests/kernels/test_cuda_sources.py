@@ -285,8 +285,8 @@ PACKAGE_DIR = REPO_ROOT / "specdec_np"
 SOURCE_DIR = PACKAGE_DIR / "_kernels" / "src"
 SHARED_HEADER = SOURCE_DIR / "common" / "elementwise.h"
 CPU_SOURCE_DIR = SOURCE_DIR / "cpu"
-CPU_HEADERS = ("logits_law.h", "rowscan.h", "rowthreads.h", "selections.h", "survivors.h",
-               "treescan.h", "shardscan.h")
+CPU_HEADERS = ("logits_law.h", "exponentials.h", "rowscan.h", "rowthreads.h", "selections.h",
+               "survivors.h", "treescan.h", "shardscan.h")
 
 
 def _code(text: str) -> str:

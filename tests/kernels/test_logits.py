@@ -1129,15 +1129,16 @@ def test_the_weights_of_the_law_give_the_materialised_row(
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory) -> Logits:
     """The vector build without the sixteen-lane (AVX-512) exponential pass and partitions:
-    eight-lane (AVX2) partitions where the CPU has them."""
+    eight-lane (AVX2) partitions and exponential pass in groups where the CPU has them."""
     return _build(tmp_path_factory.mktemp("narrow"), "narrow", "-DSPECDEC_AVX512_PATH=0")
 
 
 @pytest.fixture(scope="module")
 def one_lane(tmp_path_factory: pytest.TempPathFactory) -> Logits:
-    """The vector build without its AVX-512 and AVX2 code: one-lane selections."""
+    """The vector build without its AVX-512 and AVX2 code: one-lane selections, and the
+    eight-lane exponential pass one group at a time."""
     return _build(tmp_path_factory.mktemp("one_lane"), "one_lane", "-DSPECDEC_AVX512_PATH=0",
-                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
+                  "-DSPECDEC_NO_X86_AVX2")  # fmt: skip
 
 
 def _vector_selections() -> set[str]:
@@ -1156,9 +1157,10 @@ def _vector_selections() -> set[str]:
     dtype=st.sampled_from([np.float32, np.float64]),
     special=st.sampled_from(["none", "nan", "minus_inf"]),
 )
-def test_both_widths_of_the_exponential_pass_give_the_same_bits(
+def test_every_width_of_the_exponential_pass_gives_the_same_bits(
     vector: Logits,
     narrow: Logits,
+    one_lane: Logits,
     vocab: int,
     seed: int,
     temperature: float,
@@ -1166,31 +1168,44 @@ def test_both_widths_of_the_exponential_pass_give_the_same_bits(
     dtype: type,
     special: str,
 ) -> None:
-    """The sixteen-lane pass (AVX-512 CPUs) and the eight-lane one give the law's fields and
-    its kept weights bit for bit, whatever the row's length modulo 16."""
-    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
-        pytest.skip("this CPU has no AVX-512: both builds run the eight-lane pass")
+    """The sixteen-lane pass (AVX-512 CPUs), the eight-lane one in groups side by side (AVX2
+    CPUs) and the eight-lane one a group at a time give the law's fields and its kept
+    weights bit for bit, whatever the row's length modulo 16 and 32."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v3"] <= _cpu_flags():
+        pytest.skip("this CPU has no AVX2: every build runs the eight-lane pass a group at a time")
     row = _special_row(seed, vocab, dtype, special, share=5)
-    wide_law, wide_weights = vector.law_from_weights(row, temperature, *filters)
-    narrow_law, narrow_weights = narrow.law_from_weights(row, temperature, *filters)
-    assert np.array(wide_law.fields()[:3]).tobytes() == np.array(narrow_law.fields()[:3]).tobytes()
-    assert wide_law.fields()[3:] == narrow_law.fields()[3:]
-    assert (wide_weights is None) == (narrow_weights is None)
-    if wide_weights is not None:
-        assert wide_weights.tobytes() == narrow_weights.tobytes()
+    (law, weights), *others = [
+        build.law_from_weights(row, temperature, *filters) for build in (vector, narrow, one_lane)
+    ]
+    for other_law, other_weights in others:
+        assert np.array(law.fields()[:3]).tobytes() == np.array(other_law.fields()[:3]).tobytes()
+        assert law.fields()[3:] == other_law.fields()[3:]
+        assert (weights is None) == (other_weights is None)
+        if weights is not None:
+            assert weights.tobytes() == other_weights.tobytes()
 
 
-@pytest.mark.slow  # a negative control that compiles a broken copy of the header
-def test_the_width_comparison_sees_a_different_sum(vector: Logits, tmp_path: Path) -> None:
-    """Negative control: a sixteen-lane pass that adds its halves in the wrong order (lane l
-    takes w[8 + l] before w[l]) changes the normaliser's bits on some row."""
-    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES["x86-64-v4"] <= _cpu_flags():
-        pytest.skip("this CPU has no AVX-512")
-    swapped = _build(tmp_path, "swapped", "-DSPECDEC_LOGITS_MUTATION=3")
+@pytest.mark.slow  # a negative control that compiles broken copies of the header
+@pytest.mark.parametrize(
+    ("mutation", "clone", "defines"),
+    [(3, "x86-64-v4", ()),
+     (12, "x86-64-v4", ()),
+     (12, "x86-64-v3", ("-DSPECDEC_AVX512_PATH=0",))],
+)  # fmt: skip
+def test_the_width_comparison_sees_a_different_sum(
+    one_lane: Logits, tmp_path: Path, mutation: int, clone: str, defines: tuple[str, ...]
+) -> None:
+    """Negative controls: a sixteen-lane pass that adds its halves in the wrong order (lane l
+    takes w[8 + l] before w[l], mutation 3), and a pass in groups that adds its groups last
+    first (mutation 12, on sixteen and on eight lanes), change the normaliser's bits on some
+    row."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _CLONES[clone] <= _cpu_flags():
+        pytest.skip(f"this CPU does not run {clone} code")
+    swapped = _build(tmp_path, "swapped", f"-DSPECDEC_LOGITS_MUTATION={mutation}", *defines)
     rows = (np.random.default_rng(5).standard_normal((20, 1000)) * 4).astype(np.float32)
     assert any(
         swapped.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
-        != vector.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
+        != one_lane.row_law(row, 1.0, 0, 1.0, 0.0).normaliser
         for row in rows
     )
 

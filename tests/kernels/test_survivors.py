@@ -141,7 +141,7 @@ def survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
 def generic_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
     """The block pass and the gathering in the generic code, not in AVX2 instructions."""
     return _build(tmp_path_factory.mktemp("generic"), "generic",
-                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
+                  "-DSPECDEC_NO_X86_AVX2")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def eight_lane_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
 def one_lane_survivors(tmp_path_factory: pytest.TempPathFactory) -> Survivors:
     """Without the AVX-512 and the AVX2 code: top-k's partitions one entry at a time."""
     return _build(tmp_path_factory.mktemp("one"), "one", "-DSPECDEC_AVX512_PATH=0",
-                  "-DSPECDEC_NO_X86_SURVIVORS")  # fmt: skip
+                  "-DSPECDEC_NO_X86_AVX2")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -94,47 +94,83 @@ typedef unsigned long long uint64_t;
  *   result = (e 2^floor(n/2)) 2^(n - floor(n/2))  (two exact powers of two, so that a
  *                                                 subnormal result is rounded once).
  * FMA is fmaf on scalars, a lane-wise fmaf on vectors (which GCC compiles to one vfmadd
- * where the target has FMA); constants are float32 scalars, broadcast by the vector FMA. */
-#define SPECDEC_DEFINE_FAST_EXP(QUALIFIER, NAME, FLOAT_T, INT_T, TO_INT, TO_MASK, FMA)     \
-    QUALIFIER FLOAT_T NAME(FLOAT_T x)                                                      \
+ * where the target has FMA); constants are float32 scalars, broadcast by the vector FMA.
+ *
+ * SPECDEC_DEFINE_FAST_EXP_GROUPS defines NAME(x, out) over GROUPS independent values,
+ * out[g] = exp(x[g]), each step run on every group before the next: an AVX2 CPU then has
+ * GROUPS chains in flight where one chain of ~25 dependent steps leaves its units idle
+ * (exponentials.h).  SPECDEC_DEFINE_FAST_EXP defines NAME(x) from one group. */
+#if defined(__CUDACC__)
+#define SPECDEC_EACH_GROUP(...)                                                            \
+    _Pragma("unroll") for (int g_ = 0; g_ < groups_; ++g_) { __VA_ARGS__; }
+#elif defined(__GNUC__)
+/* Unrolled before the arrays below are split into registers (GCC keeps them in memory
+ * otherwise). */
+#define SPECDEC_EACH_GROUP(...)                                                            \
+    _Pragma("GCC unroll 8") for (int g_ = 0; g_ < groups_; ++g_) { __VA_ARGS__; }
+#else
+#define SPECDEC_EACH_GROUP(...)                                                            \
+    for (int g_ = 0; g_ < groups_; ++g_) {                                                 \
+        __VA_ARGS__;                                                                       \
+    }
+#endif
+
+#define SPECDEC_DEFINE_FAST_EXP_GROUPS(QUALIFIER, NAME, FLOAT_T, INT_T, TO_INT, TO_MASK,  \
+                                       FMA, GROUPS)                                        \
+    QUALIFIER void NAME(const FLOAT_T *x, FLOAT_T *out)                                    \
     {                                                                                      \
+        enum { groups_ = GROUPS };                                                         \
         const float lowest = -104.0f, highest = 88.0f;                                     \
         int32_t lowest_bits, highest_bits;                                                 \
         memcpy(&lowest_bits, &lowest, sizeof lowest_bits);                                 \
         memcpy(&highest_bits, &highest, sizeof highest_bits);                              \
-        INT_T x_bits;                                                                      \
-        memcpy(&x_bits, &x, sizeof x_bits);                                                \
-        /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */         \
-        INT_T keep = TO_MASK(x >= lowest);                                                 \
-        INT_T above_highest = TO_MASK(x > highest);                                        \
-        /* Two selects (a ^ ((a ^ b) & mask) is b where mask is set, else a): this form   \
-         * keeps GCC 12's sixteen-lane code in vector registers. */                        \
-        INT_T highest_x = (x_bits & 0) + highest_bits, lowest_x = (x_bits & 0) + lowest_bits; \
-        INT_T clamped_bits = x_bits ^ ((x_bits ^ highest_x) & above_highest);              \
-        clamped_bits ^= (clamped_bits ^ lowest_x) & ~keep;                                 \
-        FLOAT_T clamped;                                                                   \
-        memcpy(&clamped, &clamped_bits, sizeof clamped);                                   \
+        INT_T keep[GROUPS], clamped_bits[GROUPS], n[GROUPS];                               \
+        FLOAT_T clamped[GROUPS], n_float[GROUPS], r[GROUPS], q[GROUPS], mantissa[GROUPS];  \
+        SPECDEC_EACH_GROUP(                                                                \
+            INT_T x_bits; memcpy(&x_bits, &x[g_], sizeof x_bits);                          \
+            /* keep is all ones where x >= -104 (never for NaN or -inf), else zero. */     \
+            keep[g_] = TO_MASK(x[g_] >= lowest);                                           \
+            INT_T above_highest = TO_MASK(x[g_] > highest);                                \
+            /* Two selects (a ^ ((a ^ b) & mask) is b where mask is set, else a): this     \
+             * form keeps GCC 12's sixteen-lane code in vector registers. */               \
+            INT_T highest_x = (x_bits & 0) + highest_bits;                                 \
+            INT_T lowest_x = (x_bits & 0) + lowest_bits;                                   \
+            clamped_bits[g_] = x_bits ^ ((x_bits ^ highest_x) & above_highest);            \
+            clamped_bits[g_] ^= (clamped_bits[g_] ^ lowest_x) & ~keep[g_];                 \
+            memcpy(&clamped[g_], &clamped_bits[g_], sizeof clamped[g_]))                   \
         /* Adding and removing 1.5 * 2^23 rounds to the nearest integer, ties to even. */  \
-        FLOAT_T n_float = FMA(clamped, 0x1.715476p+0f, 0x1.8p+23f) - 0x1.8p+23f;           \
-        FLOAT_T r = FMA(n_float, -0x1.63p-1f, clamped);                                    \
-        r = FMA(n_float, 0x1.bd0106p-13f, r);                                              \
-        FLOAT_T q = FMA(r, 0x1.6a243ap-10f, 0x1.1239ep-7f);                                \
-        q = FMA(q, r, 0x1.5558f2p-5f);                                                     \
-        q = FMA(q, r, 0x1.555492p-3f);                                                     \
-        q = FMA(q, r, 0x1.fffffcp-2f);                                                     \
-        FLOAT_T mantissa = 1.0f + FMA(r * r, q, r);                                        \
-        INT_T n = TO_INT(n_float);                                                         \
-        INT_T n_low = n >> 1;                                                              \
-        INT_T n_high = n - n_low;                                                          \
-        INT_T scale_low_bits = (n_low + 127) << 23, scale_high_bits = (n_high + 127) << 23; \
-        FLOAT_T scale_low, scale_high;                                                     \
-        memcpy(&scale_low, &scale_low_bits, sizeof scale_low);                             \
-        memcpy(&scale_high, &scale_high_bits, sizeof scale_high);                          \
-        FLOAT_T result = (mantissa * scale_low) * scale_high;                              \
-        INT_T result_bits;                                                                 \
-        memcpy(&result_bits, &result, sizeof result_bits);                                 \
-        result_bits &= keep;                                                               \
-        memcpy(&result, &result_bits, sizeof result);                                      \
+        SPECDEC_EACH_GROUP(                                                                \
+            n_float[g_] = FMA(clamped[g_], 0x1.715476p+0f, 0x1.8p+23f) - 0x1.8p+23f)       \
+        SPECDEC_EACH_GROUP(r[g_] = FMA(n_float[g_], -0x1.63p-1f, clamped[g_]))             \
+        SPECDEC_EACH_GROUP(r[g_] = FMA(n_float[g_], 0x1.bd0106p-13f, r[g_]))               \
+        SPECDEC_EACH_GROUP(q[g_] = FMA(r[g_], 0x1.6a243ap-10f, 0x1.1239ep-7f))             \
+        SPECDEC_EACH_GROUP(q[g_] = FMA(q[g_], r[g_], 0x1.5558f2p-5f))                      \
+        SPECDEC_EACH_GROUP(q[g_] = FMA(q[g_], r[g_], 0x1.555492p-3f))                      \
+        SPECDEC_EACH_GROUP(q[g_] = FMA(q[g_], r[g_], 0x1.fffffcp-2f))                      \
+        SPECDEC_EACH_GROUP(mantissa[g_] = 1.0f + FMA(r[g_] * r[g_], q[g_], r[g_]))         \
+        SPECDEC_EACH_GROUP(n[g_] = TO_INT(n_float[g_]))                                    \
+        SPECDEC_EACH_GROUP(                                                                \
+            INT_T n_low = n[g_] >> 1;                                                      \
+            INT_T n_high = n[g_] - n_low;                                                  \
+            INT_T scale_low_bits = (n_low + 127) << 23;                                    \
+            INT_T scale_high_bits = (n_high + 127) << 23;                                  \
+            FLOAT_T scale_low, scale_high;                                                 \
+            memcpy(&scale_low, &scale_low_bits, sizeof scale_low);                         \
+            memcpy(&scale_high, &scale_high_bits, sizeof scale_high);                      \
+            FLOAT_T result = (mantissa[g_] * scale_low) * scale_high;                      \
+            INT_T result_bits;                                                             \
+            memcpy(&result_bits, &result, sizeof result_bits);                             \
+            result_bits &= keep[g_];                                                       \
+            memcpy(&out[g_], &result_bits, sizeof result_bits))                            \
+    }
+
+#define SPECDEC_DEFINE_FAST_EXP(QUALIFIER, NAME, FLOAT_T, INT_T, TO_INT, TO_MASK, FMA)     \
+    SPECDEC_DEFINE_FAST_EXP_GROUPS(QUALIFIER, NAME##_group, FLOAT_T, INT_T, TO_INT,       \
+                                   TO_MASK, FMA, 1)                                        \
+    QUALIFIER FLOAT_T NAME(FLOAT_T x)                                                      \
+    {                                                                                      \
+        FLOAT_T result;                                                                    \
+        NAME##_group(&x, &result);                                                         \
         return result;                                                                     \
     }
 

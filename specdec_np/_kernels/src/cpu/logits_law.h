@@ -33,7 +33,8 @@
  * split between threads returns the sum of its chunks' sums; 5 = the AVX-512 block sums
  * round every product, without the check for a float32 midpoint; 8 = the draw from a law's
  * survivors adds each to the lane of its rank, not of its index; 9 = the gathered survivors
- * drop the tie group at top-k's key (survivors.h).
+ * drop the tie group at top-k's key (survivors.h); 12 = the exponential pass in groups adds
+ * their weights to the lanes last group first.
  *
  * A row can be split between threads (the scratch's row_threads, rowthreads.h) when the
  * loop over requests runs on one, with the bits of one thread.  The filters' selections
@@ -45,52 +46,12 @@
 
 #include <stdlib.h>
 
+#include "exponentials.h"
 #include "rowscan.h"
 #include "rowthreads.h"
 #include "survivors.h"
 
 /* SPECDEC_INLINE (always inlined vector helpers) comes from rowscan.h. */
-
-/* ---- the float32 exponential on vectors ----------------------------------------------- */
-
-/* specdec_fast_expf of elementwise.h, from the same body, on eight lanes.  Its fused
- * multiply-add is fmaf lane by lane, which GCC turns into one vfmadd in the clones that
- * have FMA (SPECDEC_CLONES) and into correctly rounded libm calls in the baseline one: the
- * same bits either way. */
-#if SPECDEC_HAVE_VECTORS
-#define SPECDEC_TO_V8I(x) __builtin_convertvector((x), specdec_v8i)
-#define SPECDEC_VECTOR_MASK(condition) ((specdec_v8i)(condition))
-
-/* a b + c rounded once, W lanes (specdec_fma8, specdec_fma16). */
-#define SPECDEC_DEFINE_FMA(W)                                                               \
-    SPECDEC_INLINE specdec_v##W##f specdec_fma##W(specdec_v##W##f a, specdec_v##W##f b,     \
-                                                  specdec_v##W##f c)                       \
-    {                                                                                      \
-        specdec_v##W##f result;                                                            \
-        for (int l = 0; l < W; ++l)                                                        \
-            result[l] = fmaf(a[l], b[l], c[l]);                                            \
-        return result;                                                                     \
-    }
-
-SPECDEC_DEFINE_FMA(8)
-
-SPECDEC_INLINE specdec_v8f specdec_broadcast8(float x)
-{
-    return (specdec_v8f){x, x, x, x, x, x, x, x};
-}
-
-SPECDEC_INLINE specdec_v8f specdec_same8(specdec_v8f x)
-{
-    return x;
-}
-
-/* An operand of the vector FMA: a vector as it is, a float32 constant on every lane. */
-#define SPECDEC_LANES8(x) _Generic((x), float: specdec_broadcast8, default: specdec_same8)(x)
-#define SPECDEC_VECTOR_FMA(a, b, c)                                                         \
-    specdec_fma8(SPECDEC_LANES8(a), SPECDEC_LANES8(b), SPECDEC_LANES8(c))
-SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf8, specdec_v8f, specdec_v8i,
-                        SPECDEC_TO_V8I, SPECDEC_VECTOR_MASK, SPECDEC_VECTOR_FMA)
-#endif
 
 /* ---- the two passes of a row: the maximum, then the weights and their sum ------------- */
 
@@ -305,35 +266,6 @@ static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperatur
 
 /* ---- the exponential pass on sixteen lanes (AVX-512) ----------------------------------- */
 
-/* Eight float64 lanes (one AVX-512 register, two AVX2 ones) and sixteen float32 ones.  A
- * row sums on the eight lanes y mod 8 at either width: the low and the high half of a
- * sixteen are added to the same eight lanes, in element order, so both widths give the
- * same bits. */
-typedef double specdec_v8d __attribute__((vector_size(64)));
-typedef specdec_v8d specdec_lanes16;
-typedef float specdec_v16f __attribute__((vector_size(64)));
-typedef int32_t specdec_v16i __attribute__((vector_size(64)));
-
-SPECDEC_DEFINE_FMA(16)
-
-SPECDEC_INLINE specdec_v16f specdec_splat16(float x)
-{
-    return (specdec_v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-}
-
-SPECDEC_INLINE specdec_v16f specdec_same16(specdec_v16f x)
-{
-    return x;
-}
-
-#define SPECDEC_LANES16(x) _Generic((x), float: specdec_splat16, default: specdec_same16)(x)
-#define SPECDEC_VECTOR_FMA16(a, b, c)                                                       \
-    specdec_fma16(SPECDEC_LANES16(a), SPECDEC_LANES16(b), SPECDEC_LANES16(c))
-#define SPECDEC_TO_V16I(x) __builtin_convertvector((x), specdec_v16i)
-#define SPECDEC_VECTOR_MASK16(condition) ((specdec_v16i)(condition))
-SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf16, specdec_v16f, specdec_v16i,
-                        SPECDEC_TO_V16I, SPECDEC_VECTOR_MASK16, SPECDEC_VECTOR_FMA16)
-
 /* Whether any lane of a comparison's mask is set. */
 SPECDEC_INLINE int specdec_any8(specdec_v8i mask)
 {
@@ -368,17 +300,18 @@ SPECDEC_DEFINE_LOAD_Z(16)
  * the baseline CPU (so the group below is a macro). */
 
 /* One group of W lanes of a kept sum at logits + y (`left` >= W: a full group), in the
- * function below (t_, m_, c_ and lanes are its).  The exponential of a group that keeps
- * nothing is skipped (its weights are +0, which leaves every lane as it is); with no
- * cutoff every non-NaN entry is kept, so no group is tested. */
-#define SPECDEC_KEPT_GROUP(W, y, left, divide, filtered, weights)                           \
+ * function below (t_, m_, c_ and lanes are its; ADD_LANES adds W weights to the lanes).
+ * The exponential of a group that keeps nothing is skipped (its weights are +0, which
+ * leaves every lane as it is); with no cutoff every non-NaN entry is kept, so no group is
+ * tested. */
+#define SPECDEC_KEPT_GROUP(W, ADD_LANES, y, left, divide, filtered, weights)               \
     do {                                                                                   \
         specdec_v##W##f z_ = specdec_load_z##W(logits + (y), (left), t_, (divide));        \
         specdec_v##W##i kept_ = (specdec_v##W##i)(z_ >= c_);                               \
         specdec_v##W##f w_ = specdec_splat##W(0.0f);                                       \
         if (!(filtered) || specdec_any##W(kept_)) {                                        \
             w_ = (specdec_v##W##f)((specdec_v##W##i)specdec_fast_expf##W(z_ - m_) & kept_); \
-            specdec_add_lanes##W(w_, &lanes);                                              \
+            ADD_LANES(w_, &lanes);                                                         \
         }                                                                                  \
         if (weights) {                                                                     \
             if ((left) >= W)                                                               \
@@ -388,41 +321,79 @@ SPECDEC_DEFINE_LOAD_Z(16)
         }                                                                                  \
     } while (0)
 
-/* Sum of w over {z >= cutoff} on the lanes y mod 8, W lanes at a time; with weights not
- * NULL every w is stored there too (0 where z < cutoff).  Each case of the loop is written
- * out, so that the common one (temperature 1, no cutoff) runs without a test per group. */
-#define SPECDEC_DEFINE_KEPT_SUM_F(NAME, ATTRIBUTES, W)                                      \
+/* SPECDEC_EXP_GROUPS full groups of W lanes side by side (exponentials.h), without a
+ * cutoff; each adds its weights to the lanes in element order, as SPECDEC_KEPT_GROUP does. */
+#define SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, divide, weights)                              \
+    do {                                                                                   \
+        enum { groups_ = SPECDEC_EXP_GROUPS };                                             \
+        specdec_v##W##f z_[SPECDEC_EXP_GROUPS], x_[SPECDEC_EXP_GROUPS];                    \
+        specdec_v##W##f w_[SPECDEC_EXP_GROUPS];                                            \
+        SPECDEC_EACH_GROUP(                                                                \
+            z_[g_] = specdec_load_z##W(logits + (y) + W * g_, W, t_, (divide));            \
+            x_[g_] = z_[g_] - m_)                                                          \
+        specdec_fast_expf##W##_groups(x_, w_);                                             \
+        SPECDEC_EACH_GROUP(                                                                \
+            specdec_v##W##i kept_ = (specdec_v##W##i)(z_[g_] >= c_);                       \
+            w_[g_] = (specdec_v##W##f)((specdec_v##W##i)w_[g_] & kept_);                   \
+            ADD_LANES(w_[SPECDEC_LOGITS_MUTATION == 12 ? groups_ - 1 - g_ : g_], &lanes);   \
+            if (weights) memcpy((weights) + (y) + W * g_, &w_[g_], sizeof w_[g_]))         \
+    } while (0)
+
+/* Sum of w over {z >= cutoff} on the lanes y mod 8, W lanes at a time (SPECDEC_EXP_GROUPS
+ * groups at a time without a cutoff where GROUPED); with weights not NULL every w is stored
+ * there too (0 where z < cutoff).  Each case of the loop is written out, so that the common
+ * one (temperature 1, no cutoff) runs without a test per group. */
+#define SPECDEC_DEFINE_KEPT_SUM_F(NAME, ATTRIBUTES, W, GROUPED, ADD_LANES)               \
     ATTRIBUTES static double NAME(const float *logits, ptrdiff_t V, float temperature,     \
                                   float z_max, float cutoff, float *weights)               \
     {                                                                                      \
         const specdec_v##W##f t_ = specdec_splat##W(temperature);                          \
         const specdec_v##W##f m_ = specdec_splat##W(z_max), c_ = specdec_splat##W(cutoff); \
         const int divide = temperature != 1.0f, filtered = cutoff > -INFINITY;             \
+        const ptrdiff_t step = W * SPECDEC_EXP_GROUPS;                                     \
         specdec_lanes##W lanes;                                                            \
         memset(&lanes, 0, sizeof lanes);                                                   \
         ptrdiff_t y = 0;                                                                   \
+        if ((GROUPED) && !filtered) {                                                      \
+            if (divide)                                                                    \
+                for (; y + step <= V; y += step)                                           \
+                    SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, 1, weights);                      \
+            else if (weights)                                                              \
+                for (; y + step <= V; y += step)                                           \
+                    SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, 0, weights);                      \
+            else                                                                           \
+                for (; y + step <= V; y += step)                                           \
+                    SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, 0, (float *)NULL);                \
+        }                                                                                  \
         if (!divide && !filtered) {                                                        \
             if (weights)                                                                   \
                 for (; y + W <= V; y += W)                                                 \
-                    SPECDEC_KEPT_GROUP(W, y, W, 0, 0, weights);                            \
+                    SPECDEC_KEPT_GROUP(W, ADD_LANES, y, W, 0, 0, weights);                 \
             else                                                                           \
                 for (; y + W <= V; y += W)                                                 \
-                    SPECDEC_KEPT_GROUP(W, y, W, 0, 0, (float *)NULL);                      \
+                    SPECDEC_KEPT_GROUP(W, ADD_LANES, y, W, 0, 0, (float *)NULL);           \
         } else {                                                                           \
             for (; y + W <= V; y += W)                                                     \
-                SPECDEC_KEPT_GROUP(W, y, W, divide, filtered, weights);                    \
+                SPECDEC_KEPT_GROUP(W, ADD_LANES, y, W, divide, filtered, weights);         \
         }                                                                                  \
         if (y < V)                                                                         \
-            SPECDEC_KEPT_GROUP(W, y, V - y, divide, filtered, weights);                    \
+            SPECDEC_KEPT_GROUP(W, ADD_LANES, y, V - y, divide, filtered, weights);         \
         double sums[8];                                                                    \
         memcpy(sums, &lanes, sizeof sums);                                                 \
         return SPECDEC_COMBINE_LANES(sums);                                                \
     }
 
-SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_narrow, SPECDEC_CLONES, 8)
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_narrow, SPECDEC_CLONES, 8, 0,
+                          specdec_add_lanes8)
+
+#if SPECDEC_X86_AVX2
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_avx2, SPECDEC_AVX2, 8, 1,
+                          specdec_add_lanes8_avx2)
+#endif
 
 #if SPECDEC_AVX512_PATH
-SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_wide, SPECDEC_AVX512, 16)
+SPECDEC_DEFINE_KEPT_SUM_F(specdec_kept_sum_f_wide, SPECDEC_AVX512, 16, 1,
+                          specdec_add_lanes16)
 #endif
 
 static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float temperature,
@@ -431,6 +402,10 @@ static double specdec_kept_sum_f(const float *logits, ptrdiff_t V, float tempera
 #if SPECDEC_AVX512_PATH
     if (specdec_cpu_has_avx512())
         return specdec_kept_sum_f_wide(logits, V, temperature, z_max, cutoff, weights);
+#endif
+#if SPECDEC_X86_AVX2
+    if (specdec_has_avx2())
+        return specdec_kept_sum_f_avx2(logits, V, temperature, z_max, cutoff, weights);
 #endif
     return specdec_kept_sum_f_narrow(logits, V, temperature, z_max, cutoff, weights);
 }

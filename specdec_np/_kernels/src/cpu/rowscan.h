@@ -84,26 +84,27 @@ static inline int specdec_cpu_has_avx512(void)
 }
 #endif
 
-/* Code written for AVX2 (top-k's survivors, survivors.h, and the partitions of its key,
- * selections.h) runs where the CPU has it, chosen at run time by specdec_has_avx2, with the
- * generic code's bits.  The tests build the headers with SPECDEC_NO_X86_SURVIVORS to
- * compare the two. */
+/* Code written for AVX2 (top-k's survivors, survivors.h, the partitions of its key,
+ * selections.h, and the exponential pass's four groups, exponentials.h) runs where the CPU
+ * has AVX2 and FMA, chosen at run time by specdec_has_avx2, with the generic code's bits.
+ * The tests build the headers with SPECDEC_NO_X86_AVX2 to compare the two. */
 #if SPECDEC_HAVE_VECTORS && defined(__x86_64__) && defined(__GNUC__) &&                    \
-    !defined(SPECDEC_NO_X86_SURVIVORS)
+    !defined(SPECDEC_NO_X86_AVX2)
 #include <immintrin.h>
-#define SPECDEC_X86_SURVIVORS 1
+#define SPECDEC_X86_AVX2 1
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 
 static inline int specdec_has_avx2(void)
 {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") != 0;
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return known;
 }
 #else
-#define SPECDEC_X86_SURVIVORS 0
+#define SPECDEC_X86_AVX2 0
 static inline int specdec_has_avx2(void) { return 0; }
 #endif
 

@@ -7,7 +7,7 @@
  * order, the same in every build.  The tests build the header with fewer candidates
  * (SPECDEC_TOP_P_CANDIDATES), without the quickselect (SPECDEC_QUICKSELECT_PARTITIONS = 0),
  * without the AVX-512 code (SPECDEC_AVX512_PATH = 0) and without the AVX2 code
- * (SPECDEC_NO_X86_SURVIVORS) to compare each shortcut with the full scans.
+ * (SPECDEC_NO_X86_AVX2) to compare each shortcut with the full scans.
  */
 #ifndef SPECDEC_SELECTIONS_H
 #define SPECDEC_SELECTIONS_H
@@ -361,7 +361,7 @@ SPECDEC_AVX512 static ptrdiff_t specdec_gather_at_or_above_f_wide16(
 
 #endif
 
-#if SPECDEC_X86_SURVIVORS
+#if SPECDEC_X86_AVX2
 /* The lanes that a mask of eight chooses, in lane order: the i-th nibble of entry m is the
  * lane of m's i-th set bit. */
 #define SPECDEC_PACK_BIT(m, lane)                                                          \
@@ -461,7 +461,7 @@ __attribute__((target("avx2"))) static ptrdiff_t specdec_partition_keys_f_wide8(
 #endif
 
 /* The vector steps this CPU runs: sixteen lanes, else eight, else none (0 entries done). */
-#if SPECDEC_HAVE_VECTORS && (SPECDEC_AVX512_PATH || SPECDEC_X86_SURVIVORS)
+#if SPECDEC_HAVE_VECTORS && (SPECDEC_AVX512_PATH || SPECDEC_X86_AVX2)
 static ptrdiff_t specdec_partition_values_f_wide(const float *values, ptrdiff_t count,
                                                  float temperature, uint32_t pivot,
                                                  uint32_t *keys, uint32_t *other,
@@ -473,7 +473,7 @@ static ptrdiff_t specdec_partition_values_f_wide(const float *values, ptrdiff_t 
         return specdec_partition_values_f_wide16(values, count, temperature, pivot, keys, other,
                                                  larger, smaller, n);
 #endif
-#if SPECDEC_X86_SURVIVORS
+#if SPECDEC_X86_AVX2
     if (specdec_has_avx2())
         return specdec_partition_values_f_wide8(values, count, temperature, pivot, keys, other,
                                                 larger, smaller, n);
@@ -489,7 +489,7 @@ static ptrdiff_t specdec_partition_keys_f_wide(uint32_t *keys, ptrdiff_t n, uint
     if (specdec_cpu_has_avx512())
         return specdec_partition_keys_f_wide16(keys, n, pivot, other, larger, smaller);
 #endif
-#if SPECDEC_X86_SURVIVORS
+#if SPECDEC_X86_AVX2
     if (specdec_has_avx2())
         return specdec_partition_keys_f_wide8(keys, n, pivot, other, larger, smaller);
 #endif

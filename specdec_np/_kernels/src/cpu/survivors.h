@@ -5,7 +5,7 @@
  * Each finds a set of entries that the law defines (docs/semantics.md); the key of z and
  * the weights are elementwise.h's, the same in every build.  The tests build the header
  * with fewer candidates (SPECDEC_TOP_P_CANDIDATES) and without the AVX2 code
- * (SPECDEC_NO_X86_SURVIVORS) to compare each shortcut with the full scans.
+ * (SPECDEC_NO_X86_AVX2) to compare each shortcut with the full scans.
  */
 #ifndef SPECDEC_SURVIVORS_H
 #define SPECDEC_SURVIVORS_H
@@ -202,8 +202,8 @@ SPECDEC_DEFINE_GATHER_STEPS(d, double)
  * keeps the running maximum), in the generic code's grouping and fold, so the same bits;
  * the gathering with one mask of a group's hits (its set bits in element order), where the
  * generic code tests the group and then each of its entries.  The tests build the header
- * with SPECDEC_NO_X86_SURVIVORS to compare the two. */
-#if SPECDEC_X86_SURVIVORS
+ * with SPECDEC_NO_X86_AVX2 to compare the two. */
+#if SPECDEC_X86_AVX2
 __attribute__((target("avx2"))) static inline __m256 specdec_x86_fold_f(__m256 top)
 {
     top = _mm256_max_ps(_mm256_permute2f128_ps(top, top, 1), top); /* halves */
@@ -345,7 +345,7 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
     static void specdec_block_maxima_##SUFFIX(const T *logits, ptrdiff_t V, ptrdiff_t block, \
                                               T *maxima)                                   \
     {                                                                                      \
-        if (SPECDEC_X86_SURVIVORS && specdec_has_avx2()) {                                 \
+        if (SPECDEC_X86_AVX2 && specdec_has_avx2()) {                                 \
             specdec_block_maxima_x86_##SUFFIX(logits, V, block, maxima);                    \
             return;                                                                        \
         }                                                                                  \
@@ -364,7 +364,7 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
                                                     ptrdiff_t blocks, T floor, T *z_out,   \
                                                     ptrdiff_t *y_out)                      \
     {                                                                                      \
-        if (SPECDEC_X86_SURVIVORS && specdec_has_avx2())                                   \
+        if (SPECDEC_X86_AVX2 && specdec_has_avx2())                                   \
             return specdec_gather_blocks_x86_##SUFFIX(logits, V, block, maxima, blocks,     \
                                                       floor, z_out, y_out);                \
         const ptrdiff_t group = 32 / sizeof(T);                                            \
