@@ -6,7 +6,7 @@
  * The pass is bound by the exponential's chain of ~25 dependent steps: on one group at a
  * time, an out-of-order core holds too few groups in flight to keep its units busy.
  * SPECDEC_EXP_GROUPS groups, each step run on all of them before the next, hide that
- * latency: 0.59 to 0.40 ns an entry on eight lanes (AVX2) and 0.38 to 0.30 on sixteen
+ * latency: 0.63 to 0.40 ns an entry on eight lanes (AVX2) and 0.39 to 0.31 on sixteen
  * (AVX-512), on a Zen 4 core.  Every lane still computes the same correctly rounded
  * operations, so every instance gives the same bits.
  *
@@ -90,7 +90,6 @@ SPECDEC_INLINE specdec_v16f specdec_same16(specdec_v16f x)
 #define SPECDEC_VECTOR_MASK16(condition) ((specdec_v16i)(condition))
 SPECDEC_DEFINE_FAST_EXP(SPECDEC_INLINE, specdec_fast_expf16, specdec_v16f, specdec_v16i,
                         SPECDEC_TO_V16I, SPECDEC_VECTOR_MASK16, SPECDEC_VECTOR_FMA16)
-
 
 /* ---- groups side by side ------------------------------------------------------------- */
 

@@ -264,7 +264,7 @@ static void specdec_row_max_f(const float *logits, ptrdiff_t V, float temperatur
     *num_infinite = count;
 }
 
-/* ---- the exponential pass on sixteen lanes (AVX-512) ----------------------------------- */
+/* ---- the exponential pass: sixteen lanes (AVX-512), or eight in groups (AVX2) ---------- */
 
 /* Whether any lane of a comparison's mask is set. */
 SPECDEC_INLINE int specdec_any8(specdec_v8i mask)
