@@ -21,6 +21,7 @@ filtered row only its kept entries'.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +33,20 @@ __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 #: Entries a row is expected to keep at most at a threshold, for the room the candidate
 #: scan writes into (more only costs a second pass).
 GUESS = 1024
+
+_SCRATCH = threading.local()
+
+
+def _reused_block(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialised ``[rows, width]`` block of memory this thread reuses from call to
+    call.  A rank weighs tens of MB of rows a step, and fresh pages of that size are zeroed
+    by the operating system at their first write, on every call (about a tenth of a rank's
+    time at B = 64).  One call holds one block (its :class:`LawRows`' weights)."""
+    size = rows * width * np.dtype(dtype).itemsize
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _SCRATCH.buffer = np.empty(size, dtype=np.uint8)
+    return buffer[:size].view(dtype).reshape(rows, width)
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_ROWS.flags.writeable = False
@@ -298,7 +313,10 @@ class LawRows:
         self.dense_at[self.dense] = np.arange(self.dense.size)
         # Every entry is written by the weights' pass below, where the rows lie.
         self.library = library(logits.parts[0]) if logits.parts else np
-        self.dense_weights = self.library.empty((self.dense.size, width), dtype=self.dtype)
+        if self.library is np:
+            self.dense_weights = _reused_block(self.dense.size, width, self.dtype)
+        else:
+            self.dense_weights = self.library.empty((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:
             # One compiled pass a row: the law's weights and their sum on its eight lanes
             # (the kernels' shard_weights).

@@ -20,6 +20,7 @@ import pytest
 
 import specdec_np
 from specdec_np import sharded
+from specdec_np._sharded import laws as shard_laws
 from specdec_np._sharded import rows as shard_rows
 
 TIMEOUT = 60
@@ -186,6 +187,33 @@ def test_target_probabilities():
     arguments["target_probs"] = probs / probs.sum(axis=1, keepdims=True)
     arguments["temperature"] = np.array([1.0, 0.0, 1.0])
     assert _compare([10, 14], arguments, rng, trials=15) == 0
+
+
+class _Alone:
+    """The one rank, in the calling thread: the rank's reused memory stays from call to
+    call."""
+
+    rank, size = 0, 1
+
+    def allgather(self, array):
+        return np.asarray(array)[np.newaxis]
+
+
+def test_calls_in_one_thread_reuse_the_weights_memory():
+    """A thread's calls weigh their rows in memory kept from its earlier calls (larger,
+    smaller, of another dtype): every call still equals the unsharded one."""
+    rng = np.random.default_rng(5)
+    blocks = []
+    for vocab_size, counts, dtype in [(300, [3, 2, 4], np.float32), (80, [1, 0], np.float64),
+                                      (300, [4, 4, 4, 1], np.float32), (57, [2], np.float32)]:
+        arguments = _batch(rng, vocab_size, counts, dtype, "logits")
+        uniforms = rng.random((len(counts), max(counts) + 2))
+        expected = specdec_np.verify_ragged(uniforms=uniforms, **arguments)
+        found = sharded.verify_ragged(communicator=_Alone(), vocab_start=0,
+                                      vocab_size=vocab_size, uniforms=uniforms, **arguments)
+        np.testing.assert_array_equal(found.output_token_ids, expected.output_token_ids)
+        blocks.append(shard_laws._SCRATCH.buffer)  # held, so no two share an id
+    assert len({id(block) for block in blocks}) == 2  # grown once, then reused
 
 
 def test_greedy_is_bit_equal_with_ties_across_shards():
