@@ -322,7 +322,7 @@ SPECDEC_DEFINE_LOAD_Z(16)
     } while (0)
 
 /* SPECDEC_EXP_GROUPS full groups of W lanes side by side (exponentials.h), without a
- * cutoff; each adds its weights to the lanes in element order, as SPECDEC_KEPT_GROUP does. */
+ * cutoff; each adds its weights to the lanes in element order, like SPECDEC_KEPT_GROUP. */
 #define SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, divide, weights)                              \
     do {                                                                                   \
         enum { groups_ = SPECDEC_EXP_GROUPS };                                             \
@@ -335,7 +335,7 @@ SPECDEC_DEFINE_LOAD_Z(16)
         SPECDEC_EACH_GROUP(                                                                \
             specdec_v##W##i kept_ = (specdec_v##W##i)(z_[g_] >= c_);                       \
             w_[g_] = (specdec_v##W##f)((specdec_v##W##i)w_[g_] & kept_);                   \
-            ADD_LANES(w_[SPECDEC_LOGITS_MUTATION == 12 ? groups_ - 1 - g_ : g_], &lanes);   \
+            ADD_LANES(w_[SPECDEC_LOGITS_MUTATION == 12 ? groups_ - 1 - g_ : g_], &lanes);  \
             if (weights) memcpy((weights) + (y) + W * g_, &w_[g_], sizeof w_[g_]))         \
     } while (0)
 

@@ -345,7 +345,7 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
     static void specdec_block_maxima_##SUFFIX(const T *logits, ptrdiff_t V, ptrdiff_t block, \
                                               T *maxima)                                   \
     {                                                                                      \
-        if (SPECDEC_X86_AVX2 && specdec_has_avx2()) {                                 \
+        if (SPECDEC_X86_AVX2 && specdec_has_avx2()) {                                      \
             specdec_block_maxima_x86_##SUFFIX(logits, V, block, maxima);                    \
             return;                                                                        \
         }                                                                                  \
@@ -364,7 +364,7 @@ SPECDEC_DEFINE_X86_SURVIVORS(d, double)
                                                     ptrdiff_t blocks, T floor, T *z_out,   \
                                                     ptrdiff_t *y_out)                      \
     {                                                                                      \
-        if (SPECDEC_X86_AVX2 && specdec_has_avx2())                                   \
+        if (SPECDEC_X86_AVX2 && specdec_has_avx2())                                        \
             return specdec_gather_blocks_x86_##SUFFIX(logits, V, block, maxima, blocks,     \
                                                       floor, z_out, y_out);                \
         const ptrdiff_t group = 32 / sizeof(T);                                            \
