@@ -199,9 +199,10 @@ class _Alone:
         return np.asarray(array)[np.newaxis]
 
 
-def test_calls_in_one_thread_reuse_the_weights_memory():
+def test_calls_in_one_thread_reuse_the_weights_memory(monkeypatch):
     """A thread's calls weigh their rows in memory kept from its earlier calls (larger,
     smaller, of another dtype): every call still equals the unsharded one."""
+    monkeypatch.setattr(shard_laws, "_SCRATCH", threading.local())  # none kept before
     rng = np.random.default_rng(5)
     blocks = []
     for vocab_size, counts, dtype in [(300, [3, 2, 4], np.float32), (80, [1, 0], np.float64),
