@@ -39,9 +39,10 @@ _SCRATCH = threading.local()
 
 def _reused_block(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised ``[rows, width]`` block of memory this thread reuses from call to
-    call.  A rank weighs tens of MB of rows a step, and fresh pages of that size are zeroed
-    by the operating system at their first write, on every call (about a tenth of a rank's
-    time at B = 64).  One call holds one block (its :class:`LawRows`' weights)."""
+    call.  A rank weighs tens of MB of rows a step, and fresh pages of that size are mapped
+    and zeroed by the operating system at their first write, on every call
+    (benchmarks/results/2026-12-07-sharded-reuse).  One call holds one block (its
+    :class:`LawRows`' weights)."""
     size = rows * width * np.dtype(dtype).itemsize
     buffer = getattr(_SCRATCH, "buffer", None)
     if buffer is None or buffer.size < size:

@@ -6,9 +6,8 @@
  * The pass is bound by the exponential's chain of ~25 dependent steps: on one group at a
  * time, an out-of-order core holds too few groups in flight to keep its units busy.
  * SPECDEC_EXP_GROUPS groups, each step run on all of them before the next, hide that
- * latency: 0.63 to 0.40 ns an entry on eight lanes (AVX2) and 0.39 to 0.31 on sixteen
- * (AVX-512), on a Zen 4 core.  Every lane still computes the same correctly rounded
- * operations, so every instance gives the same bits.
+ * latency (benchmarks/results/2026-12-07-exponential-groups).  Every lane still computes
+ * the same correctly rounded operations, so every instance gives the same bits.
  *
  * GCC lowers a GNU vector wider than the register through memory, so the groups are arrays
  * of register-wide vectors, and the AVX2 pass widens its weights to float64 with

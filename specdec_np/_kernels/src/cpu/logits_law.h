@@ -322,19 +322,17 @@ SPECDEC_DEFINE_LOAD_Z(16)
     } while (0)
 
 /* SPECDEC_EXP_GROUPS full groups of W lanes side by side (exponentials.h), without a
- * cutoff; each adds its weights to the lanes in element order, like SPECDEC_KEPT_GROUP. */
+ * cutoff; each adds its weights to the lanes in element order, like SPECDEC_KEPT_GROUP.
+ * Without a cutoff the kept set is every z that is not NaN, and the exponential's own
+ * mask already gives 0 where z - z_max is NaN or -inf, so no comparison of z is needed. */
 #define SPECDEC_KEPT_GROUPS(W, ADD_LANES, y, divide, weights)                              \
     do {                                                                                   \
         enum { groups_ = SPECDEC_EXP_GROUPS };                                             \
-        specdec_v##W##f z_[SPECDEC_EXP_GROUPS], x_[SPECDEC_EXP_GROUPS];                    \
-        specdec_v##W##f w_[SPECDEC_EXP_GROUPS];                                            \
+        specdec_v##W##f x_[SPECDEC_EXP_GROUPS], w_[SPECDEC_EXP_GROUPS];                    \
         SPECDEC_EACH_GROUP(                                                                \
-            z_[g_] = specdec_load_z##W(logits + (y) + W * g_, W, t_, (divide));            \
-            x_[g_] = z_[g_] - m_)                                                          \
+            x_[g_] = specdec_load_z##W(logits + (y) + W * g_, W, t_, (divide)) - m_)       \
         specdec_fast_expf##W##_groups(x_, w_);                                             \
         SPECDEC_EACH_GROUP(                                                                \
-            specdec_v##W##i kept_ = (specdec_v##W##i)(z_[g_] >= c_);                       \
-            w_[g_] = (specdec_v##W##f)((specdec_v##W##i)w_[g_] & kept_);                   \
             ADD_LANES(w_[SPECDEC_LOGITS_MUTATION == 12 ? groups_ - 1 - g_ : g_], &lanes);  \
             if (weights) memcpy((weights) + (y) + W * g_, &w_[g_], sizeof w_[g_]))         \
     } while (0)
