@@ -27,7 +27,6 @@ same arguments is a no-op.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -226,26 +225,15 @@ def run(
         raise
 
 
-_SCRATCH = threading.local()
-
-
 def scratch_rows(xp: Any, rows: int, vocab_size: int, dtype: Any, slot: str = "rows") -> Any:
-    """The kernels' working rows for logits ``[rows, 2 V]``, kept per Python thread.
-
-    A fresh ``[threads, 2 V]`` allocation is large enough to be mapped anew by the
-    allocator, and its pages faulted in, on every call; the drivers overwrite what they
-    read, so one buffer per Python thread (never shared by two concurrent calls) serves
-    every call of that thread.  ``slot`` names the buffer: one call uses the scratch rows
-    (``"rows"``) and the sampling surface's adjusted rows (``"adjusted"``) together.
+    """The kernels' working rows for logits ``[rows, 2 V]``, kept per Python thread
+    (:func:`specdec_np._runtime.arrays.thread_block`; the drivers overwrite what they read).
+    ``slot`` names the buffer: one call uses the scratch rows (``"rows"``) and the sampling
+    surface's adjusted rows (``"adjusted"``) together.
     """
     if xp is not np:
         return xp.empty((rows, 2 * vocab_size), dtype=dtype)
-    key = (rows, vocab_size, np.dtype(dtype))
-    cached = getattr(_SCRATCH, slot, None)
-    if cached is None or cached[0] != key:
-        cached = (key, np.empty((rows, 2 * vocab_size), dtype=dtype))
-        setattr(_SCRATCH, slot, cached)
-    return cached[1]
+    return _backend.thread_block(slot, rows, 2 * vocab_size, dtype)
 
 
 def working_rows(device: int | None, threads: int, batch_size: int) -> int:

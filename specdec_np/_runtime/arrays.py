@@ -17,6 +17,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -46,6 +47,7 @@ __all__ = [
     "ROW_THREADS_VARIABLE",
     "row_thread_count",
     "row_threads_setting",
+    "thread_block",
     "thread_count",
     "token_ids",
 ]
@@ -340,6 +342,45 @@ def token_ids(named: dict[str, Any], xp: Any, strict: bool) -> list[Any]:
     }
     dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int64)
     return [xp.array(ids, dtype=dtype, order="C", copy=True) for ids in named.values()]
+
+
+_THREAD_BLOCKS = threading.local()
+
+
+def thread_block(slot: str, rows: int, width: int, dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous ``[rows, width]`` host block, kept per Python thread
+    under ``slot`` and grown when a call needs more.
+
+    A working block of megabytes made afresh is mapped anew by the allocator, and its pages
+    zeroed by the operating system at their first write, on every call; one buffer per
+    thread and slot (never shared by two concurrent calls) serves every call of that thread.
+    The caller writes every entry it reads.
+
+    Parameters
+    ----------
+    slot : str
+        The buffer's name; a call that holds two blocks at once names two slots.
+    rows, width : int
+    dtype : numpy dtype
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[rows, width]`` of ``dtype``, a view of the thread's buffer.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec_np._runtime.arrays import thread_block
+    >>> thread_block("example", 2, 3, np.float32).shape
+    (2, 3)
+    """
+    size = rows * width * np.dtype(dtype).itemsize
+    buffer = getattr(_THREAD_BLOCKS, slot, None)
+    if buffer is None or buffer.size < size:
+        buffer = np.empty(size, dtype=np.uint8)
+        setattr(_THREAD_BLOCKS, slot, buffer)
+    return buffer[:size].view(dtype).reshape(rows, width)
 
 
 def thread_count(batch_size: int, elements_per_row: int) -> int:

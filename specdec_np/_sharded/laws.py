@@ -21,11 +21,11 @@ filtered row only its kept entries'.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._runtime.arrays import thread_block
 from .rows import RowSet, Sparse, filled, library, passes, to_host
 
 __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
@@ -33,21 +33,6 @@ __all__ = ["Entries", "LawRows", "LogitRows", "law_weights"]
 #: Entries a row is expected to keep at most at a threshold, for the room the candidate
 #: scan writes into (more only costs a second pass).
 GUESS = 1024
-
-_SCRATCH = threading.local()
-
-
-def _reused_block(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
-    """An uninitialised ``[rows, width]`` block of memory this thread reuses from call to
-    call.  A rank weighs tens of MB of rows a step, and fresh pages of that size are mapped
-    and zeroed by the operating system at their first write, on every call
-    (benchmarks/results/2026-12-07-sharded-reuse).  One call holds one block (its
-    :class:`LawRows`' weights)."""
-    size = rows * width * np.dtype(dtype).itemsize
-    buffer = getattr(_SCRATCH, "buffer", None)
-    if buffer is None or buffer.size < size:
-        buffer = _SCRATCH.buffer = np.empty(size, dtype=np.uint8)
-    return buffer[:size].view(dtype).reshape(rows, width)
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_ROWS.flags.writeable = False
@@ -315,7 +300,10 @@ class LawRows:
         # Every entry is written by the weights' pass below, where the rows lie.
         self.library = library(logits.parts[0]) if logits.parts else np
         if self.library is np:
-            self.dense_weights = _reused_block(self.dense.size, width, self.dtype)
+            # Tens of MB a step at large batches: in the thread's kept memory, not fresh
+            # pages (benchmarks/results/2026-12-07-sharded-reuse).
+            self.dense_weights = thread_block("shard_weights", self.dense.size, width,
+                                              self.dtype)
         else:
             self.dense_weights = self.library.empty((self.dense.size, width), dtype=self.dtype)
         if self.dense.size and width:

@@ -20,7 +20,7 @@ import pytest
 
 import specdec_np
 from specdec_np import sharded
-from specdec_np._sharded import laws as shard_laws
+from specdec_np._runtime import arrays as runtime_arrays
 from specdec_np._sharded import rows as shard_rows
 
 TIMEOUT = 60
@@ -202,7 +202,7 @@ class _Alone:
 def test_calls_in_one_thread_reuse_the_weights_memory(monkeypatch):
     """A thread's calls weigh their rows in memory kept from its earlier calls (larger,
     smaller, of another dtype): every call still equals the unsharded one."""
-    monkeypatch.setattr(shard_laws, "_SCRATCH", threading.local())  # none kept before
+    monkeypatch.setattr(runtime_arrays, "_THREAD_BLOCKS", threading.local())  # none kept
     rng = np.random.default_rng(5)
     blocks = []
     for vocab_size, counts, dtype in [(300, [3, 2, 4], np.float32), (80, [1, 0], np.float64),
@@ -213,7 +213,8 @@ def test_calls_in_one_thread_reuse_the_weights_memory(monkeypatch):
         found = sharded.verify_ragged(communicator=_Alone(), vocab_start=0,
                                       vocab_size=vocab_size, uniforms=uniforms, **arguments)
         np.testing.assert_array_equal(found.output_token_ids, expected.output_token_ids)
-        blocks.append(shard_laws._SCRATCH.buffer)  # held, so no two share an id
+        # Held, so that no two share an id.
+        blocks.append(runtime_arrays._THREAD_BLOCKS.shard_weights)
     assert len({id(block) for block in blocks}) == 2  # grown once, then reused
 
 
