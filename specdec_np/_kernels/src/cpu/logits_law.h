@@ -548,7 +548,13 @@ SPECDEC_DEFINE_ROW_PASSES(d, double, specdec_row_max_d, specdec_kept_sum_d)
         T best = (T)-INFINITY;                                                             \
         int64_t infinite = 0;                                                              \
         for (ptrdiff_t i = 0; i < count; ++i)                                              \
-            specdec_max_step_##SUFFIX(values[i] / temperature, &best, &infinite);          \
+            specdec_max_step_##SUFFIX(values[i], &best, &infinite);                        \
+        if (temperature != (T)1) {                                                         \
+            /* A correctly rounded division by t > 0 is monotone: the largest l / t is     \
+             * (largest l) / t, one division; when it is finite, no z is +inf. */          \
+            best = best / temperature;                                                     \
+            infinite = 0;                                                                  \
+        }                                                                                  \
         *z_max = best;                                                                     \
         *num_infinite = infinite;                                                          \
         return temperature == (T)1 || !(best == (T)0 || best == (T)INFINITY);              \
@@ -870,16 +876,17 @@ SPECDEC_DEFINE_SURVIVORS_ROW(d, double)
  * running sum and never stops a scan, so the survivors' p, each added to the lane of its
  * index in element order and each block summed as SPECDEC_COMBINE_LANES, give every sum
  * the row gives.  `block` is the draw's block (a multiple of 8).  Returns the token, or -1
- * when no weight is positive.  Overwrites the gathered entries. */
+ * when no weight is positive.  Overwrites the gathered entries and their weights. */
 #define SPECDEC_DEFINE_SURVIVORS_DRAW(SUFFIX, T)                                            \
     static double specdec_survivors_block_sum_##SUFFIX(const T *p, const ptrdiff_t *y,      \
                                                        ptrdiff_t n, ptrdiff_t block,       \
                                                        ptrdiff_t *i)                       \
     {                                                                                      \
-        /* Block y[*i] / block's sum, from its survivors *i, *i + 1, ...; *i moves past. */ \
+        /* Block y[*i] / block's sum, from its survivors *i, *i + 1, ...; *i moves past    \
+         * (they are in element order: one division a block, none an entry). */           \
         double lanes[8] = {0};                                                             \
-        ptrdiff_t j = y[*i] / block;                                                       \
-        for (; *i < n && y[*i] / block == j; ++*i)                                         \
+        const ptrdiff_t stop = (y[*i] / block + 1) * block;                                \
+        for (; *i < n && y[*i] < stop; ++*i)                                               \
             lanes[SPECDEC_LOGITS_MUTATION == 8 ? *i % 8 : y[*i] % 8] += (double)p[*i];     \
         return SPECDEC_COMBINE_LANES(lanes);                                               \
     }                                                                                      \
@@ -902,23 +909,26 @@ SPECDEC_DEFINE_SURVIVORS_ROW(d, double)
             }                                                                              \
         }                                                                                  \
         scratch->survivors = -1;                                                           \
+        /* Each block's sum once, with the survivor it starts at, in the weights' and the  \
+         * select's buffers (neither is read again; at most n blocks). */                 \
+        double *sums = scratch->candidate_weights.d;                                       \
+        int32_t *starts = scratch->members;                                                \
+        ptrdiff_t blocks = 0;                                                              \
         double total = 0.0;                                                                \
-        for (ptrdiff_t i = 0; i < n;)                                                      \
-            total += specdec_survivors_block_sum_##SUFFIX(p, y, n, block, &i);             \
+        for (ptrdiff_t i = 0; i < n; ++blocks) {                                           \
+            starts[blocks] = (int32_t)i;                                                   \
+            sums[blocks] = specdec_survivors_block_sum_##SUFFIX(p, y, n, block, &i);       \
+            total += sums[blocks];                                                         \
+        }                                                                                  \
         if (!(total > 0.0))                                                                \
             return -1;                                                                     \
         const double threshold = v * total;                                                \
         double running = 0.0;                                                              \
         /* The first block whose running sum passes the threshold, then its entries on. */ \
-        ptrdiff_t first = 0;                                                               \
-        while (first < n) {                                                                \
-            ptrdiff_t next = first;                                                        \
-            double sum = specdec_survivors_block_sum_##SUFFIX(p, y, n, block, &next);      \
-            if (running + sum > threshold)                                                 \
-                break;                                                                     \
-            running += sum;                                                                \
-            first = next;                                                                  \
-        }                                                                                  \
+        ptrdiff_t chosen = 0;                                                              \
+        for (; chosen < blocks && !(running + sums[chosen] > threshold); ++chosen)         \
+            running += sums[chosen];                                                       \
+        const ptrdiff_t first = chosen < blocks ? starts[chosen] : n;                      \
         for (ptrdiff_t i = first; i < n; ++i) {                                            \
             running += (double)p[i];                                                       \
             if (specdec_draw_stops((double)p[i], running, threshold))                      \

@@ -92,14 +92,16 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
         KEY_T prefix = 0;                                                                  \
         double above = 0.0;                                                                \
         int known_bits = 0;                                                                \
+        /* The filled buckets are marked in `filled`, words bottom_word to top_word; the   \
+         * others hold 0, which adds nothing to the total or to the walk's sums, so both   \
+         * visit the marked buckets alone, from the top, and clear them and their words    \
+         * after each pass (see the scratch). */                                           \
+        uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                         \
+        /* z / 1 is z: the division is skipped, not the rounding changed. */              \
+        const int divide = temperature != (T)1;                                            \
         while (known_bits < KEY_BITS) {                                                    \
             int shift;                                                                     \
             int width = specdec_select_width(KEY_BITS, known_bits, &shift);                \
-            /* The filled buckets are marked in `filled`, words bottom_word to top_word;   \
-             * the others hold 0, which adds nothing to the total or to the walk's sums,   \
-             * so both visit the marked buckets alone, from the top, and clear them after  \
-             * (see the scratch). */                                                       \
-            uint64_t filled[(1 << SPECDEC_HISTOGRAM_BITS) / 64] = {0};                     \
             int top_word = -1, bottom_word = (1 << SPECDEC_HISTOGRAM_BITS) / 64;           \
             for (ptrdiff_t i = 0; i < visited; ++i) {                                      \
                 ptrdiff_t y = i;                                                           \
@@ -108,7 +110,7 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
                     y = members[i];                                                        \
                     key = member_keys[i];                                                  \
                 } else {                                                                   \
-                    key = specdec_key_##SUFFIX(logits[y] / temperature);                   \
+                    key = specdec_key_##SUFFIX(divide ? logits[y] / temperature : logits[y]); \
                     if (members)                                                           \
                         member_keys[i] = key;                                              \
                 }                                                                          \
@@ -148,9 +150,11 @@ static inline specdec_law_scratch *specdec_law_scratch_new(void)
             }                                                                              \
             if (chosen < 0 && known_bits > 0)                                              \
                 chosen = lowest_filled;                                                    \
-            for (int word = bottom_word; word <= top_word; ++word)                         \
+            for (int word = bottom_word; word <= top_word; ++word) {                       \
                 for (uint64_t bits = filled[word]; bits; bits &= bits - 1)                 \
                     histogram[64 * word + __builtin_ctzll(bits)] = 0.0;                    \
+                filled[word] = 0;                                                          \
+            }                                                                              \
             if (chosen < 0)                                                                \
                 return 0;                                                                  \
             if (members) {                                                                 \

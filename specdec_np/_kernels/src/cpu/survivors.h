@@ -237,32 +237,27 @@ __attribute__((target("avx2"))) static inline __m256d specdec_x86_fold_d(__m256d
             maxima[b] = specdec_tail_largest_##SUFFIX(logits, y, V);                       \
     }                                                                                      \
     /* The entries of logits[y .. end) at or above the floor, kept in element order; 0     \
-     * when more than SPECDEC_TOP_P_CANDIDATES are. */                                     \
+     * when more than SPECDEC_TOP_P_CANDIDATES are.  Eight groups' hits go into one mask   \
+     * (their set bits in element order), so that a block, which holds about one hit,     \
+     * costs a branch or two on its hits, not one per group. */                            \
     __attribute__((target("avx2"))) static inline int specdec_gather_block_x86_##SUFFIX(   \
         const T *logits, ptrdiff_t y, ptrdiff_t end, T floor, T *z_out, ptrdiff_t *y_out,  \
         ptrdiff_t *count)                                                                  \
     {                                                                                      \
         const VEC c = _mm256_set1_##PS(floor);                                             \
-        ptrdiff_t tested = y; /* the groups before it were tested, four by one mask */    \
-        for (; y < end; y += LANES) {                                                      \
-            if (y >= tested && y + 4 * LANES <= end) {                                     \
-                /* Four groups by one mask first: a block holds about one hit. */          \
-                VEC any = _mm256_or_##PS(                                                  \
-                    _mm256_or_##PS(                                                        \
-                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y), c, _CMP_GE_OQ),    \
-                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + LANES), c,         \
-                                        _CMP_GE_OQ)),                                      \
-                    _mm256_or_##PS(                                                        \
-                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 2 * LANES), c,     \
-                                        _CMP_GE_OQ),                                       \
-                        _mm256_cmp_##PS(_mm256_loadu_##PS(logits + y + 3 * LANES), c,     \
-                                        _CMP_GE_OQ)));                                     \
-                tested = y + 4 * LANES;                                                    \
-                if (!_mm256_movemask_##PS(any)) {                                          \
-                    y += 3 * LANES;                                                        \
-                    continue;                                                              \
-                }                                                                          \
+        for (; y + 8 * LANES <= end; y += 8 * LANES) {                                     \
+            uint64_t hits = 0;                                                             \
+            for (int j = 0; j < 8; ++j)                                                    \
+                hits |= (uint64_t)_mm256_movemask_##PS(_mm256_cmp_##PS(                    \
+                            _mm256_loadu_##PS(logits + y + j * LANES), c, _CMP_GE_OQ))     \
+                        << (j * LANES);                                                    \
+            for (; hits; hits &= hits - 1) {                                               \
+                ptrdiff_t x = y + __builtin_ctzll(hits);                                   \
+                if (!specdec_keep_##SUFFIX(logits[x], x, z_out, y_out, count))             \
+                    return 0;                                                              \
             }                                                                              \
+        }                                                                                  \
+        for (; y < end; y += LANES) {                                                      \
             unsigned hits = 0;                                                             \
             if (y + LANES <= end)                                                          \
                 hits = (unsigned)_mm256_movemask_##PS(                                     \
