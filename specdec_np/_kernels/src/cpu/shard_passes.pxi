@@ -385,6 +385,25 @@ cdef int _descending_keys(const void* a, const void* b) noexcept nogil:
     return -1 if x > y else (1 if x < y else 0)
 
 
+cdef void _sort_descending(uint64_t* keys, Py_ssize_t n) noexcept nogil:
+    """``keys[0 .. n)`` in descending order.  A row gathers about ``size`` candidates
+    (``8 size`` column sets' maxima bound them), which an insertion sort orders without the
+    C library's call of a comparison per step; longer runs go to ``qsort``.  Equal keys
+    are one value, so either gives the same sequence."""
+    cdef Py_ssize_t i, j
+    cdef uint64_t key
+    if n > 256:
+        qsort(keys, n, sizeof(uint64_t), _descending_keys)
+        return
+    for i in range(1, n):
+        key = keys[i]
+        j = i
+        while j > 0 and keys[j - 1] < key:
+            keys[j] = keys[j - 1]
+            j -= 1
+        keys[j] = key
+
+
 def list_record(
     const int64_t[::1] row_of,
     const probability_t[::1] values,
@@ -435,7 +454,7 @@ def list_record(
         for i in range(count):
             start = firsts[i]
             length = firsts[i + 1] - start
-            qsort(&keys[start], length, sizeof(uint64_t), _descending_keys)
+            _sort_descending(&keys[start], length)
             sent = length if length < size else size
             for j in range(sent):
                 record[i, j] = <list_word_t>keys[start + j]
@@ -468,6 +487,8 @@ def merge_shard_lists(
     cdef uint64_t last, row_known
     cdef int64_t extra
     cdef _ListEntry* entries
+    cdef Py_ssize_t* heads
+    cdef bint* pending
     if size < 1 or gathered.shape[2] != size + 1:
         raise ValueError("merge_shard_lists: gathered must be [S, n, size + 1], size >= 1")
     if keys.shape[0] < n or counts.shape[0] < n or known.shape[0] < n or (
@@ -475,7 +496,12 @@ def merge_shard_lists(
     ):
         raise ValueError("merge_shard_lists: keys and counts must be [n, S size + S]")
     entries = <_ListEntry*>malloc(max(length, 1) * sizeof(_ListEntry))
-    if entries == NULL:
+    heads = <Py_ssize_t*>malloc(max(ranks, 1) * sizeof(Py_ssize_t))
+    pending = <bint*>malloc(max(ranks, 1) * sizeof(bint))
+    if entries == NULL or heads == NULL or pending == NULL:
+        free(entries)
+        free(heads)
+        free(pending)
         raise MemoryError("merge_shard_lists: no memory for a row's entries")
     with nogil:
         for i in range(n):
@@ -499,7 +525,8 @@ def merge_shard_lists(
                 entries[place].count = extra if extra > 0 else 0
                 entries[place].index = place
             if _lists_descend(gathered, i, ranks, size):
-                _merge_descending(entries, ranks, size, &keys[i, 0], &counts[i, 0])
+                _merge_descending(entries, ranks, size, heads, pending, &keys[i, 0],
+                                  &counts[i, 0])
             else:
                 qsort(entries, length, sizeof(_ListEntry), _descending_entries)
                 for j in range(length):
@@ -507,6 +534,8 @@ def merge_shard_lists(
                     counts[i, j] = entries[j].count
             known[i] = row_known
     free(entries)
+    free(heads)
+    free(pending)
 
 
 cdef bint _lists_descend(
@@ -522,27 +551,17 @@ cdef bint _lists_descend(
 
 
 cdef void _merge_descending(
-    const _ListEntry* entries, Py_ssize_t ranks, Py_ssize_t size, uint64_t* keys,
-    int64_t* counts,
+    const _ListEntry* entries, Py_ssize_t ranks, Py_ssize_t size, Py_ssize_t* heads,
+    bint* pending, uint64_t* keys, int64_t* counts,
 ) noexcept nogil:
     """The order of :func:`_descending_entries` (keys descending, equal keys by
     descending index) of non-increasing lists, merged: per key from the largest, the
     extra entries (the highest indices) by descending rank, then each rank's run of that
-    key, from the last rank, each run backwards."""
+    key, from the last rank, each run backwards.  ``heads`` and ``pending`` are the
+    caller's ``ranks`` entries of working memory."""
     cdef Py_ssize_t out = 0, r, j, end, length = ranks * size + ranks
-    cdef Py_ssize_t* heads = <Py_ssize_t*>malloc(max(ranks, 1) * sizeof(Py_ssize_t))
-    cdef bint* pending = <bint*>malloc(max(ranks, 1) * sizeof(bint))
     cdef uint64_t key
     cdef bint found
-    if heads == NULL or pending == NULL:
-        free(heads)
-        free(pending)
-        # Out of memory here: the general sort needs no more.
-        qsort(<void*>entries, length, sizeof(_ListEntry), _descending_entries)
-        for j in range(length):
-            keys[j] = entries[j].key
-            counts[j] = entries[j].count
-        return
     for r in range(ranks):
         heads[r] = 0
         pending[r] = True
@@ -571,8 +590,6 @@ cdef void _merge_descending(
                 counts[out] = entries[r * size + j].count
                 out += 1
             heads[r] = end
-    free(heads)
-    free(pending)
 
 
 def top_k_keys(
